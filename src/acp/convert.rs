@@ -1,0 +1,83 @@
+//! Conversions between ACP types and kin's session events and messages.
+
+use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate, StopReason, TextContent};
+use serde_json::{Value, json};
+
+use crate::agent::TurnEnd;
+use crate::session::Event;
+
+/// Prompt blocks → one dsh text block (text concatenated; a resource link becomes
+/// `\n[resource_link name=<json> uri=<json>]\n`). Errors name what is unsupported.
+pub fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, String> {
+    let mut text = String::new();
+    for block in blocks {
+        match block {
+            ContentBlock::Text(t) => text.push_str(&t.text),
+            ContentBlock::ResourceLink(link) => {
+                let name = serde_json::to_string(&link.name).unwrap_or_default();
+                let uri = serde_json::to_string(&link.uri).unwrap_or_default();
+                text.push_str(&format!("\n[resource_link name={name} uri={uri}]\n"));
+            }
+            _ => return Err("only text and resource_link prompt content is supported".into()),
+        }
+    }
+    if text.trim().is_empty() {
+        return Err("empty prompt".into());
+    }
+    Ok(vec![json!({"type": "text", "text": text})])
+}
+
+fn text_chunk(text: &str) -> ContentChunk {
+    ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
+}
+
+/// The live update an appended event produces, if any: streamed text and reasoning deltas.
+pub fn live_update(event: &Event) -> Option<SessionUpdate> {
+    if event.kind != "assistant/chunk" {
+        return None;
+    }
+    let chunk = &event.data["chunk"];
+    let text = chunk["text"].as_str().filter(|t| !t.is_empty())?;
+    match chunk["type"].as_str() {
+        Some("text-delta") => Some(SessionUpdate::AgentMessageChunk(text_chunk(text))),
+        Some("reasoning-delta") => Some(SessionUpdate::AgentThoughtChunk(text_chunk(text))),
+        _ => None,
+    }
+}
+
+/// The updates that replay a stored event to a client loading the session: user prompts,
+/// committed assistant text and reasoning.
+pub fn replay_updates(event: &Event) -> Vec<SessionUpdate> {
+    match event.kind.as_str() {
+        "user/message" if event.data["source"]["kind"] == "user" => blocks(&event.data["content"])
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .map(|t| SessionUpdate::UserMessageChunk(text_chunk(t)))
+            .collect(),
+        "assistant/message" => blocks(&event.data["message"]["content"])
+            .filter_map(|b| {
+                let text = b["text"].as_str().filter(|t| !t.is_empty())?;
+                match b["type"].as_str() {
+                    Some("text") => Some(SessionUpdate::AgentMessageChunk(text_chunk(text))),
+                    Some("reasoning") => Some(SessionUpdate::AgentThoughtChunk(text_chunk(text))),
+                    _ => None,
+                }
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn blocks(value: &Value) -> impl Iterator<Item = &Value> {
+    value.as_array().into_iter().flatten()
+}
+
+/// A turn's end as an ACP stop reason; `Err` carries the failure message of an error turn.
+pub fn stop_reason(end: &TurnEnd) -> Result<StopReason, String> {
+    match end {
+        TurnEnd::Completed => Ok(StopReason::EndTurn),
+        TurnEnd::MaxTokens => Ok(StopReason::MaxTokens),
+        TurnEnd::Aborted | TurnEnd::Disposed => Ok(StopReason::Cancelled),
+        TurnEnd::Error(message) => Err(message.clone()),
+    }
+}

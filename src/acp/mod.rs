@@ -1,0 +1,174 @@
+//! The ACP boundary: the only module that knows agent-client-protocol types. It serves ACP v1
+//! over stdio with the SDK's builder, hands every request to the runtime and returns at once;
+//! prompt turns are awaited on spawned tasks so the dispatch loop never blocks.
+
+mod convert;
+
+use std::sync::Arc;
+
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
+    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionInfo,
+    SessionListCapabilities, SessionNotification,
+};
+use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
+
+use crate::runtime::{Runtime, RuntimeError};
+use crate::session::{Event, SessionHeader, SessionObserver};
+
+/// Forwards live session events to the client as `session/update` notifications.
+struct Forwarder {
+    cx: ConnectionTo<Client>,
+}
+
+impl SessionObserver for Forwarder {
+    fn on_event(&self, header: &SessionHeader, event: &Event) {
+        if let Some(update) = convert::live_update(event) {
+            if let Err(e) = self.cx.send_notification(SessionNotification::new(header.id.clone(), update)) {
+                tracing::debug!("dropping a session update: {e}");
+            }
+        }
+    }
+}
+
+fn invalid_params(message: impl std::fmt::Display) -> Error {
+    Error::new(ErrorCode::from(-32602), format!("Invalid params: {message}"))
+}
+
+fn internal(message: impl std::fmt::Display) -> Error {
+    Error::new(ErrorCode::from(-32603), format!("Internal error: {message}"))
+}
+
+fn to_acp(error: RuntimeError) -> Error {
+    match error {
+        RuntimeError::InvalidParams(m) => invalid_params(m),
+        RuntimeError::Internal(m) => internal(m),
+    }
+}
+
+/// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down.
+pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
+    let rt_init = runtime.clone();
+    let rt_new = runtime.clone();
+    let rt_prompt = runtime.clone();
+    let rt_cancel = runtime.clone();
+    let rt_load = runtime.clone();
+    let rt_list = runtime.clone();
+    let _ = rt_init;
+    let result = Agent
+        .v1()
+        .name("kin")
+        .on_receive_request(
+            async move |_req: InitializeRequest, responder, _cx| {
+                let capabilities = AgentCapabilities::new()
+                    .load_session(true)
+                    .prompt_capabilities(PromptCapabilities::new())
+                    .session_capabilities(SessionCapabilities::new().list(SessionListCapabilities::new()));
+                responder.respond(
+                    InitializeResponse::new(agent_client_protocol::schema::ProtocolVersion::V1)
+                        .agent_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")))
+                        .agent_capabilities(capabilities),
+                )
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if !req.additional_directories.is_empty() {
+                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
+                }
+                if !req.mcp_servers.is_empty() {
+                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
+                }
+                if req.system_prompt.is_some() {
+                    return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
+                }
+                match rt_new.new_session(&req.cwd, Arc::new(Forwarder { cx })) {
+                    Ok(id) => responder.respond(NewSessionResponse::new(id)),
+                    Err(e) => responder.respond_with_error(to_acp(e)),
+                }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: PromptRequest, responder, cx: ConnectionTo<Client>| {
+                let content = match convert::prompt_content(&req.prompt) {
+                    Ok(content) => content,
+                    Err(e) => return responder.respond_with_error(invalid_params(e)),
+                };
+                let turn = match rt_prompt.prompt(&req.session_id.0, content) {
+                    Ok(turn) => turn,
+                    Err(e) => return responder.respond_with_error(to_acp(e)),
+                };
+                cx.spawn(async move {
+                    let end = turn.await.unwrap_or(crate::agent::TurnEnd::Disposed);
+                    let sent = match convert::stop_reason(&end) {
+                        Ok(reason) => responder.respond(PromptResponse::new(reason)),
+                        Err(message) => responder.respond_with_error(internal(format!("turn failed: {message}"))),
+                    };
+                    if let Err(e) = sent {
+                        tracing::debug!("prompt response not delivered: {e}");
+                    }
+                    Ok(())
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |n: CancelNotification, _cx| {
+                rt_cancel.cancel(&n.session_id.0);
+                Ok(())
+            },
+            on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |req: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if !req.mcp_servers.is_empty() {
+                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
+                }
+                let runtime = rt_load.clone();
+                let forwarder = Arc::new(Forwarder { cx: cx.clone() });
+                cx.spawn({
+                    let cx = cx.clone();
+                    async move {
+                        let id = req.session_id.0.to_string();
+                        match runtime.load_session(&id, forwarder).await {
+                            Ok(events) => {
+                                for update in events.iter().flat_map(convert::replay_updates) {
+                                    if let Err(e) = cx.send_notification(SessionNotification::new(id.clone(), update)) {
+                                        tracing::debug!("dropping a replayed update: {e}");
+                                    }
+                                }
+                                let _ = responder.respond(LoadSessionResponse::new());
+                            }
+                            Err(e) => {
+                                let _ = responder.respond_with_error(to_acp(e));
+                            }
+                        }
+                        Ok(())
+                    }
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: ListSessionsRequest, responder, _cx| {
+                let sessions = rt_list
+                    .list_sessions(req.cwd.as_deref())
+                    .into_iter()
+                    .filter_map(|s| {
+                        let cwd = s.header.cwd.clone()?;
+                        Some(SessionInfo::new(s.header.id.clone(), cwd).updated_at(crate::timefmt::rfc3339(s.modified)))
+                    })
+                    .collect();
+                responder.respond(ListSessionsResponse::new(sessions))
+            },
+            on_receive_request!(),
+        )
+        .connect_to(Stdio::new())
+        .await;
+    runtime.shutdown().await;
+    result.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))
+}

@@ -1,0 +1,269 @@
+//! The agent: one actor task per live session owning the `Session`, a FIFO inbox of turns, and
+//! the handle the rest of kin talks to. `followup` queues a message as its own later turn;
+//! `inject` adds a user message without running the model (between turns at once, or before the
+//! next step of a running turn); `cancel` aborts the running turn.
+
+mod turn;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{Model, ModelRoute};
+use crate::session::Session;
+use crate::tools::ToolRegistry;
+
+/// How a turn ended (the durable `turn/end` reason, as kin acts on it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnEnd {
+    Completed,
+    MaxTokens,
+    /// Cancelled by the user or a parent.
+    Aborted,
+    /// The agent was shut down before or during the turn.
+    Disposed,
+    Error(String),
+}
+
+/// What every turn of one agent runs with.
+#[derive(Clone)]
+pub struct AgentDeps {
+    pub model: Arc<dyn Model>,
+    pub tools: ToolRegistry,
+    pub route: ModelRoute,
+    pub system: String,
+    pub max_steps: u32,
+    pub max_parallel_tools: usize,
+}
+
+/// A message waiting for its own turn.
+struct Queued {
+    content: Vec<Value>,
+    source: Value,
+    reply: Option<oneshot::Sender<TurnEnd>>,
+}
+
+/// Messages staged for the next step of the running turn.
+type Staged = Arc<Mutex<Vec<(Vec<Value>, Value)>>>;
+
+enum Command {
+    Followup(Queued),
+    Inject { content: Vec<Value>, source: Value },
+    Flush { reply: oneshot::Sender<Result<(), String>> },
+    Shutdown { reply: oneshot::Sender<()> },
+}
+
+#[derive(Default)]
+struct Shared {
+    current: Mutex<Option<CancellationToken>>,
+    running: AtomicBool,
+}
+
+/// A cheap, clonable handle to a running agent.
+#[derive(Clone)]
+pub struct AgentHandle {
+    id: String,
+    tx: mpsc::UnboundedSender<Command>,
+    shared: Arc<Shared>,
+}
+
+/// The agent has stopped and accepts nothing more.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentGone(pub String);
+
+impl std::fmt::Display for AgentGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "agent {} has shut down", self.0)
+    }
+}
+
+impl std::error::Error for AgentGone {}
+
+impl AgentHandle {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// True while a turn runs.
+    pub fn is_running(&self) -> bool {
+        self.shared.running.load(Ordering::SeqCst)
+    }
+
+    /// Queues `content` as the sole message of its own FIFO turn; the receiver resolves when
+    /// that turn has ended and its log is flushed.
+    pub fn followup(&self, content: Vec<Value>, source: Value) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Followup(Queued { content, source, reply: Some(reply) }))?;
+        Ok(rx)
+    }
+
+    /// Adds a user message without running the model.
+    pub fn inject(&self, content: Vec<Value>, source: Value) -> Result<(), AgentGone> {
+        self.send(Command::Inject { content, source })
+    }
+
+    /// Cancels the running turn, if any; queued turns stay queued.
+    pub fn cancel(&self) {
+        if let Ok(current) = self.shared.current.lock() {
+            if let Some(token) = current.as_ref() {
+                token.cancel();
+            }
+        }
+    }
+
+    /// Makes everything appended so far durable.
+    pub async fn flush(&self) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Flush { reply }).map_err(|e| e.to_string())?;
+        rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
+    }
+
+    /// Cancels the running turn, answers queued turns `Disposed`, flushes and stops the actor.
+    pub async fn shutdown(&self) {
+        self.cancel();
+        let (reply, rx) = oneshot::channel();
+        if self.send(Command::Shutdown { reply }).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    fn send(&self, command: Command) -> Result<(), AgentGone> {
+        self.tx.send(command).map_err(|_| AgentGone(self.id.clone()))
+    }
+}
+
+/// Starts the actor for `session` and returns its handle.
+pub fn spawn_agent(session: Session, deps: AgentDeps) -> AgentHandle {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared::default());
+    let handle = AgentHandle { id: session.id().to_string(), tx, shared: shared.clone() };
+    tokio::spawn(Actor { session, deps, shared, queue: VecDeque::new(), staged: Staged::default() }.run(rx));
+    handle
+}
+
+struct Actor {
+    session: Session,
+    deps: AgentDeps,
+    shared: Arc<Shared>,
+    queue: VecDeque<Queued>,
+    staged: Staged,
+}
+
+impl Actor {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        let mut shutdown: Option<oneshot::Sender<()>> = None;
+        loop {
+            if shutdown.is_some() {
+                break;
+            }
+            let Some(item) = self.queue.pop_front() else {
+                match rx.recv().await {
+                    Some(command) => self.idle_command(command, &mut shutdown),
+                    None => break,
+                }
+                continue;
+            };
+            let end = self.turn(item, &mut rx, &mut shutdown).await;
+            tracing::debug!(session = %self.session.id(), ?end, "turn ended");
+        }
+        for queued in self.queue.drain(..) {
+            if let Some(reply) = queued.reply {
+                let _ = reply.send(TurnEnd::Disposed);
+            }
+        }
+        if let Err(e) = self.session.flush() {
+            tracing::error!(session = %self.session.id(), "final flush failed: {e:#}");
+        }
+        if let Some(reply) = shutdown {
+            let _ = reply.send(());
+        }
+    }
+
+    fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<()>>) {
+        match command {
+            Command::Followup(queued) => self.queue.push_back(queued),
+            Command::Inject { content, source } => {
+                self.session.append_surface("user/message", user_message(content, source), None);
+            }
+            Command::Flush { reply } => {
+                let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
+            }
+            Command::Shutdown { reply } => *shutdown = Some(reply),
+        }
+    }
+
+    /// Runs one turn while still accepting commands: follow-ups queue, injects are staged for the
+    /// next step, flushes wait for the turn end, shutdown cancels the turn.
+    async fn turn(
+        &mut self,
+        item: Queued,
+        rx: &mut mpsc::UnboundedReceiver<Command>,
+        shutdown: &mut Option<oneshot::Sender<()>>,
+    ) -> TurnEnd {
+        let cancel = CancellationToken::new();
+        if let Ok(mut current) = self.shared.current.lock() {
+            *current = Some(cancel.clone());
+        }
+        self.shared.running.store(true, Ordering::SeqCst);
+        let Queued { content, source, reply } = item;
+        let mut flushes = Vec::new();
+        let mut end = {
+            let run = turn::run_turn(&mut self.session, &self.deps, content, source, cancel.clone(), &self.staged);
+            tokio::pin!(run);
+            loop {
+                tokio::select! {
+                    end = &mut run => break end,
+                    command = rx.recv() => match command {
+                        Some(Command::Followup(queued)) => self.queue.push_back(queued),
+                        Some(Command::Inject { content, source }) => {
+                            if let Ok(mut staged) = self.staged.lock() {
+                                staged.push((content, source));
+                            }
+                        }
+                        Some(Command::Flush { reply }) => flushes.push(reply),
+                        Some(Command::Shutdown { reply }) => {
+                            cancel.cancel();
+                            *shutdown = Some(reply);
+                        }
+                        None => cancel.cancel(),
+                    },
+                }
+            }
+        };
+        // Injects that arrived too late for a step land between turns.
+        let late: Vec<_> = self.staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
+        for (content, source) in late {
+            self.session.append_surface("user/message", user_message(content, source), None);
+        }
+        let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
+        if let Err(e) = &flushed {
+            tracing::error!(session = %self.session.id(), "flush at turn end failed: {e}");
+            if !matches!(end, TurnEnd::Error(_)) {
+                end = TurnEnd::Error(format!("could not persist the session log: {e}"));
+            }
+        }
+        for reply in flushes {
+            let _ = reply.send(flushed.clone());
+        }
+        if let Ok(mut current) = self.shared.current.lock() {
+            *current = None;
+        }
+        self.shared.running.store(false, Ordering::SeqCst);
+        if shutdown.is_some() && end == TurnEnd::Aborted {
+            end = TurnEnd::Disposed;
+        }
+        if let Some(reply) = reply {
+            let _ = reply.send(end.clone());
+        }
+        end
+    }
+}
+
+/// A dsh `UserMessage`: `{content, source, role, id}`.
+pub fn user_message(content: Vec<Value>, source: Value) -> Value {
+    json!({"content": content, "source": source, "role": "user", "id": uuid::Uuid::new_v4().to_string()})
+}

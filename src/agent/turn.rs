@@ -1,0 +1,230 @@
+//! One turn: `turn/start`, the user message, then steps (one model call plus the tool calls it
+//! asked for) until the model stops without tool calls, the step limit, cancellation, or failure;
+//! then `turn/end`. Everything is appended to the session as it happens.
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{AgentDeps, Staged, TurnEnd, user_message};
+use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
+use crate::session::Session;
+use crate::tools::{ToolContext, ToolError, ToolOutput};
+
+/// How one step ended.
+enum StepEnd {
+    /// The model answered without tool calls.
+    Done,
+    /// Tools ran; the model needs another step.
+    Continue,
+    /// The turn is over with this reason (already written to the log by the step).
+    Over(TurnEnd),
+}
+
+pub(super) async fn run_turn(
+    session: &mut Session,
+    deps: &AgentDeps,
+    content: Vec<Value>,
+    source: Value,
+    cancel: CancellationToken,
+    staged: &Staged,
+) -> TurnEnd {
+    let turn = session.next_turn();
+    session.append("turn/start", json!({"turn": turn, "trigger": {"kind": "message", "source": source.clone()}}));
+    session.append_surface("user/message", user_message(content, source), None);
+    for step in 1..=u64::from(deps.max_steps) {
+        let staged_now: Vec<_> = staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
+        for (content, source) in staged_now {
+            session.append_surface("user/message", user_message(content, source), None);
+        }
+        session.append("step/start", json!({"turn": turn, "step": step}));
+        let end = run_step(session, deps, turn, step, &cancel).await;
+        match end {
+            StepEnd::Done => {
+                session.append("step/end", json!({"turn": turn, "step": step}));
+                return end_turn(session, turn, TurnEnd::Completed, json!({"kind": "completed"}));
+            }
+            StepEnd::Continue => {
+                session.append("step/end", json!({"turn": turn, "step": step}));
+                if cancel.is_cancelled() {
+                    return end_turn(session, turn, TurnEnd::Aborted, json!({"kind": "aborted"}));
+                }
+            }
+            StepEnd::Over(end) => return end,
+        }
+    }
+    let failure = Failure::new(
+        format!("the model used all {} steps of this turn without a final answer (raise agent.max_steps to allow more)", deps.max_steps),
+        "STEP_LIMIT",
+    );
+    let step = deps.max_steps;
+    end_turn(session, turn, TurnEnd::Error(failure.message.clone()), json!({"kind": "error", "step": step, "failure": failure}))
+}
+
+fn end_turn(session: &mut Session, turn: u64, end: TurnEnd, reason: Value) -> TurnEnd {
+    session.append("turn/end", json!({"turn": turn, "reason": reason}));
+    end
+}
+
+/// Ends the open step and the turn.
+fn abandon(session: &mut Session, turn: u64, step: u64, end: TurnEnd, reason: Value) -> StepEnd {
+    session.append("step/end", json!({"turn": turn, "step": step}));
+    StepEnd::Over(end_turn(session, turn, end, reason))
+}
+
+async fn run_step(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64, cancel: &CancellationToken) -> StepEnd {
+    let request = ModelRequest {
+        session_id: session.id().to_string(),
+        cwd: session.header.cwd.as_ref().map(Into::into),
+        route: deps.route.clone(),
+        system: deps.system.clone(),
+        messages: session.messages(),
+        tools: deps.tools.schemas(),
+    };
+    let mut stream = deps.model.stream(request, cancel.child_token());
+    let mut chunk_seqs = Vec::new();
+    let mut blocks: BTreeMap<u64, Value> = BTreeMap::new();
+    let mut usage = None;
+    let outcome: Result<FinishReason, Failure> = loop {
+        let item = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break Ok(FinishReason::Aborted { failure: None }),
+            item = stream.recv() => item,
+        };
+        match item {
+            Some(Ok(chunk)) => {
+                let value = serde_json::to_value(&chunk).unwrap_or(Value::Null);
+                chunk_seqs.push(session.append("assistant/chunk", json!({"turn": turn, "step": step, "chunk": value})));
+                match chunk {
+                    StreamChunk::BlockEnd { index, block } => {
+                        blocks.insert(index, block);
+                    }
+                    StreamChunk::Usage { usage: u } => usage = Some(u),
+                    StreamChunk::Finish { reason, .. } => break Ok(reason),
+                    _ => {}
+                }
+            }
+            Some(Err(failure)) => break Err(failure),
+            None => break Err(Failure::new("the model stream ended without a finish", "STREAM_INCOMPLETE")),
+        }
+    };
+    let finish = match outcome {
+        Ok(FinishReason::Aborted { .. }) => return abandon(session, turn, step, TurnEnd::Aborted, json!({"kind": "aborted"})),
+        Ok(FinishReason::Error { failure }) | Err(failure) => {
+            let end = TurnEnd::Error(failure.message.clone());
+            return abandon(session, turn, step, end, json!({"kind": "error", "step": step, "failure": failure}));
+        }
+        Ok(finish) => finish,
+    };
+    let content: Vec<Value> = blocks.into_values().collect();
+    let mut data = json!({
+        "turn": turn,
+        "step": step,
+        "message": {
+            "role": "assistant",
+            "content": content,
+            "source": {"kind": "model", "provider": deps.route.provider, "model": deps.route.model},
+            "id": uuid::Uuid::new_v4().to_string(),
+        },
+    });
+    if let Some(usage) = usage {
+        data["usage"] = usage;
+    }
+    session.append_surface("assistant/message", data, Some(chunk_seqs));
+    if finish == FinishReason::MaxTokens {
+        return abandon(session, turn, step, TurnEnd::MaxTokens, json!({"kind": "max-tokens"}));
+    }
+    let calls: Vec<(String, String, String)> = content
+        .iter()
+        .filter(|b| b["type"] == "tool-call")
+        .map(|b| {
+            let text = |k: &str| b[k].as_str().unwrap_or_default().to_string();
+            (text("id"), text("name"), text("arguments"))
+        })
+        .collect();
+    if calls.is_empty() {
+        return StepEnd::Done;
+    }
+    run_tools(session, deps, turn, step, calls, cancel).await;
+    StepEnd::Continue
+}
+
+/// Runs the step's calls: runs of parallel-safe calls share a bounded pool, every other call is
+/// a barrier. Results are appended in call order; calls never dispatched because of cancellation
+/// get `Error: tool call aborted before dispatch`.
+async fn run_tools(
+    session: &mut Session,
+    deps: &AgentDeps,
+    turn: u64,
+    step: u64,
+    calls: Vec<(String, String, String)>,
+    cancel: &CancellationToken,
+) {
+    let mut batches: Vec<Vec<(String, String, String)>> = Vec::new();
+    for call in calls {
+        let parallel = deps.tools.is_parallel_safe(&call.1);
+        match batches.last_mut() {
+            Some(batch) if parallel && batch.iter().all(|c| deps.tools.is_parallel_safe(&c.1)) => batch.push(call),
+            _ => batches.push(vec![call]),
+        }
+    }
+    for batch in batches {
+        let mut seqs = Vec::new();
+        for (id, name, arguments) in &batch {
+            seqs.push(session.append(
+                "tool/call",
+                json!({"turn": turn, "step": step, "callId": id, "name": name, "arguments": arguments}),
+            ));
+        }
+        let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
+            batch.iter().map(|_| Err(aborted("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"))).collect()
+        } else {
+            let cwd = session.header.cwd.clone().map(Into::into);
+            let session_id = session.id().to_string();
+            let calls: Vec<BoxFuture<'static, Result<ToolOutput, ToolError>>> = batch
+                .iter()
+                .map(|(id, name, arguments)| {
+                    let ctx = ToolContext { session_id: session_id.clone(), cwd: cwd.clone(), call_id: id.clone(), cancel: cancel.child_token() };
+                    let (tools, name, arguments) = (deps.tools.clone(), name.clone(), arguments.clone());
+                    async move { tools.call(&name, &arguments, ctx).await }.boxed()
+                })
+                .collect();
+            futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect().await
+        };
+        for (((id, _, _), result), seq) in batch.iter().zip(results).zip(seqs) {
+            session.append_surface("tool/result", tool_result(turn, step, id, result), Some(vec![seq]));
+        }
+    }
+}
+
+fn aborted(message: &str, code: &str) -> ToolError {
+    ToolError { name: "AbortError".into(), code: code.into(), message: message.into() }
+}
+
+fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> Value {
+    let (content, is_error, error) = match result {
+        Ok(output) => (output.content, false, None),
+        Err(e) => (
+            vec![json!({"type": "text", "text": format!("Error: {}", e.message)})],
+            true,
+            Some(json!({"name": e.name, "code": e.code})),
+        ),
+    };
+    let mut data = json!({
+        "turn": turn,
+        "step": step,
+        "message": {
+            "source": {"kind": "tool", "callId": call_id},
+            "content": [{"type": "tool-result", "toolCallId": call_id, "content": content, "isError": is_error}],
+            "role": "user",
+            "id": uuid::Uuid::new_v4().to_string(),
+        },
+    });
+    if let Some(error) = error {
+        data["error"] = error;
+    }
+    data
+}

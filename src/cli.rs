@@ -1,0 +1,107 @@
+//! Command-line arguments (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::Overrides;
+
+#[derive(Debug, Parser)]
+#[command(name = "kin", version, about = "An ACP agent daemon with durable, continuable child agents")]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Settings shared by every subcommand.
+#[derive(Debug, Args)]
+pub struct Common {
+    /// Config file (default: $XDG_CONFIG_HOME/kin/config.toml).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Sessions directory (default: $KIN_SESSIONS_DIR, $XDG_STATE_HOME/kin/sessions, ~/.local/state/kin/sessions).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub sessions: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the Agent Client Protocol on stdin/stdout.
+    Acp(AcpArgs),
+    /// Run recorded scenarios.
+    Scenario {
+        #[command(subcommand)]
+        command: ScenarioCommand,
+    },
+    /// Inspect stored sessions.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct AcpArgs {
+    /// Model route, provider/model (default: $KIN_MODEL, the config file, deepseek/deepseek-v4-flash).
+    #[arg(long, value_name = "ROUTE")]
+    pub model: Option<String>,
+    /// Write logs to this file instead of stderr.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+    /// Keyless mode: serve model calls from the recorded logs of this scenario directory.
+    #[arg(long, value_name = "DIR")]
+    pub replay: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum CompareArg {
+    Exact,
+    Text,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScenarioCommand {
+    /// Replay scenario directories against this binary and compare the transcripts.
+    Run {
+        /// Rewrite the expected files from this run.
+        #[arg(long)]
+        update: bool,
+        /// exact: every frame and log; text: responses and agent text only.
+        #[arg(long, value_enum, default_value = "exact")]
+        compare: CompareArg,
+        /// Keep the produced session logs here, named like the fixture's.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Scenario directories, or directories of scenarios.
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// List top-level sessions, newest first.
+    List {
+        /// Only sessions whose cwd is DIR.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+    },
+    /// Print a readable transcript of a session.
+    Show { id: String },
+    /// Validate logs (all, or one); report torn tails and corruption by file and line. Changes nothing.
+    Check { id: Option<String> },
+}
+
+impl Cli {
+    pub fn overrides(&self) -> Overrides {
+        let mut o = Overrides { config: self.common.config.clone(), sessions: self.common.sessions.clone(), ..Default::default() };
+        if let Command::Acp(acp) = &self.command {
+            o.model = acp.model.clone();
+            o.log_file = acp.log_file.clone();
+            o.replay = acp.replay.clone();
+        }
+        o
+    }
+}

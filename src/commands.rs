@@ -1,0 +1,167 @@
+//! The non-protocol subcommands: `kin scenario run` and `kin sessions list|show|check`. These
+//! print to stdout (only `kin acp` reserves stdout for the protocol).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::scenario::{self, Compare, RunOptions};
+use crate::session::{Event, SessionStore};
+
+/// Runs scenarios; returns true when all passed.
+pub async fn scenario_run(dirs: &[PathBuf], opts: &RunOptions) -> Result<bool> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        all.extend(scenario_dirs(dir)?);
+    }
+    let mut out = std::io::stdout().lock();
+    let mut failed = 0;
+    for dir in &all {
+        let outcome = scenario::run(dir, opts).await;
+        if outcome.passed {
+            writeln!(out, "ok      {}", outcome.name)?;
+        } else {
+            failed += 1;
+            writeln!(out, "FAILED  {}\n{}", outcome.name, outcome.report)?;
+        }
+    }
+    writeln!(out, "{} passed, {failed} failed", all.len() - failed)?;
+    Ok(failed == 0)
+}
+
+/// A scenario directory itself, or the scenario directories inside it (sorted).
+pub fn scenario_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    if dir.join("input.json").exists() {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading scenario directory {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("input.json").exists())
+        .collect();
+    dirs.sort();
+    if dirs.is_empty() {
+        anyhow::bail!("{} holds no scenario (no input.json)", dir.display());
+    }
+    Ok(dirs)
+}
+
+impl From<crate::cli::CompareArg> for Compare {
+    fn from(c: crate::cli::CompareArg) -> Self {
+        match c {
+            crate::cli::CompareArg::Exact => Compare::Exact,
+            crate::cli::CompareArg::Text => Compare::Text,
+        }
+    }
+}
+
+pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
+    let store = SessionStore::new(config.sessions_dir.clone());
+    let mut sessions: Vec<_> = store.list().into_iter().filter(|s| s.header.parent_session.is_none()).collect();
+    if let Some(cwd) = cwd {
+        let cwd = cwd.display().to_string();
+        sessions.retain(|s| s.header.cwd.as_deref() == Some(cwd.as_str()));
+    }
+    sessions.sort_by(|a, b| b.modified.cmp(&a.modified));
+    let mut out = std::io::stdout().lock();
+    for s in sessions {
+        writeln!(out, "{}  {}  {}", s.header.id, crate::timefmt::rfc3339(s.modified), s.header.cwd.as_deref().unwrap_or("-"))?;
+    }
+    Ok(())
+}
+
+pub fn sessions_show(config: &Config, id: &str) -> Result<()> {
+    let store = SessionStore::new(config.sessions_dir.clone());
+    let scanned = store.inspect(id).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = std::io::stdout().lock();
+    let h = &scanned.header;
+    writeln!(out, "session {} (cwd {}, depth {})", h.id, h.cwd.as_deref().unwrap_or("-"), h.delegation_depth)?;
+    if let Some(parent) = &h.parent_session {
+        writeln!(out, "parent  {parent}")?;
+    }
+    for event in &scanned.events {
+        if let Some(line) = describe(event) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    if let Some(torn) = &scanned.torn {
+        writeln!(out, "(torn tail at line {}: {})", torn.line, torn.reason)?;
+    }
+    Ok(())
+}
+
+fn texts(content: &Value) -> String {
+    content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| match b["type"].as_str() {
+            Some("text") => b["text"].as_str().map(str::to_string),
+            Some("reasoning") => b["text"].as_str().map(|t| format!("(thinking) {t}")),
+            Some("tool-call") => Some(format!("[call {} {}]", b["name"].as_str().unwrap_or("?"), b["arguments"].as_str().unwrap_or(""))),
+            Some("tool-result") => Some(format!("[result{}] {}", if b["isError"] == true { " error" } else { "" }, texts(&b["content"]))),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn describe(event: &Event) -> Option<String> {
+    let d = &event.data;
+    Some(match event.kind.as_str() {
+        "turn/start" => format!("── turn {} ──", d["turn"]),
+        "turn/end" => format!("── turn {} ended: {} ──", d["turn"], d["reason"]["kind"].as_str().unwrap_or("?")),
+        "user/message" => format!("user: {}", texts(&d["content"])),
+        "assistant/message" => format!("assistant: {}", texts(&d["message"]["content"])),
+        "tool/result" => format!("tool: {}", texts(&d["message"]["content"])),
+        _ => return None,
+    })
+}
+
+/// Validates logs; returns true when every checked log is clean.
+pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
+    let store = SessionStore::new(config.sessions_dir.clone());
+    let paths: Vec<PathBuf> = match id {
+        Some(id) => vec![store.locate(id).map_err(|e| anyhow::anyhow!("{e}"))?.with_context(|| format!("unknown session: {id}"))?],
+        None => all_logs(store.root()),
+    };
+    let mut out = std::io::stdout().lock();
+    let mut clean = true;
+    for path in paths {
+        match crate::session::scan::scan_file(&path) {
+            Ok(scanned) => match &scanned.torn {
+                None => {
+                    let open = !crate::session::repair::closers(&scanned.events).is_empty();
+                    let note = if open { " (last turn interrupted; load will close it)" } else { "" };
+                    writeln!(out, "ok       {} ({} events){note}", path.display(), scanned.events.len())?;
+                }
+                Some(torn) => {
+                    clean = false;
+                    writeln!(out, "torn     {}:{}: {} ({} bytes ignored)", path.display(), torn.line, torn.reason, torn.bytes)?;
+                }
+            },
+            Err(e) => {
+                clean = false;
+                writeln!(out, "corrupt  {e}")?;
+            }
+        }
+    }
+    Ok(clean)
+}
+
+fn all_logs(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for project in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for session in std::fs::read_dir(project.path()).into_iter().flatten().flatten() {
+            let path = session.path().join(crate::session::layout::LOG_FILE);
+            if std::fs::symlink_metadata(&path).is_ok() {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,16 @@
+//! kin: an Agent Client Protocol daemon hosting an LLM agent loop with tools and durable child
+//! agents. Reading order: `session` (the on-disk log), `model` (the model seam), `tools`,
+//! `agent` (the turn loop), `runtime` (live sessions), `acp` (the protocol boundary), `scenario`
+//! (keyless replay), then the CLI glue (`cli`, `config`, `commands`). See ARCHITECTURE.md.
+
+pub mod session;
+pub mod model;
+pub mod tools;
+pub mod agent;
+pub mod runtime;
+pub mod acp;
+pub mod scenario;
+pub mod cli;
+pub mod config;
+pub mod commands;
+pub mod timefmt;

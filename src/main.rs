@@ -1,0 +1,82 @@
+//! The `kin` binary: parse the command line, set up logging, resolve the configuration and run
+//! the subcommand. Nothing else lives here.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use kin::cli::{Cli, Command, ScenarioCommand, SessionsCommand};
+use kin::config::{Config, process_env};
+use kin::scenario::RunOptions;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::resolve(&cli.overrides(), &process_env) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("kin: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let _guard = init_logging(&config);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kin: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, config)) {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("kin: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = match &config.log_file {
+        Some(path) => {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            let name = path.file_name().map_or_else(|| "kin.log".into(), |n| n.to_os_string());
+            tracing_appender::non_blocking(tracing_appender::rolling::never(dir, name))
+        }
+        None => tracing_appender::non_blocking(std::io::stderr()),
+    };
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).init();
+    Some(guard)
+}
+
+async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Acp(_) => {
+            let model = kin::runtime::model_for(&config)?;
+            let tools = kin::tools::ToolRegistry::new();
+            let runtime = Arc::new(kin::runtime::Runtime::new(config, model, tools));
+            kin::acp::serve_stdio(runtime.clone()).await?;
+            if let Err(unused) = runtime.check_model_consumed() {
+                tracing::error!("replay incomplete: {unused}");
+                return Ok(ExitCode::from(3));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Scenario { command: ScenarioCommand::Run { update, compare, out, dirs } } => {
+            let exe = std::env::current_exe()?;
+            let opts = RunOptions { exe, compare: compare.into(), update, out };
+            let ok = kin::commands::scenario_run(&dirs, &opts).await?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Sessions { command } => match command {
+            SessionsCommand::List { cwd } => kin::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS),
+            SessionsCommand::Show { id } => kin::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS),
+            SessionsCommand::Check { id } => {
+                let clean = kin::commands::sessions_check(&config, id.as_deref())?;
+                Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            }
+        },
+    }
+}

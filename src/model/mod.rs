@@ -1,0 +1,82 @@
+//! The model seam: `trait Model` turns a request (messages, tools, system prompt) into a stream
+//! of dsh `StreamChunk`s, honouring a cancellation token. Implementations: `replay` (recorded
+//! scenario logs, keyless) and `scripted` (tests); HTTP clients plug in here unchanged.
+
+pub mod chunk;
+pub mod replay;
+pub mod script;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use chunk::{Failure, FinishReason, StreamChunk, text_response, tool_call_response};
+
+/// A model route: `provider/model`, e.g. `deepseek/deepseek-v4-flash`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRoute {
+    pub provider: String,
+    pub model: String,
+}
+
+impl ModelRoute {
+    /// Parses `provider/model`; the model part may itself contain `/`.
+    pub fn parse(route: &str) -> Result<Self, String> {
+        match route.split_once('/') {
+            Some((provider, model)) if !provider.is_empty() && !model.is_empty() => {
+                Ok(ModelRoute { provider: provider.into(), model: model.into() })
+            }
+            _ => Err(format!("model route {route:?} is not of the form provider/model (e.g. deepseek/deepseek-v4-flash)")),
+        }
+    }
+}
+
+impl std::fmt::Display for ModelRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.provider, self.model)
+    }
+}
+
+/// A tool as the model sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSchema {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+/// One model call.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    pub session_id: String,
+    pub cwd: Option<PathBuf>,
+    pub route: ModelRoute,
+    pub system: String,
+    /// dsh messages (`{id, role, content, source}`), the surface fold of the session.
+    pub messages: Vec<Value>,
+    pub tools: Vec<ToolSchema>,
+}
+
+/// A failed model call before or during streaming.
+pub type ModelResult = Result<StreamChunk, Failure>;
+/// What a model call yields.
+pub type ChunkStream = mpsc::Receiver<ModelResult>;
+
+/// A language model behind some transport.
+pub trait Model: Send + Sync {
+    /// Starts one call. The stream ends after `finish`, after an error, or when cancelled.
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream;
+
+    /// Checks at shutdown that everything the model expected to serve was served
+    /// (replay: every recorded call was made).
+    fn check_consumed(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The session id to use for the next new session, when the model pins them (replay).
+    fn next_session_id(&self) -> Option<String> {
+        None
+    }
+}

@@ -1,0 +1,171 @@
+//! Keyless replay of recorded scenarios (dsh `llm-replay`). Each recorded session log
+//! (`session.jsonl`, then `session.N.jsonl` by header `createdAt`) yields one script: its
+//! `assistant/chunk` events grouped by (turn, step), one model call per group. Live sessions bind
+//! to scripts in first-call order. `replay.override.json` replaces the parent's script (a bare
+//! entry array) or patches it (`{patches:[{at, entry}]}`). Session ids are minted from the recorded
+//! headers in order, so recorded tool arguments naming a session id stay valid.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::script::{ReplayEntry, play};
+use super::{ChunkStream, Model, ModelRequest, StreamChunk};
+use crate::session::layout::validate_session_id;
+use crate::session::scan::scan_file;
+
+/// One recorded session's calls.
+#[derive(Debug)]
+struct Script {
+    name: String,
+    entries: VecDeque<ReplayEntry>,
+    recorded: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    scripts: Vec<Script>,
+    bindings: HashMap<String, usize>,
+    next_unbound: usize,
+    ids: VecDeque<String>,
+}
+
+/// Serves recorded model calls.
+#[derive(Debug)]
+pub struct ReplayModel {
+    state: Mutex<State>,
+}
+
+impl ReplayModel {
+    /// Reads the scripts of a scenario directory.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let parent = dir.join("session.jsonl");
+        let mut logs = vec![(parent.clone(), scan_file(&parent).with_context(|| format!("reading replay log {}", parent.display()))?)];
+        let mut children = Vec::new();
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let is_child = name
+                .strip_prefix("session.")
+                .and_then(|rest| rest.strip_suffix(".jsonl"))
+                .is_some_and(|n| n.parse::<u32>().is_ok());
+            if is_child {
+                let scanned = scan_file(&path).with_context(|| format!("reading replay log {}", path.display()))?;
+                children.push((path, scanned));
+            }
+        }
+        children.sort_by(|a, b| (a.1.header.created_at, &a.0).cmp(&(b.1.header.created_at, &b.0)));
+        logs.extend(children);
+        let mut state = State::default();
+        for (path, scanned) in logs {
+            if validate_session_id(&scanned.header.id).is_ok() && is_uuid(&scanned.header.id) {
+                state.ids.push_back(scanned.header.id.clone());
+            }
+            let entries = derive_entries(scanned.events.iter().filter(|e| e.kind == "assistant/chunk").map(|e| &e.data));
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
+            state.scripts.push(Script { name, recorded: entries.len(), entries });
+        }
+        let override_path = dir.join("replay.override.json");
+        if override_path.exists() {
+            let text = std::fs::read_to_string(&override_path)?;
+            let value: Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", override_path.display()))?;
+            apply_override(&mut state.scripts[0], &value).with_context(|| format!("applying {}", override_path.display()))?;
+        }
+        Ok(ReplayModel { state: Mutex::new(state) })
+    }
+}
+
+/// True for the 8-4-4-4-12 hex shape.
+pub fn is_uuid(s: &str) -> bool {
+    uuid::Uuid::try_parse(s).is_ok() && s.len() == 36
+}
+
+fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<ReplayEntry> {
+    let mut groups: Vec<((u64, u64), Vec<StreamChunk>)> = Vec::new();
+    for data in chunks {
+        let key = (data["turn"].as_u64().unwrap_or(0), data["step"].as_u64().unwrap_or(0));
+        let Ok(chunk) = serde_json::from_value::<StreamChunk>(data["chunk"].clone()) else {
+            tracing::warn!("skipping an unreadable recorded chunk: {}", data["chunk"]);
+            continue;
+        };
+        match groups.last_mut() {
+            Some((k, group)) if *k == key => group.push(chunk),
+            _ => groups.push((key, vec![chunk])),
+        }
+    }
+    groups.into_iter().map(|(_, chunks)| ReplayEntry::Chunks(chunks)).collect()
+}
+
+fn apply_override(script: &mut Script, value: &Value) -> Result<()> {
+    match value {
+        Value::Array(entries) => {
+            let parsed: Result<VecDeque<_>, _> = entries.iter().map(ReplayEntry::parse).collect();
+            script.entries = parsed.map_err(anyhow::Error::msg)?;
+        }
+        Value::Object(map) => {
+            let patches = map.get("patches").and_then(Value::as_array).context("override object needs a \"patches\" array")?;
+            for patch in patches {
+                let at = patch["at"].as_u64().context("patch needs a numeric \"at\"")? as usize;
+                let entry = ReplayEntry::parse(&patch["entry"]).map_err(anyhow::Error::msg)?;
+                let slot = script.entries.get_mut(at).with_context(|| format!("patch at {at} is past the script's end"))?;
+                *slot = entry;
+            }
+        }
+        _ => anyhow::bail!("override must be an entry array or {{\"patches\": [...]}}"),
+    }
+    script.recorded = script.entries.len();
+    Ok(())
+}
+
+impl Model for ReplayModel {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
+        let entry = {
+            let Ok(mut state) = self.state.lock() else {
+                return play(exhausted("replay state poisoned"), None, cancel);
+            };
+            let index = match state.bindings.get(&request.session_id) {
+                Some(&i) => Some(i),
+                None if state.next_unbound < state.scripts.len() => {
+                    let i = state.next_unbound;
+                    state.next_unbound += 1;
+                    state.bindings.insert(request.session_id.clone(), i);
+                    Some(i)
+                }
+                None => None,
+            };
+            match index {
+                None => exhausted(&format!("no recorded session left to replay for session {}", request.session_id)),
+                Some(i) => {
+                    let script = &mut state.scripts[i];
+                    script.entries.pop_front().unwrap_or_else(|| {
+                        exhausted(&format!("{} has no recorded model call left ({} recorded)", script.name, script.recorded))
+                    })
+                }
+            }
+        };
+        play(entry, request.cwd, cancel)
+    }
+
+    fn check_consumed(&self) -> Result<(), String> {
+        let state = self.state.lock().map_err(|_| "replay state poisoned".to_string())?;
+        let unused: Vec<String> = state
+            .scripts
+            .iter()
+            .filter(|s| !s.entries.is_empty())
+            .map(|s| format!("{}: {} of {} recorded model calls were not made", s.name, s.entries.len(), s.recorded))
+            .collect();
+        if unused.is_empty() { Ok(()) } else { Err(unused.join("; ")) }
+    }
+
+    fn next_session_id(&self) -> Option<String> {
+        self.state.lock().ok().and_then(|mut s| s.ids.pop_front())
+    }
+}
+
+fn exhausted(message: &str) -> ReplayEntry {
+    ReplayEntry::Throw { chunks: Vec::new(), message: message.into(), code: "REPLAY_EXHAUSTED".into() }
+}

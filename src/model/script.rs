@@ -1,0 +1,125 @@
+//! Scripted model calls: one `ReplayEntry` per call (chunks, throw, or hang until cancelled),
+//! played onto a channel. `ScriptedModel` serves one queue to every session (unit tests); the
+//! replay model keeps one queue per recorded session.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{ChunkStream, Failure, Model, ModelRequest, StreamChunk};
+
+/// What one scripted model call does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplayEntry {
+    /// Stream these chunks.
+    Chunks(Vec<StreamChunk>),
+    /// Stream these chunks, then fail with `message` / `code`.
+    Throw { chunks: Vec<StreamChunk>, message: String, code: String },
+    /// Stream these chunks, create `ready_file` (relative to the session cwd), then wait for
+    /// cancellation.
+    Hang { chunks: Vec<StreamChunk>, ready_file: Option<String> },
+}
+
+impl ReplayEntry {
+    /// Parses the `replay.override.json` entry shape `{kind, chunks?, message?, code?, readyFile?}`.
+    pub fn parse(value: &Value) -> Result<Self, String> {
+        let chunks = match value.get("chunks") {
+            None => Vec::new(),
+            Some(c) => serde_json::from_value(c.clone()).map_err(|e| format!("replay entry chunks: {e}"))?,
+        };
+        let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
+        match value.get("kind").and_then(Value::as_str) {
+            Some("chunks") => Ok(ReplayEntry::Chunks(chunks)),
+            Some("throw") => Ok(ReplayEntry::Throw {
+                chunks,
+                message: text("message").unwrap_or_else(|| "replayed model failure".into()),
+                code: text("code").unwrap_or_else(|| "REPLAY_THROW".into()),
+            }),
+            Some("hang") => Ok(ReplayEntry::Hang { chunks, ready_file: text("readyFile") }),
+            other => Err(format!("replay entry kind must be chunks, throw or hang, not {other:?}")),
+        }
+    }
+}
+
+/// Plays one entry onto a fresh channel on a background task.
+pub fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken) -> ChunkStream {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let (chunks, tail) = match entry {
+            ReplayEntry::Chunks(chunks) => (chunks, None),
+            ReplayEntry::Throw { chunks, message, code } => (chunks, Some(Ok(Failure::new(message, code)))),
+            ReplayEntry::Hang { chunks, ready_file } => (chunks, Some(Err(ready_file))),
+        };
+        for chunk in chunks {
+            if cancel.is_cancelled() || tx.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+        }
+        match tail {
+            None => {}
+            Some(Ok(failure)) => {
+                let _ = tx.send(Err(failure)).await;
+            }
+            Some(Err(ready_file)) => {
+                if let Some(name) = ready_file {
+                    let path = cwd.map_or_else(|| PathBuf::from(&name), |cwd| cwd.join(&name));
+                    if let Err(e) = std::fs::write(&path, b"") {
+                        tracing::warn!(path = %path.display(), "cannot write replay ready file: {e}");
+                    }
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tx.closed() => {}
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// A model answering every call, from any session, with the next entry of one script.
+pub struct ScriptedModel {
+    entries: Mutex<VecDeque<ReplayEntry>>,
+    requests: Mutex<Vec<ModelRequest>>,
+}
+
+impl ScriptedModel {
+    pub fn new(entries: impl IntoIterator<Item = ReplayEntry>) -> Self {
+        ScriptedModel { entries: Mutex::new(entries.into_iter().collect()), requests: Mutex::new(Vec::new()) }
+    }
+
+    /// A script of plain chunk responses.
+    pub fn from_responses(responses: impl IntoIterator<Item = Vec<StreamChunk>>) -> Self {
+        Self::new(responses.into_iter().map(ReplayEntry::Chunks))
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+impl Model for ScriptedModel {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
+        let cwd = request.cwd.clone();
+        if let Ok(mut requests) = self.requests.lock() {
+            requests.push(request);
+        }
+        let next = self.entries.lock().ok().and_then(|mut e| e.pop_front());
+        let entry = next.unwrap_or_else(|| ReplayEntry::Throw {
+            chunks: Vec::new(),
+            message: "scripted model has no response left".into(),
+            code: "SCRIPT_EXHAUSTED".into(),
+        });
+        play(entry, cwd, cancel)
+    }
+
+    fn check_consumed(&self) -> Result<(), String> {
+        let left = self.entries.lock().map(|e| e.len()).unwrap_or(0);
+        if left == 0 { Ok(()) } else { Err(format!("scripted model has {left} unused responses")) }
+    }
+}

@@ -1,0 +1,131 @@
+//! Where logs live: `<root>/--<projectKey(cwd)>--/<encodeSegment(id)>/session.jsonl` (dsh §1.4),
+//! plus validation of session ids before they touch a path.
+
+use std::path::{Path, PathBuf};
+
+/// File name of a raw (uncompressed) log inside its session directory.
+pub const LOG_FILE: &str = "session.jsonl";
+/// Directory for sessions without a cwd.
+pub const NO_CWD_DIR: &str = "_no-cwd";
+
+/// Checks that a session id is usable: 1..=128 characters, no control characters, not `.`/`..`.
+/// Ids are also encoded before use, so this guards against hostile input reaching logs and errors.
+pub fn validate_session_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("session id is empty".into());
+    }
+    if id.chars().count() > 128 {
+        return Err(format!("session id is longer than 128 characters: {}…", truncate(id, 32)));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(format!("session id contains control characters: {id:?}"));
+    }
+    if id == "." || id == ".." || id.contains('/') || id.contains('\\') {
+        return Err(format!("session id is not a plain name: {id:?}"));
+    }
+    Ok(())
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+fn is_literal(c: u16) -> bool {
+    matches!(c, 0x30..=0x39 | 0x41..=0x5A | 0x61..=0x7A) || c == u16::from(b'_') || c == u16::from(b'-')
+}
+
+/// dsh `encodeSegment`: `[A-Za-z0-9_-]` and single interior dots stay literal; every other
+/// UTF-16 unit becomes `~XXXX`. `.` and `..` as whole segments are escaped.
+pub fn encode_segment(segment: &str) -> String {
+    if segment == "." || segment == ".." {
+        return segment.encode_utf16().map(|u| format!("~{u:04X}")).collect();
+    }
+    let mut out = String::with_capacity(segment.len());
+    for unit in segment.encode_utf16() {
+        if is_literal(unit) || unit == u16::from(b'.') {
+            out.push(char::from(unit as u8));
+        } else {
+            out.push_str(&format!("~{unit:04X}"));
+        }
+    }
+    out
+}
+
+/// dsh `projectKey`: runs of `/`, `\` or `:` become one `-`, unsafe units are `~XXXX`-escaped,
+/// leading `-` stripped (empty → `root`), truncated to 251 characters, wrapped as `--slug--`.
+pub fn project_key(cwd: &str) -> String {
+    let mut slug = String::new();
+    let mut in_separator = false;
+    for unit in cwd.encode_utf16() {
+        let is_sep = unit == u16::from(b'/') || unit == u16::from(b'\\') || unit == u16::from(b':');
+        if is_sep {
+            if !in_separator {
+                slug.push('-');
+            }
+            in_separator = true;
+            continue;
+        }
+        in_separator = false;
+        if is_literal(unit) || unit == u16::from(b'.') {
+            slug.push(char::from(unit as u8));
+        } else {
+            slug.push_str(&format!("~{unit:04X}"));
+        }
+    }
+    let slug = slug.trim_start_matches('-');
+    let slug = if slug.is_empty() { "root" } else { slug };
+    let slug: String = slug.chars().take(251).collect();
+    format!("--{slug}--")
+}
+
+/// The directory holding one session's log.
+pub fn session_dir(root: &Path, cwd: Option<&str>, id: &str) -> PathBuf {
+    let project = match cwd {
+        Some(cwd) => project_key(cwd),
+        None => NO_CWD_DIR.to_string(),
+    };
+    root.join(project).join(encode_segment(id))
+}
+
+/// The log file of one session.
+pub fn log_path(root: &Path, cwd: Option<&str>, id: &str) -> PathBuf {
+    session_dir(root, cwd, id).join(LOG_FILE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn project_key_collapses_separators_and_wraps() {
+        assert_eq!(project_key("/home/me/proj"), "--home-me-proj--");
+        assert_eq!(project_key("C:\\\\work//x"), "--C-work-x--");
+        assert_eq!(project_key("/"), "--root--");
+        assert_eq!(project_key("/a b"), "--a~0020b--");
+    }
+
+    #[test]
+    fn encode_segment_escapes_dots_and_unsafe_units() {
+        assert_eq!(encode_segment("abc-1_2.x"), "abc-1_2.x");
+        assert_eq!(encode_segment(".."), "~002E~002E");
+        assert_eq!(encode_segment("."), "~002E");
+        assert_eq!(encode_segment("a/b"), "a~002Fb");
+        assert_eq!(encode_segment("é"), "~00E9");
+        assert_eq!(encode_segment("~"), "~007E");
+    }
+
+    #[test]
+    fn hostile_ids_are_rejected() {
+        for bad in ["", "..", ".", "a/b", "a\0b", "x\n"] {
+            assert!(validate_session_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_session_id(&"a".repeat(129)).is_err());
+        assert!(validate_session_id("11111111-1111-4111-8111-111111111111").is_ok());
+    }
+
+    #[test]
+    fn long_cwd_is_truncated() {
+        let key = project_key(&format!("/{}", "a".repeat(400)));
+        assert_eq!(key.len(), 251 + 4);
+    }
+}

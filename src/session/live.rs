@@ -1,0 +1,125 @@
+//! A live session: the header, every event in memory, and the log writer. Appends assign `seq`
+//! and `time`, notify observers synchronously (so what an editor sees follows log order), and
+//! queue the line for the next batched write.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use super::record::{Event, SURFACE_TYPES, SessionHeader};
+use super::repair::Closer;
+use super::writer::LogWriter;
+
+/// Sees every event appended to a session, in order, on the appending task.
+pub trait SessionObserver: Send + Sync {
+    fn on_event(&self, header: &SessionHeader, event: &Event);
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// One session held in memory with its writer.
+pub struct Session {
+    pub header: SessionHeader,
+    events: Vec<Event>,
+    writer: LogWriter,
+    observers: Vec<Arc<dyn SessionObserver>>,
+}
+
+impl Session {
+    pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
+        Session { header, events, writer, observers: Vec::new() }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.header.id
+    }
+
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    pub fn add_observer(&mut self, observer: Arc<dyn SessionObserver>) {
+        self.observers.push(observer);
+    }
+
+    /// Appends a log-only event.
+    pub fn append(&mut self, kind: &str, data: Value) -> u64 {
+        self.push(kind, data, None, None)
+    }
+
+    /// Appends a surface event (`surfaceOp: "append"`), optionally naming its source events.
+    pub fn append_surface(&mut self, kind: &str, data: Value, sources: Option<Vec<u64>>) -> u64 {
+        self.push(kind, data, sources, Some(json!("append")))
+    }
+
+    pub(super) fn append_closer(&mut self, closer: Closer) -> u64 {
+        let surface = closer.surface.then(|| json!("append"));
+        self.push(closer.kind, closer.data, closer.source_event_seqs, surface)
+    }
+
+    fn push(&mut self, kind: &str, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
+        let seq = self.events.len() as u64;
+        let event = Event { kind: kind.to_string(), seq, time: now_ms(), data, source_event_seqs: sources, surface_op };
+        self.writer.append(&event);
+        for observer in &self.observers {
+            observer.on_event(&self.header, &event);
+        }
+        self.events.push(event);
+        seq
+    }
+
+    /// Makes every appended event durable (write + `fsync`).
+    pub fn flush(&mut self) -> Result<()> {
+        self.writer.flush()
+    }
+
+    /// The model-visible history: the surface fold of dsh `deriveMessages`.
+    pub fn messages(&self) -> Vec<Value> {
+        derive_messages(&self.events)
+    }
+
+    /// The number the next turn gets (continuing a fork seed's numbering).
+    pub fn next_turn(&self) -> u64 {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| e.kind == "turn/start")
+            .and_then(|e| e.data["turn"].as_u64())
+            .map_or(1, |t| t + 1)
+    }
+}
+
+/// Folds surface events into model messages: `append` pushes, `{op:"replace", start, end}`
+/// replaces the message range `[start, end)` (compaction). Empty assistant messages are skipped.
+pub fn derive_messages(events: &[Event]) -> Vec<Value> {
+    let mut messages: Vec<Value> = Vec::new();
+    for event in events {
+        if !SURFACE_TYPES.contains(&event.kind.as_str()) {
+            continue;
+        }
+        let message = match event.kind.as_str() {
+            "user/message" => event.data.clone(),
+            _ => event.data["message"].clone(),
+        };
+        if event.kind == "assistant/message" && message["content"].as_array().is_none_or(Vec::is_empty) {
+            continue;
+        }
+        match &event.surface_op {
+            Some(Value::Object(op)) if op.get("op") == Some(&json!("replace")) => {
+                let len = messages.len();
+                let start = op.get("start").and_then(Value::as_u64).map_or(len, |s| (s as usize).min(len));
+                let end = op.get("end").and_then(Value::as_u64).map_or(len, |e| (e as usize).min(len)).max(start);
+                messages.splice(start..end, [message]);
+            }
+            _ => messages.push(message),
+        }
+    }
+    messages
+}

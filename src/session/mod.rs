@@ -1,0 +1,15 @@
+//! Sessions: the dsh-compatible JSONL log format, the store that writes, repairs and reads it,
+//! and the in-memory live session the agent loop appends to.
+
+pub mod layout;
+pub mod live;
+pub mod record;
+pub mod repair;
+pub mod scan;
+pub mod store;
+pub mod writer;
+
+pub use live::{Session, SessionObserver, derive_messages, now_ms};
+pub use record::{Event, Record, SessionHeader};
+pub use scan::{ScanError, Scanned, TornTail};
+pub use store::{SessionStore, StoreError, StoredSession};

@@ -1,0 +1,287 @@
+//! Session log records: the header line, the event envelope and packed chunk rows of the
+//! dsh-compatible JSONL format (`protocol/session-log.md`). These are the only serde types for disk.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// The only header version readers accept (dsh `SESSION_FORMAT_VERSION`).
+pub const SESSION_FORMAT_VERSION: u64 = 0;
+
+/// Line 0 of every log: immutable storage metadata of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionHeader {
+    #[serde(rename = "type")]
+    pub tag: String,
+    pub version: u64,
+    pub id: String,
+    pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_length: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+    #[serde(default)]
+    pub delegation_depth: u64,
+}
+
+impl SessionHeader {
+    /// A fresh top-level header.
+    pub fn new(id: impl Into<String>, created_at: u64, cwd: Option<String>) -> Self {
+        SessionHeader {
+            tag: "session".into(),
+            version: SESSION_FORMAT_VERSION,
+            id: id.into(),
+            created_at,
+            cwd,
+            parent_session: None,
+            seed_length: None,
+            origin: None,
+            delegation_depth: 0,
+        }
+    }
+
+    /// Parses and validates a header line.
+    pub fn parse(line: &str) -> Result<Self, String> {
+        let header: SessionHeader =
+            serde_json::from_str(line).map_err(|e| format!("invalid session header: {e}"))?;
+        if header.tag != "session" {
+            return Err(format!(
+                "invalid session header: type is {:?}, expected \"session\"",
+                header.tag
+            ));
+        }
+        if header.version != SESSION_FORMAT_VERSION {
+            return Err(format!(
+                "unsupported session format version {} (this kin reads version {SESSION_FORMAT_VERSION})",
+                header.version
+            ));
+        }
+        Ok(header)
+    }
+}
+
+/// One event: `{type, seq, time, data, sourceEventSeqs?, surfaceOp?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Event {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub seq: u64,
+    pub time: u64,
+    pub data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_event_seqs: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub surface_op: Option<Value>,
+}
+
+/// The event types whose `surfaceOp` puts a message into the model history.
+pub const SURFACE_TYPES: [&str; 4] = [
+    "user/message",
+    "assistant/message",
+    "tool/result",
+    "steering/message",
+];
+
+/// A packed run of `assistant/chunk` delta events (`text-chunks`, `reasoning-chunks`,
+/// `tool-call-chunks`). Member `i` has seq `seq0 + i` and time `time0 + sum(dt[..i])`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PackedRow {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub seq0: u64,
+    pub time0: u64,
+    pub data: PackedData,
+}
+
+/// Payload of a packed row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackedData {
+    pub turn: u64,
+    pub step: u64,
+    pub index: u64,
+    pub dt: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub texts: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+}
+
+/// One line of a log after the header.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    Event(Event),
+    Packed(PackedRow),
+}
+
+impl Record {
+    /// Parses one log line (not the header).
+    pub fn parse(line: &str) -> Result<Record, String> {
+        let value: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
+        let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
+        let record = match kind {
+            "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => {
+                Record::Packed(serde_json::from_value(value).map_err(|e| format!("invalid packed row: {e}"))?)
+            }
+            "" => return Err("record has no string \"type\"".into()),
+            "session" => return Err("a second session header inside the log".into()),
+            _ => Record::Event(serde_json::from_value(value).map_err(|e| format!("invalid event: {e}"))?),
+        };
+        if let Record::Packed(row) = &record {
+            row.check()?;
+        }
+        Ok(record)
+    }
+
+    /// Serializes the record as one JSON line (without the newline).
+    pub fn to_line(&self) -> String {
+        let result = match self {
+            Record::Event(event) => serde_json::to_string(event),
+            Record::Packed(row) => serde_json::to_string(row),
+        };
+        result.unwrap_or_else(|e| unreachable_json(&e))
+    }
+
+    /// The events this record stands for, in seq order.
+    pub fn into_events(self) -> Vec<Event> {
+        match self {
+            Record::Event(event) => vec![event],
+            Record::Packed(row) => row.unpack(),
+        }
+    }
+}
+
+fn unreachable_json(e: &serde_json::Error) -> String {
+    // Serializing plain structs of JSON values cannot fail; keep a visible trace if it ever does.
+    tracing::error!("serializing a session record failed: {e}");
+    String::from("{}")
+}
+
+impl PackedRow {
+    fn members(&self) -> usize {
+        match self.kind.as_str() {
+            "tool-call-chunks" => self.data.args.as_ref().map_or(0, Vec::len),
+            _ => self.data.texts.as_ref().map_or(0, Vec::len),
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let members = self.members();
+        if members == 0 {
+            return Err(format!("{} row has no members", self.kind));
+        }
+        if self.data.dt.len() + 1 != members {
+            return Err(format!(
+                "{} row has {} members but {} time gaps (expected {})",
+                self.kind,
+                members,
+                self.data.dt.len(),
+                members - 1
+            ));
+        }
+        if self.kind == "tool-call-chunks" && self.data.id.is_none() {
+            return Err("tool-call-chunks row has no id".into());
+        }
+        Ok(())
+    }
+
+    /// Expands the row into its `assistant/chunk` events.
+    pub fn unpack(self) -> Vec<Event> {
+        let PackedData { turn, step, index, dt, texts, id, name, args } = self.data;
+        let mut time = self.time0;
+        let mut out = Vec::new();
+        let pieces = match self.kind.as_str() {
+            "tool-call-chunks" => args.unwrap_or_default(),
+            _ => texts.unwrap_or_default(),
+        };
+        for (i, piece) in pieces.into_iter().enumerate() {
+            if i > 0 {
+                time += dt.get(i - 1).copied().unwrap_or(0);
+            }
+            let chunk = match self.kind.as_str() {
+                "text-chunks" => json!({"type": "text-delta", "index": index, "text": piece}),
+                "reasoning-chunks" => json!({"type": "reasoning-delta", "index": index, "text": piece}),
+                _ => {
+                    let mut c = Map::new();
+                    c.insert("type".into(), json!("tool-call-delta"));
+                    c.insert("index".into(), json!(index));
+                    c.insert("id".into(), json!(id.clone().unwrap_or_default()));
+                    if i == 0 {
+                        if let Some(name) = &name {
+                            c.insert("name".into(), json!(name));
+                        }
+                    }
+                    c.insert("argumentsDelta".into(), json!(piece));
+                    Value::Object(c)
+                }
+            };
+            out.push(Event {
+                kind: "assistant/chunk".into(),
+                seq: self.seq0 + i as u64,
+                time,
+                data: json!({"turn": turn, "step": step, "chunk": chunk}),
+                source_event_seqs: None,
+                surface_op: None,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_text_row_unpacks_with_times_and_seqs() {
+        let line = r#"{"type":"text-chunks","seq0":27,"time0":100,"data":{"turn":1,"step":1,"index":1,"dt":[2,3],"texts":["CH","ILD","_OK"]}}"#;
+        let events = Record::parse(line).unwrap().into_events();
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[2].seq, 29);
+        assert_eq!(events[2].time, 105);
+        assert_eq!(events[1].data["chunk"]["text"], "ILD");
+        assert_eq!(events[0].data["chunk"]["type"], "text-delta");
+    }
+
+    #[test]
+    fn packed_tool_call_row_carries_name_on_first_member_only() {
+        let line = r#"{"type":"tool-call-chunks","seq0":5,"time0":0,"data":{"turn":1,"step":1,"index":1,"dt":[0],"id":"c1","name":"read","args":["{","}"]}}"#;
+        let events = Record::parse(line).unwrap().into_events();
+        assert_eq!(events[0].data["chunk"]["name"], "read");
+        assert!(events[1].data["chunk"].get("name").is_none());
+        assert_eq!(events[1].data["chunk"]["argumentsDelta"], "}");
+    }
+
+    #[test]
+    fn packed_row_with_wrong_gap_count_is_rejected() {
+        let line = r#"{"type":"text-chunks","seq0":0,"time0":0,"data":{"turn":1,"step":1,"index":0,"dt":[],"texts":["a","b"]}}"#;
+        assert!(Record::parse(line).unwrap_err().contains("time gaps"));
+    }
+
+    #[test]
+    fn header_rejects_other_versions_and_tags() {
+        let v1 = r#"{"type":"session","version":1,"id":"a","createdAt":0,"delegationDepth":0}"#;
+        assert!(SessionHeader::parse(v1).unwrap_err().contains("version 1"));
+        let wrong = r#"{"type":"turn/start","version":0,"id":"a","createdAt":0}"#;
+        assert!(SessionHeader::parse(wrong).is_err());
+        let missing_depth = r#"{"type":"session","version":0,"id":"a","createdAt":0}"#;
+        assert_eq!(SessionHeader::parse(missing_depth).unwrap().delegation_depth, 0);
+    }
+
+    #[test]
+    fn unknown_event_types_are_kept() {
+        let line = r#"{"type":"future/thing","seq":3,"time":1,"data":{"x":[1,2]}}"#;
+        let record = Record::parse(line).unwrap();
+        assert_eq!(record.to_line(), line);
+    }
+}

@@ -1,0 +1,177 @@
+//! Reading a log: the torn-tail scan shared by the repairing `load` and the read-only `inspect`
+//! (dsh `scanLog`). O(n) in the file size; nothing here writes.
+
+use std::path::{Path, PathBuf};
+
+use super::record::{Event, Record, SessionHeader};
+
+/// A log read up to its last valid line.
+#[derive(Debug, Clone)]
+pub struct Scanned {
+    pub path: PathBuf,
+    pub header: SessionHeader,
+    pub events: Vec<Event>,
+    /// Byte length of the valid prefix (end of the last preserved line).
+    pub committed_bytes: u64,
+    /// What was cut off the end, if anything.
+    pub torn: Option<TornTail>,
+}
+
+/// The ignored end of a log: a line without its newline, or an unreadable line after the last
+/// complete turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TornTail {
+    /// 1-based line number of the first ignored line.
+    pub line: usize,
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// Why a log could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScanError {
+    /// The file is missing or unreadable.
+    Io { path: PathBuf, message: String },
+    /// Damage a reader must not paper over: a bad header, or a bad line before the last `turn/end`.
+    Corrupt { path: PathBuf, line: usize, reason: String },
+}
+
+impl std::fmt::Display for ScanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScanError::Io { path, message } => write!(f, "{}: {message}", path.display()),
+            ScanError::Corrupt { path, line, reason } => {
+                write!(f, "{}:{line}: corrupt session log: {reason}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
+/// Reads and scans the log at `path`.
+pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
+    let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
+    if !meta.is_file() {
+        return Err(ScanError::Io { path: path.to_path_buf(), message: "not a regular file".into() });
+    }
+    let bytes = std::fs::read(path).map_err(|e| io_error(path, &e))?;
+    scan_bytes(path, &bytes)
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
+    ScanError::Io { path: path.to_path_buf(), message: e.to_string() }
+}
+
+/// Scans raw log bytes (see `scan_file`).
+pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
+    let corrupt = |line: usize, reason: String| ScanError::Corrupt { path: path.to_path_buf(), line, reason };
+    let lines = complete_lines(bytes);
+    let Some(&(start, end)) = lines.first() else {
+        return Err(corrupt(1, "the header line is missing or incomplete".into()));
+    };
+    let header_text = std::str::from_utf8(&bytes[start..end]).map_err(|_| corrupt(1, "header is not UTF-8".into()))?;
+    let header = SessionHeader::parse(header_text).map_err(|e| corrupt(1, e))?;
+    let mut events: Vec<Event> = Vec::new();
+    let mut committed = (end + 1) as u64;
+    let mut torn = None;
+    for (i, &(start, end)) in lines.iter().enumerate().skip(1) {
+        match parse_line(&bytes[start..end], events.len() as u64) {
+            Ok(mut more) => {
+                events.append(&mut more);
+                committed = (end + 1) as u64;
+            }
+            Err(reason) => {
+                if lines[i + 1..].iter().any(|&(s, e)| is_turn_end(&bytes[s..e])) {
+                    return Err(corrupt(i + 1, reason));
+                }
+                torn = Some(TornTail { line: i + 1, bytes: bytes.len() as u64 - start as u64, reason });
+                break;
+            }
+        }
+    }
+    if torn.is_none() && committed < bytes.len() as u64 {
+        torn = Some(TornTail {
+            line: lines.len() + 1,
+            bytes: bytes.len() as u64 - committed,
+            reason: "last line has no newline".into(),
+        });
+    }
+    Ok(Scanned { path: path.to_path_buf(), header, events, committed_bytes: committed, torn })
+}
+
+/// `(start, end)` byte ranges of newline-terminated lines (end excludes the newline).
+fn complete_lines(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'\n' {
+            lines.push((start, i));
+            start = i + 1;
+        }
+    }
+    lines
+}
+
+fn parse_line(raw: &[u8], next_seq: u64) -> Result<Vec<Event>, String> {
+    let text = std::str::from_utf8(raw).map_err(|_| "line is not UTF-8".to_string())?;
+    let events = Record::parse(text)?.into_events();
+    for (offset, event) in events.iter().enumerate() {
+        let expected = next_seq + offset as u64;
+        if event.seq != expected {
+            return Err(format!("seq {} where {expected} was expected", event.seq));
+        }
+    }
+    Ok(events)
+}
+
+fn is_turn_end(raw: &[u8]) -> bool {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|t| Record::parse(t).ok())
+        .is_some_and(|r| matches!(r, Record::Event(e) if e.kind == "turn/end"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = concat!(
+        r#"{"type":"session","version":0,"id":"s","createdAt":0,"delegationDepth":0}"#, "\n",
+        r#"{"type":"turn/start","seq":0,"time":0,"data":{"turn":1}}"#, "\n",
+        r#"{"type":"turn/end","seq":1,"time":0,"data":{"turn":1,"reason":{"kind":"completed"}}}"#, "\n",
+        r#"{"type":"turn/start","seq":2,"time":0,"data":{"turn":2}}"#, "\n",
+    );
+
+    #[test]
+    fn clean_log_scans_fully() {
+        let s = scan_bytes(Path::new("x"), LOG.as_bytes()).unwrap();
+        assert_eq!(s.events.len(), 3);
+        assert_eq!(s.committed_bytes, LOG.len() as u64);
+        assert!(s.torn.is_none());
+    }
+
+    #[test]
+    fn missing_newline_is_a_torn_tail() {
+        let cut = &LOG[..LOG.len() - 1];
+        let s = scan_bytes(Path::new("x"), cut.as_bytes()).unwrap();
+        assert_eq!(s.events.len(), 2);
+        assert_eq!(s.torn.unwrap().reason, "last line has no newline");
+    }
+
+    #[test]
+    fn garbage_before_last_turn_end_is_corruption() {
+        let bad = LOG.replacen(r#""seq":0"#, r#""seq":7"#, 1);
+        let err = scan_bytes(Path::new("f.jsonl"), bad.as_bytes()).unwrap_err();
+        assert_eq!(err.to_string(), "f.jsonl:2: corrupt session log: seq 7 where 0 was expected");
+    }
+
+    #[test]
+    fn garbage_after_last_turn_end_is_torn() {
+        let bad = format!("{LOG}{{not json\n");
+        let s = scan_bytes(Path::new("x"), bad.as_bytes()).unwrap();
+        assert_eq!(s.events.len(), 3);
+        assert_eq!(s.torn.unwrap().line, 5);
+        assert_eq!(s.committed_bytes, LOG.len() as u64);
+    }
+}

@@ -1,0 +1,172 @@
+//! The JSONL session store: creating, locating, listing, loading (repairing) and inspecting
+//! (read-only) logs under one root directory.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::layout::{LOG_FILE, encode_segment, log_path, validate_session_id};
+use super::live::Session;
+use super::record::SessionHeader;
+use super::repair::closers;
+use super::scan::{ScanError, Scanned, scan_file};
+use super::writer::LogWriter;
+
+/// Why a session could not be opened.
+#[derive(Debug)]
+pub enum StoreError {
+    InvalidId(String),
+    NotFound(String),
+    Scan(ScanError),
+    Io(anyhow::Error),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::InvalidId(reason) => write!(f, "invalid session id: {reason}"),
+            StoreError::NotFound(id) => write!(f, "unknown session: {id}"),
+            StoreError::Scan(e) => e.fmt(f),
+            StoreError::Io(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A session found on disk, read from its header line only.
+#[derive(Debug, Clone)]
+pub struct StoredSession {
+    pub header: SessionHeader,
+    pub path: PathBuf,
+    pub modified: SystemTime,
+}
+
+/// All logs under one root.
+#[derive(Debug, Clone)]
+pub struct SessionStore {
+    root: PathBuf,
+}
+
+impl SessionStore {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        SessionStore { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A new, not yet materialized session (the file appears at the first flush).
+    pub fn create(&self, header: SessionHeader) -> Result<Session, StoreError> {
+        validate_session_id(&header.id).map_err(StoreError::InvalidId)?;
+        if self.locate(&header.id)?.is_some() {
+            return Err(StoreError::Io(anyhow::anyhow!("session {} already exists", header.id)));
+        }
+        let path = log_path(&self.root, header.cwd.as_deref(), &header.id);
+        let writer = LogWriter::create(path, &header).map_err(StoreError::Io)?;
+        Ok(Session::new(header, Vec::new(), writer))
+    }
+
+    /// The log file of `id`, if any project directory holds it.
+    pub fn locate(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
+        validate_session_id(id).map_err(StoreError::InvalidId)?;
+        let segment = encode_segment(id);
+        let Ok(projects) = std::fs::read_dir(&self.root) else {
+            return Ok(None);
+        };
+        for project in projects.flatten() {
+            let candidate = project.path().join(&segment).join(LOG_FILE);
+            if std::fs::symlink_metadata(&candidate).is_ok() {
+                return Ok(Some(candidate));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Non-mutating read of the valid stored prefix: no truncation, no closers, no writes.
+    pub fn inspect(&self, id: &str) -> Result<Scanned, StoreError> {
+        let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let scanned = scan_file(&path).map_err(StoreError::Scan)?;
+        if scanned.header.id != id {
+            return Err(StoreError::Scan(ScanError::Corrupt {
+                path,
+                line: 1,
+                reason: format!("header names session {:?}, not {id:?}", scanned.header.id),
+            }));
+        }
+        Ok(scanned)
+    }
+
+    /// Repairing load: truncates a torn tail, closes an interrupted turn (durably), and returns
+    /// the session ready for appends.
+    pub fn load(&self, id: &str) -> Result<Session, StoreError> {
+        let scanned = self.inspect(id)?;
+        if let Some(torn) = &scanned.torn {
+            tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
+        }
+        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes).map_err(StoreError::Io)?;
+        let mut session = Session::new(scanned.header, scanned.events, writer);
+        let repairs = closers(session.events());
+        if !repairs.is_empty() {
+            tracing::warn!(session = %id, events = repairs.len(), "closing a turn interrupted by a crash");
+            for closer in repairs {
+                session.append_closer(closer);
+            }
+            session.flush().map_err(StoreError::Io)?;
+        }
+        Ok(session)
+    }
+
+    /// Every log under the root, read from header lines only; unreadable logs are skipped with a
+    /// warning. Unordered.
+    pub fn list(&self) -> Vec<StoredSession> {
+        let mut out = Vec::new();
+        let Ok(projects) = std::fs::read_dir(&self.root) else {
+            return out;
+        };
+        for project in projects.flatten() {
+            let Ok(sessions) = std::fs::read_dir(project.path()) else {
+                continue;
+            };
+            for session in sessions.flatten() {
+                let path = session.path().join(LOG_FILE);
+                match read_header(&path) {
+                    Ok(Some(stored)) => out.push(stored),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(path = %path.display(), "skipping unreadable session log: {e}"),
+                }
+            }
+        }
+        out
+    }
+}
+
+fn read_header(path: &Path) -> Result<Option<StoredSession>, String> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => meta,
+        Ok(_) => return Err("not a regular file".into()),
+        Err(_) => return Ok(None),
+    };
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    std::io::BufReader::new(file).take_line(&mut line)?;
+    let header = SessionHeader::parse(line.trim_end_matches('\n'))?;
+    Ok(Some(StoredSession { header, path: path.to_path_buf(), modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH) }))
+}
+
+/// Reads one line of at most 1 MiB (a header never comes near that).
+trait TakeLine {
+    fn take_line(self, out: &mut String) -> Result<(), String>;
+}
+
+impl<R: std::io::Read> TakeLine for std::io::BufReader<R> {
+    fn take_line(self, out: &mut String) -> Result<(), String> {
+        let mut limited = std::io::BufReader::new(std::io::Read::take(self, 1 << 20));
+        limited.read_line(out).map_err(|e| e.to_string())?;
+        if !out.ends_with('\n') {
+            return Err("header line is incomplete".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! The append path of one log: events are serialized into a pending buffer (O(1) per event) and
+//! written in batches; `flush` writes and `fsync`s. The first flush materializes the file through
+//! a temporary file, `fsync`, a no-overwrite hard link and a directory `fsync`, so a log either
+//! exists with its header or not at all. A failed write truncates the file back to its last
+//! committed length, so a half line is never followed by another record.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::record::{Event, Record, SessionHeader};
+
+/// Pending bytes above which an append writes through (without `fsync`).
+const WRITE_THROUGH_BYTES: usize = 1 << 20;
+
+/// Appends events to one log file.
+#[derive(Debug)]
+pub struct LogWriter {
+    path: PathBuf,
+    file: Option<File>,
+    /// Header line waiting for materialization (None once the file exists).
+    header_line: Option<String>,
+    committed: u64,
+    pending: Vec<u8>,
+    /// True when bytes were written since the last `fsync`.
+    unsynced: bool,
+}
+
+impl LogWriter {
+    /// A writer for a log that does not exist yet; nothing is written until the first flush.
+    pub fn create(path: PathBuf, header: &SessionHeader) -> Result<Self> {
+        if path.exists() {
+            anyhow::bail!("session log already exists: {}", path.display());
+        }
+        let header_line = serde_json::to_string(header).context("serializing session header")?;
+        Ok(LogWriter { path, file: None, header_line: Some(header_line), committed: 0, pending: Vec::new(), unsynced: false })
+    }
+
+    /// A writer continuing an existing log whose valid prefix is `committed` bytes long. A torn
+    /// tail beyond it is truncated now, before anything else is appended.
+    pub fn reopen(path: PathBuf, committed: u64) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening session log {}", path.display()))?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(committed);
+        if len != committed {
+            file.set_len(committed)
+                .with_context(|| format!("truncating the torn tail of {}", path.display()))?;
+            file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
+        }
+        Ok(LogWriter { path, file: Some(file), header_line: None, committed, pending: Vec::new(), unsynced: false })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queues one event. Writes through when the batch is large; never `fsync`s. A failed
+    /// write-through keeps the batch (the file is rolled back) and surfaces at the next `flush`.
+    pub fn append(&mut self, event: &Event) {
+        let line = Record::Event(event.clone()).to_line();
+        self.pending.extend_from_slice(line.as_bytes());
+        self.pending.push(b'\n');
+        if self.pending.len() >= WRITE_THROUGH_BYTES {
+            if let Err(e) = self.write_pending() {
+                tracing::warn!(path = %self.path.display(), "batched write failed, retrying at the next flush: {e:#}");
+            }
+        }
+    }
+
+    /// Writes everything pending and `fsync`s. On failure the file is back at its last committed
+    /// length and the pending events are kept for the next attempt.
+    pub fn flush(&mut self) -> Result<()> {
+        self.write_pending()?;
+        if self.unsynced {
+            if let Some(file) = &self.file {
+                file.sync_data().with_context(|| format!("syncing {}", self.path.display()))?;
+            }
+            self.unsynced = false;
+        }
+        Ok(())
+    }
+
+    /// True when events are queued but not yet durable.
+    pub fn is_dirty(&self) -> bool {
+        !self.pending.is_empty() || self.unsynced || self.header_line.is_some()
+    }
+
+    fn write_pending(&mut self) -> Result<()> {
+        if self.header_line.is_some() {
+            self.materialize()?;
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let Some(file) = self.file.as_mut() else {
+            anyhow::bail!("session log {} is not open", self.path.display());
+        };
+        if let Err(e) = file.write_all(&self.pending) {
+            let rollback = file.set_len(self.committed);
+            let context = format!("appending to {}", self.path.display());
+            return match rollback {
+                Ok(()) => Err(anyhow::Error::new(e).context(context)),
+                Err(r) => Err(anyhow::Error::new(e).context(format!("{context} (rollback failed too: {r})"))),
+            };
+        }
+        self.committed += self.pending.len() as u64;
+        self.pending.clear();
+        self.unsynced = true;
+        Ok(())
+    }
+
+    fn materialize(&mut self) -> Result<()> {
+        let Some(header_line) = self.header_line.clone() else {
+            return Ok(());
+        };
+        let dir = self.path.parent().context("session log path has no parent directory")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
+        let publish = || -> Result<()> {
+            let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            f.write_all(header_line.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            std::fs::hard_link(&tmp, &self.path)
+                .with_context(|| format!("publishing {} (does it already exist?)", self.path.display()))?;
+            File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
+            Ok(())
+        };
+        let result = publish();
+        let _ = std::fs::remove_file(&tmp);
+        result?;
+        let file = OpenOptions::new().append(true).open(&self.path)?;
+        self.committed = header_line.len() as u64 + 1;
+        self.file = Some(file);
+        self.header_line = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(seq: u64) -> Event {
+        Event { kind: "x".into(), seq, time: 0, data: json!({}), source_event_seqs: None, surface_op: None }
+    }
+
+    #[test]
+    fn nothing_is_written_before_the_first_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/session.jsonl");
+        let mut w = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        w.append(&event(0));
+        assert!(!path.exists());
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(!w.is_dirty());
+        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "temporary file removed");
+    }
+
+    #[test]
+    fn reopen_truncates_the_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("session.jsonl");
+        std::fs::write(&path, "header\n{\"torn").unwrap();
+        let mut w = LogWriter::reopen(path.clone(), 7).unwrap();
+        w.append(&event(0));
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("header\n{\"type\":\"x\""), "{text}");
+    }
+}

@@ -1,0 +1,111 @@
+//! The tool seam: `trait Tool` (name, description, JSON schema, parallel-safe flag, async execute
+//! with cancellation) and the registry the agent loop dispatches through. Errors reach the model
+//! as `Error: <message>` with `isError: true`; an unknown name is an error result, not a crash.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::model::ToolSchema;
+
+/// What a tool call runs with.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    pub session_id: String,
+    pub cwd: Option<PathBuf>,
+    pub call_id: String,
+    pub cancel: CancellationToken,
+}
+
+/// A tool's answer: content blocks for the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub content: Vec<Value>,
+}
+
+impl ToolOutput {
+    pub fn text(text: impl Into<String>) -> Self {
+        ToolOutput { content: vec![json!({"type": "text", "text": text.into()})] }
+    }
+}
+
+/// A failed tool call: the message the model reads, plus a name and stable code for the log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolError {
+    pub name: String,
+    pub code: String,
+    pub message: String,
+}
+
+impl ToolError {
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        ToolError { name: "ToolError".into(), code: code.into(), message: message.into() }
+    }
+}
+
+/// A capability the model can call.
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &str;
+    fn description(&self) -> String;
+    /// JSON Schema of the arguments object.
+    fn parameters(&self) -> Value;
+    /// True when calls may run concurrently with other parallel-safe calls of the same step.
+    fn parallel_safe(&self) -> bool {
+        false
+    }
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+}
+
+/// The tools of one agent, by name (sorted, so the model sees a stable list).
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.name().to_string(), tool);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    pub fn schemas(&self) -> Vec<ToolSchema> {
+        self.tools
+            .values()
+            .map(|t| ToolSchema { name: t.name().to_string(), description: t.description(), parameters: t.parameters() })
+            .collect()
+    }
+
+    /// True when `name` is known and parallel-safe.
+    pub fn is_parallel_safe(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|t| t.parallel_safe())
+    }
+
+    /// Runs one call; every failure becomes a `ToolError` (unknown tool, bad JSON, the tool's own).
+    pub async fn call(&self, name: &str, raw_arguments: &str, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let Some(tool) = self.get(name).cloned() else {
+            return Err(ToolError { name: "ToolError".into(), code: "UNKNOWN_TOOL".into(), message: format!("unknown tool \"{name}\"") });
+        };
+        let arguments: Value = if raw_arguments.trim().is_empty() {
+            json!({})
+        } else {
+            serde_json::from_str(raw_arguments)
+                .map_err(|e| ToolError::new("INVALID_ARGUMENTS", format!("arguments for {name} are not valid JSON: {e}")))?
+        };
+        let cancel = ctx.cancel.clone();
+        tokio::select! {
+            result = tool.execute(arguments, ctx) => result,
+            () = cancel.cancelled() => Err(ToolError { name: "AbortError".into(), code: "ABORTED".into(), message: "tool call aborted".into() }),
+        }
+    }
+}
