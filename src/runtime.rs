@@ -100,13 +100,25 @@ impl Runtime {
         if !cwd.is_absolute() {
             return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
         }
-        let id = self.model.next_session_id().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let id = self.mint_session_id();
         let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
         let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        // The session exists on disk before the client learns its id.
+        session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
         session.add_observer(observer);
         let handle = spawn_agent(session, self.deps());
         self.live().insert(id.clone(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
         Ok(id)
+    }
+
+    /// A new session id: the model's pinned id (replay) unless already used, else a UUID.
+    fn mint_session_id(&self) -> String {
+        while let Some(id) = self.model.next_session_id() {
+            if matches!(self.store.locate(&id), Ok(None)) && !self.live().contains_key(&id) {
+                return id;
+            }
+        }
+        uuid::Uuid::new_v4().to_string()
     }
 
     /// Starts a user turn; the receiver resolves with how it ended. One prompt per session.

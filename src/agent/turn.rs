@@ -78,6 +78,8 @@ fn abandon(session: &mut Session, turn: u64, step: u64, end: TurnEnd, reason: Va
 async fn run_step(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64, cancel: &CancellationToken) -> StepEnd {
     let request = ModelRequest {
         session_id: session.id().to_string(),
+        turn,
+        step,
         cwd: session.header.cwd.as_ref().map(Into::into),
         route: deps.route.clone(),
         system: deps.system.clone(),
@@ -89,6 +91,7 @@ async fn run_step(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64,
     let mut blocks: BTreeMap<u64, Value> = BTreeMap::new();
     let mut usage = None;
     let outcome: Result<FinishReason, Failure> = loop {
+        session.write_eager();
         let item = tokio::select! {
             biased;
             () = cancel.cancelled() => break Ok(FinishReason::Aborted { failure: None }),
@@ -179,6 +182,8 @@ async fn run_tools(
                 json!({"turn": turn, "step": step, "callId": id, "name": name, "arguments": arguments}),
             ));
         }
+        // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
+        session.write_eager();
         let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
             batch.iter().map(|_| Err(aborted("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"))).collect()
         } else {

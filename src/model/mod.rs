@@ -51,6 +51,9 @@ pub struct ToolSchema {
 #[derive(Debug, Clone)]
 pub struct ModelRequest {
     pub session_id: String,
+    /// The turn and step this call serves (replay uses them to resume after a restart).
+    pub turn: u64,
+    pub step: u64,
     pub cwd: Option<PathBuf>,
     pub route: ModelRoute,
     pub system: String,

@@ -22,7 +22,8 @@ use crate::session::scan::scan_file;
 #[derive(Debug)]
 struct Script {
     name: String,
-    entries: VecDeque<ReplayEntry>,
+    /// Each call with the recorded (turn, step) it served, when known.
+    entries: VecDeque<(Option<(u64, u64)>, ReplayEntry)>,
     recorded: usize,
 }
 
@@ -84,7 +85,7 @@ pub fn is_uuid(s: &str) -> bool {
     uuid::Uuid::try_parse(s).is_ok() && s.len() == 36
 }
 
-fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<ReplayEntry> {
+fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<(Option<(u64, u64)>, ReplayEntry)> {
     let mut groups: Vec<((u64, u64), Vec<StreamChunk>)> = Vec::new();
     for data in chunks {
         let key = (data["turn"].as_u64().unwrap_or(0), data["step"].as_u64().unwrap_or(0));
@@ -97,13 +98,13 @@ fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<Repla
             _ => groups.push((key, vec![chunk])),
         }
     }
-    groups.into_iter().map(|(_, chunks)| ReplayEntry::Chunks(chunks)).collect()
+    groups.into_iter().map(|(key, chunks)| (Some(key), ReplayEntry::Chunks(chunks))).collect()
 }
 
 fn apply_override(script: &mut Script, value: &Value) -> Result<()> {
     match value {
         Value::Array(entries) => {
-            let parsed: Result<VecDeque<_>, _> = entries.iter().map(ReplayEntry::parse).collect();
+            let parsed: Result<VecDeque<_>, _> = entries.iter().map(|e| ReplayEntry::parse(e).map(|e| (None, e))).collect();
             script.entries = parsed.map_err(anyhow::Error::msg)?;
         }
         Value::Object(map) => {
@@ -112,7 +113,7 @@ fn apply_override(script: &mut Script, value: &Value) -> Result<()> {
                 let at = patch["at"].as_u64().context("patch needs a numeric \"at\"")? as usize;
                 let entry = ReplayEntry::parse(&patch["entry"]).map_err(anyhow::Error::msg)?;
                 let slot = script.entries.get_mut(at).with_context(|| format!("patch at {at} is past the script's end"))?;
-                *slot = entry;
+                slot.1 = entry;
             }
         }
         _ => anyhow::bail!("override must be an entry array or {{\"patches\": [...]}}"),
@@ -141,7 +142,11 @@ impl Model for ReplayModel {
                 None => exhausted(&format!("no recorded session left to replay for session {}", request.session_id)),
                 Some(i) => {
                     let script = &mut state.scripts[i];
-                    script.entries.pop_front().unwrap_or_else(|| {
+                    // A session loaded after a restart skips the calls its log already holds.
+                    while script.entries.front().is_some_and(|(key, _)| key.is_some_and(|k| k < (request.turn, request.step))) {
+                        script.entries.pop_front();
+                    }
+                    script.entries.pop_front().map(|(_, entry)| entry).unwrap_or_else(|| {
                         exhausted(&format!("{} has no recorded model call left ({} recorded)", script.name, script.recorded))
                     })
                 }

@@ -32,11 +32,20 @@ impl Scrubber {
         scrub_uuids(&out)
     }
 
+    /// Scrubs every string; wall-clock fields (`updatedAt`) become `{{updatedAt}}`.
     pub fn value(&self, value: &mut Value) {
         match value {
             Value::String(s) => *s = self.string(s),
             Value::Array(items) => items.iter_mut().for_each(|v| self.value(v)),
-            Value::Object(map) => map.values_mut().for_each(|v| self.value(v)),
+            Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    if key == "updatedAt" && v.is_string() {
+                        *v = Value::from("{{updatedAt}}");
+                    } else {
+                        self.value(v);
+                    }
+                }
+            }
             _ => {}
         }
     }

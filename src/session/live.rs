@@ -80,6 +80,11 @@ impl Session {
         self.writer.flush()
     }
 
+    /// Writes queued events to the OS without `fsync` (see `LogWriter::write_eager`).
+    pub fn write_eager(&mut self) {
+        self.writer.write_eager();
+    }
+
     /// The model-visible history: the surface fold of dsh `deriveMessages`.
     pub fn messages(&self) -> Vec<Value> {
         derive_messages(&self.events)

@@ -42,8 +42,7 @@ impl LogWriter {
     /// tail beyond it is truncated now, before anything else is appended.
     pub fn reopen(path: PathBuf, committed: u64) -> Result<Self> {
         let file = OpenOptions::new()
-            .read(true)
-            .write(true)
+            .append(true)
             .open(&path)
             .with_context(|| format!("opening session log {}", path.display()))?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(committed);
@@ -83,6 +82,17 @@ impl LogWriter {
             self.unsynced = false;
         }
         Ok(())
+    }
+
+    /// Hands queued events to the OS without `fsync` (eager writes at await points: they survive
+    /// a killed process, and `flush` later makes them durable). Failures are retried at `flush`.
+    pub fn write_eager(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write_pending() {
+            tracing::warn!(path = %self.path.display(), "eager write failed, retrying at the next flush: {e:#}");
+        }
     }
 
     /// True when events are queued but not yet durable.
