@@ -61,6 +61,8 @@ enum Command {
 struct Shared {
     current: Mutex<Option<CancellationToken>>,
     running: AtomicBool,
+    /// Set by `shutdown`: a cancelled turn ends `disposed`, not `aborted`.
+    disposing: AtomicBool,
 }
 
 /// A cheap, clonable handle to a running agent.
@@ -124,6 +126,7 @@ impl AgentHandle {
 
     /// Cancels the running turn, answers queued turns `Disposed`, flushes and stops the actor.
     pub async fn shutdown(&self) {
+        self.shared.disposing.store(true, Ordering::SeqCst);
         self.cancel();
         let (reply, rx) = oneshot::channel();
         if self.send(Command::Shutdown { reply }).is_ok() {
@@ -212,7 +215,7 @@ impl Actor {
         let Queued { content, source, reply } = item;
         let mut flushes = Vec::new();
         let mut end = {
-            let run = turn::run_turn(&mut self.session, &self.deps, content, source, cancel.clone(), &self.staged);
+            let run = turn::run_turn(&mut self.session, &self.deps, content, source, cancel.clone(), &self.staged, &self.shared.disposing);
             tokio::pin!(run);
             loop {
                 tokio::select! {
@@ -226,10 +229,14 @@ impl Actor {
                         }
                         Some(Command::Flush { reply }) => flushes.push(reply),
                         Some(Command::Shutdown { reply }) => {
+                            self.shared.disposing.store(true, Ordering::SeqCst);
                             cancel.cancel();
                             *shutdown = Some(reply);
                         }
-                        None => cancel.cancel(),
+                        None => {
+                            self.shared.disposing.store(true, Ordering::SeqCst);
+                            cancel.cancel();
+                        }
                     },
                 }
             }
@@ -253,9 +260,6 @@ impl Actor {
             *current = None;
         }
         self.shared.running.store(false, Ordering::SeqCst);
-        if shutdown.is_some() && end == TurnEnd::Aborted {
-            end = TurnEnd::Disposed;
-        }
         if let Some(reply) = reply {
             let _ = reply.send(end.clone());
         }

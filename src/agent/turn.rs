@@ -3,6 +3,7 @@
 //! then `turn/end`. Everything is appended to the session as it happens.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -31,7 +32,9 @@ pub(super) async fn run_turn(
     source: Value,
     cancel: CancellationToken,
     staged: &Staged,
+    disposing: &AtomicBool,
 ) -> TurnEnd {
+    let cancelled = || cancelled_end(disposing);
     let turn = session.next_turn();
     session.append("turn/start", json!({"turn": turn, "trigger": {"kind": "message", "source": source.clone()}}));
     session.append_surface("user/message", user_message(content, source), None);
@@ -41,7 +44,7 @@ pub(super) async fn run_turn(
             session.append_surface("user/message", user_message(content, source), None);
         }
         session.append("step/start", json!({"turn": turn, "step": step}));
-        let end = run_step(session, deps, turn, step, &cancel).await;
+        let end = run_step(session, deps, turn, step, &cancel, disposing).await;
         match end {
             StepEnd::Done => {
                 session.append("step/end", json!({"turn": turn, "step": step}));
@@ -50,7 +53,8 @@ pub(super) async fn run_turn(
             StepEnd::Continue => {
                 session.append("step/end", json!({"turn": turn, "step": step}));
                 if cancel.is_cancelled() {
-                    return end_turn(session, turn, TurnEnd::Aborted, json!({"kind": "aborted"}));
+                    let (end, reason) = cancelled();
+                    return end_turn(session, turn, end, reason);
                 }
             }
             StepEnd::Over(end) => return end,
@@ -64,6 +68,15 @@ pub(super) async fn run_turn(
     end_turn(session, turn, TurnEnd::Error(failure.message.clone()), json!({"kind": "error", "step": step, "failure": failure}))
 }
 
+/// How a cancelled turn ends: `disposed` when the agent is shutting down, else `aborted`.
+fn cancelled_end(disposing: &AtomicBool) -> (TurnEnd, Value) {
+    if disposing.load(Ordering::SeqCst) {
+        (TurnEnd::Disposed, json!({"kind": "disposed"}))
+    } else {
+        (TurnEnd::Aborted, json!({"kind": "aborted"}))
+    }
+}
+
 fn end_turn(session: &mut Session, turn: u64, end: TurnEnd, reason: Value) -> TurnEnd {
     session.append("turn/end", json!({"turn": turn, "reason": reason}));
     end
@@ -75,7 +88,14 @@ fn abandon(session: &mut Session, turn: u64, step: u64, end: TurnEnd, reason: Va
     StepEnd::Over(end_turn(session, turn, end, reason))
 }
 
-async fn run_step(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64, cancel: &CancellationToken) -> StepEnd {
+async fn run_step(
+    session: &mut Session,
+    deps: &AgentDeps,
+    turn: u64,
+    step: u64,
+    cancel: &CancellationToken,
+    disposing: &AtomicBool,
+) -> StepEnd {
     let request = ModelRequest {
         session_id: session.id().to_string(),
         turn,
@@ -115,7 +135,10 @@ async fn run_step(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64,
         }
     };
     let finish = match outcome {
-        Ok(FinishReason::Aborted { .. }) => return abandon(session, turn, step, TurnEnd::Aborted, json!({"kind": "aborted"})),
+        Ok(FinishReason::Aborted { .. }) => {
+            let (end, reason) = cancelled_end(disposing);
+            return abandon(session, turn, step, end, reason);
+        }
         Ok(FinishReason::Error { failure }) | Err(failure) => {
             let end = TurnEnd::Error(failure.message.clone());
             return abandon(session, turn, step, end, json!({"kind": "error", "step": step, "failure": failure}));
