@@ -7,7 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::Overrides;
 
 #[derive(Debug, Parser)]
-#[command(name = "kin", version, about = "An ACP agent daemon with durable, continuable child agents")]
+#[command(
+    name = "kin",
+    version,
+    about = "An ACP agent daemon with durable, continuable child agents"
+)]
 pub struct Cli {
     #[command(flatten)]
     pub common: Common,
@@ -34,6 +38,12 @@ pub enum Command {
     Scenario {
         #[command(subcommand)]
         command: ScenarioCommand,
+    },
+    /// Print performance figures (cold start, turn overhead, append and load).
+    Bench {
+        /// A reduced set that runs in well under two minutes.
+        #[arg(long)]
+        quick: bool,
     },
     /// Inspect stored sessions.
     Sessions {
@@ -96,7 +106,11 @@ pub enum SessionsCommand {
 
 impl Cli {
     pub fn overrides(&self) -> Overrides {
-        let mut o = Overrides { config: self.common.config.clone(), sessions: self.common.sessions.clone(), ..Default::default() };
+        let mut o = Overrides {
+            config: self.common.config.clone(),
+            sessions: self.common.sessions.clone(),
+            ..Default::default()
+        };
         if let Command::Acp(acp) = &self.command {
             o.model = acp.model.clone();
             o.log_file = acp.log_file.clone();

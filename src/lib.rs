@@ -3,14 +3,15 @@
 //! `agent` (the turn loop), `runtime` (live sessions), `acp` (the protocol boundary), `scenario`
 //! (keyless replay), then the CLI glue (`cli`, `config`, `commands`). See ARCHITECTURE.md.
 
-pub mod session;
-pub mod model;
-pub mod tools;
-pub mod agent;
-pub mod runtime;
 pub mod acp;
-pub mod scenario;
+pub mod agent;
 pub mod cli;
-pub mod config;
 pub mod commands;
+pub mod config;
+pub mod model;
+pub mod runtime;
+pub mod scenario;
+pub mod session;
 pub mod timefmt;
+pub mod bench;
+pub mod tools;

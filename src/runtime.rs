@@ -15,7 +15,9 @@ use crate::config::Config;
 use crate::model::replay::ReplayModel;
 use crate::model::script::{ReplayEntry, play};
 use crate::model::{ChunkStream, Model, ModelRequest};
-use crate::session::{Event, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
+use crate::session::{
+    Event, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms,
+};
 use crate::tools::ToolRegistry;
 
 /// A request the caller got wrong (maps to invalid params) or a failure of kin itself.
@@ -53,8 +55,16 @@ pub struct Runtime {
 struct UnavailableModel(String);
 
 impl Model for UnavailableModel {
-    fn stream(&self, request: ModelRequest, cancel: tokio_util::sync::CancellationToken) -> ChunkStream {
-        let entry = ReplayEntry::Throw { chunks: Vec::new(), message: self.0.clone(), code: "MODEL_UNAVAILABLE".into() };
+    fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> ChunkStream {
+        let entry = ReplayEntry::Throw {
+            chunks: Vec::new(),
+            message: self.0.clone(),
+            code: "MODEL_UNAVAILABLE".into(),
+        };
         play(entry, request.cwd, cancel)
     }
 }
@@ -73,7 +83,13 @@ pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
 impl Runtime {
     pub fn new(config: Config, model: Arc<dyn Model>, tools: ToolRegistry) -> Self {
         let store = SessionStore::new(config.sessions_dir.clone());
-        Runtime { config, store, model, tools, live: Mutex::new(HashMap::new()) }
+        Runtime {
+            config,
+            store,
+            model,
+            tools,
+            live: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn store(&self) -> &SessionStore {
@@ -92,22 +108,42 @@ impl Runtime {
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Creates a top-level session in `cwd` (absolute) and starts its agent.
-    pub fn new_session(&self, cwd: &Path, observer: Arc<dyn SessionObserver>) -> Result<String, RuntimeError> {
+    pub fn new_session(
+        &self,
+        cwd: &Path,
+        observer: Arc<dyn SessionObserver>,
+    ) -> Result<String, RuntimeError> {
         if !cwd.is_absolute() {
-            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
+            return Err(RuntimeError::InvalidParams(format!(
+                "cwd must be an absolute path: {}",
+                cwd.display()
+            )));
         }
         let id = self.mint_session_id();
         let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
-        let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        let mut session = self
+            .store
+            .create(header)
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         // The session exists on disk before the client learns its id.
-        session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
+        session
+            .flush()
+            .map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
         session.add_observer(observer);
         let handle = spawn_agent(session, self.deps());
-        self.live().insert(id.clone(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
+        self.live().insert(
+            id.clone(),
+            Live {
+                handle,
+                prompt_in_flight: Arc::new(AtomicBool::new(false)),
+            },
+        );
         Ok(id)
     }
 
@@ -122,18 +158,29 @@ impl Runtime {
     }
 
     /// Starts a user turn; the receiver resolves with how it ended. One prompt per session.
-    pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
+    pub fn prompt(
+        &self,
+        session_id: &str,
+        content: Vec<Value>,
+    ) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
         let live = self.live();
         let Some(entry) = live.get(session_id) else {
-            return Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}")));
+            return Err(RuntimeError::InvalidParams(format!(
+                "unknown session: {session_id}"
+            )));
         };
         if entry.prompt_in_flight.swap(true, Ordering::SeqCst) {
-            return Err(RuntimeError::InvalidParams("a prompt is already in flight for this session".into()));
+            return Err(RuntimeError::InvalidParams(
+                "a prompt is already in flight for this session".into(),
+            ));
         }
-        let turn = entry.handle.followup(content, json!({"kind": "user"})).map_err(|e| {
-            entry.prompt_in_flight.store(false, Ordering::SeqCst);
-            RuntimeError::Internal(e.to_string())
-        })?;
+        let turn = entry
+            .handle
+            .followup(content, json!({"kind": "user"}))
+            .map_err(|e| {
+                entry.prompt_in_flight.store(false, Ordering::SeqCst);
+                RuntimeError::Internal(e.to_string())
+            })?;
         let flag = entry.prompt_in_flight.clone();
         let (tx, rx) = oneshot::channel();
         tokio::spawn(async move {
@@ -153,12 +200,18 @@ impl Runtime {
 
     /// Loads a stored session (repairing a crash-interrupted turn), returns its events for
     /// replay to the client, and makes it live. A live idle session is flushed and reloaded.
-    pub async fn load_session(&self, session_id: &str, observer: Arc<dyn SessionObserver>) -> Result<Vec<Event>, RuntimeError> {
+    pub async fn load_session(
+        &self,
+        session_id: &str,
+        observer: Arc<dyn SessionObserver>,
+    ) -> Result<Vec<Event>, RuntimeError> {
         let existing = {
             let mut live = self.live();
             match live.get(session_id) {
                 Some(entry) if entry.prompt_in_flight.load(Ordering::SeqCst) => {
-                    return Err(RuntimeError::InvalidParams(format!("session {session_id} has a prompt in flight; cancel it before loading")));
+                    return Err(RuntimeError::InvalidParams(format!(
+                        "session {session_id} has a prompt in flight; cancel it before loading"
+                    )));
                 }
                 Some(_) => live.remove(session_id),
                 None => None,
@@ -168,30 +221,34 @@ impl Runtime {
             entry.handle.shutdown().await;
         }
         let mut session = self.store.load(session_id).map_err(|e| match e {
-            StoreError::InvalidId(_) | StoreError::NotFound(_) => RuntimeError::InvalidParams(e.to_string()),
+            StoreError::InvalidId(_) | StoreError::NotFound(_) => {
+                RuntimeError::InvalidParams(e.to_string())
+            }
             StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
         })?;
-        if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
-            return Err(RuntimeError::InvalidParams(format!("session {session_id} is a subagent child; load its parent instead")));
+        if session.header.parent_session.is_some()
+            && session.header.origin.as_deref() == Some("subagent")
+        {
+            return Err(RuntimeError::InvalidParams(format!(
+                "session {session_id} is a subagent child; load its parent instead"
+            )));
         }
         let events = session.events().to_vec();
         session.add_observer(observer);
         let handle = spawn_agent(session, self.deps());
-        self.live().insert(session_id.to_string(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
+        self.live().insert(
+            session_id.to_string(),
+            Live {
+                handle,
+                prompt_in_flight: Arc::new(AtomicBool::new(false)),
+            },
+        );
         Ok(events)
     }
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`.
     pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
-        let mut sessions: Vec<StoredSession> = self
-            .store
-            .list()
-            .into_iter()
-            .filter(|s| s.header.parent_session.is_none())
-            .filter(|s| cwd.is_none_or(|c| s.header.cwd.as_deref() == Some(&*c.to_string_lossy())))
-            .collect();
-        sessions.sort_by(|a, b| b.modified.cmp(&a.modified).then(b.header.created_at.cmp(&a.header.created_at)));
-        sessions
+        self.store.list_top_level(cwd)
     }
 
     /// Stops every agent (cancelling running turns) and flushes every session.

@@ -1,6 +1,8 @@
 //! Conversions between ACP types and kin's session events and messages.
 
-use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate, StopReason, TextContent};
+use agent_client_protocol::v1::schema::{
+    ContentBlock, ContentChunk, SessionUpdate, StopReason, TextContent,
+};
 use serde_json::{Value, json};
 
 use crate::agent::TurnEnd;

@@ -52,9 +52,16 @@ type Staged = Arc<Mutex<Vec<(Vec<Value>, Value)>>>;
 
 enum Command {
     Followup(Queued),
-    Inject { content: Vec<Value>, source: Value },
-    Flush { reply: oneshot::Sender<Result<(), String>> },
-    Shutdown { reply: oneshot::Sender<()> },
+    Inject {
+        content: Vec<Value>,
+        source: Value,
+    },
+    Flush {
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 #[derive(Default)]
@@ -97,9 +104,17 @@ impl AgentHandle {
 
     /// Queues `content` as the sole message of its own FIFO turn; the receiver resolves when
     /// that turn has ended and its log is flushed.
-    pub fn followup(&self, content: Vec<Value>, source: Value) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
+    pub fn followup(
+        &self,
+        content: Vec<Value>,
+        source: Value,
+    ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Followup(Queued { content, source, reply: Some(reply) }))?;
+        self.send(Command::Followup(Queued {
+            content,
+            source,
+            reply: Some(reply),
+        }))?;
         Ok(rx)
     }
 
@@ -110,18 +125,20 @@ impl AgentHandle {
 
     /// Cancels the running turn, if any; queued turns stay queued.
     pub fn cancel(&self) {
-        if let Ok(current) = self.shared.current.lock() {
-            if let Some(token) = current.as_ref() {
-                token.cancel();
-            }
+        if let Ok(current) = self.shared.current.lock()
+            && let Some(token) = current.as_ref()
+        {
+            token.cancel();
         }
     }
 
     /// Makes everything appended so far durable.
     pub async fn flush(&self) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Flush { reply }).map_err(|e| e.to_string())?;
-        rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
+        self.send(Command::Flush { reply })
+            .map_err(|e| e.to_string())?;
+        rx.await
+            .map_err(|_| AgentGone(self.id.clone()).to_string())?
     }
 
     /// Cancels the running turn, answers queued turns `Disposed`, flushes and stops the actor.
@@ -135,7 +152,9 @@ impl AgentHandle {
     }
 
     fn send(&self, command: Command) -> Result<(), AgentGone> {
-        self.tx.send(command).map_err(|_| AgentGone(self.id.clone()))
+        self.tx
+            .send(command)
+            .map_err(|_| AgentGone(self.id.clone()))
     }
 }
 
@@ -143,8 +162,21 @@ impl AgentHandle {
 pub fn spawn_agent(session: Session, deps: AgentDeps) -> AgentHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
-    let handle = AgentHandle { id: session.id().to_string(), tx, shared: shared.clone() };
-    tokio::spawn(Actor { session, deps, shared, queue: VecDeque::new(), staged: Staged::default() }.run(rx));
+    let handle = AgentHandle {
+        id: session.id().to_string(),
+        tx,
+        shared: shared.clone(),
+    };
+    tokio::spawn(
+        Actor {
+            session,
+            deps,
+            shared,
+            queue: VecDeque::new(),
+            staged: Staged::default(),
+        }
+        .run(rx),
+    );
     handle
 }
 
@@ -190,7 +222,8 @@ impl Actor {
         match command {
             Command::Followup(queued) => self.queue.push_back(queued),
             Command::Inject { content, source } => {
-                self.session.append_surface("user/message", user_message(content, source), None);
+                self.session
+                    .append_surface("user/message", user_message(content, source), None);
             }
             Command::Flush { reply } => {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
@@ -212,10 +245,22 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
-        let Queued { content, source, reply } = item;
+        let Queued {
+            content,
+            source,
+            reply,
+        } = item;
         let mut flushes = Vec::new();
         let mut end = {
-            let run = turn::run_turn(&mut self.session, &self.deps, content, source, cancel.clone(), &self.staged, &self.shared.disposing);
+            let run = turn::run_turn(
+                &mut self.session,
+                &self.deps,
+                content,
+                source,
+                cancel.clone(),
+                &self.staged,
+                &self.shared.disposing,
+            );
             tokio::pin!(run);
             loop {
                 tokio::select! {
@@ -242,9 +287,14 @@ impl Actor {
             }
         };
         // Injects that arrived too late for a step land between turns.
-        let late: Vec<_> = self.staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
+        let late: Vec<_> = self
+            .staged
+            .lock()
+            .map(|mut s| s.drain(..).collect())
+            .unwrap_or_default();
         for (content, source) in late {
-            self.session.append_surface("user/message", user_message(content, source), None);
+            self.session
+                .append_surface("user/message", user_message(content, source), None);
         }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
         if let Err(e) = &flushed {

@@ -36,10 +36,16 @@ pub(super) async fn run_turn(
 ) -> TurnEnd {
     let cancelled = || cancelled_end(disposing);
     let turn = session.next_turn();
-    session.append("turn/start", json!({"turn": turn, "trigger": {"kind": "message", "source": source.clone()}}));
+    session.append(
+        "turn/start",
+        json!({"turn": turn, "trigger": {"kind": "message", "source": source.clone()}}),
+    );
     session.append_surface("user/message", user_message(content, source), None);
     for step in 1..=u64::from(deps.max_steps) {
-        let staged_now: Vec<_> = staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
+        let staged_now: Vec<_> = staged
+            .lock()
+            .map(|mut s| s.drain(..).collect())
+            .unwrap_or_default();
         for (content, source) in staged_now {
             session.append_surface("user/message", user_message(content, source), None);
         }
@@ -48,7 +54,12 @@ pub(super) async fn run_turn(
         match end {
             StepEnd::Done => {
                 session.append("step/end", json!({"turn": turn, "step": step}));
-                return end_turn(session, turn, TurnEnd::Completed, json!({"kind": "completed"}));
+                return end_turn(
+                    session,
+                    turn,
+                    TurnEnd::Completed,
+                    json!({"kind": "completed"}),
+                );
             }
             StepEnd::Continue => {
                 session.append("step/end", json!({"turn": turn, "step": step}));
@@ -61,11 +72,19 @@ pub(super) async fn run_turn(
         }
     }
     let failure = Failure::new(
-        format!("the model used all {} steps of this turn without a final answer (raise agent.max_steps to allow more)", deps.max_steps),
+        format!(
+            "the model used all {} steps of this turn without a final answer (raise agent.max_steps to allow more)",
+            deps.max_steps
+        ),
         "STEP_LIMIT",
     );
     let step = deps.max_steps;
-    end_turn(session, turn, TurnEnd::Error(failure.message.clone()), json!({"kind": "error", "step": step, "failure": failure}))
+    end_turn(
+        session,
+        turn,
+        TurnEnd::Error(failure.message.clone()),
+        json!({"kind": "error", "step": step, "failure": failure}),
+    )
 }
 
 /// How a cancelled turn ends: `disposed` when the agent is shutting down, else `aborted`.
@@ -120,7 +139,10 @@ async fn run_step(
         match item {
             Some(Ok(chunk)) => {
                 let value = serde_json::to_value(&chunk).unwrap_or(Value::Null);
-                chunk_seqs.push(session.append("assistant/chunk", json!({"turn": turn, "step": step, "chunk": value})));
+                chunk_seqs.push(session.append(
+                    "assistant/chunk",
+                    json!({"turn": turn, "step": step, "chunk": value}),
+                ));
                 match chunk {
                     StreamChunk::BlockEnd { index, block } => {
                         blocks.insert(index, block);
@@ -131,7 +153,12 @@ async fn run_step(
                 }
             }
             Some(Err(failure)) => break Err(failure),
-            None => break Err(Failure::new("the model stream ended without a finish", "STREAM_INCOMPLETE")),
+            None => {
+                break Err(Failure::new(
+                    "the model stream ended without a finish",
+                    "STREAM_INCOMPLETE",
+                ));
+            }
         }
     };
     let finish = match outcome {
@@ -141,7 +168,13 @@ async fn run_step(
         }
         Ok(FinishReason::Error { failure }) | Err(failure) => {
             let end = TurnEnd::Error(failure.message.clone());
-            return abandon(session, turn, step, end, json!({"kind": "error", "step": step, "failure": failure}));
+            return abandon(
+                session,
+                turn,
+                step,
+                end,
+                json!({"kind": "error", "step": step, "failure": failure}),
+            );
         }
         Ok(finish) => finish,
     };
@@ -161,7 +194,13 @@ async fn run_step(
     }
     session.append_surface("assistant/message", data, Some(chunk_seqs));
     if finish == FinishReason::MaxTokens {
-        return abandon(session, turn, step, TurnEnd::MaxTokens, json!({"kind": "max-tokens"}));
+        return abandon(
+            session,
+            turn,
+            step,
+            TurnEnd::MaxTokens,
+            json!({"kind": "max-tokens"}),
+        );
     }
     let calls: Vec<(String, String, String)> = content
         .iter()
@@ -193,7 +232,9 @@ async fn run_tools(
     for call in calls {
         let parallel = deps.tools.is_parallel_safe(&call.1);
         match batches.last_mut() {
-            Some(batch) if parallel && batch.iter().all(|c| deps.tools.is_parallel_safe(&c.1)) => batch.push(call),
+            Some(batch) if parallel && batch.iter().all(|c| deps.tools.is_parallel_safe(&c.1)) => {
+                batch.push(call)
+            }
             _ => batches.push(vec![call]),
         }
     }
@@ -208,31 +249,61 @@ async fn run_tools(
         // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
         session.write_eager();
         let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
-            batch.iter().map(|_| Err(aborted("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"))).collect()
+            batch
+                .iter()
+                .map(|_| {
+                    Err(aborted(
+                        "tool call aborted before dispatch",
+                        "ABORTED_BEFORE_DISPATCH",
+                    ))
+                })
+                .collect()
         } else {
             let cwd = session.header.cwd.clone().map(Into::into);
             let session_id = session.id().to_string();
             let calls: Vec<BoxFuture<'static, Result<ToolOutput, ToolError>>> = batch
                 .iter()
                 .map(|(id, name, arguments)| {
-                    let ctx = ToolContext { session_id: session_id.clone(), cwd: cwd.clone(), call_id: id.clone(), cancel: cancel.child_token() };
-                    let (tools, name, arguments) = (deps.tools.clone(), name.clone(), arguments.clone());
+                    let ctx = ToolContext {
+                        session_id: session_id.clone(),
+                        cwd: cwd.clone(),
+                        call_id: id.clone(),
+                        cancel: cancel.child_token(),
+                    };
+                    let (tools, name, arguments) =
+                        (deps.tools.clone(), name.clone(), arguments.clone());
                     async move { tools.call(&name, &arguments, ctx).await }.boxed()
                 })
                 .collect();
-            futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect().await
+            futures::stream::iter(calls)
+                .buffered(deps.max_parallel_tools.max(1))
+                .collect()
+                .await
         };
         for (((id, _, _), result), seq) in batch.iter().zip(results).zip(seqs) {
-            session.append_surface("tool/result", tool_result(turn, step, id, result), Some(vec![seq]));
+            session.append_surface(
+                "tool/result",
+                tool_result(turn, step, id, result),
+                Some(vec![seq]),
+            );
         }
     }
 }
 
 fn aborted(message: &str, code: &str) -> ToolError {
-    ToolError { name: "AbortError".into(), code: code.into(), message: message.into() }
+    ToolError {
+        name: "AbortError".into(),
+        code: code.into(),
+        message: message.into(),
+    }
 }
 
-fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> Value {
+fn tool_result(
+    turn: u64,
+    step: u64,
+    call_id: &str,
+    result: Result<ToolOutput, ToolError>,
+) -> Value {
     let (content, is_error, error) = match result {
         Ok(output) => (output.content, false, None),
         Err(e) => (

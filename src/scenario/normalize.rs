@@ -83,12 +83,12 @@ pub fn stdout_frames(frames: &[Value], scrubber: &Scrubber) -> Vec<Value> {
         .iter()
         .map(|frame| {
             let mut frame = frame.clone();
-            if let Some(id) = frame.get_mut("id") {
-                if !id.is_null() {
-                    let key = id.to_string();
-                    let next = ids.len() as u64 + 1;
-                    *id = Value::from(*ids.entry(key).or_insert(next));
-                }
+            if let Some(id) = frame.get_mut("id")
+                && !id.is_null()
+            {
+                let key = id.to_string();
+                let next = ids.len() as u64 + 1;
+                *id = Value::from(*ids.entry(key).or_insert(next));
             }
             scrubber.value(&mut frame);
             frame
@@ -109,7 +109,11 @@ pub fn log_lines(text: &str, scrubber: &Scrubber) -> Vec<String> {
                         map.insert(key.into(), Value::from(0));
                     }
                 }
-                if let Some(dt) = map.get_mut("data").and_then(|d| d.get_mut("dt")).and_then(Value::as_array_mut) {
+                if let Some(dt) = map
+                    .get_mut("data")
+                    .and_then(|d| d.get_mut("dt"))
+                    .and_then(Value::as_array_mut)
+                {
                     dt.iter_mut().for_each(|v| *v = Value::from(0));
                 }
             }
@@ -136,8 +140,21 @@ mod tests {
 
     #[test]
     fn ids_are_renumbered_by_first_appearance() {
-        let frames = vec![json!({"id": 7}), json!({"id": "abc"}), json!({"id": 7}), json!({"id": null})];
+        let frames = vec![
+            json!({"id": 7}),
+            json!({"id": "abc"}),
+            json!({"id": 7}),
+            json!({"id": null}),
+        ];
         let out = stdout_frames(&frames, &Scrubber::new(std::path::Path::new("/nowhere")));
-        assert_eq!(out, vec![json!({"id": 1}), json!({"id": 2}), json!({"id": 1}), json!({"id": null})]);
+        assert_eq!(
+            out,
+            vec![
+                json!({"id": 1}),
+                json!({"id": 2}),
+                json!({"id": 1}),
+                json!({"id": null})
+            ]
+        );
     }
 }

@@ -130,12 +130,14 @@ impl Record {
         let value: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
         let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
         let record = match kind {
-            "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => {
-                Record::Packed(serde_json::from_value(value).map_err(|e| format!("invalid packed row: {e}"))?)
-            }
+            "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => Record::Packed(
+                serde_json::from_value(value).map_err(|e| format!("invalid packed row: {e}"))?,
+            ),
             "" => return Err("record has no string \"type\"".into()),
             "session" => return Err("a second session header inside the log".into()),
-            _ => Record::Event(serde_json::from_value(value).map_err(|e| format!("invalid event: {e}"))?),
+            _ => Record::Event(
+                serde_json::from_value(value).map_err(|e| format!("invalid event: {e}"))?,
+            ),
         };
         if let Record::Packed(row) = &record {
             row.check()?;
@@ -197,7 +199,16 @@ impl PackedRow {
 
     /// Expands the row into its `assistant/chunk` events.
     pub fn unpack(self) -> Vec<Event> {
-        let PackedData { turn, step, index, dt, texts, id, name, args } = self.data;
+        let PackedData {
+            turn,
+            step,
+            index,
+            dt,
+            texts,
+            id,
+            name,
+            args,
+        } = self.data;
         let mut time = self.time0;
         let mut out = Vec::new();
         let pieces = match self.kind.as_str() {
@@ -210,16 +221,18 @@ impl PackedRow {
             }
             let chunk = match self.kind.as_str() {
                 "text-chunks" => json!({"type": "text-delta", "index": index, "text": piece}),
-                "reasoning-chunks" => json!({"type": "reasoning-delta", "index": index, "text": piece}),
+                "reasoning-chunks" => {
+                    json!({"type": "reasoning-delta", "index": index, "text": piece})
+                }
                 _ => {
                     let mut c = Map::new();
                     c.insert("type".into(), json!("tool-call-delta"));
                     c.insert("index".into(), json!(index));
                     c.insert("id".into(), json!(id.clone().unwrap_or_default()));
-                    if i == 0 {
-                        if let Some(name) = &name {
-                            c.insert("name".into(), json!(name));
-                        }
+                    if i == 0
+                        && let Some(name) = &name
+                    {
+                        c.insert("name".into(), json!(name));
                     }
                     c.insert("argumentsDelta".into(), json!(piece));
                     Value::Object(c)
@@ -275,7 +288,12 @@ mod tests {
         let wrong = r#"{"type":"turn/start","version":0,"id":"a","createdAt":0}"#;
         assert!(SessionHeader::parse(wrong).is_err());
         let missing_depth = r#"{"type":"session","version":0,"id":"a","createdAt":0}"#;
-        assert_eq!(SessionHeader::parse(missing_depth).unwrap().delegation_depth, 0);
+        assert_eq!(
+            SessionHeader::parse(missing_depth)
+                .unwrap()
+                .delegation_depth,
+            0
+        );
     }
 
     #[test]

@@ -61,7 +61,10 @@ impl SessionStore {
     pub fn create(&self, header: SessionHeader) -> Result<Session, StoreError> {
         validate_session_id(&header.id).map_err(StoreError::InvalidId)?;
         if self.locate(&header.id)?.is_some() {
-            return Err(StoreError::Io(anyhow::anyhow!("session {} already exists", header.id)));
+            return Err(StoreError::Io(anyhow::anyhow!(
+                "session {} already exists",
+                header.id
+            )));
         }
         let path = log_path(&self.root, header.cwd.as_deref(), &header.id);
         let writer = LogWriter::create(path, &header).map_err(StoreError::Io)?;
@@ -86,7 +89,9 @@ impl SessionStore {
 
     /// Non-mutating read of the valid stored prefix: no truncation, no closers, no writes.
     pub fn inspect(&self, id: &str) -> Result<Scanned, StoreError> {
-        let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let path = self
+            .locate(id)?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         let scanned = scan_file(&path).map_err(StoreError::Scan)?;
         if scanned.header.id != id {
             return Err(StoreError::Scan(ScanError::Corrupt {
@@ -105,7 +110,8 @@ impl SessionStore {
         if let Some(torn) = &scanned.torn {
             tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
         }
-        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes).map_err(StoreError::Io)?;
+        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes)
+            .map_err(StoreError::Io)?;
         let mut session = Session::new(scanned.header, scanned.events, writer);
         let repairs = closers(session.events());
         if !repairs.is_empty() {
@@ -134,11 +140,29 @@ impl SessionStore {
                 match read_header(&path) {
                     Ok(Some(stored)) => out.push(stored),
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(path = %path.display(), "skipping unreadable session log: {e}"),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), "skipping unreadable session log: {e}")
+                    }
                 }
             }
         }
         out
+    }
+}
+
+impl SessionStore {
+    /// Top-level sessions (no `parentSession`: never subagent children or forks), newest first
+    /// by modification time, optionally only those whose cwd is `cwd`.
+    pub fn list_top_level(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
+        let cwd = cwd.map(|c| c.to_string_lossy().into_owned());
+        let mut sessions: Vec<StoredSession> = self
+            .list()
+            .into_iter()
+            .filter(|s| s.header.parent_session.is_none())
+            .filter(|s| cwd.is_none() || s.header.cwd == cwd)
+            .collect();
+        sessions.sort_by_key(|s| std::cmp::Reverse((s.modified, s.header.created_at)));
+        sessions
     }
 }
 
@@ -152,7 +176,11 @@ fn read_header(path: &Path) -> Result<Option<StoredSession>, String> {
     let mut line = String::new();
     std::io::BufReader::new(file).take_line(&mut line)?;
     let header = SessionHeader::parse(line.trim_end_matches('\n'))?;
-    Ok(Some(StoredSession { header, path: path.to_path_buf(), modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH) }))
+    Ok(Some(StoredSession {
+        header,
+        path: path.to_path_buf(),
+        modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+    }))
 }
 
 /// Reads one line of at most 1 MiB (a header never comes near that).

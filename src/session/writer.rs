@@ -35,7 +35,14 @@ impl LogWriter {
             anyhow::bail!("session log already exists: {}", path.display());
         }
         let header_line = serde_json::to_string(header).context("serializing session header")?;
-        Ok(LogWriter { path, file: None, header_line: Some(header_line), committed: 0, pending: Vec::new(), unsynced: false })
+        Ok(LogWriter {
+            path,
+            file: None,
+            header_line: Some(header_line),
+            committed: 0,
+            pending: Vec::new(),
+            unsynced: false,
+        })
     }
 
     /// A writer continuing an existing log whose valid prefix is `committed` bytes long. A torn
@@ -49,9 +56,17 @@ impl LogWriter {
         if len != committed {
             file.set_len(committed)
                 .with_context(|| format!("truncating the torn tail of {}", path.display()))?;
-            file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
+            file.sync_all()
+                .with_context(|| format!("syncing {}", path.display()))?;
         }
-        Ok(LogWriter { path, file: Some(file), header_line: None, committed, pending: Vec::new(), unsynced: false })
+        Ok(LogWriter {
+            path,
+            file: Some(file),
+            header_line: None,
+            committed,
+            pending: Vec::new(),
+            unsynced: false,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -64,10 +79,10 @@ impl LogWriter {
         let line = Record::Event(event.clone()).to_line();
         self.pending.extend_from_slice(line.as_bytes());
         self.pending.push(b'\n');
-        if self.pending.len() >= WRITE_THROUGH_BYTES {
-            if let Err(e) = self.write_pending() {
-                tracing::warn!(path = %self.path.display(), "batched write failed, retrying at the next flush: {e:#}");
-            }
+        if self.pending.len() >= WRITE_THROUGH_BYTES
+            && let Err(e) = self.write_pending()
+        {
+            tracing::warn!(path = %self.path.display(), "batched write failed, retrying at the next flush: {e:#}");
         }
     }
 
@@ -77,7 +92,8 @@ impl LogWriter {
         self.write_pending()?;
         if self.unsynced {
             if let Some(file) = &self.file {
-                file.sync_data().with_context(|| format!("syncing {}", self.path.display()))?;
+                file.sync_data()
+                    .with_context(|| format!("syncing {}", self.path.display()))?;
             }
             self.unsynced = false;
         }
@@ -115,7 +131,10 @@ impl LogWriter {
             let context = format!("appending to {}", self.path.display());
             return match rollback {
                 Ok(()) => Err(anyhow::Error::new(e).context(context)),
-                Err(r) => Err(anyhow::Error::new(e).context(format!("{context} (rollback failed too: {r})"))),
+                Err(r) => {
+                    Err(anyhow::Error::new(e)
+                        .context(format!("{context} (rollback failed too: {r})")))
+                }
             };
         }
         self.committed += self.pending.len() as u64;
@@ -128,17 +147,27 @@ impl LogWriter {
         let Some(header_line) = self.header_line.clone() else {
             return Ok(());
         };
-        let dir = self.path.parent().context("session log path has no parent directory")?;
+        let dir = self
+            .path
+            .parent()
+            .context("session log path has no parent directory")?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
         let publish = || -> Result<()> {
-            let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            let mut f =
+                File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
             f.write_all(header_line.as_bytes())?;
             f.write_all(b"\n")?;
             f.sync_all()?;
-            std::fs::hard_link(&tmp, &self.path)
-                .with_context(|| format!("publishing {} (does it already exist?)", self.path.display()))?;
-            File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
+            std::fs::hard_link(&tmp, &self.path).with_context(|| {
+                format!(
+                    "publishing {} (does it already exist?)",
+                    self.path.display()
+                )
+            })?;
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .with_context(|| format!("syncing {}", dir.display()))?;
             Ok(())
         };
         let result = publish();
@@ -158,7 +187,14 @@ mod tests {
     use serde_json::json;
 
     fn event(seq: u64) -> Event {
-        Event { kind: "x".into(), seq, time: 0, data: json!({}), source_event_seqs: None, surface_op: None }
+        Event {
+            kind: "x".into(),
+            seq,
+            time: 0,
+            data: json!({}),
+            source_event_seqs: None,
+            surface_op: None,
+        }
     }
 
     #[test]

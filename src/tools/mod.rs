@@ -29,7 +29,9 @@ pub struct ToolOutput {
 
 impl ToolOutput {
     pub fn text(text: impl Into<String>) -> Self {
-        ToolOutput { content: vec![json!({"type": "text", "text": text.into()})] }
+        ToolOutput {
+            content: vec![json!({"type": "text", "text": text.into()})],
+        }
     }
 }
 
@@ -43,7 +45,11 @@ pub struct ToolError {
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
-        ToolError { name: "ToolError".into(), code: code.into(), message: message.into() }
+        ToolError {
+            name: "ToolError".into(),
+            code: code.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -57,7 +63,11 @@ pub trait Tool: Send + Sync {
     fn parallel_safe(&self) -> bool {
         false
     }
-    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
 /// The tools of one agent, by name (sorted, so the model sees a stable list).
@@ -82,7 +92,11 @@ impl ToolRegistry {
     pub fn schemas(&self) -> Vec<ToolSchema> {
         self.tools
             .values()
-            .map(|t| ToolSchema { name: t.name().to_string(), description: t.description(), parameters: t.parameters() })
+            .map(|t| ToolSchema {
+                name: t.name().to_string(),
+                description: t.description(),
+                parameters: t.parameters(),
+            })
             .collect()
     }
 
@@ -92,15 +106,28 @@ impl ToolRegistry {
     }
 
     /// Runs one call; every failure becomes a `ToolError` (unknown tool, bad JSON, the tool's own).
-    pub async fn call(&self, name: &str, raw_arguments: &str, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+    pub async fn call(
+        &self,
+        name: &str,
+        raw_arguments: &str,
+        ctx: ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
         let Some(tool) = self.get(name).cloned() else {
-            return Err(ToolError { name: "ToolError".into(), code: "UNKNOWN_TOOL".into(), message: format!("unknown tool \"{name}\"") });
+            return Err(ToolError {
+                name: "ToolError".into(),
+                code: "UNKNOWN_TOOL".into(),
+                message: format!("unknown tool \"{name}\""),
+            });
         };
         let arguments: Value = if raw_arguments.trim().is_empty() {
             json!({})
         } else {
-            serde_json::from_str(raw_arguments)
-                .map_err(|e| ToolError::new("INVALID_ARGUMENTS", format!("arguments for {name} are not valid JSON: {e}")))?
+            serde_json::from_str(raw_arguments).map_err(|e| {
+                ToolError::new(
+                    "INVALID_ARGUMENTS",
+                    format!("arguments for {name} are not valid JSON: {e}"),
+                )
+            })?
         };
         let cancel = ctx.cancel.clone();
         tokio::select! {
