@@ -20,19 +20,48 @@ use crate::tools::ToolRegistry;
 /// Runs the suite and writes a report to `out`.
 pub async fn run(quick: bool, out: &mut dyn Write) -> Result<()> {
     let tmp = tempfile::tempdir()?;
-    writeln!(out, "kin bench{} — {}", if quick { " --quick" } else { "" }, machine())?;
+    writeln!(
+        out,
+        "kin bench{} — {}",
+        if quick { " --quick" } else { "" },
+        machine()
+    )?;
     let starts = if quick { 10 } else { 30 };
     let (times, rss) = cold_start(tmp.path(), starts)?;
-    writeln!(out, "cold start to initialize response: median {} p99 {} over {starts} starts; RSS after initialize {rss} KiB", ms(median(&times)), ms(p99(&times)))?;
+    writeln!(
+        out,
+        "cold start to initialize response: median {} p99 {} over {starts} starts; RSS after initialize {rss} KiB",
+        ms(median(&times)),
+        ms(p99(&times))
+    )?;
     let turns = if quick { 200 } else { 1000 };
     let overhead = turn_overhead(tmp.path(), turns).await?;
-    writeln!(out, "turn overhead (scripted model, in process): median {} p99 {} over {turns} turns", ms(median(&overhead)), ms(p99(&overhead)))?;
+    writeln!(
+        out,
+        "turn overhead (scripted model, in process): median {} p99 {} over {turns} turns",
+        ms(median(&overhead)),
+        ms(p99(&overhead))
+    )?;
     let (events, elapsed) = append_throughput(tmp.path(), if quick { 20_000 } else { 100_000 })?;
-    writeln!(out, "append: {events} events in {} = {:.0} events/s (fsync every 100 events)", ms(elapsed), events as f64 / elapsed.as_secs_f64())?;
-    let sizes: &[usize] = if quick { &[10_000, 100_000] } else { &[10_000, 100_000, 1_000_000] };
+    writeln!(
+        out,
+        "append: {events} events in {} = {:.0} events/s (fsync every 100 events)",
+        ms(elapsed),
+        events as f64 / elapsed.as_secs_f64()
+    )?;
+    let sizes: &[usize] = if quick {
+        &[10_000, 100_000]
+    } else {
+        &[10_000, 100_000, 1_000_000]
+    };
     for &n in sizes {
         let (load, bytes) = load_time(tmp.path(), n)?;
-        writeln!(out, "load of a {n}-event session ({:.1} MB): {}", bytes as f64 / 1e6, ms(load))?;
+        writeln!(
+            out,
+            "load of a {n}-event session ({:.1} MB): {}",
+            bytes as f64 / 1e6,
+            ms(load)
+        )?;
     }
     Ok(())
 }
@@ -41,7 +70,11 @@ fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cores} cores, {cpu}")
 }
@@ -59,7 +92,9 @@ fn median(v: &[Duration]) -> Duration {
 fn p99(v: &[Duration]) -> Duration {
     let mut v = v.to_vec();
     v.sort();
-    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
 }
 
 fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
@@ -76,7 +111,11 @@ fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
             .stderr(Stdio::null())
             .spawn()?;
         let mut stdin = child.stdin.take().context("stdin")?;
-        writeln!(stdin, "{}", json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}))?;
+        writeln!(
+            stdin,
+            "{}",
+            json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}})
+        )?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
         times.push(started.elapsed());
@@ -89,13 +128,25 @@ fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
 
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
     let store = SessionStore::new(tmp.join("turns"));
-    let session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
-    let model = Arc::new(ScriptedModel::from_responses((0..turns).map(|_| text_response(&["ok"]))));
+    let session = store.create(SessionHeader::new(
+        uuid::Uuid::new_v4().to_string(),
+        0,
+        Some("/bench".into()),
+    ))?;
+    let model = Arc::new(ScriptedModel::from_responses(
+        (0..turns).map(|_| text_response(&["ok"])),
+    ));
     let deps = AgentDeps {
         model: model as Arc<dyn Model>,
         tools: ToolRegistry::new(),
@@ -108,7 +159,12 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
     let mut times = Vec::with_capacity(turns);
     for _ in 0..turns {
         let started = Instant::now();
-        let end = agent.followup(vec![json!({"type":"text","text":"hi"})], json!({"kind":"user"}))?.await?;
+        let end = agent
+            .followup(
+                vec![json!({"type":"text","text":"hi"})],
+                json!({"kind":"user"}),
+            )?
+            .await?;
         times.push(started.elapsed());
         anyhow::ensure!(end == TurnEnd::Completed, "bench turn ended {end:?}");
     }
@@ -118,7 +174,11 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
 
 fn append_throughput(tmp: &Path, n: usize) -> Result<(usize, Duration)> {
     let store = SessionStore::new(tmp.join("append"));
-    let mut session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
+    let mut session = store.create(SessionHeader::new(
+        uuid::Uuid::new_v4().to_string(),
+        0,
+        Some("/bench".into()),
+    ))?;
     let started = Instant::now();
     for i in 0..n {
         session.append("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token "}}));
@@ -138,19 +198,31 @@ fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64)> {
     for i in 0..n {
         if i % 10 == 0 {
             turn += 1;
-            session.append("turn/start", json!({"turn": turn, "trigger": {"kind": "message", "source": {"kind": "user"}}}));
+            session.append(
+                "turn/start",
+                json!({"turn": turn, "trigger": {"kind": "message", "source": {"kind": "user"}}}),
+            );
         } else if i % 10 == 9 {
-            session.append("turn/end", json!({"turn": turn, "reason": {"kind": "completed"}}));
+            session.append(
+                "turn/end",
+                json!({"turn": turn, "reason": {"kind": "completed"}}),
+            );
         } else {
             session.append("assistant/chunk", json!({"turn": turn, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "some streamed text"}}));
         }
     }
     session.flush()?;
     drop(session);
-    let bytes = store.locate(&id)?.map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len()));
+    let bytes = store
+        .locate(&id)?
+        .map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len()));
     let started = Instant::now();
     let loaded = store.load(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
     let elapsed = started.elapsed();
-    anyhow::ensure!(loaded.events().len() >= n, "loaded {} of {n} events", loaded.events().len());
+    anyhow::ensure!(
+        loaded.events().len() >= n,
+        "loaded {} of {n} events",
+        loaded.events().len()
+    );
     Ok((elapsed, bytes))
 }

@@ -5,6 +5,7 @@
 
 pub mod acp;
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -13,5 +14,4 @@ pub mod runtime;
 pub mod scenario;
 pub mod session;
 pub mod timefmt;
-pub mod bench;
 pub mod tools;
