@@ -254,9 +254,6 @@ impl Runtime {
     /// Stops every agent (cancelling running turns) and flushes every session.
     pub async fn shutdown(&self) {
         let handles: Vec<AgentHandle> = self.live().drain().map(|(_, l)| l.handle).collect();
-        for handle in &handles {
-            handle.cancel();
-        }
         futures::future::join_all(handles.iter().map(AgentHandle::shutdown)).await;
     }
 
