@@ -154,6 +154,7 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
         system: String::new(),
         max_steps: 5,
         max_parallel_tools: 1,
+        depth: 0,
     };
     let agent = spawn_agent(session, deps);
     let mut times = Vec::with_capacity(turns);

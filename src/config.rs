@@ -34,6 +34,28 @@ pub struct Config {
     pub max_parallel_tools: usize,
     /// Where the settings came from, for `--help`-style diagnostics.
     pub config_file: Option<PathBuf>,
+    pub subagents: SubagentSettings,
+}
+
+/// `[subagents]`: how the delegation tools start children.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubagentSettings {
+    /// Deepest delegation allowed (a top-level agent is depth 0).
+    pub max_depth: u64,
+    /// A system-prompt section for every child.
+    pub persona: Option<String>,
+    /// The children's model route (default: the parent's).
+    pub model: Option<ModelRoute>,
+    pub allow_tools: Option<Vec<String>>,
+    pub deny_tools: Option<Vec<String>>,
+    /// An object-rooted JSON Schema every delegated child must satisfy via `structured_output`.
+    pub output_schema: Option<serde_json::Value>,
+}
+
+impl Default for SubagentSettings {
+    fn default() -> Self {
+        SubagentSettings { max_depth: 3, persona: None, model: None, allow_tools: None, deny_tools: None, output_schema: None }
+    }
 }
 
 /// The config file's shape.
@@ -45,6 +67,19 @@ struct FileConfig {
     log_file: Option<PathBuf>,
     #[serde(default)]
     agent: AgentSection,
+    #[serde(default)]
+    subagents: SubagentSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubagentSection {
+    max_depth: Option<u64>,
+    persona: Option<String>,
+    model: Option<String>,
+    allow_tools: Option<Vec<String>>,
+    deny_tools: Option<Vec<String>>,
+    output_schema: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -115,7 +150,9 @@ impl Config {
                 where_()
             );
         }
+        let subagents = resolve_subagents(file.subagents, &where_())?;
         Ok(Config {
+            subagents,
             sessions_dir,
             model,
             log_file: flags
@@ -132,6 +169,34 @@ impl Config {
             config_file,
         })
     }
+}
+
+fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentSettings> {
+    let defaults = SubagentSettings::default();
+    let model = section
+        .model
+        .map(|m| ModelRoute::parse(&m).map_err(|e| anyhow::anyhow!("{origin}: key `subagents.model`: {e}")))
+        .transpose()?;
+    let output_schema = match section.output_schema {
+        None => None,
+        Some(text) => {
+            let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                anyhow::anyhow!("{origin}: key `subagents.output_schema` must be a JSON Schema object in a string: {e}")
+            })?;
+            if schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
+                anyhow::bail!("{origin}: key `subagents.output_schema` must be object-rooted (\"type\": \"object\")");
+            }
+            Some(schema)
+        }
+    };
+    Ok(SubagentSettings {
+        max_depth: section.max_depth.unwrap_or(defaults.max_depth),
+        persona: section.persona,
+        model,
+        allow_tools: section.allow_tools,
+        deny_tools: section.deny_tools,
+        output_schema,
+    })
 }
 
 fn read_file(path: &Path) -> Result<FileConfig> {

@@ -13,5 +13,6 @@ pub mod model;
 pub mod runtime;
 pub mod scenario;
 pub mod session;
+pub mod subagent;
 pub mod timefmt;
 pub mod tools;

@@ -2,7 +2,6 @@
 //! the subcommand. Nothing else lives here.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
 use kin::cli::{Cli, Command, ScenarioCommand, SessionsCommand};
@@ -68,7 +67,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         Command::Acp(_) => {
             let model = kin::runtime::model_for(&config)?;
             let tools = kin::tools::ToolRegistry::new();
-            let runtime = Arc::new(kin::runtime::Runtime::new(config, model, tools));
+            let runtime = kin::runtime::Runtime::new(config, model, tools)?;
             kin::acp::serve_stdio(runtime.clone()).await?;
             if let Err(unused) = runtime.check_model_consumed() {
                 tracing::error!("replay incomplete: {unused}");

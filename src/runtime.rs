@@ -18,6 +18,9 @@ use crate::model::{ChunkStream, Model, ModelRequest};
 use crate::session::{
     Event, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms,
 };
+use crate::subagent::inprocess::{ChildFactory, ChildSpec, InProcessProvider};
+use crate::subagent::tools::{DelegateConfig, DelegateTool};
+use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
 use crate::tools::ToolRegistry;
 
 /// A request the caller got wrong (maps to invalid params) or a failure of kin itself.
@@ -47,7 +50,9 @@ pub struct Runtime {
     config: Config,
     store: SessionStore,
     model: Arc<dyn Model>,
+    /// Every tool an agent may have (children get a filtered view).
     tools: ToolRegistry,
+    subagents: Arc<SubagentService>,
     live: Mutex<HashMap<String, Live>>,
 }
 
@@ -69,6 +74,55 @@ impl Model for UnavailableModel {
     }
 }
 
+/// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
+pub const SETTLED_MARKER: &str = ".dsh-snapshot-subagent-settled";
+
+fn delegate_config(config: &Config, tool_name: &str, provider: &str) -> DelegateConfig {
+    let s = &config.subagents;
+    let tool_filter = (s.allow_tools.is_some() || s.deny_tools.is_some())
+        .then(|| ToolFilter { allow: s.allow_tools.clone(), deny: s.deny_tools.clone() });
+    DelegateConfig {
+        tool_name: tool_name.into(),
+        provider: provider.into(),
+        max_depth: Some(s.max_depth),
+        persona: s.persona.clone(),
+        tool_filter,
+        route: s.model.clone(),
+        output_schema: s.output_schema.clone(),
+    }
+}
+
+impl ChildFactory for Runtime {
+    fn mint_id(&self) -> String {
+        self.mint_session_id()
+    }
+
+    fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
+        let infra = |e: String| SubagentError::new(ErrorCode::Infrastructure, e);
+        let ChildSpec { header, seed, route, persona, tool_filter, extra_tools } = spec;
+        let depth = header.delegation_depth;
+        let mut session = self.store.create_seeded(header, seed).map_err(|e| infra(e.to_string()))?;
+        session.flush().map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
+        let mut tools = match &tool_filter {
+            Some(filter) => self.tools.filtered(|name| filter.permits(name)),
+            None => self.tools.clone(),
+        };
+        for tool in extra_tools {
+            tools.register(tool);
+        }
+        let deps = AgentDeps {
+            model: self.model.clone(),
+            tools,
+            route,
+            system: self.system_prompt(persona.as_deref()),
+            max_steps: self.config.max_steps,
+            max_parallel_tools: self.config.max_parallel_tools,
+            depth,
+        };
+        Ok(spawn_agent(session, deps))
+    }
+}
+
 /// Picks the model for a configuration: replay when a scenario directory is given.
 pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
     if let Some(dir) = &config.replay {
@@ -81,15 +135,48 @@ pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
 }
 
 impl Runtime {
-    pub fn new(config: Config, model: Arc<dyn Model>, tools: ToolRegistry) -> Self {
-        let store = SessionStore::new(config.sessions_dir.clone());
-        Runtime {
-            config,
-            store,
-            model,
-            tools,
-            live: Mutex::new(HashMap::new()),
+    /// Builds the runtime: the subagent service with the `spawn` and `fork` providers (which
+    /// create children through this runtime) and the delegation tools on top of `tools`.
+    pub fn new(config: Config, model: Arc<dyn Model>, tools: ToolRegistry) -> Result<Arc<Self>> {
+        let subagents = Arc::new(SubagentService::new());
+        let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
+            let factory: std::sync::Weak<dyn ChildFactory> = weak.clone();
+            let providers: [Arc<dyn crate::subagent::SubagentProvider>; 2] =
+                [Arc::new(InProcessProvider::spawn(factory.clone())), Arc::new(InProcessProvider::fork(factory))];
+            let mut tools = tools;
+            let mut problems = Vec::new();
+            for (provider, tool_name) in providers.into_iter().zip(["subagent", "subagent_fork"]) {
+                let provider_name = provider.name().to_string();
+                if let Err(e) = subagents.register_provider(provider) {
+                    problems.push(e.to_string());
+                }
+                match DelegateTool::new(delegate_config(&config, tool_name, &provider_name), subagents.clone()) {
+                    Ok(tool) => tools.register(Arc::new(tool)),
+                    Err(e) => problems.push(e.to_string()),
+                }
+            }
+            for problem in problems {
+                tracing::error!("subagent setup: {problem}");
+            }
+            let store = SessionStore::new(config.sessions_dir.clone());
+            Runtime { config, store, model, tools, subagents: subagents.clone(), live: Mutex::new(HashMap::new()) }
+        });
+        if runtime.config.replay.is_some() {
+            // dsh's settlement marker: scenarios fence on it to know a child has ended.
+            runtime.subagents.observe(|event| {
+                if let Lifecycle::End { cwd: Some(cwd), .. } = event {
+                    let marker = Path::new(cwd).join(SETTLED_MARKER);
+                    if let Err(e) = std::fs::write(&marker, b"") {
+                        tracing::warn!(path = %marker.display(), "cannot write the settlement marker: {e}");
+                    }
+                }
+            });
         }
+        Ok(runtime)
+    }
+
+    pub fn subagents(&self) -> &Arc<SubagentService> {
+        &self.subagents
     }
 
     pub fn store(&self) -> &SessionStore {
@@ -101,9 +188,10 @@ impl Runtime {
             model: self.model.clone(),
             tools: self.tools.clone(),
             route: self.config.model.clone(),
-            system: String::new(),
+            system: self.system_prompt(None),
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
+            depth: 0,
         }
     }
 
@@ -145,6 +233,14 @@ impl Runtime {
             },
         );
         Ok(id)
+    }
+
+    /// The system prompt, with a persona section for children that have one.
+    fn system_prompt(&self, persona: Option<&str>) -> String {
+        match persona {
+            Some(persona) => format!("# Persona\n\n{persona}"),
+            None => String::new(),
+        }
     }
 
     /// A new session id: the model's pinned id (replay) unless already used, else a UUID.

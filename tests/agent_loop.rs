@@ -38,15 +38,21 @@ impl Tool for Echo {
     fn execute(
         &self,
         arguments: Value,
-        _ctx: ToolContext,
+        ctx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let (running, peak) = (self.running.clone(), self.peak.clone());
         async move {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(now, Ordering::SeqCst);
             let delay = arguments["delay_ms"].as_u64().unwrap_or(0);
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let cancelled = tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(delay)) => false,
+                () = ctx.cancel.cancelled() => true,
+            };
             running.fetch_sub(1, Ordering::SeqCst);
+            if cancelled {
+                return Err(ToolError::new("ABORTED", "tool call aborted"));
+            }
             match arguments["text"].as_str() {
                 Some("fail") => Err(ToolError::new("ECHO_FAILED", "echo was told to fail")),
                 Some(text) => Ok(ToolOutput::text(text)),
@@ -91,6 +97,7 @@ fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
         system: "be brief".into(),
         max_steps,
         max_parallel_tools: 4,
+        depth: 0,
     };
     let handle = spawn_agent(session, deps);
     Fixture {

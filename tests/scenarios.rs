@@ -11,7 +11,6 @@ use kin::scenario::{Compare, RunOptions, run};
 const EXPECTED_FAILURES: &[(&str, u32)] = &[
     ("fs-read", 4),
     ("tool-call-turn", 4),
-    ("subagent-spawn", 5),
     ("subagent-continuable", 6),
     ("subagent-list-agents", 7),
 ];

@@ -5,6 +5,8 @@
 
 mod turn;
 
+pub use turn::completed_prefix;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,14 +40,21 @@ pub struct AgentDeps {
     pub system: String,
     pub max_steps: u32,
     pub max_parallel_tools: usize,
+    /// Runtime delegation depth (`subagentDepth`); the effective depth is the max with the header's.
+    pub depth: u64,
 }
 
 /// A message waiting for its own turn.
 struct Queued {
     content: Vec<Value>,
     source: Value,
+    /// Log-only events appended inside the turn, after the user message, before the first step.
+    preamble: Vec<(String, Value)>,
     reply: Option<oneshot::Sender<TurnEnd>>,
 }
+
+/// A read of the session, run on the actor between turns.
+type Reader = Box<dyn FnOnce(&Session) + Send>;
 
 /// Messages staged for the next step of the running turn.
 type Staged = Arc<Mutex<Vec<(Vec<Value>, Value)>>>;
@@ -59,6 +68,7 @@ enum Command {
     Flush {
         reply: oneshot::Sender<Result<(), String>>,
     },
+    Read(Reader),
     Shutdown {
         reply: oneshot::Sender<()>,
     },
@@ -109,13 +119,32 @@ impl AgentHandle {
         content: Vec<Value>,
         source: Value,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
+        self.followup_with(content, source, Vec::new())
+    }
+
+    /// `followup` whose turn also records `preamble` (log-only events) right after the user
+    /// message, before the first model request.
+    pub fn followup_with(
+        &self,
+        content: Vec<Value>,
+        source: Value,
+        preamble: Vec<(String, Value)>,
+    ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Followup(Queued {
-            content,
-            source,
-            reply: Some(reply),
-        }))?;
+        self.send(Command::Followup(Queued { content, source, preamble, reply: Some(reply) }))?;
         Ok(rx)
+    }
+
+    /// Runs `f` on the session between turns (waiting for a running turn to end).
+    pub async fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Session) -> R + Send + 'static,
+    ) -> Result<R, AgentGone> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Read(Box::new(move |s: &Session| {
+            let _ = tx.send(f(s));
+        })))?;
+        rx.await.map_err(|_| AgentGone(self.id.clone()))
     }
 
     /// Adds a user message without running the model.
@@ -228,6 +257,7 @@ impl Actor {
             Command::Flush { reply } => {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
             }
+            Command::Read(reader) => reader(&self.session),
             Command::Shutdown { reply } => *shutdown = Some(reply),
         }
     }
@@ -245,22 +275,12 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
-        let Queued {
-            content,
-            source,
-            reply,
-        } = item;
+        let Queued { content, source, preamble, reply } = item;
         let mut flushes = Vec::new();
+        let mut readers = Vec::new();
         let mut end = {
-            let run = turn::run_turn(
-                &mut self.session,
-                &self.deps,
-                content,
-                source,
-                cancel.clone(),
-                &self.staged,
-                &self.shared.disposing,
-            );
+            let input = turn::TurnInput { content, source, preamble };
+            let run = turn::run_turn(&mut self.session, &self.deps, input, cancel.clone(), &self.staged, &self.shared.disposing);
             tokio::pin!(run);
             loop {
                 tokio::select! {
@@ -273,6 +293,7 @@ impl Actor {
                             }
                         }
                         Some(Command::Flush { reply }) => flushes.push(reply),
+                        Some(Command::Read(reader)) => readers.push(reader),
                         Some(Command::Shutdown { reply }) => {
                             self.shared.disposing.store(true, Ordering::SeqCst);
                             cancel.cancel();
@@ -305,6 +326,9 @@ impl Actor {
         }
         for reply in flushes {
             let _ = reply.send(flushed.clone());
+        }
+        for reader in readers {
+            reader(&self.session);
         }
         if let Ok(mut current) = self.shared.current.lock() {
             *current = None;

@@ -3,6 +3,7 @@
 //! then `turn/end`. Everything is appended to the session as it happens.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::BoxFuture;
@@ -13,7 +14,14 @@ use tokio_util::sync::CancellationToken;
 use super::{AgentDeps, Staged, TurnEnd, user_message};
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::session::Session;
-use crate::tools::{ToolContext, ToolError, ToolOutput};
+use crate::tools::{Caller, ToolContext, ToolError, ToolOutput};
+
+/// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
+/// it never ends inside an open turn or on a dangling tool call.
+pub fn completed_prefix(events: &[crate::session::Event]) -> &[crate::session::Event] {
+    let end = events.iter().rposition(|e| e.kind == "turn/end").map_or(0, |i| i + 1);
+    &events[..end]
+}
 
 /// How one step ended.
 enum StepEnd {
@@ -25,22 +33,34 @@ enum StepEnd {
     Over(TurnEnd),
 }
 
+/// What starts a turn.
+pub(super) struct TurnInput {
+    pub content: Vec<Value>,
+    pub source: Value,
+    pub preamble: Vec<(String, Value)>,
+}
+
 pub(super) async fn run_turn(
     session: &mut Session,
     deps: &AgentDeps,
-    content: Vec<Value>,
-    source: Value,
+    input: TurnInput,
     cancel: CancellationToken,
     staged: &Staged,
     disposing: &AtomicBool,
 ) -> TurnEnd {
     let cancelled = || cancelled_end(disposing);
+    let TurnInput { content, source, preamble } = input;
     let turn = session.next_turn();
     session.append(
         "turn/start",
         json!({"turn": turn, "trigger": {"kind": "message", "source": source.clone()}}),
     );
     session.append_surface("user/message", user_message(content, source), None);
+    for (kind, data) in preamble {
+        session.append(&kind, data);
+    }
+    // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
+    session.write_eager();
     for step in 1..=u64::from(deps.max_steps) {
         let staged_now: Vec<_> = staged
             .lock()
@@ -248,6 +268,13 @@ async fn run_tools(
         }
         // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
         session.write_eager();
+        let needs_history = batch.iter().any(|(_, name, _)| deps.tools.get(name).is_some_and(|t| t.needs_history()));
+        let caller = Arc::new(Caller {
+            header: session.header.clone(),
+            depth: session.header.delegation_depth.max(deps.depth),
+            route: deps.route.clone(),
+            history: needs_history.then(|| Arc::new(completed_prefix(session.events()).to_vec())),
+        });
         let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
             batch
                 .iter()
@@ -269,6 +296,7 @@ async fn run_tools(
                         cwd: cwd.clone(),
                         call_id: id.clone(),
                         cancel: cancel.child_token(),
+                        caller: Some(caller.clone()),
                     };
                     let (tools, name, arguments) =
                         (deps.tools.clone(), name.clone(), arguments.clone());

@@ -59,7 +59,16 @@ impl SessionStore {
 
     /// A new, not yet materialized session (the file appears at the first flush).
     pub fn create(&self, header: SessionHeader) -> Result<Session, StoreError> {
+        self.create_seeded(header, Vec::new())
+    }
+
+    /// A new session whose log starts with `seed` (contiguous from seq 0, written verbatim),
+    /// followed by `session/end-seed` when the seed is not empty.
+    pub fn create_seeded(&self, header: SessionHeader, seed: Vec<crate::session::Event>) -> Result<Session, StoreError> {
         validate_session_id(&header.id).map_err(StoreError::InvalidId)?;
+        if seed.iter().enumerate().any(|(i, e)| e.seq != i as u64) {
+            return Err(StoreError::Io(anyhow::anyhow!("a session seed must be contiguous from seq 0")));
+        }
         if self.locate(&header.id)?.is_some() {
             return Err(StoreError::Io(anyhow::anyhow!(
                 "session {} already exists",
@@ -67,8 +76,16 @@ impl SessionStore {
             )));
         }
         let path = log_path(&self.root, header.cwd.as_deref(), &header.id);
-        let writer = LogWriter::create(path, &header).map_err(StoreError::Io)?;
-        Ok(Session::new(header, Vec::new(), writer))
+        let mut writer = LogWriter::create(path, &header).map_err(StoreError::Io)?;
+        for event in &seed {
+            writer.append(event);
+        }
+        let seeded = !seed.is_empty();
+        let mut session = Session::new(header, seed, writer);
+        if seeded {
+            session.append("session/end-seed", serde_json::json!({}));
+        }
+        Ok(session)
     }
 
     /// The log file of `id`, if any project directory holds it.

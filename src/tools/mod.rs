@@ -10,7 +10,23 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::model::ToolSchema;
+use crate::model::{ModelRoute, ToolSchema};
+use crate::session::{Event, SessionHeader};
+
+/// How long a cancelled tool call may take to wind down (kill processes, cancel children)
+/// before its future is dropped.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The agent making a tool call.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub header: SessionHeader,
+    /// Effective delegation depth: max(header depth, runtime depth).
+    pub depth: u64,
+    pub route: ModelRoute,
+    /// The caller's events through its last `turn/end` (present when a tool asked for history).
+    pub history: Option<Arc<Vec<Event>>>,
+}
 
 /// What a tool call runs with.
 #[derive(Debug, Clone)]
@@ -19,6 +35,15 @@ pub struct ToolContext {
     pub cwd: Option<PathBuf>,
     pub call_id: String,
     pub cancel: CancellationToken,
+    /// The calling agent; `None` outside an agent (tests, direct calls).
+    pub caller: Option<Arc<Caller>>,
+}
+
+impl ToolContext {
+    /// A context without a calling agent.
+    pub fn detached(cwd: Option<PathBuf>, cancel: CancellationToken) -> Self {
+        ToolContext { session_id: String::new(), cwd, call_id: String::new(), cancel, caller: None }
+    }
 }
 
 /// A tool's answer: content blocks for the model.
@@ -63,6 +88,10 @@ pub trait Tool: Send + Sync {
     fn parallel_safe(&self) -> bool {
         false
     }
+    /// True when the tool needs the caller's completed history (`Caller::history`).
+    fn needs_history(&self) -> bool {
+        false
+    }
     fn execute(
         &self,
         arguments: Value,
@@ -100,6 +129,16 @@ impl ToolRegistry {
             .collect()
     }
 
+    /// A copy holding only the tools `keep` accepts.
+    pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> ToolRegistry {
+        let tools = self.tools.iter().filter(|(name, _)| keep(name)).map(|(n, t)| (n.clone(), t.clone())).collect();
+        ToolRegistry { tools }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
     /// True when `name` is known and parallel-safe.
     pub fn is_parallel_safe(&self, name: &str) -> bool {
         self.get(name).is_some_and(|t| t.parallel_safe())
@@ -130,9 +169,17 @@ impl ToolRegistry {
             })?
         };
         let cancel = ctx.cancel.clone();
+        let run = tool.execute(arguments, ctx);
+        tokio::pin!(run);
         tokio::select! {
-            result = tool.execute(arguments, ctx) => result,
-            () = cancel.cancelled() => Err(ToolError { name: "AbortError".into(), code: "ABORTED".into(), message: "tool call aborted".into() }),
+            result = &mut run => result,
+            () = cancel.cancelled() => {
+                // Let the tool wind down (it sees the same token), then give up on it.
+                match tokio::time::timeout(CANCEL_GRACE, &mut run).await {
+                    Ok(Err(e)) if e.code != "ABORTED" => Err(e),
+                    _ => Err(ToolError { name: "AbortError".into(), code: "ABORTED".into(), message: "tool call aborted".into() }),
+                }
+            }
         }
     }
 }

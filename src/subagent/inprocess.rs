@@ -1,0 +1,243 @@
+//! In-process providers: `spawn` (a fresh conversation) and `fork` (seeded with the parent's
+//! completed turns). Both publish an ordinary child session through a `ChildFactory` before
+//! `start` returns, append the descriptor inside the child's first turn before its first model
+//! request, and map the child's turn end to a stop reason.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use super::descriptor::{DESCRIPTOR_EVENT, ToolFilter};
+use super::{Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult, SubagentRun};
+use crate::agent::{AgentHandle, TurnEnd};
+use crate::model::ModelRoute;
+use crate::session::{Event, SessionHeader, now_ms};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// Everything needed to create a child agent.
+pub struct ChildSpec {
+    pub header: SessionHeader,
+    /// Lineage seed (fork): written verbatim before the child's own events.
+    pub seed: Vec<Event>,
+    pub route: ModelRoute,
+    pub persona: Option<String>,
+    pub tool_filter: Option<ToolFilter>,
+    /// Tools only this child has (e.g. `structured_output`), surviving the filter.
+    pub extra_tools: Vec<Arc<dyn Tool>>,
+}
+
+/// Creates and publishes child agents (implemented by the runtime).
+pub trait ChildFactory: Send + Sync {
+    /// A fresh session id.
+    fn mint_id(&self) -> String;
+    /// Creates the child session (durably) and starts its agent.
+    fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError>;
+}
+
+/// The `spawn` or `fork` provider.
+pub struct InProcessProvider {
+    name: String,
+    fork: bool,
+    factory: Weak<dyn ChildFactory>,
+}
+
+impl InProcessProvider {
+    pub fn spawn(factory: Weak<dyn ChildFactory>) -> Self {
+        InProcessProvider { name: "spawn".into(), fork: false, factory }
+    }
+
+    pub fn fork(factory: Weak<dyn ChildFactory>) -> Self {
+        InProcessProvider { name: "fork".into(), fork: true, factory }
+    }
+}
+
+/// The header of a child of `parent`.
+pub fn child_header(id: String, parent: &SessionHeader, depth: u64, seed_length: usize) -> SessionHeader {
+    let mut header = SessionHeader::new(id, now_ms(), parent.cwd.clone());
+    header.parent_session = Some(parent.id.clone());
+    header.seed_length = (seed_length > 0).then_some(seed_length as u64);
+    header.origin = Some("subagent".into());
+    header.delegation_depth = depth;
+    header
+}
+
+impl SubagentProvider for InProcessProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        self.fork
+    }
+
+    fn start(&self, resolved: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
+        let factory = self.factory.upgrade();
+        let fork = self.fork;
+        async move {
+            let factory = factory.ok_or_else(|| SubagentError::new(ErrorCode::Infrastructure, "the runtime is shutting down"))?;
+            let ResolvedStart { request, descriptor, child_depth } = resolved;
+            let seed = if fork { request.parent.history.as_ref().map(|h| h.to_vec()).unwrap_or_default() } else { Vec::new() };
+            let header = child_header(factory.mint_id(), &request.parent.header, child_depth, seed.len());
+            let id = header.id.clone();
+            let cwd = header.cwd.clone();
+            let capture = Arc::new(Mutex::new(None));
+            let mut extra_tools: Vec<Arc<dyn Tool>> = Vec::new();
+            if let Some(schema) = &request.output_schema {
+                extra_tools.push(Arc::new(StructuredOutput { schema: schema.clone(), slot: capture.clone() }));
+            }
+            let handle = factory.create_child(ChildSpec {
+                header,
+                seed,
+                route: request.route.clone().unwrap_or_else(|| request.parent.route.clone()),
+                persona: request.persona.clone(),
+                tool_filter: request.tool_filter.clone(),
+                extra_tools,
+            })?;
+            let turn = handle
+                .followup_with(request.prompt.clone(), json!({"kind": "user"}), vec![(DESCRIPTOR_EVENT.into(), descriptor.to_value())])
+                .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
+            let (tx, result) = oneshot::channel();
+            let runner = handle.clone();
+            let wants_capture = request.output_schema.is_some();
+            tokio::spawn(async move {
+                let _ = tx.send(drive(runner, turn, request.cancel, capture, wants_capture).await);
+            });
+            let disposer = handle.clone();
+            Ok(SubagentRun {
+                id,
+                local: true,
+                cwd,
+                result,
+                dispose: Box::new(move || async move { disposer.shutdown().await }.boxed()),
+            })
+        }
+        .boxed()
+    }
+}
+
+/// Waits for the child's turn (cancelling it if the caller cancels) and builds the result.
+async fn drive(
+    child: AgentHandle,
+    turn: oneshot::Receiver<TurnEnd>,
+    cancel: tokio_util::sync::CancellationToken,
+    capture: Arc<Mutex<Option<Value>>>,
+    wants_capture: bool,
+) -> Result<SubagentResult, SubagentError> {
+    tokio::pin!(turn);
+    let end = tokio::select! {
+        end = &mut turn => end,
+        () = cancel.cancelled() => {
+            child.cancel();
+            turn.await
+        }
+    }
+    .map_err(|_| SubagentError::new(ErrorCode::Infrastructure, "the child agent stopped before its turn ended"))?;
+    let output = child
+        .read(|s| last_assistant_text(s.events(), first_live_seq(s.events())))
+        .await
+        .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
+    let structured = capture.lock().ok().and_then(|c| c.clone());
+    let mut stop_reason = match end {
+        TurnEnd::Completed => StopReason::Completed,
+        TurnEnd::MaxTokens => StopReason::MaxTokens,
+        TurnEnd::Aborted => StopReason::Aborted,
+        TurnEnd::Disposed | TurnEnd::Error(_) => StopReason::Error,
+    };
+    if cancel.is_cancelled() && stop_reason != StopReason::Completed {
+        stop_reason = StopReason::Aborted;
+    }
+    if wants_capture && structured.is_none() && stop_reason == StopReason::Completed {
+        stop_reason = StopReason::Error;
+    }
+    Ok(SubagentResult { output, structured, stop_reason })
+}
+
+/// The seq after a lineage seed (`session/end-seed`), or 0.
+fn first_live_seq(events: &[Event]) -> u64 {
+    events.iter().find(|e| e.kind == "session/end-seed").map_or(0, |e| e.seq + 1)
+}
+
+/// The text of the last assistant message at or after `from`.
+pub fn last_assistant_text(events: &[Event], from: u64) -> String {
+    events
+        .iter()
+        .rev()
+        .take_while(|e| e.seq >= from)
+        .find(|e| e.kind == "assistant/message")
+        .map(|e| {
+            e.data["message"]["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `structured_output`: the child's capture tool for a requested schema.
+struct StructuredOutput {
+    schema: Value,
+    slot: Arc<Mutex<Option<Value>>>,
+}
+
+impl Tool for StructuredOutput {
+    fn name(&self) -> &str {
+        "structured_output"
+    }
+
+    fn description(&self) -> String {
+        "Deliver your final answer as structured data matching the parameter schema. Call this exactly once, when your work is done; your task is not complete until it succeeds.".into()
+    }
+
+    fn parameters(&self) -> Value {
+        self.schema.clone()
+    }
+
+    fn execute(&self, arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let (schema, slot) = (self.schema.clone(), self.slot.clone());
+        async move {
+            check_shape(&schema, &arguments).map_err(|e| ToolError::new("INVALID_STRUCTURED_OUTPUT", e))?;
+            if let Ok(mut slot) = slot.lock() {
+                *slot = Some(arguments);
+            }
+            Ok(ToolOutput::text("structured output captured"))
+        }
+        .boxed()
+    }
+}
+
+/// A small structural check: an object with every `required` key and the declared primitive
+/// types of known properties.
+fn check_shape(schema: &Value, value: &Value) -> Result<(), String> {
+    let object = value.as_object().ok_or("the structured output must be a JSON object")?;
+    for key in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        if !object.contains_key(key) {
+            return Err(format!("the structured output lacks the required field {key:?}"));
+        }
+    }
+    for (key, spec) in schema["properties"].as_object().into_iter().flatten() {
+        let Some(v) = object.get(key) else { continue };
+        let ok = match spec["type"].as_str() {
+            Some("string") => v.is_string(),
+            Some("number") => v.is_number(),
+            Some("integer") => v.is_i64() || v.is_u64(),
+            Some("boolean") => v.is_boolean(),
+            Some("array") => v.is_array(),
+            Some("object") => v.is_object(),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("field {key:?} must be of type {}", spec["type"]));
+        }
+    }
+    Ok(())
+}

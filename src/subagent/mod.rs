@@ -1,0 +1,246 @@
+//! The subagent seam (seed 003, dsh-design.md §1.6–1.8): a service owning named providers that
+//! start child agents. `start` validates a one-shot request against the provider's static
+//! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
+//! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
+
+pub mod descriptor;
+pub mod error;
+pub mod inprocess;
+pub mod tools;
+
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::ModelRoute;
+use crate::tools::Caller;
+pub use descriptor::{Descriptor, ToolFilter};
+pub use error::{ErrorCode, SubagentError};
+
+/// Start-time features a provider supports for one-shot runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    pub output_schema: bool,
+    pub depth_limit: bool,
+    pub tool_filter: bool,
+    pub persona: bool,
+}
+
+impl Capabilities {
+    pub const ALL: Capabilities = Capabilities { output_schema: true, depth_limit: true, tool_filter: true, persona: true };
+    pub const NONE: Capabilities = Capabilities { output_schema: false, depth_limit: false, tool_filter: false, persona: false };
+}
+
+/// A one-shot delegation as the caller asks for it.
+#[derive(Clone)]
+pub struct StartRequest {
+    pub label: Option<String>,
+    pub prompt: Vec<Value>,
+    pub parent: Arc<Caller>,
+    pub cancel: CancellationToken,
+    /// The child's model route; the parent's when `None`.
+    pub route: Option<ModelRoute>,
+    /// An object-rooted JSON Schema the child must satisfy through `structured_output`.
+    pub output_schema: Option<Value>,
+    pub max_depth: Option<u64>,
+    pub tool_filter: Option<ToolFilter>,
+    pub persona: Option<String>,
+}
+
+/// A request after the service validated it.
+#[derive(Clone)]
+pub struct ResolvedStart {
+    pub request: StartRequest,
+    pub descriptor: Descriptor,
+    /// The child's delegation depth (parent's effective depth + 1).
+    pub child_depth: u64,
+}
+
+/// How a child run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Completed,
+    Aborted,
+    Error,
+    MaxTokens,
+    Refusal,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Completed => "completed",
+            StopReason::Aborted => "aborted",
+            StopReason::Error => "error",
+            StopReason::MaxTokens => "max-tokens",
+            StopReason::Refusal => "refusal",
+        }
+    }
+}
+
+/// The outcome of a one-shot run: the child's final text, the captured structured output when
+/// a schema was requested, and the stop reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubagentResult {
+    pub output: String,
+    pub structured: Option<Value>,
+    pub stop_reason: StopReason,
+}
+
+/// Resolves with the result; an `Err` is an infrastructure fault (child failures are stop reasons).
+pub type ResultReceiver = oneshot::Receiver<Result<SubagentResult, SubagentError>>;
+
+/// A published one-shot child: its id (the child session id for local runs), the result, and
+/// disposal, which the consumer always awaits.
+pub struct SubagentRun {
+    pub id: String,
+    pub local: bool,
+    pub cwd: Option<String>,
+    pub result: ResultReceiver,
+    pub dispose: Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>,
+}
+
+/// A named child-agent transport.
+pub trait SubagentProvider: Send + Sync {
+    fn name(&self) -> &str;
+    fn capabilities(&self) -> Capabilities;
+    /// True when children are seeded with the parent's completed turns (fork).
+    fn inherits_parent_context(&self) -> bool;
+    /// Publishes the child and returns its run; a rejection leaves nothing behind.
+    fn start(&self, request: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>>;
+}
+
+/// Observe-only lifecycle of runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lifecycle {
+    Start { run_id: String, provider: String, id: String, local: bool },
+    End { run_id: String, provider: String, id: String, local: bool, cwd: Option<String>, stop_reason: Option<StopReason> },
+}
+
+type Observer = Arc<dyn Fn(&Lifecycle) + Send + Sync>;
+
+/// `ctx.subagents`: the provider registry and one-shot starts.
+#[derive(Default)]
+pub struct SubagentService {
+    providers: Mutex<Vec<Arc<dyn SubagentProvider>>>,
+    observers: Mutex<Vec<Observer>>,
+}
+
+impl SubagentService {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a provider under its unique name.
+    pub fn register_provider(&self, provider: Arc<dyn SubagentProvider>) -> Result<(), SubagentError> {
+        let mut providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if providers.iter().any(|p| p.name() == provider.name()) {
+            return Err(SubagentError::new(
+                ErrorCode::DuplicateProvider,
+                format!("a subagent provider named \"{}\" is already registered", provider.name()),
+            ));
+        }
+        providers.push(provider);
+        Ok(())
+    }
+
+    /// The provider named `name`.
+    pub fn provider(&self, name: &str) -> Result<Arc<dyn SubagentProvider>, SubagentError> {
+        let providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        providers
+            .iter()
+            .find(|p| p.name() == name)
+            .cloned()
+            .ok_or_else(|| SubagentError::new(ErrorCode::NoProvider, format!("no subagent provider registered for \"{name}\"")))
+    }
+
+    /// Provider names in registration order.
+    pub fn list(&self) -> Vec<String> {
+        let providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        providers.iter().map(|p| p.name().to_string()).collect()
+    }
+
+    /// Adds an observer of run lifecycles (its panics are contained).
+    pub fn observe(&self, observer: impl Fn(&Lifecycle) + Send + Sync + 'static) {
+        self.observers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Arc::new(observer));
+    }
+
+    pub(crate) fn emit(&self, event: &Lifecycle) {
+        let observers: Vec<Observer> = self.observers.lock().map(|o| o.clone()).unwrap_or_default();
+        for observer in observers {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer(event))).is_err() {
+                tracing::error!("a subagent lifecycle observer panicked");
+            }
+        }
+    }
+
+    /// Starts a one-shot run: provider lookup, capability checks, depth, schema shape, the
+    /// descriptor snapshot, then `provider.start`; all checks happen before any child exists.
+    pub async fn start(self: &Arc<Self>, provider_name: &str, request: StartRequest) -> Result<SubagentRun, SubagentError> {
+        let provider = self.provider(provider_name)?;
+        check_capabilities(provider.as_ref(), &request)?;
+        let child_depth = child_depth(request.parent.depth, request.max_depth)?;
+        if let Some(schema) = &request.output_schema {
+            if schema.get("type").and_then(Value::as_str) != Some("object") {
+                return Err(SubagentError::new(ErrorCode::InvalidRequest, "outputSchema must be an object-rooted JSON Schema (\"type\": \"object\")"));
+            }
+        }
+        let descriptor = Descriptor::OneShot { provider: provider_name.to_string(), label: request.label.clone() };
+        let run = provider.start(ResolvedStart { request, descriptor, child_depth }).await?;
+        Ok(self.observe_run(provider_name, run))
+    }
+
+    /// Emits `subagent/start` now and `subagent/end` when the result settles.
+    fn observe_run(self: &Arc<Self>, provider: &str, run: SubagentRun) -> SubagentRun {
+        let run_id = uuid::Uuid::new_v4().to_string();
+        self.emit(&Lifecycle::Start { run_id: run_id.clone(), provider: provider.into(), id: run.id.clone(), local: run.local });
+        let (tx, rx) = oneshot::channel();
+        let service = self.clone();
+        let (provider, id, local, cwd) = (provider.to_string(), run.id.clone(), run.local, run.cwd.clone());
+        let inner = run.result;
+        tokio::spawn(async move {
+            let result = inner.await.unwrap_or_else(|_| Err(SubagentError::new(ErrorCode::Infrastructure, "subagent run ended without a result")));
+            let stop_reason = result.as_ref().ok().map(|r| r.stop_reason);
+            service.emit(&Lifecycle::End { run_id, provider, id, local, cwd, stop_reason });
+            let _ = tx.send(result);
+        });
+        SubagentRun { result: rx, ..run }
+    }
+}
+
+fn check_capabilities(provider: &dyn SubagentProvider, request: &StartRequest) -> Result<(), SubagentError> {
+    let caps = provider.capabilities();
+    let needed = [
+        ("outputSchema", request.output_schema.is_some(), caps.output_schema),
+        ("depthLimit", request.max_depth.is_some(), caps.depth_limit),
+        ("toolFilter", request.tool_filter.is_some(), caps.tool_filter),
+        ("persona", request.persona.is_some(), caps.persona),
+    ];
+    match needed.iter().find(|(_, wanted, supported)| *wanted && !*supported) {
+        Some((cap, _, _)) => Err(SubagentError::new(
+            ErrorCode::UnsupportedCapability,
+            format!("subagent provider \"{}\" does not support the \"{cap}\" capability", provider.name()),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Largest integer a JSON number holds exactly (dsh's "safe integer").
+const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// The child's depth, or the depth error when it would exceed `max_depth`.
+pub fn child_depth(parent_depth: u64, max_depth: Option<u64>) -> Result<u64, SubagentError> {
+    if max_depth.is_some_and(|m| m > MAX_SAFE_INTEGER) {
+        return Err(SubagentError::new(ErrorCode::InvalidRequest, "subagent maxDepth must be a non-negative safe integer"));
+    }
+    let depth = parent_depth.checked_add(1).filter(|d| *d <= MAX_SAFE_INTEGER).ok_or_else(|| {
+        SubagentError::new(ErrorCode::InvalidRequest, format!("subagent depth overflows after {parent_depth}"))
+    })?;
+    match max_depth {
+        Some(max) if depth > max => Err(SubagentError::new(ErrorCode::Depth, format!("subagent depth {depth} exceeds maxDepth {max}"))),
+        _ => Ok(depth),
+    }
+}

@@ -1,0 +1,133 @@
+//! The model-facing delegation tools: `subagent` (provider `spawn`) and `subagent_fork`
+//! (provider `fork`). A foreground call waits for the child and returns its final text; a
+//! non-completed stop reason is the exact error text of dsh-design.md §1.8; the run is always
+//! disposed.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::{ErrorCode, StartRequest, StopReason, SubagentError, SubagentService, ToolFilter};
+use crate::model::ModelRoute;
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// Configuration of one delegation tool.
+#[derive(Debug, Clone)]
+pub struct DelegateConfig {
+    pub tool_name: String,
+    pub provider: String,
+    pub max_depth: Option<u64>,
+    pub persona: Option<String>,
+    pub tool_filter: Option<ToolFilter>,
+    pub route: Option<ModelRoute>,
+    pub output_schema: Option<Value>,
+}
+
+/// A delegation tool bound to one provider.
+pub struct DelegateTool {
+    config: DelegateConfig,
+    service: Arc<SubagentService>,
+    inherits_parent_context: bool,
+}
+
+impl DelegateTool {
+    /// Builds the tool; the provider must exist (its context inheritance words the description).
+    pub fn new(config: DelegateConfig, service: Arc<SubagentService>) -> Result<Self, SubagentError> {
+        let provider = service.provider(&config.provider)?;
+        if config.max_depth.is_some() && !provider.capabilities().depth_limit {
+            return Err(SubagentError::new(
+                ErrorCode::UnsupportedCapability,
+                format!("subagent provider \"{}\" does not support the \"depthLimit\" capability", config.provider),
+            ));
+        }
+        Ok(DelegateTool { inherits_parent_context: provider.inherits_parent_context(), config, service })
+    }
+}
+
+/// The model-visible text of a non-completed stop reason.
+pub fn stop_reason_error(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::Aborted => "subagent run was cancelled",
+        StopReason::Error => "subagent run failed",
+        StopReason::MaxTokens => "subagent run hit its token limit before finishing",
+        StopReason::Refusal => "subagent declined the task",
+        StopReason::Completed => "subagent run completed",
+    }
+}
+
+impl Tool for DelegateTool {
+    fn name(&self) -> &str {
+        &self.config.tool_name
+    }
+
+    fn description(&self) -> String {
+        let context = if self.inherits_parent_context {
+            "Delegate a task to a forked child agent seeded with all completed turns so far (it does not see the current in-flight turn), so it already knows the conversation; give it a prompt that says what to do next."
+        } else {
+            "Delegate a task to a fresh child agent with its own context and tools. Give it a complete, standalone prompt: it does not see this conversation."
+        };
+        format!(
+            "{context} The call waits for the child and returns its final answer as text. Use it for self-contained subtasks (research, a focused change, a review) whose result you need; several calls in one step run in parallel."
+        )
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "description": {"type": "string", "description": "A short (3-5 word) description of the delegated task, for display."},
+                "prompt": {"type": "string", "description": "The task for the child agent."},
+            },
+            "required": ["description", "prompt"],
+            "additionalProperties": false,
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    fn needs_history(&self) -> bool {
+        self.inherits_parent_context
+    }
+
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let (config, service) = (self.config.clone(), self.service.clone());
+        async move {
+            let parent = ctx.caller.clone().ok_or_else(|| {
+                ToolError::new("NO_CALLER", "subagent tool requires a calling agent (exec.agent was undefined)")
+            })?;
+            let text = |key: &str| {
+                arguments[key].as_str().map(str::to_string).ok_or_else(|| ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string")))
+            };
+            let (label, prompt) = (text("description")?, text("prompt")?);
+            let request = StartRequest {
+                label: Some(label),
+                prompt: vec![json!({"type": "text", "text": prompt})],
+                parent,
+                cancel: ctx.cancel.clone(),
+                route: config.route.clone(),
+                output_schema: config.output_schema.clone(),
+                max_depth: config.max_depth,
+                tool_filter: config.tool_filter.clone(),
+                persona: config.persona.clone(),
+            };
+            let run = service.start(&config.provider, request).await?;
+            let result = run.result.await;
+            (run.dispose)().await;
+            let result = result
+                .map_err(|_| ToolError::new(ErrorCode::Infrastructure.code(), "subagent run ended without a result"))?
+                .map_err(ToolError::from)?;
+            match result.stop_reason {
+                StopReason::Completed => match result.structured {
+                    Some(structured) => Ok(ToolOutput::text(structured.to_string())),
+                    None => Ok(ToolOutput::text(result.output)),
+                },
+                other => Err(ToolError { name: "SubagentRunError".into(), code: other.as_str().to_uppercase().replace('-', "_"), message: stop_reason_error(other).into() }),
+            }
+        }
+        .boxed()
+    }
+}
