@@ -54,7 +54,14 @@ pub struct SubagentSettings {
 
 impl Default for SubagentSettings {
     fn default() -> Self {
-        SubagentSettings { max_depth: 3, persona: None, model: None, allow_tools: None, deny_tools: None, output_schema: None }
+        SubagentSettings {
+            max_depth: 3,
+            persona: None,
+            model: None,
+            allow_tools: None,
+            deny_tools: None,
+            output_schema: None,
+        }
     }
 }
 
@@ -175,7 +182,10 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
     let defaults = SubagentSettings::default();
     let model = section
         .model
-        .map(|m| ModelRoute::parse(&m).map_err(|e| anyhow::anyhow!("{origin}: key `subagents.model`: {e}")))
+        .map(|m| {
+            ModelRoute::parse(&m)
+                .map_err(|e| anyhow::anyhow!("{origin}: key `subagents.model`: {e}"))
+        })
         .transpose()?;
     let output_schema = match section.output_schema {
         None => None,
@@ -184,7 +194,9 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
                 anyhow::anyhow!("{origin}: key `subagents.output_schema` must be a JSON Schema object in a string: {e}")
             })?;
             if schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
-                anyhow::bail!("{origin}: key `subagents.output_schema` must be object-rooted (\"type\": \"object\")");
+                anyhow::bail!(
+                    "{origin}: key `subagents.output_schema` must be object-rooted (\"type\": \"object\")"
+                );
             }
             Some(schema)
         }

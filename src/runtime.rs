@@ -79,8 +79,10 @@ pub const SETTLED_MARKER: &str = ".dsh-snapshot-subagent-settled";
 
 fn delegate_config(config: &Config, tool_name: &str, provider: &str) -> DelegateConfig {
     let s = &config.subagents;
-    let tool_filter = (s.allow_tools.is_some() || s.deny_tools.is_some())
-        .then(|| ToolFilter { allow: s.allow_tools.clone(), deny: s.deny_tools.clone() });
+    let tool_filter = (s.allow_tools.is_some() || s.deny_tools.is_some()).then(|| ToolFilter {
+        allow: s.allow_tools.clone(),
+        deny: s.deny_tools.clone(),
+    });
     DelegateConfig {
         tool_name: tool_name.into(),
         provider: provider.into(),
@@ -99,10 +101,22 @@ impl ChildFactory for Runtime {
 
     fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
         let infra = |e: String| SubagentError::new(ErrorCode::Infrastructure, e);
-        let ChildSpec { header, seed, route, persona, tool_filter, extra_tools } = spec;
+        let ChildSpec {
+            header,
+            seed,
+            route,
+            persona,
+            tool_filter,
+            extra_tools,
+        } = spec;
         let depth = header.delegation_depth;
-        let mut session = self.store.create_seeded(header, seed).map_err(|e| infra(e.to_string()))?;
-        session.flush().map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
+        let mut session = self
+            .store
+            .create_seeded(header, seed)
+            .map_err(|e| infra(e.to_string()))?;
+        session
+            .flush()
+            .map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
@@ -141,8 +155,10 @@ impl Runtime {
         let subagents = Arc::new(SubagentService::new());
         let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
             let factory: std::sync::Weak<dyn ChildFactory> = weak.clone();
-            let providers: [Arc<dyn crate::subagent::SubagentProvider>; 2] =
-                [Arc::new(InProcessProvider::spawn(factory.clone())), Arc::new(InProcessProvider::fork(factory))];
+            let providers: [Arc<dyn crate::subagent::SubagentProvider>; 2] = [
+                Arc::new(InProcessProvider::spawn(factory.clone())),
+                Arc::new(InProcessProvider::fork(factory)),
+            ];
             let mut tools = tools;
             let mut problems = Vec::new();
             for (provider, tool_name) in providers.into_iter().zip(["subagent", "subagent_fork"]) {
@@ -150,7 +166,10 @@ impl Runtime {
                 if let Err(e) = subagents.register_provider(provider) {
                     problems.push(e.to_string());
                 }
-                match DelegateTool::new(delegate_config(&config, tool_name, &provider_name), subagents.clone()) {
+                match DelegateTool::new(
+                    delegate_config(&config, tool_name, &provider_name),
+                    subagents.clone(),
+                ) {
                     Ok(tool) => tools.register(Arc::new(tool)),
                     Err(e) => problems.push(e.to_string()),
                 }
@@ -159,7 +178,14 @@ impl Runtime {
                 tracing::error!("subagent setup: {problem}");
             }
             let store = SessionStore::new(config.sessions_dir.clone());
-            Runtime { config, store, model, tools, subagents: subagents.clone(), live: Mutex::new(HashMap::new()) }
+            Runtime {
+                config,
+                store,
+                model,
+                tools,
+                subagents: subagents.clone(),
+                live: Mutex::new(HashMap::new()),
+            }
         });
         if runtime.config.replay.is_some() {
             // dsh's settlement marker: scenarios fence on it to know a child has ended.

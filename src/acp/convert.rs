@@ -1,7 +1,8 @@
 //! Conversions between ACP types and kin's session events and messages.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, SessionUpdate, StopReason, TextContent,
+    ContentBlock, ContentChunk, SessionUpdate, StopReason, TextContent, ToolCall, ToolCallContent,
+    ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use serde_json::{Value, json};
 
@@ -35,6 +36,9 @@ fn text_chunk(text: &str) -> ContentChunk {
 
 /// The live update an appended event produces, if any: streamed text and reasoning deltas.
 pub fn live_update(event: &Event) -> Option<SessionUpdate> {
+    if event.kind == "tool/call" || event.kind == "tool/result" {
+        return tool_update(event);
+    }
     if event.kind != "assistant/chunk" {
         return None;
     }
@@ -66,7 +70,80 @@ pub fn replay_updates(event: &Event) -> Vec<SessionUpdate> {
                 }
             })
             .collect(),
+        "tool/call" | "tool/result" => tool_update(event).into_iter().collect(),
         _ => Vec::new(),
+    }
+}
+
+/// `tool/call` → a `tool_call` (in progress, with title, kind, locations and raw input);
+/// `tool/result` → a `tool_call_update` (completed or failed, with the result text).
+fn tool_update(event: &Event) -> Option<SessionUpdate> {
+    let data = &event.data;
+    if event.kind == "tool/call" {
+        let id = data["callId"].as_str()?;
+        let name = data["name"].as_str().unwrap_or("tool");
+        let raw = data["arguments"].as_str().unwrap_or("");
+        let args: Value = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
+        let mut call = ToolCall::new(id.to_string(), tool_title(name, &args))
+            .kind(tool_kind(name))
+            .status(ToolCallStatus::InProgress)
+            .raw_input(args.clone());
+        if let Some(path) = args["file_path"].as_str().or(args["path"].as_str()) {
+            let mut location = ToolCallLocation::new(path);
+            if let Some(line) = args["offset"].as_u64() {
+                location = location.line(u32::try_from(line).ok());
+            }
+            call = call.locations(vec![location]);
+        }
+        return Some(SessionUpdate::ToolCall(call));
+    }
+    let block = &data["message"]["content"][0];
+    let id = block["toolCallId"].as_str()?;
+    let text: String = blocks(&block["content"])
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    let status = if block["isError"] == true {
+        ToolCallStatus::Failed
+    } else {
+        ToolCallStatus::Completed
+    };
+    let fields = ToolCallUpdateFields::new()
+        .status(status)
+        .content(vec![ToolCallContent::from(ContentBlock::Text(
+            TextContent::new(text),
+        ))]);
+    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+        id.to_string(),
+        fields,
+    )))
+}
+
+/// What the editor shows as the call's title.
+fn tool_title(name: &str, args: &Value) -> String {
+    let arg = |k: &str| args[k].as_str().unwrap_or_default().to_string();
+    match name {
+        "subagent" | "subagent_fork" => arg("description"),
+        "read" => format!("Read {}", arg("file_path")),
+        "write" => format!("Write {}", arg("file_path")),
+        "edit" => format!("Edit {}", arg("file_path")),
+        "bash" => match args["description"].as_str() {
+            Some(d) if !d.is_empty() => d.to_string(),
+            _ => arg("command"),
+        },
+        "glob" | "grep" => format!("{name} {}", arg("pattern")),
+        "todo_write" => "Update plan".into(),
+        other => other.to_string(),
+    }
+}
+
+fn tool_kind(name: &str) -> ToolKind {
+    match name {
+        "read" => ToolKind::Read,
+        "write" | "edit" => ToolKind::Edit,
+        "bash" => ToolKind::Execute,
+        "glob" | "grep" => ToolKind::Search,
+        "todo_write" => ToolKind::Think,
+        _ => ToolKind::Other,
     }
 }
 

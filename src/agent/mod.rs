@@ -131,7 +131,12 @@ impl AgentHandle {
         preamble: Vec<(String, Value)>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Followup(Queued { content, source, preamble, reply: Some(reply) }))?;
+        self.send(Command::Followup(Queued {
+            content,
+            source,
+            preamble,
+            reply: Some(reply),
+        }))?;
         Ok(rx)
     }
 
@@ -275,12 +280,28 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
-        let Queued { content, source, preamble, reply } = item;
+        let Queued {
+            content,
+            source,
+            preamble,
+            reply,
+        } = item;
         let mut flushes = Vec::new();
         let mut readers = Vec::new();
         let mut end = {
-            let input = turn::TurnInput { content, source, preamble };
-            let run = turn::run_turn(&mut self.session, &self.deps, input, cancel.clone(), &self.staged, &self.shared.disposing);
+            let input = turn::TurnInput {
+                content,
+                source,
+                preamble,
+            };
+            let run = turn::run_turn(
+                &mut self.session,
+                &self.deps,
+                input,
+                cancel.clone(),
+                &self.staged,
+                &self.shared.disposing,
+            );
             tokio::pin!(run);
             loop {
                 tokio::select! {

@@ -19,7 +19,10 @@ use crate::tools::{Caller, ToolContext, ToolError, ToolOutput};
 /// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
 /// it never ends inside an open turn or on a dangling tool call.
 pub fn completed_prefix(events: &[crate::session::Event]) -> &[crate::session::Event] {
-    let end = events.iter().rposition(|e| e.kind == "turn/end").map_or(0, |i| i + 1);
+    let end = events
+        .iter()
+        .rposition(|e| e.kind == "turn/end")
+        .map_or(0, |i| i + 1);
     &events[..end]
 }
 
@@ -49,7 +52,11 @@ pub(super) async fn run_turn(
     disposing: &AtomicBool,
 ) -> TurnEnd {
     let cancelled = || cancelled_end(disposing);
-    let TurnInput { content, source, preamble } = input;
+    let TurnInput {
+        content,
+        source,
+        preamble,
+    } = input;
     let turn = session.next_turn();
     session.append(
         "turn/start",
@@ -268,7 +275,9 @@ async fn run_tools(
         }
         // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
         session.write_eager();
-        let needs_history = batch.iter().any(|(_, name, _)| deps.tools.get(name).is_some_and(|t| t.needs_history()));
+        let needs_history = batch
+            .iter()
+            .any(|(_, name, _)| deps.tools.get(name).is_some_and(|t| t.needs_history()));
         let caller = Arc::new(Caller {
             header: session.header.clone(),
             depth: session.header.delegation_depth.max(deps.depth),

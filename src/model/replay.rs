@@ -22,6 +22,9 @@ use crate::session::scan::scan_file;
 #[derive(Debug)]
 struct Script {
     name: String,
+    /// The first user prompt of the recorded session (after any lineage seed).
+    prompt: Option<String>,
+    bound: bool,
     /// Each call with the recorded (turn, step) it served, when known.
     entries: VecDeque<(Option<(u64, u64)>, ReplayEntry)>,
     recorded: usize,
@@ -31,8 +34,33 @@ struct Script {
 struct State {
     scripts: Vec<Script>,
     bindings: HashMap<String, usize>,
-    next_unbound: usize,
+    /// Session ids to mint, in recorded header order.
     ids: VecDeque<String>,
+    /// How many ids were minted (deterministic ids continue from here).
+    minted: u64,
+}
+
+/// A deterministic id for the `n`th session of a replay whose recorded header has no UUID.
+fn sequential_id(n: u64) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+/// The text of the last user-sourced user message: the prompt a session's call serves.
+fn prompt_of(messages: &[Value]) -> Option<String> {
+    messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user" && m["source"]["kind"] == "user")
+        .map(message_text)
+}
+
+fn message_text(message: &Value) -> String {
+    message["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["text"].as_str())
+        .collect()
 }
 
 /// Serves recorded model calls.
@@ -67,10 +95,24 @@ impl ReplayModel {
         children.sort_by(|a, b| (a.1.header.created_at, &a.0).cmp(&(b.1.header.created_at, &b.0)));
         logs.extend(children);
         let mut state = State::default();
-        for (path, scanned) in logs {
-            if validate_session_id(&scanned.header.id).is_ok() && is_uuid(&scanned.header.id) {
-                state.ids.push_back(scanned.header.id.clone());
-            }
+        for (n, (path, scanned)) in logs.into_iter().enumerate() {
+            let id = &scanned.header.id;
+            let usable = validate_session_id(id).is_ok() && is_uuid(id);
+            state.ids.push_back(if usable {
+                id.clone()
+            } else {
+                sequential_id(n as u64 + 1)
+            });
+            let seed_length = scanned.header.seed_length.unwrap_or(0);
+            let prompt = scanned
+                .events
+                .iter()
+                .find(|e| {
+                    e.seq >= seed_length
+                        && e.kind == "user/message"
+                        && e.data["source"]["kind"] == "user"
+                })
+                .map(|e| message_text(&e.data));
             let entries = derive_entries(
                 scanned
                     .events
@@ -85,6 +127,8 @@ impl ReplayModel {
                 .to_string();
             state.scripts.push(Script {
                 name,
+                prompt,
+                bound: false,
                 recorded: entries.len(),
                 entries,
             });
@@ -172,13 +216,21 @@ impl Model for ReplayModel {
             };
             let index = match state.bindings.get(&request.session_id) {
                 Some(&i) => Some(i),
-                None if state.next_unbound < state.scripts.len() => {
-                    let i = state.next_unbound;
-                    state.next_unbound += 1;
-                    state.bindings.insert(request.session_id.clone(), i);
-                    Some(i)
+                None => {
+                    // Bind to the unbound script recorded with the same prompt, else to the
+                    // first unbound one (dsh's first-call order).
+                    let prompt = prompt_of(&request.messages);
+                    let unbound = || state.scripts.iter().enumerate().filter(|(_, s)| !s.bound);
+                    let chosen = unbound()
+                        .find(|(_, s)| s.prompt.is_some() && s.prompt == prompt)
+                        .or_else(|| unbound().next())
+                        .map(|(i, _)| i);
+                    if let Some(i) = chosen {
+                        state.scripts[i].bound = true;
+                        state.bindings.insert(request.session_id.clone(), i);
+                    }
+                    chosen
                 }
-                None => None,
             };
             match index {
                 None => exhausted(&format!(
@@ -235,7 +287,15 @@ impl Model for ReplayModel {
     }
 
     fn next_session_id(&self) -> Option<String> {
-        self.state.lock().ok().and_then(|mut s| s.ids.pop_front())
+        let mut state = self.state.lock().ok()?;
+        state.minted += 1;
+        let minted = state.minted;
+        Some(
+            state
+                .ids
+                .pop_front()
+                .unwrap_or_else(|| sequential_id(minted)),
+        )
     }
 }
 

@@ -28,6 +28,8 @@ pub struct Launch {
 pub struct Transcript {
     pub frames: Mutex<Vec<Value>>,
     pub changed: Notify,
+    /// Set when kin's stdout closes (it exited or crashed).
+    pub closed: std::sync::atomic::AtomicBool,
 }
 
 impl Transcript {
@@ -84,6 +86,9 @@ impl Client {
         let mut child = command
             .spawn()
             .with_context(|| format!("starting {}", launch.exe.display()))?;
+        transcript
+            .closed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         let stdout = child.stdout.take().context("kin stdout")?;
         let stdin = Arc::new(tokio::sync::Mutex::new(child.stdin.take()));
         let writer = stdin.clone();
@@ -103,6 +108,9 @@ impl Client {
                 }
                 transcript.push(frame);
             }
+            transcript
+                .closed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         });
         Ok(Client {
             child,

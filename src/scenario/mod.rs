@@ -96,7 +96,7 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
     }
     let sessions = tmp.path().join("sessions");
     let config = match dir.join("kin.toml") {
-        overlay if overlay.exists() => overlay,
+        overlay if overlay.exists() => overlay.canonicalize()?,
         _ => {
             let empty = tmp.path().join("empty.toml");
             std::fs::write(&empty, "")?;

@@ -64,10 +64,16 @@ impl SessionStore {
 
     /// A new session whose log starts with `seed` (contiguous from seq 0, written verbatim),
     /// followed by `session/end-seed` when the seed is not empty.
-    pub fn create_seeded(&self, header: SessionHeader, seed: Vec<crate::session::Event>) -> Result<Session, StoreError> {
+    pub fn create_seeded(
+        &self,
+        header: SessionHeader,
+        seed: Vec<crate::session::Event>,
+    ) -> Result<Session, StoreError> {
         validate_session_id(&header.id).map_err(StoreError::InvalidId)?;
         if seed.iter().enumerate().any(|(i, e)| e.seq != i as u64) {
-            return Err(StoreError::Io(anyhow::anyhow!("a session seed must be contiguous from seq 0")));
+            return Err(StoreError::Io(anyhow::anyhow!(
+                "a session seed must be contiguous from seq 0"
+            )));
         }
         if self.locate(&header.id)?.is_some() {
             return Err(StoreError::Io(anyhow::anyhow!(

@@ -11,7 +11,10 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::descriptor::{DESCRIPTOR_EVENT, ToolFilter};
-use super::{Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult, SubagentRun};
+use super::{
+    Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider,
+    SubagentResult, SubagentRun,
+};
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
 use crate::session::{Event, SessionHeader, now_ms};
@@ -46,16 +49,29 @@ pub struct InProcessProvider {
 
 impl InProcessProvider {
     pub fn spawn(factory: Weak<dyn ChildFactory>) -> Self {
-        InProcessProvider { name: "spawn".into(), fork: false, factory }
+        InProcessProvider {
+            name: "spawn".into(),
+            fork: false,
+            factory,
+        }
     }
 
     pub fn fork(factory: Weak<dyn ChildFactory>) -> Self {
-        InProcessProvider { name: "fork".into(), fork: true, factory }
+        InProcessProvider {
+            name: "fork".into(),
+            fork: true,
+            factory,
+        }
     }
 }
 
 /// The header of a child of `parent`.
-pub fn child_header(id: String, parent: &SessionHeader, depth: u64, seed_length: usize) -> SessionHeader {
+pub fn child_header(
+    id: String,
+    parent: &SessionHeader,
+    depth: u64,
+    seed_length: usize,
+) -> SessionHeader {
     let mut header = SessionHeader::new(id, now_ms(), parent.cwd.clone());
     header.parent_session = Some(parent.id.clone());
     header.seed_length = (seed_length > 0).then_some(seed_length as u64);
@@ -77,31 +93,64 @@ impl SubagentProvider for InProcessProvider {
         self.fork
     }
 
-    fn start(&self, resolved: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
+    fn start(
+        &self,
+        resolved: ResolvedStart,
+    ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let factory = self.factory.upgrade();
         let fork = self.fork;
         async move {
-            let factory = factory.ok_or_else(|| SubagentError::new(ErrorCode::Infrastructure, "the runtime is shutting down"))?;
-            let ResolvedStart { request, descriptor, child_depth } = resolved;
-            let seed = if fork { request.parent.history.as_ref().map(|h| h.to_vec()).unwrap_or_default() } else { Vec::new() };
-            let header = child_header(factory.mint_id(), &request.parent.header, child_depth, seed.len());
+            let factory = factory.ok_or_else(|| {
+                SubagentError::new(ErrorCode::Infrastructure, "the runtime is shutting down")
+            })?;
+            let ResolvedStart {
+                request,
+                descriptor,
+                child_depth,
+            } = resolved;
+            let seed = if fork {
+                request
+                    .parent
+                    .history
+                    .as_ref()
+                    .map(|h| h.to_vec())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let header = child_header(
+                factory.mint_id(),
+                &request.parent.header,
+                child_depth,
+                seed.len(),
+            );
             let id = header.id.clone();
             let cwd = header.cwd.clone();
             let capture = Arc::new(Mutex::new(None));
             let mut extra_tools: Vec<Arc<dyn Tool>> = Vec::new();
             if let Some(schema) = &request.output_schema {
-                extra_tools.push(Arc::new(StructuredOutput { schema: schema.clone(), slot: capture.clone() }));
+                extra_tools.push(Arc::new(StructuredOutput {
+                    schema: schema.clone(),
+                    slot: capture.clone(),
+                }));
             }
             let handle = factory.create_child(ChildSpec {
                 header,
                 seed,
-                route: request.route.clone().unwrap_or_else(|| request.parent.route.clone()),
+                route: request
+                    .route
+                    .clone()
+                    .unwrap_or_else(|| request.parent.route.clone()),
                 persona: request.persona.clone(),
                 tool_filter: request.tool_filter.clone(),
                 extra_tools,
             })?;
             let turn = handle
-                .followup_with(request.prompt.clone(), json!({"kind": "user"}), vec![(DESCRIPTOR_EVENT.into(), descriptor.to_value())])
+                .followup_with(
+                    request.prompt.clone(),
+                    json!({"kind": "user"}),
+                    vec![(DESCRIPTOR_EVENT.into(), descriptor.to_value())],
+                )
                 .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
             let (tx, result) = oneshot::channel();
             let runner = handle.clone();
@@ -138,7 +187,12 @@ async fn drive(
             turn.await
         }
     }
-    .map_err(|_| SubagentError::new(ErrorCode::Infrastructure, "the child agent stopped before its turn ended"))?;
+    .map_err(|_| {
+        SubagentError::new(
+            ErrorCode::Infrastructure,
+            "the child agent stopped before its turn ended",
+        )
+    })?;
     let output = child
         .read(|s| last_assistant_text(s.events(), first_live_seq(s.events())))
         .await
@@ -156,12 +210,19 @@ async fn drive(
     if wants_capture && structured.is_none() && stop_reason == StopReason::Completed {
         stop_reason = StopReason::Error;
     }
-    Ok(SubagentResult { output, structured, stop_reason })
+    Ok(SubagentResult {
+        output,
+        structured,
+        stop_reason,
+    })
 }
 
 /// The seq after a lineage seed (`session/end-seed`), or 0.
 fn first_live_seq(events: &[Event]) -> u64 {
-    events.iter().find(|e| e.kind == "session/end-seed").map_or(0, |e| e.seq + 1)
+    events
+        .iter()
+        .find(|e| e.kind == "session/end-seed")
+        .map_or(0, |e| e.seq + 1)
 }
 
 /// The text of the last assistant message at or after `from`.
@@ -202,10 +263,15 @@ impl Tool for StructuredOutput {
         self.schema.clone()
     }
 
-    fn execute(&self, arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(
+        &self,
+        arguments: Value,
+        _ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let (schema, slot) = (self.schema.clone(), self.slot.clone());
         async move {
-            check_shape(&schema, &arguments).map_err(|e| ToolError::new("INVALID_STRUCTURED_OUTPUT", e))?;
+            check_shape(&schema, &arguments)
+                .map_err(|e| ToolError::new("INVALID_STRUCTURED_OUTPUT", e))?;
             if let Ok(mut slot) = slot.lock() {
                 *slot = Some(arguments);
             }
@@ -218,10 +284,19 @@ impl Tool for StructuredOutput {
 /// A small structural check: an object with every `required` key and the declared primitive
 /// types of known properties.
 fn check_shape(schema: &Value, value: &Value) -> Result<(), String> {
-    let object = value.as_object().ok_or("the structured output must be a JSON object")?;
-    for key in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+    let object = value
+        .as_object()
+        .ok_or("the structured output must be a JSON object")?;
+    for key in schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
         if !object.contains_key(key) {
-            return Err(format!("the structured output lacks the required field {key:?}"));
+            return Err(format!(
+                "the structured output lacks the required field {key:?}"
+            ));
         }
     }
     for (key, spec) in schema["properties"].as_object().into_iter().flatten() {

@@ -42,7 +42,13 @@ pub struct ToolContext {
 impl ToolContext {
     /// A context without a calling agent.
     pub fn detached(cwd: Option<PathBuf>, cancel: CancellationToken) -> Self {
-        ToolContext { session_id: String::new(), cwd, call_id: String::new(), cancel, caller: None }
+        ToolContext {
+            session_id: String::new(),
+            cwd,
+            call_id: String::new(),
+            cancel,
+            caller: None,
+        }
     }
 }
 
@@ -131,7 +137,12 @@ impl ToolRegistry {
 
     /// A copy holding only the tools `keep` accepts.
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> ToolRegistry {
-        let tools = self.tools.iter().filter(|(name, _)| keep(name)).map(|(n, t)| (n.clone(), t.clone())).collect();
+        let tools = self
+            .tools
+            .iter()
+            .filter(|(name, _)| keep(name))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
         ToolRegistry { tools }
     }
 
@@ -174,10 +185,11 @@ impl ToolRegistry {
         tokio::select! {
             result = &mut run => result,
             () = cancel.cancelled() => {
-                // Let the tool wind down (it sees the same token), then give up on it.
+                // Let the tool wind down (it sees the same token) and report what really
+                // happened; a tool that does not finish within the grace is abandoned.
                 match tokio::time::timeout(CANCEL_GRACE, &mut run).await {
-                    Ok(Err(e)) if e.code != "ABORTED" => Err(e),
-                    _ => Err(ToolError { name: "AbortError".into(), code: "ABORTED".into(), message: "tool call aborted".into() }),
+                    Ok(result) => result,
+                    Err(_) => Err(ToolError { name: "AbortError".into(), code: "ABORTED".into(), message: "tool call aborted".into() }),
                 }
             }
         }

@@ -1,0 +1,674 @@
+//! `bash`: runs one command in a fresh `bash -c` (`sh -c` when bash is missing) as the leader of
+//! its own process group, so a timeout, a cancellation or the end of the call kills everything
+//! it started. The result is stdout followed by stderr, capped to its head and tail, with an
+//! `[exit code: N]` line for non-zero exits.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::builtin::{aborted, call_cwd, invalid_args, optional_str, optional_u64, required_str};
+use super::paths;
+use super::{Tool, ToolContext, ToolError, ToolOutput};
+
+const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Output longer than this keeps only its first `HEAD_BYTES` and last `TAIL_BYTES`.
+const MAX_OUTPUT_BYTES: usize = HEAD_BYTES + TAIL_BYTES;
+const HEAD_BYTES: usize = 15_000;
+const TAIL_BYTES: usize = 15_000;
+/// How long the output pipes may stay open after the shell exited (background jobs holding
+/// them) before the group is killed, and again after a kill before reading is abandoned.
+const PIPE_GRACE: Duration = Duration::from_millis(500);
+
+/// `bash`: one shell command per call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BashTool;
+
+struct BashRequest {
+    command: String,
+    timeout_ms: u64,
+    workdir: Option<String>,
+}
+
+impl BashRequest {
+    fn parse(args: &Value) -> Result<Self, ToolError> {
+        let command = required_str(args, "command", "bash")?;
+        if command.trim().is_empty() {
+            return Err(invalid_args(
+                "bash",
+                "`command` is empty; pass the shell command to run",
+            ));
+        }
+        let timeout_ms = optional_u64(args, "timeoutMs", "bash")?
+            .filter(|ms| *ms > 0)
+            .unwrap_or(DEFAULT_TIMEOUT_MS)
+            .min(MAX_TIMEOUT_MS);
+        Ok(BashRequest {
+            command,
+            timeout_ms,
+            workdir: optional_str(args, "workdir", "bash")?,
+        })
+    }
+}
+
+impl Tool for BashTool {
+    fn name(&self) -> &str {
+        "bash"
+    }
+
+    fn description(&self) -> String {
+        "Execute a bash command (`bash -c`) and return its output: stdout, then stderr. Each call \
+         runs in a fresh shell: no state (cwd, variables, functions) persists between calls, so \
+         pass `workdir` instead of using `cd`. Non-zero exits are reported as a final \
+         `[exit code: N]` line; check it. The command is killed after `timeoutMs` (default \
+         120000, max 600000) together with every process it started, and processes left \
+         running in the background are stopped when the command finishes. stdin is not \
+         connected, so use non-interactive flags (e.g. `-y`, `--no-pager`). Output longer than \
+         30000 bytes keeps only its first and last 15000 bytes. Prefer the read, write, edit, \
+         glob and grep tools over cat, sed, find and grep for working with files."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "command": {
+                    "type": "string",
+                    "description": "The bash command to execute."
+                },
+                "description": {
+                    "type": "string",
+                    "description": "Clear, concise description of what this command does in active voice, 5-10 words (shown in the UI). Examples: \"ls\" → \"List files in current directory\"; \"git status\" → \"Show working tree status\"; \"npm install\" → \"Install package dependencies\"."
+                },
+                "timeoutMs": {
+                    "type": "number",
+                    "description": "Timeout in milliseconds (default 120000, max 600000). The command and everything it started are killed on expiry."
+                },
+                "workdir": {
+                    "type": "string",
+                    "description": "Working directory for this command. Defaults to the session workspace; a relative path is resolved against it."
+                }
+            },
+            "required": ["command", "description"]
+        })
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let request = BashRequest::parse(&arguments)?;
+            let dir = working_dir(&call_cwd(&ctx), request.workdir.as_deref()).await?;
+            let text = run_command(&request, &dir, &ctx.cancel).await?;
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+/// The directory to run in: `workdir` resolved against the session directory, or the session
+/// directory itself; it must exist. Empty means "inherit the process directory".
+async fn working_dir(cwd: &Path, workdir: Option<&str>) -> Result<PathBuf, ToolError> {
+    let dir = match workdir {
+        Some(raw) => paths::resolve(cwd, raw),
+        None => cwd.to_path_buf(),
+    };
+    if dir.as_os_str().is_empty() {
+        return Ok(dir);
+    }
+    match tokio::fs::metadata(&dir).await {
+        Ok(meta) if meta.is_dir() => Ok(dir),
+        Ok(_) => Err(ToolError::new(
+            "INVALID_WORKDIR",
+            format!(
+                "workdir {} is not a directory; pass an existing directory",
+                dir.display()
+            ),
+        )),
+        Err(e) => Err(ToolError::new(
+            "INVALID_WORKDIR",
+            format!(
+                "workdir {} cannot be used ({e}); pass an existing directory (relative paths \
+                 resolve against the session workspace)",
+                dir.display()
+            ),
+        )),
+    }
+}
+
+/// How the wait for the shell ended.
+enum Ending {
+    Exited(io::Result<ExitStatus>),
+    TimedOut,
+    Aborted,
+}
+
+async fn run_command(
+    request: &BashRequest,
+    dir: &Path,
+    cancel: &CancellationToken,
+) -> Result<String, ToolError> {
+    let mut child = spawn_shell(&request.command, dir)?;
+    let group = ProcessGroup::of(&child);
+    let stdout = Arc::new(Mutex::new(Capture::default()));
+    let stderr = Arc::new(Mutex::new(Capture::default()));
+    let mut readers = [
+        spawn_reader(child.stdout.take(), Arc::clone(&stdout)),
+        spawn_reader(child.stderr.take(), Arc::clone(&stderr)),
+    ];
+    let ending = tokio::select! {
+        status = child.wait() => Ending::Exited(status),
+        () = tokio::time::sleep(Duration::from_millis(request.timeout_ms)) => Ending::TimedOut,
+        () = cancel.cancelled() => Ending::Aborted,
+    };
+    match ending {
+        Ending::Aborted => {
+            group.kill();
+            readers.iter().for_each(JoinHandle::abort);
+            Err(aborted())
+        }
+        Ending::TimedOut => {
+            group.kill();
+            drain(&mut readers, &group).await;
+            let output = render_output(&[&snapshot(&stdout), &snapshot(&stderr)]);
+            Err(timed_out(request.timeout_ms, &output))
+        }
+        Ending::Exited(status) => {
+            let status = status.map_err(|e| {
+                ToolError::new("IO_ERROR", format!("waiting for the command failed: {e}"))
+            })?;
+            drain(&mut readers, &group).await;
+            let output = render_output(&[&snapshot(&stdout), &snapshot(&stderr)]);
+            Ok(with_exit_code(output, exit_code(status)))
+        }
+    }
+}
+
+/// Starts `bash -c command` (or `sh -c` when there is no bash) in a new process group.
+fn spawn_shell(command: &str, dir: &Path) -> Result<Child, ToolError> {
+    match shell_command("bash", command, dir).spawn() {
+        Ok(child) => Ok(child),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => shell_command("sh", command, dir)
+            .spawn()
+            .map_err(|e| spawn_error("sh", &e)),
+        Err(e) => Err(spawn_error("bash", &e)),
+    }
+}
+
+fn shell_command(program: &str, command: &str, dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if !dir.as_os_str().is_empty() {
+        cmd.current_dir(dir);
+    }
+    cmd
+}
+
+fn spawn_error(program: &str, error: &io::Error) -> ToolError {
+    ToolError::new("SPAWN_FAILED", format!("cannot start {program}: {error}"))
+}
+
+fn timed_out(timeout_ms: u64, output: &str) -> ToolError {
+    let mut message = format!(
+        "command timed out after {timeout_ms} ms and was killed (raise timeoutMs, up to \
+         {MAX_TIMEOUT_MS}, if it needs longer)"
+    );
+    if !output.is_empty() {
+        message.push_str("\nOutput before the timeout:\n");
+        message.push_str(output);
+    }
+    ToolError::new("TIMEOUT", message)
+}
+
+/// The shell's exit code; a signal death counts as 128 + signal, as in shells.
+fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// The result text: the output as is for exit 0 (`(no output)` when empty), otherwise followed
+/// by an `[exit code: N]` line.
+fn with_exit_code(output: String, code: i32) -> String {
+    match (code, output.is_empty()) {
+        (0, true) => "(no output)".to_string(),
+        (0, false) => output,
+        (_, true) => format!("[exit code: {code}]"),
+        (_, false) => format!("{output}\n[exit code: {code}]"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// process group
+
+/// The process group led by the shell. Killing it reaches every process the command started
+/// (unless one moved itself to another group); dropping it kills it too, so a call that ends in
+/// any way (including its future being dropped on cancellation) leaves nothing running.
+struct ProcessGroup {
+    pgid: Option<libc::pid_t>,
+}
+
+impl ProcessGroup {
+    fn of(child: &Child) -> Self {
+        let pgid = child
+            .id()
+            .and_then(|id| libc::pid_t::try_from(id).ok())
+            .filter(|pid| *pid > 1);
+        ProcessGroup { pgid }
+    }
+
+    fn kill(&self) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: kill(2) only takes integers; a negative pid addresses the process group
+            // the shell leads (it was spawned with `process_group(0)`).
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// output capture
+
+/// One stream's output, bounded: its first `HEAD_BYTES`, its last `TAIL_BYTES`, and its length.
+#[derive(Debug, Clone, Default)]
+struct Capture {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    total: usize,
+}
+
+impl Capture {
+    fn push(&mut self, data: &[u8]) {
+        self.total += data.len();
+        let room = HEAD_BYTES.saturating_sub(self.head.len());
+        let (into_head, rest) = data.split_at(room.min(data.len()));
+        self.head.extend_from_slice(into_head);
+        self.tail.extend(rest.iter().copied());
+        let excess = self.tail.len().saturating_sub(TAIL_BYTES);
+        self.tail.drain(..excess);
+    }
+
+    /// Bytes dropped between head and tail.
+    fn omitted(&self) -> usize {
+        self.total - self.head.len() - self.tail.len()
+    }
+}
+
+fn lock(capture: &Mutex<Capture>) -> MutexGuard<'_, Capture> {
+    capture.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn snapshot(capture: &Mutex<Capture>) -> Capture {
+    lock(capture).clone()
+}
+
+/// Copies a pipe into `capture` until end of file.
+fn spawn_reader<R>(pipe: Option<R>, capture: Arc<Mutex<Capture>>) -> JoinHandle<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let Some(mut pipe) = pipe else {
+            return;
+        };
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let n = match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            lock(&capture).push(&buf[..n]);
+        }
+    })
+}
+
+/// Waits for the readers to reach end of file. Pipes still open after the grace period are
+/// held by background processes: the group is killed; pipes held even then (by a process that
+/// left the group) are abandoned.
+async fn drain(readers: &mut [JoinHandle<()>], group: &ProcessGroup) {
+    if wait_readers(readers, PIPE_GRACE).await {
+        return;
+    }
+    group.kill();
+    if !wait_readers(readers, PIPE_GRACE).await {
+        readers.iter().for_each(JoinHandle::abort);
+    }
+}
+
+/// True when every reader finished within `limit`.
+async fn wait_readers(readers: &mut [JoinHandle<()>], limit: Duration) -> bool {
+    let all = async {
+        for reader in readers.iter_mut() {
+            if !reader.is_finished() {
+                let _ = reader.await;
+            }
+        }
+    };
+    tokio::time::timeout(limit, all).await.is_ok()
+}
+
+/// stdout then stderr as text; over `MAX_OUTPUT_BYTES`, only the first `HEAD_BYTES` and the
+/// last `TAIL_BYTES` (on character boundaries) with a note of how much was left out.
+fn render_output(parts: &[&Capture]) -> String {
+    let total: usize = parts.iter().map(|part| part.total).sum();
+    if total <= MAX_OUTPUT_BYTES {
+        let mut all = Vec::with_capacity(total);
+        for part in parts {
+            all.extend_from_slice(&part.head);
+            all.extend(part.tail.iter());
+        }
+        return String::from_utf8_lossy(&all).into_owned();
+    }
+    let head = leading_bytes(parts, HEAD_BYTES);
+    let tail = trailing_bytes(parts, TAIL_BYTES);
+    let head = &head[..utf8_prefix_len(&head)];
+    let tail = &tail[utf8_start(&tail)..];
+    let omitted = total - head.len() - tail.len();
+    format!(
+        "{}\n[... {omitted} bytes omitted ...]\n{}",
+        String::from_utf8_lossy(head),
+        String::from_utf8_lossy(tail)
+    )
+}
+
+/// The first `limit` bytes of the streams concatenated. Each stream keeps its first
+/// `HEAD_BYTES >= limit`, so they are always known.
+fn leading_bytes(parts: &[&Capture], limit: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(limit);
+    for part in parts {
+        out.extend_from_slice(&part.head);
+        if part.omitted() > 0 || out.len() >= limit {
+            break;
+        }
+        out.extend(part.tail.iter());
+        if out.len() >= limit {
+            break;
+        }
+    }
+    out.truncate(limit);
+    out
+}
+
+/// The last `limit` bytes of the streams concatenated (each keeps its last `TAIL_BYTES >= limit`).
+fn trailing_bytes(parts: &[&Capture], limit: usize) -> Vec<u8> {
+    let mut pieces: Vec<Vec<u8>> = Vec::new();
+    let mut len = 0;
+    for part in parts.iter().rev() {
+        let gap = part.omitted() > 0;
+        let mut piece = if gap { Vec::new() } else { part.head.clone() };
+        piece.extend(part.tail.iter());
+        len += piece.len();
+        pieces.push(piece);
+        if gap || len >= limit {
+            break;
+        }
+    }
+    let mut out: Vec<u8> = pieces.into_iter().rev().flatten().collect();
+    let excess = out.len().saturating_sub(limit);
+    out.drain(..excess);
+    out
+}
+
+/// Length of `bytes` without a character cut off at the end.
+fn utf8_prefix_len(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        _ => bytes.len(),
+    }
+}
+
+/// Offset of the first character start in `bytes` (skipping the rest of a cut character).
+fn utf8_start(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .take(3)
+        .take_while(|byte| (**byte & 0xC0) == 0x80)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn ctx(cwd: &Path, cancel: CancellationToken) -> ToolContext {
+        ToolContext::detached(Some(cwd.to_path_buf()), cancel)
+    }
+
+    async fn bash(cwd: &Path, args: Value) -> Result<String, ToolError> {
+        let output = BashTool
+            .execute(args, ctx(cwd, CancellationToken::new()))
+            .await?;
+        Ok(output.content[0]["text"].as_str().unwrap().to_string())
+    }
+
+    /// A `sleep` duration unique to this test run, so its processes can be found in /proc.
+    fn marker_seconds(test: u32) -> String {
+        format!("30.{}{test}", std::process::id())
+    }
+
+    /// Live (non-zombie) processes whose command line contains `sleep <seconds>`.
+    fn sleepers(seconds: &str) -> usize {
+        let wanted = format!("sleep\0{seconds}");
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+            .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(&wanted))
+            .count()
+    }
+
+    /// Waits up to 3 s for the marked sleepers to be gone.
+    async fn sleepers_gone(seconds: &str) -> bool {
+        for _ in 0..60 {
+            if sleepers(seconds) == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn echo_output_is_returned_verbatim() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = bash(
+            dir.path(),
+            json!({"command": "echo SNAPSHOT_OK", "description": "Run echo SNAPSHOT_OK"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, "SNAPSHOT_OK\n");
+    }
+
+    #[tokio::test]
+    async fn stderr_follows_stdout_and_exit_codes_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = bash(
+            dir.path(),
+            json!({"command": "echo err >&2; echo out; exit 3"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, "out\nerr\n\n[exit code: 3]");
+        let out = bash(dir.path(), json!({"command": "exit 1"}))
+            .await
+            .unwrap();
+        assert_eq!(out, "[exit code: 1]");
+        let out = bash(dir.path(), json!({"command": "true"})).await.unwrap();
+        assert_eq!(out, "(no output)");
+    }
+
+    #[tokio::test]
+    async fn runs_in_the_workdir() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let out = bash(dir.path(), json!({"command": "pwd", "workdir": "sub"}))
+            .await
+            .unwrap();
+        assert!(out.trim_end().ends_with("/sub"), "{out}");
+        let err = bash(dir.path(), json!({"command": "pwd", "workdir": "missing"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "INVALID_WORKDIR");
+        assert!(err.message.contains("missing"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let seconds = marker_seconds(1);
+        let command = format!("echo started; sleep {seconds} & sleep {seconds}; wait");
+        let started = Instant::now();
+        let err = bash(dir.path(), json!({"command": command, "timeoutMs": 300}))
+            .await
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(err.code, "TIMEOUT");
+        assert!(
+            err.message.starts_with("command timed out after 300 ms"),
+            "{}",
+            err.message
+        );
+        assert!(err.message.contains("started"), "{}", err.message);
+        assert!(
+            sleepers_gone(&seconds).await,
+            "a sleep survived the timeout"
+        );
+    }
+
+    #[tokio::test]
+    async fn cancellation_kills_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let seconds = marker_seconds(2);
+        let cancel = CancellationToken::new();
+        let call = BashTool.execute(
+            json!({"command": format!("sleep {seconds} & sleep {seconds}; wait")}),
+            ctx(dir.path(), cancel.clone()),
+        );
+        let handle = tokio::spawn(call);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        cancel.cancel();
+        let err = handle.await.unwrap().unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(err.code, "ABORTED");
+        assert_eq!(err.message, "tool call aborted");
+        assert!(
+            sleepers_gone(&seconds).await,
+            "a sleep survived the cancellation"
+        );
+    }
+
+    #[tokio::test]
+    async fn background_jobs_do_not_hold_the_call_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let seconds = marker_seconds(3);
+        let started = Instant::now();
+        let out = bash(
+            dir.path(),
+            json!({"command": format!("sleep {seconds} & echo done")}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, "done\n");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            sleepers_gone(&seconds).await,
+            "the background sleep was left running"
+        );
+    }
+
+    #[tokio::test]
+    async fn huge_output_keeps_head_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = bash(dir.path(), json!({"command": "seq 1 30000"}))
+            .await
+            .unwrap();
+        assert!(out.starts_with("1\n2\n3\n"), "{}", &out[..20]);
+        assert!(
+            out.ends_with("29999\n30000\n"),
+            "{}",
+            &out[out.len() - 20..]
+        );
+        assert!(out.contains(" bytes omitted ...]"));
+        assert!(out.len() <= MAX_OUTPUT_BYTES + 64, "{} bytes", out.len());
+    }
+
+    #[test]
+    fn capping_respects_character_boundaries_and_counts_omitted_bytes() {
+        let mut stdout = Capture::default();
+        let text = format!("a{}", "€".repeat(12_000));
+        for chunk in text.as_bytes().chunks(7) {
+            stdout.push(chunk);
+        }
+        let mut stderr = Capture::default();
+        stderr.push(b"tail-end");
+        let out = render_output(&[&stdout, &stderr]);
+        assert!(!out.contains('\u{FFFD}'), "a character was cut");
+        assert!(out.starts_with("a€€"));
+        assert!(out.ends_with("€€tail-end"));
+        let (head, rest) = out.split_once("\n[... ").unwrap();
+        let (count, tail) = rest.split_once(" bytes omitted ...]\n").unwrap();
+        let omitted: usize = count.parse().unwrap();
+        assert_eq!(
+            head.len() + tail.len() + omitted,
+            text.len() + "tail-end".len()
+        );
+    }
+
+    #[test]
+    fn small_output_is_kept_whole() {
+        let mut stdout = Capture::default();
+        stdout.push(b"x".repeat(20_000).as_slice());
+        let mut stderr = Capture::default();
+        stderr.push(b"y".repeat(10_000).as_slice());
+        let out = render_output(&[&stdout, &stderr]);
+        assert_eq!(out.len(), 30_000);
+        assert!(out.starts_with('x') && out.ends_with('y'));
+    }
+}

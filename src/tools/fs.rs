@@ -1,0 +1,956 @@
+//! The file tools `read`, `write` and `edit`. Paths resolve against the session directory and must
+//! stay inside the workspace (`check_workspace`). `read` returns numbered lines in dsh's format
+//! (`<path>…</path>`, `<type>file</type>`, `<content>` with `N: text` lines and a footer);
+//! `edit` and overwriting `write`s require the file to have been read first in the session
+//! (`FileState`). All IO runs on the blocking pool.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Cursor, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::builtin::{
+    call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking,
+};
+use super::paths;
+use super::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// Lines `read` returns when no `limit` is given.
+const DEFAULT_READ_LIMIT: u64 = 2000;
+/// Characters kept of one line in `read` (and `grep`) output.
+pub(crate) const MAX_LINE_CHARS: usize = 2000;
+/// Bytes of numbered lines one `read` returns at most; the footer tells where to continue.
+const MAX_READ_BYTES: usize = 50 * 1024;
+/// Bytes inspected for a NUL to tell binary files from text.
+const BINARY_SNIFF_BYTES: u64 = 8 * 1024;
+
+/// The files this session has read (or written), shared by the file tools: `edit` and
+/// overwriting `write`s are refused for files not in it.
+#[derive(Debug, Clone, Default)]
+pub struct FileState {
+    read: Arc<Mutex<HashSet<PathBuf>>>,
+}
+
+impl FileState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that the session has seen the current content of `path`.
+    pub fn mark_read(&self, path: &Path) {
+        self.lock().insert(path.to_path_buf());
+    }
+
+    pub fn was_read(&self, path: &Path) -> bool {
+        self.lock().contains(path)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashSet<PathBuf>> {
+        self.read.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The workspace rule of the file tools: `path` must lie inside the session directory `cwd`
+/// (symlinks followed). Kept separate so permission prompting can replace it.
+pub(crate) fn check_workspace(cwd: &Path, path: &Path) -> Result<(), ToolError> {
+    if paths::inside_workspace(&[cwd.to_path_buf()], path) {
+        return Ok(());
+    }
+    let root = if cwd.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        cwd
+    };
+    Err(ToolError::new(
+        "OUTSIDE_WORKSPACE",
+        format!(
+            "{} is outside the workspace {}; only paths inside the workspace can be used",
+            path.display(),
+            root.display()
+        ),
+    ))
+}
+
+/// The first `MAX_LINE_CHARS` characters of `line`, with a note when it was longer.
+pub(crate) fn truncate_line(line: &str) -> String {
+    match line.char_indices().nth(MAX_LINE_CHARS) {
+        Some((cut, _)) => format!(
+            "{}... (line truncated to {MAX_LINE_CHARS} chars)",
+            &line[..cut]
+        ),
+        None => line.to_string(),
+    }
+}
+
+/// A minimal unified diff of `old` → `new`: one hunk spanning the changed lines, with up to
+/// three lines of context. Empty when the texts are equal.
+pub fn unified_diff(old: &str, new: &str, path: &str) -> String {
+    if old == new {
+        return String::new();
+    }
+    let old_lines: Vec<&str> = old.lines().collect();
+    let new_lines: Vec<&str> = new.lines().collect();
+    let prefix = old_lines
+        .iter()
+        .zip(&new_lines)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let max_suffix = old_lines.len().min(new_lines.len()) - prefix;
+    let suffix = old_lines
+        .iter()
+        .rev()
+        .zip(new_lines.iter().rev())
+        .take(max_suffix)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let start = prefix.saturating_sub(3);
+    let old_end = (old_lines.len() - suffix + 3).min(old_lines.len());
+    let new_end = (new_lines.len() - suffix + 3).min(new_lines.len());
+    let mut out = format!("--- a/{path}\n+++ b/{path}\n");
+    let _ = writeln!(
+        out,
+        "@@ -{},{} +{},{} @@",
+        start + 1,
+        old_end - start,
+        start + 1,
+        new_end - start
+    );
+    for line in &old_lines[start..prefix] {
+        let _ = writeln!(out, " {line}");
+    }
+    for line in &old_lines[prefix..old_lines.len() - suffix] {
+        let _ = writeln!(out, "-{line}");
+    }
+    for line in &new_lines[prefix..new_lines.len() - suffix] {
+        let _ = writeln!(out, "+{line}");
+    }
+    for line in &old_lines[old_lines.len() - suffix..old_end] {
+        let _ = writeln!(out, " {line}");
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// read
+
+/// `read`: numbered lines of a text file.
+#[derive(Debug, Clone)]
+pub struct ReadTool {
+    files: FileState,
+}
+
+impl ReadTool {
+    pub fn new(files: FileState) -> Self {
+        ReadTool { files }
+    }
+}
+
+struct ReadRequest {
+    file_path: String,
+    /// 1-based first line.
+    offset: u64,
+    limit: u64,
+}
+
+impl ReadRequest {
+    fn parse(args: &Value) -> Result<Self, ToolError> {
+        let file_path = required_str(args, "file_path", "read")?;
+        let offset = optional_u64(args, "offset", "read")?.unwrap_or(1).max(1);
+        let limit = optional_u64(args, "limit", "read")?.unwrap_or(DEFAULT_READ_LIMIT);
+        if limit == 0 {
+            return Err(invalid_args(
+                "read",
+                "`limit` must be at least 1 (omit it to read up to 2000 lines)",
+            ));
+        }
+        Ok(ReadRequest {
+            file_path,
+            offset,
+            limit,
+        })
+    }
+}
+
+impl Tool for ReadTool {
+    fn name(&self) -> &str {
+        "read"
+    }
+
+    fn description(&self) -> String {
+        "Read a UTF-8 text file and return line-numbered content (`N: text`). Use this instead \
+         of cat, head or tail. The path may be absolute or relative to the working directory. \
+         Returns up to `limit` lines (default 2000) starting at line `offset` (1-based, default \
+         1); when the file has more, the result ends with the offset to continue from. Lines \
+         longer than 2000 characters are cut. Binary files are refused. A file must be read \
+         before it is edited or overwritten. Read several files in parallel when you need them."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "file_path": {
+                    "type": "string",
+                    "description": "Path of the file to read, absolute or relative to the working directory."
+                },
+                "offset": {
+                    "type": "number",
+                    "description": "1-based first line to return. Defaults to 1."
+                },
+                "limit": {
+                    "type": "number",
+                    "description": "Maximum number of lines to return. Defaults to 2000."
+                }
+            },
+            "required": ["file_path"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let files = self.files.clone();
+        async move {
+            let request = ReadRequest::parse(&arguments)?;
+            let cwd = call_cwd(&ctx);
+            let text = run_blocking("read", move || read_file(&cwd, &request, &files)).await?;
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+/// The lines one `read` returns, and what it saw of the rest of the file.
+#[derive(Debug, Default)]
+struct Page {
+    lines: Vec<(u64, String)>,
+    total_lines: u64,
+    /// True when the byte cap stopped the page before `limit` lines.
+    capped: bool,
+}
+
+fn read_file(cwd: &Path, request: &ReadRequest, files: &FileState) -> Result<String, ToolError> {
+    let path = paths::resolve(cwd, &request.file_path);
+    check_workspace(cwd, &path)?;
+    let mut file = open_existing(&path, "Check the path, or use glob to find the file.")?;
+    let head = sniff_text(&mut file, &path)?;
+    let reader = BufReader::new(Cursor::new(head).chain(file));
+    let page = read_page(reader, request.offset, request.limit)
+        .map_err(|e| io_error("read", &path, &e))?;
+    if request.offset > page.total_lines.max(1) {
+        return Err(invalid_args(
+            "read",
+            format!(
+                "offset {} is past the end of {}, which has {} lines",
+                request.offset,
+                path.display(),
+                page.total_lines
+            ),
+        ));
+    }
+    files.mark_read(&path);
+    Ok(render_page(&path, &page, request.offset))
+}
+
+/// Reads the numbered lines `offset..offset+limit` (capped at `MAX_READ_BYTES` of output) and
+/// counts all lines of the file.
+fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> io::Result<Page> {
+    let mut page = Page::default();
+    let mut bytes = 0usize;
+    let mut buf = Vec::new();
+    let mut number = 0u64;
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        number += 1;
+        let wanted = number >= offset && (page.lines.len() as u64) < limit && !page.capped;
+        if !wanted {
+            continue;
+        }
+        let line = display_line(&buf);
+        bytes += line.len() + number.to_string().len() + 3;
+        if bytes > MAX_READ_BYTES && !page.lines.is_empty() {
+            page.capped = true;
+            continue;
+        }
+        page.lines.push((number, line));
+    }
+    page.total_lines = number;
+    Ok(page)
+}
+
+/// One raw line as shown: without its line ending, lossily decoded, truncated.
+fn display_line(raw: &[u8]) -> String {
+    let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+    let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+    truncate_line(&String::from_utf8_lossy(raw))
+}
+
+/// dsh's read format: header, `N: text` lines, a blank line, then the footer.
+fn render_page(path: &Path, page: &Page, offset: u64) -> String {
+    let mut out = format!(
+        "<path>{}</path>\n<type>file</type>\n<content>\n",
+        path.display()
+    );
+    for (number, text) in &page.lines {
+        let _ = writeln!(out, "{number}: {text}");
+    }
+    let last = page
+        .lines
+        .last()
+        .map_or(offset.saturating_sub(1), |(n, _)| *n);
+    let total = page.total_lines;
+    let footer = if last < total {
+        let why = if page.capped {
+            "Output capped at 50 KB"
+        } else {
+            "File has more lines"
+        };
+        format!(
+            "({why}. Showing lines {offset}-{last} of {total}; use offset={} to continue.)",
+            last + 1
+        )
+    } else {
+        format!("(End of file - total {total} lines)")
+    };
+    let _ = write!(out, "\n{footer}\n</content>");
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// write
+
+/// `write`: creates or replaces a whole file.
+#[derive(Debug, Clone)]
+pub struct WriteTool {
+    files: FileState,
+}
+
+impl WriteTool {
+    pub fn new(files: FileState) -> Self {
+        WriteTool { files }
+    }
+}
+
+impl Tool for WriteTool {
+    fn name(&self) -> &str {
+        "write"
+    }
+
+    fn description(&self) -> String {
+        "Create a UTF-8 text file, or completely replace an existing file's content with \
+         `content`. Parent directories are created as needed. Overwriting an existing file \
+         requires having read it in this session first; for targeted changes to an existing \
+         file prefer `edit`, which does not resend the whole file."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "file_path": {
+                    "type": "string",
+                    "description": "Path of the file to write, absolute or relative to the working directory."
+                },
+                "content": {
+                    "type": "string",
+                    "description": "Full UTF-8 text content to write."
+                }
+            },
+            "required": ["file_path", "content"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        false
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let files = self.files.clone();
+        async move {
+            let file_path = required_str(&arguments, "file_path", "write")?;
+            let content = required_str(&arguments, "content", "write")?;
+            let cwd = call_cwd(&ctx);
+            let text = run_blocking("write", move || {
+                write_file(&cwd, &file_path, &content, &files)
+            })
+            .await?;
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+fn write_file(
+    cwd: &Path,
+    file_path: &str,
+    content: &str,
+    files: &FileState,
+) -> Result<String, ToolError> {
+    let path = paths::resolve(cwd, file_path);
+    check_workspace(cwd, &path)?;
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
+        Ok(_) => require_read(files, &path)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error("inspect", &path, &e)),
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| io_error("create directory", parent, &e))?;
+    }
+    std::fs::write(&path, content).map_err(|e| io_error("write", &path, &e))?;
+    files.mark_read(&path);
+    Ok(format!(
+        "Wrote {} bytes to {}",
+        content.len(),
+        path.display()
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// edit
+
+/// `edit`: replaces literal text in an existing file.
+#[derive(Debug, Clone)]
+pub struct EditTool {
+    files: FileState,
+}
+
+impl EditTool {
+    pub fn new(files: FileState) -> Self {
+        EditTool { files }
+    }
+}
+
+struct EditRequest {
+    file_path: String,
+    old_string: String,
+    new_string: String,
+    replace_all: bool,
+}
+
+impl EditRequest {
+    fn parse(args: &Value) -> Result<Self, ToolError> {
+        let request = EditRequest {
+            file_path: required_str(args, "file_path", "edit")?,
+            old_string: required_str(args, "old_string", "edit")?,
+            new_string: required_str(args, "new_string", "edit")?,
+            replace_all: optional_bool(args, "replace_all", "edit")?.unwrap_or(false),
+        };
+        if request.old_string.is_empty() {
+            return Err(invalid_args(
+                "edit",
+                "`old_string` is empty; pass the exact text to replace (use write to create or \
+                 replace a whole file)",
+            ));
+        }
+        if request.old_string == request.new_string {
+            return Err(ToolError::new(
+                "EDIT_NO_CHANGE",
+                "edit: `old_string` and `new_string` are identical, so the edit would change \
+                 nothing; put the replacement text in `new_string`",
+            ));
+        }
+        Ok(request)
+    }
+}
+
+impl Tool for EditTool {
+    fn name(&self) -> &str {
+        "edit"
+    }
+
+    fn description(&self) -> String {
+        "Edit an existing UTF-8 text file by replacing literal text. `old_string` must match the \
+         file exactly, including whitespace and indentation: copy it from a `read` result \
+         without the `N: ` line-number prefix. By default `old_string` must occur exactly once; \
+         if it occurs several times, include more surrounding lines to make it unique, or set \
+         `replace_all` to true to replace every occurrence. An empty `new_string` deletes the \
+         text. The file must have been read in this session first (files you created or edited \
+         count). Use `write` to create new files."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "file_path": {
+                    "type": "string",
+                    "description": "Path of the file to edit, absolute or relative to the working directory."
+                },
+                "old_string": {
+                    "type": "string",
+                    "description": "Literal text to replace. Must match exactly."
+                },
+                "new_string": {
+                    "type": "string",
+                    "description": "Literal replacement text. Use an empty string to delete the match."
+                },
+                "replace_all": {
+                    "type": "boolean",
+                    "description": "Replace all matches. Defaults to false; when false, old_string must appear exactly once."
+                }
+            },
+            "required": ["file_path", "old_string", "new_string"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        false
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let files = self.files.clone();
+        async move {
+            let request = EditRequest::parse(&arguments)?;
+            let cwd = call_cwd(&ctx);
+            let text = run_blocking("edit", move || edit_file(&cwd, &request, &files)).await?;
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState) -> Result<String, ToolError> {
+    let path = paths::resolve(cwd, &request.file_path);
+    check_workspace(cwd, &path)?;
+    let file = open_existing(&path, "Use write to create a new file.")?;
+    require_read(files, &path)?;
+    let content = read_text(file, &path)?;
+    let count = content.matches(request.old_string.as_str()).count();
+    if count == 0 {
+        return Err(ToolError::new(
+            "EDIT_NO_MATCH",
+            format!(
+                "old_string was not found in {}. It must match the file exactly, including \
+                 whitespace and indentation; read the file again and copy the text from it \
+                 (without the line-number prefixes).",
+                path.display()
+            ),
+        ));
+    }
+    if count > 1 && !request.replace_all {
+        return Err(ToolError::new(
+            "EDIT_AMBIGUOUS",
+            format!(
+                "old_string matches {count} times in {}. Include more surrounding lines in \
+                 old_string so it matches exactly once, or set replace_all to true to replace \
+                 all {count} occurrences.",
+                path.display()
+            ),
+        ));
+    }
+    let updated = if request.replace_all {
+        content.replace(&request.old_string, &request.new_string)
+    } else {
+        content.replacen(&request.old_string, &request.new_string, 1)
+    };
+    std::fs::write(&path, updated).map_err(|e| io_error("write", &path, &e))?;
+    files.mark_read(&path);
+    Ok(format!(
+        "Edited {}: replaced {count} occurrence(s)",
+        path.display()
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// shared file helpers
+
+/// Opens an existing regular file; `hint` follows the not-found message.
+fn open_existing(path: &Path, hint: &str) -> Result<File, ToolError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(ToolError::new(
+                "FILE_NOT_FOUND",
+                format!("file not found: {}. {hint}", path.display()),
+            ));
+        }
+        Err(e) => return Err(io_error("open", path, &e)),
+    };
+    if meta.is_dir() {
+        return Err(is_a_directory(path));
+    }
+    File::open(path).map_err(|e| io_error("open", path, &e))
+}
+
+/// Reads the first bytes of `file`, refusing binary content (a NUL byte); returns them so the
+/// caller can chain them before the rest.
+fn sniff_text(file: &mut File, path: &Path) -> Result<Vec<u8>, ToolError> {
+    let mut head = Vec::new();
+    file.by_ref()
+        .take(BINARY_SNIFF_BYTES)
+        .read_to_end(&mut head)
+        .map_err(|e| io_error("read", path, &e))?;
+    if head.contains(&0) {
+        return Err(ToolError::new(
+            "BINARY_FILE",
+            format!(
+                "{} looks like a binary file (it contains NUL bytes), so it cannot be shown or \
+                 edited as text. Inspect it with bash instead (e.g. `file`, `xxd | head`).",
+                path.display()
+            ),
+        ));
+    }
+    Ok(head)
+}
+
+/// The whole content of a text file as UTF-8.
+fn read_text(mut file: File, path: &Path) -> Result<String, ToolError> {
+    let mut bytes = sniff_text(&mut file, path)?;
+    file.read_to_end(&mut bytes)
+        .map_err(|e| io_error("read", path, &e))?;
+    String::from_utf8(bytes).map_err(|_| {
+        ToolError::new(
+            "NOT_UTF8",
+            format!(
+                "{} is not valid UTF-8 text, so it cannot be edited with this tool; use bash \
+                 to change it.",
+                path.display()
+            ),
+        )
+    })
+}
+
+fn require_read(files: &FileState, path: &Path) -> Result<(), ToolError> {
+    if files.was_read(path) {
+        return Ok(());
+    }
+    Err(ToolError::new(
+        "READ_BEFORE_WRITE",
+        format!(
+            "file {} must be read with the read tool before it is edited or overwritten",
+            path.display()
+        ),
+    ))
+}
+
+fn is_a_directory(path: &Path) -> ToolError {
+    ToolError::new(
+        "IS_A_DIRECTORY",
+        format!(
+            "{} is a directory, not a file. Use glob to list the files in it.",
+            path.display()
+        ),
+    )
+}
+
+fn io_error(action: &str, path: &Path, error: &io::Error) -> ToolError {
+    ToolError::new(
+        "IO_ERROR",
+        format!("cannot {action} {}: {error}", path.display()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use tokio_util::sync::CancellationToken;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        ws: PathBuf,
+        outside: PathBuf,
+        files: FileState,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret.txt"), "secret\n").unwrap();
+        Fixture {
+            _dir: dir,
+            ws,
+            outside,
+            files: FileState::new(),
+        }
+    }
+
+    impl Fixture {
+        fn ctx(&self) -> ToolContext {
+            ToolContext::detached(Some(self.ws.clone()), CancellationToken::new())
+        }
+
+        async fn read(&self, args: Value) -> Result<String, ToolError> {
+            let tool = ReadTool::new(self.files.clone());
+            tool.execute(args, self.ctx()).await.map(text)
+        }
+
+        async fn write(&self, args: Value) -> Result<String, ToolError> {
+            let tool = WriteTool::new(self.files.clone());
+            tool.execute(args, self.ctx()).await.map(text)
+        }
+
+        async fn edit(&self, args: Value) -> Result<String, ToolError> {
+            let tool = EditTool::new(self.files.clone());
+            tool.execute(args, self.ctx()).await.map(text)
+        }
+    }
+
+    fn text(output: ToolOutput) -> String {
+        output.content[0]["text"].as_str().unwrap().to_string()
+    }
+
+    fn numbered(n: usize) -> String {
+        (1..=n).map(|i| format!("line{i}\n")).collect()
+    }
+
+    #[tokio::test]
+    async fn read_matches_the_dsh_format() {
+        let f = fixture();
+        std::fs::write(f.ws.join("greeting.txt"), "hello\n").unwrap();
+        let out = f.read(json!({"file_path": "greeting.txt"})).await.unwrap();
+        let expected = format!(
+            "<path>{}/greeting.txt</path>\n<type>file</type>\n<content>\n1: hello\n\n(End of file - total 1 lines)\n</content>",
+            f.ws.display()
+        );
+        assert_eq!(out, expected);
+    }
+
+    #[tokio::test]
+    async fn read_ranges_and_continuation_footer() {
+        let f = fixture();
+        std::fs::write(f.ws.join("ten.txt"), numbered(10)).unwrap();
+        let out = f
+            .read(json!({"file_path": "ten.txt", "offset": 3, "limit": 2}))
+            .await
+            .unwrap();
+        assert!(out.contains("<content>\n3: line3\n4: line4\n\n"), "{out}");
+        assert!(!out.contains("5: line5"), "{out}");
+        assert!(
+            out.contains("Showing lines 3-4 of 10; use offset=5 to continue."),
+            "{out}"
+        );
+        let tail = f
+            .read(json!({"file_path": "ten.txt", "offset": 9}))
+            .await
+            .unwrap();
+        assert!(
+            tail.contains("9: line9\n10: line10\n\n(End of file - total 10 lines)"),
+            "{tail}"
+        );
+        let err = f
+            .read(json!({"file_path": "ten.txt", "offset": 11}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "INVALID_ARGUMENTS");
+        assert!(err.message.contains("10 lines"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn read_default_limit_is_2000_lines() {
+        let f = fixture();
+        std::fs::write(f.ws.join("big.txt"), numbered(2500)).unwrap();
+        let out = f.read(json!({"file_path": "big.txt"})).await.unwrap();
+        assert!(out.contains("\n2000: line2000\n"), "missing line 2000");
+        assert!(!out.contains("2001: line2001"));
+        assert!(out.contains("use offset=2001 to continue"));
+    }
+
+    #[tokio::test]
+    async fn read_errors_name_the_path() {
+        let f = fixture();
+        let err = f.read(json!({"file_path": "nope.txt"})).await.unwrap_err();
+        assert_eq!(err.code, "FILE_NOT_FOUND");
+        assert!(err.message.contains("nope.txt"), "{}", err.message);
+        std::fs::create_dir(f.ws.join("dir")).unwrap();
+        let err = f.read(json!({"file_path": "dir"})).await.unwrap_err();
+        assert_eq!(err.code, "IS_A_DIRECTORY");
+        let err = f.read(json!({})).await.unwrap_err();
+        assert_eq!(err.code, "INVALID_ARGUMENTS");
+    }
+
+    #[tokio::test]
+    async fn read_refuses_binary_files() {
+        let f = fixture();
+        std::fs::write(f.ws.join("blob.bin"), b"abc\0def").unwrap();
+        let err = f.read(json!({"file_path": "blob.bin"})).await.unwrap_err();
+        assert_eq!(err.code, "BINARY_FILE");
+        assert!(err.message.contains("blob.bin"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn read_truncates_long_lines() {
+        let f = fixture();
+        let long = "x".repeat(2500);
+        std::fs::write(f.ws.join("long.txt"), format!("{long}\nshort\n")).unwrap();
+        let out = f.read(json!({"file_path": "long.txt"})).await.unwrap();
+        let expected = format!(
+            "1: {}... (line truncated to 2000 chars)\n2: short\n",
+            "x".repeat(2000)
+        );
+        assert!(out.contains(&expected), "{out}");
+    }
+
+    #[tokio::test]
+    async fn read_of_an_empty_file() {
+        let f = fixture();
+        std::fs::write(f.ws.join("empty.txt"), "").unwrap();
+        let out = f.read(json!({"file_path": "empty.txt"})).await.unwrap();
+        assert!(out.contains("(End of file - total 0 lines)"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn edit_requires_a_prior_read() {
+        let f = fixture();
+        std::fs::write(f.ws.join("a.txt"), "one two\n").unwrap();
+        let args = json!({"file_path": "a.txt", "old_string": "one", "new_string": "1"});
+        let err = f.edit(args.clone()).await.unwrap_err();
+        assert_eq!(err.code, "READ_BEFORE_WRITE");
+        assert!(err.message.contains("a.txt"), "{}", err.message);
+        f.read(json!({"file_path": "a.txt"})).await.unwrap();
+        let out = f.edit(args).await.unwrap();
+        assert_eq!(
+            out,
+            format!(
+                "Edited {}: replaced 1 occurrence(s)",
+                f.ws.join("a.txt").display()
+            )
+        );
+        assert_eq!(
+            std::fs::read_to_string(f.ws.join("a.txt")).unwrap(),
+            "1 two\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn edit_reports_missing_and_ambiguous_matches() {
+        let f = fixture();
+        std::fs::write(f.ws.join("b.txt"), "x = 1;\nx = 1;\n").unwrap();
+        f.read(json!({"file_path": "b.txt"})).await.unwrap();
+        let err = f
+            .edit(json!({"file_path": "b.txt", "old_string": "y = 2;", "new_string": "z"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "EDIT_NO_MATCH");
+        assert!(err.message.contains("not found"), "{}", err.message);
+        let err = f
+            .edit(json!({"file_path": "b.txt", "old_string": "x = 1;", "new_string": "x = 2;"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "EDIT_AMBIGUOUS");
+        assert!(err.message.contains("2 times"), "{}", err.message);
+        assert!(err.message.contains("replace_all"), "{}", err.message);
+        let out = f
+            .edit(json!({"file_path": "b.txt", "old_string": "x = 1;", "new_string": "x = 2;", "replace_all": true}))
+            .await
+            .unwrap();
+        assert!(out.ends_with("replaced 2 occurrence(s)"), "{out}");
+        assert_eq!(
+            std::fs::read_to_string(f.ws.join("b.txt")).unwrap(),
+            "x = 2;\nx = 2;\n"
+        );
+        let err = f
+            .edit(json!({"file_path": "b.txt", "old_string": "x", "new_string": "x"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "EDIT_NO_CHANGE");
+        let err = f
+            .edit(json!({"file_path": "missing.txt", "old_string": "a", "new_string": "b"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "FILE_NOT_FOUND");
+    }
+
+    #[tokio::test]
+    async fn write_creates_parents_and_guards_overwrites() {
+        let f = fixture();
+        let out = f
+            .write(json!({"file_path": "new/dir/c.txt", "content": "hi\n"}))
+            .await
+            .unwrap();
+        let path = f.ws.join("new/dir/c.txt");
+        assert_eq!(out, format!("Wrote 3 bytes to {}", path.display()));
+        assert_eq!(std::fs::read_to_string(path).unwrap(), "hi\n");
+        // A file this session wrote may be edited and overwritten without a read.
+        f.write(json!({"file_path": "new/dir/c.txt", "content": "again\n"}))
+            .await
+            .unwrap();
+        std::fs::write(f.ws.join("d.txt"), "old\n").unwrap();
+        let err = f
+            .write(json!({"file_path": "d.txt", "content": "new\n"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "READ_BEFORE_WRITE");
+        f.read(json!({"file_path": "d.txt"})).await.unwrap();
+        f.write(json!({"file_path": "d.txt", "content": "new\n"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(f.ws.join("d.txt")).unwrap(),
+            "new\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn paths_outside_the_workspace_are_refused() {
+        let f = fixture();
+        let err = f
+            .read(json!({"file_path": "../outside/secret.txt"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+        assert!(err.message.contains("secret.txt"), "{}", err.message);
+        let absolute = f.outside.join("secret.txt");
+        let err = f
+            .read(json!({"file_path": absolute.to_str().unwrap()}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+        symlink(&f.outside, f.ws.join("link")).unwrap();
+        let err = f
+            .read(json!({"file_path": "link/secret.txt"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+        let err = f
+            .write(json!({"file_path": "link/planted.txt", "content": "x"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+        assert!(!f.outside.join("planted.txt").exists());
+    }
+
+    #[test]
+    fn unified_diff_shows_changed_lines_with_context() {
+        let old = "a\nb\nc\nd\ne\nf\ng\nh\n";
+        let new = "a\nb\nc\nd\nE\nf\ng\nh\n";
+        let diff = unified_diff(old, new, "x.txt");
+        assert_eq!(
+            diff,
+            "--- a/x.txt\n+++ b/x.txt\n@@ -2,7 +2,7 @@\n b\n c\n d\n-e\n+E\n f\n g\n h\n"
+        );
+        assert_eq!(unified_diff(old, old, "x.txt"), "");
+        let added = unified_diff("a\n", "a\nb\n", "y");
+        assert!(added.ends_with(" a\n+b\n"), "{added}");
+    }
+}

@@ -1,0 +1,615 @@
+//! The search tools `glob` (files by name) and `grep` (file contents by regex). Both walk the
+//! tree with `ignore::WalkBuilder`, honouring `.gitignore` even outside a git repository and
+//! skipping `.git`, on the blocking pool; results are capped (100 paths, 250 matches) with a
+//! note of what was left out.
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use globset::{GlobBuilder, GlobMatcher};
+use grep_regex::RegexMatcher;
+use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
+use ignore::{DirEntry, Walk, WalkBuilder};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::builtin::{aborted, call_cwd, optional_str, required_str, run_blocking};
+use super::fs::{check_workspace, truncate_line};
+use super::paths;
+use super::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// Paths `glob` lists at most.
+const MAX_GLOB_RESULTS: usize = 100;
+/// Matching lines `grep` lists at most.
+const MAX_GREP_MATCHES: usize = 250;
+
+// ---------------------------------------------------------------------------------------------
+// glob
+
+/// `glob`: files whose names match a glob pattern, newest first.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobTool;
+
+impl Tool for GlobTool {
+    fn name(&self) -> &str {
+        "glob"
+    }
+
+    fn description(&self) -> String {
+        "Find files by name with a glob pattern such as `**/*.rs`, `src/**/*.{ts,tsx}` or \
+         `Cargo.toml`. A pattern without `/` matches file names at any depth; a pattern with `/` \
+         matches paths relative to the search directory (`*` stays within one directory, `**` \
+         crosses directories). Searches `path` (default: the working directory), skipping files \
+         ignored by .gitignore and the .git directory. Returns paths relative to the search \
+         directory, most recently modified first, at most 100. To search file contents use grep."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "pattern": {
+                    "type": "string",
+                    "description": "Glob pattern, e.g. `**/*.rs` or `*.json`."
+                },
+                "path": {
+                    "type": "string",
+                    "description": "Directory to search in. Defaults to the working directory."
+                }
+            },
+            "required": ["pattern"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let pattern = required_str(&arguments, "pattern", "glob")?;
+            let path = optional_str(&arguments, "path", "glob")?;
+            let cwd = call_cwd(&ctx);
+            let cancel = ctx.cancel.clone();
+            let text = run_blocking("glob", move || {
+                glob_files(&cwd, &pattern, path.as_deref(), &cancel)
+            })
+            .await?;
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+fn glob_files(
+    cwd: &Path,
+    pattern: &str,
+    path: Option<&str>,
+    cancel: &CancellationToken,
+) -> Result<String, ToolError> {
+    let filter = NameFilter::new(pattern, "glob pattern")?;
+    let root = search_root(cwd, path)?;
+    if !root.is_dir() {
+        return Err(ToolError::new(
+            "NOT_A_DIRECTORY",
+            format!(
+                "glob path {} is a file, not a directory; pass the directory to search in",
+                root.display()
+            ),
+        ));
+    }
+    let mut found = find_files(&root, &filter, cancel);
+    if cancel.is_cancelled() {
+        return Err(aborted());
+    }
+    found.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(render_glob(&root, pattern, &found))
+}
+
+/// Every non-ignored file under `root` matching `filter`, with its modification time.
+fn find_files(
+    root: &Path,
+    filter: &NameFilter,
+    cancel: &CancellationToken,
+) -> Vec<(PathBuf, SystemTime)> {
+    let mut found = Vec::new();
+    for entry in walker(root).flatten() {
+        if cancel.is_cancelled() {
+            break;
+        }
+        if !is_file(&entry) || !filter.matches(entry.path(), root) {
+            continue;
+        }
+        let modified = entry
+            .metadata()
+            .ok()
+            .and_then(|meta| meta.modified().ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        found.push((entry.into_path(), modified));
+    }
+    found
+}
+
+fn render_glob(root: &Path, pattern: &str, found: &[(PathBuf, SystemTime)]) -> String {
+    if found.is_empty() {
+        return format!("No files found matching `{pattern}` in {}", root.display());
+    }
+    let mut text = found
+        .iter()
+        .take(MAX_GLOB_RESULTS)
+        .map(|(path, _)| relative_display(path, root))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if found.len() > MAX_GLOB_RESULTS {
+        text.push_str(&format!(
+            "\n\n({} more files omitted: showing the {MAX_GLOB_RESULTS} most recently modified \
+             of {}. Use a more specific pattern or path to see the rest.)",
+            found.len() - MAX_GLOB_RESULTS,
+            found.len()
+        ));
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// grep
+
+/// `grep`: lines matching a regular expression, as `path:line: text`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrepTool;
+
+struct GrepRequest {
+    pattern: String,
+    path: Option<String>,
+    include: Option<String>,
+}
+
+impl Tool for GrepTool {
+    fn name(&self) -> &str {
+        "grep"
+    }
+
+    fn description(&self) -> String {
+        "Search file contents with a regular expression (Rust regex syntax, e.g. `fn\\s+main` or \
+         `TODO|FIXME`; escape `(`, `[`, `.` and similar with a backslash to match them \
+         literally). Searches the text files under `path` (default: the working directory; a \
+         single file also works), skipping files ignored by .gitignore, the .git directory and \
+         binary files. `include` keeps only files whose names match a glob such as `*.rs` or \
+         `*.{ts,tsx}`. Each match is one line `path:line: text`, with paths relative to the \
+         search directory; at most 250 matches are listed. Use glob to find files by name, and \
+         read to see a match in context."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "pattern": {
+                    "type": "string",
+                    "description": "Regular expression to search for (Rust regex syntax)."
+                },
+                "path": {
+                    "type": "string",
+                    "description": "Directory or file to search. Defaults to the working directory."
+                },
+                "include": {
+                    "type": "string",
+                    "description": "Glob filter on file names, e.g. `*.rs` or `*.{ts,tsx}`."
+                }
+            },
+            "required": ["pattern"]
+        })
+    }
+
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let request = GrepRequest {
+                pattern: required_str(&arguments, "pattern", "grep")?,
+                path: optional_str(&arguments, "path", "grep")?,
+                include: optional_str(&arguments, "include", "grep")?,
+            };
+            let cwd = call_cwd(&ctx);
+            let cancel = ctx.cancel.clone();
+            let text = run_blocking("grep", move || grep_files(&cwd, &request, &cancel)).await?;
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+/// The first `MAX_GREP_MATCHES` matching lines, and how many there were in all.
+#[derive(Debug, Default)]
+struct Hits {
+    lines: Vec<String>,
+    total: usize,
+}
+
+impl Hits {
+    /// Adds one file's matches (shown as `shown:line: text`) unless the file turned out binary.
+    fn add_file(&mut self, shown: &str, found: FileMatches) {
+        if found.binary {
+            return;
+        }
+        self.total += found.count;
+        let room = MAX_GREP_MATCHES.saturating_sub(self.lines.len());
+        for (number, text) in found.lines.into_iter().take(room) {
+            self.lines.push(format!("{shown}:{number}: {text}"));
+        }
+    }
+}
+
+/// The matches of one file. A file found to contain a NUL byte is binary: the search of it stops
+/// and its matches are dropped.
+#[derive(Debug, Default)]
+struct FileMatches {
+    /// The first `MAX_GREP_MATCHES` matching lines (number, text).
+    lines: Vec<(u64, String)>,
+    count: usize,
+    binary: bool,
+}
+
+impl Sink for FileMatches {
+    type Error = io::Error;
+
+    fn matched(&mut self, _searcher: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, io::Error> {
+        self.count += 1;
+        if self.lines.len() < MAX_GREP_MATCHES {
+            let line = String::from_utf8_lossy(mat.bytes());
+            let text = truncate_line(line.trim_end_matches(['\n', '\r']));
+            self.lines.push((mat.line_number().unwrap_or(0), text));
+        }
+        Ok(true)
+    }
+
+    fn binary_data(&mut self, _searcher: &Searcher, _offset: u64) -> Result<bool, io::Error> {
+        self.binary = true;
+        Ok(false)
+    }
+}
+
+fn grep_files(
+    cwd: &Path,
+    request: &GrepRequest,
+    cancel: &CancellationToken,
+) -> Result<String, ToolError> {
+    let matcher = RegexMatcher::new_line_matcher(&request.pattern).map_err(|e| {
+        ToolError::new(
+            "INVALID_PATTERN",
+            format!(
+                "invalid regular expression `{}`: {e}. Patterns use Rust regex syntax; escape \
+                 special characters such as `(`, `[` or `.` with a backslash to match them \
+                 literally.",
+                request.pattern
+            ),
+        )
+    })?;
+    let include = request
+        .include
+        .as_deref()
+        .map(|glob| NameFilter::new(glob, "include glob"))
+        .transpose()?;
+    let root = search_root(cwd, request.path.as_deref())?;
+    let base = if root.is_dir() {
+        root.clone()
+    } else {
+        root.parent().map(Path::to_path_buf).unwrap_or_default()
+    };
+    let mut searcher = SearcherBuilder::new()
+        .binary_detection(BinaryDetection::quit(0))
+        .line_number(true)
+        .build();
+    let mut hits = Hits::default();
+    for entry in walker(&root).flatten() {
+        if cancel.is_cancelled() {
+            break;
+        }
+        let wanted = include
+            .as_ref()
+            .is_none_or(|filter| filter.matches(entry.path(), &root));
+        if !is_file(&entry) || !wanted {
+            continue;
+        }
+        let mut found = FileMatches::default();
+        match searcher.search_path(&matcher, entry.path(), &mut found) {
+            Ok(()) => hits.add_file(&relative_display(entry.path(), &base), found),
+            Err(error) => {
+                tracing::debug!(path = %entry.path().display(), %error, "grep skipped a file");
+            }
+        }
+    }
+    if cancel.is_cancelled() {
+        return Err(aborted());
+    }
+    Ok(render_grep(&request.pattern, &root, &hits))
+}
+
+fn render_grep(pattern: &str, root: &Path, hits: &Hits) -> String {
+    if hits.lines.is_empty() {
+        return format!("No matches for `{pattern}` in {}", root.display());
+    }
+    let mut text = hits.lines.join("\n");
+    if hits.total > hits.lines.len() {
+        text.push_str(&format!(
+            "\n\n(Showing the first {} of {} matches. Use a more specific pattern, path or \
+             include to see the rest.)",
+            hits.lines.len(),
+            hits.total
+        ));
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// shared
+
+/// A glob over file names (pattern without `/`), paths relative to the search root (pattern
+/// with `/`), or absolute paths (pattern starting with `/`).
+struct NameFilter {
+    matcher: GlobMatcher,
+    target: MatchTarget,
+}
+
+enum MatchTarget {
+    FileName,
+    RelativePath,
+    AbsolutePath,
+}
+
+impl NameFilter {
+    /// `role` names the argument in the error, e.g. "glob pattern".
+    fn new(pattern: &str, role: &str) -> Result<Self, ToolError> {
+        let trimmed = pattern.strip_prefix("./").unwrap_or(pattern);
+        let target = if trimmed.starts_with('/') {
+            MatchTarget::AbsolutePath
+        } else if trimmed.contains('/') {
+            MatchTarget::RelativePath
+        } else {
+            MatchTarget::FileName
+        };
+        let glob = GlobBuilder::new(trimmed)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| {
+                ToolError::new(
+                    "INVALID_PATTERN",
+                    format!("invalid {role} `{pattern}`: {e}"),
+                )
+            })?;
+        Ok(NameFilter {
+            matcher: glob.compile_matcher(),
+            target,
+        })
+    }
+
+    fn matches(&self, path: &Path, root: &Path) -> bool {
+        match self.target {
+            MatchTarget::FileName => path
+                .file_name()
+                .is_some_and(|name| self.matcher.is_match(name)),
+            MatchTarget::RelativePath => path
+                .strip_prefix(root)
+                .is_ok_and(|relative| self.matcher.is_match(relative)),
+            MatchTarget::AbsolutePath => self.matcher.is_match(path),
+        }
+    }
+}
+
+/// The directory or file to search: `path` (or the working directory) resolved, inside the
+/// workspace, and existing.
+fn search_root(cwd: &Path, path: Option<&str>) -> Result<PathBuf, ToolError> {
+    let root = paths::resolve(cwd, path.unwrap_or("."));
+    check_workspace(cwd, &root)?;
+    if !root.exists() {
+        return Err(ToolError::new(
+            "FILE_NOT_FOUND",
+            format!(
+                "search path {} does not exist; check the path or omit it to search the \
+                 working directory",
+                root.display()
+            ),
+        ));
+    }
+    Ok(root)
+}
+
+/// A gitignore-aware walk of `root` (also outside git repositories) in name order, including
+/// hidden files but never descending into `.git`.
+fn walker(root: &Path) -> Walk {
+    let mut builder = WalkBuilder::new(root);
+    builder
+        .hidden(false)
+        .require_git(false)
+        .sort_by_file_name(|a, b| a.cmp(b))
+        .filter_entry(|entry| entry.depth() == 0 || entry.file_name() != OsStr::new(".git"));
+    builder.build()
+}
+
+fn is_file(entry: &DirEntry) -> bool {
+    entry.file_type().is_some_and(|kind| kind.is_file())
+}
+
+/// `path` relative to `base` for display (the file name when they are the same file).
+fn relative_display(path: &Path, base: &Path) -> String {
+    match path.strip_prefix(base) {
+        Ok(relative) if !relative.as_os_str().is_empty() => relative.display().to_string(),
+        _ => path.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ctx(cwd: &Path) -> ToolContext {
+        ToolContext::detached(Some(cwd.to_path_buf()), CancellationToken::new())
+    }
+
+    fn text(output: ToolOutput) -> String {
+        output.content[0]["text"].as_str().unwrap().to_string()
+    }
+
+    /// A workspace with sources, a gitignored file and a `.git` directory.
+    fn workspace() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src/nested")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join(".gitignore"), "ignored.rs\nbuild/\n").unwrap();
+        std::fs::write(root.join("src/main.rs"), "fn main() {\n    helper();\n}\n").unwrap();
+        std::fs::write(root.join("src/nested/helper.rs"), "pub fn helper() {}\n").unwrap();
+        std::fs::write(root.join("src/ignored.rs"), "fn hidden_from_search() {}\n").unwrap();
+        std::fs::create_dir_all(root.join("build")).unwrap();
+        std::fs::write(root.join("build/out.rs"), "fn built() {}\n").unwrap();
+        std::fs::write(root.join(".git/config.rs"), "fn in_git() {}\n").unwrap();
+        std::fs::write(root.join("notes.txt"), "fn is mentioned here\n").unwrap();
+        dir
+    }
+
+    async fn glob(cwd: &Path, args: Value) -> Result<String, ToolError> {
+        GlobTool.execute(args, ctx(cwd)).await.map(text)
+    }
+
+    async fn grep(cwd: &Path, args: Value) -> Result<String, ToolError> {
+        GrepTool.execute(args, ctx(cwd)).await.map(text)
+    }
+
+    #[tokio::test]
+    async fn glob_matches_names_at_any_depth_and_respects_gitignore() {
+        let dir = workspace();
+        let out = glob(dir.path(), json!({"pattern": "*.rs"})).await.unwrap();
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort_unstable();
+        assert_eq!(lines, ["src/main.rs", "src/nested/helper.rs"]);
+        let out = glob(dir.path(), json!({"pattern": "src/*.rs"}))
+            .await
+            .unwrap();
+        assert_eq!(out, "src/main.rs");
+        let out = glob(
+            dir.path(),
+            json!({"pattern": "**/helper.rs", "path": "src"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, "nested/helper.rs");
+        let out = glob(dir.path(), json!({"pattern": "*.zig"})).await.unwrap();
+        assert!(out.starts_with("No files found"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn glob_lists_newest_first_and_caps_at_100() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..105 {
+            std::fs::write(dir.path().join(format!("f{i:03}.txt")), "x").unwrap();
+        }
+        let file = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("f000.txt"))
+            .unwrap();
+        file.set_modified(SystemTime::now() + Duration::from_secs(60))
+            .unwrap();
+        let out = glob(dir.path(), json!({"pattern": "*.txt"})).await.unwrap();
+        assert!(out.starts_with("f000.txt\n"), "{out}");
+        assert_eq!(out.lines().filter(|l| l.ends_with(".txt")).count(), 100);
+        assert!(out.contains("5 more files omitted"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn glob_rejects_bad_patterns_and_outside_paths() {
+        let dir = workspace();
+        let err = glob(dir.path(), json!({"pattern": "src/[a"}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "INVALID_PATTERN");
+        assert!(err.message.contains("src/[a"), "{}", err.message);
+        let err = glob(dir.path(), json!({"pattern": "*", "path": ".."}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+    }
+
+    #[tokio::test]
+    async fn grep_reports_path_line_and_text() {
+        let dir = workspace();
+        let out = grep(
+            dir.path(),
+            json!({"pattern": "helper\\(", "include": "*.rs"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            out,
+            "src/main.rs:2:     helper();\nsrc/nested/helper.rs:1: pub fn helper() {}"
+        );
+        let out = grep(
+            dir.path(),
+            json!({"pattern": "fn \\w+\\(", "path": "src/main.rs"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, "main.rs:1: fn main() {");
+    }
+
+    #[tokio::test]
+    async fn grep_skips_gitignored_git_and_binary_files() {
+        let dir = workspace();
+        std::fs::write(dir.path().join("blob.bin"), b"fn in_binary\0\x01\x02").unwrap();
+        let out = grep(dir.path(), json!({"pattern": "fn"})).await.unwrap();
+        assert!(out.contains("src/main.rs:1:"), "{out}");
+        assert!(out.contains("notes.txt:1:"), "{out}");
+        assert!(!out.contains("hidden_from_search"), "{out}");
+        assert!(!out.contains("built"), "{out}");
+        assert!(!out.contains("in_git"), "{out}");
+        assert!(!out.contains("in_binary"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn grep_caps_matches_and_counts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let body: String = (0..300).map(|i| format!("match {i}\n")).collect();
+        std::fs::write(dir.path().join("many.txt"), body).unwrap();
+        let out = grep(dir.path(), json!({"pattern": "^match"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with("many.txt:")).count(),
+            250
+        );
+        assert!(
+            out.contains("Showing the first 250 of 300 matches"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn grep_rejects_invalid_regex_naming_it() {
+        let dir = workspace();
+        let err = grep(dir.path(), json!({"pattern": "fn ("}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "INVALID_PATTERN");
+        assert!(err.message.contains("`fn (`"), "{}", err.message);
+        let out = grep(dir.path(), json!({"pattern": "zzz_nothing"}))
+            .await
+            .unwrap();
+        assert!(out.starts_with("No matches"), "{out}");
+    }
+}

@@ -1,0 +1,290 @@
+//! `todo_write`: the model's structured task list. Each call sends the whole list, which replaces
+//! the previous one; the tool validates it and answers with a short rendering. Recording the
+//! `todo/write` event and the ACP plan update is the caller's job, through `parse_todos`.
+
+use std::fmt::Write as _;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// The state of one todo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TodoStatus {
+    Pending,
+    InProgress,
+    Completed,
+}
+
+impl TodoStatus {
+    /// The wire name: `pending`, `in_progress` or `completed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TodoStatus::Pending => "pending",
+            TodoStatus::InProgress => "in_progress",
+            TodoStatus::Completed => "completed",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "pending" => Some(TodoStatus::Pending),
+            "in_progress" => Some(TodoStatus::InProgress),
+            "completed" => Some(TodoStatus::Completed),
+            _ => None,
+        }
+    }
+
+    /// The checkbox shown in the rendering.
+    fn marker(self) -> &'static str {
+        match self {
+            TodoStatus::Pending => "[ ]",
+            TodoStatus::InProgress => "[>]",
+            TodoStatus::Completed => "[x]",
+        }
+    }
+}
+
+/// One item of the task list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Todo {
+    pub content: String,
+    pub status: TodoStatus,
+}
+
+/// The `todos` argument, validated. A JSON string holding the array is accepted too (some models
+/// encode it twice).
+pub fn parse_todos(args: &Value) -> Result<Vec<Todo>, ToolError> {
+    let decoded;
+    let todos = match args.get("todos") {
+        Some(Value::String(text)) => {
+            decoded = serde_json::from_str::<Value>(text).map_err(|_| {
+                invalid("`todos` must be an array of {content, status} objects, got a string")
+            })?;
+            &decoded
+        }
+        Some(value) => value,
+        None => {
+            return Err(invalid(
+                "missing required argument `todos` (an array of {content, status} objects)",
+            ));
+        }
+    };
+    let Some(items) = todos.as_array() else {
+        return Err(invalid(format!(
+            "`todos` must be an array of {{content, status}} objects, got {todos}"
+        )));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| parse_todo(index + 1, item))
+        .collect()
+}
+
+/// Item `number` (1-based) of the list.
+fn parse_todo(number: usize, item: &Value) -> Result<Todo, ToolError> {
+    let content = item
+        .get("content")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|content| !content.is_empty())
+        .ok_or_else(|| {
+            invalid(format!(
+                "todo {number} needs a non-empty string `content`, got {item}"
+            ))
+        })?;
+    let raw_status = item.get("status").and_then(Value::as_str);
+    let status = raw_status.and_then(TodoStatus::parse).ok_or_else(|| {
+        let got = raw_status.map_or_else(|| "no status".to_string(), |s| format!("status \"{s}\""));
+        invalid(format!(
+            "todo {number} (\"{content}\") has {got}; use pending, in_progress or completed"
+        ))
+    })?;
+    Ok(Todo {
+        content: content.to_string(),
+        status,
+    })
+}
+
+fn invalid(message: impl Into<String>) -> ToolError {
+    ToolError::new("INVALID_TODOS", format!("todo_write: {}", message.into()))
+}
+
+/// One line per todo (`[x] done`, `[>] doing`, `[ ] to do`), plus a reminder when more than one
+/// is in progress.
+pub fn render_todos(todos: &[Todo]) -> String {
+    if todos.is_empty() {
+        return "Todo list cleared.".to_string();
+    }
+    let mut out = todos
+        .iter()
+        .map(|todo| format!("{} {}", todo.status.marker(), todo.content))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let in_progress = todos
+        .iter()
+        .filter(|todo| todo.status == TodoStatus::InProgress)
+        .count();
+    if in_progress > 1 {
+        let _ = write!(
+            out,
+            "\n\nNote: {in_progress} todos are in_progress; keep at most one in progress."
+        );
+    }
+    out
+}
+
+/// `todo_write`: replaces the session's task list.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TodoWriteTool;
+
+impl Tool for TodoWriteTool {
+    fn name(&self) -> &str {
+        "todo_write"
+    }
+
+    fn description(&self) -> String {
+        "Record and update a structured task list for the current work. Send the ENTIRE list \
+         every call — it REPLACES the previous list (there are no partial updates, no per-item \
+         edits). Use it to plan multi-step work and show progress: add one todo per concrete \
+         step before you start. Keep AT MOST ONE todo `in_progress` at a time; while work \
+         remains, exactly one active task should be `in_progress`. Mark a todo `completed` the \
+         moment it is done (do not batch completions), and allow no `in_progress` item only \
+         once all work is complete. Skip the list for trivial single-step tasks. Statuses: \
+         `pending` (not started), `in_progress` (being worked on now), `completed` (finished)."
+            .to_string()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "todos": {
+                    "type": "array",
+                    "description": "The COMPLETE task list, replacing any previous list.",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": false,
+                        "properties": {
+                            "content": {
+                                "type": "string",
+                                "description": "What the task is — a short imperative line."
+                            },
+                            "status": {
+                                "type": "string",
+                                "description": "pending (not started) | in_progress (now) | completed (done).",
+                                "enum": ["pending", "in_progress", "completed"]
+                            }
+                        },
+                        "required": ["content", "status"]
+                    }
+                }
+            },
+            "required": ["todos"]
+        })
+    }
+
+    fn execute(
+        &self,
+        arguments: Value,
+        _ctx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let todos = parse_todos(&arguments)?;
+            Ok(ToolOutput::text(render_todos(&todos)))
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_util::sync::CancellationToken;
+
+    fn ctx() -> ToolContext {
+        ToolContext::detached(None, CancellationToken::new())
+    }
+
+    #[test]
+    fn parses_items_in_order() {
+        let todos = parse_todos(&json!({"todos": [
+            {"content": "Read the code", "status": "completed"},
+            {"content": "  Write the fix ", "status": "in_progress"},
+            {"content": "Run the tests", "status": "pending"}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            todos,
+            vec![
+                Todo {
+                    content: "Read the code".into(),
+                    status: TodoStatus::Completed
+                },
+                Todo {
+                    content: "Write the fix".into(),
+                    status: TodoStatus::InProgress
+                },
+                Todo {
+                    content: "Run the tests".into(),
+                    status: TodoStatus::Pending
+                },
+            ]
+        );
+        assert_eq!(todos[1].status.as_str(), "in_progress");
+    }
+
+    #[test]
+    fn accepts_a_json_encoded_list() {
+        let args = json!({"todos": "[{\"content\": \"a\", \"status\": \"pending\"}]"});
+        assert_eq!(parse_todos(&args).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn bad_items_are_named() {
+        let err = parse_todos(&json!({"todos": [
+            {"content": "fine", "status": "pending"},
+            {"content": "Ship it", "status": "done"}
+        ]}))
+        .unwrap_err();
+        assert_eq!(err.code, "INVALID_TODOS");
+        assert!(err.message.contains("todo 2"), "{}", err.message);
+        assert!(err.message.contains("Ship it"), "{}", err.message);
+        assert!(err.message.contains("\"done\""), "{}", err.message);
+        let err = parse_todos(&json!({"todos": [{"status": "pending"}]})).unwrap_err();
+        assert!(err.message.contains("todo 1"), "{}", err.message);
+        let err = parse_todos(&json!({"todos": {"content": "x"}})).unwrap_err();
+        assert_eq!(err.code, "INVALID_TODOS");
+        let err = parse_todos(&json!({})).unwrap_err();
+        assert!(err.message.contains("missing"), "{}", err.message);
+    }
+
+    #[tokio::test]
+    async fn renders_one_line_per_todo() {
+        let args = json!({"todos": [
+            {"content": "Read the code", "status": "completed"},
+            {"content": "Write the fix", "status": "in_progress"},
+            {"content": "Run the tests", "status": "pending"}
+        ]});
+        let output = TodoWriteTool.execute(args, ctx()).await.unwrap();
+        assert_eq!(
+            output,
+            ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests")
+        );
+        let two = render_todos(&[
+            Todo {
+                content: "a".into(),
+                status: TodoStatus::InProgress,
+            },
+            Todo {
+                content: "b".into(),
+                status: TodoStatus::InProgress,
+            },
+        ]);
+        assert!(two.ends_with("2 todos are in_progress; keep at most one in progress."));
+        assert_eq!(render_todos(&[]), "Todo list cleared.");
+    }
+}
