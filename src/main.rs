@@ -66,7 +66,11 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Acp(_) => {
             let model = kin::runtime::model_for(&config)?;
-            let tools = kin::tools::ToolRegistry::new();
+            let mut tools = kin::tools::ToolRegistry::new();
+            kin::tools::builtin::register_coding_tools(
+                &mut tools,
+                kin::tools::fs::FileState::new(),
+            );
             let runtime = kin::runtime::Runtime::new(config, model, tools)?;
             kin::acp::serve_stdio(runtime.clone()).await?;
             if let Err(unused) = runtime.check_model_consumed() {

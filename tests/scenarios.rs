@@ -8,12 +8,8 @@ use kin::scenario::{Compare, RunOptions, run};
 
 /// dsh fixtures whose feature belongs to a later issue, with the issue that brings it.
 /// This list only shrinks: a listed fixture that starts passing fails the test until removed.
-const EXPECTED_FAILURES: &[(&str, u32)] = &[
-    ("fs-read", 4),
-    ("tool-call-turn", 4),
-    ("subagent-continuable", 6),
-    ("subagent-list-agents", 7),
-];
+const EXPECTED_FAILURES: &[(&str, u32)] =
+    &[("subagent-continuable", 6), ("subagent-list-agents", 7)];
 
 fn options(compare: Compare) -> RunOptions {
     RunOptions {

@@ -1,8 +1,9 @@
 //! Conversions between ACP types and kin's session events and messages.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, SessionUpdate, StopReason, TextContent, ToolCall, ToolCallContent,
-    ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    ContentBlock, ContentChunk, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate,
+    StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use serde_json::{Value, json};
 
@@ -39,6 +40,9 @@ pub fn live_update(event: &Event) -> Option<SessionUpdate> {
     if event.kind == "tool/call" || event.kind == "tool/result" {
         return tool_update(event);
     }
+    if event.kind == "todo/write" {
+        return Some(plan_update(event));
+    }
     if event.kind != "assistant/chunk" {
         return None;
     }
@@ -71,6 +75,7 @@ pub fn replay_updates(event: &Event) -> Vec<SessionUpdate> {
             })
             .collect(),
         "tool/call" | "tool/result" => tool_update(event).into_iter().collect(),
+        "todo/write" => vec![plan_update(event)],
         _ => Vec::new(),
     }
 }
@@ -116,6 +121,25 @@ fn tool_update(event: &Event) -> Option<SessionUpdate> {
         id.to_string(),
         fields,
     )))
+}
+
+/// `todo/write` → the editor's plan.
+fn plan_update(event: &Event) -> SessionUpdate {
+    let entries = blocks(&event.data["todos"])
+        .map(|t| {
+            let status = match t["status"].as_str() {
+                Some("completed") => PlanEntryStatus::Completed,
+                Some("in_progress") => PlanEntryStatus::InProgress,
+                _ => PlanEntryStatus::Pending,
+            };
+            PlanEntry::new(
+                t["content"].as_str().unwrap_or_default(),
+                PlanEntryPriority::Medium,
+                status,
+            )
+        })
+        .collect();
+    SessionUpdate::Plan(Plan::new(entries))
 }
 
 /// What the editor shows as the call's title.

@@ -46,8 +46,8 @@ pub struct AgentDeps {
 
 /// A message waiting for its own turn.
 struct Queued {
-    content: Vec<Value>,
-    source: Value,
+    /// The prebuilt user message (its id was returned to the sender).
+    message: Value,
     /// Log-only events appended inside the turn, after the user message, before the first step.
     preamble: Vec<(String, Value)>,
     reply: Option<oneshot::Sender<TurnEnd>>,
@@ -57,13 +57,12 @@ struct Queued {
 type Reader = Box<dyn FnOnce(&Session) + Send>;
 
 /// Messages staged for the next step of the running turn.
-type Staged = Arc<Mutex<Vec<(Vec<Value>, Value)>>>;
+type Staged = Arc<Mutex<Vec<Value>>>;
 
 enum Command {
     Followup(Queued),
     Inject {
-        content: Vec<Value>,
-        source: Value,
+        message: Value,
     },
     Flush {
         reply: oneshot::Sender<Result<(), String>>,
@@ -130,14 +129,25 @@ impl AgentHandle {
         source: Value,
         preamble: Vec<(String, Value)>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
+        self.submit(content, source, preamble).map(|(_, rx)| rx)
+    }
+
+    /// `followup_with` that also returns the accepted message's id.
+    pub fn submit(
+        &self,
+        content: Vec<Value>,
+        source: Value,
+        preamble: Vec<(String, Value)>,
+    ) -> Result<(String, oneshot::Receiver<TurnEnd>), AgentGone> {
         let (reply, rx) = oneshot::channel();
+        let message = user_message(content, source);
+        let id = message["id"].as_str().unwrap_or_default().to_string();
         self.send(Command::Followup(Queued {
-            content,
-            source,
+            message,
             preamble,
             reply: Some(reply),
         }))?;
-        Ok(rx)
+        Ok((id, rx))
     }
 
     /// Runs `f` on the session between turns (waiting for a running turn to end).
@@ -152,9 +162,13 @@ impl AgentHandle {
         rx.await.map_err(|_| AgentGone(self.id.clone()))
     }
 
-    /// Adds a user message without running the model.
-    pub fn inject(&self, content: Vec<Value>, source: Value) -> Result<(), AgentGone> {
-        self.send(Command::Inject { content, source })
+    /// Adds a user message without running the model (between turns at once, or before the
+    /// next step of a running turn); returns the message id.
+    pub fn inject(&self, content: Vec<Value>, source: Value) -> Result<String, AgentGone> {
+        let message = user_message(content, source);
+        let id = message["id"].as_str().unwrap_or_default().to_string();
+        self.send(Command::Inject { message })?;
+        Ok(id)
     }
 
     /// Cancels the running turn, if any; queued turns stay queued.
@@ -255,9 +269,8 @@ impl Actor {
     fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<()>>) {
         match command {
             Command::Followup(queued) => self.queue.push_back(queued),
-            Command::Inject { content, source } => {
-                self.session
-                    .append_surface("user/message", user_message(content, source), None);
+            Command::Inject { message } => {
+                self.session.append_surface("user/message", message, None);
             }
             Command::Flush { reply } => {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
@@ -281,19 +294,14 @@ impl Actor {
         }
         self.shared.running.store(true, Ordering::SeqCst);
         let Queued {
-            content,
-            source,
+            message,
             preamble,
             reply,
         } = item;
         let mut flushes = Vec::new();
         let mut readers = Vec::new();
         let mut end = {
-            let input = turn::TurnInput {
-                content,
-                source,
-                preamble,
-            };
+            let input = turn::TurnInput { message, preamble };
             let run = turn::run_turn(
                 &mut self.session,
                 &self.deps,
@@ -308,9 +316,9 @@ impl Actor {
                     end = &mut run => break end,
                     command = rx.recv() => match command {
                         Some(Command::Followup(queued)) => self.queue.push_back(queued),
-                        Some(Command::Inject { content, source }) => {
+                        Some(Command::Inject { message }) => {
                             if let Ok(mut staged) = self.staged.lock() {
-                                staged.push((content, source));
+                                staged.push(message);
                             }
                         }
                         Some(Command::Flush { reply }) => flushes.push(reply),
@@ -334,9 +342,8 @@ impl Actor {
             .lock()
             .map(|mut s| s.drain(..).collect())
             .unwrap_or_default();
-        for (content, source) in late {
-            self.session
-                .append_surface("user/message", user_message(content, source), None);
+        for message in late {
+            self.session.append_surface("user/message", message, None);
         }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
         if let Err(e) = &flushed {

@@ -11,7 +11,7 @@ use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentDeps, Staged, TurnEnd, user_message};
+use super::{AgentDeps, Staged, TurnEnd};
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::session::Session;
 use crate::tools::{Caller, ToolContext, ToolError, ToolOutput};
@@ -38,8 +38,8 @@ enum StepEnd {
 
 /// What starts a turn.
 pub(super) struct TurnInput {
-    pub content: Vec<Value>,
-    pub source: Value,
+    /// The turn's user message (`{content, source, role, id}`).
+    pub message: Value,
     pub preamble: Vec<(String, Value)>,
 }
 
@@ -52,17 +52,13 @@ pub(super) async fn run_turn(
     disposing: &AtomicBool,
 ) -> TurnEnd {
     let cancelled = || cancelled_end(disposing);
-    let TurnInput {
-        content,
-        source,
-        preamble,
-    } = input;
+    let TurnInput { message, preamble } = input;
     let turn = session.next_turn();
     session.append(
         "turn/start",
-        json!({"turn": turn, "trigger": {"kind": "message", "source": source.clone()}}),
+        json!({"turn": turn, "trigger": {"kind": "message", "source": message["source"].clone()}}),
     );
-    session.append_surface("user/message", user_message(content, source), None);
+    session.append_surface("user/message", message, None);
     for (kind, data) in preamble {
         session.append(&kind, data);
     }
@@ -73,8 +69,8 @@ pub(super) async fn run_turn(
             .lock()
             .map(|mut s| s.drain(..).collect())
             .unwrap_or_default();
-        for (content, source) in staged_now {
-            session.append_surface("user/message", user_message(content, source), None);
+        for message in staged_now {
+            session.append_surface("user/message", message, None);
         }
         session.append("step/start", json!({"turn": turn, "step": step}));
         let end = run_step(session, deps, turn, step, &cancel, disposing).await;
@@ -317,7 +313,12 @@ async fn run_tools(
                 .collect()
                 .await
         };
-        for (((id, _, _), result), seq) in batch.iter().zip(results).zip(seqs) {
+        for (((id, _, _), mut result), seq) in batch.iter().zip(results).zip(seqs) {
+            if let Ok(output) = &mut result {
+                for (kind, data) in output.events.drain(..) {
+                    session.append(&kind, data);
+                }
+            }
             session.append_surface(
                 "tool/result",
                 tool_result(turn, step, id, result),

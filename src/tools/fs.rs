@@ -30,11 +30,13 @@ const MAX_READ_BYTES: usize = 50 * 1024;
 /// Bytes inspected for a NUL to tell binary files from text.
 const BINARY_SNIFF_BYTES: u64 = 8 * 1024;
 
-/// The files this session has read (or written), shared by the file tools: `edit` and
-/// overwriting `write`s are refused for files not in it.
+/// The files each session has read (or written), shared by the file tools: `edit` and
+/// overwriting `write`s are refused for files the calling session has not read.
 #[derive(Debug, Clone, Default)]
 pub struct FileState {
-    read: Arc<Mutex<HashSet<PathBuf>>>,
+    read: Arc<Mutex<HashSet<(String, PathBuf)>>>,
+    /// The session this view records for (see `scoped`).
+    session: String,
 }
 
 impl FileState {
@@ -42,16 +44,26 @@ impl FileState {
         Self::default()
     }
 
+    /// The same record, viewed as `session`'s.
+    pub fn scoped(&self, session: &str) -> FileState {
+        FileState {
+            read: self.read.clone(),
+            session: session.to_string(),
+        }
+    }
+
     /// Records that the session has seen the current content of `path`.
     pub fn mark_read(&self, path: &Path) {
-        self.lock().insert(path.to_path_buf());
+        self.lock()
+            .insert((self.session.clone(), path.to_path_buf()));
     }
 
     pub fn was_read(&self, path: &Path) -> bool {
-        self.lock().contains(path)
+        self.lock()
+            .contains(&(self.session.clone(), path.to_path_buf()))
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashSet<PathBuf>> {
+    fn lock(&self) -> MutexGuard<'_, HashSet<(String, PathBuf)>> {
         self.read.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -222,7 +234,7 @@ impl Tool for ReadTool {
         arguments: Value,
         ctx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let files = self.files.clone();
+        let files = self.files.scoped(&ctx.session_id);
         async move {
             let request = ReadRequest::parse(&arguments)?;
             let cwd = call_cwd(&ctx);
@@ -386,7 +398,7 @@ impl Tool for WriteTool {
         arguments: Value,
         ctx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let files = self.files.clone();
+        let files = self.files.scoped(&ctx.session_id);
         async move {
             let file_path = required_str(&arguments, "file_path", "write")?;
             let content = required_str(&arguments, "content", "write")?;
@@ -525,7 +537,7 @@ impl Tool for EditTool {
         arguments: Value,
         ctx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let files = self.files.clone();
+        let files = self.files.scoped(&ctx.session_id);
         async move {
             let request = EditRequest::parse(&arguments)?;
             let cwd = call_cwd(&ctx);

@@ -2,6 +2,13 @@
 //! with cancellation) and the registry the agent loop dispatches through. Errors reach the model
 //! as `Error: <message>` with `isError: true`; an unknown name is an error result, not a crash.
 
+pub mod bash;
+pub mod builtin;
+pub mod fs;
+pub mod paths;
+pub mod search;
+pub mod todo;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,17 +59,26 @@ impl ToolContext {
     }
 }
 
-/// A tool's answer: content blocks for the model.
+/// A tool's answer: content blocks for the model, plus log-only events the agent records
+/// just before the result (e.g. `todo/write`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
     pub content: Vec<Value>,
+    pub events: Vec<(String, Value)>,
 }
 
 impl ToolOutput {
     pub fn text(text: impl Into<String>) -> Self {
         ToolOutput {
             content: vec![json!({"type": "text", "text": text.into()})],
+            events: Vec::new(),
         }
+    }
+
+    /// Adds a log-only event recorded with the result.
+    pub fn with_event(mut self, kind: &str, data: Value) -> Self {
+        self.events.push((kind.to_string(), data));
+        self
     }
 }
 

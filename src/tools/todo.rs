@@ -194,7 +194,12 @@ impl Tool for TodoWriteTool {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let todos = parse_todos(&arguments)?;
-            Ok(ToolOutput::text(render_todos(&todos)))
+            let stored: Vec<Value> = todos
+                .iter()
+                .map(|t| serde_json::json!({"content": t.content, "status": t.status.as_str()}))
+                .collect();
+            Ok(ToolOutput::text(render_todos(&todos))
+                .with_event("todo/write", serde_json::json!({"todos": stored})))
         }
         .boxed()
     }
@@ -271,8 +276,18 @@ mod tests {
         ]});
         let output = TodoWriteTool.execute(args, ctx()).await.unwrap();
         assert_eq!(
-            output,
-            ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests")
+            output.content,
+            ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests").content
+        );
+        assert_eq!(
+            output.events.len(),
+            1,
+            "the plan is recorded as a todo/write event"
+        );
+        assert_eq!(output.events[0].0, "todo/write");
+        assert_eq!(
+            output.events[0].1["todos"][1],
+            json!({"content": "Write the fix", "status": "in_progress"})
         );
         let two = render_todos(&[
             Todo {
