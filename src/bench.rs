@@ -20,12 +20,7 @@ use crate::tools::ToolRegistry;
 /// Runs the suite and writes a report to `out`.
 pub async fn run(quick: bool, out: &mut dyn Write) -> Result<()> {
     let tmp = tempfile::tempdir()?;
-    writeln!(
-        out,
-        "kin bench{} — {}",
-        if quick { " --quick" } else { "" },
-        machine()
-    )?;
+    writeln!(out, "kin bench{} — {}", if quick { " --quick" } else { "" }, machine())?;
     let starts = if quick { 10 } else { 30 };
     let (times, rss) = cold_start(tmp.path(), starts)?;
     writeln!(
@@ -49,19 +44,10 @@ pub async fn run(quick: bool, out: &mut dyn Write) -> Result<()> {
         ms(elapsed),
         events as f64 / elapsed.as_secs_f64()
     )?;
-    let sizes: &[usize] = if quick {
-        &[10_000, 100_000]
-    } else {
-        &[10_000, 100_000, 1_000_000]
-    };
+    let sizes: &[usize] = if quick { &[10_000, 100_000] } else { &[10_000, 100_000, 1_000_000] };
     for &n in sizes {
         let (load, bytes) = load_time(tmp.path(), n)?;
-        writeln!(
-            out,
-            "load of a {n}-event session ({:.1} MB): {}",
-            bytes as f64 / 1e6,
-            ms(load)
-        )?;
+        writeln!(out, "load of a {n}-event session ({:.1} MB): {}", bytes as f64 / 1e6, ms(load))?;
     }
     Ok(())
 }
@@ -92,9 +78,7 @@ fn median(v: &[Duration]) -> Duration {
 fn p99(v: &[Duration]) -> Duration {
     let mut v = v.to_vec();
     v.sort();
-    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or_default()
+    v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
 }
 
 fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
@@ -128,25 +112,13 @@ fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
 
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
     let store = SessionStore::new(tmp.join("turns"));
-    let session = store.create(SessionHeader::new(
-        uuid::Uuid::new_v4().to_string(),
-        0,
-        Some("/bench".into()),
-    ))?;
-    let model = Arc::new(ScriptedModel::from_responses(
-        (0..turns).map(|_| text_response(&["ok"])),
-    ));
+    let session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
+    let model = Arc::new(ScriptedModel::from_responses((0..turns).map(|_| text_response(&["ok"]))));
     let deps = AgentDeps {
         model: model as Arc<dyn Model>,
         tools: ToolRegistry::new(),
@@ -160,12 +132,7 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
     let mut times = Vec::with_capacity(turns);
     for _ in 0..turns {
         let started = Instant::now();
-        let end = agent
-            .followup(
-                vec![json!({"type":"text","text":"hi"})],
-                json!({"kind":"user"}),
-            )?
-            .await?;
+        let end = agent.followup(vec![json!({"type":"text","text":"hi"})], json!({"kind":"user"}))?.await?;
         times.push(started.elapsed());
         anyhow::ensure!(end == TurnEnd::Completed, "bench turn ended {end:?}");
     }
@@ -175,14 +142,13 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
 
 fn append_throughput(tmp: &Path, n: usize) -> Result<(usize, Duration)> {
     let store = SessionStore::new(tmp.join("append"));
-    let mut session = store.create(SessionHeader::new(
-        uuid::Uuid::new_v4().to_string(),
-        0,
-        Some("/bench".into()),
-    ))?;
+    let mut session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
     let started = Instant::now();
     for i in 0..n {
-        session.append("assistant/chunk", json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token "}}));
+        session.append(
+            "assistant/chunk",
+            json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token "}}),
+        );
         if i % 100 == 99 {
             session.flush()?;
         }
@@ -204,26 +170,17 @@ fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64)> {
                 json!({"turn": turn, "trigger": {"kind": "message", "source": {"kind": "user"}}}),
             );
         } else if i % 10 == 9 {
-            session.append(
-                "turn/end",
-                json!({"turn": turn, "reason": {"kind": "completed"}}),
-            );
+            session.append("turn/end", json!({"turn": turn, "reason": {"kind": "completed"}}));
         } else {
             session.append("assistant/chunk", json!({"turn": turn, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "some streamed text"}}));
         }
     }
     session.flush()?;
     drop(session);
-    let bytes = store
-        .locate(&id)?
-        .map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len()));
+    let bytes = store.locate(&id)?.map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len()));
     let started = Instant::now();
     let loaded = store.load(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
     let elapsed = started.elapsed();
-    anyhow::ensure!(
-        loaded.events().len() >= n,
-        "loaded {} of {n} events",
-        loaded.events().len()
-    );
+    anyhow::ensure!(loaded.events().len() >= n, "loaded {} of {n} events", loaded.events().len());
     Ok((elapsed, bytes))
 }

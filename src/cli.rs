@@ -7,11 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::Overrides;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "kin",
-    version,
-    about = "An ACP agent daemon with durable, continuable child agents"
-)]
+#[command(name = "kin", version, about = "An ACP agent daemon with durable, continuable child agents")]
 pub struct Cli {
     #[command(flatten)]
     pub common: Common,

@@ -78,13 +78,7 @@ pub fn sessions_show(config: &Config, id: &str) -> Result<()> {
     let scanned = store.inspect(id).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut out = std::io::stdout().lock();
     let h = &scanned.header;
-    writeln!(
-        out,
-        "session {} (cwd {}, depth {})",
-        h.id,
-        h.cwd.as_deref().unwrap_or("-"),
-        h.delegation_depth
-    )?;
+    writeln!(out, "session {} (cwd {}, depth {})", h.id, h.cwd.as_deref().unwrap_or("-"), h.delegation_depth)?;
     if let Some(parent) = &h.parent_session {
         writeln!(out, "parent  {parent}")?;
     }
@@ -107,16 +101,12 @@ fn texts(content: &Value) -> String {
         .filter_map(|b| match b["type"].as_str() {
             Some("text") => b["text"].as_str().map(str::to_string),
             Some("reasoning") => b["text"].as_str().map(|t| format!("(thinking) {t}")),
-            Some("tool-call") => Some(format!(
-                "[call {} {}]",
-                b["name"].as_str().unwrap_or("?"),
-                b["arguments"].as_str().unwrap_or("")
-            )),
-            Some("tool-result") => Some(format!(
-                "[result{}] {}",
-                if b["isError"] == true { " error" } else { "" },
-                texts(&b["content"])
-            )),
+            Some("tool-call") => {
+                Some(format!("[call {} {}]", b["name"].as_str().unwrap_or("?"), b["arguments"].as_str().unwrap_or("")))
+            }
+            Some("tool-result") => {
+                Some(format!("[result{}] {}", if b["isError"] == true { " error" } else { "" }, texts(&b["content"])))
+            }
             _ => None,
         })
         .collect::<Vec<_>>()
@@ -127,11 +117,7 @@ fn describe(event: &Event) -> Option<String> {
     let d = &event.data;
     Some(match event.kind.as_str() {
         "turn/start" => format!("── turn {} ──", d["turn"]),
-        "turn/end" => format!(
-            "── turn {} ended: {} ──",
-            d["turn"],
-            d["reason"]["kind"].as_str().unwrap_or("?")
-        ),
+        "turn/end" => format!("── turn {} ended: {} ──", d["turn"], d["reason"]["kind"].as_str().unwrap_or("?")),
         "user/message" => format!("user: {}", texts(&d["content"])),
         "assistant/message" => format!("assistant: {}", texts(&d["message"]["content"])),
         "tool/result" => format!("tool: {}", texts(&d["message"]["content"])),
@@ -144,10 +130,7 @@ pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
     let store = SessionStore::new(config.sessions_dir.clone());
     let paths: Vec<PathBuf> = match id {
         Some(id) => vec![
-            store
-                .locate(id)
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .with_context(|| format!("unknown session: {id}"))?,
+            store.locate(id).map_err(|e| anyhow::anyhow!("{e}"))?.with_context(|| format!("unknown session: {id}"))?,
         ],
         None => all_logs(store.root()),
     };
@@ -158,17 +141,8 @@ pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
             Ok(scanned) => match &scanned.torn {
                 None => {
                     let open = !crate::session::repair::closers(&scanned.events).is_empty();
-                    let note = if open {
-                        " (last turn interrupted; load will close it)"
-                    } else {
-                        ""
-                    };
-                    writeln!(
-                        out,
-                        "ok       {} ({} events){note}",
-                        path.display(),
-                        scanned.events.len()
-                    )?;
+                    let note = if open { " (last turn interrupted; load will close it)" } else { "" };
+                    writeln!(out, "ok       {} ({} events){note}", path.display(), scanned.events.len())?;
                 }
                 Some(torn) => {
                     clean = false;
@@ -194,11 +168,7 @@ pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
 fn all_logs(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for project in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        for session in std::fs::read_dir(project.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+        for session in std::fs::read_dir(project.path()).into_iter().flatten().flatten() {
             let path = session.path().join(crate::session::layout::LOG_FILE);
             if std::fs::symlink_metadata(&path).is_ok() {
                 out.push(path);

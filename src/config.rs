@@ -107,10 +107,7 @@ pub fn process_env(key: &str) -> Option<String> {
 impl Config {
     /// Resolves flags > environment > config file > defaults.
     pub fn resolve(flags: &Overrides, env: Env<'_>) -> Result<Config> {
-        let explicit = flags
-            .config
-            .clone()
-            .or_else(|| env("KIN_CONFIG").map(PathBuf::from));
+        let explicit = flags.config.clone().or_else(|| env("KIN_CONFIG").map(PathBuf::from));
         let default_path = env("XDG_CONFIG_HOME")
             .map(PathBuf::from)
             .or_else(|| env("HOME").map(|h| Path::new(&h).join(".config")))
@@ -120,11 +117,7 @@ impl Config {
             (None, Some(path)) if path.exists() => (read_file(path)?, Some(path.clone())),
             _ => (FileConfig::default(), None),
         };
-        let where_ = || {
-            config_file
-                .as_ref()
-                .map_or("defaults".to_string(), |p| p.display().to_string())
-        };
+        let where_ = || config_file.as_ref().map_or("defaults".to_string(), |p| p.display().to_string());
         let sessions_dir = flags
             .sessions
             .clone()
@@ -132,45 +125,29 @@ impl Config {
             .or(file.sessions_dir)
             .or_else(|| env("XDG_STATE_HOME").map(|s| Path::new(&s).join("kin/sessions")))
             .or_else(|| env("HOME").map(|h| Path::new(&h).join(".local/state/kin/sessions")))
-            .context(
-                "cannot choose a sessions directory: pass --sessions DIR or set KIN_SESSIONS_DIR",
-            )?;
+            .context("cannot choose a sessions directory: pass --sessions DIR or set KIN_SESSIONS_DIR")?;
         let (model_text, model_origin) = match (&flags.model, env("KIN_MODEL"), &file.model) {
             (Some(m), _, _) => (m.clone(), "--model".to_string()),
             (None, Some(m), _) => (m, "KIN_MODEL".to_string()),
             (None, None, Some(m)) => (m.clone(), format!("{}: key `model`", where_())),
             (None, None, None) => (DEFAULT_MODEL.to_string(), "default".to_string()),
         };
-        let model =
-            ModelRoute::parse(&model_text).map_err(|e| anyhow::anyhow!("{model_origin}: {e}"))?;
+        let model = ModelRoute::parse(&model_text).map_err(|e| anyhow::anyhow!("{model_origin}: {e}"))?;
         let max_steps = file.agent.max_steps.unwrap_or(50);
         if max_steps == 0 {
-            anyhow::bail!(
-                "{}: key `agent.max_steps` must be a positive integer",
-                where_()
-            );
+            anyhow::bail!("{}: key `agent.max_steps` must be a positive integer", where_());
         }
         let max_parallel_tools = file.agent.max_parallel_tools.unwrap_or(10);
         if max_parallel_tools == 0 {
-            anyhow::bail!(
-                "{}: key `agent.max_parallel_tools` must be a positive integer",
-                where_()
-            );
+            anyhow::bail!("{}: key `agent.max_parallel_tools` must be a positive integer", where_());
         }
         let subagents = resolve_subagents(file.subagents, &where_())?;
         Ok(Config {
             subagents,
             sessions_dir,
             model,
-            log_file: flags
-                .log_file
-                .clone()
-                .or_else(|| env("KIN_LOG_FILE").map(PathBuf::from))
-                .or(file.log_file),
-            replay: flags
-                .replay
-                .clone()
-                .or_else(|| env("KIN_REPLAY_DIR").map(PathBuf::from)),
+            log_file: flags.log_file.clone().or_else(|| env("KIN_LOG_FILE").map(PathBuf::from)).or(file.log_file),
+            replay: flags.replay.clone().or_else(|| env("KIN_REPLAY_DIR").map(PathBuf::from)),
             max_steps,
             max_parallel_tools,
             config_file,
@@ -182,10 +159,7 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
     let defaults = SubagentSettings::default();
     let model = section
         .model
-        .map(|m| {
-            ModelRoute::parse(&m)
-                .map_err(|e| anyhow::anyhow!("{origin}: key `subagents.model`: {e}"))
-        })
+        .map(|m| ModelRoute::parse(&m).map_err(|e| anyhow::anyhow!("{origin}: key `subagents.model`: {e}")))
         .transpose()?;
     let output_schema = match section.output_schema {
         None => None,
@@ -194,9 +168,7 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
                 anyhow::anyhow!("{origin}: key `subagents.output_schema` must be a JSON Schema object in a string: {e}")
             })?;
             if schema.get("type").and_then(serde_json::Value::as_str) != Some("object") {
-                anyhow::bail!(
-                    "{origin}: key `subagents.output_schema` must be object-rooted (\"type\": \"object\")"
-                );
+                anyhow::bail!("{origin}: key `subagents.output_schema` must be object-rooted (\"type\": \"object\")");
             }
             Some(schema)
         }
@@ -212,15 +184,8 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
 }
 
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config file {}", path.display()))?;
-    toml::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "config file {}: {}",
-            path.display(),
-            e.to_string().trim_end()
-        )
-    })
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {}", path.display(), e.to_string().trim_end()))
 }
 
 #[cfg(test)]
@@ -229,10 +194,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         move |k| map.get(k).cloned()
     }
 
@@ -240,15 +202,8 @@ mod tests {
     fn flags_beat_env_beat_file_beat_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "model = \"file/m\"\nsessions_dir = \"/from/file\"\n[agent]\nmax_steps = 7\n",
-        )
-        .unwrap();
-        let flags = Overrides {
-            config: Some(file.clone()),
-            ..Default::default()
-        };
+        std::fs::write(&file, "model = \"file/m\"\nsessions_dir = \"/from/file\"\n[agent]\nmax_steps = 7\n").unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
         let env = env_of(&[("KIN_MODEL", "env/m")]);
         let c = Config::resolve(&flags, &env).unwrap();
         assert_eq!(c.model.to_string(), "env/m");
@@ -267,17 +222,10 @@ mod tests {
 
     #[test]
     fn default_sessions_dir_follows_xdg_then_home() {
-        let c = Config::resolve(
-            &Overrides::default(),
-            &env_of(&[("XDG_STATE_HOME", "/st"), ("HOME", "/h")]),
-        )
-        .unwrap();
+        let c = Config::resolve(&Overrides::default(), &env_of(&[("XDG_STATE_HOME", "/st"), ("HOME", "/h")])).unwrap();
         assert_eq!(c.sessions_dir, PathBuf::from("/st/kin/sessions"));
         let c = Config::resolve(&Overrides::default(), &env_of(&[("HOME", "/h")])).unwrap();
-        assert_eq!(
-            c.sessions_dir,
-            PathBuf::from("/h/.local/state/kin/sessions")
-        );
+        assert_eq!(c.sessions_dir, PathBuf::from("/h/.local/state/kin/sessions"));
         assert_eq!(c.model.to_string(), DEFAULT_MODEL);
     }
 
@@ -286,13 +234,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "modle = \"x/y\"\n").unwrap();
-        let flags = Overrides {
-            config: Some(file.clone()),
-            ..Default::default()
-        };
-        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")]))
-            .unwrap_err()
-            .to_string();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
         assert!(err.contains(&file.display().to_string()), "{err}");
         assert!(err.contains("modle"), "{err}");
     }
@@ -302,24 +245,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "[agent]\nmax_steps = 0\n").unwrap();
-        let flags = Overrides {
-            config: Some(file),
-            ..Default::default()
-        };
-        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")]))
-            .unwrap_err()
-            .to_string();
+        let flags = Overrides { config: Some(file), ..Default::default() };
+        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
         assert!(err.contains("agent.max_steps"), "{err}");
-        let flags = Overrides {
-            model: Some("nomodel".into()),
-            ..Default::default()
-        };
-        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")]))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("--model") && err.contains("provider/model"),
-            "{err}"
-        );
+        let flags = Overrides { model: Some("nomodel".into()), ..Default::default() };
+        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
+        assert!(err.contains("--model") && err.contains("provider/model"), "{err}");
     }
 }

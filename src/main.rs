@@ -19,10 +19,7 @@ fn main() -> ExitCode {
         }
     };
     let _guard = init_logging(&config);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kin: cannot start the async runtime: {e}");
@@ -43,22 +40,13 @@ fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::Worke
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = match &config.log_file {
         Some(path) => {
-            let dir = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."));
-            let name = path
-                .file_name()
-                .map_or_else(|| "kin.log".into(), |n| n.to_os_string());
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            let name = path.file_name().map_or_else(|| "kin.log".into(), |n| n.to_os_string());
             tracing_appender::non_blocking(tracing_appender::rolling::never(dir, name))
         }
         None => tracing_appender::non_blocking(std::io::stderr()),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer)
-        .with_ansi(false)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).init();
     Some(guard)
 }
 
@@ -67,10 +55,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         Command::Acp(_) => {
             let model = kin::runtime::model_for(&config)?;
             let mut tools = kin::tools::ToolRegistry::new();
-            kin::tools::builtin::register_coding_tools(
-                &mut tools,
-                kin::tools::fs::FileState::new(),
-            );
+            kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
             let runtime = kin::runtime::Runtime::new(config, model, tools)?;
             kin::acp::serve_stdio(runtime.clone()).await?;
             if let Err(unused) = runtime.check_model_consumed() {
@@ -79,28 +64,11 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Scenario {
-            command:
-                ScenarioCommand::Run {
-                    update,
-                    compare,
-                    out,
-                    dirs,
-                },
-        } => {
+        Command::Scenario { command: ScenarioCommand::Run { update, compare, out, dirs } } => {
             let exe = std::env::current_exe()?;
-            let opts = RunOptions {
-                exe,
-                compare: compare.into(),
-                update,
-                out,
-            };
+            let opts = RunOptions { exe, compare: compare.into(), update, out };
             let ok = kin::commands::scenario_run(&dirs, &opts).await?;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Bench { quick } => {
             kin::bench::run(quick, &mut std::io::stdout().lock()).await?;
@@ -110,16 +78,10 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             SessionsCommand::List { cwd } => {
                 kin::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS)
             }
-            SessionsCommand::Show { id } => {
-                kin::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS)
-            }
+            SessionsCommand::Show { id } => kin::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS),
             SessionsCommand::Check { id } => {
                 let clean = kin::commands::sessions_check(&config, id.as_deref())?;
-                Ok(if clean {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                })
+                Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
             }
         },
     }

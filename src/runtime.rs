@@ -15,10 +15,8 @@ use crate::config::Config;
 use crate::model::replay::ReplayModel;
 use crate::model::script::{ReplayEntry, play};
 use crate::model::{ChunkStream, Model, ModelRequest};
-use crate::session::{
-    Event, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms,
-};
-use crate::subagent::inprocess::{ChildFactory, ChildSpec, InProcessProvider};
+use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
+use crate::subagent::inprocess::{ChildFactory, ChildSetup, InProcessProvider};
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
 use crate::tools::ToolRegistry;
@@ -54,22 +52,17 @@ pub struct Runtime {
     tools: ToolRegistry,
     subagents: Arc<SubagentService>,
     live: Mutex<HashMap<String, Live>>,
+    /// Live child agents (subagents), by session id.
+    children: Mutex<HashMap<String, AgentHandle>>,
 }
 
 /// A model for routes kin cannot reach yet: every call fails with a clear message.
 struct UnavailableModel(String);
 
 impl Model for UnavailableModel {
-    fn stream(
-        &self,
-        request: ModelRequest,
-        cancel: tokio_util::sync::CancellationToken,
-    ) -> ChunkStream {
-        let entry = ReplayEntry::Throw {
-            chunks: Vec::new(),
-            message: self.0.clone(),
-            code: "MODEL_UNAVAILABLE".into(),
-        };
+    fn stream(&self, request: ModelRequest, cancel: tokio_util::sync::CancellationToken) -> ChunkStream {
+        let entry =
+            ReplayEntry::Throw { chunks: Vec::new(), message: self.0.clone(), code: "MODEL_UNAVAILABLE".into() };
         play(entry, request.cwd, cancel)
     }
 }
@@ -79,10 +72,8 @@ pub const SETTLED_MARKER: &str = ".dsh-snapshot-subagent-settled";
 
 fn delegate_config(config: &Config, tool_name: &str, provider: &str) -> DelegateConfig {
     let s = &config.subagents;
-    let tool_filter = (s.allow_tools.is_some() || s.deny_tools.is_some()).then(|| ToolFilter {
-        allow: s.allow_tools.clone(),
-        deny: s.deny_tools.clone(),
-    });
+    let tool_filter = (s.allow_tools.is_some() || s.deny_tools.is_some())
+        .then(|| ToolFilter { allow: s.allow_tools.clone(), deny: s.deny_tools.clone() });
     DelegateConfig {
         tool_name: tool_name.into(),
         provider: provider.into(),
@@ -99,24 +90,19 @@ impl ChildFactory for Runtime {
         self.mint_session_id()
     }
 
-    fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
+    fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<Session, SubagentError> {
         let infra = |e: String| SubagentError::new(ErrorCode::Infrastructure, e);
-        let ChildSpec {
-            header,
-            seed,
-            route,
-            persona,
-            tool_filter,
-            extra_tools,
-        } = spec;
-        let depth = header.delegation_depth;
-        let mut session = self
-            .store
-            .create_seeded(header, seed)
-            .map_err(|e| infra(e.to_string()))?;
-        session
-            .flush()
-            .map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
+        let mut session = self.store.create_seeded(header, seed).map_err(|e| infra(e.to_string()))?;
+        session.flush().map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
+        Ok(session)
+    }
+
+    fn load_session(&self, id: &str) -> Result<Session, String> {
+        self.store.load(id).map_err(|e| e.to_string())
+    }
+
+    fn start_agent(&self, session: Session, setup: ChildSetup) -> AgentHandle {
+        let ChildSetup { route, persona, tool_filter, extra_tools } = setup;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
@@ -131,9 +117,22 @@ impl ChildFactory for Runtime {
             system: self.system_prompt(persona.as_deref()),
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
-            depth,
+            depth: session.header.delegation_depth,
         };
-        Ok(spawn_agent(session, deps))
+        let handle = spawn_agent(session, deps);
+        self.children().insert(handle.id().to_string(), handle.clone());
+        handle
+    }
+
+    fn live_agent(&self, id: &str) -> Option<AgentHandle> {
+        if let Some(live) = self.live().get(id) {
+            return Some(live.handle.clone());
+        }
+        self.children().get(id).cloned()
+    }
+
+    fn release(&self, id: &str) {
+        self.children().remove(id);
     }
 }
 
@@ -155,10 +154,8 @@ impl Runtime {
         let subagents = Arc::new(SubagentService::new());
         let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
             let factory: std::sync::Weak<dyn ChildFactory> = weak.clone();
-            let providers: [Arc<dyn crate::subagent::SubagentProvider>; 2] = [
-                Arc::new(InProcessProvider::spawn(factory.clone())),
-                Arc::new(InProcessProvider::fork(factory)),
-            ];
+            let providers: [Arc<dyn crate::subagent::SubagentProvider>; 2] =
+                [Arc::new(InProcessProvider::spawn(factory.clone())), Arc::new(InProcessProvider::fork(factory))];
             let mut tools = tools;
             let mut problems = Vec::new();
             for (provider, tool_name) in providers.into_iter().zip(["subagent", "subagent_fork"]) {
@@ -166,10 +163,7 @@ impl Runtime {
                 if let Err(e) = subagents.register_provider(provider) {
                     problems.push(e.to_string());
                 }
-                match DelegateTool::new(
-                    delegate_config(&config, tool_name, &provider_name),
-                    subagents.clone(),
-                ) {
+                match DelegateTool::new(delegate_config(&config, tool_name, &provider_name), subagents.clone()) {
                     Ok(tool) => tools.register(Arc::new(tool)),
                     Err(e) => problems.push(e.to_string()),
                 }
@@ -185,6 +179,7 @@ impl Runtime {
                 tools,
                 subagents: subagents.clone(),
                 live: Mutex::new(HashMap::new()),
+                children: Mutex::new(HashMap::new()),
             }
         });
         if runtime.config.replay.is_some() {
@@ -221,43 +216,27 @@ impl Runtime {
         }
     }
 
+    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentHandle>> {
+        self.children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Creates a top-level session in `cwd` (absolute) and starts its agent.
-    pub fn new_session(
-        &self,
-        cwd: &Path,
-        observer: Arc<dyn SessionObserver>,
-    ) -> Result<String, RuntimeError> {
+    pub fn new_session(&self, cwd: &Path, observer: Arc<dyn SessionObserver>) -> Result<String, RuntimeError> {
         if !cwd.is_absolute() {
-            return Err(RuntimeError::InvalidParams(format!(
-                "cwd must be an absolute path: {}",
-                cwd.display()
-            )));
+            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
         }
         let id = self.mint_session_id();
         let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
-        let mut session = self
-            .store
-            .create(header)
-            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
         // The session exists on disk before the client learns its id.
-        session
-            .flush()
-            .map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
+        session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
         session.add_observer(observer);
         let handle = spawn_agent(session, self.deps());
-        self.live().insert(
-            id.clone(),
-            Live {
-                handle,
-                prompt_in_flight: Arc::new(AtomicBool::new(false)),
-            },
-        );
+        self.live().insert(id.clone(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
         Ok(id)
     }
 
@@ -280,29 +259,18 @@ impl Runtime {
     }
 
     /// Starts a user turn; the receiver resolves with how it ended. One prompt per session.
-    pub fn prompt(
-        &self,
-        session_id: &str,
-        content: Vec<Value>,
-    ) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
+    pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
         let live = self.live();
         let Some(entry) = live.get(session_id) else {
-            return Err(RuntimeError::InvalidParams(format!(
-                "unknown session: {session_id}"
-            )));
+            return Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}")));
         };
         if entry.prompt_in_flight.swap(true, Ordering::SeqCst) {
-            return Err(RuntimeError::InvalidParams(
-                "a prompt is already in flight for this session".into(),
-            ));
+            return Err(RuntimeError::InvalidParams("a prompt is already in flight for this session".into()));
         }
-        let turn = entry
-            .handle
-            .followup(content, json!({"kind": "user"}))
-            .map_err(|e| {
-                entry.prompt_in_flight.store(false, Ordering::SeqCst);
-                RuntimeError::Internal(e.to_string())
-            })?;
+        let turn = entry.handle.followup(content, json!({"kind": "user"})).map_err(|e| {
+            entry.prompt_in_flight.store(false, Ordering::SeqCst);
+            RuntimeError::Internal(e.to_string())
+        })?;
         let flag = entry.prompt_in_flight.clone();
         let (tx, rx) = oneshot::channel();
         tokio::spawn(async move {
@@ -343,14 +311,10 @@ impl Runtime {
             entry.handle.shutdown().await;
         }
         let mut session = self.store.load(session_id).map_err(|e| match e {
-            StoreError::InvalidId(_) | StoreError::NotFound(_) => {
-                RuntimeError::InvalidParams(e.to_string())
-            }
+            StoreError::InvalidId(_) | StoreError::NotFound(_) => RuntimeError::InvalidParams(e.to_string()),
             StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
         })?;
-        if session.header.parent_session.is_some()
-            && session.header.origin.as_deref() == Some("subagent")
-        {
+        if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
             return Err(RuntimeError::InvalidParams(format!(
                 "session {session_id} is a subagent child; load its parent instead"
             )));
@@ -358,13 +322,7 @@ impl Runtime {
         let events = session.events().to_vec();
         session.add_observer(observer);
         let handle = spawn_agent(session, self.deps());
-        self.live().insert(
-            session_id.to_string(),
-            Live {
-                handle,
-                prompt_in_flight: Arc::new(AtomicBool::new(false)),
-            },
-        );
+        self.live().insert(session_id.to_string(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
         Ok(events)
     }
 

@@ -35,11 +35,7 @@ impl Tool for Echo {
     fn parallel_safe(&self) -> bool {
         self.parallel
     }
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let (running, peak) = (self.running.clone(), self.peak.clone());
         async move {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
@@ -76,19 +72,12 @@ fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = SessionStore::new(dir.path());
     let id = "bbbbbbbb-0000-4000-8000-000000000001".to_string();
-    let session = store
-        .create(SessionHeader::new(id.clone(), 1, Some("/w".into())))
-        .unwrap();
+    let session = store.create(SessionHeader::new(id.clone(), 1, Some("/w".into()))).unwrap();
     let model = Arc::new(ScriptedModel::new(entries));
     let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let mut tools = ToolRegistry::new();
     for (name, parallel) in [("echo", false), ("pecho", true)] {
-        tools.register(Arc::new(Echo {
-            name,
-            parallel,
-            running: running.clone(),
-            peak: peak.clone(),
-        }));
+        tools.register(Arc::new(Echo { name, parallel, running: running.clone(), peak: peak.clone() }));
     }
     let deps = AgentDeps {
         model: model.clone() as Arc<dyn Model>,
@@ -100,14 +89,7 @@ fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
         depth: 0,
     };
     let handle = spawn_agent(session, deps);
-    Fixture {
-        _dir: dir,
-        store,
-        handle,
-        model,
-        peak,
-        id,
-    }
+    Fixture { _dir: dir, store, handle, model, peak, id }
 }
 
 fn chunks(c: Vec<kin::model::StreamChunk>) -> ReplayEntry {
@@ -130,52 +112,23 @@ impl Fixture {
 }
 
 fn kinds(events: &[Event]) -> Vec<&str> {
-    events
-        .iter()
-        .filter(|e| e.kind != "assistant/chunk")
-        .map(|e| e.kind.as_str())
-        .collect()
+    events.iter().filter(|e| e.kind != "assistant/chunk").map(|e| e.kind.as_str()).collect()
 }
 
 #[tokio::test]
 async fn a_text_turn_writes_the_dsh_event_sequence() {
     let f = start(vec![chunks(text_response(&["hel", "lo"]))], 5);
-    let end = f
-        .handle
-        .followup(text("hi"), user())
-        .unwrap()
-        .await
-        .unwrap();
+    let end = f.handle.followup(text("hi"), user()).unwrap().await.unwrap();
     assert_eq!(end, TurnEnd::Completed);
     let events = f.events().await;
     assert_eq!(
         kinds(&events),
-        [
-            "turn/start",
-            "user/message",
-            "step/start",
-            "assistant/message",
-            "step/end",
-            "turn/end"
-        ]
+        ["turn/start", "user/message", "step/start", "assistant/message", "step/end", "turn/end"]
     );
-    let message = events
-        .iter()
-        .find(|e| e.kind == "assistant/message")
-        .unwrap();
-    assert_eq!(
-        message.data["message"]["content"],
-        json!([{"type": "text", "text": "hello"}])
-    );
-    assert_eq!(
-        message.data["message"]["source"],
-        json!({"kind": "model", "provider": "test", "model": "model"})
-    );
-    let chunk_seqs: Vec<u64> = events
-        .iter()
-        .filter(|e| e.kind == "assistant/chunk")
-        .map(|e| e.seq)
-        .collect();
+    let message = events.iter().find(|e| e.kind == "assistant/message").unwrap();
+    assert_eq!(message.data["message"]["content"], json!([{"type": "text", "text": "hello"}]));
+    assert_eq!(message.data["message"]["source"], json!({"kind": "model", "provider": "test", "model": "model"}));
+    let chunk_seqs: Vec<u64> = events.iter().filter(|e| e.kind == "assistant/chunk").map(|e| e.seq).collect();
     assert_eq!(message.source_event_seqs.as_ref().unwrap(), &chunk_seqs);
     let request = &f.model.requests()[0];
     assert_eq!(request.system, "be brief");
@@ -187,10 +140,7 @@ async fn a_text_turn_writes_the_dsh_event_sequence() {
 async fn a_followup_sent_during_a_turn_becomes_its_own_later_turn() {
     let f = start(
         vec![
-            ReplayEntry::Hang {
-                chunks: text_response(&["x"])[..2].to_vec(),
-                ready_file: None,
-            },
+            ReplayEntry::Hang { chunks: text_response(&["x"])[..2].to_vec(), ready_file: None },
             chunks(text_response(&["second"])),
         ],
         5,
@@ -203,69 +153,41 @@ async fn a_followup_sent_during_a_turn_becomes_its_own_later_turn() {
     assert_eq!(first.await.unwrap(), TurnEnd::Aborted);
     assert_eq!(second.await.unwrap(), TurnEnd::Completed);
     let events = f.events().await;
-    let starts: Vec<&Value> = events
-        .iter()
-        .filter(|e| e.kind == "turn/start")
-        .map(|e| &e.data["turn"])
-        .collect();
+    let starts: Vec<&Value> = events.iter().filter(|e| e.kind == "turn/start").map(|e| &e.data["turn"]).collect();
     assert_eq!(starts, [&json!(1), &json!(2)]);
-    let ends: Vec<&Value> = events
-        .iter()
-        .filter(|e| e.kind == "turn/end")
-        .map(|e| &e.data["reason"]["kind"])
-        .collect();
+    let ends: Vec<&Value> = events.iter().filter(|e| e.kind == "turn/end").map(|e| &e.data["reason"]["kind"]).collect();
     assert_eq!(ends, [&json!("aborted"), &json!("completed")]);
     // The second turn's only ordinary message is "two"; the model saw both prompts.
     let last = f.model.requests().pop().unwrap();
-    let texts: Vec<&str> = last
-        .messages
-        .iter()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| m["content"][0]["text"].as_str())
-        .collect();
+    let texts: Vec<&str> =
+        last.messages.iter().filter(|m| m["role"] == "user").filter_map(|m| m["content"][0]["text"].as_str()).collect();
     assert_eq!(texts, ["one", "two"]);
 }
 
 #[tokio::test]
 async fn inject_between_turns_appends_without_running_the_model() {
     let f = start(vec![chunks(text_response(&["ok"]))], 5);
-    f.handle
-        .inject(text("note"), json!({"kind": "plugin", "plugin": "test"}))
-        .unwrap();
+    f.handle.inject(text("note"), json!({"kind": "plugin", "plugin": "test"})).unwrap();
     let events = f.events().await;
     assert_eq!(kinds(&events), ["user/message"]);
     assert!(f.model.requests().is_empty());
-    f.handle
-        .followup(text("go"), user())
-        .unwrap()
-        .await
-        .unwrap();
+    f.handle.followup(text("go"), user()).unwrap().await.unwrap();
     let request = &f.model.requests()[0];
-    assert_eq!(
-        request.messages.len(),
-        2,
-        "the injected note is model-visible"
-    );
+    assert_eq!(request.messages.len(), 2, "the injected note is model-visible");
 }
 
 #[tokio::test]
 async fn inject_during_a_turn_lands_before_the_next_step() {
     let f = start(
         vec![
-            chunks(tool_call_response(
-                "c1",
-                "echo",
-                r#"{"text":"a","delay_ms":100}"#,
-            )),
+            chunks(tool_call_response("c1", "echo", r#"{"text":"a","delay_ms":100}"#)),
             chunks(text_response(&["done"])),
         ],
         5,
     );
     let turn = f.handle.followup(text("go"), user()).unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
-    f.handle
-        .inject(text("steer"), json!({"kind": "plugin", "plugin": "test"}))
-        .unwrap();
+    f.handle.inject(text("steer"), json!({"kind": "plugin", "plugin": "test"})).unwrap();
     assert_eq!(turn.await.unwrap(), TurnEnd::Completed);
     let events = f.events().await;
     let k = kinds(&events);
@@ -286,43 +208,23 @@ async fn tool_calls_run_and_their_results_feed_the_next_step() {
         ],
         10,
     );
-    assert_eq!(
-        f.handle
-            .followup(text("go"), user())
-            .unwrap()
-            .await
-            .unwrap(),
-        TurnEnd::Completed
-    );
+    assert_eq!(f.handle.followup(text("go"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
     let events = f.events().await;
     let results: Vec<&Event> = events.iter().filter(|e| e.kind == "tool/result").collect();
     let block = |i: usize| &results[i].data["message"]["content"][0];
     assert_eq!(block(0)["content"][0]["text"], "pong");
     assert_eq!(block(0)["isError"], false);
-    assert_eq!(
-        block(1)["content"][0]["text"],
-        "Error: unknown tool \"nosuch\""
-    );
+    assert_eq!(block(1)["content"][0]["text"], "Error: unknown tool \"nosuch\"");
     assert_eq!(block(1)["isError"], true);
     assert_eq!(results[1].data["error"]["code"], "UNKNOWN_TOOL");
-    assert_eq!(
-        block(2)["content"][0]["text"],
-        "Error: echo was told to fail"
-    );
+    assert_eq!(block(2)["content"][0]["text"], "Error: echo was told to fail");
     assert_eq!(results[2].data["error"]["code"], "ECHO_FAILED");
     assert_eq!(results[3].data["error"]["code"], "INVALID_ARGUMENTS");
-    let calls: Vec<u64> = events
-        .iter()
-        .filter(|e| e.kind == "tool/call")
-        .map(|e| e.seq)
-        .collect();
+    let calls: Vec<u64> = events.iter().filter(|e| e.kind == "tool/call").map(|e| e.seq).collect();
     for (result, call) in results.iter().zip(&calls) {
         assert_eq!(result.source_event_seqs, Some(vec![*call]));
     }
-    assert_eq!(
-        f.model.requests()[1].messages.last().unwrap()["content"][0]["toolCallId"],
-        "c1"
-    );
+    assert_eq!(f.model.requests()[1].messages.last().unwrap()["content"][0]["toolCallId"], "c1");
 }
 
 fn two_calls(name: &str) -> ReplayEntry {
@@ -332,26 +234,19 @@ fn two_calls(name: &str) -> ReplayEntry {
         3..3,
         second[..3].iter().map(|ch| match ch {
             kin::model::StreamChunk::BlockStart { block_type, .. } => {
-                kin::model::StreamChunk::BlockStart {
+                kin::model::StreamChunk::BlockStart { index: 1, block_type: block_type.clone() }
+            }
+            kin::model::StreamChunk::ToolCallDelta { id, name, arguments_delta, .. } => {
+                kin::model::StreamChunk::ToolCallDelta {
                     index: 1,
-                    block_type: block_type.clone(),
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments_delta: arguments_delta.clone(),
                 }
             }
-            kin::model::StreamChunk::ToolCallDelta {
-                id,
-                name,
-                arguments_delta,
-                ..
-            } => kin::model::StreamChunk::ToolCallDelta {
-                index: 1,
-                id: id.clone(),
-                name: name.clone(),
-                arguments_delta: arguments_delta.clone(),
-            },
-            kin::model::StreamChunk::BlockEnd { block, .. } => kin::model::StreamChunk::BlockEnd {
-                index: 1,
-                block: block.clone(),
-            },
+            kin::model::StreamChunk::BlockEnd { block, .. } => {
+                kin::model::StreamChunk::BlockEnd { index: 1, block: block.clone() }
+            }
             other => other.clone(),
         }),
     );
@@ -361,133 +256,60 @@ fn two_calls(name: &str) -> ReplayEntry {
 #[tokio::test]
 async fn parallel_safe_calls_overlap_and_exclusive_calls_do_not() {
     let f = start(vec![two_calls("pecho"), chunks(text_response(&["ok"]))], 5);
-    f.handle
-        .followup(text("go"), user())
-        .unwrap()
-        .await
-        .unwrap();
-    assert_eq!(
-        f.peak.load(Ordering::SeqCst),
-        2,
-        "parallel-safe calls ran together"
-    );
+    f.handle.followup(text("go"), user()).unwrap().await.unwrap();
+    assert_eq!(f.peak.load(Ordering::SeqCst), 2, "parallel-safe calls ran together");
     let events = f.events().await;
     let order: Vec<&str> = events
         .iter()
         .filter(|e| e.kind.starts_with("tool/"))
-        .map(|e| {
-            e.data["callId"]
-                .as_str()
-                .or(e.data["message"]["source"]["callId"].as_str())
-                .unwrap()
-        })
+        .map(|e| e.data["callId"].as_str().or(e.data["message"]["source"]["callId"].as_str()).unwrap())
         .collect();
-    assert_eq!(
-        order,
-        ["a", "b", "a", "b"],
-        "results come back in call order"
-    );
+    assert_eq!(order, ["a", "b", "a", "b"], "results come back in call order");
 
     let g = start(vec![two_calls("echo"), chunks(text_response(&["ok"]))], 5);
-    g.handle
-        .followup(text("go"), user())
-        .unwrap()
-        .await
-        .unwrap();
-    assert_eq!(
-        g.peak.load(Ordering::SeqCst),
-        1,
-        "exclusive calls are barriers"
-    );
+    g.handle.followup(text("go"), user()).unwrap().await.unwrap();
+    assert_eq!(g.peak.load(Ordering::SeqCst), 1, "exclusive calls are barriers");
 }
 
 #[tokio::test]
 async fn cancelling_during_a_tool_call_aborts_it_and_the_turn() {
-    let f = start(
-        vec![chunks(tool_call_response(
-            "c1",
-            "echo",
-            r#"{"text":"slow","delay_ms":5000}"#,
-        ))],
-        5,
-    );
+    let f = start(vec![chunks(tool_call_response("c1", "echo", r#"{"text":"slow","delay_ms":5000}"#))], 5);
     let turn = f.handle.followup(text("go"), user()).unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     f.handle.cancel();
-    let end = tokio::time::timeout(Duration::from_secs(2), turn)
-        .await
-        .expect("cancel is prompt")
-        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(2), turn).await.expect("cancel is prompt").unwrap();
     assert_eq!(end, TurnEnd::Aborted);
     let events = f.events().await;
     let result = events.iter().find(|e| e.kind == "tool/result").unwrap();
-    assert_eq!(
-        result.data["message"]["content"][0]["content"][0]["text"],
-        "Error: tool call aborted"
-    );
+    assert_eq!(result.data["message"]["content"][0]["content"][0]["text"], "Error: tool call aborted");
     assert_eq!(events.last().unwrap().data["reason"]["kind"], "aborted");
 }
 
 #[tokio::test]
 async fn the_step_limit_ends_the_turn_with_a_clear_error() {
-    let entries = (0..3)
-        .map(|i| {
-            chunks(tool_call_response(
-                &format!("c{i}"),
-                "echo",
-                r#"{"text":"x"}"#,
-            ))
-        })
-        .collect();
+    let entries = (0..3).map(|i| chunks(tool_call_response(&format!("c{i}"), "echo", r#"{"text":"x"}"#))).collect();
     let f = start(entries, 3);
-    let end = f
-        .handle
-        .followup(text("loop"), user())
-        .unwrap()
-        .await
-        .unwrap();
-    let TurnEnd::Error(message) = end else {
-        panic!("expected an error, got {end:?}")
-    };
-    assert!(
-        message.contains("all 3 steps") && message.contains("agent.max_steps"),
-        "{message}"
-    );
+    let end = f.handle.followup(text("loop"), user()).unwrap().await.unwrap();
+    let TurnEnd::Error(message) = end else { panic!("expected an error, got {end:?}") };
+    assert!(message.contains("all 3 steps") && message.contains("agent.max_steps"), "{message}");
     let events = f.events().await;
-    assert_eq!(
-        events.last().unwrap().data["reason"]["failure"]["code"],
-        "STEP_LIMIT"
-    );
+    assert_eq!(events.last().unwrap().data["reason"]["failure"]["code"], "STEP_LIMIT");
 }
 
 #[tokio::test]
 async fn model_failures_end_the_turn_with_their_message() {
     let f = start(
         vec![
-            ReplayEntry::Throw {
-                chunks: vec![],
-                message: "rate limited".into(),
-                code: "RATE_LIMIT".into(),
-            },
+            ReplayEntry::Throw { chunks: vec![], message: "rate limited".into(), code: "RATE_LIMIT".into() },
             chunks(text_response(&["x"])[..2].to_vec()),
         ],
         5,
     );
-    assert_eq!(
-        f.handle.followup(text("a"), user()).unwrap().await.unwrap(),
-        TurnEnd::Error("rate limited".into())
-    );
+    assert_eq!(f.handle.followup(text("a"), user()).unwrap().await.unwrap(), TurnEnd::Error("rate limited".into()));
     let end = f.handle.followup(text("b"), user()).unwrap().await.unwrap();
-    assert_eq!(
-        end,
-        TurnEnd::Error("the model stream ended without a finish".into())
-    );
+    assert_eq!(end, TurnEnd::Error("the model stream ended without a finish".into()));
     let events = f.events().await;
-    let reasons: Vec<&Value> = events
-        .iter()
-        .filter(|e| e.kind == "turn/end")
-        .map(|e| &e.data["reason"])
-        .collect();
+    let reasons: Vec<&Value> = events.iter().filter(|e| e.kind == "turn/end").map(|e| &e.data["reason"]).collect();
     assert_eq!(reasons[0]["failure"]["code"], "RATE_LIMIT");
     assert_eq!(reasons[0]["step"], 1);
     assert_eq!(reasons[1]["failure"]["code"], "STREAM_INCOMPLETE");
@@ -495,13 +317,7 @@ async fn model_failures_end_the_turn_with_their_message() {
 
 #[tokio::test]
 async fn shutdown_disposes_queued_turns_and_flushes() {
-    let f = start(
-        vec![ReplayEntry::Hang {
-            chunks: vec![],
-            ready_file: None,
-        }],
-        5,
-    );
+    let f = start(vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], 5);
     let first = f.handle.followup(text("one"), user()).unwrap();
     let queued = f.handle.followup(text("two"), user()).unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
@@ -509,10 +325,6 @@ async fn shutdown_disposes_queued_turns_and_flushes() {
     assert_eq!(first.await.unwrap(), TurnEnd::Disposed);
     assert_eq!(queued.await.unwrap(), TurnEnd::Disposed);
     let events = f.store.inspect(&f.id).unwrap().events;
-    assert_eq!(
-        events.last().unwrap().kind,
-        "turn/end",
-        "the log was flushed at shutdown"
-    );
+    assert_eq!(events.last().unwrap().kind, "turn/end", "the log was flushed at shutdown");
     assert!(f.handle.followup(text("three"), user()).is_err());
 }

@@ -60,12 +60,9 @@ impl Kin {
     /// Reads frames until the response with `id`; every line must be JSON-RPC.
     fn response(&self, id: u64) -> Value {
         loop {
-            let line = self
-                .lines
-                .recv_timeout(Duration::from_secs(20))
-                .expect("kin answered in time");
-            let frame: Value = serde_json::from_str(&line)
-                .unwrap_or_else(|_| panic!("stdout carried a non-JSON line: {line}"));
+            let line = self.lines.recv_timeout(Duration::from_secs(20)).expect("kin answered in time");
+            let frame: Value =
+                serde_json::from_str(&line).unwrap_or_else(|_| panic!("stdout carried a non-JSON line: {line}"));
             assert_eq!(frame["jsonrpc"], "2.0", "{line}");
             if frame["id"] == json!(id) && frame.get("method").is_none() {
                 return frame;
@@ -77,31 +74,21 @@ impl Kin {
 #[test]
 fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = (
-        tmp.path().join("replay"),
-        tmp.path().join("cwd"),
-        tmp.path().join("sessions"),
-    );
+    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
     std::fs::create_dir_all(&replay).unwrap();
     std::fs::create_dir_all(&cwd).unwrap();
     hanging_replay(&replay);
     let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.send(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}));
-    assert_eq!(kin.response(1)["result"]["agentInfo"]["name"], "kin");
     kin.send(
-        json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}),
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
     );
-    let id = kin.response(2)["result"]["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    assert_eq!(kin.response(1)["result"]["agentInfo"]["name"], "kin");
+    kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
+    let id = kin.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
     kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"go"}]}}));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cwd.join(".ready").exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the turn never started streaming"
-        );
+        assert!(Instant::now() < deadline, "the turn never started streaming");
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(kin.child.stdin.take());
@@ -110,10 +97,7 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
         if let Some(status) = kin.child.try_wait().unwrap() {
             break status;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "kin did not exit after stdin EOF"
-        );
+        assert!(started.elapsed() < Duration::from_secs(20), "kin did not exit after stdin EOF");
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(status.success(), "exit status {status:?}");
@@ -121,15 +105,9 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
     let scanned = store.inspect(&id).unwrap();
     assert!(scanned.torn.is_none());
     let last = scanned.events.last().unwrap();
-    assert_eq!(
-        (last.kind.as_str(), &last.data["reason"]["kind"]),
-        ("turn/end", &json!("disposed"))
-    );
+    assert_eq!((last.kind.as_str(), &last.data["reason"]["kind"]), ("turn/end", &json!("disposed")));
     assert!(
-        scanned
-            .events
-            .iter()
-            .any(|e| e.data["chunk"]["text"] == "thinking about it"),
+        scanned.events.iter().any(|e| e.data["chunk"]["text"] == "thinking about it"),
         "streamed chunks are on disk"
     );
 }
@@ -140,17 +118,14 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     let sessions = tmp.path().join("sessions");
     let store = kin::session::SessionStore::new(&sessions);
     let mut s = store
-        .create(kin::session::SessionHeader::new(
-            "cccccccc-0000-4000-8000-000000000001",
-            5,
-            Some("/proj".into()),
-        ))
+        .create(kin::session::SessionHeader::new("cccccccc-0000-4000-8000-000000000001", 5, Some("/proj".into())))
         .unwrap();
-    s.append(
-        "turn/start",
-        json!({"turn":1,"trigger":{"kind":"message","source":{"kind":"user"}}}),
+    s.append("turn/start", json!({"turn":1,"trigger":{"kind":"message","source":{"kind":"user"}}}));
+    s.append_surface(
+        "user/message",
+        json!({"content":[{"type":"text","text":"hello there"}],"source":{"kind":"user"},"role":"user","id":"m"}),
+        None,
     );
-    s.append_surface("user/message", json!({"content":[{"type":"text","text":"hello there"}],"source":{"kind":"user"},"role":"user","id":"m"}), None);
     s.flush().unwrap();
     let run = |args: &[&str]| {
         let out = Command::new(KIN)
@@ -161,38 +136,22 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
             .arg("/dev/null")
             .output()
             .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let (ok, listed) = run(&["sessions", "list"]);
-    assert!(
-        ok && listed.contains("cccccccc-0000-4000-8000-000000000001") && listed.contains("/proj"),
-        "{listed}"
-    );
+    assert!(ok && listed.contains("cccccccc-0000-4000-8000-000000000001") && listed.contains("/proj"), "{listed}");
     let (ok, shown) = run(&["sessions", "show", "cccccccc-0000-4000-8000-000000000001"]);
     assert!(ok && shown.contains("user: hello there"), "{shown}");
     let (ok, checked) = run(&["sessions", "check"]);
     assert!(ok && checked.contains("last turn interrupted"), "{checked}");
     // A torn tail is reported by file and line, and the file is left as it was.
-    let path = store
-        .locate("cccccccc-0000-4000-8000-000000000001")
-        .unwrap()
-        .unwrap();
+    let path = store.locate("cccccccc-0000-4000-8000-000000000001").unwrap().unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.extend_from_slice(b"{\"type\":\"turn/e");
     std::fs::write(&path, &bytes).unwrap();
     let (ok, checked) = run(&["sessions", "check", "cccccccc-0000-4000-8000-000000000001"]);
-    assert!(
-        !ok && checked.contains("torn") && checked.contains(":4:"),
-        "{checked}"
-    );
-    assert_eq!(
-        std::fs::read(&path).unwrap(),
-        bytes,
-        "check changes nothing"
-    );
+    assert!(!ok && checked.contains("torn") && checked.contains(":4:"), "{checked}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "check changes nothing");
 }
 
 #[test]
@@ -200,17 +159,9 @@ fn a_bad_config_file_is_a_clear_startup_error() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("config.toml");
     std::fs::write(&config, "[agent]\nmax_stepz = 3\n").unwrap();
-    let out = Command::new(KIN)
-        .args(["acp", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = Command::new(KIN).args(["acp", "--config"]).arg(&config).stdin(Stdio::null()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty(), "nothing on the protocol channel");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&config.display().to_string()) && err.contains("max_stepz"),
-        "{err}"
-    );
+    assert!(err.contains(&config.display().to_string()) && err.contains("max_stepz"), "{err}");
 }

@@ -8,32 +8,22 @@ use kin::scenario::{Compare, RunOptions, run};
 
 /// dsh fixtures whose feature belongs to a later issue, with the issue that brings it.
 /// This list only shrinks: a listed fixture that starts passing fails the test until removed.
-const EXPECTED_FAILURES: &[(&str, u32)] =
-    &[("subagent-continuable", 6), ("subagent-list-agents", 7)];
+const EXPECTED_FAILURES: &[(&str, u32)] = &[("subagent-continuable", 6), ("subagent-list-agents", 7)];
 
 fn options(compare: Compare) -> RunOptions {
-    RunOptions {
-        exe: PathBuf::from(env!("CARGO_BIN_EXE_kin")),
-        compare,
-        update: false,
-        out: None,
-    }
+    RunOptions { exe: PathBuf::from(env!("CARGO_BIN_EXE_kin")), compare, update: false, out: None }
 }
 
-async fn run_all(
-    dirs: Vec<PathBuf>,
-    compare: Compare,
-    expected_failures: &[(&str, u32)],
-) -> Vec<String> {
+async fn run_all(dirs: Vec<PathBuf>, compare: Compare, expected_failures: &[(&str, u32)]) -> Vec<String> {
     let mut problems = Vec::new();
     for dir in dirs {
         let outcome = run(&dir, &options(compare)).await;
-        let waiting = expected_failures
-            .iter()
-            .find(|(name, _)| *name == outcome.name);
+        let waiting = expected_failures.iter().find(|(name, _)| *name == outcome.name);
         match (outcome.passed, waiting) {
             (true, None) => eprintln!("scenario {} ... ok", outcome.name),
-            (false, Some((_, issue))) => eprintln!("scenario {} ... expected failure (waits for issue {issue})", outcome.name),
+            (false, Some((_, issue))) => {
+                eprintln!("scenario {} ... expected failure (waits for issue {issue})", outcome.name)
+            }
             (true, Some((_, issue))) => problems.push(format!(
                 "{} now passes: remove it from EXPECTED_FAILURES (it was waiting for issue {issue})",
                 outcome.name
@@ -46,12 +36,7 @@ async fn run_all(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_scenarios_match_exactly() {
-    let dirs = scenario_dirs(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("scenarios")
-            .as_path(),
-    )
-    .unwrap();
+    let dirs = scenario_dirs(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").as_path()).unwrap();
     assert!(dirs.len() >= 8, "at least eight scenarios of our own");
     let problems = run_all(dirs, Compare::Exact, &[]).await;
     assert!(problems.is_empty(), "{}", problems.join("\n"));
@@ -66,14 +51,8 @@ async fn dsh_conformance_fixtures_match_text() {
     }
     let dirs = scenario_dirs(&root).unwrap();
     for required in ["handshake", "text-turn", "cancel"] {
-        assert!(
-            dirs.iter().any(|d| d.ends_with(required)),
-            "fixture {required} is missing"
-        );
-        assert!(
-            !EXPECTED_FAILURES.iter().any(|(n, _)| *n == required),
-            "{required} must pass"
-        );
+        assert!(dirs.iter().any(|d| d.ends_with(required)), "fixture {required} is missing");
+        assert!(!EXPECTED_FAILURES.iter().any(|(n, _)| *n == required), "{required} must pass");
     }
     let problems = run_all(dirs, Compare::Text, EXPECTED_FAILURES).await;
     assert!(problems.is_empty(), "{}", problems.join("\n"));

@@ -16,8 +16,8 @@ use kin::model::{Model, ModelRoute, text_response, tool_call_response};
 use kin::runtime::Runtime;
 use kin::session::{Event, SessionHeader, SessionObserver};
 use kin::subagent::{
-    Capabilities, ErrorCode, Lifecycle, ResolvedStart, StartRequest, StopReason, SubagentError,
-    SubagentProvider, SubagentRun, child_depth,
+    Capabilities, ErrorCode, Lifecycle, ResolvedStart, StartRequest, StopReason, SubagentError, SubagentProvider,
+    SubagentRun, child_depth,
 };
 use kin::tools::{Caller, ToolRegistry};
 use serde_json::{Value, json};
@@ -28,24 +28,13 @@ impl SessionObserver for Quiet {
     fn on_event(&self, _: &SessionHeader, _: &Event) {}
 }
 
-fn runtime(
-    dir: &Path,
-    entries: Vec<ReplayEntry>,
-    config_text: &str,
-) -> (Arc<Runtime>, Arc<ScriptedModel>) {
+fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config_text: &str) -> (Arc<Runtime>, Arc<ScriptedModel>) {
     let config_path = dir.join("config.toml");
     std::fs::write(&config_path, config_text).unwrap();
-    let overrides = Overrides {
-        config: Some(config_path),
-        sessions: Some(dir.join("sessions")),
-        ..Default::default()
-    };
+    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
     let config = Config::resolve(&overrides, &|_| None).unwrap();
     let model = Arc::new(ScriptedModel::new(entries));
-    (
-        Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(),
-        model,
-    )
+    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
 }
 
 fn chunks(c: Vec<kin::model::StreamChunk>) -> ReplayEntry {
@@ -55,12 +44,7 @@ fn chunks(c: Vec<kin::model::StreamChunk>) -> ReplayEntry {
 fn caller(depth: u64) -> Arc<Caller> {
     let mut header = SessionHeader::new("parent-1", 1, Some("/w".into()));
     header.delegation_depth = depth;
-    Arc::new(Caller {
-        header,
-        depth,
-        route: ModelRoute::parse("p/m").unwrap(),
-        history: None,
-    })
+    Arc::new(Caller { header, depth, route: ModelRoute::parse("p/m").unwrap(), history: None })
 }
 
 fn request(parent: Arc<Caller>) -> StartRequest {
@@ -95,13 +79,7 @@ impl SubagentProvider for Bare {
     }
     fn start(&self, _: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         self.started.store(true, Ordering::SeqCst);
-        async {
-            Err(SubagentError::new(
-                ErrorCode::Infrastructure,
-                "bare provider cannot start",
-            ))
-        }
-        .boxed()
+        async { Err(SubagentError::new(ErrorCode::Infrastructure, "bare provider cannot start")) }.boxed()
     }
 }
 
@@ -112,30 +90,15 @@ async fn providers_are_unique_and_lookups_name_the_missing_one() {
     let service = rt.subagents();
     assert_eq!(service.list(), ["spawn", "fork"]);
     let started = Arc::new(AtomicBool::new(false));
-    let dup = service
-        .register_provider(Arc::new(Bare {
-            name: "spawn".into(),
-            started: started.clone(),
-        }))
-        .unwrap_err();
+    let dup = service.register_provider(Arc::new(Bare { name: "spawn".into(), started: started.clone() })).unwrap_err();
     assert_eq!(
         (dup.code.code(), dup.message.as_str()),
-        (
-            "DUPLICATE_PROVIDER",
-            "a subagent provider named \"spawn\" is already registered"
-        )
+        ("DUPLICATE_PROVIDER", "a subagent provider named \"spawn\" is already registered")
     );
-    let missing = service
-        .start("nope", request(caller(0)))
-        .await
-        .err()
-        .unwrap();
+    let missing = service.start("nope", request(caller(0))).await.err().unwrap();
     assert_eq!(
         (missing.code.code(), missing.message.as_str()),
-        (
-            "NO_PROVIDER",
-            "no subagent provider registered for \"nope\""
-        )
+        ("NO_PROVIDER", "no subagent provider registered for \"nope\"")
     );
 }
 
@@ -144,23 +107,12 @@ async fn unsupported_capabilities_are_rejected_before_dispatch() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), vec![], "");
     let started = Arc::new(AtomicBool::new(false));
-    rt.subagents()
-        .register_provider(Arc::new(Bare {
-            name: "bare".into(),
-            started: started.clone(),
-        }))
-        .unwrap();
+    rt.subagents().register_provider(Arc::new(Bare { name: "bare".into(), started: started.clone() })).unwrap();
     type Setter = Box<dyn Fn(&mut StartRequest)>;
     let cases: Vec<(&str, Setter)> = vec![
-        (
-            "outputSchema",
-            Box::new(|r| r.output_schema = Some(json!({"type": "object"}))),
-        ),
+        ("outputSchema", Box::new(|r| r.output_schema = Some(json!({"type": "object"})))),
         ("depthLimit", Box::new(|r| r.max_depth = Some(3))),
-        (
-            "toolFilter",
-            Box::new(|r| r.tool_filter = Some(Default::default())),
-        ),
+        ("toolFilter", Box::new(|r| r.tool_filter = Some(Default::default()))),
         ("persona", Box::new(|r| r.persona = Some("p".into()))),
     ];
     for (cap, set) in cases {
@@ -168,15 +120,9 @@ async fn unsupported_capabilities_are_rejected_before_dispatch() {
         set(&mut req);
         let err = rt.subagents().start("bare", req).await.err().unwrap();
         assert_eq!(err.code, ErrorCode::UnsupportedCapability);
-        assert_eq!(
-            err.message,
-            format!("subagent provider \"bare\" does not support the \"{cap}\" capability")
-        );
+        assert_eq!(err.message, format!("subagent provider \"bare\" does not support the \"{cap}\" capability"));
     }
-    assert!(
-        !started.load(Ordering::SeqCst),
-        "no capability failure reached the provider"
-    );
+    assert!(!started.load(Ordering::SeqCst), "no capability failure reached the provider");
 }
 
 #[test]
@@ -184,14 +130,8 @@ fn depth_is_parent_plus_one_and_capped() {
     assert_eq!(child_depth(0, Some(3)).unwrap(), 1);
     assert_eq!(child_depth(2, None).unwrap(), 3);
     let err = child_depth(2, Some(2)).unwrap_err();
-    assert_eq!(
-        (err.code, err.message.as_str()),
-        (ErrorCode::Depth, "subagent depth 3 exceeds maxDepth 2")
-    );
-    assert_eq!(
-        child_depth((1 << 53) - 1, None).unwrap_err().code,
-        ErrorCode::InvalidRequest
-    );
+    assert_eq!((err.code, err.message.as_str()), (ErrorCode::Depth, "subagent depth 3 exceeds maxDepth 2"));
+    assert_eq!(child_depth((1 << 53) - 1, None).unwrap_err().code, ErrorCode::InvalidRequest);
     assert_eq!(
         child_depth(0, Some(u64::MAX)).unwrap_err().message,
         "subagent maxDepth must be a non-negative safe integer"
@@ -204,8 +144,7 @@ async fn depth_rejection_creates_no_child_and_no_lifecycle() {
     let (rt, _) = runtime(dir.path(), vec![], "");
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
-    rt.subagents()
-        .observe(move |e| seen.lock().unwrap().push(e.clone()));
+    rt.subagents().observe(move |e| seen.lock().unwrap().push(e.clone()));
     let mut req = request(caller(1));
     req.max_depth = Some(1);
     let err = rt.subagents().start("spawn", req).await.err().unwrap();
@@ -215,25 +154,13 @@ async fn depth_rejection_creates_no_child_and_no_lifecycle() {
 }
 
 fn ev(seq: u64, kind: &str) -> Event {
-    Event {
-        kind: kind.into(),
-        seq,
-        time: 0,
-        data: json!({}),
-        source_event_seqs: None,
-        surface_op: None,
-    }
+    Event { kind: kind.into(), seq, time: 0, data: json!({}), source_event_seqs: None, surface_op: None }
 }
 
 #[test]
 fn the_fork_seed_ends_at_the_last_turn_end() {
-    let events = vec![
-        ev(0, "turn/start"),
-        ev(1, "turn/end"),
-        ev(2, "user/message"),
-        ev(3, "turn/start"),
-        ev(4, "tool/call"),
-    ];
+    let events =
+        vec![ev(0, "turn/start"), ev(1, "turn/end"), ev(2, "user/message"), ev(3, "turn/start"), ev(4, "tool/call")];
     assert_eq!(completed_prefix(&events).len(), 2);
     assert!(completed_prefix(&events[..1]).is_empty());
 }
@@ -241,59 +168,30 @@ fn the_fork_seed_ends_at_the_last_turn_end() {
 #[tokio::test]
 async fn a_run_publishes_its_child_and_pairs_lifecycle_events() {
     let dir = tempfile::tempdir().unwrap();
-    let (rt, _) = runtime(
-        dir.path(),
-        vec![chunks(text_response(&["child says hi"]))],
-        "",
-    );
+    let (rt, _) = runtime(dir.path(), vec![chunks(text_response(&["child says hi"]))], "");
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
-    rt.subagents()
-        .observe(move |e| seen.lock().unwrap().push(e.clone()));
+    rt.subagents().observe(move |e| seen.lock().unwrap().push(e.clone()));
     let mut req = request(caller(0));
     req.label = Some("greet".into());
     let run = rt.subagents().start("spawn", req).await.unwrap();
     let header = rt.store().inspect(&run.id).unwrap().header;
     assert_eq!(header.parent_session.as_deref(), Some("parent-1"));
     assert_eq!(
-        (
-            header.origin.as_deref(),
-            header.delegation_depth,
-            header.cwd.as_deref()
-        ),
+        (header.origin.as_deref(), header.delegation_depth, header.cwd.as_deref()),
         (Some("subagent"), 1, Some("/w"))
     );
     let result = run.result.await.unwrap().unwrap();
-    assert_eq!(
-        (result.output.as_str(), result.stop_reason),
-        ("child says hi", StopReason::Completed)
-    );
+    assert_eq!((result.output.as_str(), result.stop_reason), ("child says hi", StopReason::Completed));
     (run.dispose)().await;
     let log = rt.store().inspect(&run.id).unwrap().events;
-    let kinds: Vec<&str> = log
-        .iter()
-        .filter(|e| e.kind != "assistant/chunk")
-        .map(|e| e.kind.as_str())
-        .collect();
-    assert_eq!(
-        &kinds[..4],
-        [
-            "turn/start",
-            "user/message",
-            "subagent/descriptor",
-            "step/start"
-        ]
-    );
-    assert_eq!(
-        log[2].data,
-        json!({"version": 2, "mode": "one-shot", "provider": "spawn", "label": "greet"})
-    );
+    let kinds: Vec<&str> = log.iter().filter(|e| e.kind != "assistant/chunk").map(|e| e.kind.as_str()).collect();
+    assert_eq!(&kinds[..4], ["turn/start", "user/message", "subagent/descriptor", "step/start"]);
+    assert_eq!(log[2].data, json!({"version": 2, "mode": "one-shot", "provider": "spawn", "label": "greet"}));
     assert!(log[2].surface_op.is_none(), "the descriptor is log-only");
     let events = events.lock().unwrap();
     assert!(matches!(&events[0], Lifecycle::Start { id, local: true, .. } if *id == run.id));
-    assert!(
-        matches!(&events[1], Lifecycle::End { id, stop_reason: Some(StopReason::Completed), .. } if *id == run.id)
-    );
+    assert!(matches!(&events[1], Lifecycle::End { id, stop_reason: Some(StopReason::Completed), .. } if *id == run.id));
 }
 
 #[tokio::test]
@@ -301,49 +199,29 @@ async fn a_child_without_its_structured_capture_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), vec![chunks(text_response(&["no capture"]))], "");
     let mut req = request(caller(0));
-    req.output_schema =
-        Some(json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}));
+    req.output_schema = Some(json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}));
     let run = rt.subagents().start("spawn", req).await.unwrap();
-    assert_eq!(
-        run.result.await.unwrap().unwrap().stop_reason,
-        StopReason::Error
-    );
+    assert_eq!(run.result.await.unwrap().unwrap().stop_reason, StopReason::Error);
     (run.dispose)().await;
     let mut bad = request(caller(0));
     bad.output_schema = Some(json!({"type": "array"}));
-    assert_eq!(
-        rt.subagents().start("spawn", bad).await.err().unwrap().code,
-        ErrorCode::InvalidRequest
-    );
+    assert_eq!(rt.subagents().start("spawn", bad).await.err().unwrap().code, ErrorCode::InvalidRequest);
 }
 
 #[tokio::test]
 async fn cancelling_the_parent_turn_cancels_the_child() {
     let dir = tempfile::tempdir().unwrap();
     let entries = vec![
-        chunks(tool_call_response(
-            "c1",
-            "subagent",
-            r#"{"description":"slow","prompt":"take forever"}"#,
-        )),
-        ReplayEntry::Hang {
-            chunks: vec![],
-            ready_file: None,
-        },
+        chunks(tool_call_response("c1", "subagent", r#"{"description":"slow","prompt":"take forever"}"#)),
+        ReplayEntry::Hang { chunks: vec![], ready_file: None },
     ];
     let (rt, _) = runtime(dir.path(), entries, "");
     let cwd = dir.path().join("cwd");
     std::fs::create_dir_all(&cwd).unwrap();
     let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
-    let turn = rt
-        .prompt(&id, vec![json!({"type": "text", "text": "go"})])
-        .unwrap();
+    let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
     let child = loop {
-        if let Some(c) = rt
-            .store()
-            .list()
-            .into_iter()
-            .find(|s| s.header.parent_session.as_deref() == Some(id.as_str()))
+        if let Some(c) = rt.store().list().into_iter().find(|s| s.header.parent_session.as_deref() == Some(id.as_str()))
         {
             break c.header.id;
         }
@@ -351,17 +229,10 @@ async fn cancelling_the_parent_turn_cancels_the_child() {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     rt.cancel(&id);
-    let end = tokio::time::timeout(Duration::from_secs(5), turn)
-        .await
-        .unwrap()
-        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), turn).await.unwrap().unwrap();
     assert_eq!(end, TurnEnd::Aborted);
     let child_log = rt.store().inspect(&child).unwrap().events;
-    assert_eq!(
-        child_log.last().unwrap().data["reason"]["kind"],
-        "aborted",
-        "the child's turn was cancelled"
-    );
+    assert_eq!(child_log.last().unwrap().data["reason"]["kind"], "aborted", "the child's turn was cancelled");
     let parent_log = rt.store().inspect(&id).unwrap().events;
     let result = parent_log.iter().find(|e| e.kind == "tool/result").unwrap();
     let text: &Value = &result.data["message"]["content"][0]["content"][0]["text"];
@@ -373,47 +244,23 @@ async fn cancelling_the_parent_turn_cancels_the_child() {
 async fn children_are_never_listed_as_top_level_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let entries = vec![
-        chunks(tool_call_response(
-            "c1",
-            "subagent",
-            r#"{"description":"d","prompt":"p"}"#,
-        )),
+        chunks(tool_call_response("c1", "subagent", r#"{"description":"d","prompt":"p"}"#)),
         chunks(text_response(&["child"])),
         chunks(text_response(&["parent"])),
     ];
-    let (rt, model) = runtime(
-        dir.path(),
-        entries,
-        "[subagents]\npersona = \"You are terse.\"\ndeny_tools = [\"subagent_fork\"]\n",
-    );
+    let (rt, model) =
+        runtime(dir.path(), entries, "[subagents]\npersona = \"You are terse.\"\ndeny_tools = [\"subagent_fork\"]\n");
     let cwd = dir.path().join("cwd");
     std::fs::create_dir_all(&cwd).unwrap();
     let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
-    assert_eq!(
-        rt.prompt(&id, vec![json!({"type": "text", "text": "go"})])
-            .unwrap()
-            .await
-            .unwrap(),
-        TurnEnd::Completed
-    );
-    let listed: Vec<String> = rt
-        .list_sessions(None)
-        .into_iter()
-        .map(|s| s.header.id)
-        .collect();
+    assert_eq!(rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap().await.unwrap(), TurnEnd::Completed);
+    let listed: Vec<String> = rt.list_sessions(None).into_iter().map(|s| s.header.id).collect();
     assert_eq!(listed, [id]);
     assert_eq!(rt.store().list().len(), 2);
     // The child's request carried the persona and the filtered tool list.
     let child_request = &model.requests()[1];
     assert!(child_request.system.contains("You are terse."));
-    let names: Vec<&str> = child_request
-        .tools
-        .iter()
-        .map(|t| t.name.as_str())
-        .collect();
-    assert!(
-        names.contains(&"subagent") && !names.contains(&"subagent_fork"),
-        "{names:?}"
-    );
+    let names: Vec<&str> = child_request.tools.iter().map(|t| t.name.as_str()).collect();
+    assert!(names.contains(&"subagent") && !names.contains(&"subagent_fork"), "{names:?}");
     rt.shutdown().await;
 }

@@ -1,9 +1,9 @@
 //! Conversions between ACP types and kin's session events and messages.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate,
-    StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus,
-    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    ContentBlock, ContentChunk, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, StopReason,
+    TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
+    ToolKind,
 };
 use serde_json::{Value, json};
 
@@ -104,23 +104,12 @@ fn tool_update(event: &Event) -> Option<SessionUpdate> {
     }
     let block = &data["message"]["content"][0];
     let id = block["toolCallId"].as_str()?;
-    let text: String = blocks(&block["content"])
-        .filter_map(|b| b["text"].as_str())
-        .collect();
-    let status = if block["isError"] == true {
-        ToolCallStatus::Failed
-    } else {
-        ToolCallStatus::Completed
-    };
+    let text: String = blocks(&block["content"]).filter_map(|b| b["text"].as_str()).collect();
+    let status = if block["isError"] == true { ToolCallStatus::Failed } else { ToolCallStatus::Completed };
     let fields = ToolCallUpdateFields::new()
         .status(status)
-        .content(vec![ToolCallContent::from(ContentBlock::Text(
-            TextContent::new(text),
-        ))]);
-    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
-        id.to_string(),
-        fields,
-    )))
+        .content(vec![ToolCallContent::from(ContentBlock::Text(TextContent::new(text)))]);
+    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
 }
 
 /// `todo/write` → the editor's plan.
@@ -132,11 +121,7 @@ fn plan_update(event: &Event) -> SessionUpdate {
                 Some("in_progress") => PlanEntryStatus::InProgress,
                 _ => PlanEntryStatus::Pending,
             };
-            PlanEntry::new(
-                t["content"].as_str().unwrap_or_default(),
-                PlanEntryPriority::Medium,
-                status,
-            )
+            PlanEntry::new(t["content"].as_str().unwrap_or_default(), PlanEntryPriority::Medium, status)
         })
         .collect();
     SessionUpdate::Plan(Plan::new(entries))

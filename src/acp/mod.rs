@@ -8,14 +8,12 @@ use std::sync::Arc;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, Implementation, InitializeRequest, InitializeResponse,
-    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse,
-    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
-    SessionCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
+    AgentCapabilities, CancelNotification, Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
+    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionInfo, SessionListCapabilities,
+    SessionNotification,
 };
-use agent_client_protocol::{
-    Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request,
-};
+use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
 
 use crate::runtime::{Runtime, RuntimeError};
 use crate::session::{Event, SessionHeader, SessionObserver};
@@ -28,9 +26,7 @@ struct Forwarder {
 impl SessionObserver for Forwarder {
     fn on_event(&self, header: &SessionHeader, event: &Event) {
         if let Some(update) = convert::live_update(event)
-            && let Err(e) = self
-                .cx
-                .send_notification(SessionNotification::new(header.id.clone(), update))
+            && let Err(e) = self.cx.send_notification(SessionNotification::new(header.id.clone(), update))
         {
             tracing::debug!("dropping a session update: {e}");
         }
@@ -38,17 +34,11 @@ impl SessionObserver for Forwarder {
 }
 
 fn invalid_params(message: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorCode::from(-32602),
-        format!("Invalid params: {message}"),
-    )
+    Error::new(ErrorCode::from(-32602), format!("Invalid params: {message}"))
 }
 
 fn internal(message: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorCode::from(-32603),
-        format!("Internal error: {message}"),
-    )
+    Error::new(ErrorCode::from(-32603), format!("Internal error: {message}"))
 }
 
 fn to_acp(error: RuntimeError) -> Error {
@@ -75,9 +65,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 let capabilities = AgentCapabilities::new()
                     .load_session(true)
                     .prompt_capabilities(PromptCapabilities::new())
-                    .session_capabilities(
-                        SessionCapabilities::new().list(SessionListCapabilities::new()),
-                    );
+                    .session_capabilities(SessionCapabilities::new().list(SessionListCapabilities::new()));
                 responder.respond(
                     InitializeResponse::new(agent_client_protocol::schema::ProtocolVersion::V1)
                         .agent_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")))
@@ -89,17 +77,13 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
         .on_receive_request(
             async move |req: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
                 if !req.additional_directories.is_empty() {
-                    return responder.respond_with_error(invalid_params(
-                        "additionalDirectories is not supported",
-                    ));
+                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
                 }
                 if !req.mcp_servers.is_empty() {
-                    return responder
-                        .respond_with_error(invalid_params("mcpServers is not supported"));
+                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
                 }
                 if req.system_prompt.is_some() {
-                    return responder
-                        .respond_with_error(invalid_params("systemPrompt is not supported"));
+                    return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
                 }
                 match rt_new.new_session(&req.cwd, Arc::new(Forwarder { cx })) {
                     Ok(id) => responder.respond(NewSessionResponse::new(id)),
@@ -122,8 +106,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     let end = turn.await.unwrap_or(crate::agent::TurnEnd::Disposed);
                     let sent = match convert::stop_reason(&end) {
                         Ok(reason) => responder.respond(PromptResponse::new(reason)),
-                        Err(message) => responder
-                            .respond_with_error(internal(format!("turn failed: {message}"))),
+                        Err(message) => responder.respond_with_error(internal(format!("turn failed: {message}"))),
                     };
                     if let Err(e) = sent {
                         tracing::debug!("prompt response not delivered: {e}");
@@ -143,8 +126,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
         .on_receive_request(
             async move |req: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
                 if !req.mcp_servers.is_empty() {
-                    return responder
-                        .respond_with_error(invalid_params("mcpServers is not supported"));
+                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
                 }
                 let runtime = rt_load.clone();
                 let forwarder = Arc::new(Forwarder { cx: cx.clone() });
@@ -155,10 +137,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                         match runtime.load_session(&id, forwarder).await {
                             Ok(events) => {
                                 for update in events.iter().flat_map(convert::replay_updates) {
-                                    if let Err(e) = cx.send_notification(SessionNotification::new(
-                                        id.clone(),
-                                        update,
-                                    )) {
+                                    if let Err(e) = cx.send_notification(SessionNotification::new(id.clone(), update)) {
                                         tracing::debug!("dropping a replayed update: {e}");
                                     }
                                 }
@@ -181,10 +160,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     .into_iter()
                     .filter_map(|s| {
                         let cwd = s.header.cwd.clone()?;
-                        Some(
-                            SessionInfo::new(s.header.id.clone(), cwd)
-                                .updated_at(crate::timefmt::rfc3339(s.modified)),
-                        )
+                        Some(SessionInfo::new(s.header.id.clone(), cwd).updated_at(crate::timefmt::rfc3339(s.modified)))
                     })
                     .collect();
                 responder.respond(ListSessionsResponse::new(sessions))

@@ -61,16 +61,10 @@ type Staged = Arc<Mutex<Vec<Value>>>;
 
 enum Command {
     Followup(Queued),
-    Inject {
-        message: Value,
-    },
-    Flush {
-        reply: oneshot::Sender<Result<(), String>>,
-    },
+    Inject { message: Value },
+    Flush { reply: oneshot::Sender<Result<(), String>> },
     Read(Reader),
-    Shutdown {
-        reply: oneshot::Sender<()>,
-    },
+    Shutdown { reply: oneshot::Sender<()> },
 }
 
 #[derive(Default)]
@@ -113,11 +107,7 @@ impl AgentHandle {
 
     /// Queues `content` as the sole message of its own FIFO turn; the receiver resolves when
     /// that turn has ended and its log is flushed.
-    pub fn followup(
-        &self,
-        content: Vec<Value>,
-        source: Value,
-    ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
+    pub fn followup(&self, content: Vec<Value>, source: Value) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         self.followup_with(content, source, Vec::new())
     }
 
@@ -142,11 +132,7 @@ impl AgentHandle {
         let (reply, rx) = oneshot::channel();
         let message = user_message(content, source);
         let id = message["id"].as_str().unwrap_or_default().to_string();
-        self.send(Command::Followup(Queued {
-            message,
-            preamble,
-            reply: Some(reply),
-        }))?;
+        self.send(Command::Followup(Queued { message, preamble, reply: Some(reply) }))?;
         Ok((id, rx))
     }
 
@@ -183,10 +169,8 @@ impl AgentHandle {
     /// Makes everything appended so far durable.
     pub async fn flush(&self) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Flush { reply })
-            .map_err(|e| e.to_string())?;
-        rx.await
-            .map_err(|_| AgentGone(self.id.clone()).to_string())?
+        self.send(Command::Flush { reply }).map_err(|e| e.to_string())?;
+        rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
     }
 
     /// Cancels the running turn, answers queued turns `Disposed`, flushes and stops the actor.
@@ -200,9 +184,7 @@ impl AgentHandle {
     }
 
     fn send(&self, command: Command) -> Result<(), AgentGone> {
-        self.tx
-            .send(command)
-            .map_err(|_| AgentGone(self.id.clone()))
+        self.tx.send(command).map_err(|_| AgentGone(self.id.clone()))
     }
 }
 
@@ -210,21 +192,8 @@ impl AgentHandle {
 pub fn spawn_agent(session: Session, deps: AgentDeps) -> AgentHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
-    let handle = AgentHandle {
-        id: session.id().to_string(),
-        tx,
-        shared: shared.clone(),
-    };
-    tokio::spawn(
-        Actor {
-            session,
-            deps,
-            shared,
-            queue: VecDeque::new(),
-            staged: Staged::default(),
-        }
-        .run(rx),
-    );
+    let handle = AgentHandle { id: session.id().to_string(), tx, shared: shared.clone() };
+    tokio::spawn(Actor { session, deps, shared, queue: VecDeque::new(), staged: Staged::default() }.run(rx));
     handle
 }
 
@@ -293,11 +262,7 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
-        let Queued {
-            message,
-            preamble,
-            reply,
-        } = item;
+        let Queued { message, preamble, reply } = item;
         let mut flushes = Vec::new();
         let mut readers = Vec::new();
         let mut end = {
@@ -337,11 +302,7 @@ impl Actor {
             }
         };
         // Injects that arrived too late for a step land between turns.
-        let late: Vec<_> = self
-            .staged
-            .lock()
-            .map(|mut s| s.drain(..).collect())
-            .unwrap_or_default();
+        let late: Vec<_> = self.staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
         for message in late {
             self.session.append_surface("user/message", message, None);
         }

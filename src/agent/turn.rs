@@ -19,10 +19,7 @@ use crate::tools::{Caller, ToolContext, ToolError, ToolOutput};
 /// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
 /// it never ends inside an open turn or on a dangling tool call.
 pub fn completed_prefix(events: &[crate::session::Event]) -> &[crate::session::Event] {
-    let end = events
-        .iter()
-        .rposition(|e| e.kind == "turn/end")
-        .map_or(0, |i| i + 1);
+    let end = events.iter().rposition(|e| e.kind == "turn/end").map_or(0, |i| i + 1);
     &events[..end]
 }
 
@@ -65,10 +62,7 @@ pub(super) async fn run_turn(
     // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
     session.write_eager();
     for step in 1..=u64::from(deps.max_steps) {
-        let staged_now: Vec<_> = staged
-            .lock()
-            .map(|mut s| s.drain(..).collect())
-            .unwrap_or_default();
+        let staged_now: Vec<_> = staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
         for message in staged_now {
             session.append_surface("user/message", message, None);
         }
@@ -77,12 +71,7 @@ pub(super) async fn run_turn(
         match end {
             StepEnd::Done => {
                 session.append("step/end", json!({"turn": turn, "step": step}));
-                return end_turn(
-                    session,
-                    turn,
-                    TurnEnd::Completed,
-                    json!({"kind": "completed"}),
-                );
+                return end_turn(session, turn, TurnEnd::Completed, json!({"kind": "completed"}));
             }
             StepEnd::Continue => {
                 session.append("step/end", json!({"turn": turn, "step": step}));
@@ -162,10 +151,7 @@ async fn run_step(
         match item {
             Some(Ok(chunk)) => {
                 let value = serde_json::to_value(&chunk).unwrap_or(Value::Null);
-                chunk_seqs.push(session.append(
-                    "assistant/chunk",
-                    json!({"turn": turn, "step": step, "chunk": value}),
-                ));
+                chunk_seqs.push(session.append("assistant/chunk", json!({"turn": turn, "step": step, "chunk": value})));
                 match chunk {
                     StreamChunk::BlockEnd { index, block } => {
                         blocks.insert(index, block);
@@ -177,10 +163,7 @@ async fn run_step(
             }
             Some(Err(failure)) => break Err(failure),
             None => {
-                break Err(Failure::new(
-                    "the model stream ended without a finish",
-                    "STREAM_INCOMPLETE",
-                ));
+                break Err(Failure::new("the model stream ended without a finish", "STREAM_INCOMPLETE"));
             }
         }
     };
@@ -191,13 +174,7 @@ async fn run_step(
         }
         Ok(FinishReason::Error { failure }) | Err(failure) => {
             let end = TurnEnd::Error(failure.message.clone());
-            return abandon(
-                session,
-                turn,
-                step,
-                end,
-                json!({"kind": "error", "step": step, "failure": failure}),
-            );
+            return abandon(session, turn, step, end, json!({"kind": "error", "step": step, "failure": failure}));
         }
         Ok(finish) => finish,
     };
@@ -217,13 +194,7 @@ async fn run_step(
     }
     session.append_surface("assistant/message", data, Some(chunk_seqs));
     if finish == FinishReason::MaxTokens {
-        return abandon(
-            session,
-            turn,
-            step,
-            TurnEnd::MaxTokens,
-            json!({"kind": "max-tokens"}),
-        );
+        return abandon(session, turn, step, TurnEnd::MaxTokens, json!({"kind": "max-tokens"}));
     }
     let calls: Vec<(String, String, String)> = content
         .iter()
@@ -255,9 +226,7 @@ async fn run_tools(
     for call in calls {
         let parallel = deps.tools.is_parallel_safe(&call.1);
         match batches.last_mut() {
-            Some(batch) if parallel && batch.iter().all(|c| deps.tools.is_parallel_safe(&c.1)) => {
-                batch.push(call)
-            }
+            Some(batch) if parallel && batch.iter().all(|c| deps.tools.is_parallel_safe(&c.1)) => batch.push(call),
             _ => batches.push(vec![call]),
         }
     }
@@ -271,9 +240,7 @@ async fn run_tools(
         }
         // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
         session.write_eager();
-        let needs_history = batch
-            .iter()
-            .any(|(_, name, _)| deps.tools.get(name).is_some_and(|t| t.needs_history()));
+        let needs_history = batch.iter().any(|(_, name, _)| deps.tools.get(name).is_some_and(|t| t.needs_history()));
         let caller = Arc::new(Caller {
             header: session.header.clone(),
             depth: session.header.delegation_depth.max(deps.depth),
@@ -281,15 +248,7 @@ async fn run_tools(
             history: needs_history.then(|| Arc::new(completed_prefix(session.events()).to_vec())),
         });
         let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
-            batch
-                .iter()
-                .map(|_| {
-                    Err(aborted(
-                        "tool call aborted before dispatch",
-                        "ABORTED_BEFORE_DISPATCH",
-                    ))
-                })
-                .collect()
+            batch.iter().map(|_| Err(aborted("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"))).collect()
         } else {
             let cwd = session.header.cwd.clone().map(Into::into);
             let session_id = session.id().to_string();
@@ -303,15 +262,11 @@ async fn run_tools(
                         cancel: cancel.child_token(),
                         caller: Some(caller.clone()),
                     };
-                    let (tools, name, arguments) =
-                        (deps.tools.clone(), name.clone(), arguments.clone());
+                    let (tools, name, arguments) = (deps.tools.clone(), name.clone(), arguments.clone());
                     async move { tools.call(&name, &arguments, ctx).await }.boxed()
                 })
                 .collect();
-            futures::stream::iter(calls)
-                .buffered(deps.max_parallel_tools.max(1))
-                .collect()
-                .await
+            futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect().await
         };
         for (((id, _, _), mut result), seq) in batch.iter().zip(results).zip(seqs) {
             if let Ok(output) = &mut result {
@@ -319,29 +274,16 @@ async fn run_tools(
                     session.append(&kind, data);
                 }
             }
-            session.append_surface(
-                "tool/result",
-                tool_result(turn, step, id, result),
-                Some(vec![seq]),
-            );
+            session.append_surface("tool/result", tool_result(turn, step, id, result), Some(vec![seq]));
         }
     }
 }
 
 fn aborted(message: &str, code: &str) -> ToolError {
-    ToolError {
-        name: "AbortError".into(),
-        code: code.into(),
-        message: message.into(),
-    }
+    ToolError { name: "AbortError".into(), code: code.into(), message: message.into() }
 }
 
-fn tool_result(
-    turn: u64,
-    step: u64,
-    call_id: &str,
-    result: Result<ToolOutput, ToolError>,
-) -> Value {
+fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> Value {
     let (content, is_error, error) = match result {
         Ok(output) => (output.content, false, None),
         Err(e) => (

@@ -40,11 +40,7 @@ pub enum StreamChunk {
     },
     Finish {
         reason: FinishReason,
-        #[serde(
-            rename = "replayState",
-            default,
-            skip_serializing_if = "Option::is_none"
-        )]
+        #[serde(rename = "replayState", default, skip_serializing_if = "Option::is_none")]
         replay_state: Option<Value>,
     },
 }
@@ -76,11 +72,7 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(message: impl Into<String>, code: impl Into<String>) -> Self {
-        Failure {
-            message: message.into(),
-            code: code.into(),
-            extra: serde_json::Map::new(),
-        }
+        Failure { message: message.into(), code: code.into(), extra: serde_json::Map::new() }
     }
 }
 
@@ -93,35 +85,18 @@ impl std::fmt::Display for Failure {
 /// A complete text response: block-start, one delta per piece, block-end, usage, finish.
 pub fn text_response(pieces: &[&str]) -> Vec<StreamChunk> {
     let text: String = pieces.concat();
-    let mut chunks = vec![StreamChunk::BlockStart {
-        index: 0,
-        block_type: "text".into(),
-    }];
-    chunks.extend(pieces.iter().map(|p| StreamChunk::TextDelta {
-        index: 0,
-        text: (*p).to_string(),
-    }));
-    chunks.push(StreamChunk::BlockEnd {
-        index: 0,
-        block: serde_json::json!({"type": "text", "text": text}),
-    });
-    chunks.push(StreamChunk::Usage {
-        usage: serde_json::json!({"inputTokens": 10, "outputTokens": text.len()}),
-    });
-    chunks.push(StreamChunk::Finish {
-        reason: FinishReason::Stop,
-        replay_state: None,
-    });
+    let mut chunks = vec![StreamChunk::BlockStart { index: 0, block_type: "text".into() }];
+    chunks.extend(pieces.iter().map(|p| StreamChunk::TextDelta { index: 0, text: (*p).to_string() }));
+    chunks.push(StreamChunk::BlockEnd { index: 0, block: serde_json::json!({"type": "text", "text": text}) });
+    chunks.push(StreamChunk::Usage { usage: serde_json::json!({"inputTokens": 10, "outputTokens": text.len()}) });
+    chunks.push(StreamChunk::Finish { reason: FinishReason::Stop, replay_state: None });
     chunks
 }
 
 /// A response asking for one tool call.
 pub fn tool_call_response(id: &str, name: &str, arguments: &str) -> Vec<StreamChunk> {
     vec![
-        StreamChunk::BlockStart {
-            index: 0,
-            block_type: "tool-call".into(),
-        },
+        StreamChunk::BlockStart { index: 0, block_type: "tool-call".into() },
         StreamChunk::ToolCallDelta {
             index: 0,
             id: id.into(),
@@ -132,13 +107,8 @@ pub fn tool_call_response(id: &str, name: &str, arguments: &str) -> Vec<StreamCh
             index: 0,
             block: serde_json::json!({"type": "tool-call", "id": id, "name": name, "arguments": arguments}),
         },
-        StreamChunk::Usage {
-            usage: serde_json::json!({"inputTokens": 10, "outputTokens": 5}),
-        },
-        StreamChunk::Finish {
-            reason: FinishReason::ToolCalls,
-            replay_state: None,
-        },
+        StreamChunk::Usage { usage: serde_json::json!({"inputTokens": 10, "outputTokens": 5}) },
+        StreamChunk::Finish { reason: FinishReason::ToolCalls, replay_state: None },
     ]
 }
 

@@ -26,10 +26,7 @@ impl ModelRoute {
     pub fn parse(route: &str) -> Result<Self, String> {
         match route.split_once('/') {
             Some((provider, model)) if !provider.is_empty() && !model.is_empty() => {
-                Ok(ModelRoute {
-                    provider: provider.into(),
-                    model: model.into(),
-                })
+                Ok(ModelRoute { provider: provider.into(), model: model.into() })
             }
             _ => Err(format!(
                 "model route {route:?} is not of the form provider/model (e.g. deepseek/deepseek-v4-flash)"

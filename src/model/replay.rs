@@ -47,20 +47,11 @@ fn sequential_id(n: u64) -> String {
 
 /// The text of the last user-sourced user message: the prompt a session's call serves.
 fn prompt_of(messages: &[Value]) -> Option<String> {
-    messages
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user" && m["source"]["kind"] == "user")
-        .map(message_text)
+    messages.iter().rev().find(|m| m["role"] == "user" && m["source"]["kind"] == "user").map(message_text)
 }
 
 fn message_text(message: &Value) -> String {
-    message["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b["text"].as_str())
-        .collect()
+    message["content"].as_array().into_iter().flatten().filter_map(|b| b["text"].as_str()).collect()
 }
 
 /// Serves recorded model calls.
@@ -75,8 +66,7 @@ impl ReplayModel {
         let parent = dir.join("session.jsonl");
         let mut logs = vec![(
             parent.clone(),
-            scan_file(&parent)
-                .with_context(|| format!("reading replay log {}", parent.display()))?,
+            scan_file(&parent).with_context(|| format!("reading replay log {}", parent.display()))?,
         )];
         let mut children = Vec::new();
         for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
@@ -87,8 +77,7 @@ impl ReplayModel {
                 .and_then(|rest| rest.strip_suffix(".jsonl"))
                 .is_some_and(|n| n.parse::<u32>().is_ok());
             if is_child {
-                let scanned = scan_file(&path)
-                    .with_context(|| format!("reading replay log {}", path.display()))?;
+                let scanned = scan_file(&path).with_context(|| format!("reading replay log {}", path.display()))?;
                 children.push((path, scanned));
             }
         }
@@ -98,52 +87,27 @@ impl ReplayModel {
         for (n, (path, scanned)) in logs.into_iter().enumerate() {
             let id = &scanned.header.id;
             let usable = validate_session_id(id).is_ok() && is_uuid(id);
-            state.ids.push_back(if usable {
-                id.clone()
-            } else {
-                sequential_id(n as u64 + 1)
-            });
+            state.ids.push_back(if usable { id.clone() } else { sequential_id(n as u64 + 1) });
             let seed_length = scanned.header.seed_length.unwrap_or(0);
             let prompt = scanned
                 .events
                 .iter()
-                .find(|e| {
-                    e.seq >= seed_length
-                        && e.kind == "user/message"
-                        && e.data["source"]["kind"] == "user"
-                })
+                .find(|e| e.seq >= seed_length && e.kind == "user/message" && e.data["source"]["kind"] == "user")
                 .map(|e| message_text(&e.data));
-            let entries = derive_entries(
-                scanned
-                    .events
-                    .iter()
-                    .filter(|e| e.kind == "assistant/chunk")
-                    .map(|e| &e.data),
-            );
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("?")
-                .to_string();
-            state.scripts.push(Script {
-                name,
-                prompt,
-                bound: false,
-                recorded: entries.len(),
-                entries,
-            });
+            let entries =
+                derive_entries(scanned.events.iter().filter(|e| e.kind == "assistant/chunk").map(|e| &e.data));
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
+            state.scripts.push(Script { name, prompt, bound: false, recorded: entries.len(), entries });
         }
         let override_path = dir.join("replay.override.json");
         if override_path.exists() {
             let text = std::fs::read_to_string(&override_path)?;
-            let value: Value = serde_json::from_str(&text)
-                .with_context(|| format!("parsing {}", override_path.display()))?;
+            let value: Value =
+                serde_json::from_str(&text).with_context(|| format!("parsing {}", override_path.display()))?;
             apply_override(&mut state.scripts[0], &value)
                 .with_context(|| format!("applying {}", override_path.display()))?;
         }
-        Ok(ReplayModel {
-            state: Mutex::new(state),
-        })
+        Ok(ReplayModel { state: Mutex::new(state) })
     }
 }
 
@@ -152,15 +116,10 @@ pub fn is_uuid(s: &str) -> bool {
     uuid::Uuid::try_parse(s).is_ok() && s.len() == 36
 }
 
-fn derive_entries<'a>(
-    chunks: impl Iterator<Item = &'a Value>,
-) -> VecDeque<(Option<(u64, u64)>, ReplayEntry)> {
+fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<(Option<(u64, u64)>, ReplayEntry)> {
     let mut groups: Vec<((u64, u64), Vec<StreamChunk>)> = Vec::new();
     for data in chunks {
-        let key = (
-            data["turn"].as_u64().unwrap_or(0),
-            data["step"].as_u64().unwrap_or(0),
-        );
+        let key = (data["turn"].as_u64().unwrap_or(0), data["step"].as_u64().unwrap_or(0));
         let Ok(chunk) = serde_json::from_value::<StreamChunk>(data["chunk"].clone()) else {
             tracing::warn!("skipping an unreadable recorded chunk: {}", data["chunk"]);
             continue;
@@ -170,35 +129,24 @@ fn derive_entries<'a>(
             _ => groups.push((key, vec![chunk])),
         }
     }
-    groups
-        .into_iter()
-        .map(|(key, chunks)| (Some(key), ReplayEntry::Chunks(chunks)))
-        .collect()
+    groups.into_iter().map(|(key, chunks)| (Some(key), ReplayEntry::Chunks(chunks))).collect()
 }
 
 fn apply_override(script: &mut Script, value: &Value) -> Result<()> {
     match value {
         Value::Array(entries) => {
-            let parsed: Result<VecDeque<_>, _> = entries
-                .iter()
-                .map(|e| ReplayEntry::parse(e).map(|e| (None, e)))
-                .collect();
+            let parsed: Result<VecDeque<_>, _> =
+                entries.iter().map(|e| ReplayEntry::parse(e).map(|e| (None, e))).collect();
             script.entries = parsed.map_err(anyhow::Error::msg)?;
         }
         Value::Object(map) => {
-            let patches = map
-                .get("patches")
-                .and_then(Value::as_array)
-                .context("override object needs a \"patches\" array")?;
+            let patches =
+                map.get("patches").and_then(Value::as_array).context("override object needs a \"patches\" array")?;
             for patch in patches {
-                let at = patch["at"]
-                    .as_u64()
-                    .context("patch needs a numeric \"at\"")? as usize;
+                let at = patch["at"].as_u64().context("patch needs a numeric \"at\"")? as usize;
                 let entry = ReplayEntry::parse(&patch["entry"]).map_err(anyhow::Error::msg)?;
-                let slot = script
-                    .entries
-                    .get_mut(at)
-                    .with_context(|| format!("patch at {at} is past the script's end"))?;
+                let slot =
+                    script.entries.get_mut(at).with_context(|| format!("patch at {at} is past the script's end"))?;
                 slot.1 = entry;
             }
         }
@@ -233,28 +181,23 @@ impl Model for ReplayModel {
                 }
             };
             match index {
-                None => exhausted(&format!(
-                    "no recorded session left to replay for session {}",
-                    request.session_id
-                )),
+                None => exhausted(&format!("no recorded session left to replay for session {}", request.session_id)),
                 Some(i) => {
                     let script = &mut state.scripts[i];
                     // A session loaded after a restart skips the calls its log already holds.
-                    while script.entries.front().is_some_and(|(key, _)| {
-                        key.is_some_and(|k| k < (request.turn, request.step))
-                    }) {
+                    while script
+                        .entries
+                        .front()
+                        .is_some_and(|(key, _)| key.is_some_and(|k| k < (request.turn, request.step)))
+                    {
                         script.entries.pop_front();
                     }
-                    script
-                        .entries
-                        .pop_front()
-                        .map(|(_, entry)| entry)
-                        .unwrap_or_else(|| {
-                            exhausted(&format!(
-                                "{} has no recorded model call left ({} recorded)",
-                                script.name, script.recorded
-                            ))
-                        })
+                    script.entries.pop_front().map(|(_, entry)| entry).unwrap_or_else(|| {
+                        exhausted(&format!(
+                            "{} has no recorded model call left ({} recorded)",
+                            script.name, script.recorded
+                        ))
+                    })
                 }
             }
         };
@@ -262,47 +205,24 @@ impl Model for ReplayModel {
     }
 
     fn check_consumed(&self) -> Result<(), String> {
-        let state = self
-            .state
-            .lock()
-            .map_err(|_| "replay state poisoned".to_string())?;
+        let state = self.state.lock().map_err(|_| "replay state poisoned".to_string())?;
         let unused: Vec<String> = state
             .scripts
             .iter()
             .filter(|s| !s.entries.is_empty())
-            .map(|s| {
-                format!(
-                    "{}: {} of {} recorded model calls were not made",
-                    s.name,
-                    s.entries.len(),
-                    s.recorded
-                )
-            })
+            .map(|s| format!("{}: {} of {} recorded model calls were not made", s.name, s.entries.len(), s.recorded))
             .collect();
-        if unused.is_empty() {
-            Ok(())
-        } else {
-            Err(unused.join("; "))
-        }
+        if unused.is_empty() { Ok(()) } else { Err(unused.join("; ")) }
     }
 
     fn next_session_id(&self) -> Option<String> {
         let mut state = self.state.lock().ok()?;
         state.minted += 1;
         let minted = state.minted;
-        Some(
-            state
-                .ids
-                .pop_front()
-                .unwrap_or_else(|| sequential_id(minted)),
-        )
+        Some(state.ids.pop_front().unwrap_or_else(|| sequential_id(minted)))
     }
 }
 
 fn exhausted(message: &str) -> ReplayEntry {
-    ReplayEntry::Throw {
-        chunks: Vec::new(),
-        message: message.into(),
-        code: "REPLAY_EXHAUSTED".into(),
-    }
+    ReplayEntry::Throw { chunks: Vec::new(), message: message.into(), code: "REPLAY_EXHAUSTED".into() }
 }

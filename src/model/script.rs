@@ -18,17 +18,10 @@ pub enum ReplayEntry {
     /// Stream these chunks.
     Chunks(Vec<StreamChunk>),
     /// Stream these chunks, then fail with `message` / `code`.
-    Throw {
-        chunks: Vec<StreamChunk>,
-        message: String,
-        code: String,
-    },
+    Throw { chunks: Vec<StreamChunk>, message: String, code: String },
     /// Stream these chunks, create `ready_file` (relative to the session cwd), then wait for
     /// cancellation.
-    Hang {
-        chunks: Vec<StreamChunk>,
-        ready_file: Option<String>,
-    },
+    Hang { chunks: Vec<StreamChunk>, ready_file: Option<String> },
 }
 
 impl ReplayEntry {
@@ -36,8 +29,7 @@ impl ReplayEntry {
     pub fn parse(value: &Value) -> Result<Self, String> {
         let chunks = match value.get("chunks") {
             None => Vec::new(),
-            Some(c) => serde_json::from_value(c.clone())
-                .map_err(|e| format!("replay entry chunks: {e}"))?,
+            Some(c) => serde_json::from_value(c.clone()).map_err(|e| format!("replay entry chunks: {e}"))?,
         };
         let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_string);
         match value.get("kind").and_then(Value::as_str) {
@@ -47,13 +39,8 @@ impl ReplayEntry {
                 message: text("message").unwrap_or_else(|| "replayed model failure".into()),
                 code: text("code").unwrap_or_else(|| "REPLAY_THROW".into()),
             }),
-            Some("hang") => Ok(ReplayEntry::Hang {
-                chunks,
-                ready_file: text("readyFile"),
-            }),
-            other => Err(format!(
-                "replay entry kind must be chunks, throw or hang, not {other:?}"
-            )),
+            Some("hang") => Ok(ReplayEntry::Hang { chunks, ready_file: text("readyFile") }),
+            other => Err(format!("replay entry kind must be chunks, throw or hang, not {other:?}")),
         }
     }
 }
@@ -64,11 +51,7 @@ pub fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken)
     tokio::spawn(async move {
         let (chunks, tail) = match entry {
             ReplayEntry::Chunks(chunks) => (chunks, None),
-            ReplayEntry::Throw {
-                chunks,
-                message,
-                code,
-            } => (chunks, Some(Ok(Failure::new(message, code)))),
+            ReplayEntry::Throw { chunks, message, code } => (chunks, Some(Ok(Failure::new(message, code)))),
             ReplayEntry::Hang { chunks, ready_file } => (chunks, Some(Err(ready_file))),
         };
         for chunk in chunks {
@@ -106,10 +89,7 @@ pub struct ScriptedModel {
 
 impl ScriptedModel {
     pub fn new(entries: impl IntoIterator<Item = ReplayEntry>) -> Self {
-        ScriptedModel {
-            entries: Mutex::new(entries.into_iter().collect()),
-            requests: Mutex::new(Vec::new()),
-        }
+        ScriptedModel { entries: Mutex::new(entries.into_iter().collect()), requests: Mutex::new(Vec::new()) }
     }
 
     /// A script of plain chunk responses.
@@ -140,10 +120,6 @@ impl Model for ScriptedModel {
 
     fn check_consumed(&self) -> Result<(), String> {
         let left = self.entries.lock().map(|e| e.len()).unwrap_or(0);
-        if left == 0 {
-            Ok(())
-        } else {
-            Err(format!("scripted model has {left} unused responses"))
-        }
+        if left == 0 { Ok(()) } else { Err(format!("scripted model has {left} unused responses")) }
     }
 }

@@ -53,11 +53,7 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn start(
-        launch: &Launch,
-        transcript: Arc<Transcript>,
-        answers: Arc<Mutex<Vec<String>>>,
-    ) -> Result<Client> {
+    pub fn start(launch: &Launch, transcript: Arc<Transcript>, answers: Arc<Mutex<Vec<String>>>) -> Result<Client> {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -71,35 +67,22 @@ impl Client {
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr))
             .kill_on_drop(true);
-        for key in [
-            "KIN_SESSIONS_DIR",
-            "KIN_MODEL",
-            "KIN_CONFIG",
-            "KIN_LOG_FILE",
-            "KIN_REPLAY_DIR",
-        ] {
+        for key in ["KIN_SESSIONS_DIR", "KIN_MODEL", "KIN_CONFIG", "KIN_LOG_FILE", "KIN_REPLAY_DIR"] {
             command.env_remove(key);
         }
         for (k, v) in &launch.env {
             command.env(k, v);
         }
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("starting {}", launch.exe.display()))?;
-        transcript
-            .closed
-            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut child = command.spawn().with_context(|| format!("starting {}", launch.exe.display()))?;
+        transcript.closed.store(false, std::sync::atomic::Ordering::SeqCst);
         let stdout = child.stdout.take().context("kin stdout")?;
         let stdin = Arc::new(tokio::sync::Mutex::new(child.stdin.take()));
         let writer = stdin.clone();
         let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let frame: Value =
-                    serde_json::from_str(&line).unwrap_or_else(|_| json!({"nonJsonStdout": line}));
-                if let (Some(method), Some(id)) =
-                    (frame.get("method").and_then(Value::as_str), frame.get("id"))
-                {
+                let frame: Value = serde_json::from_str(&line).unwrap_or_else(|_| json!({"nonJsonStdout": line}));
+                if let (Some(method), Some(id)) = (frame.get("method").and_then(Value::as_str), frame.get("id")) {
                     let reply = answer(method, id, &frame, &answers);
                     if let Some(stdin) = writer.lock().await.as_mut() {
                         let _ = stdin.write_all(format!("{reply}\n").as_bytes()).await;
@@ -108,15 +91,9 @@ impl Client {
                 }
                 transcript.push(frame);
             }
-            transcript
-                .closed
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            transcript.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         });
-        Ok(Client {
-            child,
-            stdin,
-            reader,
-        })
+        Ok(Client { child, stdin, reader })
     }
 
     /// Writes one raw line to kin's stdin.
@@ -158,14 +135,8 @@ fn answer(method: &str, id: &Value, frame: &Value, answers: &Mutex<Vec<String>>)
             .ok()
             .and_then(|mut a| (!a.is_empty()).then(|| a.remove(0)))
             .unwrap_or_else(|| "reject_once".into());
-        let options = frame["params"]["options"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let chosen = options
-            .iter()
-            .find(|o| o["kind"] == kind.as_str())
-            .and_then(|o| o["optionId"].as_str());
+        let options = frame["params"]["options"].as_array().cloned().unwrap_or_default();
+        let chosen = options.iter().find(|o| o["kind"] == kind.as_str()).and_then(|o| o["optionId"].as_str());
         let outcome = match chosen {
             Some(option_id) => json!({"outcome": "selected", "optionId": option_id}),
             None => json!({"outcome": "cancelled"}),
@@ -176,11 +147,7 @@ fn answer(method: &str, id: &Value, frame: &Value, answers: &Mutex<Vec<String>>)
 }
 
 /// Polls `check` until it is true or `timeout` passes.
-pub async fn wait_for(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> bool,
-) -> Result<()> {
+pub async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if check() {

@@ -48,21 +48,10 @@ pub struct Outcome {
 
 /// Runs one scenario directory.
 pub async fn run(dir: &Path, opts: &RunOptions) -> Outcome {
-    let name = dir.file_name().map_or_else(
-        || dir.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
     match run_inner(dir, opts).await {
-        Ok(report) => Outcome {
-            name,
-            passed: report.is_empty(),
-            report,
-        },
-        Err(e) => Outcome {
-            name,
-            passed: false,
-            report: format!("scenario could not run: {e:#}"),
-        },
+        Ok(report) => Outcome { name, passed: report.is_empty(), report },
+        Err(e) => Outcome { name, passed: false, report: format!("scenario could not run: {e:#}") },
     }
 }
 
@@ -83,8 +72,7 @@ pub(crate) struct Run {
 async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
     let input_path = dir.join("input.json");
     let input: Value = serde_json::from_str(
-        &std::fs::read_to_string(&input_path)
-            .with_context(|| format!("reading {}", input_path.display()))?,
+        &std::fs::read_to_string(&input_path).with_context(|| format!("reading {}", input_path.display()))?,
     )
     .with_context(|| format!("parsing {}", input_path.display()))?;
     let tmp = tempfile::tempdir()?;
@@ -116,10 +104,7 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
         ],
         cwd: cwd.clone(),
         stderr_log: tmp.path().join("kin.stderr"),
-        env: vec![
-            ("XDG_CONFIG_HOME".into(), tmp.path().display().to_string()),
-            ("RUST_LOG".into(), "info".into()),
-        ],
+        env: vec![("XDG_CONFIG_HOME".into(), tmp.path().display().to_string()), ("RUST_LOG".into(), "info".into())],
     };
     let answers: Vec<String> = input["permissionAnswers"]
         .as_array()
@@ -142,32 +127,22 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
     run.start()?;
     let steps = input["steps"].as_array().cloned().unwrap_or_default();
     for (i, step) in steps.iter().enumerate() {
-        steps::run_step(&mut run, step)
-            .await
-            .with_context(|| format!("step {} ({})", i + 1, step["op"]))?;
+        steps::run_step(&mut run, step).await.with_context(|| format!("step {} ({})", i + 1, step["op"]))?;
     }
     run.stop().await?;
     let stderr = std::fs::read_to_string(&run.launch.stderr_log).unwrap_or_default();
     let mut report = String::new();
     // A process replaced by `restart` may leave replay calls to its successor (exit 3).
     let (last, earlier) = run.exit_codes.split_last().context("kin never ran")?;
-    let bad = earlier
-        .iter()
-        .find(|c| !matches!(c, Some(0) | Some(3)))
-        .or((*last != Some(0)).then_some(last));
+    let bad = earlier.iter().find(|c| !matches!(c, Some(0) | Some(3))).or((*last != Some(0)).then_some(last));
     if let Some(code) = bad {
-        report.push_str(&format!(
-            "kin exited with {code:?}; its stderr:\n{}\n",
-            tail(&stderr, 40)
-        ));
+        report.push_str(&format!("kin exited with {code:?}; its stderr:\n{}\n", tail(&stderr, 40)));
     }
     let scrubber = Scrubber::new(&cwd);
     let actual = normalize::stdout_frames(&run.transcript.snapshot(), &scrubber);
     let logs = produced_logs(&sessions, run.session_id.as_deref())?;
-    let produced: Vec<(String, Vec<String>)> = logs
-        .iter()
-        .map(|(name, text)| (name.clone(), normalize::log_lines(text, &scrubber)))
-        .collect();
+    let produced: Vec<(String, Vec<String>)> =
+        logs.iter().map(|(name, text)| (name.clone(), normalize::log_lines(text, &scrubber))).collect();
     if let Some(out) = &opts.out {
         let target = out.join(dir.file_name().unwrap_or_default());
         std::fs::create_dir_all(&target)?;
@@ -183,8 +158,8 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
         }
         return Ok(report);
     }
-    let expected_text = std::fs::read_to_string(dir.join("stdout.expected.jsonl"))
-        .context("reading stdout.expected.jsonl")?;
+    let expected_text =
+        std::fs::read_to_string(dir.join("stdout.expected.jsonl")).context("reading stdout.expected.jsonl")?;
     let expected: Vec<Value> = expected_text
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -198,28 +173,15 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
                 report.push_str(&diff(name, &normalize::log_lines(&want, &scrubber), lines));
             }
             let expected_logs = expected_log_names(dir)?;
-            for name in expected_logs
-                .iter()
-                .filter(|n| !produced.iter().any(|(p, _)| p == *n))
-            {
-                report.push_str(&format!(
-                    "{name}: expected, but kin produced no such session\n"
-                ));
+            for name in expected_logs.iter().filter(|n| !produced.iter().any(|(p, _)| p == *n)) {
+                report.push_str(&format!("{name}: expected, but kin produced no such session\n"));
             }
         }
         Compare::Text => {
-            report.push_str(&diff(
-                "stdout (text)",
-                &text_view(&expected),
-                &text_view(&actual),
-            ));
+            report.push_str(&diff("stdout (text)", &text_view(&expected), &text_view(&actual)));
             for name in expected_log_names(dir)? {
                 let want = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
-                let got = produced
-                    .iter()
-                    .find(|(p, _)| *p == name)
-                    .map(|(_, l)| l.join("\n"))
-                    .unwrap_or_default();
+                let got = produced.iter().find(|(p, _)| *p == name).map(|(_, l)| l.join("\n")).unwrap_or_default();
                 report.push_str(&diff(
                     &format!("{name} tool results"),
                     &tool_results(&want, &scrubber),
@@ -233,11 +195,7 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
 
 impl Run {
     pub(crate) fn start(&mut self) -> Result<()> {
-        self.client = Some(Client::start(
-            &self.launch,
-            self.transcript.clone(),
-            self.answers.clone(),
-        )?);
+        self.client = Some(Client::start(&self.launch, self.transcript.clone(), self.answers.clone())?);
         Ok(())
     }
 
@@ -252,11 +210,7 @@ impl Run {
     /// The parent session's log path, once the session exists.
     pub(crate) fn parent_log(&self) -> Option<PathBuf> {
         let id = self.session_id.as_ref()?;
-        Some(crate::session::layout::log_path(
-            &self.sessions,
-            Some(&self.cwd.display().to_string()),
-            id,
-        ))
+        Some(crate::session::layout::log_path(&self.sessions, Some(&self.cwd.display().to_string()), id))
     }
 }
 
@@ -284,9 +238,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 fn produced_logs(sessions: &Path, parent: Option<&str>) -> Result<Vec<(String, String)>> {
     let store = crate::session::SessionStore::new(sessions);
     let mut all = store.list();
-    all.sort_by(|a, b| {
-        (a.header.created_at, &a.header.id).cmp(&(b.header.created_at, &b.header.id))
-    });
+    all.sort_by(|a, b| (a.header.created_at, &a.header.id).cmp(&(b.header.created_at, &b.header.id)));
     let mut out = Vec::new();
     let mut n = 0;
     for stored in all {
@@ -335,11 +287,7 @@ fn text_view(frames: &[Value]) -> Vec<String> {
             out.push(format!("text {text:?} then {body}"));
             text.clear();
         } else if frame["params"]["update"]["sessionUpdate"] == "agent_message_chunk" {
-            text.push_str(
-                frame["params"]["update"]["content"]["text"]
-                    .as_str()
-                    .unwrap_or(""),
-            );
+            text.push_str(frame["params"]["update"]["content"]["text"].as_str().unwrap_or(""));
         }
     }
     if !text.is_empty() {
@@ -354,24 +302,11 @@ fn tool_results(log: &str, scrubber: &Scrubber) -> Vec<String> {
         .filter_map(|line| Record::parse(line).ok())
         .flat_map(Record::into_events)
         .filter(|e| e.kind == "tool/result")
-        .flat_map(|e| {
-            e.data["message"]["content"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
+        .flat_map(|e| e.data["message"]["content"].as_array().cloned().unwrap_or_default())
         .map(|block| {
-            let text: String = block["content"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c["text"].as_str())
-                .collect();
-            let marker = if block["isError"] == true {
-                "error"
-            } else {
-                "ok"
-            };
+            let text: String =
+                block["content"].as_array().into_iter().flatten().filter_map(|c| c["text"].as_str()).collect();
+            let marker = if block["isError"] == true { "error" } else { "ok" };
             format!("{marker}: {}", scrubber.string(&text))
         })
         .collect()
@@ -383,11 +318,7 @@ fn diff(what: &str, expected: &[String], actual: &[String]) -> String {
         return String::new();
     }
     let mut out = format!("{what} differs (- expected, + actual):\n");
-    let common = expected
-        .iter()
-        .zip(actual)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let common = expected.iter().zip(actual).take_while(|(a, b)| a == b).count();
     for line in &expected[common.saturating_sub(2)..common] {
         out.push_str(&format!("  {line}\n"));
     }
@@ -405,9 +336,6 @@ pub(crate) fn read_log(path: &Path) -> Option<(SessionHeader, Vec<crate::session
     let text = std::fs::read_to_string(path).ok()?;
     let mut lines = text.lines();
     let header = SessionHeader::parse(lines.next()?).ok()?;
-    let events = lines
-        .filter_map(|l| Record::parse(l).ok())
-        .flat_map(Record::into_events)
-        .collect();
+    let events = lines.filter_map(|l| Record::parse(l).ok()).flat_map(Record::into_events).collect();
     Some((header, events))
 }

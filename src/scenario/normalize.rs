@@ -109,11 +109,7 @@ pub fn log_lines(text: &str, scrubber: &Scrubber) -> Vec<String> {
                         map.insert(key.into(), Value::from(0));
                     }
                 }
-                if let Some(dt) = map
-                    .get_mut("data")
-                    .and_then(|d| d.get_mut("dt"))
-                    .and_then(Value::as_array_mut)
-                {
+                if let Some(dt) = map.get_mut("data").and_then(|d| d.get_mut("dt")).and_then(Value::as_array_mut) {
                     dt.iter_mut().for_each(|v| *v = Value::from(0));
                 }
             }
@@ -131,30 +127,14 @@ mod tests {
     #[test]
     fn uuids_and_cwd_are_scrubbed() {
         let s = Scrubber::new(std::path::Path::new("/tmp/x"));
-        assert_eq!(
-            s.string("/tmp/x/a 11111111-1111-4111-8111-111111111111!"),
-            "{{cwd}}/a {{sessionId}}!"
-        );
+        assert_eq!(s.string("/tmp/x/a 11111111-1111-4111-8111-111111111111!"), "{{cwd}}/a {{sessionId}}!");
         assert_eq!(scrub_uuids("no-uuid-here"), "no-uuid-here");
     }
 
     #[test]
     fn ids_are_renumbered_by_first_appearance() {
-        let frames = vec![
-            json!({"id": 7}),
-            json!({"id": "abc"}),
-            json!({"id": 7}),
-            json!({"id": null}),
-        ];
+        let frames = vec![json!({"id": 7}), json!({"id": "abc"}), json!({"id": 7}), json!({"id": null})];
         let out = stdout_frames(&frames, &Scrubber::new(std::path::Path::new("/nowhere")));
-        assert_eq!(
-            out,
-            vec![
-                json!({"id": 1}),
-                json!({"id": 2}),
-                json!({"id": 1}),
-                json!({"id": null})
-            ]
-        );
+        assert_eq!(out, vec![json!({"id": 1}), json!({"id": 2}), json!({"id": 1}), json!({"id": null})]);
     }
 }

@@ -14,21 +14,14 @@ const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const RESPONSE_WAIT: Duration = Duration::from_secs(60);
 
 fn timeout_of(step: &Value) -> Duration {
-    step["timeoutMs"]
-        .as_u64()
-        .map_or(DEFAULT_WAIT, Duration::from_millis)
+    step["timeoutMs"].as_u64().map_or(DEFAULT_WAIT, Duration::from_millis)
 }
 
 pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
     let op = step["op"].as_str().context("step has no \"op\"")?;
     match op {
         "initialize" => {
-            let id = run
-                .send(
-                    "initialize",
-                    json!({"protocolVersion": 1, "clientCapabilities": {}}),
-                )
-                .await?;
+            let id = run.send("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})).await?;
             run.response(id).await?;
         }
         "newSession" | "newSessionExpectError" => {
@@ -39,9 +32,7 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             let id = run.send("session/new", params).await?;
             let response = run.response(id).await?;
             if op == "newSession" {
-                let sid = response["result"]["sessionId"]
-                    .as_str()
-                    .context("session/new returned no sessionId")?;
+                let sid = response["result"]["sessionId"].as_str().context("session/new returned no sessionId")?;
                 run.session_id = Some(sid.to_string());
             }
         }
@@ -50,19 +41,14 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             run.response(id).await?;
         }
         "promptAndWaitForAgentMessage" => {
-            let want = step["waitForText"]
-                .as_str()
-                .context("waitForText")?
-                .to_string();
+            let want = step["waitForText"].as_str().context("waitForText")?.to_string();
             let start = run.transcript.snapshot().len();
             let id = run.prompt(step).await?;
             run.pending_prompt = Some(id);
             let transcript = run.transcript.clone();
-            wait_for(
-                &format!("agent text {want:?}"),
-                timeout_of(step).max(RESPONSE_WAIT),
-                || agent_text(&transcript.snapshot()[start..]).contains(&want),
-            )
+            wait_for(&format!("agent text {want:?}"), timeout_of(step).max(RESPONSE_WAIT), || {
+                agent_text(&transcript.snapshot()[start..]).contains(&want)
+            })
             .await?;
         }
         "promptAndCancel" => {
@@ -82,40 +68,28 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
         "waitForTurnStart" => {
             let minimum = step["minimumTurn"].as_u64().unwrap_or(1);
             let log = run.parent_log().context("no session yet")?;
-            wait_for(
-                &format!("turn {minimum} to start"),
-                timeout_of(step),
-                || {
-                    read_log(&log).is_some_and(|(_, ev)| {
-                        ev.iter().any(|e| {
-                            e.kind == "turn/start" && e.data["turn"].as_u64() >= Some(minimum)
-                        })
-                    })
-                },
-            )
+            wait_for(&format!("turn {minimum} to start"), timeout_of(step), || {
+                read_log(&log).is_some_and(|(_, ev)| {
+                    ev.iter().any(|e| e.kind == "turn/start" && e.data["turn"].as_u64() >= Some(minimum))
+                })
+            })
             .await?;
         }
         "waitForTurnEnd" => {
             let log = run.parent_log().context("no session yet")?;
-            wait_for("the turn to end", timeout_of(step), || {
-                read_log(&log).is_some_and(|(_, ev)| turn_closed(&ev))
-            })
-            .await?;
+            wait_for("the turn to end", timeout_of(step), || read_log(&log).is_some_and(|(_, ev)| turn_closed(&ev)))
+                .await?;
         }
         "waitForSubagentTurnEnd" => {
             let index = step["child"].as_u64().unwrap_or(1) as usize;
             let parent = run.session_id.clone().context("no session yet")?;
             let sessions = run.sessions.clone();
-            wait_for(
-                &format!("subagent {index} to end a turn"),
-                timeout_of(step),
-                || {
-                    child_logs(&sessions, &parent)
-                        .get(index.saturating_sub(1))
-                        .and_then(|p| read_log(p))
-                        .is_some_and(|(_, ev)| turn_closed(&ev))
-                },
-            )
+            wait_for(&format!("subagent {index} to end a turn"), timeout_of(step), || {
+                child_logs(&sessions, &parent)
+                    .get(index.saturating_sub(1))
+                    .and_then(|p| read_log(p))
+                    .is_some_and(|(_, ev)| turn_closed(&ev))
+            })
             .await?;
         }
         "restart" => {
@@ -130,7 +104,9 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
         }
         "loadSession" => {
             let sid = run.session_id.clone().context("no session to load")?;
-            let id = run.send("session/load", json!({"sessionId": sid, "cwd": run.cwd.display().to_string(), "mcpServers": []})).await?;
+            let id = run
+                .send("session/load", json!({"sessionId": sid, "cwd": run.cwd.display().to_string(), "mcpServers": []}))
+                .await?;
             run.response(id).await?;
         }
         "listSessions" => {
@@ -150,9 +126,7 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             if step["expectResponse"].as_bool() != Some(false) {
                 let transcript = run.transcript.clone();
                 wait_for("a response to the raw line", RESPONSE_WAIT, || {
-                    transcript.snapshot()[before..]
-                        .iter()
-                        .any(|f| f.get("method").is_none())
+                    transcript.snapshot()[before..].iter().any(|f| f.get("method").is_none())
                 })
                 .await?;
             }
@@ -182,9 +156,7 @@ fn child_logs(sessions: &std::path::Path, parent: &str) -> Vec<PathBuf> {
         .into_iter()
         .filter(|s| s.header.parent_session.as_deref() == Some(parent))
         .collect();
-    children.sort_by(|a, b| {
-        (a.header.created_at, &a.header.id).cmp(&(b.header.created_at, &b.header.id))
-    });
+    children.sort_by(|a, b| (a.header.created_at, &a.header.id).cmp(&(b.header.created_at, &b.header.id)));
     children.into_iter().map(|s| s.path).collect()
 }
 
@@ -213,41 +185,20 @@ impl Run {
 
     async fn prompt(&mut self, step: &Value) -> Result<u64> {
         let text = step["text"].as_str().context("prompt needs text")?;
-        let sid = self
-            .session_id
-            .clone()
-            .context("prompt before newSession")?;
-        self.send(
-            "session/prompt",
-            json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}),
-        )
-        .await
+        let sid = self.session_id.clone().context("prompt before newSession")?;
+        self.send("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]})).await
     }
 
     async fn cancel(&mut self) -> Result<()> {
-        let sid = self
-            .session_id
-            .clone()
-            .context("cancel before newSession")?;
-        let frame =
-            json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}});
+        let sid = self.session_id.clone().context("cancel before newSession")?;
+        let frame = json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}});
         self.client()?.write_line(&frame.to_string()).await
     }
 
     async fn response(&self, id: u64) -> Result<Value> {
         let transcript = self.transcript.clone();
-        let find = || {
-            transcript
-                .snapshot()
-                .into_iter()
-                .find(|f| f.get("method").is_none() && f["id"] == json!(id))
-        };
-        wait_for(
-            &format!("the response to request {id}"),
-            RESPONSE_WAIT,
-            || find().is_some(),
-        )
-        .await?;
+        let find = || transcript.snapshot().into_iter().find(|f| f.get("method").is_none() && f["id"] == json!(id));
+        wait_for(&format!("the response to request {id}"), RESPONSE_WAIT, || find().is_some()).await?;
         find().context("response vanished")
     }
 

@@ -15,10 +15,7 @@ pub fn validate_session_id(id: &str) -> Result<(), String> {
         return Err("session id is empty".into());
     }
     if id.chars().count() > 128 {
-        return Err(format!(
-            "session id is longer than 128 characters: {}…",
-            truncate(id, 32)
-        ));
+        return Err(format!("session id is longer than 128 characters: {}…", truncate(id, 32)));
     }
     if id.chars().any(char::is_control) {
         return Err(format!("session id contains control characters: {id:?}"));
@@ -34,19 +31,14 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 fn is_literal(c: u16) -> bool {
-    matches!(c, 0x30..=0x39 | 0x41..=0x5A | 0x61..=0x7A)
-        || c == u16::from(b'_')
-        || c == u16::from(b'-')
+    matches!(c, 0x30..=0x39 | 0x41..=0x5A | 0x61..=0x7A) || c == u16::from(b'_') || c == u16::from(b'-')
 }
 
 /// dsh `encodeSegment`: `[A-Za-z0-9_-]` and single interior dots stay literal; every other
 /// UTF-16 unit becomes `~XXXX`. `.` and `..` as whole segments are escaped.
 pub fn encode_segment(segment: &str) -> String {
     if segment == "." || segment == ".." {
-        return segment
-            .encode_utf16()
-            .map(|u| format!("~{u:04X}"))
-            .collect();
+        return segment.encode_utf16().map(|u| format!("~{u:04X}")).collect();
     }
     let mut out = String::with_capacity(segment.len());
     for unit in segment.encode_utf16() {

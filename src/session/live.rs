@@ -18,10 +18,7 @@ pub trait SessionObserver: Send + Sync {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// One session held in memory with its writer.
@@ -34,12 +31,7 @@ pub struct Session {
 
 impl Session {
     pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
-        Session {
-            header,
-            events,
-            writer,
-            observers: Vec::new(),
-        }
+        Session { header, events, writer, observers: Vec::new() }
     }
 
     pub fn id(&self) -> &str {
@@ -69,22 +61,9 @@ impl Session {
         self.push(closer.kind, closer.data, closer.source_event_seqs, surface)
     }
 
-    fn push(
-        &mut self,
-        kind: &str,
-        data: Value,
-        sources: Option<Vec<u64>>,
-        surface_op: Option<Value>,
-    ) -> u64 {
+    fn push(&mut self, kind: &str, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
         let seq = self.events.len() as u64;
-        let event = Event {
-            kind: kind.to_string(),
-            seq,
-            time: now_ms(),
-            data,
-            source_event_seqs: sources,
-            surface_op,
-        };
+        let event = Event { kind: kind.to_string(), seq, time: now_ms(), data, source_event_seqs: sources, surface_op };
         self.writer.append(&event);
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
@@ -131,23 +110,14 @@ pub fn derive_messages(events: &[Event]) -> Vec<Value> {
             "user/message" => event.data.clone(),
             _ => event.data["message"].clone(),
         };
-        if event.kind == "assistant/message"
-            && message["content"].as_array().is_none_or(Vec::is_empty)
-        {
+        if event.kind == "assistant/message" && message["content"].as_array().is_none_or(Vec::is_empty) {
             continue;
         }
         match &event.surface_op {
             Some(Value::Object(op)) if op.get("op") == Some(&json!("replace")) => {
                 let len = messages.len();
-                let start = op
-                    .get("start")
-                    .and_then(Value::as_u64)
-                    .map_or(len, |s| (s as usize).min(len));
-                let end = op
-                    .get("end")
-                    .and_then(Value::as_u64)
-                    .map_or(len, |e| (e as usize).min(len))
-                    .max(start);
+                let start = op.get("start").and_then(Value::as_u64).map_or(len, |s| (s as usize).min(len));
+                let end = op.get("end").and_then(Value::as_u64).map_or(len, |e| (e as usize).min(len)).max(start);
                 messages.splice(start..end, [message]);
             }
             _ => messages.push(message),

@@ -46,13 +46,9 @@ impl SessionHeader {
 
     /// Parses and validates a header line.
     pub fn parse(line: &str) -> Result<Self, String> {
-        let header: SessionHeader =
-            serde_json::from_str(line).map_err(|e| format!("invalid session header: {e}"))?;
+        let header: SessionHeader = serde_json::from_str(line).map_err(|e| format!("invalid session header: {e}"))?;
         if header.tag != "session" {
-            return Err(format!(
-                "invalid session header: type is {:?}, expected \"session\"",
-                header.tag
-            ));
+            return Err(format!("invalid session header: type is {:?}, expected \"session\"", header.tag));
         }
         if header.version != SESSION_FORMAT_VERSION {
             return Err(format!(
@@ -80,12 +76,7 @@ pub struct Event {
 }
 
 /// The event types whose `surfaceOp` puts a message into the model history.
-pub const SURFACE_TYPES: [&str; 4] = [
-    "user/message",
-    "assistant/message",
-    "tool/result",
-    "steering/message",
-];
+pub const SURFACE_TYPES: [&str; 4] = ["user/message", "assistant/message", "tool/result", "steering/message"];
 
 /// A packed run of `assistant/chunk` delta events (`text-chunks`, `reasoning-chunks`,
 /// `tool-call-chunks`). Member `i` has seq `seq0 + i` and time `time0 + sum(dt[..i])`.
@@ -130,14 +121,12 @@ impl Record {
         let value: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
         let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
         let record = match kind {
-            "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => Record::Packed(
-                serde_json::from_value(value).map_err(|e| format!("invalid packed row: {e}"))?,
-            ),
+            "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => {
+                Record::Packed(serde_json::from_value(value).map_err(|e| format!("invalid packed row: {e}"))?)
+            }
             "" => return Err("record has no string \"type\"".into()),
             "session" => return Err("a second session header inside the log".into()),
-            _ => Record::Event(
-                serde_json::from_value(value).map_err(|e| format!("invalid event: {e}"))?,
-            ),
+            _ => Record::Event(serde_json::from_value(value).map_err(|e| format!("invalid event: {e}"))?),
         };
         if let Record::Packed(row) = &record {
             row.check()?;
@@ -199,16 +188,7 @@ impl PackedRow {
 
     /// Expands the row into its `assistant/chunk` events.
     pub fn unpack(self) -> Vec<Event> {
-        let PackedData {
-            turn,
-            step,
-            index,
-            dt,
-            texts,
-            id,
-            name,
-            args,
-        } = self.data;
+        let PackedData { turn, step, index, dt, texts, id, name, args } = self.data;
         let mut time = self.time0;
         let mut out = Vec::new();
         let pieces = match self.kind.as_str() {
@@ -288,12 +268,7 @@ mod tests {
         let wrong = r#"{"type":"turn/start","version":0,"id":"a","createdAt":0}"#;
         assert!(SessionHeader::parse(wrong).is_err());
         let missing_depth = r#"{"type":"session","version":0,"id":"a","createdAt":0}"#;
-        assert_eq!(
-            SessionHeader::parse(missing_depth)
-                .unwrap()
-                .delegation_depth,
-            0
-        );
+        assert_eq!(SessionHeader::parse(missing_depth).unwrap().delegation_depth, 0);
     }
 
     #[test]

@@ -6,10 +6,10 @@ use serde_json::{Value, json};
 use super::record::Event;
 
 /// Text of the synthetic result for a call whose `tool/call` was recorded but not its result.
-pub const OUTCOME_UNKNOWN_TEXT: &str = "Error: kin stopped while this tool call was running; its outcome is unknown. Check its effects before retrying.";
+pub const OUTCOME_UNKNOWN_TEXT: &str =
+    "Error: kin stopped while this tool call was running; its outcome is unknown. Check its effects before retrying.";
 /// Text of the synthetic result for a call the model requested but that never started.
-pub const NOT_STARTED_TEXT: &str =
-    "Error: kin stopped before this tool call started; it was not run.";
+pub const NOT_STARTED_TEXT: &str = "Error: kin stopped before this tool call started; it was not run.";
 
 /// What a closing event says, before seqs and times are assigned.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,12 +68,7 @@ pub fn closers(events: &[Event]) -> Vec<Closer> {
                     "ToolOutcomeUnknownError",
                     "TOOL_OUTCOME_UNKNOWN",
                 );
-                out.push(Closer {
-                    kind: "tool/result",
-                    data,
-                    source_event_seqs: Some(vec![*seq]),
-                    surface: true,
-                });
+                out.push(Closer { kind: "tool/result", data, source_event_seqs: Some(vec![*seq]), surface: true });
             }
         }
         for id in &requested {
@@ -86,12 +81,7 @@ pub fn closers(events: &[Event]) -> Vec<Closer> {
                     "ToolNotStartedError",
                     "TOOL_NOT_STARTED",
                 );
-                out.push(Closer {
-                    kind: "tool/result",
-                    data,
-                    source_event_seqs: None,
-                    surface: true,
-                });
+                out.push(Closer { kind: "tool/result", data, source_event_seqs: None, surface: true });
             }
         }
         out.push(Closer {
@@ -124,14 +114,7 @@ pub fn tool_call_ids(message: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn synthetic_result(
-    turn: &Value,
-    step: &Value,
-    call_id: &str,
-    text: &str,
-    name: &str,
-    code: &str,
-) -> Value {
+fn synthetic_result(turn: &Value, step: &Value, call_id: &str, text: &str, name: &str, code: &str) -> Value {
     json!({
         "turn": turn,
         "step": step,
@@ -150,22 +133,12 @@ mod tests {
     use super::*;
 
     fn ev(seq: u64, kind: &str, data: Value) -> Event {
-        Event {
-            kind: kind.into(),
-            seq,
-            time: 0,
-            data,
-            source_event_seqs: None,
-            surface_op: None,
-        }
+        Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: None, surface_op: None }
     }
 
     #[test]
     fn balanced_log_needs_no_closers() {
-        let events = vec![
-            ev(0, "turn/start", json!({"turn":1})),
-            ev(1, "turn/end", json!({"turn":1})),
-        ];
+        let events = vec![ev(0, "turn/start", json!({"turn":1})), ev(1, "turn/end", json!({"turn":1}))];
         assert!(closers(&events).is_empty());
     }
 
@@ -175,23 +148,12 @@ mod tests {
         let events = vec![
             ev(0, "turn/start", json!({"turn":2})),
             ev(1, "step/start", json!({"turn":2,"step":1})),
-            ev(
-                2,
-                "assistant/message",
-                json!({"turn":2,"step":1,"message":message}),
-            ),
-            ev(
-                3,
-                "tool/call",
-                json!({"turn":2,"step":1,"callId":"a","name":"x","arguments":"{}"}),
-            ),
+            ev(2, "assistant/message", json!({"turn":2,"step":1,"message":message})),
+            ev(3, "tool/call", json!({"turn":2,"step":1,"callId":"a","name":"x","arguments":"{}"})),
         ];
         let c = closers(&events);
         let kinds: Vec<_> = c.iter().map(|c| c.kind).collect();
-        assert_eq!(
-            kinds,
-            ["tool/result", "tool/result", "step/end", "turn/end"]
-        );
+        assert_eq!(kinds, ["tool/result", "tool/result", "step/end", "turn/end"]);
         assert_eq!(c[0].data["error"]["code"], "TOOL_OUTCOME_UNKNOWN");
         assert_eq!(c[0].source_event_seqs, Some(vec![3]));
         assert_eq!(c[1].data["error"]["code"], "TOOL_NOT_STARTED");

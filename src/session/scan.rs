@@ -33,11 +33,7 @@ pub enum ScanError {
     /// The file is missing or unreadable.
     Io { path: PathBuf, message: String },
     /// Damage a reader must not paper over: a bad header, or a bad line before the last `turn/end`.
-    Corrupt {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
+    Corrupt { path: PathBuf, line: usize, reason: String },
 }
 
 impl std::fmt::Display for ScanError {
@@ -45,11 +41,7 @@ impl std::fmt::Display for ScanError {
         match self {
             ScanError::Io { path, message } => write!(f, "{}: {message}", path.display()),
             ScanError::Corrupt { path, line, reason } => {
-                write!(
-                    f,
-                    "{}:{line}: corrupt session log: {reason}",
-                    path.display()
-                )
+                write!(f, "{}:{line}: corrupt session log: {reason}", path.display())
             }
         }
     }
@@ -61,38 +53,24 @@ impl std::error::Error for ScanError {}
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
     let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
     if !meta.is_file() {
-        return Err(ScanError::Io {
-            path: path.to_path_buf(),
-            message: "not a regular file".into(),
-        });
+        return Err(ScanError::Io { path: path.to_path_buf(), message: "not a regular file".into() });
     }
     let bytes = std::fs::read(path).map_err(|e| io_error(path, &e))?;
     scan_bytes(path, &bytes)
 }
 
 fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
-    ScanError::Io {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    }
+    ScanError::Io { path: path.to_path_buf(), message: e.to_string() }
 }
 
 /// Scans raw log bytes (see `scan_file`).
 pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
-    let corrupt = |line: usize, reason: String| ScanError::Corrupt {
-        path: path.to_path_buf(),
-        line,
-        reason,
-    };
+    let corrupt = |line: usize, reason: String| ScanError::Corrupt { path: path.to_path_buf(), line, reason };
     let lines = complete_lines(bytes);
     let Some(&(start, end)) = lines.first() else {
-        return Err(corrupt(
-            1,
-            "the header line is missing or incomplete".into(),
-        ));
+        return Err(corrupt(1, "the header line is missing or incomplete".into()));
     };
-    let header_text = std::str::from_utf8(&bytes[start..end])
-        .map_err(|_| corrupt(1, "header is not UTF-8".into()))?;
+    let header_text = std::str::from_utf8(&bytes[start..end]).map_err(|_| corrupt(1, "header is not UTF-8".into()))?;
     let header = SessionHeader::parse(header_text).map_err(|e| corrupt(1, e))?;
     let mut events: Vec<Event> = Vec::new();
     let mut committed = (end + 1) as u64;
@@ -104,17 +82,10 @@ pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
                 committed = (end + 1) as u64;
             }
             Err(reason) => {
-                if lines[i + 1..]
-                    .iter()
-                    .any(|&(s, e)| is_turn_end(&bytes[s..e]))
-                {
+                if lines[i + 1..].iter().any(|&(s, e)| is_turn_end(&bytes[s..e])) {
                     return Err(corrupt(i + 1, reason));
                 }
-                torn = Some(TornTail {
-                    line: i + 1,
-                    bytes: bytes.len() as u64 - start as u64,
-                    reason,
-                });
+                torn = Some(TornTail { line: i + 1, bytes: bytes.len() as u64 - start as u64, reason });
                 break;
             }
         }
@@ -126,13 +97,7 @@ pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
             reason: "last line has no newline".into(),
         });
     }
-    Ok(Scanned {
-        path: path.to_path_buf(),
-        header,
-        events,
-        committed_bytes: committed,
-        torn,
-    })
+    Ok(Scanned { path: path.to_path_buf(), header, events, committed_bytes: committed, torn })
 }
 
 /// `(start, end)` byte ranges of newline-terminated lines (end excludes the newline).
@@ -202,10 +167,7 @@ mod tests {
     fn garbage_before_last_turn_end_is_corruption() {
         let bad = LOG.replacen(r#""seq":0"#, r#""seq":7"#, 1);
         let err = scan_bytes(Path::new("f.jsonl"), bad.as_bytes()).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "f.jsonl:2: corrupt session log: seq 7 where 0 was expected"
-        );
+        assert_eq!(err.to_string(), "f.jsonl:2: corrupt session log: seq 7 where 0 was expected");
     }
 
     #[test]

@@ -71,15 +71,10 @@ impl SessionStore {
     ) -> Result<Session, StoreError> {
         validate_session_id(&header.id).map_err(StoreError::InvalidId)?;
         if seed.iter().enumerate().any(|(i, e)| e.seq != i as u64) {
-            return Err(StoreError::Io(anyhow::anyhow!(
-                "a session seed must be contiguous from seq 0"
-            )));
+            return Err(StoreError::Io(anyhow::anyhow!("a session seed must be contiguous from seq 0")));
         }
         if self.locate(&header.id)?.is_some() {
-            return Err(StoreError::Io(anyhow::anyhow!(
-                "session {} already exists",
-                header.id
-            )));
+            return Err(StoreError::Io(anyhow::anyhow!("session {} already exists", header.id)));
         }
         let path = log_path(&self.root, header.cwd.as_deref(), &header.id);
         let mut writer = LogWriter::create(path, &header).map_err(StoreError::Io)?;
@@ -112,9 +107,7 @@ impl SessionStore {
 
     /// Non-mutating read of the valid stored prefix: no truncation, no closers, no writes.
     pub fn inspect(&self, id: &str) -> Result<Scanned, StoreError> {
-        let path = self
-            .locate(id)?
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         let scanned = scan_file(&path).map_err(StoreError::Scan)?;
         if scanned.header.id != id {
             return Err(StoreError::Scan(ScanError::Corrupt {
@@ -133,8 +126,7 @@ impl SessionStore {
         if let Some(torn) = &scanned.torn {
             tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
         }
-        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes)
-            .map_err(StoreError::Io)?;
+        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes).map_err(StoreError::Io)?;
         let mut session = Session::new(scanned.header, scanned.events, writer);
         let repairs = closers(session.events());
         if !repairs.is_empty() {

@@ -54,19 +54,10 @@ impl LogWriter {
             .with_context(|| format!("opening session log {}", path.display()))?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(committed);
         if len != committed {
-            file.set_len(committed)
-                .with_context(|| format!("truncating the torn tail of {}", path.display()))?;
-            file.sync_all()
-                .with_context(|| format!("syncing {}", path.display()))?;
+            file.set_len(committed).with_context(|| format!("truncating the torn tail of {}", path.display()))?;
+            file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
         }
-        Ok(LogWriter {
-            path,
-            file: Some(file),
-            header_line: None,
-            committed,
-            pending: Vec::new(),
-            unsynced: false,
-        })
+        Ok(LogWriter { path, file: Some(file), header_line: None, committed, pending: Vec::new(), unsynced: false })
     }
 
     pub fn path(&self) -> &Path {
@@ -92,8 +83,7 @@ impl LogWriter {
         self.write_pending()?;
         if self.unsynced {
             if let Some(file) = &self.file {
-                file.sync_data()
-                    .with_context(|| format!("syncing {}", self.path.display()))?;
+                file.sync_data().with_context(|| format!("syncing {}", self.path.display()))?;
             }
             self.unsynced = false;
         }
@@ -131,10 +121,7 @@ impl LogWriter {
             let context = format!("appending to {}", self.path.display());
             return match rollback {
                 Ok(()) => Err(anyhow::Error::new(e).context(context)),
-                Err(r) => {
-                    Err(anyhow::Error::new(e)
-                        .context(format!("{context} (rollback failed too: {r})")))
-                }
+                Err(r) => Err(anyhow::Error::new(e).context(format!("{context} (rollback failed too: {r})"))),
             };
         }
         self.committed += self.pending.len() as u64;
@@ -147,27 +134,17 @@ impl LogWriter {
         let Some(header_line) = self.header_line.clone() else {
             return Ok(());
         };
-        let dir = self
-            .path
-            .parent()
-            .context("session log path has no parent directory")?;
+        let dir = self.path.parent().context("session log path has no parent directory")?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
         let publish = || -> Result<()> {
-            let mut f =
-                File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+            let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
             f.write_all(header_line.as_bytes())?;
             f.write_all(b"\n")?;
             f.sync_all()?;
-            std::fs::hard_link(&tmp, &self.path).with_context(|| {
-                format!(
-                    "publishing {} (does it already exist?)",
-                    self.path.display()
-                )
-            })?;
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .with_context(|| format!("syncing {}", dir.display()))?;
+            std::fs::hard_link(&tmp, &self.path)
+                .with_context(|| format!("publishing {} (does it already exist?)", self.path.display()))?;
+            File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
             Ok(())
         };
         let result = publish();
@@ -187,14 +164,7 @@ mod tests {
     use serde_json::json;
 
     fn event(seq: u64) -> Event {
-        Event {
-            kind: "x".into(),
-            seq,
-            time: 0,
-            data: json!({}),
-            source_event_seqs: None,
-            surface_op: None,
-        }
+        Event { kind: "x".into(), seq, time: 0, data: json!({}), source_event_seqs: None, surface_op: None }
     }
 
     #[test]

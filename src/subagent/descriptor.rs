@@ -19,14 +19,8 @@ pub struct ToolFilter {
 impl ToolFilter {
     /// True when `name` passes the filter.
     pub fn permits(&self, name: &str) -> bool {
-        let allowed = self
-            .allow
-            .as_ref()
-            .is_none_or(|a| a.iter().any(|n| n == name));
-        let denied = self
-            .deny
-            .as_ref()
-            .is_some_and(|d| d.iter().any(|n| n == name));
+        let allowed = self.allow.as_ref().is_none_or(|a| a.iter().any(|n| n == name));
+        let denied = self.deny.as_ref().is_some_and(|d| d.iter().any(|n| n == name));
         allowed && !denied
     }
 
@@ -62,9 +56,7 @@ pub enum Descriptor {
 impl Descriptor {
     pub fn provider(&self) -> &str {
         match self {
-            Descriptor::OneShot { provider, .. } | Descriptor::Continuable { provider, .. } => {
-                provider
-            }
+            Descriptor::OneShot { provider, .. } | Descriptor::Continuable { provider, .. } => provider,
         }
     }
 
@@ -87,22 +79,13 @@ impl Descriptor {
                     map.insert("label".into(), json!(label));
                 }
             }
-            Descriptor::Continuable {
-                provider,
-                label,
-                agent_provider,
-                agent_model,
-                persona,
-                tool_filter,
-            } => {
+            Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter } => {
                 map.insert("mode".into(), json!("continuable"));
                 map.insert("provider".into(), json!(provider));
                 map.insert("label".into(), json!(label));
-                for (key, value) in [
-                    ("agentProvider", agent_provider),
-                    ("agentModel", agent_model),
-                    ("persona", persona),
-                ] {
+                for (key, value) in
+                    [("agentProvider", agent_provider), ("agentModel", agent_model), ("persona", persona)]
+                {
                     if let Some(value) = value {
                         map.insert(key.into(), json!(value));
                     }
@@ -119,33 +102,18 @@ impl Descriptor {
     /// (unsupported), `Err` for a malformed current-version payload (corrupt).
     pub fn parse(payload: &Value) -> Result<Option<Descriptor>, String> {
         let map = payload.as_object().ok_or("payload must be an object")?;
-        let version = map
-            .get("version")
-            .and_then(Value::as_f64)
-            .ok_or("version must be a number")?;
+        let version = map.get("version").and_then(Value::as_f64).ok_or("version must be a number")?;
         if version != DESCRIPTOR_VERSION as f64 {
             return Ok(None);
         }
-        let mode = map
-            .get("mode")
-            .and_then(Value::as_str)
-            .ok_or("mode must be \"one-shot\" or \"continuable\"")?;
+        let mode = map.get("mode").and_then(Value::as_str).ok_or("mode must be \"one-shot\" or \"continuable\"")?;
         let allowed: &[&str] = match mode {
             "one-shot" => &["version", "mode", "provider", "label"],
-            "continuable" => &[
-                "version",
-                "mode",
-                "provider",
-                "label",
-                "agentProvider",
-                "agentModel",
-                "persona",
-                "toolFilter",
-            ],
+            "continuable" => {
+                &["version", "mode", "provider", "label", "agentProvider", "agentModel", "persona", "toolFilter"]
+            }
             other => {
-                return Err(format!(
-                    "mode must be \"one-shot\" or \"continuable\", not {other:?}"
-                ));
+                return Err(format!("mode must be \"one-shot\" or \"continuable\", not {other:?}"));
             }
         };
         if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
@@ -167,9 +135,7 @@ impl Descriptor {
     }
 
     /// Folds the first descriptor event among `events` (none → `Ok(None)`).
-    pub fn fold<'a>(
-        mut events: impl Iterator<Item = &'a crate::session::Event>,
-    ) -> Result<Option<Descriptor>, String> {
+    pub fn fold<'a>(mut events: impl Iterator<Item = &'a crate::session::Event>) -> Result<Option<Descriptor>, String> {
         match events.find(|e| e.kind == DESCRIPTOR_EVENT) {
             Some(event) => Descriptor::parse(&event.data),
             None => Ok(None),
@@ -195,20 +161,13 @@ fn parse_filter(value: &Value) -> Result<ToolFilter, String> {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|i| {
-                    i.as_str()
-                        .map(str::to_string)
-                        .ok_or(format!("toolFilter.{key} must hold strings"))
-                })
+                .map(|i| i.as_str().map(str::to_string).ok_or(format!("toolFilter.{key} must hold strings")))
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
             Some(_) => Err(format!("toolFilter.{key} must be an array of strings")),
         }
     };
-    let filter = ToolFilter {
-        allow: list("allow")?,
-        deny: list("deny")?,
-    };
+    let filter = ToolFilter { allow: list("allow")?, deny: list("deny")? };
     if filter.allow.is_none() && filter.deny.is_none() {
         return Err("toolFilter needs allow or deny".into());
     }
@@ -221,14 +180,8 @@ mod tests {
 
     #[test]
     fn one_shot_without_label_round_trips() {
-        let d = Descriptor::OneShot {
-            provider: "spawn".into(),
-            label: None,
-        };
-        assert_eq!(
-            d.to_value(),
-            json!({"version": 2, "mode": "one-shot", "provider": "spawn"})
-        );
+        let d = Descriptor::OneShot { provider: "spawn".into(), label: None };
+        assert_eq!(d.to_value(), json!({"version": 2, "mode": "one-shot", "provider": "spawn"}));
         assert_eq!(Descriptor::parse(&d.to_value()).unwrap(), Some(d));
     }
 
@@ -240,10 +193,7 @@ mod tests {
             agent_provider: Some("deepseek".into()),
             agent_model: Some("deepseek-v4-flash".into()),
             persona: Some("terse".into()),
-            tool_filter: Some(ToolFilter {
-                allow: Some(vec!["read".into()]),
-                deny: None,
-            }),
+            tool_filter: Some(ToolFilter { allow: Some(vec!["read".into()]), deny: None }),
         };
         let v = d.to_value();
         assert_eq!(v["toolFilter"], json!({"allow": ["read"]}));
@@ -252,14 +202,8 @@ mod tests {
 
     #[test]
     fn other_versions_are_unsupported_before_mode_is_checked() {
-        assert_eq!(
-            Descriptor::parse(&json!({"version": 3, "mode": "one-shot", "provider": "x"})).unwrap(),
-            None
-        );
-        assert_eq!(
-            Descriptor::parse(&json!({"version": 1, "mode": "weird"})).unwrap(),
-            None
-        );
+        assert_eq!(Descriptor::parse(&json!({"version": 3, "mode": "one-shot", "provider": "x"})).unwrap(), None);
+        assert_eq!(Descriptor::parse(&json!({"version": 1, "mode": "weird"})).unwrap(), None);
     }
 
     #[test]
@@ -283,10 +227,7 @@ mod tests {
 
     #[test]
     fn tool_filter_allows_and_denies() {
-        let f = ToolFilter {
-            allow: Some(vec!["read".into(), "bash".into()]),
-            deny: Some(vec!["bash".into()]),
-        };
+        let f = ToolFilter { allow: Some(vec!["read".into(), "bash".into()]), deny: Some(vec!["bash".into()]) };
         assert!(f.permits("read"));
         assert!(!f.permits("bash"));
         assert!(!f.permits("write"));

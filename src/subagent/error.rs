@@ -59,10 +59,7 @@ pub struct SubagentError {
 
 impl SubagentError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        SubagentError {
-            code,
-            message: message.into(),
-        }
+        SubagentError { code, message: message.into() }
     }
 }
 
@@ -76,10 +73,6 @@ impl std::error::Error for SubagentError {}
 
 impl From<SubagentError> for crate::tools::ToolError {
     fn from(e: SubagentError) -> Self {
-        crate::tools::ToolError {
-            name: e.code.name().into(),
-            code: e.code.code().into(),
-            message: e.message,
-        }
+        crate::tools::ToolError { name: e.code.name().into(), code: e.code.code().into(), message: e.message }
     }
 }

@@ -12,32 +12,49 @@ use tokio::sync::oneshot;
 
 use super::descriptor::{DESCRIPTOR_EVENT, ToolFilter};
 use super::{
-    Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider,
-    SubagentResult, SubagentRun,
+    Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult, SubagentRun,
 };
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
-use crate::session::{Event, SessionHeader, now_ms};
+use crate::session::{Event, Session, SessionHeader, now_ms};
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// How a child agent is composed on top of the runtime's base.
+pub struct ChildSetup {
+    pub route: ModelRoute,
+    pub persona: Option<String>,
+    pub tool_filter: Option<ToolFilter>,
+    /// Tools only this child has (`structured_output`, `report`), surviving the filter.
+    pub extra_tools: Vec<Arc<dyn Tool>>,
+}
 
 /// Everything needed to create a child agent.
 pub struct ChildSpec {
     pub header: SessionHeader,
     /// Lineage seed (fork): written verbatim before the child's own events.
     pub seed: Vec<Event>,
-    pub route: ModelRoute,
-    pub persona: Option<String>,
-    pub tool_filter: Option<ToolFilter>,
-    /// Tools only this child has (e.g. `structured_output`), surviving the filter.
-    pub extra_tools: Vec<Arc<dyn Tool>>,
+    pub setup: ChildSetup,
 }
 
-/// Creates and publishes child agents (implemented by the runtime).
+/// Creates, resumes and tracks child agents (implemented by the runtime).
 pub trait ChildFactory: Send + Sync {
     /// A fresh session id.
     fn mint_id(&self) -> String;
-    /// Creates the child session (durably) and starts its agent.
-    fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError>;
+    /// Creates a child session durably (seed, then `session/end-seed` when seeded).
+    fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<Session, SubagentError>;
+    /// The repairing load of a stored session (cold resume).
+    fn load_session(&self, id: &str) -> Result<Session, String>;
+    /// Starts an agent on a child session and registers it as live.
+    fn start_agent(&self, session: Session, setup: ChildSetup) -> AgentHandle;
+    /// The live agent of a session, top-level or child.
+    fn live_agent(&self, id: &str) -> Option<AgentHandle>;
+    /// Forgets a child agent that was shut down.
+    fn release(&self, id: &str);
+    /// `create_session` then `start_agent`.
+    fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
+        let session = self.create_session(spec.header, spec.seed)?;
+        Ok(self.start_agent(session, spec.setup))
+    }
 }
 
 /// The `spawn` or `fork` provider.
@@ -49,29 +66,16 @@ pub struct InProcessProvider {
 
 impl InProcessProvider {
     pub fn spawn(factory: Weak<dyn ChildFactory>) -> Self {
-        InProcessProvider {
-            name: "spawn".into(),
-            fork: false,
-            factory,
-        }
+        InProcessProvider { name: "spawn".into(), fork: false, factory }
     }
 
     pub fn fork(factory: Weak<dyn ChildFactory>) -> Self {
-        InProcessProvider {
-            name: "fork".into(),
-            fork: true,
-            factory,
-        }
+        InProcessProvider { name: "fork".into(), fork: true, factory }
     }
 }
 
 /// The header of a child of `parent`.
-pub fn child_header(
-    id: String,
-    parent: &SessionHeader,
-    depth: u64,
-    seed_length: usize,
-) -> SessionHeader {
+pub fn child_header(id: String, parent: &SessionHeader, depth: u64, seed_length: usize) -> SessionHeader {
     let mut header = SessionHeader::new(id, now_ms(), parent.cwd.clone());
     header.parent_session = Some(parent.id.clone());
     header.seed_length = (seed_length > 0).then_some(seed_length as u64);
@@ -93,58 +97,34 @@ impl SubagentProvider for InProcessProvider {
         self.fork
     }
 
-    fn start(
-        &self,
-        resolved: ResolvedStart,
-    ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
+    fn prepare_continuable(&self, parent: &crate::tools::Caller) -> Option<Vec<Event>> {
+        if self.fork { Some(parent.history.as_ref().map(|h| h.to_vec()).unwrap_or_default()) } else { Some(Vec::new()) }
+    }
+
+    fn start(&self, resolved: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let factory = self.factory.upgrade();
         let fork = self.fork;
         async move {
-            let factory = factory.ok_or_else(|| {
-                SubagentError::new(ErrorCode::Infrastructure, "the runtime is shutting down")
-            })?;
-            let ResolvedStart {
-                request,
-                descriptor,
-                child_depth,
-            } = resolved;
-            let seed = if fork {
-                request
-                    .parent
-                    .history
-                    .as_ref()
-                    .map(|h| h.to_vec())
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            let header = child_header(
-                factory.mint_id(),
-                &request.parent.header,
-                child_depth,
-                seed.len(),
-            );
+            let factory =
+                factory.ok_or_else(|| SubagentError::new(ErrorCode::Infrastructure, "the runtime is shutting down"))?;
+            let ResolvedStart { request, descriptor, child_depth } = resolved;
+            let seed =
+                if fork { request.parent.history.as_ref().map(|h| h.to_vec()).unwrap_or_default() } else { Vec::new() };
+            let header = child_header(factory.mint_id(), &request.parent.header, child_depth, seed.len());
             let id = header.id.clone();
             let cwd = header.cwd.clone();
             let capture = Arc::new(Mutex::new(None));
             let mut extra_tools: Vec<Arc<dyn Tool>> = Vec::new();
             if let Some(schema) = &request.output_schema {
-                extra_tools.push(Arc::new(StructuredOutput {
-                    schema: schema.clone(),
-                    slot: capture.clone(),
-                }));
+                extra_tools.push(Arc::new(StructuredOutput { schema: schema.clone(), slot: capture.clone() }));
             }
-            let handle = factory.create_child(ChildSpec {
-                header,
-                seed,
-                route: request
-                    .route
-                    .clone()
-                    .unwrap_or_else(|| request.parent.route.clone()),
+            let setup = ChildSetup {
+                route: request.route.clone().unwrap_or_else(|| request.parent.route.clone()),
                 persona: request.persona.clone(),
                 tool_filter: request.tool_filter.clone(),
                 extra_tools,
-            })?;
+            };
+            let handle = factory.create_child(ChildSpec { header, seed, setup })?;
             let turn = handle
                 .followup_with(
                     request.prompt.clone(),
@@ -159,12 +139,19 @@ impl SubagentProvider for InProcessProvider {
                 let _ = tx.send(drive(runner, turn, request.cancel, capture, wants_capture).await);
             });
             let disposer = handle.clone();
+            let releaser = factory.clone();
             Ok(SubagentRun {
                 id,
                 local: true,
                 cwd,
                 result,
-                dispose: Box::new(move || async move { disposer.shutdown().await }.boxed()),
+                dispose: Box::new(move || {
+                    async move {
+                        disposer.shutdown().await;
+                        releaser.release(disposer.id());
+                    }
+                    .boxed()
+                }),
             })
         }
         .boxed()
@@ -187,12 +174,7 @@ async fn drive(
             turn.await
         }
     }
-    .map_err(|_| {
-        SubagentError::new(
-            ErrorCode::Infrastructure,
-            "the child agent stopped before its turn ended",
-        )
-    })?;
+    .map_err(|_| SubagentError::new(ErrorCode::Infrastructure, "the child agent stopped before its turn ended"))?;
     let output = child
         .read(|s| last_assistant_text(s.events(), first_live_seq(s.events())))
         .await
@@ -210,19 +192,12 @@ async fn drive(
     if wants_capture && structured.is_none() && stop_reason == StopReason::Completed {
         stop_reason = StopReason::Error;
     }
-    Ok(SubagentResult {
-        output,
-        structured,
-        stop_reason,
-    })
+    Ok(SubagentResult { output, structured, stop_reason })
 }
 
 /// The seq after a lineage seed (`session/end-seed`), or 0.
 fn first_live_seq(events: &[Event]) -> u64 {
-    events
-        .iter()
-        .find(|e| e.kind == "session/end-seed")
-        .map_or(0, |e| e.seq + 1)
+    events.iter().find(|e| e.kind == "session/end-seed").map_or(0, |e| e.seq + 1)
 }
 
 /// The text of the last assistant message at or after `from`.
@@ -263,15 +238,10 @@ impl Tool for StructuredOutput {
         self.schema.clone()
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        _ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let (schema, slot) = (self.schema.clone(), self.slot.clone());
         async move {
-            check_shape(&schema, &arguments)
-                .map_err(|e| ToolError::new("INVALID_STRUCTURED_OUTPUT", e))?;
+            check_shape(&schema, &arguments).map_err(|e| ToolError::new("INVALID_STRUCTURED_OUTPUT", e))?;
             if let Ok(mut slot) = slot.lock() {
                 *slot = Some(arguments);
             }
@@ -284,19 +254,10 @@ impl Tool for StructuredOutput {
 /// A small structural check: an object with every `required` key and the declared primitive
 /// types of known properties.
 fn check_shape(schema: &Value, value: &Value) -> Result<(), String> {
-    let object = value
-        .as_object()
-        .ok_or("the structured output must be a JSON object")?;
-    for key in schema["required"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-    {
+    let object = value.as_object().ok_or("the structured output must be a JSON object")?;
+    for key in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
         if !object.contains_key(key) {
-            return Err(format!(
-                "the structured output lacks the required field {key:?}"
-            ));
+            return Err(format!("the structured output lacks the required field {key:?}"));
         }
     }
     for (key, spec) in schema["properties"].as_object().into_iter().flatten() {

@@ -3,6 +3,8 @@
 //! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
+pub mod continuation;
+pub mod control;
 pub mod descriptor;
 pub mod error;
 pub mod inprocess;
@@ -30,18 +32,10 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
-    pub const ALL: Capabilities = Capabilities {
-        output_schema: true,
-        depth_limit: true,
-        tool_filter: true,
-        persona: true,
-    };
-    pub const NONE: Capabilities = Capabilities {
-        output_schema: false,
-        depth_limit: false,
-        tool_filter: false,
-        persona: false,
-    };
+    pub const ALL: Capabilities =
+        Capabilities { output_schema: true, depth_limit: true, tool_filter: true, persona: true };
+    pub const NONE: Capabilities =
+        Capabilities { output_schema: false, depth_limit: false, tool_filter: false, persona: false };
 }
 
 /// A one-shot delegation as the caller asks for it.
@@ -119,11 +113,13 @@ pub trait SubagentProvider: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// True when children are seeded with the parent's completed turns (fork).
     fn inherits_parent_context(&self) -> bool;
+    /// The creation seed of a continuable child (spawn: none; fork: the parent's completed
+    /// turns), or `None` when the provider cannot host continuable children.
+    fn prepare_continuable(&self, _parent: &Caller) -> Option<Vec<crate::session::Event>> {
+        None
+    }
     /// Publishes the child and returns its run; a rejection leaves nothing behind.
-    fn start(
-        &self,
-        request: ResolvedStart,
-    ) -> BoxFuture<'static, Result<SubagentRun, SubagentError>>;
+    fn start(&self, request: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>>;
 }
 
 /// Observe-only lifecycle of runs.
@@ -160,21 +156,12 @@ impl SubagentService {
     }
 
     /// Registers a provider under its unique name.
-    pub fn register_provider(
-        &self,
-        provider: Arc<dyn SubagentProvider>,
-    ) -> Result<(), SubagentError> {
-        let mut providers = self
-            .providers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    pub fn register_provider(&self, provider: Arc<dyn SubagentProvider>) -> Result<(), SubagentError> {
+        let mut providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if providers.iter().any(|p| p.name() == provider.name()) {
             return Err(SubagentError::new(
                 ErrorCode::DuplicateProvider,
-                format!(
-                    "a subagent provider named \"{}\" is already registered",
-                    provider.name()
-                ),
+                format!("a subagent provider named \"{}\" is already registered", provider.name()),
             ));
         }
         providers.push(provider);
@@ -183,37 +170,21 @@ impl SubagentService {
 
     /// The provider named `name`.
     pub fn provider(&self, name: &str) -> Result<Arc<dyn SubagentProvider>, SubagentError> {
-        let providers = self
-            .providers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        providers
-            .iter()
-            .find(|p| p.name() == name)
-            .cloned()
-            .ok_or_else(|| {
-                SubagentError::new(
-                    ErrorCode::NoProvider,
-                    format!("no subagent provider registered for \"{name}\""),
-                )
-            })
+        let providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        providers.iter().find(|p| p.name() == name).cloned().ok_or_else(|| {
+            SubagentError::new(ErrorCode::NoProvider, format!("no subagent provider registered for \"{name}\""))
+        })
     }
 
     /// Provider names in registration order.
     pub fn list(&self) -> Vec<String> {
-        let providers = self
-            .providers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let providers = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         providers.iter().map(|p| p.name().to_string()).collect()
     }
 
     /// Adds an observer of run lifecycles (its panics are contained).
     pub fn observe(&self, observer: impl Fn(&Lifecycle) + Send + Sync + 'static) {
-        self.observers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(Arc::new(observer));
+        self.observers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Arc::new(observer));
     }
 
     pub(crate) fn emit(&self, event: &Lifecycle) {
@@ -243,17 +214,8 @@ impl SubagentService {
                 "outputSchema must be an object-rooted JSON Schema (\"type\": \"object\")",
             ));
         }
-        let descriptor = Descriptor::OneShot {
-            provider: provider_name.to_string(),
-            label: request.label.clone(),
-        };
-        let run = provider
-            .start(ResolvedStart {
-                request,
-                descriptor,
-                child_depth,
-            })
-            .await?;
+        let descriptor = Descriptor::OneShot { provider: provider_name.to_string(), label: request.label.clone() };
+        let run = provider.start(ResolvedStart { request, descriptor, child_depth }).await?;
         Ok(self.observe_run(provider_name, run))
     }
 
@@ -268,64 +230,32 @@ impl SubagentService {
         });
         let (tx, rx) = oneshot::channel();
         let service = self.clone();
-        let (provider, id, local, cwd) = (
-            provider.to_string(),
-            run.id.clone(),
-            run.local,
-            run.cwd.clone(),
-        );
+        let (provider, id, local, cwd) = (provider.to_string(), run.id.clone(), run.local, run.cwd.clone());
         let inner = run.result;
         tokio::spawn(async move {
             let result = inner.await.unwrap_or_else(|_| {
-                Err(SubagentError::new(
-                    ErrorCode::Infrastructure,
-                    "subagent run ended without a result",
-                ))
+                Err(SubagentError::new(ErrorCode::Infrastructure, "subagent run ended without a result"))
             });
             let stop_reason = result.as_ref().ok().map(|r| r.stop_reason);
-            service.emit(&Lifecycle::End {
-                run_id,
-                provider,
-                id,
-                local,
-                cwd,
-                stop_reason,
-            });
+            service.emit(&Lifecycle::End { run_id, provider, id, local, cwd, stop_reason });
             let _ = tx.send(result);
         });
         SubagentRun { result: rx, ..run }
     }
 }
 
-fn check_capabilities(
-    provider: &dyn SubagentProvider,
-    request: &StartRequest,
-) -> Result<(), SubagentError> {
+fn check_capabilities(provider: &dyn SubagentProvider, request: &StartRequest) -> Result<(), SubagentError> {
     let caps = provider.capabilities();
     let needed = [
-        (
-            "outputSchema",
-            request.output_schema.is_some(),
-            caps.output_schema,
-        ),
+        ("outputSchema", request.output_schema.is_some(), caps.output_schema),
         ("depthLimit", request.max_depth.is_some(), caps.depth_limit),
-        (
-            "toolFilter",
-            request.tool_filter.is_some(),
-            caps.tool_filter,
-        ),
+        ("toolFilter", request.tool_filter.is_some(), caps.tool_filter),
         ("persona", request.persona.is_some(), caps.persona),
     ];
-    match needed
-        .iter()
-        .find(|(_, wanted, supported)| *wanted && !*supported)
-    {
+    match needed.iter().find(|(_, wanted, supported)| *wanted && !*supported) {
         Some((cap, _, _)) => Err(SubagentError::new(
             ErrorCode::UnsupportedCapability,
-            format!(
-                "subagent provider \"{}\" does not support the \"{cap}\" capability",
-                provider.name()
-            ),
+            format!("subagent provider \"{}\" does not support the \"{cap}\" capability", provider.name()),
         )),
         None => Ok(()),
     }
@@ -342,20 +272,13 @@ pub fn child_depth(parent_depth: u64, max_depth: Option<u64>) -> Result<u64, Sub
             "subagent maxDepth must be a non-negative safe integer",
         ));
     }
-    let depth = parent_depth
-        .checked_add(1)
-        .filter(|d| *d <= MAX_SAFE_INTEGER)
-        .ok_or_else(|| {
-            SubagentError::new(
-                ErrorCode::InvalidRequest,
-                format!("subagent depth overflows after {parent_depth}"),
-            )
-        })?;
+    let depth = parent_depth.checked_add(1).filter(|d| *d <= MAX_SAFE_INTEGER).ok_or_else(|| {
+        SubagentError::new(ErrorCode::InvalidRequest, format!("subagent depth overflows after {parent_depth}"))
+    })?;
     match max_depth {
-        Some(max) if depth > max => Err(SubagentError::new(
-            ErrorCode::Depth,
-            format!("subagent depth {depth} exceeds maxDepth {max}"),
-        )),
+        Some(max) if depth > max => {
+            Err(SubagentError::new(ErrorCode::Depth, format!("subagent depth {depth} exceeds maxDepth {max}")))
+        }
         _ => Ok(depth),
     }
 }

@@ -29,30 +29,22 @@ pub struct DelegateConfig {
 pub struct DelegateTool {
     config: DelegateConfig,
     service: Arc<SubagentService>,
+    /// Present when `run_in_background` (continuable children) is offered.
+    background: Option<Arc<ContinuationManager>>,
     inherits_parent_context: bool,
 }
 
 impl DelegateTool {
     /// Builds the tool; the provider must exist (its context inheritance words the description).
-    pub fn new(
-        config: DelegateConfig,
-        service: Arc<SubagentService>,
-    ) -> Result<Self, SubagentError> {
+    pub fn new(config: DelegateConfig, service: Arc<SubagentService>) -> Result<Self, SubagentError> {
         let provider = service.provider(&config.provider)?;
         if config.max_depth.is_some() && !provider.capabilities().depth_limit {
             return Err(SubagentError::new(
                 ErrorCode::UnsupportedCapability,
-                format!(
-                    "subagent provider \"{}\" does not support the \"depthLimit\" capability",
-                    config.provider
-                ),
+                format!("subagent provider \"{}\" does not support the \"depthLimit\" capability", config.provider),
             ));
         }
-        Ok(DelegateTool {
-            inherits_parent_context: provider.inherits_parent_context(),
-            config,
-            service,
-        })
+        Ok(DelegateTool { inherits_parent_context: provider.inherits_parent_context(), config, service })
     }
 }
 
@@ -103,23 +95,17 @@ impl Tool for DelegateTool {
         self.inherits_parent_context
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let (config, service) = (self.config.clone(), self.service.clone());
         async move {
             let parent = ctx.caller.clone().ok_or_else(|| {
-                ToolError::new(
-                    "NO_CALLER",
-                    "subagent tool requires a calling agent (exec.agent was undefined)",
-                )
+                ToolError::new("NO_CALLER", "subagent tool requires a calling agent (exec.agent was undefined)")
             })?;
             let text = |key: &str| {
-                arguments[key].as_str().map(str::to_string).ok_or_else(|| {
-                    ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string"))
-                })
+                arguments[key]
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string")))
             };
             let (label, prompt) = (text("description")?, text("prompt")?);
             let request = StartRequest {
@@ -137,12 +123,7 @@ impl Tool for DelegateTool {
             let result = run.result.await;
             (run.dispose)().await;
             let result = result
-                .map_err(|_| {
-                    ToolError::new(
-                        ErrorCode::Infrastructure.code(),
-                        "subagent run ended without a result",
-                    )
-                })?
+                .map_err(|_| ToolError::new(ErrorCode::Infrastructure.code(), "subagent run ended without a result"))?
                 .map_err(ToolError::from)?;
             match result.stop_reason {
                 StopReason::Completed => match result.structured {

@@ -47,20 +47,13 @@ impl BashRequest {
     fn parse(args: &Value) -> Result<Self, ToolError> {
         let command = required_str(args, "command", "bash")?;
         if command.trim().is_empty() {
-            return Err(invalid_args(
-                "bash",
-                "`command` is empty; pass the shell command to run",
-            ));
+            return Err(invalid_args("bash", "`command` is empty; pass the shell command to run"));
         }
         let timeout_ms = optional_u64(args, "timeoutMs", "bash")?
             .filter(|ms| *ms > 0)
             .unwrap_or(DEFAULT_TIMEOUT_MS)
             .min(MAX_TIMEOUT_MS);
-        Ok(BashRequest {
-            command,
-            timeout_ms,
-            workdir: optional_str(args, "workdir", "bash")?,
-        })
+        Ok(BashRequest { command, timeout_ms, workdir: optional_str(args, "workdir", "bash")? })
     }
 }
 
@@ -107,11 +100,7 @@ impl Tool for BashTool {
         })
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let request = BashRequest::parse(&arguments)?;
             let dir = working_dir(&call_cwd(&ctx), request.workdir.as_deref()).await?;
@@ -136,10 +125,7 @@ async fn working_dir(cwd: &Path, workdir: Option<&str>) -> Result<PathBuf, ToolE
         Ok(meta) if meta.is_dir() => Ok(dir),
         Ok(_) => Err(ToolError::new(
             "INVALID_WORKDIR",
-            format!(
-                "workdir {} is not a directory; pass an existing directory",
-                dir.display()
-            ),
+            format!("workdir {} is not a directory; pass an existing directory", dir.display()),
         )),
         Err(e) => Err(ToolError::new(
             "INVALID_WORKDIR",
@@ -159,11 +145,7 @@ enum Ending {
     Aborted,
 }
 
-async fn run_command(
-    request: &BashRequest,
-    dir: &Path,
-    cancel: &CancellationToken,
-) -> Result<String, ToolError> {
+async fn run_command(request: &BashRequest, dir: &Path, cancel: &CancellationToken) -> Result<String, ToolError> {
     let mut child = spawn_shell(&request.command, dir)?;
     let group = ProcessGroup::of(&child);
     let stdout = Arc::new(Mutex::new(Capture::default()));
@@ -190,9 +172,8 @@ async fn run_command(
             Err(timed_out(request.timeout_ms, &output))
         }
         Ending::Exited(status) => {
-            let status = status.map_err(|e| {
-                ToolError::new("IO_ERROR", format!("waiting for the command failed: {e}"))
-            })?;
+            let status =
+                status.map_err(|e| ToolError::new("IO_ERROR", format!("waiting for the command failed: {e}")))?;
             drain(&mut readers, &group).await;
             let output = render_output(&[&snapshot(&stdout), &snapshot(&stderr)]);
             Ok(with_exit_code(output, exit_code(status)))
@@ -204,9 +185,9 @@ async fn run_command(
 fn spawn_shell(command: &str, dir: &Path) -> Result<Child, ToolError> {
     match shell_command("bash", command, dir).spawn() {
         Ok(child) => Ok(child),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => shell_command("sh", command, dir)
-            .spawn()
-            .map_err(|e| spawn_error("sh", &e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            shell_command("sh", command, dir).spawn().map_err(|e| spawn_error("sh", &e))
+        }
         Err(e) => Err(spawn_error("bash", &e)),
     }
 }
@@ -244,9 +225,7 @@ fn timed_out(timeout_ms: u64, output: &str) -> ToolError {
 
 /// The shell's exit code; a signal death counts as 128 + signal, as in shells.
 fn exit_code(status: ExitStatus) -> i32 {
-    status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// The result text: the output as is for exit 0 (`(no output)` when empty), otherwise followed
@@ -272,10 +251,7 @@ struct ProcessGroup {
 
 impl ProcessGroup {
     fn of(child: &Child) -> Self {
-        let pgid = child
-            .id()
-            .and_then(|id| libc::pid_t::try_from(id).ok())
-            .filter(|pid| *pid > 1);
+        let pgid = child.id().and_then(|id| libc::pid_t::try_from(id).ok()).filter(|pid| *pid > 1);
         ProcessGroup { pgid }
     }
 
@@ -394,11 +370,7 @@ fn render_output(parts: &[&Capture]) -> String {
     let head = &head[..utf8_prefix_len(&head)];
     let tail = &tail[utf8_start(&tail)..];
     let omitted = total - head.len() - tail.len();
-    format!(
-        "{}\n[... {omitted} bytes omitted ...]\n{}",
-        String::from_utf8_lossy(head),
-        String::from_utf8_lossy(tail)
-    )
+    format!("{}\n[... {omitted} bytes omitted ...]\n{}", String::from_utf8_lossy(head), String::from_utf8_lossy(tail))
 }
 
 /// The first `limit` bytes of the streams concatenated. Each stream keeps its first
@@ -449,11 +421,7 @@ fn utf8_prefix_len(bytes: &[u8]) -> usize {
 
 /// Offset of the first character start in `bytes` (skipping the rest of a cut character).
 fn utf8_start(bytes: &[u8]) -> usize {
-    bytes
-        .iter()
-        .take(3)
-        .take_while(|byte| (**byte & 0xC0) == 0x80)
-        .count()
+    bytes.iter().take(3).take_while(|byte| (**byte & 0xC0) == 0x80).count()
 }
 
 #[cfg(test)]
@@ -466,9 +434,7 @@ mod tests {
     }
 
     async fn bash(cwd: &Path, args: Value) -> Result<String, ToolError> {
-        let output = BashTool
-            .execute(args, ctx(cwd, CancellationToken::new()))
-            .await?;
+        let output = BashTool.execute(args, ctx(cwd, CancellationToken::new())).await?;
         Ok(output.content[0]["text"].as_str().unwrap().to_string())
     }
 
@@ -504,28 +470,18 @@ mod tests {
     #[tokio::test]
     async fn echo_output_is_returned_verbatim() {
         let dir = tempfile::tempdir().unwrap();
-        let out = bash(
-            dir.path(),
-            json!({"command": "echo SNAPSHOT_OK", "description": "Run echo SNAPSHOT_OK"}),
-        )
-        .await
-        .unwrap();
+        let out = bash(dir.path(), json!({"command": "echo SNAPSHOT_OK", "description": "Run echo SNAPSHOT_OK"}))
+            .await
+            .unwrap();
         assert_eq!(out, "SNAPSHOT_OK\n");
     }
 
     #[tokio::test]
     async fn stderr_follows_stdout_and_exit_codes_are_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let out = bash(
-            dir.path(),
-            json!({"command": "echo err >&2; echo out; exit 3"}),
-        )
-        .await
-        .unwrap();
+        let out = bash(dir.path(), json!({"command": "echo err >&2; echo out; exit 3"})).await.unwrap();
         assert_eq!(out, "out\nerr\n\n[exit code: 3]");
-        let out = bash(dir.path(), json!({"command": "exit 1"}))
-            .await
-            .unwrap();
+        let out = bash(dir.path(), json!({"command": "exit 1"})).await.unwrap();
         assert_eq!(out, "[exit code: 1]");
         let out = bash(dir.path(), json!({"command": "true"})).await.unwrap();
         assert_eq!(out, "(no output)");
@@ -535,13 +491,9 @@ mod tests {
     async fn runs_in_the_workdir() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
-        let out = bash(dir.path(), json!({"command": "pwd", "workdir": "sub"}))
-            .await
-            .unwrap();
+        let out = bash(dir.path(), json!({"command": "pwd", "workdir": "sub"})).await.unwrap();
         assert!(out.trim_end().ends_with("/sub"), "{out}");
-        let err = bash(dir.path(), json!({"command": "pwd", "workdir": "missing"}))
-            .await
-            .unwrap_err();
+        let err = bash(dir.path(), json!({"command": "pwd", "workdir": "missing"})).await.unwrap_err();
         assert_eq!(err.code, "INVALID_WORKDIR");
         assert!(err.message.contains("missing"), "{}", err.message);
     }
@@ -552,25 +504,12 @@ mod tests {
         let seconds = marker_seconds(1);
         let command = format!("echo started; sleep {seconds} & sleep {seconds}; wait");
         let started = Instant::now();
-        let err = bash(dir.path(), json!({"command": command, "timeoutMs": 300}))
-            .await
-            .unwrap_err();
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "took {:?}",
-            started.elapsed()
-        );
+        let err = bash(dir.path(), json!({"command": command, "timeoutMs": 300})).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
         assert_eq!(err.code, "TIMEOUT");
-        assert!(
-            err.message.starts_with("command timed out after 300 ms"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.starts_with("command timed out after 300 ms"), "{}", err.message);
         assert!(err.message.contains("started"), "{}", err.message);
-        assert!(
-            sleepers_gone(&seconds).await,
-            "a sleep survived the timeout"
-        );
+        assert!(sleepers_gone(&seconds).await, "a sleep survived the timeout");
     }
 
     #[tokio::test]
@@ -587,17 +526,10 @@ mod tests {
         let started = Instant::now();
         cancel.cancel();
         let err = handle.await.unwrap().unwrap_err();
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "took {:?}",
-            started.elapsed()
-        );
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
         assert_eq!(err.code, "ABORTED");
         assert_eq!(err.message, "tool call aborted");
-        assert!(
-            sleepers_gone(&seconds).await,
-            "a sleep survived the cancellation"
-        );
+        assert!(sleepers_gone(&seconds).await, "a sleep survived the cancellation");
     }
 
     #[tokio::test]
@@ -605,36 +537,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let seconds = marker_seconds(3);
         let started = Instant::now();
-        let out = bash(
-            dir.path(),
-            json!({"command": format!("sleep {seconds} & echo done")}),
-        )
-        .await
-        .unwrap();
+        let out = bash(dir.path(), json!({"command": format!("sleep {seconds} & echo done")})).await.unwrap();
         assert_eq!(out, "done\n");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "took {:?}",
-            started.elapsed()
-        );
-        assert!(
-            sleepers_gone(&seconds).await,
-            "the background sleep was left running"
-        );
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(sleepers_gone(&seconds).await, "the background sleep was left running");
     }
 
     #[tokio::test]
     async fn huge_output_keeps_head_and_tail() {
         let dir = tempfile::tempdir().unwrap();
-        let out = bash(dir.path(), json!({"command": "seq 1 30000"}))
-            .await
-            .unwrap();
+        let out = bash(dir.path(), json!({"command": "seq 1 30000"})).await.unwrap();
         assert!(out.starts_with("1\n2\n3\n"), "{}", &out[..20]);
-        assert!(
-            out.ends_with("29999\n30000\n"),
-            "{}",
-            &out[out.len() - 20..]
-        );
+        assert!(out.ends_with("29999\n30000\n"), "{}", &out[out.len() - 20..]);
         assert!(out.contains(" bytes omitted ...]"));
         assert!(out.len() <= MAX_OUTPUT_BYTES + 64, "{} bytes", out.len());
     }
@@ -655,10 +569,7 @@ mod tests {
         let (head, rest) = out.split_once("\n[... ").unwrap();
         let (count, tail) = rest.split_once(" bytes omitted ...]\n").unwrap();
         let omitted: usize = count.parse().unwrap();
-        assert_eq!(
-            head.len() + tail.len() + omitted,
-            text.len() + "tail-end".len()
-        );
+        assert_eq!(head.len() + tail.len() + omitted, text.len() + "tail-end".len());
     }
 
     #[test]

@@ -34,10 +34,7 @@ pub(crate) fn call_cwd(ctx: &ToolContext) -> PathBuf {
 
 /// The error of a call stopped by its cancellation token (the registry's own wording).
 pub(crate) fn aborted() -> ToolError {
-    ToolError {
-        name: "AbortError".into(),
-        ..ToolError::new("ABORTED", "tool call aborted")
-    }
+    ToolError { name: "AbortError".into(), ..ToolError::new("ABORTED", "tool call aborted") }
 }
 
 /// An `INVALID_ARGUMENTS` error for `tool`.
@@ -49,49 +46,29 @@ pub(crate) fn invalid_args(tool: &str, message: impl Display) -> ToolError {
 pub(crate) fn required_str(args: &Value, key: &str, tool: &str) -> Result<String, ToolError> {
     match args.get(key) {
         Some(Value::String(text)) => Ok(text.clone()),
-        Some(other) => Err(invalid_args(
-            tool,
-            format!("`{key}` must be a string, got {other}"),
-        )),
-        None => Err(invalid_args(
-            tool,
-            format!("missing required argument `{key}` (a string)"),
-        )),
+        Some(other) => Err(invalid_args(tool, format!("`{key}` must be a string, got {other}"))),
+        None => Err(invalid_args(tool, format!("missing required argument `{key}` (a string)"))),
     }
 }
 
 /// An optional string argument; absent, null and blank all mean "not given".
-pub(crate) fn optional_str(
-    args: &Value,
-    key: &str,
-    tool: &str,
-) -> Result<Option<String>, ToolError> {
+pub(crate) fn optional_str(args: &Value, key: &str, tool: &str) -> Result<Option<String>, ToolError> {
     match args.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) if text.trim().is_empty() => Ok(None),
         Some(Value::String(text)) => Ok(Some(text.clone())),
-        Some(other) => Err(invalid_args(
-            tool,
-            format!("`{key}` must be a string, got {other}"),
-        )),
+        Some(other) => Err(invalid_args(tool, format!("`{key}` must be a string, got {other}"))),
     }
 }
 
 /// An optional boolean argument (`"true"`/`"false"` strings are accepted too).
-pub(crate) fn optional_bool(
-    args: &Value,
-    key: &str,
-    tool: &str,
-) -> Result<Option<bool>, ToolError> {
+pub(crate) fn optional_bool(args: &Value, key: &str, tool: &str) -> Result<Option<bool>, ToolError> {
     match args.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(flag)) => Ok(Some(*flag)),
         Some(Value::String(text)) if text == "true" => Ok(Some(true)),
         Some(Value::String(text)) if text == "false" => Ok(Some(false)),
-        Some(other) => Err(invalid_args(
-            tool,
-            format!("`{key}` must be true or false, got {other}"),
-        )),
+        Some(other) => Err(invalid_args(tool, format!("`{key}` must be true or false, got {other}"))),
     }
 }
 
@@ -104,18 +81,12 @@ pub(crate) fn optional_u64(args: &Value, key: &str, tool: &str) -> Result<Option
     let number = value
         .as_u64()
         .or_else(|| {
-            value
-                .as_f64()
-                .filter(|f| (0.0..=u64::MAX as f64).contains(f) && f.fract() == 0.0)
-                .map(|f| f as u64)
+            value.as_f64().filter(|f| (0.0..=u64::MAX as f64).contains(f) && f.fract() == 0.0).map(|f| f as u64)
         })
         .or_else(|| value.as_str().and_then(|s| s.trim().parse::<u64>().ok()));
     match number {
         Some(number) => Ok(Some(number)),
-        None => Err(invalid_args(
-            tool,
-            format!("`{key}` must be a non-negative whole number, got {value}"),
-        )),
+        None => Err(invalid_args(tool, format!("`{key}` must be a non-negative whole number, got {value}"))),
     }
 }
 
@@ -127,10 +98,7 @@ where
 {
     match tokio::task::spawn_blocking(work).await {
         Ok(result) => result,
-        Err(e) => Err(ToolError::new(
-            "INTERNAL",
-            format!("{what} failed unexpectedly: {e}"),
-        )),
+        Err(e) => Err(ToolError::new("INTERNAL", format!("{what} failed unexpectedly: {e}"))),
     }
 }
 
@@ -144,18 +112,7 @@ mod tests {
         let mut registry = ToolRegistry::new();
         register_coding_tools(&mut registry, FileState::default());
         let names: Vec<String> = registry.schemas().into_iter().map(|s| s.name).collect();
-        assert_eq!(
-            names,
-            [
-                "bash",
-                "edit",
-                "glob",
-                "grep",
-                "read",
-                "todo_write",
-                "write"
-            ]
-        );
+        assert_eq!(names, ["bash", "edit", "glob", "grep", "read", "todo_write", "write"]);
         assert!(registry.is_parallel_safe("read"));
         assert!(registry.is_parallel_safe("grep"));
         assert!(!registry.is_parallel_safe("bash"));

@@ -15,9 +15,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::builtin::{
-    call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking,
-};
+use super::builtin::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
 use super::paths;
 use super::{Tool, ToolContext, ToolError, ToolOutput};
 
@@ -46,21 +44,16 @@ impl FileState {
 
     /// The same record, viewed as `session`'s.
     pub fn scoped(&self, session: &str) -> FileState {
-        FileState {
-            read: self.read.clone(),
-            session: session.to_string(),
-        }
+        FileState { read: self.read.clone(), session: session.to_string() }
     }
 
     /// Records that the session has seen the current content of `path`.
     pub fn mark_read(&self, path: &Path) {
-        self.lock()
-            .insert((self.session.clone(), path.to_path_buf()));
+        self.lock().insert((self.session.clone(), path.to_path_buf()));
     }
 
     pub fn was_read(&self, path: &Path) -> bool {
-        self.lock()
-            .contains(&(self.session.clone(), path.to_path_buf()))
+        self.lock().contains(&(self.session.clone(), path.to_path_buf()))
     }
 
     fn lock(&self) -> MutexGuard<'_, HashSet<(String, PathBuf)>> {
@@ -74,11 +67,7 @@ pub(crate) fn check_workspace(cwd: &Path, path: &Path) -> Result<(), ToolError> 
     if paths::inside_workspace(&[cwd.to_path_buf()], path) {
         return Ok(());
     }
-    let root = if cwd.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        cwd
-    };
+    let root = if cwd.as_os_str().is_empty() { Path::new(".") } else { cwd };
     Err(ToolError::new(
         "OUTSIDE_WORKSPACE",
         format!(
@@ -92,10 +81,7 @@ pub(crate) fn check_workspace(cwd: &Path, path: &Path) -> Result<(), ToolError> 
 /// The first `MAX_LINE_CHARS` characters of `line`, with a note when it was longer.
 pub(crate) fn truncate_line(line: &str) -> String {
     match line.char_indices().nth(MAX_LINE_CHARS) {
-        Some((cut, _)) => format!(
-            "{}... (line truncated to {MAX_LINE_CHARS} chars)",
-            &line[..cut]
-        ),
+        Some((cut, _)) => format!("{}... (line truncated to {MAX_LINE_CHARS} chars)", &line[..cut]),
         None => line.to_string(),
     }
 }
@@ -108,31 +94,15 @@ pub fn unified_diff(old: &str, new: &str, path: &str) -> String {
     }
     let old_lines: Vec<&str> = old.lines().collect();
     let new_lines: Vec<&str> = new.lines().collect();
-    let prefix = old_lines
-        .iter()
-        .zip(&new_lines)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let prefix = old_lines.iter().zip(&new_lines).take_while(|(a, b)| a == b).count();
     let max_suffix = old_lines.len().min(new_lines.len()) - prefix;
-    let suffix = old_lines
-        .iter()
-        .rev()
-        .zip(new_lines.iter().rev())
-        .take(max_suffix)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let suffix =
+        old_lines.iter().rev().zip(new_lines.iter().rev()).take(max_suffix).take_while(|(a, b)| a == b).count();
     let start = prefix.saturating_sub(3);
     let old_end = (old_lines.len() - suffix + 3).min(old_lines.len());
     let new_end = (new_lines.len() - suffix + 3).min(new_lines.len());
     let mut out = format!("--- a/{path}\n+++ b/{path}\n");
-    let _ = writeln!(
-        out,
-        "@@ -{},{} +{},{} @@",
-        start + 1,
-        old_end - start,
-        start + 1,
-        new_end - start
-    );
+    let _ = writeln!(out, "@@ -{},{} +{},{} @@", start + 1, old_end - start, start + 1, new_end - start);
     for line in &old_lines[start..prefix] {
         let _ = writeln!(out, " {line}");
     }
@@ -176,16 +146,9 @@ impl ReadRequest {
         let offset = optional_u64(args, "offset", "read")?.unwrap_or(1).max(1);
         let limit = optional_u64(args, "limit", "read")?.unwrap_or(DEFAULT_READ_LIMIT);
         if limit == 0 {
-            return Err(invalid_args(
-                "read",
-                "`limit` must be at least 1 (omit it to read up to 2000 lines)",
-            ));
+            return Err(invalid_args("read", "`limit` must be at least 1 (omit it to read up to 2000 lines)"));
         }
-        Ok(ReadRequest {
-            file_path,
-            offset,
-            limit,
-        })
+        Ok(ReadRequest { file_path, offset, limit })
     }
 }
 
@@ -229,11 +192,7 @@ impl Tool for ReadTool {
         true
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let files = self.files.scoped(&ctx.session_id);
         async move {
             let request = ReadRequest::parse(&arguments)?;
@@ -260,8 +219,7 @@ fn read_file(cwd: &Path, request: &ReadRequest, files: &FileState) -> Result<Str
     let mut file = open_existing(&path, "Check the path, or use glob to find the file.")?;
     let head = sniff_text(&mut file, &path)?;
     let reader = BufReader::new(Cursor::new(head).chain(file));
-    let page = read_page(reader, request.offset, request.limit)
-        .map_err(|e| io_error("read", &path, &e))?;
+    let page = read_page(reader, request.offset, request.limit).map_err(|e| io_error("read", &path, &e))?;
     if request.offset > page.total_lines.max(1) {
         return Err(invalid_args(
             "read",
@@ -315,28 +273,15 @@ fn display_line(raw: &[u8]) -> String {
 
 /// dsh's read format: header, `N: text` lines, a blank line, then the footer.
 fn render_page(path: &Path, page: &Page, offset: u64) -> String {
-    let mut out = format!(
-        "<path>{}</path>\n<type>file</type>\n<content>\n",
-        path.display()
-    );
+    let mut out = format!("<path>{}</path>\n<type>file</type>\n<content>\n", path.display());
     for (number, text) in &page.lines {
         let _ = writeln!(out, "{number}: {text}");
     }
-    let last = page
-        .lines
-        .last()
-        .map_or(offset.saturating_sub(1), |(n, _)| *n);
+    let last = page.lines.last().map_or(offset.saturating_sub(1), |(n, _)| *n);
     let total = page.total_lines;
     let footer = if last < total {
-        let why = if page.capped {
-            "Output capped at 50 KB"
-        } else {
-            "File has more lines"
-        };
-        format!(
-            "({why}. Showing lines {offset}-{last} of {total}; use offset={} to continue.)",
-            last + 1
-        )
+        let why = if page.capped { "Output capped at 50 KB" } else { "File has more lines" };
+        format!("({why}. Showing lines {offset}-{last} of {total}; use offset={} to continue.)", last + 1)
     } else {
         format!("(End of file - total {total} lines)")
     };
@@ -393,32 +338,20 @@ impl Tool for WriteTool {
         false
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let files = self.files.scoped(&ctx.session_id);
         async move {
             let file_path = required_str(&arguments, "file_path", "write")?;
             let content = required_str(&arguments, "content", "write")?;
             let cwd = call_cwd(&ctx);
-            let text = run_blocking("write", move || {
-                write_file(&cwd, &file_path, &content, &files)
-            })
-            .await?;
+            let text = run_blocking("write", move || write_file(&cwd, &file_path, &content, &files)).await?;
             Ok(ToolOutput::text(text))
         }
         .boxed()
     }
 }
 
-fn write_file(
-    cwd: &Path,
-    file_path: &str,
-    content: &str,
-    files: &FileState,
-) -> Result<String, ToolError> {
+fn write_file(cwd: &Path, file_path: &str, content: &str, files: &FileState) -> Result<String, ToolError> {
     let path = paths::resolve(cwd, file_path);
     check_workspace(cwd, &path)?;
     match std::fs::metadata(&path) {
@@ -432,11 +365,7 @@ fn write_file(
     }
     std::fs::write(&path, content).map_err(|e| io_error("write", &path, &e))?;
     files.mark_read(&path);
-    Ok(format!(
-        "Wrote {} bytes to {}",
-        content.len(),
-        path.display()
-    ))
+    Ok(format!("Wrote {} bytes to {}", content.len(), path.display()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -532,11 +461,7 @@ impl Tool for EditTool {
         false
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let files = self.files.scoped(&ctx.session_id);
         async move {
             let request = EditRequest::parse(&arguments)?;
@@ -584,10 +509,7 @@ fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState) -> Result<Str
     };
     std::fs::write(&path, updated).map_err(|e| io_error("write", &path, &e))?;
     files.mark_read(&path);
-    Ok(format!(
-        "Edited {}: replaced {count} occurrence(s)",
-        path.display()
-    ))
+    Ok(format!("Edited {}: replaced {count} occurrence(s)", path.display()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -598,10 +520,7 @@ fn open_existing(path: &Path, hint: &str) -> Result<File, ToolError> {
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ToolError::new(
-                "FILE_NOT_FOUND",
-                format!("file not found: {}. {hint}", path.display()),
-            ));
+            return Err(ToolError::new("FILE_NOT_FOUND", format!("file not found: {}. {hint}", path.display())));
         }
         Err(e) => return Err(io_error("open", path, &e)),
     };
@@ -615,10 +534,7 @@ fn open_existing(path: &Path, hint: &str) -> Result<File, ToolError> {
 /// caller can chain them before the rest.
 fn sniff_text(file: &mut File, path: &Path) -> Result<Vec<u8>, ToolError> {
     let mut head = Vec::new();
-    file.by_ref()
-        .take(BINARY_SNIFF_BYTES)
-        .read_to_end(&mut head)
-        .map_err(|e| io_error("read", path, &e))?;
+    file.by_ref().take(BINARY_SNIFF_BYTES).read_to_end(&mut head).map_err(|e| io_error("read", path, &e))?;
     if head.contains(&0) {
         return Err(ToolError::new(
             "BINARY_FILE",
@@ -635,8 +551,7 @@ fn sniff_text(file: &mut File, path: &Path) -> Result<Vec<u8>, ToolError> {
 /// The whole content of a text file as UTF-8.
 fn read_text(mut file: File, path: &Path) -> Result<String, ToolError> {
     let mut bytes = sniff_text(&mut file, path)?;
-    file.read_to_end(&mut bytes)
-        .map_err(|e| io_error("read", path, &e))?;
+    file.read_to_end(&mut bytes).map_err(|e| io_error("read", path, &e))?;
     String::from_utf8(bytes).map_err(|_| {
         ToolError::new(
             "NOT_UTF8",
@@ -655,28 +570,19 @@ fn require_read(files: &FileState, path: &Path) -> Result<(), ToolError> {
     }
     Err(ToolError::new(
         "READ_BEFORE_WRITE",
-        format!(
-            "file {} must be read with the read tool before it is edited or overwritten",
-            path.display()
-        ),
+        format!("file {} must be read with the read tool before it is edited or overwritten", path.display()),
     ))
 }
 
 fn is_a_directory(path: &Path) -> ToolError {
     ToolError::new(
         "IS_A_DIRECTORY",
-        format!(
-            "{} is a directory, not a file. Use glob to list the files in it.",
-            path.display()
-        ),
+        format!("{} is a directory, not a file. Use glob to list the files in it.", path.display()),
     )
 }
 
 fn io_error(action: &str, path: &Path, error: &io::Error) -> ToolError {
-    ToolError::new(
-        "IO_ERROR",
-        format!("cannot {action} {}: {error}", path.display()),
-    )
+    ToolError::new("IO_ERROR", format!("cannot {action} {}: {error}", path.display()))
 }
 
 #[cfg(test)]
@@ -699,12 +605,7 @@ mod tests {
         std::fs::create_dir(&ws).unwrap();
         std::fs::create_dir(&outside).unwrap();
         std::fs::write(outside.join("secret.txt"), "secret\n").unwrap();
-        Fixture {
-            _dir: dir,
-            ws,
-            outside,
-            files: FileState::new(),
-        }
+        Fixture { _dir: dir, ws, outside, files: FileState::new() }
     }
 
     impl Fixture {
@@ -752,28 +653,13 @@ mod tests {
     async fn read_ranges_and_continuation_footer() {
         let f = fixture();
         std::fs::write(f.ws.join("ten.txt"), numbered(10)).unwrap();
-        let out = f
-            .read(json!({"file_path": "ten.txt", "offset": 3, "limit": 2}))
-            .await
-            .unwrap();
+        let out = f.read(json!({"file_path": "ten.txt", "offset": 3, "limit": 2})).await.unwrap();
         assert!(out.contains("<content>\n3: line3\n4: line4\n\n"), "{out}");
         assert!(!out.contains("5: line5"), "{out}");
-        assert!(
-            out.contains("Showing lines 3-4 of 10; use offset=5 to continue."),
-            "{out}"
-        );
-        let tail = f
-            .read(json!({"file_path": "ten.txt", "offset": 9}))
-            .await
-            .unwrap();
-        assert!(
-            tail.contains("9: line9\n10: line10\n\n(End of file - total 10 lines)"),
-            "{tail}"
-        );
-        let err = f
-            .read(json!({"file_path": "ten.txt", "offset": 11}))
-            .await
-            .unwrap_err();
+        assert!(out.contains("Showing lines 3-4 of 10; use offset=5 to continue."), "{out}");
+        let tail = f.read(json!({"file_path": "ten.txt", "offset": 9})).await.unwrap();
+        assert!(tail.contains("9: line9\n10: line10\n\n(End of file - total 10 lines)"), "{tail}");
+        let err = f.read(json!({"file_path": "ten.txt", "offset": 11})).await.unwrap_err();
         assert_eq!(err.code, "INVALID_ARGUMENTS");
         assert!(err.message.contains("10 lines"), "{}", err.message);
     }
@@ -816,10 +702,7 @@ mod tests {
         let long = "x".repeat(2500);
         std::fs::write(f.ws.join("long.txt"), format!("{long}\nshort\n")).unwrap();
         let out = f.read(json!({"file_path": "long.txt"})).await.unwrap();
-        let expected = format!(
-            "1: {}... (line truncated to 2000 chars)\n2: short\n",
-            "x".repeat(2000)
-        );
+        let expected = format!("1: {}... (line truncated to 2000 chars)\n2: short\n", "x".repeat(2000));
         assert!(out.contains(&expected), "{out}");
     }
 
@@ -841,17 +724,8 @@ mod tests {
         assert!(err.message.contains("a.txt"), "{}", err.message);
         f.read(json!({"file_path": "a.txt"})).await.unwrap();
         let out = f.edit(args).await.unwrap();
-        assert_eq!(
-            out,
-            format!(
-                "Edited {}: replaced 1 occurrence(s)",
-                f.ws.join("a.txt").display()
-            )
-        );
-        assert_eq!(
-            std::fs::read_to_string(f.ws.join("a.txt")).unwrap(),
-            "1 two\n"
-        );
+        assert_eq!(out, format!("Edited {}: replaced 1 occurrence(s)", f.ws.join("a.txt").display()));
+        assert_eq!(std::fs::read_to_string(f.ws.join("a.txt")).unwrap(), "1 two\n");
     }
 
     #[tokio::test]
@@ -859,16 +733,11 @@ mod tests {
         let f = fixture();
         std::fs::write(f.ws.join("b.txt"), "x = 1;\nx = 1;\n").unwrap();
         f.read(json!({"file_path": "b.txt"})).await.unwrap();
-        let err = f
-            .edit(json!({"file_path": "b.txt", "old_string": "y = 2;", "new_string": "z"}))
-            .await
-            .unwrap_err();
+        let err = f.edit(json!({"file_path": "b.txt", "old_string": "y = 2;", "new_string": "z"})).await.unwrap_err();
         assert_eq!(err.code, "EDIT_NO_MATCH");
         assert!(err.message.contains("not found"), "{}", err.message);
-        let err = f
-            .edit(json!({"file_path": "b.txt", "old_string": "x = 1;", "new_string": "x = 2;"}))
-            .await
-            .unwrap_err();
+        let err =
+            f.edit(json!({"file_path": "b.txt", "old_string": "x = 1;", "new_string": "x = 2;"})).await.unwrap_err();
         assert_eq!(err.code, "EDIT_AMBIGUOUS");
         assert!(err.message.contains("2 times"), "{}", err.message);
         assert!(err.message.contains("replace_all"), "{}", err.message);
@@ -877,77 +746,43 @@ mod tests {
             .await
             .unwrap();
         assert!(out.ends_with("replaced 2 occurrence(s)"), "{out}");
-        assert_eq!(
-            std::fs::read_to_string(f.ws.join("b.txt")).unwrap(),
-            "x = 2;\nx = 2;\n"
-        );
-        let err = f
-            .edit(json!({"file_path": "b.txt", "old_string": "x", "new_string": "x"}))
-            .await
-            .unwrap_err();
+        assert_eq!(std::fs::read_to_string(f.ws.join("b.txt")).unwrap(), "x = 2;\nx = 2;\n");
+        let err = f.edit(json!({"file_path": "b.txt", "old_string": "x", "new_string": "x"})).await.unwrap_err();
         assert_eq!(err.code, "EDIT_NO_CHANGE");
-        let err = f
-            .edit(json!({"file_path": "missing.txt", "old_string": "a", "new_string": "b"}))
-            .await
-            .unwrap_err();
+        let err = f.edit(json!({"file_path": "missing.txt", "old_string": "a", "new_string": "b"})).await.unwrap_err();
         assert_eq!(err.code, "FILE_NOT_FOUND");
     }
 
     #[tokio::test]
     async fn write_creates_parents_and_guards_overwrites() {
         let f = fixture();
-        let out = f
-            .write(json!({"file_path": "new/dir/c.txt", "content": "hi\n"}))
-            .await
-            .unwrap();
+        let out = f.write(json!({"file_path": "new/dir/c.txt", "content": "hi\n"})).await.unwrap();
         let path = f.ws.join("new/dir/c.txt");
         assert_eq!(out, format!("Wrote 3 bytes to {}", path.display()));
         assert_eq!(std::fs::read_to_string(path).unwrap(), "hi\n");
         // A file this session wrote may be edited and overwritten without a read.
-        f.write(json!({"file_path": "new/dir/c.txt", "content": "again\n"}))
-            .await
-            .unwrap();
+        f.write(json!({"file_path": "new/dir/c.txt", "content": "again\n"})).await.unwrap();
         std::fs::write(f.ws.join("d.txt"), "old\n").unwrap();
-        let err = f
-            .write(json!({"file_path": "d.txt", "content": "new\n"}))
-            .await
-            .unwrap_err();
+        let err = f.write(json!({"file_path": "d.txt", "content": "new\n"})).await.unwrap_err();
         assert_eq!(err.code, "READ_BEFORE_WRITE");
         f.read(json!({"file_path": "d.txt"})).await.unwrap();
-        f.write(json!({"file_path": "d.txt", "content": "new\n"}))
-            .await
-            .unwrap();
-        assert_eq!(
-            std::fs::read_to_string(f.ws.join("d.txt")).unwrap(),
-            "new\n"
-        );
+        f.write(json!({"file_path": "d.txt", "content": "new\n"})).await.unwrap();
+        assert_eq!(std::fs::read_to_string(f.ws.join("d.txt")).unwrap(), "new\n");
     }
 
     #[tokio::test]
     async fn paths_outside_the_workspace_are_refused() {
         let f = fixture();
-        let err = f
-            .read(json!({"file_path": "../outside/secret.txt"}))
-            .await
-            .unwrap_err();
+        let err = f.read(json!({"file_path": "../outside/secret.txt"})).await.unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE");
         assert!(err.message.contains("secret.txt"), "{}", err.message);
         let absolute = f.outside.join("secret.txt");
-        let err = f
-            .read(json!({"file_path": absolute.to_str().unwrap()}))
-            .await
-            .unwrap_err();
+        let err = f.read(json!({"file_path": absolute.to_str().unwrap()})).await.unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE");
         symlink(&f.outside, f.ws.join("link")).unwrap();
-        let err = f
-            .read(json!({"file_path": "link/secret.txt"}))
-            .await
-            .unwrap_err();
+        let err = f.read(json!({"file_path": "link/secret.txt"})).await.unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE");
-        let err = f
-            .write(json!({"file_path": "link/planted.txt", "content": "x"}))
-            .await
-            .unwrap_err();
+        let err = f.write(json!({"file_path": "link/planted.txt", "content": "x"})).await.unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE");
         assert!(!f.outside.join("planted.txt").exists());
     }
@@ -957,10 +792,7 @@ mod tests {
         let old = "a\nb\nc\nd\ne\nf\ng\nh\n";
         let new = "a\nb\nc\nd\nE\nf\ng\nh\n";
         let diff = unified_diff(old, new, "x.txt");
-        assert_eq!(
-            diff,
-            "--- a/x.txt\n+++ b/x.txt\n@@ -2,7 +2,7 @@\n b\n c\n d\n-e\n+E\n f\n g\n h\n"
-        );
+        assert_eq!(diff, "--- a/x.txt\n+++ b/x.txt\n@@ -2,7 +2,7 @@\n b\n c\n d\n-e\n+E\n f\n g\n h\n");
         assert_eq!(unified_diff(old, old, "x.txt"), "");
         let added = unified_diff("a\n", "a\nb\n", "y");
         assert!(added.ends_with(" a\n+b\n"), "{added}");

@@ -49,13 +49,7 @@ pub struct ToolContext {
 impl ToolContext {
     /// A context without a calling agent.
     pub fn detached(cwd: Option<PathBuf>, cancel: CancellationToken) -> Self {
-        ToolContext {
-            session_id: String::new(),
-            cwd,
-            call_id: String::new(),
-            cancel,
-            caller: None,
-        }
+        ToolContext { session_id: String::new(), cwd, call_id: String::new(), cancel, caller: None }
     }
 }
 
@@ -69,10 +63,7 @@ pub struct ToolOutput {
 
 impl ToolOutput {
     pub fn text(text: impl Into<String>) -> Self {
-        ToolOutput {
-            content: vec![json!({"type": "text", "text": text.into()})],
-            events: Vec::new(),
-        }
+        ToolOutput { content: vec![json!({"type": "text", "text": text.into()})], events: Vec::new() }
     }
 
     /// Adds a log-only event recorded with the result.
@@ -92,11 +83,7 @@ pub struct ToolError {
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
-        ToolError {
-            name: "ToolError".into(),
-            code: code.into(),
-            message: message.into(),
-        }
+        ToolError { name: "ToolError".into(), code: code.into(), message: message.into() }
     }
 }
 
@@ -114,11 +101,7 @@ pub trait Tool: Send + Sync {
     fn needs_history(&self) -> bool {
         false
     }
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
 /// The tools of one agent, by name (sorted, so the model sees a stable list).
@@ -153,12 +136,7 @@ impl ToolRegistry {
 
     /// A copy holding only the tools `keep` accepts.
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> ToolRegistry {
-        let tools = self
-            .tools
-            .iter()
-            .filter(|(name, _)| keep(name))
-            .map(|(n, t)| (n.clone(), t.clone()))
-            .collect();
+        let tools = self.tools.iter().filter(|(name, _)| keep(name)).map(|(n, t)| (n.clone(), t.clone())).collect();
         ToolRegistry { tools }
     }
 
@@ -172,12 +150,7 @@ impl ToolRegistry {
     }
 
     /// Runs one call; every failure becomes a `ToolError` (unknown tool, bad JSON, the tool's own).
-    pub async fn call(
-        &self,
-        name: &str,
-        raw_arguments: &str,
-        ctx: ToolContext,
-    ) -> Result<ToolOutput, ToolError> {
+    pub async fn call(&self, name: &str, raw_arguments: &str, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let Some(tool) = self.get(name).cloned() else {
             return Err(ToolError {
                 name: "ToolError".into(),
@@ -189,10 +162,7 @@ impl ToolRegistry {
             json!({})
         } else {
             serde_json::from_str(raw_arguments).map_err(|e| {
-                ToolError::new(
-                    "INVALID_ARGUMENTS",
-                    format!("arguments for {name} are not valid JSON: {e}"),
-                )
+                ToolError::new("INVALID_ARGUMENTS", format!("arguments for {name} are not valid JSON: {e}"))
             })?
         };
         let cancel = ctx.cancel.clone();

@@ -13,17 +13,9 @@ const MAX_SYMLINK_HOPS: usize = 40;
 /// result (empty `cwd` and `raw`) becomes `.`.
 pub fn resolve(cwd: &Path, raw: &str) -> PathBuf {
     let raw = Path::new(raw);
-    let joined = if raw.is_absolute() {
-        raw.to_path_buf()
-    } else {
-        cwd.join(raw)
-    };
+    let joined = if raw.is_absolute() { raw.to_path_buf() } else { cwd.join(raw) };
     let normalized = normalize(&joined);
-    if normalized.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        normalized
-    }
+    if normalized.as_os_str().is_empty() { PathBuf::from(".") } else { normalized }
 }
 
 /// Lexical normalization: drops `.`, lets `..` remove the previous name (never climbing above
@@ -56,10 +48,7 @@ pub fn inside_workspace(roots: &[PathBuf], path: &Path) -> bool {
     let Some(real) = real_path(path) else {
         return false;
     };
-    roots
-        .iter()
-        .filter_map(|root| real_path(root.as_path()))
-        .any(|root| real.starts_with(root))
+    roots.iter().filter_map(|root| real_path(root.as_path())).any(|root| real.starts_with(root))
 }
 
 /// `path` made absolute with every existing symlink followed (including a dangling link, through
@@ -126,11 +115,7 @@ fn reattach(real: PathBuf, missing: &[&OsStr]) -> Resolved {
 /// The target of `path` when it is a symlink.
 fn link_target(path: &Path) -> Option<PathBuf> {
     let meta = std::fs::symlink_metadata(path).ok()?;
-    if meta.file_type().is_symlink() {
-        std::fs::read_link(path).ok()
-    } else {
-        None
-    }
+    if meta.file_type().is_symlink() { std::fs::read_link(path).ok() } else { None }
 }
 
 fn join_all(mut path: PathBuf, names: &[&OsStr]) -> PathBuf {
@@ -160,10 +145,7 @@ mod tests {
     fn resolve_joins_relative_paths_and_settles_dots() {
         let cwd = Path::new("/work/ws");
         assert_eq!(resolve(cwd, "a.txt"), PathBuf::from("/work/ws/a.txt"));
-        assert_eq!(
-            resolve(cwd, "./src/../b.txt"),
-            PathBuf::from("/work/ws/b.txt")
-        );
+        assert_eq!(resolve(cwd, "./src/../b.txt"), PathBuf::from("/work/ws/b.txt"));
         assert_eq!(resolve(cwd, "../../../etc"), PathBuf::from("/etc"));
         assert_eq!(resolve(cwd, "/tmp/x/./y/.."), PathBuf::from("/tmp/x"));
         assert_eq!(resolve(cwd, "."), PathBuf::from("/work/ws"));
@@ -177,10 +159,7 @@ mod tests {
         let roots = [ws.clone()];
         let escaped = resolve(&ws, "../outside/secret.txt");
         assert!(!inside_workspace(&roots, &escaped));
-        assert!(!inside_workspace(
-            &roots,
-            &resolve(&ws, "sub/../../outside")
-        ));
+        assert!(!inside_workspace(&roots, &resolve(&ws, "sub/../../outside")));
     }
 
     #[test]
@@ -210,10 +189,7 @@ mod tests {
     fn symlink_loop_is_not_inside() {
         let (_dir, ws, _outside) = layout();
         symlink(ws.join("loop"), ws.join("loop")).unwrap();
-        assert!(!inside_workspace(
-            std::slice::from_ref(&ws),
-            &ws.join("loop/file")
-        ));
+        assert!(!inside_workspace(std::slice::from_ref(&ws), &ws.join("loop/file")));
     }
 
     #[test]
@@ -229,13 +205,7 @@ mod tests {
         let (dir, ws, _outside) = layout();
         let alias = dir.path().join("alias");
         symlink(&ws, &alias).unwrap();
-        assert!(inside_workspace(
-            std::slice::from_ref(&alias),
-            &ws.join("file.txt")
-        ));
-        assert!(inside_workspace(
-            std::slice::from_ref(&ws),
-            &alias.join("file.txt")
-        ));
+        assert!(inside_workspace(std::slice::from_ref(&alias), &ws.join("file.txt")));
+        assert!(inside_workspace(std::slice::from_ref(&ws), &alias.join("file.txt")));
     }
 }

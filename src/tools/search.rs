@@ -70,41 +70,26 @@ impl Tool for GlobTool {
         true
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let pattern = required_str(&arguments, "pattern", "glob")?;
             let path = optional_str(&arguments, "path", "glob")?;
             let cwd = call_cwd(&ctx);
             let cancel = ctx.cancel.clone();
-            let text = run_blocking("glob", move || {
-                glob_files(&cwd, &pattern, path.as_deref(), &cancel)
-            })
-            .await?;
+            let text = run_blocking("glob", move || glob_files(&cwd, &pattern, path.as_deref(), &cancel)).await?;
             Ok(ToolOutput::text(text))
         }
         .boxed()
     }
 }
 
-fn glob_files(
-    cwd: &Path,
-    pattern: &str,
-    path: Option<&str>,
-    cancel: &CancellationToken,
-) -> Result<String, ToolError> {
+fn glob_files(cwd: &Path, pattern: &str, path: Option<&str>, cancel: &CancellationToken) -> Result<String, ToolError> {
     let filter = NameFilter::new(pattern, "glob pattern")?;
     let root = search_root(cwd, path)?;
     if !root.is_dir() {
         return Err(ToolError::new(
             "NOT_A_DIRECTORY",
-            format!(
-                "glob path {} is a file, not a directory; pass the directory to search in",
-                root.display()
-            ),
+            format!("glob path {} is a file, not a directory; pass the directory to search in", root.display()),
         ));
     }
     let mut found = find_files(&root, &filter, cancel);
@@ -116,11 +101,7 @@ fn glob_files(
 }
 
 /// Every non-ignored file under `root` matching `filter`, with its modification time.
-fn find_files(
-    root: &Path,
-    filter: &NameFilter,
-    cancel: &CancellationToken,
-) -> Vec<(PathBuf, SystemTime)> {
+fn find_files(root: &Path, filter: &NameFilter, cancel: &CancellationToken) -> Vec<(PathBuf, SystemTime)> {
     let mut found = Vec::new();
     for entry in walker(root).flatten() {
         if cancel.is_cancelled() {
@@ -129,11 +110,7 @@ fn find_files(
         if !is_file(&entry) || !filter.matches(entry.path(), root) {
             continue;
         }
-        let modified = entry
-            .metadata()
-            .ok()
-            .and_then(|meta| meta.modified().ok())
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let modified = entry.metadata().ok().and_then(|meta| meta.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
         found.push((entry.into_path(), modified));
     }
     found
@@ -215,11 +192,7 @@ impl Tool for GrepTool {
         true
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let request = GrepRequest {
                 pattern: required_str(&arguments, "pattern", "grep")?,
@@ -285,11 +258,7 @@ impl Sink for FileMatches {
     }
 }
 
-fn grep_files(
-    cwd: &Path,
-    request: &GrepRequest,
-    cancel: &CancellationToken,
-) -> Result<String, ToolError> {
+fn grep_files(cwd: &Path, request: &GrepRequest, cancel: &CancellationToken) -> Result<String, ToolError> {
     let matcher = RegexMatcher::new_line_matcher(&request.pattern).map_err(|e| {
         ToolError::new(
             "INVALID_PATTERN",
@@ -301,29 +270,16 @@ fn grep_files(
             ),
         )
     })?;
-    let include = request
-        .include
-        .as_deref()
-        .map(|glob| NameFilter::new(glob, "include glob"))
-        .transpose()?;
+    let include = request.include.as_deref().map(|glob| NameFilter::new(glob, "include glob")).transpose()?;
     let root = search_root(cwd, request.path.as_deref())?;
-    let base = if root.is_dir() {
-        root.clone()
-    } else {
-        root.parent().map(Path::to_path_buf).unwrap_or_default()
-    };
-    let mut searcher = SearcherBuilder::new()
-        .binary_detection(BinaryDetection::quit(0))
-        .line_number(true)
-        .build();
+    let base = if root.is_dir() { root.clone() } else { root.parent().map(Path::to_path_buf).unwrap_or_default() };
+    let mut searcher = SearcherBuilder::new().binary_detection(BinaryDetection::quit(0)).line_number(true).build();
     let mut hits = Hits::default();
     for entry in walker(&root).flatten() {
         if cancel.is_cancelled() {
             break;
         }
-        let wanted = include
-            .as_ref()
-            .is_none_or(|filter| filter.matches(entry.path(), &root));
+        let wanted = include.as_ref().is_none_or(|filter| filter.matches(entry.path(), &root));
         if !is_file(&entry) || !wanted {
             continue;
         }
@@ -387,26 +343,14 @@ impl NameFilter {
         let glob = GlobBuilder::new(trimmed)
             .literal_separator(true)
             .build()
-            .map_err(|e| {
-                ToolError::new(
-                    "INVALID_PATTERN",
-                    format!("invalid {role} `{pattern}`: {e}"),
-                )
-            })?;
-        Ok(NameFilter {
-            matcher: glob.compile_matcher(),
-            target,
-        })
+            .map_err(|e| ToolError::new("INVALID_PATTERN", format!("invalid {role} `{pattern}`: {e}")))?;
+        Ok(NameFilter { matcher: glob.compile_matcher(), target })
     }
 
     fn matches(&self, path: &Path, root: &Path) -> bool {
         match self.target {
-            MatchTarget::FileName => path
-                .file_name()
-                .is_some_and(|name| self.matcher.is_match(name)),
-            MatchTarget::RelativePath => path
-                .strip_prefix(root)
-                .is_ok_and(|relative| self.matcher.is_match(relative)),
+            MatchTarget::FileName => path.file_name().is_some_and(|name| self.matcher.is_match(name)),
+            MatchTarget::RelativePath => path.strip_prefix(root).is_ok_and(|relative| self.matcher.is_match(relative)),
             MatchTarget::AbsolutePath => self.matcher.is_match(path),
         }
     }
@@ -499,16 +443,9 @@ mod tests {
         let mut lines: Vec<&str> = out.lines().collect();
         lines.sort_unstable();
         assert_eq!(lines, ["src/main.rs", "src/nested/helper.rs"]);
-        let out = glob(dir.path(), json!({"pattern": "src/*.rs"}))
-            .await
-            .unwrap();
+        let out = glob(dir.path(), json!({"pattern": "src/*.rs"})).await.unwrap();
         assert_eq!(out, "src/main.rs");
-        let out = glob(
-            dir.path(),
-            json!({"pattern": "**/helper.rs", "path": "src"}),
-        )
-        .await
-        .unwrap();
+        let out = glob(dir.path(), json!({"pattern": "**/helper.rs", "path": "src"})).await.unwrap();
         assert_eq!(out, "nested/helper.rs");
         let out = glob(dir.path(), json!({"pattern": "*.zig"})).await.unwrap();
         assert!(out.starts_with("No files found"), "{out}");
@@ -520,12 +457,8 @@ mod tests {
         for i in 0..105 {
             std::fs::write(dir.path().join(format!("f{i:03}.txt")), "x").unwrap();
         }
-        let file = std::fs::File::options()
-            .write(true)
-            .open(dir.path().join("f000.txt"))
-            .unwrap();
-        file.set_modified(SystemTime::now() + Duration::from_secs(60))
-            .unwrap();
+        let file = std::fs::File::options().write(true).open(dir.path().join("f000.txt")).unwrap();
+        file.set_modified(SystemTime::now() + Duration::from_secs(60)).unwrap();
         let out = glob(dir.path(), json!({"pattern": "*.txt"})).await.unwrap();
         assert!(out.starts_with("f000.txt\n"), "{out}");
         assert_eq!(out.lines().filter(|l| l.ends_with(".txt")).count(), 100);
@@ -535,36 +468,19 @@ mod tests {
     #[tokio::test]
     async fn glob_rejects_bad_patterns_and_outside_paths() {
         let dir = workspace();
-        let err = glob(dir.path(), json!({"pattern": "src/[a"}))
-            .await
-            .unwrap_err();
+        let err = glob(dir.path(), json!({"pattern": "src/[a"})).await.unwrap_err();
         assert_eq!(err.code, "INVALID_PATTERN");
         assert!(err.message.contains("src/[a"), "{}", err.message);
-        let err = glob(dir.path(), json!({"pattern": "*", "path": ".."}))
-            .await
-            .unwrap_err();
+        let err = glob(dir.path(), json!({"pattern": "*", "path": ".."})).await.unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE");
     }
 
     #[tokio::test]
     async fn grep_reports_path_line_and_text() {
         let dir = workspace();
-        let out = grep(
-            dir.path(),
-            json!({"pattern": "helper\\(", "include": "*.rs"}),
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            out,
-            "src/main.rs:2:     helper();\nsrc/nested/helper.rs:1: pub fn helper() {}"
-        );
-        let out = grep(
-            dir.path(),
-            json!({"pattern": "fn \\w+\\(", "path": "src/main.rs"}),
-        )
-        .await
-        .unwrap();
+        let out = grep(dir.path(), json!({"pattern": "helper\\(", "include": "*.rs"})).await.unwrap();
+        assert_eq!(out, "src/main.rs:2:     helper();\nsrc/nested/helper.rs:1: pub fn helper() {}");
+        let out = grep(dir.path(), json!({"pattern": "fn \\w+\\(", "path": "src/main.rs"})).await.unwrap();
         assert_eq!(out, "main.rs:1: fn main() {");
     }
 
@@ -586,30 +502,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let body: String = (0..300).map(|i| format!("match {i}\n")).collect();
         std::fs::write(dir.path().join("many.txt"), body).unwrap();
-        let out = grep(dir.path(), json!({"pattern": "^match"}))
-            .await
-            .unwrap();
-        assert_eq!(
-            out.lines().filter(|l| l.starts_with("many.txt:")).count(),
-            250
-        );
-        assert!(
-            out.contains("Showing the first 250 of 300 matches"),
-            "{out}"
-        );
+        let out = grep(dir.path(), json!({"pattern": "^match"})).await.unwrap();
+        assert_eq!(out.lines().filter(|l| l.starts_with("many.txt:")).count(), 250);
+        assert!(out.contains("Showing the first 250 of 300 matches"), "{out}");
     }
 
     #[tokio::test]
     async fn grep_rejects_invalid_regex_naming_it() {
         let dir = workspace();
-        let err = grep(dir.path(), json!({"pattern": "fn ("}))
-            .await
-            .unwrap_err();
+        let err = grep(dir.path(), json!({"pattern": "fn ("})).await.unwrap_err();
         assert_eq!(err.code, "INVALID_PATTERN");
         assert!(err.message.contains("`fn (`"), "{}", err.message);
-        let out = grep(dir.path(), json!({"pattern": "zzz_nothing"}))
-            .await
-            .unwrap();
+        let out = grep(dir.path(), json!({"pattern": "zzz_nothing"})).await.unwrap();
         assert!(out.starts_with("No matches"), "{out}");
     }
 }

@@ -60,28 +60,19 @@ pub fn parse_todos(args: &Value) -> Result<Vec<Todo>, ToolError> {
     let decoded;
     let todos = match args.get("todos") {
         Some(Value::String(text)) => {
-            decoded = serde_json::from_str::<Value>(text).map_err(|_| {
-                invalid("`todos` must be an array of {content, status} objects, got a string")
-            })?;
+            decoded = serde_json::from_str::<Value>(text)
+                .map_err(|_| invalid("`todos` must be an array of {content, status} objects, got a string"))?;
             &decoded
         }
         Some(value) => value,
         None => {
-            return Err(invalid(
-                "missing required argument `todos` (an array of {content, status} objects)",
-            ));
+            return Err(invalid("missing required argument `todos` (an array of {content, status} objects)"));
         }
     };
     let Some(items) = todos.as_array() else {
-        return Err(invalid(format!(
-            "`todos` must be an array of {{content, status}} objects, got {todos}"
-        )));
+        return Err(invalid(format!("`todos` must be an array of {{content, status}} objects, got {todos}")));
     };
-    items
-        .iter()
-        .enumerate()
-        .map(|(index, item)| parse_todo(index + 1, item))
-        .collect()
+    items.iter().enumerate().map(|(index, item)| parse_todo(index + 1, item)).collect()
 }
 
 /// Item `number` (1-based) of the list.
@@ -91,22 +82,13 @@ fn parse_todo(number: usize, item: &Value) -> Result<Todo, ToolError> {
         .and_then(Value::as_str)
         .map(str::trim)
         .filter(|content| !content.is_empty())
-        .ok_or_else(|| {
-            invalid(format!(
-                "todo {number} needs a non-empty string `content`, got {item}"
-            ))
-        })?;
+        .ok_or_else(|| invalid(format!("todo {number} needs a non-empty string `content`, got {item}")))?;
     let raw_status = item.get("status").and_then(Value::as_str);
     let status = raw_status.and_then(TodoStatus::parse).ok_or_else(|| {
         let got = raw_status.map_or_else(|| "no status".to_string(), |s| format!("status \"{s}\""));
-        invalid(format!(
-            "todo {number} (\"{content}\") has {got}; use pending, in_progress or completed"
-        ))
+        invalid(format!("todo {number} (\"{content}\") has {got}; use pending, in_progress or completed"))
     })?;
-    Ok(Todo {
-        content: content.to_string(),
-        status,
-    })
+    Ok(Todo { content: content.to_string(), status })
 }
 
 fn invalid(message: impl Into<String>) -> ToolError {
@@ -119,20 +101,11 @@ pub fn render_todos(todos: &[Todo]) -> String {
     if todos.is_empty() {
         return "Todo list cleared.".to_string();
     }
-    let mut out = todos
-        .iter()
-        .map(|todo| format!("{} {}", todo.status.marker(), todo.content))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let in_progress = todos
-        .iter()
-        .filter(|todo| todo.status == TodoStatus::InProgress)
-        .count();
+    let mut out =
+        todos.iter().map(|todo| format!("{} {}", todo.status.marker(), todo.content)).collect::<Vec<_>>().join("\n");
+    let in_progress = todos.iter().filter(|todo| todo.status == TodoStatus::InProgress).count();
     if in_progress > 1 {
-        let _ = write!(
-            out,
-            "\n\nNote: {in_progress} todos are in_progress; keep at most one in progress."
-        );
+        let _ = write!(out, "\n\nNote: {in_progress} todos are in_progress; keep at most one in progress.");
     }
     out
 }
@@ -187,19 +160,12 @@ impl Tool for TodoWriteTool {
         })
     }
 
-    fn execute(
-        &self,
-        arguments: Value,
-        _ctx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn execute(&self, arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let todos = parse_todos(&arguments)?;
-            let stored: Vec<Value> = todos
-                .iter()
-                .map(|t| serde_json::json!({"content": t.content, "status": t.status.as_str()}))
-                .collect();
-            Ok(ToolOutput::text(render_todos(&todos))
-                .with_event("todo/write", serde_json::json!({"todos": stored})))
+            let stored: Vec<Value> =
+                todos.iter().map(|t| serde_json::json!({"content": t.content, "status": t.status.as_str()})).collect();
+            Ok(ToolOutput::text(render_todos(&todos)).with_event("todo/write", serde_json::json!({"todos": stored})))
         }
         .boxed()
     }
@@ -225,18 +191,9 @@ mod tests {
         assert_eq!(
             todos,
             vec![
-                Todo {
-                    content: "Read the code".into(),
-                    status: TodoStatus::Completed
-                },
-                Todo {
-                    content: "Write the fix".into(),
-                    status: TodoStatus::InProgress
-                },
-                Todo {
-                    content: "Run the tests".into(),
-                    status: TodoStatus::Pending
-                },
+                Todo { content: "Read the code".into(), status: TodoStatus::Completed },
+                Todo { content: "Write the fix".into(), status: TodoStatus::InProgress },
+                Todo { content: "Run the tests".into(), status: TodoStatus::Pending },
             ]
         );
         assert_eq!(todos[1].status.as_str(), "in_progress");
@@ -275,29 +232,13 @@ mod tests {
             {"content": "Run the tests", "status": "pending"}
         ]});
         let output = TodoWriteTool.execute(args, ctx()).await.unwrap();
-        assert_eq!(
-            output.content,
-            ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests").content
-        );
-        assert_eq!(
-            output.events.len(),
-            1,
-            "the plan is recorded as a todo/write event"
-        );
+        assert_eq!(output.content, ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests").content);
+        assert_eq!(output.events.len(), 1, "the plan is recorded as a todo/write event");
         assert_eq!(output.events[0].0, "todo/write");
-        assert_eq!(
-            output.events[0].1["todos"][1],
-            json!({"content": "Write the fix", "status": "in_progress"})
-        );
+        assert_eq!(output.events[0].1["todos"][1], json!({"content": "Write the fix", "status": "in_progress"}));
         let two = render_todos(&[
-            Todo {
-                content: "a".into(),
-                status: TodoStatus::InProgress,
-            },
-            Todo {
-                content: "b".into(),
-                status: TodoStatus::InProgress,
-            },
+            Todo { content: "a".into(), status: TodoStatus::InProgress },
+            Todo { content: "b".into(), status: TodoStatus::InProgress },
         ]);
         assert!(two.ends_with("2 todos are in_progress; keep at most one in progress."));
         assert_eq!(render_todos(&[]), "Todo list cleared.");

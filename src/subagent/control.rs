@@ -1,0 +1,137 @@
+//! The model-facing controls of continuable children: `send_message` (more work for a
+//! background child), `report` (installed only in continuable children: content for the direct
+//! parent) and `interrupt_agent` (an ancestor cancels a descendant's current turn).
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::continuation::ContinuationManager;
+use crate::tools::{Caller, Tool, ToolContext, ToolError, ToolOutput};
+
+fn caller(ctx: &ToolContext, tool: &str) -> Result<Arc<Caller>, ToolError> {
+    ctx.caller.clone().ok_or_else(|| {
+        ToolError::new("NO_CALLER", format!("{tool} requires a calling agent (exec.agent was undefined)"))
+    })
+}
+
+fn string_arg(args: &Value, key: &str) -> Result<String, ToolError> {
+    args[key]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string")))
+}
+
+/// `send_message`.
+pub struct SendMessageTool(pub Arc<ContinuationManager>);
+
+impl Tool for SendMessageTool {
+    fn name(&self) -> &str {
+        "send_message"
+    }
+
+    fn description(&self) -> String {
+        "Send a message to a background subagent by its subagent id, continuing the same conversation. It becomes the subagent's next turn: if it is still working, the message waits until its current turn finishes, so it cannot redirect work already underway. This call returns no answer from the subagent — only confirmation that the message was delivered — so use it to give it more work. A failure means the message was NOT delivered.".into()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "subagent_id": {"type": "string", "description": "The subagent id returned when the background subagent was started."},
+                "message": {"type": "string", "description": "The next task or information for the subagent."},
+            },
+            "required": ["subagent_id", "message"],
+            "additionalProperties": false,
+        })
+    }
+
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let manager = self.0.clone();
+        async move {
+            let parent = caller(&ctx, "send_message")?;
+            let (id, message) = (string_arg(&arguments, "subagent_id")?, string_arg(&arguments, "message")?);
+            if let Err(reason) = crate::session::layout::validate_session_id(&id) {
+                return Err(ToolError::new("NOT_RESUMABLE", format!("subagent \"{id}\" is unavailable ({reason})")));
+            }
+            let source = json!({"kind": "coordinator", "senderSessionId": parent.header.id});
+            let deliver = manager.followup(&parent, &id, vec![json!({"type": "text", "text": message})], source);
+            tokio::select! {
+                result = deliver => result?,
+                () = ctx.cancel.cancelled() => return Err(ToolError::new("ABORTED", "tool call aborted")),
+            };
+            Ok(ToolOutput::text(format!("message queued as the next turn for subagent {id}")))
+        }
+        .boxed()
+    }
+}
+
+/// `report`, scoped to one continuable child.
+pub struct ReportTool(pub Arc<ContinuationManager>);
+
+impl Tool for ReportTool {
+    fn name(&self) -> &str {
+        "report"
+    }
+
+    fn description(&self) -> String {
+        "Report selected content to the agent that started you. Call this zero or more times for progress, findings, or a final answer. Reporting does not end your turn or finish your work, and only your direct parent receives it. A failed call may still have arrived, so do not blindly repeat it.".into()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "output": {"type": "string", "description": "Self-contained content for your parent; it does not see your private work."},
+            },
+            "required": ["output"],
+            "additionalProperties": false,
+        })
+    }
+
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let manager = self.0.clone();
+        async move {
+            let child = caller(&ctx, "report")?;
+            let output = string_arg(&arguments, "output")?;
+            let message_id = manager.report(&child.header.id, &output)?;
+            Ok(ToolOutput::text(format!("report accepted by the agent that started you as message {message_id}")))
+        }
+        .boxed()
+    }
+}
+
+/// `interrupt_agent`.
+pub struct InterruptTool(pub Arc<ContinuationManager>);
+
+impl Tool for InterruptTool {
+    fn name(&self) -> &str {
+        "interrupt_agent"
+    }
+
+    fn description(&self) -> String {
+        "Interrupt the current turn of a background subagent you started (or one of its descendants), by its id. Its queued messages stay queued, and a later send_message continues the same conversation. Interrupting a subagent that has already finished does nothing.".into()
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"agent_id": {"type": "string", "description": "The id of the subagent to interrupt."}},
+            "required": ["agent_id"],
+            "additionalProperties": false,
+        })
+    }
+
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let manager = self.0.clone();
+        async move {
+            let ancestor = caller(&ctx, "interrupt_agent")?;
+            let id = string_arg(&arguments, "agent_id")?;
+            manager.interrupt(&ancestor.header.id, &id)?;
+            Ok(ToolOutput::text(format!("interrupt requested for agent {id}")))
+        }
+        .boxed()
+    }
+}
