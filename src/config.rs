@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 
 use crate::model::ModelRoute;
+use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 
 /// The default model route.
 pub const DEFAULT_MODEL: &str = "deepseek/deepseek-v4-flash";
@@ -50,6 +51,9 @@ pub struct SubagentSettings {
     pub deny_tools: Option<Vec<String>>,
     /// An object-rooted JSON Schema every delegated child must satisfy via `structured_output`.
     pub output_schema: Option<serde_json::Value>,
+    /// Offer `run_in_background` (continuable children) on the delegation tools.
+    pub background: bool,
+    pub continuation: ContinuationSettings,
 }
 
 impl Default for SubagentSettings {
@@ -61,6 +65,8 @@ impl Default for SubagentSettings {
             allow_tools: None,
             deny_tools: None,
             output_schema: None,
+            background: true,
+            continuation: ContinuationSettings::default(),
         }
     }
 }
@@ -87,6 +93,9 @@ struct SubagentSection {
     allow_tools: Option<Vec<String>>,
     deny_tools: Option<Vec<String>>,
     output_schema: Option<String>,
+    background: Option<bool>,
+    settlement_notice: Option<bool>,
+    report_delivery: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -173,7 +182,20 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
             Some(schema)
         }
     };
+    let report_delivery = match section.report_delivery.as_deref() {
+        None | Some("quiet") => ReportDelivery::Quiet,
+        Some("wakeup") => ReportDelivery::Wakeup,
+        Some(other) => {
+            anyhow::bail!("{origin}: key `subagents.report_delivery` must be \"quiet\" or \"wakeup\", not {other:?}")
+        }
+    };
+    let continuation = ContinuationSettings {
+        settlement_notice: section.settlement_notice.unwrap_or(defaults.continuation.settlement_notice),
+        report_delivery,
+    };
     Ok(SubagentSettings {
+        background: section.background.unwrap_or(defaults.background),
+        continuation,
         max_depth: section.max_depth.unwrap_or(defaults.max_depth),
         persona: section.persona,
         model,

@@ -16,10 +16,12 @@ use crate::model::replay::ReplayModel;
 use crate::model::script::{ReplayEntry, play};
 use crate::model::{ChunkStream, Model, ModelRequest};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
+use crate::subagent::continuation::{ChildTools, ContinuationManager};
+use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use crate::subagent::inprocess::{ChildFactory, ChildSetup, InProcessProvider};
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
-use crate::tools::ToolRegistry;
+use crate::tools::{Tool, ToolRegistry};
 
 /// A request the caller got wrong (maps to invalid params) or a failure of kin itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +53,7 @@ pub struct Runtime {
     /// Every tool an agent may have (children get a filtered view).
     tools: ToolRegistry,
     subagents: Arc<SubagentService>,
+    continuation: Arc<ContinuationManager>,
     live: Mutex<HashMap<String, Live>>,
     /// Live child agents (subagents), by session id.
     children: Mutex<HashMap<String, AgentHandle>>,
@@ -154,6 +157,13 @@ impl Runtime {
         let subagents = Arc::new(SubagentService::new());
         let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
             let factory: std::sync::Weak<dyn ChildFactory> = weak.clone();
+            let report_tool: ChildTools = Arc::new(|m| vec![Arc::new(ReportTool(m.clone())) as Arc<dyn Tool>]);
+            let continuation = Arc::new(ContinuationManager::new(
+                subagents.clone(),
+                factory.clone(),
+                config.subagents.continuation,
+                report_tool,
+            ));
             let providers: [Arc<dyn crate::subagent::SubagentProvider>; 2] =
                 [Arc::new(InProcessProvider::spawn(factory.clone())), Arc::new(InProcessProvider::fork(factory))];
             let mut tools = tools;
@@ -163,11 +173,18 @@ impl Runtime {
                 if let Err(e) = subagents.register_provider(provider) {
                     problems.push(e.to_string());
                 }
-                match DelegateTool::new(delegate_config(&config, tool_name, &provider_name), subagents.clone()) {
+                let background = config.subagents.background.then(|| continuation.clone());
+                match DelegateTool::new(
+                    delegate_config(&config, tool_name, &provider_name),
+                    subagents.clone(),
+                    background,
+                ) {
                     Ok(tool) => tools.register(Arc::new(tool)),
                     Err(e) => problems.push(e.to_string()),
                 }
             }
+            tools.register(Arc::new(SendMessageTool(continuation.clone())));
+            tools.register(Arc::new(InterruptTool(continuation.clone())));
             for problem in problems {
                 tracing::error!("subagent setup: {problem}");
             }
@@ -178,6 +195,7 @@ impl Runtime {
                 model,
                 tools,
                 subagents: subagents.clone(),
+                continuation,
                 live: Mutex::new(HashMap::new()),
                 children: Mutex::new(HashMap::new()),
             }
@@ -331,8 +349,12 @@ impl Runtime {
         self.store.list_top_level(cwd)
     }
 
-    /// Stops every agent (cancelling running turns) and flushes every session.
+    /// Drains continuable children (child-first), then stops every agent (cancelling running
+    /// turns) and flushes every session.
     pub async fn shutdown(&self) {
+        self.continuation.drain().await;
+        let children: Vec<AgentHandle> = self.children().drain().map(|(_, h)| h).collect();
+        futures::future::join_all(children.iter().map(AgentHandle::shutdown)).await;
         let handles: Vec<AgentHandle> = self.live().drain().map(|(_, l)| l.handle).collect();
         futures::future::join_all(handles.iter().map(AgentHandle::shutdown)).await;
     }

@@ -9,6 +9,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use super::continuation::ContinuationManager;
 use super::{ErrorCode, StartRequest, StopReason, SubagentError, SubagentService, ToolFilter};
 use crate::model::ModelRoute;
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
@@ -36,7 +37,11 @@ pub struct DelegateTool {
 
 impl DelegateTool {
     /// Builds the tool; the provider must exist (its context inheritance words the description).
-    pub fn new(config: DelegateConfig, service: Arc<SubagentService>) -> Result<Self, SubagentError> {
+    pub fn new(
+        config: DelegateConfig,
+        service: Arc<SubagentService>,
+        background: Option<Arc<ContinuationManager>>,
+    ) -> Result<Self, SubagentError> {
         let provider = service.provider(&config.provider)?;
         if config.max_depth.is_some() && !provider.capabilities().depth_limit {
             return Err(SubagentError::new(
@@ -44,7 +49,7 @@ impl DelegateTool {
                 format!("subagent provider \"{}\" does not support the \"depthLimit\" capability", config.provider),
             ));
         }
-        Ok(DelegateTool { inherits_parent_context: provider.inherits_parent_context(), config, service })
+        Ok(DelegateTool { inherits_parent_context: provider.inherits_parent_context(), config, service, background })
     }
 }
 
@@ -70,13 +75,18 @@ impl Tool for DelegateTool {
         } else {
             "Delegate a task to a fresh child agent with its own context and tools. Give it a complete, standalone prompt: it does not see this conversation."
         };
+        let background = if self.background.is_some() {
+            " Set `run_in_background: true` to start a background subagent that keeps its conversation: you receive only its subagent id, never its result, and it works on its own. Use this for work whose result you do not need returned by this call; `send_message` sends it more work."
+        } else {
+            ""
+        };
         format!(
-            "{context} The call waits for the child and returns its final answer as text. Use it for self-contained subtasks (research, a focused change, a review) whose result you need; several calls in one step run in parallel."
+            "{context} The call waits for the child and returns its final answer as text. Use it for self-contained subtasks (research, a focused change, a review) whose result you need; several calls in one step run in parallel.{background}"
         )
     }
 
     fn parameters(&self) -> Value {
-        json!({
+        let mut schema = json!({
             "type": "object",
             "properties": {
                 "description": {"type": "string", "description": "A short (3-5 word) description of the delegated task, for display."},
@@ -84,7 +94,14 @@ impl Tool for DelegateTool {
             },
             "required": ["description", "prompt"],
             "additionalProperties": false,
-        })
+        });
+        if self.background.is_some() {
+            schema["properties"]["run_in_background"] = json!({
+                "type": "boolean",
+                "description": "Start a background subagent that keeps its conversation; returns only its id.",
+            });
+        }
+        schema
     }
 
     fn parallel_safe(&self) -> bool {
@@ -96,7 +113,7 @@ impl Tool for DelegateTool {
     }
 
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let (config, service) = (self.config.clone(), self.service.clone());
+        let (config, service, background) = (self.config.clone(), self.service.clone(), self.background.clone());
         async move {
             let parent = ctx.caller.clone().ok_or_else(|| {
                 ToolError::new("NO_CALLER", "subagent tool requires a calling agent (exec.agent was undefined)")
@@ -119,6 +136,17 @@ impl Tool for DelegateTool {
                 tool_filter: config.tool_filter.clone(),
                 persona: config.persona.clone(),
             };
+            if arguments["run_in_background"].as_bool() == Some(true) {
+                let manager = background.ok_or_else(|| {
+                    ToolError::new("INVALID_ARGUMENTS", "run_in_background is not enabled for this tool")
+                })?;
+                let label = request.label.clone().unwrap_or_default();
+                // Starting is quick and must not be cut short: once accepted, the child is owned by
+                // the manager, and the caller's cancellation no longer applies.
+                let (child_id, _message_id) =
+                    manager.start(&config.provider, label, StartRequest { output_schema: None, ..request }).await?;
+                return Ok(ToolOutput::text(format!("started subagent {child_id}")));
+            }
             let run = service.start(&config.provider, request).await?;
             let result = run.result.await;
             (run.dispose)().await;
