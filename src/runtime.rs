@@ -218,6 +218,10 @@ impl Runtime {
         &self.subagents
     }
 
+    pub fn continuation(&self) -> &Arc<ContinuationManager> {
+        &self.continuation
+    }
+
     pub fn store(&self) -> &SessionStore {
         &self.store
     }

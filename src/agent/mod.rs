@@ -239,7 +239,11 @@ impl Actor {
         match command {
             Command::Followup(queued) => self.queue.push_back(queued),
             Command::Inject { message } => {
+                // An accepted message between turns is made durable at once.
                 self.session.append_surface("user/message", message, None);
+                if let Err(e) = self.session.flush() {
+                    tracing::error!(session = %self.session.id(), "flush after an injected message failed: {e:#}");
+                }
             }
             Command::Flush { reply } => {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));

@@ -46,7 +46,7 @@ fn sequential_id(n: u64) -> String {
 }
 
 /// The text of the last user-sourced user message: the prompt a session's call serves.
-fn prompt_of(messages: &[Value]) -> Option<String> {
+pub(crate) fn prompt_of(messages: &[Value]) -> Option<String> {
     messages.iter().rev().find(|m| m["role"] == "user" && m["source"]["kind"] == "user").map(message_text)
 }
 
@@ -104,7 +104,7 @@ impl ReplayModel {
             let text = std::fs::read_to_string(&override_path)?;
             let value: Value =
                 serde_json::from_str(&text).with_context(|| format!("parsing {}", override_path.display()))?;
-            apply_override(&mut state.scripts[0], &value)
+            apply_override(&mut state.scripts, &value)
                 .with_context(|| format!("applying {}", override_path.display()))?;
         }
         Ok(ReplayModel { state: Mutex::new(state) })
@@ -132,19 +132,27 @@ fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<(Opti
     groups.into_iter().map(|(key, chunks)| (Some(key), ReplayEntry::Chunks(chunks))).collect()
 }
 
-fn apply_override(script: &mut Script, value: &Value) -> Result<()> {
+/// Applies `replay.override.json`: a bare entry array replaces the parent's script;
+/// `{patches: [{at, entry, script?}]}` replaces single calls (`script` N patches `session.N.jsonl`,
+/// a kin extension; the default 0 is the parent).
+fn apply_override(scripts: &mut [Script], value: &Value) -> Result<()> {
     match value {
         Value::Array(entries) => {
             let parsed: Result<VecDeque<_>, _> =
                 entries.iter().map(|e| ReplayEntry::parse(e).map(|e| (None, e))).collect();
-            script.entries = parsed.map_err(anyhow::Error::msg)?;
+            let parent = scripts.first_mut().context("no parent script")?;
+            parent.entries = parsed.map_err(anyhow::Error::msg)?;
+            parent.recorded = parent.entries.len();
         }
         Value::Object(map) => {
             let patches =
                 map.get("patches").and_then(Value::as_array).context("override object needs a \"patches\" array")?;
             for patch in patches {
                 let at = patch["at"].as_u64().context("patch needs a numeric \"at\"")? as usize;
+                let n = patch.get("script").and_then(Value::as_u64).unwrap_or(0) as usize;
                 let entry = ReplayEntry::parse(&patch["entry"]).map_err(anyhow::Error::msg)?;
+                let script =
+                    scripts.get_mut(n).with_context(|| format!("patch names script {n}, which does not exist"))?;
                 let slot =
                     script.entries.get_mut(at).with_context(|| format!("patch at {at} is past the script's end"))?;
                 slot.1 = entry;
@@ -152,7 +160,6 @@ fn apply_override(script: &mut Script, value: &Value) -> Result<()> {
         }
         _ => anyhow::bail!("override must be an entry array or {{\"patches\": [...]}}"),
     }
-    script.recorded = script.entries.len();
     Ok(())
 }
 

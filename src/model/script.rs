@@ -22,11 +22,23 @@ pub enum ReplayEntry {
     /// Stream these chunks, create `ready_file` (relative to the session cwd), then wait for
     /// cancellation.
     Hang { chunks: Vec<StreamChunk>, ready_file: Option<String> },
+    /// Wait until `file` (relative to the session cwd) exists, then play `entry` (kin's
+    /// extension, `waitForFile` on an override entry: orders a child's call after a client step).
+    Gated { file: String, entry: Box<ReplayEntry> },
 }
 
 impl ReplayEntry {
-    /// Parses the `replay.override.json` entry shape `{kind, chunks?, message?, code?, readyFile?}`.
+    /// Parses the `replay.override.json` entry shape
+    /// `{kind, chunks?, message?, code?, readyFile?, waitForFile?}`.
     pub fn parse(value: &Value) -> Result<Self, String> {
+        let entry = Self::parse_plain(value)?;
+        Ok(match value.get("waitForFile").and_then(Value::as_str) {
+            Some(file) => ReplayEntry::Gated { file: file.to_string(), entry: Box::new(entry) },
+            None => entry,
+        })
+    }
+
+    fn parse_plain(value: &Value) -> Result<Self, String> {
         let chunks = match value.get("chunks") {
             None => Vec::new(),
             Some(c) => serde_json::from_value(c.clone()).map_err(|e| format!("replay entry chunks: {e}"))?,
@@ -49,7 +61,19 @@ impl ReplayEntry {
 pub fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken) -> ChunkStream {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
+        let mut entry = entry;
+        while let ReplayEntry::Gated { file, entry: inner } = entry {
+            let path = cwd.as_ref().map_or_else(|| PathBuf::from(&file), |cwd| cwd.join(&file));
+            while !path.exists() {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+                }
+            }
+            entry = *inner;
+        }
         let (chunks, tail) = match entry {
+            ReplayEntry::Gated { .. } => return,
             ReplayEntry::Chunks(chunks) => (chunks, None),
             ReplayEntry::Throw { chunks, message, code } => (chunks, Some(Ok(Failure::new(message, code)))),
             ReplayEntry::Hang { chunks, ready_file } => (chunks, Some(Err(ready_file))),
@@ -84,12 +108,27 @@ pub fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken)
 /// A model answering every call, from any session, with the next entry of one script.
 pub struct ScriptedModel {
     entries: Mutex<VecDeque<ReplayEntry>>,
+    /// Queues reserved for sessions whose prompt (last user message) matches, checked first.
+    routed: Mutex<Vec<(String, VecDeque<ReplayEntry>)>>,
     requests: Mutex<Vec<ModelRequest>>,
 }
 
 impl ScriptedModel {
     pub fn new(entries: impl IntoIterator<Item = ReplayEntry>) -> Self {
-        ScriptedModel { entries: Mutex::new(entries.into_iter().collect()), requests: Mutex::new(Vec::new()) }
+        ScriptedModel {
+            entries: Mutex::new(entries.into_iter().collect()),
+            routed: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Reserves `entries` for calls whose prompt is `prompt` (so concurrent sessions get
+    /// deterministic answers).
+    pub fn route(self, prompt: &str, entries: impl IntoIterator<Item = ReplayEntry>) -> Self {
+        if let Ok(mut routed) = self.routed.lock() {
+            routed.push((prompt.to_string(), entries.into_iter().collect()));
+        }
+        self
     }
 
     /// A script of plain chunk responses.
@@ -106,10 +145,17 @@ impl ScriptedModel {
 impl Model for ScriptedModel {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
         let cwd = request.cwd.clone();
+        let prompt = super::replay::prompt_of(&request.messages);
         if let Ok(mut requests) = self.requests.lock() {
             requests.push(request);
         }
-        let next = self.entries.lock().ok().and_then(|mut e| e.pop_front());
+        let routed = self.routed.lock().ok().and_then(|mut routed| {
+            routed
+                .iter_mut()
+                .find(|(p, q)| Some(p) == prompt.as_ref() && !q.is_empty())
+                .and_then(|(_, q)| q.pop_front())
+        });
+        let next = routed.or_else(|| self.entries.lock().ok().and_then(|mut e| e.pop_front()));
         let entry = next.unwrap_or_else(|| ReplayEntry::Throw {
             chunks: Vec::new(),
             message: "scripted model has no response left".into(),
@@ -119,7 +165,8 @@ impl Model for ScriptedModel {
     }
 
     fn check_consumed(&self) -> Result<(), String> {
-        let left = self.entries.lock().map(|e| e.len()).unwrap_or(0);
+        let routed: usize = self.routed.lock().map(|r| r.iter().map(|(_, q)| q.len()).sum()).unwrap_or(0);
+        let left = self.entries.lock().map(|e| e.len()).unwrap_or(0) + routed;
         if left == 0 { Ok(()) } else { Err(format!("scripted model has {left} unused responses")) }
     }
 }

@@ -153,8 +153,9 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
     if opts.update {
         let lines: Vec<String> = actual.iter().map(Value::to_string).collect();
         std::fs::write(dir.join("stdout.expected.jsonl"), lines.join("\n") + "\n")?;
-        for (name, lines) in &produced {
-            std::fs::write(dir.join(name), lines.join("\n") + "\n")?;
+        let keep_ids = scrubber.keeping_ids();
+        for (name, text) in &logs {
+            std::fs::write(dir.join(name), normalize::log_lines(text, &keep_ids).join("\n") + "\n")?;
         }
         return Ok(report);
     }

@@ -9,6 +9,9 @@ use serde_json::Value;
 /// Replaces the scenario cwd and UUIDs in every string of a JSON value.
 pub struct Scrubber {
     cwds: Vec<String>,
+    /// False for logs written by `--update`: they keep their ids, because recorded tool
+    /// arguments (a `send_message` target) must stay valid for replay.
+    ids: bool,
 }
 
 impl Scrubber {
@@ -19,7 +22,12 @@ impl Scrubber {
         }
         cwds.sort_by_key(|c| std::cmp::Reverse(c.len()));
         cwds.dedup();
-        Scrubber { cwds }
+        Scrubber { cwds, ids: true }
+    }
+
+    /// The same scrubber leaving UUIDs alone.
+    pub fn keeping_ids(&self) -> Self {
+        Scrubber { cwds: self.cwds.clone(), ids: false }
     }
 
     pub fn string(&self, s: &str) -> String {
@@ -29,7 +37,7 @@ impl Scrubber {
                 out = out.replace(cwd.as_str(), "{{cwd}}");
             }
         }
-        scrub_uuids(&out)
+        if self.ids { scrub_uuids(&out) } else { out }
     }
 
     /// Scrubs every string; wall-clock fields (`updatedAt`) become `{{updatedAt}}`.

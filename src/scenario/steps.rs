@@ -65,6 +65,14 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             }
         }
         "waitForFile" => run.wait_file(step).await?,
+        "touch" => {
+            let path = step["path"].as_str().context("touch needs a path")?;
+            std::fs::write(run.cwd.join(path), b"")?;
+        }
+        "removeFile" => {
+            let path = step["path"].as_str().context("removeFile needs a path")?;
+            let _ = std::fs::remove_file(run.cwd.join(path));
+        }
         "waitForTurnStart" => {
             let minimum = step["minimumTurn"].as_u64().unwrap_or(1);
             let log = run.parent_log().context("no session yet")?;

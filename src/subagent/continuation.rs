@@ -547,7 +547,12 @@ impl ContinuationManager {
         let depths: HashMap<String, usize> = acts.iter().map(|(id, _)| (id.clone(), depth(id))).collect();
         acts.sort_by_key(|(id, _)| std::cmp::Reverse(depths.get(id).copied().unwrap_or(0)));
         for (id, act) in acts {
-            self.dispose(&id, &act).await;
+            // Shutdown (not flush first): a turn that had not started when it was cancelled is
+            // cancelled by the shutdown command, which the actor reads in order.
+            act.handle.shutdown().await;
+            if let Ok(factory) = self.factory() {
+                factory.release(&id);
+            }
             self.service.emit(&Lifecycle::End {
                 run_id: act.run_id.clone(),
                 provider: act.provider.clone(),

@@ -1,0 +1,267 @@
+//! Continuable children over the real runtime, JSONL store and agent loop with the scripted
+//! model: concurrency, settlement races, authority, ownership (waiting), reports, interrupts
+//! and draining.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kin::agent::TurnEnd;
+use kin::config::{Config, Overrides};
+use kin::model::script::{ReplayEntry, ScriptedModel};
+use kin::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::runtime::Runtime;
+use kin::session::{Event, SessionHeader, SessionObserver};
+use kin::subagent::{ErrorCode, StartRequest};
+use kin::tools::{Caller, ToolRegistry};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+struct Quiet;
+impl SessionObserver for Quiet {
+    fn on_event(&self, _: &SessionHeader, _: &Event) {}
+}
+
+fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config_text: &str) -> Arc<Runtime> {
+    runtime_with(dir, ScriptedModel::new(entries), config_text)
+}
+
+fn runtime_with(dir: &Path, model: ScriptedModel, config_text: &str) -> Arc<Runtime> {
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, config_text).unwrap();
+    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
+    let config = Config::resolve(&overrides, &|_| None).unwrap();
+    Runtime::new(config, Arc::new(model) as Arc<dyn Model>, ToolRegistry::new()).unwrap()
+}
+
+fn texts(n: usize, text: &str) -> Vec<ReplayEntry> {
+    (0..n).map(|_| ReplayEntry::Chunks(text_response(&[text]))).collect()
+}
+
+/// A live top-level parent and its caller identity.
+fn parent(rt: &Arc<Runtime>, dir: &Path) -> (String, Arc<Caller>) {
+    let cwd = dir.join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    let header = rt.store().inspect(&id).unwrap().header;
+    (id, Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None }))
+}
+
+fn request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
+    StartRequest {
+        label: None,
+        prompt: vec![json!({"type": "text", "text": prompt})],
+        parent: parent.clone(),
+        cancel: CancellationToken::new(),
+        route: None,
+        output_schema: None,
+        max_depth: Some(3),
+        tool_filter: None,
+        persona: None,
+    }
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn turn_ends(rt: &Runtime, id: &str) -> Vec<String> {
+    rt.store()
+        .inspect(id)
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind == "turn/end")
+        .map(|e| e.data["reason"]["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_background_children_complete_and_settle_with_intact_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path(), texts(20, "done"), "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let starts = (0..20).map(|i| {
+        let (m, c) = (manager.clone(), caller.clone());
+        async move { m.start("spawn", format!("child {i}"), request(&c, &format!("task {i}"))).await }
+    });
+    let started: Vec<(String, String)> =
+        futures::future::join_all(starts).await.into_iter().map(Result::unwrap).collect();
+    until("every child to settle", || started.iter().all(|(id, _)| !manager.is_resident(id))).await;
+    for (id, _) in &started {
+        let scanned = rt.store().inspect(id).unwrap();
+        assert!(scanned.torn.is_none());
+        assert_eq!(turn_ends(&rt, id), ["completed"], "{id}");
+        let descriptors = scanned.events.iter().filter(|e| e.kind == "subagent/descriptor").count();
+        assert_eq!(descriptors, 1);
+        assert_eq!(scanned.events[1].kind, "session/end-seed");
+        assert_eq!(scanned.header.seed_length, None, "spawn has no lineage seed");
+    }
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followup_racing_settlement_is_delivered_exactly_once() {
+    for round in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = runtime(dir.path(), texts(2, "ok"), "");
+        let (_, caller) = parent(&rt, dir.path());
+        let manager = rt.continuation().clone();
+        let (child, _) = manager.start("spawn", "racer".into(), request(&caller, "first")).await.unwrap();
+        // Sleep a little so some rounds race the settlement and some cold-resume.
+        tokio::time::sleep(Duration::from_millis(round)).await;
+        let source = json!({"kind": "coordinator", "senderSessionId": caller.header.id});
+        manager.followup(&caller, &child, vec![json!({"type": "text", "text": "second"})], source).await.unwrap();
+        until("the child to settle", || !manager.is_resident(&child)).await;
+        let events = rt.store().inspect(&child).unwrap().events;
+        let seconds =
+            events.iter().filter(|e| e.kind == "user/message" && e.data["content"][0]["text"] == "second").count();
+        assert_eq!(seconds, 1, "round {round}");
+        assert_eq!(turn_ends(&rt, &child), ["completed", "completed"], "round {round}");
+        let turns: Vec<u64> =
+            events.iter().filter(|e| e.kind == "turn/start").map(|e| e.data["turn"].as_u64().unwrap()).collect();
+        assert_eq!(turns, [1, 2], "contiguous turns, round {round}");
+        rt.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn follow_ups_need_the_exact_parent_and_a_continuable_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![
+        ReplayEntry::Chunks(text_response(&["child"])),
+        ReplayEntry::Chunks(tool_call_response("c", "subagent", r#"{"description":"d","prompt":"one-shot"}"#)),
+        ReplayEntry::Chunks(text_response(&["one-shot child"])),
+        ReplayEntry::Chunks(text_response(&["parent"])),
+    ];
+    let rt = runtime(dir.path(), entries, "");
+    let (parent_id, caller) = parent(&rt, dir.path());
+    let (_, stranger) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let (child, _) = manager.start("spawn", "mine".into(), request(&caller, "go")).await.unwrap();
+    let source = json!({"kind": "coordinator", "senderSessionId": stranger.header.id});
+    let err = manager
+        .followup(&stranger, &child, vec![json!({"type": "text", "text": "x"})], source.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code, err.message.clone()),
+        (ErrorCode::Unauthorized, format!("subagent \"{child}\" belongs to another parent session"))
+    );
+    until("settled", || !manager.is_resident(&child)).await;
+    let err = manager.followup(&stranger, &child, vec![], source.clone()).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unauthorized, "cold resume checks the parent too");
+    let unknown = "22222222-2222-4222-8222-222222222222";
+    let err = manager.followup(&caller, unknown, vec![], source.clone()).await.unwrap_err();
+    assert_eq!((err.code, err.message), (ErrorCode::NotResumable, format!("subagent \"{unknown}\" is unavailable")));
+    // A one-shot child has no continuation state.
+    assert_eq!(
+        rt.prompt(&parent_id, vec![json!({"type": "text", "text": "delegate"})]).unwrap().await.unwrap(),
+        TurnEnd::Completed
+    );
+    let one_shot = rt
+        .store()
+        .list()
+        .into_iter()
+        .find(|s| s.header.parent_session.as_deref() == Some(parent_id.as_str()) && s.header.id != child)
+        .unwrap()
+        .header
+        .id;
+    let err = manager.followup(&caller, &one_shot, vec![], source).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotResumable);
+    assert!(err.message.ends_with(
+        "has no supported continuation state and cannot be resumed; do not retry send_message with this id"
+    ));
+    // The descriptor was never duplicated by the failed resumes.
+    let descriptors =
+        rt.store().inspect(&child).unwrap().events.iter().filter(|e| e.kind == "subagent/descriptor").count();
+    assert_eq!(descriptors, 1);
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unsupported_provider_leaves_no_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path(), vec![], "");
+    let (_, caller) = parent(&rt, dir.path());
+    let err = rt.continuation().start("nope", "x".into(), request(&caller, "go")).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::NoProvider);
+    let mut deep = request(&caller, "go");
+    deep.max_depth = Some(0);
+    let err = rt.continuation().start("spawn", "x".into(), deep).await.unwrap_err();
+    assert_eq!(err.message, "subagent depth 1 exceeds maxDepth 0");
+    assert_eq!(rt.store().list().len(), 1, "only the parent exists");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_owning_a_live_grandchild_waits_and_settles_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // The child starts a grandchild in the background, then answers; the grandchild hangs.
+    let model = ScriptedModel::new([])
+        .route(
+            "start a leaf",
+            [
+                ReplayEntry::Chunks(tool_call_response(
+                    "g",
+                    "subagent",
+                    r#"{"description":"leaf","prompt":"leaf","run_in_background":true}"#,
+                )),
+                ReplayEntry::Chunks(text_response(&["child done"])),
+            ],
+        )
+        .route("leaf", [ReplayEntry::Hang { chunks: vec![], ready_file: None }]);
+    let rt = runtime_with(dir.path(), model, "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let (child, _) = manager.start("spawn", "middle".into(), request(&caller, "start a leaf")).await.unwrap();
+    until("the child's turn to end", || turn_ends(&rt, &child).len() == 1).await;
+    let grandchild = rt
+        .store()
+        .list()
+        .into_iter()
+        .find(|s| s.header.parent_session.as_deref() == Some(child.as_str()))
+        .unwrap()
+        .header
+        .id;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(manager.is_resident(&child), "waiting: quiescent but owns a live grandchild");
+    assert!(manager.is_resident(&grandchild));
+    // Only an ancestor may interrupt; the parent is one (two levels up).
+    let err = manager.interrupt("someone-else", &grandchild).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unauthorized);
+    manager.interrupt(&caller.header.id, &grandchild).unwrap();
+    until("both to settle", || !manager.is_resident(&child) && !manager.is_resident(&grandchild)).await;
+    assert_eq!(turn_ends(&rt, &grandchild), ["aborted"]);
+    manager.interrupt(&caller.header.id, &grandchild).unwrap();
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_need_a_live_continuable_child_and_a_live_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
+    let (parent_id, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let err = manager.report(&parent_id, "x").unwrap_err();
+    assert_eq!(err.message, format!("agent \"{parent_id}\" is not a live continuable subagent and cannot report"));
+    let (child, _) = manager.start("spawn", "reporter".into(), request(&caller, "work")).await.unwrap();
+    let message_id = manager.report(&child, "progress").unwrap();
+    rt.continuation().drain().await;
+    let events = rt.store().inspect(&parent_id).unwrap().events;
+    let report = events.iter().find(|e| e.kind == "user/message").expect("the quiet report landed between turns");
+    assert_eq!(report.data["id"], message_id.as_str());
+    assert_eq!(report.data["content"][0]["text"], format!("Background subagent {child} reported:"));
+    assert_eq!(report.data["source"], json!({"kind": "subagent-report", "senderSessionId": child}));
+    assert!(events.iter().all(|e| e.kind != "turn/start"), "a quiet report starts no turn");
+    // After draining, admission is closed.
+    let err = manager.start("spawn", "late".into(), request(&caller, "x")).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::Draining);
+    rt.shutdown().await;
+}
