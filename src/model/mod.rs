@@ -2,8 +2,12 @@
 //! of dsh `StreamChunk`s, honouring a cancellation token. Implementations: `replay` (recorded
 //! scenario logs, keyless) and `scripted` (tests); HTTP clients plug in here unchanged.
 
+pub mod anthropic;
 pub mod chunk;
+pub mod http;
+pub mod openai;
 pub mod replay;
+pub mod router;
 pub mod script;
 
 use std::path::PathBuf;

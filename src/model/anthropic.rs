@@ -1,0 +1,624 @@
+//! The Anthropic Messages client (`POST {base}/v1/messages`, streaming). dsh messages become
+//! Anthropic's alternating user/assistant turns (consecutive same-role messages merged, tool
+//! results as `tool_result` blocks, tool calls as `tool_use` blocks with parsed input, thinking
+//! blocks sent back with their signature), and the SSE events become dsh chunks: text, thinking
+//! (a reasoning block carrying `signature`), tool calls from `input_json_delta`, usage and the
+//! stop reason.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use eventsource_stream::Event;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::http::{
+    self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice,
+    RetryPolicy,
+};
+use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
+
+/// The `anthropic-version` header kin speaks.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// `max_tokens` when none is configured (the API requires one).
+pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+
+/// How to reach one Anthropic Messages endpoint.
+#[derive(Clone)]
+pub struct AnthropicConfig {
+    /// The API root; the client posts to `{base_url}/v1/messages`.
+    pub base_url: String,
+    /// The variable the key is read from, named in the missing-key error; None for endpoints
+    /// that need no key (no `x-api-key` header is sent then).
+    pub api_key_env: Option<String>,
+    /// The key, read from `api_key_env` by whoever builds the config (the router). A missing
+    /// key is reported when a call is made, so kin starts without one.
+    pub api_key: Option<String>,
+    /// Extra headers sent with every request (after ours, so they may override them).
+    pub extra_headers: Vec<(String, String)>,
+    pub max_tokens: u32,
+    /// Enables extended thinking: `low`, `medium`, `high`, `max`, or a token budget; `off` or
+    /// None leaves it disabled. The budget is kept below `max_tokens`.
+    pub reasoning_effort: Option<String>,
+    pub retry: RetryPolicy,
+    /// A call whose stream delivers no bytes for this long fails with `TIMEOUT` (retryable).
+    pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for AnthropicConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnthropicConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field(
+                "extra_headers",
+                &self
+                    .extra_headers
+                    .iter()
+                    .map(|(n, _)| n)
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_tokens", &self.max_tokens)
+            .field("reasoning_effort", &self.reasoning_effort)
+            .field("retry", &self.retry)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+impl AnthropicConfig {
+    /// A config with the defaults (no key, no extra headers, default retry and idle timeout).
+    pub fn new(base_url: impl Into<String>, api_key_env: Option<&str>) -> Self {
+        AnthropicConfig {
+            base_url: base_url.into(),
+            api_key_env: api_key_env.map(str::to_string),
+            api_key: None,
+            extra_headers: Vec::new(),
+            max_tokens: DEFAULT_MAX_TOKENS,
+            reasoning_effort: None,
+            retry: RetryPolicy::default(),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+
+    /// The `anthropic` route: `$ANTHROPIC_BASE_URL` or `https://api.anthropic.com`, key
+    /// `$ANTHROPIC_API_KEY`.
+    pub fn anthropic(env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let mut config = Self::new(
+            set("ANTHROPIC_BASE_URL").unwrap_or_else(|| "https://api.anthropic.com".into()),
+            Some("ANTHROPIC_API_KEY"),
+        );
+        config.api_key = set("ANTHROPIC_API_KEY");
+        config
+    }
+}
+
+/// A model behind the Anthropic Messages API.
+pub struct AnthropicModel {
+    config: AnthropicConfig,
+    client: reqwest::Client,
+    notice: Option<RetryNotice>,
+}
+
+impl AnthropicModel {
+    pub fn new(config: AnthropicConfig) -> Result<Self, String> {
+        Ok(AnthropicModel {
+            config,
+            client: http::client()?,
+            notice: None,
+        })
+    }
+
+    /// Reports every retry to `notice`.
+    pub fn with_retry_notice(mut self, notice: RetryNotice) -> Self {
+        self.notice = Some(notice);
+        self
+    }
+
+    pub fn config(&self) -> &AnthropicConfig {
+        &self.config
+    }
+
+    /// The JSON body of the request for one call.
+    pub fn request_body(&self, request: &ModelRequest) -> Value {
+        let mut body = json!({
+            "model": request.route.model,
+            "max_tokens": self.config.max_tokens,
+            "messages": anthropic_messages(&request.messages),
+            "stream": true,
+        });
+        if !request.system.is_empty() {
+            body["system"] = request.system.clone().into();
+        }
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|tool| {
+                    json!({
+                        "name": tool.name,
+                        "description": tool.description,
+                        "input_schema": tool.parameters,
+                    })
+                })
+                .collect();
+        }
+        if let Some(budget) = thinking_budget(
+            self.config.reasoning_effort.as_deref(),
+            self.config.max_tokens,
+        ) {
+            body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+        }
+        body
+    }
+
+    fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
+        let config = &self.config;
+        let key = http::resolve_key(
+            config.api_key.as_deref(),
+            config.api_key_env.as_deref(),
+            request,
+        )?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(ANTHROPIC_VERSION),
+        );
+        if let Some(key) = &key {
+            headers.insert(
+                HeaderName::from_static("x-api-key"),
+                http::secret_value(key)?,
+            );
+        }
+        http::extra_headers(&mut headers, &config.extra_headers)?;
+        let body = serde_json::to_vec(&self.request_body(request)).map_err(|e| {
+            Failure::new(
+                format!("cannot encode the request: {e}"),
+                http::INVALID_CONFIG,
+            )
+        })?;
+        let base_url = config.base_url.trim_end_matches('/').to_string();
+        Ok(HttpCall {
+            client: self.client.clone(),
+            url: format!("{base_url}/v1/messages"),
+            headers,
+            body,
+            retry: config.retry,
+            idle_timeout: config.idle_timeout,
+            notice: self.notice.clone(),
+            base_url,
+            key_env: config.api_key_env.clone(),
+            key,
+            request: RequestIds::of(request),
+        })
+    }
+}
+
+impl Model for AnthropicModel {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
+        match self.call(&request) {
+            Ok(call) => http::start::<MessagesDecoder>(call, cancel),
+            Err(failure) => http::failed(failure),
+        }
+    }
+}
+
+/// The thinking budget for a reasoning effort, kept at least 1024 below `max_tokens`
+/// (None when thinking stays off or the budget would fall under the API's minimum of 1024).
+fn thinking_budget(effort: Option<&str>, max_tokens: u32) -> Option<u32> {
+    let wanted = match effort? {
+        "minimal" | "low" => 1024,
+        "medium" => 4096,
+        "high" => 16_384,
+        "max" | "xhigh" => 32_768,
+        other => other.trim().parse::<u32>().ok()?,
+    };
+    let budget = wanted.min(max_tokens.saturating_sub(1024));
+    (budget >= 1024).then_some(budget)
+}
+
+/// The non-empty text blocks of a dsh block list, as Anthropic text blocks.
+fn text_blocks(blocks: &[Value]) -> Vec<Value> {
+    blocks
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str())
+        .filter(|t| !t.is_empty())
+        .map(|t| json!({"type": "text", "text": t}))
+        .collect()
+}
+
+/// One dsh content block as an Anthropic block, if Anthropic can take it in that role.
+fn anthropic_block(block: &Value, assistant: bool) -> Option<Value> {
+    let text = |key: &str| block[key].as_str().unwrap_or_default().to_string();
+    match block["type"].as_str()? {
+        "text" if !text("text").is_empty() => Some(json!({"type": "text", "text": text("text")})),
+        "tool-result" if !assistant => {
+            let content = text_blocks(
+                block["content"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+            );
+            let mut result = json!({
+                "type": "tool_result",
+                "tool_use_id": block["toolCallId"],
+                "is_error": block["isError"].as_bool().unwrap_or(false),
+            });
+            if !content.is_empty() {
+                result["content"] = content.into();
+            }
+            Some(result)
+        }
+        "tool-call" if assistant => {
+            let input = match &block["arguments"] {
+                Value::String(raw) => serde_json::from_str::<Value>(raw).ok(),
+                Value::Object(_) => Some(block["arguments"].clone()),
+                _ => None,
+            }
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+            Some(
+                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": input}),
+            )
+        }
+        // Only signed thinking can go back; reasoning from other providers has no signature.
+        "reasoning" if assistant && !text("signature").is_empty() => Some(json!({
+            "type": "thinking",
+            "thinking": text("text"),
+            "signature": text("signature"),
+        })),
+        "reasoning" if assistant && !text("redactedData").is_empty() => {
+            Some(json!({"type": "redacted_thinking", "data": text("redactedData")}))
+        }
+        _ => None,
+    }
+}
+
+/// dsh messages as Anthropic's alternating user/assistant messages.
+fn anthropic_messages(messages: &[Value]) -> Vec<Value> {
+    let mut merged: Vec<(bool, Vec<Value>)> = Vec::new();
+    for message in messages {
+        let assistant = match message["role"].as_str() {
+            Some("assistant") => true,
+            Some("user") => false,
+            _ => continue,
+        };
+        let blocks: Vec<Value> = message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| anthropic_block(b, assistant))
+            .collect();
+        if blocks.is_empty() {
+            continue;
+        }
+        let same_role = merged.last().is_some_and(|(last, _)| *last == assistant);
+        match merged.last_mut() {
+            Some((_, last)) if same_role => last.extend(blocks),
+            _ => merged.push((assistant, blocks)),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(assistant, mut blocks)| {
+            if !assistant {
+                // Tool results must lead a user message.
+                blocks.sort_by_key(|b| b["type"] != "tool_result");
+            }
+            let role = if assistant { "assistant" } else { "user" };
+            json!({"role": role, "content": blocks})
+        })
+        .collect()
+}
+
+/// A content block being streamed.
+enum OpenBlock {
+    Text(String),
+    Thinking {
+        text: String,
+        signature: String,
+    },
+    Redacted(String),
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+    },
+    /// A block kind kin does not surface (server tools and the like).
+    Ignored,
+}
+
+impl OpenBlock {
+    /// The finished dsh block.
+    fn finish(self) -> Option<Value> {
+        match self {
+            OpenBlock::Text(text) => Some(json!({"type": "text", "text": text})),
+            OpenBlock::Thinking { text, signature } => {
+                let mut block = json!({"type": "reasoning", "text": text});
+                if !signature.is_empty() {
+                    block["signature"] = signature.into();
+                }
+                Some(block)
+            }
+            OpenBlock::Redacted(data) => {
+                Some(json!({"type": "reasoning", "text": "", "redactedData": data}))
+            }
+            OpenBlock::ToolUse { id, name, json } => {
+                let arguments = if json.trim().is_empty() {
+                    "{}".to_string()
+                } else {
+                    json
+                };
+                Some(json!({"type": "tool-call", "id": id, "name": name, "arguments": arguments}))
+            }
+            OpenBlock::Ignored => None,
+        }
+    }
+}
+
+/// Messages SSE → dsh chunks.
+#[derive(Default)]
+struct MessagesDecoder {
+    open: BTreeMap<u64, OpenBlock>,
+    /// Blocks surfaced so far (an attempt without any is an empty completion).
+    started: usize,
+    tool_calls: bool,
+    stop_reason: Option<String>,
+    usage_seen: bool,
+    input_tokens: u64,
+    output_tokens: u64,
+    cache_read: Option<u64>,
+    cache_write: Option<u64>,
+}
+
+impl MessagesDecoder {
+    /// Usage fields are running totals: the latest value of each wins.
+    fn usage(&mut self, usage: &Value) {
+        if !usage.is_object() {
+            return;
+        }
+        self.usage_seen = true;
+        if let Some(n) = usage["input_tokens"].as_u64() {
+            self.input_tokens = n;
+        }
+        if let Some(n) = usage["output_tokens"].as_u64() {
+            self.output_tokens = n;
+        }
+        if let Some(n) = usage["cache_read_input_tokens"].as_u64() {
+            self.cache_read = Some(n);
+        }
+        if let Some(n) = usage["cache_creation_input_tokens"].as_u64() {
+            self.cache_write = Some(n);
+        }
+    }
+
+    fn block_start(&mut self, index: u64, block: &Value, out: &mut Vec<StreamChunk>) {
+        let text = |key: &str| block[key].as_str().unwrap_or_default().to_string();
+        let kind = match block["type"].as_str() {
+            Some("text") => "text",
+            Some("thinking" | "redacted_thinking") => "reasoning",
+            Some("tool_use") => "tool-call",
+            _ => {
+                self.open.insert(index, OpenBlock::Ignored);
+                return;
+            }
+        };
+        out.push(StreamChunk::BlockStart {
+            index,
+            block_type: kind.into(),
+        });
+        self.started += 1;
+        let open = match block["type"].as_str() {
+            Some("text") => {
+                let initial = text("text");
+                if !initial.is_empty() {
+                    out.push(StreamChunk::TextDelta {
+                        index,
+                        text: initial.clone(),
+                    });
+                }
+                OpenBlock::Text(initial)
+            }
+            Some("thinking") => {
+                let initial = text("thinking");
+                if !initial.is_empty() {
+                    out.push(StreamChunk::ReasoningDelta {
+                        index,
+                        text: initial.clone(),
+                    });
+                }
+                OpenBlock::Thinking {
+                    text: initial,
+                    signature: text("signature"),
+                }
+            }
+            Some("redacted_thinking") => OpenBlock::Redacted(text("data")),
+            _ => {
+                let (id, name) = (text("id"), text("name"));
+                // The input arrives as `input_json_delta`s; a non-empty initial input is whole.
+                let json = match &block["input"] {
+                    Value::Object(fields) if !fields.is_empty() => block["input"].to_string(),
+                    _ => String::new(),
+                };
+                out.push(StreamChunk::ToolCallDelta {
+                    index,
+                    id: id.clone(),
+                    name: Some(name.clone()),
+                    arguments_delta: json.clone(),
+                });
+                self.tool_calls = true;
+                OpenBlock::ToolUse { id, name, json }
+            }
+        };
+        self.open.insert(index, open);
+    }
+
+    fn block_delta(&mut self, index: u64, delta: &Value, out: &mut Vec<StreamChunk>) {
+        let piece = |key: &str| delta[key].as_str().unwrap_or_default().to_string();
+        match (self.open.get_mut(&index), delta["type"].as_str()) {
+            (Some(OpenBlock::Text(text)), Some("text_delta")) => {
+                let piece = piece("text");
+                text.push_str(&piece);
+                out.push(StreamChunk::TextDelta { index, text: piece });
+            }
+            (Some(OpenBlock::Thinking { text, .. }), Some("thinking_delta")) => {
+                let piece = piece("thinking");
+                text.push_str(&piece);
+                out.push(StreamChunk::ReasoningDelta { index, text: piece });
+            }
+            (Some(OpenBlock::Thinking { signature, .. }), Some("signature_delta")) => {
+                signature.push_str(&piece("signature"));
+            }
+            (Some(OpenBlock::ToolUse { id, json, .. }), Some("input_json_delta")) => {
+                let piece = piece("partial_json");
+                json.push_str(&piece);
+                if !piece.is_empty() {
+                    out.push(StreamChunk::ToolCallDelta {
+                        index,
+                        id: id.clone(),
+                        name: None,
+                        arguments_delta: piece,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn block_stop(&mut self, index: u64, out: &mut Vec<StreamChunk>) {
+        if let Some(block) = self.open.remove(&index).and_then(OpenBlock::finish) {
+            out.push(StreamChunk::BlockEnd { index, block });
+        }
+    }
+
+    /// Closes what is still open and appends usage and the finish.
+    fn finish(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), AttemptError> {
+        let reason = self.stop_reason.take().unwrap_or_default();
+        if self.started == 0 && reason != "max_tokens" {
+            return Err(http::empty_response());
+        }
+        for (index, open) in std::mem::take(&mut self.open) {
+            if let Some(block) = open.finish() {
+                out.push(StreamChunk::BlockEnd { index, block });
+            }
+        }
+        if self.usage_seen {
+            let cache_read = self.cache_read.unwrap_or(0);
+            let cache_write = self.cache_write.unwrap_or(0);
+            let mut usage = json!({
+                "inputTokens": self.input_tokens + cache_read + cache_write,
+                "outputTokens": self.output_tokens,
+            });
+            if let Some(n) = self.cache_read {
+                usage["cacheReadTokens"] = n.into();
+            }
+            if let Some(n) = self.cache_write {
+                usage["cacheWriteTokens"] = n.into();
+            }
+            out.push(StreamChunk::Usage { usage });
+        }
+        let reason = match reason.as_str() {
+            "tool_use" => FinishReason::ToolCalls,
+            "max_tokens" | "model_context_window_exceeded" => FinishReason::MaxTokens,
+            _ if self.tool_calls => FinishReason::ToolCalls,
+            _ => FinishReason::Stop,
+        };
+        out.push(StreamChunk::Finish {
+            reason,
+            replay_state: None,
+        });
+        Ok(())
+    }
+}
+
+impl Decoder for MessagesDecoder {
+    fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<bool, AttemptError> {
+        let data = event.data.trim();
+        if data.is_empty() {
+            return Ok(false);
+        }
+        let value: Value = serde_json::from_str(data).map_err(|e| http::unreadable(data, &e))?;
+        let kind = value["type"].as_str().unwrap_or(event.event.as_str());
+        let index = value["index"].as_u64().unwrap_or(0);
+        match kind {
+            "message_start" => self.usage(&value["message"]["usage"]),
+            "content_block_start" => self.block_start(index, &value["content_block"], out),
+            "content_block_delta" => self.block_delta(index, &value["delta"], out),
+            "content_block_stop" => self.block_stop(index, out),
+            "message_delta" => {
+                if let Some(reason) = value["delta"]["stop_reason"].as_str() {
+                    self.stop_reason = Some(reason.to_string());
+                }
+                self.usage(&value["usage"]);
+            }
+            "message_stop" => {
+                self.finish(out)?;
+                return Ok(true);
+            }
+            "error" => return Err(http::stream_error(&value["error"])),
+            // `ping` and event kinds added later.
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn end(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), AttemptError> {
+        // The stop reason arrived, only `message_stop` is missing: that is complete.
+        if self.stop_reason.is_none() {
+            return Err(http::incomplete());
+        }
+        self.finish(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_alternate_and_keep_signed_thinking() {
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}),
+            json!({"role": "user", "content": [{"type": "text", "text": "more"}], "source": {"kind": "user"}}),
+            json!({"role": "assistant", "content": [
+                {"type": "reasoning", "text": "plan", "signature": "sig"},
+                {"type": "reasoning", "text": "unsigned"},
+                {"type": "tool-call", "id": "t1", "name": "read", "arguments": "{\"path\":\"a\"}"},
+                {"type": "tool-call", "id": "t2", "name": "read", "arguments": "not json"},
+            ]}),
+            json!({"role": "user", "source": {"kind": "tool", "callId": "t1"}, "content": [{"type": "tool-result", "toolCallId": "t1", "content": [{"type": "text", "text": "A"}], "isError": false}]}),
+            json!({"role": "user", "source": {"kind": "tool", "callId": "t2"}, "content": [{"type": "tool-result", "toolCallId": "t2", "content": [], "isError": true}]}),
+        ];
+        assert_eq!(
+            anthropic_messages(&messages),
+            vec![
+                json!({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "more"}]}),
+                json!({"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "plan", "signature": "sig"},
+                    {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a"}},
+                    {"type": "tool_use", "id": "t2", "name": "read", "input": {}},
+                ]}),
+                json!({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "is_error": false, "content": [{"type": "text", "text": "A"}]},
+                    {"type": "tool_result", "tool_use_id": "t2", "is_error": true},
+                ]}),
+            ]
+        );
+    }
+
+    #[test]
+    fn thinking_budget_stays_below_max_tokens() {
+        assert_eq!(thinking_budget(None, 8192), None);
+        assert_eq!(thinking_budget(Some("off"), 8192), None);
+        assert_eq!(thinking_budget(Some("medium"), 8192), Some(4096));
+        assert_eq!(thinking_budget(Some("high"), 8192), Some(7168));
+        assert_eq!(thinking_budget(Some("2000"), 64_000), Some(2000));
+        assert_eq!(thinking_budget(Some("low"), 1500), None);
+    }
+}

@@ -1,0 +1,750 @@
+//! Shared plumbing of the HTTP model clients (`openai`, `anthropic`): one call runs on a
+//! background task that posts the request, decodes the SSE stream into dsh `StreamChunk`s and
+//! forwards them to the channel. It retries retryable failures (connect errors, 429, 5xx, a stream
+//! that ends without a finish, an empty completion, an idle stream) with exponential backoff and
+//! jitter, honouring `Retry-After`, but only while nothing of the failed attempt reached the
+//! channel. Errors the user must act on (missing or rejected key, unknown model, context overflow)
+//! are terminal and say what to do. The API key never appears in a message or a log line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::StreamExt;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{ChunkStream, Failure, FinishReason, ModelRequest, ModelResult, StreamChunk};
+
+/// No API key: the environment variable named in the message is unset.
+pub const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
+/// HTTP 401/403: the key was rejected.
+pub const AUTH_FAILED: &str = "AUTH_FAILED";
+/// The provider does not know the model (HTTP 404, or DeepSeek's 400 "Model Not Exist").
+pub const MODEL_NOT_FOUND: &str = "MODEL_NOT_FOUND";
+/// The conversation no longer fits the model's context window.
+pub const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
+/// Any other rejection by the provider (status and a body excerpt in the message).
+pub const PROVIDER_ERROR: &str = "PROVIDER_ERROR";
+/// The provider's content filter stopped the response.
+pub const CONTENT_FILTERED: &str = "CONTENT_FILTERED";
+/// The client configuration is unusable (an invalid header or URL).
+pub const INVALID_CONFIG: &str = "INVALID_CONFIG";
+/// HTTP 429 (retryable).
+pub const RATE_LIMITED: &str = "RATE_LIMITED";
+/// HTTP 5xx, 408, 409 or an overload reported in the stream (retryable).
+pub const SERVER_ERROR: &str = "SERVER_ERROR";
+/// The server could not be reached (retryable).
+pub const CONNECTION_FAILED: &str = "CONNECTION_FAILED";
+/// No bytes for the idle timeout (retryable).
+pub const TIMEOUT: &str = "TIMEOUT";
+/// The stream ended or broke before the response finished (retryable).
+pub const STREAM_INCOMPLETE: &str = "STREAM_INCOMPLETE";
+/// A completion with no text, reasoning or tool calls (retryable).
+pub const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
+
+/// The default idle-stream timeout of both HTTP clients (dsh `streamIdleTimeoutMs`).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Whether a failure with this code may succeed when the call is simply made again.
+pub fn is_retryable(code: &str) -> bool {
+    matches!(
+        code,
+        RATE_LIMITED
+            | SERVER_ERROR
+            | CONNECTION_FAILED
+            | TIMEOUT
+            | STREAM_INCOMPLETE
+            | EMPTY_RESPONSE
+    )
+}
+
+/// How often and how patiently a model call is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in total, the first one included (1 = never retry).
+    pub max_attempts: u32,
+    /// The backoff before the first retry; it doubles for each further retry.
+    pub base_delay_ms: u64,
+    /// The backoff never grows beyond this (a server's `Retry-After` is honoured as given).
+    pub max_delay_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            base_delay_ms: 500,
+            max_delay_ms: 30_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (1 = the first retry): the server's `Retry-After`
+    /// when it sent one, else `base_delay_ms * 2^(retry-1)` capped at `max_delay_ms`, with
+    /// jitter taking it down to as little as half.
+    pub fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(after) = retry_after {
+            return after;
+        }
+        let backoff = self
+            .base_delay_ms
+            .saturating_mul(2u64.saturating_pow(retry.saturating_sub(1)))
+            .min(self.max_delay_ms);
+        let jittered = backoff as f64 * (0.5 + 0.5 * fastrand::f64());
+        Duration::from_millis(jittered as u64)
+    }
+}
+
+/// One retry of a model call, reported before the client waits `delay_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryInfo {
+    /// The session, turn and step the call serves (from the `ModelRequest`).
+    pub session_id: String,
+    pub turn: u64,
+    pub step: u64,
+    /// The attempt about to start (2 for the first retry).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub delay_ms: u64,
+    /// The failure code of the failed attempt (`RATE_LIMITED`, `TIMEOUT`, ...).
+    pub code: String,
+    /// The failure message of the failed attempt (never contains the API key).
+    pub reason: String,
+}
+
+/// Called for every retry (the integrator turns it into an `llm/retry` event and a notice).
+pub type RetryNotice = Arc<dyn Fn(RetryInfo) + Send + Sync>;
+
+/// Builds the HTTP client both model clients use.
+pub(crate) fn client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("cannot create the HTTP client: {}", error_chain(&e)))
+}
+
+/// The key to send: the configured one, none when the endpoint needs none, or
+/// `MISSING_CREDENTIAL` naming the environment variable.
+pub(crate) fn resolve_key(
+    api_key: Option<&str>,
+    api_key_env: Option<&str>,
+    request: &ModelRequest,
+) -> Result<Option<String>, Failure> {
+    match (api_key.filter(|k| !k.trim().is_empty()), api_key_env) {
+        (Some(key), _) => Ok(Some(key.trim().to_string())),
+        (None, None) => Ok(None),
+        (None, Some(env)) => Err(Failure::new(
+            format!(
+                "no API key for {}: set the environment variable {env} (kin reads the key from it when a turn starts)",
+                request.route
+            ),
+            MISSING_CREDENTIAL,
+        )),
+    }
+}
+
+/// A header value holding a secret: marked sensitive so it is never shown by `Debug`.
+pub(crate) fn secret_value(value: &str) -> Result<HeaderValue, Failure> {
+    let mut value = HeaderValue::from_str(value).map_err(|_| {
+        Failure::new(
+            "the API key contains characters that cannot be sent in an HTTP header",
+            INVALID_CONFIG,
+        )
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The configured extra headers (values marked sensitive, as they may carry credentials).
+pub(crate) fn extra_headers(
+    headers: &mut HeaderMap,
+    pairs: &[(String, String)],
+) -> Result<(), Failure> {
+    for (name, value) in pairs {
+        let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            Failure::new(
+                format!("the configured header name {name:?} is not a valid HTTP header name"),
+                INVALID_CONFIG,
+            )
+        })?;
+        let mut value = HeaderValue::from_str(value).map_err(|_| {
+            Failure::new(
+                format!("the configured value of header {name:?} is not a valid HTTP header value"),
+                INVALID_CONFIG,
+            )
+        })?;
+        value.set_sensitive(true);
+        headers.insert(header, value);
+    }
+    Ok(())
+}
+
+/// A call that failed before any request: a stream yielding just the failure.
+pub(crate) fn failed(failure: Failure) -> ChunkStream {
+    tracing::warn!(code = %failure.code, "model call not started: {}", failure.message);
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(Err(failure));
+    rx
+}
+
+/// Everything one model call needs, owned by its task.
+pub(crate) struct HttpCall {
+    pub client: reqwest::Client,
+    pub url: String,
+    pub headers: HeaderMap,
+    /// The serialized JSON request body.
+    pub body: Vec<u8>,
+    pub retry: RetryPolicy,
+    pub idle_timeout: Duration,
+    pub notice: Option<RetryNotice>,
+    /// The base URL as configured (for messages).
+    pub base_url: String,
+    /// The variable the key came from (for messages).
+    pub key_env: Option<String>,
+    /// The key itself, only to redact it from every message.
+    pub key: Option<String>,
+    pub request: RequestIds,
+}
+
+/// What a retry notice and the messages say about the call.
+pub(crate) struct RequestIds {
+    pub session_id: String,
+    pub turn: u64,
+    pub step: u64,
+    pub route: String,
+    pub model: String,
+}
+
+impl RequestIds {
+    pub(crate) fn of(request: &ModelRequest) -> Self {
+        RequestIds {
+            session_id: request.session_id.clone(),
+            turn: request.turn,
+            step: request.step,
+            route: request.route.to_string(),
+            model: request.route.model.clone(),
+        }
+    }
+}
+
+/// A failed attempt: the failure and the server's requested wait, if any.
+pub(crate) struct AttemptError {
+    pub failure: Failure,
+    pub retry_after: Option<Duration>,
+}
+
+impl AttemptError {
+    pub(crate) fn new(code: &str, message: impl Into<String>) -> Self {
+        AttemptError {
+            failure: Failure::new(message, code),
+            retry_after: None,
+        }
+    }
+
+    fn with_status(mut self, status: u16) -> Self {
+        self.failure.extra.insert("status".into(), status.into());
+        self
+    }
+
+    fn retryable(&self) -> bool {
+        is_retryable(&self.failure.code)
+    }
+}
+
+/// The response ended before the model finished.
+pub(crate) fn incomplete() -> AttemptError {
+    AttemptError::new(
+        STREAM_INCOMPLETE,
+        "the response stream ended before the model finished",
+    )
+}
+
+/// The model produced nothing.
+pub(crate) fn empty_response() -> AttemptError {
+    AttemptError::new(
+        EMPTY_RESPONSE,
+        "the model returned an empty completion (no text, reasoning or tool calls)",
+    )
+}
+
+/// A stream event that is not the JSON the provider documents.
+pub(crate) fn unreadable(data: &str, error: &serde_json::Error) -> AttemptError {
+    AttemptError::new(
+        PROVIDER_ERROR,
+        format!(
+            "the provider sent an unreadable stream event ({error}): {}",
+            excerpt(data)
+        ),
+    )
+}
+
+/// Turns provider SSE events into dsh chunks; one decoder per attempt.
+pub(crate) trait Decoder {
+    /// Handles one SSE event, appending chunks to `out`. Returns true when the response is
+    /// complete (the last chunk appended is the finish).
+    fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<bool, AttemptError>;
+
+    /// The stream ended without the provider's terminator: append the tail or fail.
+    fn end(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), AttemptError>;
+}
+
+/// Runs a call on a background task, with retries, the idle watchdog and cancellation.
+pub(crate) fn start<D: Decoder + Default + Send + 'static>(
+    call: HttpCall,
+    cancel: CancellationToken,
+) -> ChunkStream {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        // Leaving the select drops the in-flight request, which aborts it at once.
+        let cancelled = tokio::select! {
+            biased;
+            () = cancel.cancelled() => true,
+            () = tx.closed() => false,
+            () = run::<D>(&call, &tx) => false,
+        };
+        if cancelled {
+            tracing::debug!(route = %call.request.route, "model call cancelled");
+            let _ = tx.try_send(Ok(StreamChunk::Finish {
+                reason: FinishReason::Aborted { failure: None },
+                replay_state: None,
+            }));
+        }
+    });
+    rx
+}
+
+async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResult>) {
+    let max_attempts = call.retry.max_attempts.max(1);
+    let mut attempt = 1;
+    loop {
+        let mut forwarded = false;
+        let error = match attempt_once::<D>(call, tx, &mut forwarded).await {
+            Ok(()) => return,
+            Err(error) => error,
+        };
+        let retryable = error.retryable();
+        let mut failure = error.failure;
+        failure.message = redact(&failure.message, call.key.as_deref());
+        if let Some(after) = error.retry_after {
+            let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+            failure
+                .extra
+                .insert("providerRetryAfterMs".into(), ms.into());
+        }
+        if forwarded {
+            // Chunks of this attempt already reached the consumer: finish with the failure
+            // rather than replaying the response from the start.
+            tracing::warn!(
+                route = %call.request.route,
+                code = %failure.code,
+                "model stream failed mid-response: {}",
+                failure.message
+            );
+            let _ = tx
+                .send(Ok(StreamChunk::Finish {
+                    reason: FinishReason::Error { failure },
+                    replay_state: None,
+                }))
+                .await;
+            return;
+        }
+        if !retryable || attempt >= max_attempts {
+            if retryable && attempt > 1 {
+                failure.message = format!("{} (gave up after {attempt} attempts)", failure.message);
+            }
+            tracing::warn!(
+                route = %call.request.route,
+                code = %failure.code,
+                "model call failed: {}",
+                failure.message
+            );
+            let _ = tx.send(Err(failure)).await;
+            return;
+        }
+        let delay = call.retry.delay(attempt, error.retry_after);
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        attempt += 1;
+        tracing::warn!(
+            route = %call.request.route,
+            attempt,
+            max_attempts,
+            delay_ms,
+            code = %failure.code,
+            "model call failed, retrying: {}",
+            failure.message
+        );
+        if let Some(notice) = &call.notice {
+            notice(RetryInfo {
+                session_id: call.request.session_id.clone(),
+                turn: call.request.turn,
+                step: call.request.step,
+                attempt,
+                max_attempts,
+                delay_ms,
+                code: failure.code,
+                reason: failure.message,
+            });
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Why the byte stream stopped delivering.
+enum ByteError {
+    Transport(reqwest::Error),
+    Idle,
+}
+
+/// One attempt. `Ok` means the call is over (finished, or the consumer went away);
+/// `forwarded` records whether any chunk reached the channel.
+async fn attempt_once<D: Decoder + Default>(
+    call: &HttpCall,
+    tx: &mpsc::Sender<ModelResult>,
+    forwarded: &mut bool,
+) -> Result<(), AttemptError> {
+    let idle = call.idle_timeout;
+    let send = call
+        .client
+        .post(call.url.as_str())
+        .headers(call.headers.clone())
+        .body(call.body.clone())
+        .send();
+    let response = match tokio::time::timeout(idle, send).await {
+        Err(_) => return Err(idle_error(call)),
+        Ok(Err(e)) => return Err(transport_error(call, &e)),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status();
+    if !status.is_success() {
+        let retry_after = retry_after(response.headers());
+        let body = match tokio::time::timeout(idle, response.text()).await {
+            Ok(Ok(text)) => text,
+            Ok(Err(_)) | Err(_) => String::new(),
+        };
+        let mut error = status_error(call, status.as_u16(), &body);
+        error.retry_after = retry_after;
+        return Err(error);
+    }
+    // The watchdog sits on the bytes, so SSE comments (keep-alives) count as activity.
+    let bytes = response.bytes_stream().boxed();
+    let guarded = futures::stream::unfold(bytes, move |mut bytes| async move {
+        match tokio::time::timeout(idle, bytes.next()).await {
+            Ok(Some(Ok(piece))) => Some((Ok(piece), bytes)),
+            Ok(Some(Err(e))) => Some((Err(ByteError::Transport(e)), bytes)),
+            Ok(None) => None,
+            Err(_) => Some((Err(ByteError::Idle), bytes)),
+        }
+    });
+    let mut events = Box::pin(guarded).eventsource();
+    let mut decoder = D::default();
+    let mut out = Vec::new();
+    loop {
+        let done = match events.next().await {
+            None => {
+                decoder.end(&mut out)?;
+                true
+            }
+            Some(Ok(event)) => decoder.event(&event, &mut out)?,
+            Some(Err(EventStreamError::Transport(ByteError::Idle))) => {
+                return Err(idle_error(call));
+            }
+            Some(Err(EventStreamError::Transport(ByteError::Transport(e)))) => {
+                return Err(AttemptError::new(
+                    STREAM_INCOMPLETE,
+                    format!(
+                        "the response stream from {} broke off: {}",
+                        call.base_url,
+                        error_chain(&e)
+                    ),
+                ));
+            }
+            Some(Err(EventStreamError::Utf8(e))) => {
+                return Err(AttemptError::new(
+                    PROVIDER_ERROR,
+                    format!(
+                        "the response stream from {} is not UTF-8: {e}",
+                        call.base_url
+                    ),
+                ));
+            }
+            Some(Err(EventStreamError::Parser(e))) => {
+                return Err(AttemptError::new(
+                    PROVIDER_ERROR,
+                    format!(
+                        "the response stream from {} is not a valid event stream: {e:?}",
+                        call.base_url
+                    ),
+                ));
+            }
+        };
+        for chunk in out.drain(..) {
+            if tx.send(Ok(chunk)).await.is_err() {
+                return Ok(());
+            }
+            *forwarded = true;
+        }
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+fn idle_error(call: &HttpCall) -> AttemptError {
+    AttemptError::new(
+        TIMEOUT,
+        format!(
+            "no data from {} for {:?} while calling {} (idle timeout)",
+            call.base_url, call.idle_timeout, call.request.route
+        ),
+    )
+}
+
+fn transport_error(call: &HttpCall, error: &reqwest::Error) -> AttemptError {
+    if error.is_builder() {
+        return AttemptError::new(
+            INVALID_CONFIG,
+            format!(
+                "cannot build the request to {} for {}: {}",
+                call.base_url,
+                call.request.route,
+                error_chain(error)
+            ),
+        );
+    }
+    AttemptError::new(
+        CONNECTION_FAILED,
+        format!(
+            "cannot reach {} for {}: {}",
+            call.base_url,
+            call.request.route,
+            error_chain(error)
+        ),
+    )
+}
+
+/// Classifies a non-success HTTP status (the body is the provider's error document).
+fn status_error(call: &HttpCall, status: u16, body: &str) -> AttemptError {
+    let detail = excerpt(body);
+    let lower = body.to_lowercase();
+    let (route, model, base_url) = (&call.request.route, &call.request.model, &call.base_url);
+    let model_missing = status == 404
+        || (matches!(status, 400 | 422)
+            && [
+                "model not exist",
+                "model_not_found",
+                "does not exist",
+                "unknown model",
+            ]
+            .iter()
+            .any(|p| lower.contains(p)));
+    let error = match status {
+        401 | 403 => AttemptError::new(
+            AUTH_FAILED,
+            match &call.key_env {
+                Some(env) => format!(
+                    "the API key in {env} was rejected (HTTP {status}) by {base_url} for {route}; check the key: {detail}"
+                ),
+                None => format!(
+                    "{base_url} refused the request for {route} as unauthorized (HTTP {status}); configure an API key variable for this provider: {detail}"
+                ),
+            },
+        ),
+        _ if model_missing => AttemptError::new(
+            MODEL_NOT_FOUND,
+            format!(
+                "model {model:?} was not found (HTTP {status}) for route {route} at {base_url}; check the model name and the base URL: {detail}"
+            ),
+        ),
+        _ if status == 413 || (status < 500 && is_context_overflow(&lower)) => AttemptError::new(
+            CONTEXT_WINDOW_EXCEEDED,
+            format!(
+                "the conversation no longer fits the context window of {route} (HTTP {status}): {detail}"
+            ),
+        ),
+        429 => AttemptError::new(
+            RATE_LIMITED,
+            format!("{route} is rate limited (HTTP 429): {detail}"),
+        ),
+        408 | 409 | 500..=599 => AttemptError::new(
+            SERVER_ERROR,
+            format!("{base_url} failed with HTTP {status} for {route}: {detail}"),
+        ),
+        _ => AttemptError::new(
+            PROVIDER_ERROR,
+            format!("{base_url} rejected the request for {route} with HTTP {status}: {detail}"),
+        ),
+    };
+    error.with_status(status)
+}
+
+/// Classifies an error object reported inside the stream (`{type, message}` or `{code, message}`).
+pub(crate) fn stream_error(error: &Value) -> AttemptError {
+    let message = error["message"]
+        .as_str()
+        .map_or_else(|| excerpt(&error.to_string()), excerpt);
+    let kind = error["type"]
+        .as_str()
+        .or_else(|| error["code"].as_str())
+        .unwrap_or("error");
+    let lower = format!("{kind} {message}").to_lowercase();
+    let code = if is_context_overflow(&lower) {
+        CONTEXT_WINDOW_EXCEEDED
+    } else if lower.contains("rate_limit") || lower.contains("rate limit") {
+        RATE_LIMITED
+    } else if [
+        "invalid_request",
+        "authentication",
+        "permission",
+        "not_found",
+    ]
+    .iter()
+    .any(|p| lower.contains(p))
+    {
+        PROVIDER_ERROR
+    } else {
+        // Overloads, api_error, server_error and unknown kinds: worth another attempt.
+        SERVER_ERROR
+    };
+    AttemptError::new(
+        code,
+        format!("the provider reported an error in the stream ({kind}): {message}"),
+    )
+}
+
+fn is_context_overflow(lower: &str) -> bool {
+    [
+        "context length",
+        "context_length",
+        "context window",
+        "context_window",
+        "maximum context",
+        "prompt is too long",
+        "input is too long",
+        "too many tokens",
+        "reduce the length",
+    ]
+    .iter()
+    .any(|p| lower.contains(p))
+}
+
+/// `Retry-After` in seconds (or OpenAI's `retry-after-ms`); HTTP dates are not read.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    if let Some(ms) = number("retry-after-ms") {
+        return Duration::try_from_secs_f64(ms / 1000.0).ok();
+    }
+    number("retry-after").and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+}
+
+/// A short, single-line excerpt of an error body: the provider's `error.message` when the body
+/// is a JSON error document, else the start of the body.
+pub(crate) fn excerpt(body: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v["error"]["message"]
+            .as_str()
+            .or_else(|| v["message"].as_str())
+            .or_else(|| v["error"].as_str())
+            .or_else(|| v["detail"].as_str())
+    });
+    let text = message.unwrap_or(body);
+    let collapsed: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.is_empty() {
+        return "(empty body)".into();
+    }
+    let mut short: String = collapsed.chars().take(300).collect();
+    if short.len() < collapsed.len() {
+        short.push('…');
+    }
+    short
+}
+
+/// Removes every occurrence of the key from a message.
+fn redact(message: &str, key: Option<&str>) -> String {
+    match key {
+        Some(key) if !key.is_empty() => message.replace(key, "[redacted]"),
+        _ => message.to_string(),
+    }
+}
+
+/// An error with its causes, `outer: inner: innermost`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_honours_retry_after() {
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            base_delay_ms: 100,
+            max_delay_ms: 300,
+        };
+        for _ in 0..20 {
+            let first = policy.delay(1, None).as_millis();
+            let second = policy.delay(2, None).as_millis();
+            let capped = policy.delay(6, None).as_millis();
+            assert!((50..=100).contains(&first), "{first}");
+            assert!((100..=200).contains(&second), "{second}");
+            assert!((150..=300).contains(&capped), "{capped}");
+        }
+        assert_eq!(
+            policy.delay(1, Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_milliseconds() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_millis(250)));
+        let mut dated = HeaderMap::new();
+        dated.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&dated), None);
+    }
+
+    #[test]
+    fn excerpts_prefer_the_error_message_and_stay_short() {
+        assert_eq!(
+            excerpt(r#"{"error":{"message":"Model Not Exist","type":"invalid_request_error"}}"#),
+            "Model Not Exist"
+        );
+        assert_eq!(excerpt("  bad\n\ngateway "), "bad gateway");
+        assert_eq!(excerpt(""), "(empty body)");
+        assert_eq!(excerpt(&"x".repeat(400)).chars().count(), 301);
+    }
+
+    #[test]
+    fn keys_are_redacted() {
+        assert_eq!(
+            redact("your key sk-123 is wrong", Some("sk-123")),
+            "your key [redacted] is wrong"
+        );
+        assert_eq!(redact("fine", None), "fine");
+    }
+}

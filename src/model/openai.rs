@@ -1,0 +1,661 @@
+//! The OpenAI-compatible Chat Completions client (`POST {base}/chat/completions`, streaming):
+//! DeepSeek, OpenAI and any compatible server (Ollama, vLLM, llama.cpp). dsh messages become
+//! chat messages (system first, tool calls as `tool_calls`, tool results as `role: tool`), and
+//! the SSE deltas become dsh chunks: text and `reasoning_content` blocks, tool calls assembled
+//! from indexed deltas with raw JSON arguments, usage, and the finish reason.
+
+use std::time::Duration;
+
+use eventsource_stream::Event;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::http::{
+    self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice,
+    RetryPolicy,
+};
+use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
+
+/// How to reach one OpenAI-compatible endpoint.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// The API root; the client posts to `{base_url}/chat/completions`.
+    pub base_url: String,
+    /// The variable the key is read from, named in the missing-key error; None for servers
+    /// that need no key (no `Authorization` header is sent then).
+    pub api_key_env: Option<String>,
+    /// The key, read from `api_key_env` by whoever builds the config (the router). A missing
+    /// key is reported when a call is made, so kin starts without one.
+    pub api_key: Option<String>,
+    /// Extra headers sent with every request (after ours, so they may override them).
+    pub extra_headers: Vec<(String, String)>,
+    /// `max_tokens` for every request; None lets the server decide.
+    pub max_tokens: Option<u32>,
+    /// Sent as `reasoning_effort`; `off` disables DeepSeek thinking (`thinking.type: disabled`).
+    pub reasoning_effort: Option<String>,
+    /// Speak DeepSeek's dialect: send `reasoning_content` back on the current turn's tool-call
+    /// steps, and the `thinking` switch.
+    pub deepseek: bool,
+    pub retry: RetryPolicy,
+    /// A call whose stream delivers no bytes for this long fails with `TIMEOUT` (retryable).
+    pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field(
+                "extra_headers",
+                &self
+                    .extra_headers
+                    .iter()
+                    .map(|(n, _)| n)
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_tokens", &self.max_tokens)
+            .field("reasoning_effort", &self.reasoning_effort)
+            .field("deepseek", &self.deepseek)
+            .field("retry", &self.retry)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+impl OpenAiConfig {
+    /// A config with the defaults (no key, no extra headers, default retry and idle timeout).
+    pub fn new(base_url: impl Into<String>, api_key_env: Option<&str>) -> Self {
+        OpenAiConfig {
+            base_url: base_url.into(),
+            api_key_env: api_key_env.map(str::to_string),
+            api_key: None,
+            extra_headers: Vec::new(),
+            max_tokens: None,
+            reasoning_effort: None,
+            deepseek: false,
+            retry: RetryPolicy::default(),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+
+    /// The `deepseek` route: `$DEEPSEEK_BASE_URL` or `https://api.deepseek.com`, key
+    /// `$DEEPSEEK_API_KEY`.
+    pub fn deepseek(env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let base = non_empty(env("DEEPSEEK_BASE_URL"));
+        let mut config = Self::new(
+            base.unwrap_or_else(|| "https://api.deepseek.com".into()),
+            Some("DEEPSEEK_API_KEY"),
+        );
+        config.api_key = non_empty(env("DEEPSEEK_API_KEY"));
+        config.deepseek = true;
+        config
+    }
+
+    /// The `openai` route: `$OPENAI_BASE_URL` or `https://api.openai.com/v1`, key
+    /// `$OPENAI_API_KEY`.
+    pub fn openai(env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let base = non_empty(env("OPENAI_BASE_URL"));
+        let mut config = Self::new(
+            base.unwrap_or_else(|| "https://api.openai.com/v1".into()),
+            Some("OPENAI_API_KEY"),
+        );
+        config.api_key = non_empty(env("OPENAI_API_KEY"));
+        config
+    }
+}
+
+fn non_empty(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.trim().is_empty())
+}
+
+/// A model behind an OpenAI-compatible Chat Completions endpoint.
+pub struct OpenAiModel {
+    config: OpenAiConfig,
+    client: reqwest::Client,
+    notice: Option<RetryNotice>,
+}
+
+impl OpenAiModel {
+    pub fn new(config: OpenAiConfig) -> Result<Self, String> {
+        Ok(OpenAiModel {
+            config,
+            client: http::client()?,
+            notice: None,
+        })
+    }
+
+    /// Reports every retry to `notice`.
+    pub fn with_retry_notice(mut self, notice: RetryNotice) -> Self {
+        self.notice = Some(notice);
+        self
+    }
+
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.config
+    }
+
+    /// The JSON body of the request for one call.
+    pub fn request_body(&self, request: &ModelRequest) -> Value {
+        let mut body = json!({
+            "model": request.route.model,
+            "messages": chat_messages(request, self.config.deepseek),
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|tool| {
+                    json!({
+                        "type": "function",
+                        "function": {
+                            "name": tool.name,
+                            "description": tool.description,
+                            "parameters": tool.parameters,
+                        },
+                    })
+                })
+                .collect();
+        }
+        if let Some(max_tokens) = self.config.max_tokens {
+            body["max_tokens"] = max_tokens.into();
+        }
+        match self.config.reasoning_effort.as_deref() {
+            None => {}
+            Some("off" | "none" | "disabled") if self.config.deepseek => {
+                body["thinking"] = json!({"type": "disabled"});
+            }
+            Some("off" | "disabled") => {}
+            Some(effort) => body["reasoning_effort"] = effort.into(),
+        }
+        body
+    }
+
+    fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
+        let config = &self.config;
+        let key = http::resolve_key(
+            config.api_key.as_deref(),
+            config.api_key_env.as_deref(),
+            request,
+        )?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        if let Some(key) = &key {
+            headers.insert(AUTHORIZATION, http::secret_value(&format!("Bearer {key}"))?);
+        }
+        http::extra_headers(&mut headers, &config.extra_headers)?;
+        let body = serde_json::to_vec(&self.request_body(request)).map_err(|e| {
+            Failure::new(
+                format!("cannot encode the request: {e}"),
+                http::INVALID_CONFIG,
+            )
+        })?;
+        let base_url = config.base_url.trim_end_matches('/').to_string();
+        Ok(HttpCall {
+            client: self.client.clone(),
+            url: format!("{base_url}/chat/completions"),
+            headers,
+            body,
+            retry: config.retry,
+            idle_timeout: config.idle_timeout,
+            notice: self.notice.clone(),
+            base_url,
+            key_env: config.api_key_env.clone(),
+            key,
+            request: RequestIds::of(request),
+        })
+    }
+}
+
+impl Model for OpenAiModel {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
+        match self.call(&request) {
+            Ok(call) => http::start::<ChatDecoder>(call, cancel),
+            Err(failure) => http::failed(failure),
+        }
+    }
+}
+
+/// The texts of the blocks of one kind (`text`, `reasoning`), joined.
+fn joined(blocks: &[Value], kind: &str, separator: &str) -> String {
+    blocks
+        .iter()
+        .filter(|b| b["type"] == kind)
+        .filter_map(|b| b["text"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join(separator)
+}
+
+fn blocks_of(message: &Value) -> &[Value] {
+    message["content"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// A user message that starts a turn (or steers it): any user message but a tool result.
+fn is_prompt(message: &Value) -> bool {
+    message["role"] == "user"
+        && !blocks_of(message)
+            .iter()
+            .any(|b| b["type"] == "tool-result")
+}
+
+/// Raw JSON arguments as the API wants them (a JSON text, `{}` when empty).
+fn arguments_text(arguments: &Value) -> String {
+    match arguments {
+        Value::String(text) if !text.trim().is_empty() => text.clone(),
+        Value::String(_) | Value::Null => "{}".into(),
+        other => other.to_string(),
+    }
+}
+
+/// dsh messages as Chat Completions messages.
+fn chat_messages(request: &ModelRequest, deepseek: bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    if !request.system.is_empty() {
+        out.push(json!({"role": "system", "content": request.system}));
+    }
+    // DeepSeek wants the reasoning of the current turn's tool-call steps back, and only those.
+    let turn_start = request.messages.iter().rposition(is_prompt);
+    for (position, message) in request.messages.iter().enumerate() {
+        let blocks = blocks_of(message);
+        match message["role"].as_str() {
+            Some("assistant") => {
+                let text = joined(blocks, "text", "\n");
+                let calls: Vec<Value> = blocks
+                    .iter()
+                    .filter(|b| b["type"] == "tool-call")
+                    .map(|b| {
+                        json!({
+                            "id": b["id"],
+                            "type": "function",
+                            "function": {"name": b["name"], "arguments": arguments_text(&b["arguments"])},
+                        })
+                    })
+                    .collect();
+                if text.is_empty() && calls.is_empty() {
+                    continue;
+                }
+                let content = if text.is_empty() {
+                    Value::Null
+                } else {
+                    Value::String(text)
+                };
+                let mut entry = json!({"role": "assistant", "content": content});
+                let reasoning = joined(blocks, "reasoning", "");
+                let current_turn = turn_start.is_none_or(|start| position > start);
+                if deepseek && current_turn && !calls.is_empty() && !reasoning.is_empty() {
+                    entry["reasoning_content"] = reasoning.into();
+                }
+                if !calls.is_empty() {
+                    entry["tool_calls"] = calls.into();
+                }
+                out.push(entry);
+            }
+            Some("system") => {
+                let text = joined(blocks, "text", "\n");
+                if !text.is_empty() {
+                    out.push(json!({"role": "system", "content": text}));
+                }
+            }
+            _ => {
+                for result in blocks.iter().filter(|b| b["type"] == "tool-result") {
+                    let content = joined(blocks_of(result), "text", "\n");
+                    out.push(json!({
+                        "role": "tool",
+                        "tool_call_id": result["toolCallId"],
+                        "content": content,
+                    }));
+                }
+                let text = joined(blocks, "text", "\n");
+                if !text.is_empty() {
+                    out.push(json!({"role": "user", "content": text}));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The text or reasoning block being streamed.
+struct OpenBlock {
+    index: u64,
+    reasoning: bool,
+    text: String,
+}
+
+/// A tool call being assembled from its deltas.
+struct PendingCall {
+    /// The call's `index` in the provider's deltas.
+    key: u64,
+    /// Our block index.
+    index: u64,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Chat Completions SSE → dsh chunks.
+#[derive(Default)]
+struct ChatDecoder {
+    next_index: u64,
+    open: Option<OpenBlock>,
+    /// Tool calls stay open until the finish (deltas of parallel calls may interleave).
+    calls: Vec<PendingCall>,
+    finish_reason: Option<String>,
+    usage: Option<Value>,
+}
+
+impl ChatDecoder {
+    fn close_open(&mut self, out: &mut Vec<StreamChunk>) {
+        if let Some(block) = self.open.take() {
+            let kind = if block.reasoning { "reasoning" } else { "text" };
+            out.push(StreamChunk::BlockEnd {
+                index: block.index,
+                block: json!({"type": kind, "text": block.text}),
+            });
+        }
+    }
+
+    fn new_index(&mut self) -> u64 {
+        let index = self.next_index;
+        self.next_index += 1;
+        index
+    }
+
+    fn text(&mut self, piece: &str, reasoning: bool, out: &mut Vec<StreamChunk>) {
+        if piece.is_empty() {
+            return;
+        }
+        if self.open.as_ref().is_none_or(|b| b.reasoning != reasoning) {
+            self.close_open(out);
+            let index = self.new_index();
+            let kind = if reasoning { "reasoning" } else { "text" };
+            out.push(StreamChunk::BlockStart {
+                index,
+                block_type: kind.into(),
+            });
+            self.open = Some(OpenBlock {
+                index,
+                reasoning,
+                text: String::new(),
+            });
+        }
+        if let Some(block) = &mut self.open {
+            block.text.push_str(piece);
+            let (index, text) = (block.index, piece.to_string());
+            out.push(if reasoning {
+                StreamChunk::ReasoningDelta { index, text }
+            } else {
+                StreamChunk::TextDelta { index, text }
+            });
+        }
+    }
+
+    fn tool_call(&mut self, position: usize, delta: &Value, out: &mut Vec<StreamChunk>) {
+        let key = delta["index"].as_u64().unwrap_or(position as u64);
+        let name_piece = delta["function"]["name"].as_str().unwrap_or_default();
+        let arguments_piece = match &delta["function"]["arguments"] {
+            Value::String(text) => text.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        if let Some(call) = self.calls.iter_mut().find(|c| c.key == key) {
+            call.arguments.push_str(&arguments_piece);
+            // Some servers repeat the name on every delta: only the first one counts.
+            let name = (call.name.is_empty() && !name_piece.is_empty()).then(|| {
+                call.name = name_piece.to_string();
+                call.name.clone()
+            });
+            if name.is_some() || !arguments_piece.is_empty() {
+                out.push(StreamChunk::ToolCallDelta {
+                    index: call.index,
+                    id: call.id.clone(),
+                    name,
+                    arguments_delta: arguments_piece,
+                });
+            }
+            return;
+        }
+        self.close_open(out);
+        let index = self.new_index();
+        let id = delta["id"]
+            .as_str()
+            .filter(|id| !id.is_empty())
+            .map_or_else(
+                || format!("call_{}", uuid::Uuid::new_v4().simple()),
+                str::to_string,
+            );
+        out.push(StreamChunk::BlockStart {
+            index,
+            block_type: "tool-call".into(),
+        });
+        out.push(StreamChunk::ToolCallDelta {
+            index,
+            id: id.clone(),
+            name: Some(name_piece.to_string()),
+            arguments_delta: arguments_piece.clone(),
+        });
+        self.calls.push(PendingCall {
+            key,
+            index,
+            id,
+            name: name_piece.to_string(),
+            arguments: arguments_piece,
+        });
+    }
+
+    /// Closes the blocks and appends usage and the finish.
+    fn finish(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), AttemptError> {
+        let reason = self.finish_reason.take().unwrap_or_default();
+        if reason == "insufficient_system_resource" {
+            return Err(AttemptError::new(
+                http::SERVER_ERROR,
+                "the provider ran out of capacity mid-response (finish_reason insufficient_system_resource)",
+            ));
+        }
+        if self.next_index == 0 && reason != "length" {
+            return Err(http::empty_response());
+        }
+        self.close_open(out);
+        let has_calls = !self.calls.is_empty();
+        for call in self.calls.drain(..) {
+            let arguments = if call.arguments.trim().is_empty() {
+                "{}".to_string()
+            } else {
+                call.arguments
+            };
+            out.push(StreamChunk::BlockEnd {
+                index: call.index,
+                block: json!({"type": "tool-call", "id": call.id, "name": call.name, "arguments": arguments}),
+            });
+        }
+        if let Some(usage) = self.usage.take() {
+            out.push(StreamChunk::Usage { usage });
+        }
+        let reason = match reason.as_str() {
+            "length" => FinishReason::MaxTokens,
+            "content_filter" => FinishReason::Error {
+                failure: Failure::new(
+                    "the provider's content filter stopped the response",
+                    http::CONTENT_FILTERED,
+                ),
+            },
+            _ if has_calls => FinishReason::ToolCalls,
+            _ => FinishReason::Stop,
+        };
+        out.push(StreamChunk::Finish {
+            reason,
+            replay_state: None,
+        });
+        Ok(())
+    }
+}
+
+/// Chat Completions usage as dsh usage.
+fn dsh_usage(usage: &Value) -> Value {
+    let mut mapped = json!({
+        "inputTokens": usage["prompt_tokens"].as_u64().unwrap_or(0),
+        "outputTokens": usage["completion_tokens"].as_u64().unwrap_or(0),
+    });
+    let cached = usage["prompt_cache_hit_tokens"]
+        .as_u64()
+        .or_else(|| usage["prompt_tokens_details"]["cached_tokens"].as_u64());
+    if let Some(cached) = cached {
+        mapped["cacheReadTokens"] = cached.into();
+    }
+    if let Some(reasoning) = usage["completion_tokens_details"]["reasoning_tokens"].as_u64() {
+        mapped["reasoningTokens"] = reasoning.into();
+    }
+    mapped
+}
+
+impl Decoder for ChatDecoder {
+    fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<bool, AttemptError> {
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            self.finish(out)?;
+            return Ok(true);
+        }
+        if data.is_empty() {
+            return Ok(false);
+        }
+        let value: Value = serde_json::from_str(data).map_err(|e| http::unreadable(data, &e))?;
+        if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+            return Err(http::stream_error(error));
+        }
+        if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(dsh_usage(usage));
+        }
+        for choice in value["choices"].as_array().into_iter().flatten() {
+            if choice["index"].as_u64().unwrap_or(0) != 0 {
+                continue;
+            }
+            let delta = &choice["delta"];
+            let reasoning = delta["reasoning_content"]
+                .as_str()
+                .or_else(|| delta["reasoning"].as_str())
+                .unwrap_or_default();
+            self.text(reasoning, true, out);
+            self.text(delta["content"].as_str().unwrap_or_default(), false, out);
+            for (position, call) in delta["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                self.tool_call(position, call, out);
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                self.finish_reason = Some(reason.to_string());
+            }
+        }
+        Ok(false)
+    }
+
+    fn end(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), AttemptError> {
+        // Some servers close the stream after the finish without `[DONE]`: that is complete.
+        if self.finish_reason.is_none() {
+            return Err(http::incomplete());
+        }
+        self.finish(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModelRoute, ToolSchema};
+
+    fn request(messages: Vec<Value>) -> ModelRequest {
+        ModelRequest {
+            session_id: "s".into(),
+            turn: 2,
+            step: 2,
+            cwd: None,
+            route: ModelRoute {
+                provider: "deepseek".into(),
+                model: "deepseek-v4-flash".into(),
+            },
+            system: "sys".into(),
+            messages,
+            tools: vec![ToolSchema {
+                name: "read".into(),
+                description: "Read a file".into(),
+                parameters: json!({"type": "object"}),
+            }],
+        }
+    }
+
+    fn decode(events: &[&str]) -> Result<Vec<StreamChunk>, String> {
+        let mut decoder = ChatDecoder::default();
+        let mut out = Vec::new();
+        for data in events {
+            let event = Event {
+                data: (*data).to_string(),
+                ..Event::default()
+            };
+            if decoder
+                .event(&event, &mut out)
+                .map_err(|e| e.failure.code)?
+            {
+                return Ok(out);
+            }
+        }
+        decoder.end(&mut out).map_err(|e| e.failure.code)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn reasoning_goes_back_only_for_the_current_turns_tool_steps() {
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "one"}], "source": {"kind": "user"}}),
+            json!({"role": "assistant", "content": [{"type": "reasoning", "text": "old"}, {"type": "tool-call", "id": "a", "name": "read", "arguments": "{}"}]}),
+            json!({"role": "user", "source": {"kind": "tool", "callId": "a"}, "content": [{"type": "tool-result", "toolCallId": "a", "content": [{"type": "text", "text": "r1"}], "isError": false}]}),
+            json!({"role": "assistant", "content": [{"type": "reasoning", "text": "old2"}, {"type": "text", "text": "done"}]}),
+            json!({"role": "user", "content": [{"type": "text", "text": "two"}], "source": {"kind": "user"}}),
+            json!({"role": "assistant", "content": [{"type": "reasoning", "text": "new"}, {"type": "tool-call", "id": "b", "name": "read", "arguments": ""}]}),
+            json!({"role": "user", "source": {"kind": "tool", "callId": "b"}, "content": [{"type": "tool-result", "toolCallId": "b", "content": [{"type": "text", "text": "r2"}], "isError": true}]}),
+        ];
+        let got = chat_messages(&request(messages), true);
+        assert_eq!(
+            got,
+            vec![
+                json!({"role": "system", "content": "sys"}),
+                json!({"role": "user", "content": "one"}),
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "a", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "a", "content": "r1"}),
+                json!({"role": "assistant", "content": "done"}),
+                json!({"role": "user", "content": "two"}),
+                json!({"role": "assistant", "content": null, "reasoning_content": "new", "tool_calls": [{"id": "b", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "b", "content": "r2"}),
+            ]
+        );
+    }
+
+    #[test]
+    fn finish_without_done_completes_but_no_finish_is_incomplete() {
+        let text = r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#;
+        let stop = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
+        let chunks = decode(&[text, stop]).unwrap();
+        assert_eq!(
+            chunks.last(),
+            Some(&StreamChunk::Finish {
+                reason: FinishReason::Stop,
+                replay_state: None
+            })
+        );
+        assert_eq!(decode(&[text]), Err(http::STREAM_INCOMPLETE.to_string()));
+        assert_eq!(
+            decode(&[stop, "[DONE]"]),
+            Err(http::EMPTY_RESPONSE.to_string())
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! Picks the HTTP model client for a route's provider: the built-in `deepseek`, `openai` and
+//! `anthropic` routes, or a named compatible endpoint from the config file (which wins over a
+//! built-in of the same name). Keys are read from the environment here, but a missing key only
+//! fails the first model call, so `kin acp` starts without one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::anthropic::{AnthropicConfig, AnthropicModel, DEFAULT_MAX_TOKENS};
+use super::http::{RetryNotice, RetryPolicy};
+use super::openai::{OpenAiConfig, OpenAiModel};
+use super::{Model, ModelRoute};
+
+/// The providers kin knows without configuration.
+pub const BUILTIN_PROVIDERS: [&str; 3] = ["deepseek", "openai", "anthropic"];
+
+/// Which wire protocol a named provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProviderKind {
+    /// OpenAI-compatible Chat Completions (`{base_url}/chat/completions`).
+    #[default]
+    OpenAi,
+    /// Anthropic Messages (`{base_url}/v1/messages`).
+    Anthropic,
+}
+
+/// A compatible endpoint declared in the config file, used as `name/model`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedProvider {
+    pub name: String,
+    pub base_url: String,
+    /// The variable holding the key; None for servers that need no key (Ollama, llama.cpp).
+    pub api_key_env: Option<String>,
+    /// Headers sent with every request.
+    pub headers: Vec<(String, String)>,
+    pub kind: ProviderKind,
+}
+
+/// The model settings of the config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSettings {
+    /// Maximum output tokens per call (Anthropic defaults to 8192; others to the server's).
+    pub max_tokens: Option<u32>,
+    /// `reasoning_effort` (OpenAI-compatible), the thinking switch (`off`, DeepSeek) or the
+    /// thinking budget (Anthropic).
+    pub reasoning_effort: Option<String>,
+    pub retry: RetryPolicy,
+    /// A stream silent for this long fails the attempt (retryable `TIMEOUT`).
+    pub idle_timeout_secs: u64,
+    pub providers: Vec<NamedProvider>,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        ModelSettings {
+            max_tokens: None,
+            reasoning_effort: None,
+            retry: RetryPolicy::default(),
+            idle_timeout_secs: 300,
+            providers: Vec::new(),
+        }
+    }
+}
+
+/// The client for `route`, without retry notices.
+pub fn model_for_route(
+    route: &ModelRoute,
+    settings: &ModelSettings,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn Model>, String> {
+    model_for_route_with_notice(route, settings, env, None)
+}
+
+/// The client for `route`; `notice` hears about every retry of every call.
+pub fn model_for_route_with_notice(
+    route: &ModelRoute,
+    settings: &ModelSettings,
+    env: &dyn Fn(&str) -> Option<String>,
+    notice: Option<RetryNotice>,
+) -> Result<Arc<dyn Model>, String> {
+    let idle_timeout = Duration::from_secs(settings.idle_timeout_secs.max(1));
+    let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    let (openai, anthropic) = match settings.providers.iter().find(|p| p.name == route.provider) {
+        Some(named) => {
+            let api_key = named.api_key_env.as_deref().and_then(set);
+            match named.kind {
+                ProviderKind::OpenAi => {
+                    let mut config =
+                        OpenAiConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
+                    config.api_key = api_key;
+                    config.extra_headers = named.headers.clone();
+                    config.deepseek = named.base_url.contains("deepseek");
+                    (Some(config), None)
+                }
+                ProviderKind::Anthropic => {
+                    let mut config =
+                        AnthropicConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
+                    config.api_key = api_key;
+                    config.extra_headers = named.headers.clone();
+                    (None, Some(config))
+                }
+            }
+        }
+        None => match route.provider.as_str() {
+            "deepseek" => (Some(OpenAiConfig::deepseek(env)), None),
+            "openai" => (Some(OpenAiConfig::openai(env)), None),
+            "anthropic" => (None, Some(AnthropicConfig::anthropic(env))),
+            other => {
+                let mut known: Vec<&str> = BUILTIN_PROVIDERS.to_vec();
+                known.extend(settings.providers.iter().map(|p| p.name.as_str()));
+                return Err(format!(
+                    "unknown model provider {other:?} in route {route}; known providers: {} (declare others under [[providers]] in the config file)",
+                    known.join(", ")
+                ));
+            }
+        },
+    };
+    let model: Arc<dyn Model> = match (openai, anthropic) {
+        (Some(mut config), _) => {
+            config.max_tokens = settings.max_tokens;
+            config.reasoning_effort = settings.reasoning_effort.clone();
+            config.retry = settings.retry;
+            config.idle_timeout = idle_timeout;
+            let model = OpenAiModel::new(config)?;
+            Arc::new(match notice {
+                Some(notice) => model.with_retry_notice(notice),
+                None => model,
+            })
+        }
+        (None, Some(mut config)) => {
+            config.max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+            config.reasoning_effort = settings.reasoning_effort.clone();
+            config.retry = settings.retry;
+            config.idle_timeout = idle_timeout;
+            let model = AnthropicModel::new(config)?;
+            Arc::new(match notice {
+                Some(notice) => model.with_retry_notice(notice),
+                None => model,
+            })
+        }
+        (None, None) => return Err(format!("no client for route {route}")),
+    };
+    Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(text: &str) -> ModelRoute {
+        ModelRoute::parse(text).unwrap()
+    }
+
+    #[test]
+    fn unknown_providers_are_named_with_the_known_ones() {
+        let settings = ModelSettings {
+            providers: vec![NamedProvider {
+                name: "local".into(),
+                base_url: "http://127.0.0.1:11434/v1".into(),
+                api_key_env: None,
+                headers: Vec::new(),
+                kind: ProviderKind::OpenAi,
+            }],
+            ..ModelSettings::default()
+        };
+        let err = model_for_route(&route("nope/m"), &settings, &|_| None)
+            .err()
+            .unwrap();
+        assert!(err.contains("\"nope\""), "{err}");
+        assert!(err.contains("deepseek, openai, anthropic, local"), "{err}");
+    }
+
+    #[test]
+    fn routes_build_without_keys() {
+        let settings = ModelSettings::default();
+        for text in [
+            "deepseek/deepseek-v4-flash",
+            "openai/gpt-5",
+            "anthropic/claude-x",
+        ] {
+            assert!(model_for_route(&route(text), &settings, &|_| None).is_ok());
+        }
+    }
+}
