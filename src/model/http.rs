@@ -233,14 +233,15 @@ impl RequestIds {
 
 /// A failed attempt: the failure and the server's requested wait, if any.
 pub(crate) struct AttemptError {
-    pub failure: Failure,
+    /// Boxed: the error travels through every parser result and should stay small.
+    pub failure: Box<Failure>,
     pub retry_after: Option<Duration>,
 }
 
 impl AttemptError {
     pub(crate) fn new(code: &str, message: impl Into<String>) -> Self {
         AttemptError {
-            failure: Failure::new(message, code),
+            failure: Box::new(Failure::new(message, code)),
             retry_after: None,
         }
     }
@@ -346,7 +347,7 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
             );
             let _ = tx
                 .send(Ok(StreamChunk::Finish {
-                    reason: FinishReason::Error { failure },
+                    reason: FinishReason::Error { failure: *failure },
                     replay_state: None,
                 }))
                 .await;
@@ -362,7 +363,7 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
                 "model call failed: {}",
                 failure.message
             );
-            let _ = tx.send(Err(failure)).await;
+            let _ = tx.send(Err(*failure)).await;
             return;
         }
         let delay = call.retry.delay(attempt, error.retry_after);
