@@ -15,6 +15,8 @@ use crate::config::Config;
 use crate::model::replay::ReplayModel;
 use crate::model::script::{ReplayEntry, play};
 use crate::model::{ChunkStream, Model, ModelRequest};
+use crate::permission::{PermissionMode, PermissionPrompt, Permissions};
+use crate::prompt::{self, PromptSettings};
 use crate::session::{
     Event, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms,
 };
@@ -22,6 +24,7 @@ use crate::subagent::inprocess::{ChildFactory, ChildSpec, InProcessProvider};
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
 use crate::tools::ToolRegistry;
+use crate::tools::files::FileAccess;
 
 /// A request the caller got wrong (maps to invalid params) or a failure of kin itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +46,15 @@ impl std::error::Error for RuntimeError {}
 struct Live {
     handle: AgentHandle,
     prompt_in_flight: Arc<AtomicBool>,
+    permissions: Arc<Permissions>,
+}
+
+/// What the connected client (the editor) offers top-level sessions: a way to ask the user for
+/// permission, and its view of files. Set by the protocol layer at `initialize`.
+#[derive(Clone, Default)]
+pub struct ClientLink {
+    pub prompt: Option<Arc<dyn PermissionPrompt>>,
+    pub files: Option<Arc<dyn FileAccess>>,
 }
 
 /// The sessions of one process.
@@ -54,6 +66,7 @@ pub struct Runtime {
     tools: ToolRegistry,
     subagents: Arc<SubagentService>,
     live: Mutex<HashMap<String, Live>>,
+    client: Mutex<ClientLink>,
 }
 
 /// A model for routes kin cannot reach yet: every call fails with a clear message.
@@ -110,13 +123,6 @@ impl ChildFactory for Runtime {
             extra_tools,
         } = spec;
         let depth = header.delegation_depth;
-        let mut session = self
-            .store
-            .create_seeded(header, seed)
-            .map_err(|e| infra(e.to_string()))?;
-        session
-            .flush()
-            .map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
@@ -124,14 +130,30 @@ impl ChildFactory for Runtime {
         for tool in extra_tools {
             tools.register(tool);
         }
+        // Children run ungated for now (no permissions, no editor): their file tools keep the
+        // workspace check, and their prompt is built fresh (not recorded).
+        let cwd = header.cwd.as_deref().map(Path::new);
+        let system = self
+            .build_prompt(cwd, &tools.names(), persona.as_deref())
+            .map_err(infra)?;
+        let mut session = self
+            .store
+            .create_seeded(header, seed)
+            .map_err(|e| infra(e.to_string()))?;
+        session
+            .flush()
+            .map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
         let deps = AgentDeps {
             model: self.model.clone(),
             tools,
             route,
-            system: self.system_prompt(persona.as_deref()),
+            system,
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
             depth,
+            permissions: None,
+            prompt: None,
+            file_access: None,
         };
         Ok(spawn_agent(session, deps))
     }
@@ -185,6 +207,7 @@ impl Runtime {
                 tools,
                 subagents: subagents.clone(),
                 live: Mutex::new(HashMap::new()),
+                client: Mutex::new(ClientLink::default()),
             }
         });
         if runtime.config.replay.is_some() {
@@ -209,15 +232,58 @@ impl Runtime {
         &self.store
     }
 
-    fn deps(&self) -> AgentDeps {
+    /// What a top-level session's agent runs with.
+    fn deps(&self, permissions: &Arc<Permissions>, system: String) -> AgentDeps {
+        let client = self.client();
         AgentDeps {
             model: self.model.clone(),
             tools: self.tools.clone(),
             route: self.config.model.clone(),
-            system: self.system_prompt(None),
+            system,
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
             depth: 0,
+            permissions: Some(permissions.clone()),
+            prompt: client.prompt,
+            file_access: client.files,
+        }
+    }
+
+    /// Connects the client (the editor): sessions created or loaded from now on ask it for
+    /// permission and read and write files through it.
+    pub fn connect_client(&self, link: ClientLink) {
+        *self
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = link;
+    }
+
+    fn client(&self) -> ClientLink {
+        self.client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The permission mode of a live session.
+    pub fn permission_mode(&self, session_id: &str) -> Option<PermissionMode> {
+        self.live().get(session_id).map(|l| l.permissions.mode())
+    }
+
+    /// Changes the permission mode of a live session (it applies to the next tool call).
+    pub fn set_permission_mode(
+        &self,
+        session_id: &str,
+        mode: PermissionMode,
+    ) -> Result<(), RuntimeError> {
+        match self.live().get(session_id) {
+            Some(entry) => {
+                entry.permissions.set_mode(mode);
+                Ok(())
+            }
+            None => Err(RuntimeError::InvalidParams(format!(
+                "unknown session: {session_id}"
+            ))),
         }
     }
 
@@ -239,34 +305,75 @@ impl Runtime {
                 cwd.display()
             )));
         }
+        let (system, record) = self.session_prompt(cwd)?;
         let id = self.mint_session_id();
         let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
         let mut session = self
             .store
             .create(header)
             .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        if record {
+            session.append(prompt::EVENT, json!({ "text": system }));
+        }
         // The session exists on disk before the client learns its id.
         session
             .flush()
             .map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
         session.add_observer(observer);
-        let handle = spawn_agent(session, self.deps());
-        self.live().insert(
-            id.clone(),
-            Live {
-                handle,
-                prompt_in_flight: Arc::new(AtomicBool::new(false)),
-            },
-        );
+        self.start(session, system);
         Ok(id)
     }
 
-    /// The system prompt, with a persona section for children that have one.
-    fn system_prompt(&self, persona: Option<&str>) -> String {
-        match persona {
-            Some(persona) => format!("# Persona\n\n{persona}"),
-            None => String::new(),
+    /// Starts the agent of a top-level session in the configured permission mode.
+    fn start(&self, session: crate::session::Session, system: String) {
+        let id = session.id().to_string();
+        let permissions = Arc::new(Permissions::new(self.config.permission_mode));
+        let handle = spawn_agent(session, self.deps(&permissions, system));
+        self.live().insert(
+            id,
+            Live {
+                handle,
+                prompt_in_flight: Arc::new(AtomicBool::new(false)),
+                permissions,
+            },
+        );
+    }
+
+    /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
+    /// prompt in replay (recorded), else the built prompt (recorded, except in replay, where it
+    /// would make transcripts depend on the date).
+    fn session_prompt(&self, cwd: &Path) -> Result<(String, bool), RuntimeError> {
+        let pinned = self.config.replay.as_deref().map(prompt::pinned);
+        if let Some(Some(text)) = pinned {
+            return Ok((text.replace("{{cwd}}", &cwd.display().to_string()), true));
         }
+        let built = self
+            .build_prompt(
+                Some(cwd),
+                &self.tools.names(),
+                self.config.persona.as_deref(),
+            )
+            .map_err(RuntimeError::Internal)?;
+        Ok((built, pinned.is_none()))
+    }
+
+    /// The built system prompt for a workspace and tools, with a persona section when one is
+    /// given.
+    fn build_prompt(
+        &self,
+        cwd: Option<&Path>,
+        tools: &[String],
+        persona: Option<&str>,
+    ) -> Result<String, String> {
+        let date = prompt::today();
+        prompt::build(&PromptSettings {
+            cwd,
+            mode: self.config.permission_mode,
+            tools,
+            persona,
+            system_prompt_file: self.config.system_prompt_file.as_deref(),
+            date: &date,
+        })
     }
 
     /// A new session id: the model's pinned id (replay) unless already used, else a UUID.
@@ -356,15 +463,18 @@ impl Runtime {
             )));
         }
         let events = session.events().to_vec();
+        // A resumed session keeps the prompt it was created with.
+        let system = match prompt::recorded(&events) {
+            Some(text) => text,
+            None => {
+                let cwd = session.header.cwd.as_deref().map(Path::new);
+                let tools = self.tools.names();
+                self.build_prompt(cwd, &tools, self.config.persona.as_deref())
+                    .map_err(RuntimeError::Internal)?
+            }
+        };
         session.add_observer(observer);
-        let handle = spawn_agent(session, self.deps());
-        self.live().insert(
-            session_id.to_string(),
-            Live {
-                handle,
-                prompt_in_flight: Arc::new(AtomicBool::new(false)),
-            },
-        );
+        self.start(session, system);
         Ok(events)
     }
 
