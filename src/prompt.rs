@@ -110,7 +110,7 @@ fn built(settings: &PromptSettings<'_>) -> String {
     );
     let guidance: Vec<&str> = TOOL_GUIDANCE
         .iter()
-        .filter(|(name, _)| settings.tools.iter().any(|t| t == name))
+        .filter(|(name, _)| settings.tools.iter().any(|t| t.as_str() == *name))
         .map(|(_, text)| *text)
         .collect();
     if !guidance.is_empty() {

@@ -31,16 +31,17 @@ pub const REJECT_ALWAYS: &str = "reject-always";
 /// The client link for a connection whose client advertised these file capabilities.
 pub fn link(cx: &ConnectionTo<Client>, read_text_file: bool, write_text_file: bool) -> ClientLink {
     let files: Option<Arc<dyn FileAccess>> = if read_text_file || write_text_file {
-        Some(Arc::new(EditorFiles {
+        let editor = EditorFiles {
             cx: cx.clone(),
             read: read_text_file,
             write: write_text_file,
-        }))
+        };
+        Some(Arc::new(editor) as Arc<dyn FileAccess>)
     } else {
         None
     };
     ClientLink {
-        prompt: Some(Arc::new(EditorPrompt { cx: cx.clone() })),
+        prompt: Some(Arc::new(EditorPrompt { cx: cx.clone() }) as Arc<dyn PermissionPrompt>),
         files,
     }
 }

@@ -1307,7 +1307,7 @@ mod tests {
             .unwrap()
             .insert(path.clone(), "unsaved buffer\n".into());
         let mut ctx = f.ctx();
-        ctx.file_access = Some(buffers.clone());
+        ctx.file_access = Some(buffers.clone() as Arc<dyn FileAccess>);
         let out = ReadTool::new(f.files.clone())
             .execute(json!({"file_path": "a.txt"}), ctx.clone())
             .await
