@@ -127,6 +127,9 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
         max_steps: 5,
         max_parallel_tools: 1,
         depth: 0,
+        permissions: None,
+        prompt: None,
+        file_access: None,
     };
     let agent = spawn_agent(session, deps);
     let mut times = Vec::with_capacity(turns);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::Overrides;
+use crate::permission::PermissionMode;
 
 #[derive(Debug, Parser)]
 #[command(name = "kin", version, about = "An ACP agent daemon with durable, continuable child agents")]
@@ -59,6 +60,10 @@ pub struct AcpArgs {
     /// Keyless mode: serve model calls from the recorded logs of this scenario directory.
     #[arg(long, value_name = "DIR")]
     pub replay: Option<PathBuf>,
+    /// Permission mode sessions start in: ask, accept-edits, read-only or bypass (default:
+    /// $KIN_PERMISSION_MODE, the config file, ask).
+    #[arg(long, value_name = "MODE", value_parser = PermissionMode::parse_arg)]
+    pub permission_mode: Option<PermissionMode>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -111,6 +116,7 @@ impl Cli {
             o.model = acp.model.clone();
             o.log_file = acp.log_file.clone();
             o.replay = acp.replay.clone();
+            o.permission_mode = acp.permission_mode;
         }
         o
     }

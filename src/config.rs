@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 
 use crate::model::ModelRoute;
+use crate::permission::PermissionMode;
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 
 /// The default model route.
@@ -21,6 +22,7 @@ pub struct Overrides {
     pub model: Option<String>,
     pub log_file: Option<PathBuf>,
     pub replay: Option<PathBuf>,
+    pub permission_mode: Option<PermissionMode>,
 }
 
 /// Everything kin runs with.
@@ -36,6 +38,13 @@ pub struct Config {
     /// Where the settings came from, for `--help`-style diagnostics.
     pub config_file: Option<PathBuf>,
     pub subagents: SubagentSettings,
+    /// The permission mode new and loaded sessions start in.
+    pub permission_mode: PermissionMode,
+    /// A `# Persona` section added to every top-level session's system prompt.
+    pub persona: Option<String>,
+    /// A file whose text replaces the built system prompt (relative paths: against the config
+    /// file's directory).
+    pub system_prompt_file: Option<PathBuf>,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -78,6 +87,9 @@ struct FileConfig {
     sessions_dir: Option<PathBuf>,
     model: Option<String>,
     log_file: Option<PathBuf>,
+    permission_mode: Option<String>,
+    persona: Option<String>,
+    system_prompt_file: Option<PathBuf>,
     #[serde(default)]
     agent: AgentSection,
     #[serde(default)]
@@ -151,6 +163,22 @@ impl Config {
             anyhow::bail!("{}: key `agent.max_parallel_tools` must be a positive integer", where_());
         }
         let subagents = resolve_subagents(file.subagents, &where_())?;
+        let permission_mode = match (flags.permission_mode, env("KIN_PERMISSION_MODE")) {
+            (Some(mode), _) => mode,
+            (None, Some(id)) => {
+                PermissionMode::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_PERMISSION_MODE: {e}"))?
+            }
+            (None, None) => match &file.permission_mode {
+                Some(id) => PermissionMode::parse_arg(id)
+                    .map_err(|e| anyhow::anyhow!("{}: key `permission_mode`: {e}", where_()))?,
+                None => PermissionMode::default(),
+            },
+        };
+        let system_prompt_file =
+            file.system_prompt_file.map(|path| match config_file.as_deref().and_then(Path::parent) {
+                Some(dir) if path.is_relative() => dir.join(path),
+                _ => path,
+            });
         Ok(Config {
             subagents,
             sessions_dir,
@@ -160,6 +188,9 @@ impl Config {
             max_steps,
             max_parallel_tools,
             config_file,
+            permission_mode,
+            persona: file.persona,
+            system_prompt_file,
         })
     }
 }
@@ -260,6 +291,33 @@ mod tests {
         let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
         assert!(err.contains(&file.display().to_string()), "{err}");
         assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn permission_mode_and_prompt_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "permission_mode = \"read-only\"\npersona = \"Be terse.\"\nsystem_prompt_file = \"prompt.md\"\n",
+        )
+        .unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let c = Config::resolve(&flags, &home).unwrap();
+        assert_eq!(c.permission_mode, PermissionMode::ReadOnly);
+        assert_eq!(c.persona.as_deref(), Some("Be terse."));
+        assert_eq!(c.system_prompt_file, Some(dir.path().join("prompt.md")));
+        let env = env_of(&[("HOME", "/h"), ("KIN_PERMISSION_MODE", "bypass")]);
+        assert_eq!(Config::resolve(&flags, &env).unwrap().permission_mode, PermissionMode::Bypass);
+        let flagged = Overrides { permission_mode: Some(PermissionMode::AcceptEdits), ..flags.clone() };
+        assert_eq!(Config::resolve(&flagged, &env).unwrap().permission_mode, PermissionMode::AcceptEdits);
+        let defaults = Config::resolve(&Overrides::default(), &home).unwrap();
+        assert_eq!(defaults.permission_mode, PermissionMode::Ask);
+        std::fs::write(&file, "permission_mode = \"yolo\"\n").unwrap();
+        let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+        assert!(err.contains("permission_mode") && err.contains("\"yolo\""), "{err}");
+        assert!(err.contains("accept-edits"), "{err}");
     }
 
     #[test]

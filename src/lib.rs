@@ -1,7 +1,8 @@
 //! kin: an Agent Client Protocol daemon hosting an LLM agent loop with tools and durable child
 //! agents. Reading order: `session` (the on-disk log), `model` (the model seam), `tools`,
-//! `agent` (the turn loop), `runtime` (live sessions), `acp` (the protocol boundary), `scenario`
-//! (keyless replay), then the CLI glue (`cli`, `config`, `commands`). See ARCHITECTURE.md.
+//! `permission` (the gate in front of tool calls), `prompt` (the system prompt), `agent` (the
+//! turn loop), `runtime` (live sessions), `acp` (the protocol boundary), `scenario` (keyless
+//! replay), then the CLI glue (`cli`, `config`, `commands`). See ARCHITECTURE.md.
 
 pub mod acp;
 pub mod agent;
@@ -10,6 +11,8 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod model;
+pub mod permission;
+pub mod prompt;
 pub mod runtime;
 pub mod scenario;
 pub mod session;

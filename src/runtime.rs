@@ -15,12 +15,15 @@ use crate::config::Config;
 use crate::model::replay::ReplayModel;
 use crate::model::script::{ReplayEntry, play};
 use crate::model::{ChunkStream, Model, ModelRequest};
+use crate::permission::{PermissionMode, PermissionPrompt, Permissions};
+use crate::prompt::{self, PromptSettings};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use crate::subagent::inprocess::{ChildFactory, ChildSetup, InProcessProvider};
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
+use crate::tools::files::FileAccess;
 use crate::tools::{Tool, ToolRegistry};
 
 /// A request the caller got wrong (maps to invalid params) or a failure of kin itself.
@@ -43,6 +46,15 @@ impl std::error::Error for RuntimeError {}
 struct Live {
     handle: AgentHandle,
     prompt_in_flight: Arc<AtomicBool>,
+    permissions: Arc<Permissions>,
+}
+
+/// What the connected client (the editor) offers top-level sessions: a way to ask the user for
+/// permission, and its view of files. Set by the protocol layer at `initialize`.
+#[derive(Clone, Default)]
+pub struct ClientLink {
+    pub prompt: Option<Arc<dyn PermissionPrompt>>,
+    pub files: Option<Arc<dyn FileAccess>>,
 }
 
 /// The sessions of one process.
@@ -57,6 +69,7 @@ pub struct Runtime {
     live: Mutex<HashMap<String, Live>>,
     /// Live child agents (subagents), by session id.
     children: Mutex<HashMap<String, AgentHandle>>,
+    client: Mutex<ClientLink>,
 }
 
 /// A model for routes kin cannot reach yet: every call fails with a clear message.
@@ -113,14 +126,25 @@ impl ChildFactory for Runtime {
         for tool in extra_tools {
             tools.register(tool);
         }
+        // Children run ungated for now (no permissions, no editor): their file tools keep the
+        // workspace check, and their prompt is built fresh (not recorded).
+        let cwd = session.header.cwd.clone();
+        let system =
+            self.build_prompt(cwd.as_deref().map(Path::new), &tools.names(), persona.as_deref()).unwrap_or_else(|e| {
+                tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
+                persona.clone().unwrap_or_default()
+            });
         let deps = AgentDeps {
             model: self.model.clone(),
             tools,
             route,
-            system: self.system_prompt(persona.as_deref()),
+            system,
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
             depth: session.header.delegation_depth,
+            permissions: None,
+            prompt: None,
+            file_access: None,
         };
         let handle = spawn_agent(session, deps);
         self.children().insert(handle.id().to_string(), handle.clone());
@@ -198,6 +222,7 @@ impl Runtime {
                 continuation,
                 live: Mutex::new(HashMap::new()),
                 children: Mutex::new(HashMap::new()),
+                client: Mutex::new(ClientLink::default()),
             }
         });
         if runtime.config.replay.is_some() {
@@ -226,15 +251,46 @@ impl Runtime {
         &self.store
     }
 
-    fn deps(&self) -> AgentDeps {
+    /// What a top-level session's agent runs with.
+    fn deps(&self, permissions: &Arc<Permissions>, system: String) -> AgentDeps {
+        let client = self.client();
         AgentDeps {
             model: self.model.clone(),
             tools: self.tools.clone(),
             route: self.config.model.clone(),
-            system: self.system_prompt(None),
+            system,
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
             depth: 0,
+            permissions: Some(permissions.clone()),
+            prompt: client.prompt,
+            file_access: client.files,
+        }
+    }
+
+    /// Connects the client (the editor): sessions created or loaded from now on ask it for
+    /// permission and read and write files through it.
+    pub fn connect_client(&self, link: ClientLink) {
+        *self.client.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = link;
+    }
+
+    fn client(&self) -> ClientLink {
+        self.client.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The permission mode of a live session.
+    pub fn permission_mode(&self, session_id: &str) -> Option<PermissionMode> {
+        self.live().get(session_id).map(|l| l.permissions.mode())
+    }
+
+    /// Changes the permission mode of a live session (it applies to the next tool call).
+    pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<(), RuntimeError> {
+        match self.live().get(session_id) {
+            Some(entry) => {
+                entry.permissions.set_mode(mode);
+                Ok(())
+            }
+            None => Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}"))),
         }
     }
 
@@ -251,23 +307,54 @@ impl Runtime {
         if !cwd.is_absolute() {
             return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
         }
+        let (system, record) = self.session_prompt(cwd)?;
         let id = self.mint_session_id();
         let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
         let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        if record {
+            session.append(prompt::EVENT, json!({ "text": system }));
+        }
         // The session exists on disk before the client learns its id.
         session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
         session.add_observer(observer);
-        let handle = spawn_agent(session, self.deps());
-        self.live().insert(id.clone(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
+        self.start(session, system);
         Ok(id)
     }
 
-    /// The system prompt, with a persona section for children that have one.
-    fn system_prompt(&self, persona: Option<&str>) -> String {
-        match persona {
-            Some(persona) => format!("# Persona\n\n{persona}"),
-            None => String::new(),
+    /// Starts the agent of a top-level session in the configured permission mode.
+    fn start(&self, session: crate::session::Session, system: String) {
+        let id = session.id().to_string();
+        let permissions = Arc::new(Permissions::new(self.config.permission_mode));
+        let handle = spawn_agent(session, self.deps(&permissions, system));
+        self.live().insert(id, Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)), permissions });
+    }
+
+    /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
+    /// prompt in replay (recorded), else the built prompt (recorded, except in replay, where it
+    /// would make transcripts depend on the date).
+    fn session_prompt(&self, cwd: &Path) -> Result<(String, bool), RuntimeError> {
+        let pinned = self.config.replay.as_deref().map(prompt::pinned);
+        if let Some(Some(text)) = pinned {
+            return Ok((text.replace("{{cwd}}", &cwd.display().to_string()), true));
         }
+        let built = self
+            .build_prompt(Some(cwd), &self.tools.names(), self.config.persona.as_deref())
+            .map_err(RuntimeError::Internal)?;
+        Ok((built, pinned.is_none()))
+    }
+
+    /// The built system prompt for a workspace and tools, with a persona section when one is
+    /// given.
+    fn build_prompt(&self, cwd: Option<&Path>, tools: &[String], persona: Option<&str>) -> Result<String, String> {
+        let date = prompt::today();
+        prompt::build(&PromptSettings {
+            cwd,
+            mode: self.config.permission_mode,
+            tools,
+            persona,
+            system_prompt_file: self.config.system_prompt_file.as_deref(),
+            date: &date,
+        })
     }
 
     /// A new session id: the model's pinned id (replay) unless already used, else a UUID.
@@ -342,9 +429,17 @@ impl Runtime {
             )));
         }
         let events = session.events().to_vec();
+        // A resumed session keeps the prompt it was created with.
+        let system = match prompt::recorded(&events) {
+            Some(text) => text,
+            None => {
+                let cwd = session.header.cwd.as_deref().map(Path::new);
+                let tools = self.tools.names();
+                self.build_prompt(cwd, &tools, self.config.persona.as_deref()).map_err(RuntimeError::Internal)?
+            }
+        };
         session.add_observer(observer);
-        let handle = spawn_agent(session, self.deps());
-        self.live().insert(session_id.to_string(), Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)) });
+        self.start(session, system);
         Ok(events)
     }
 

@@ -87,6 +87,9 @@ fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
         max_steps,
         max_parallel_tools: 4,
         depth: 0,
+        permissions: None,
+        prompt: None,
+        file_access: None,
     };
     let handle = spawn_agent(session, deps);
     Fixture { _dir: dir, store, handle, model, peak, id }

@@ -9,12 +9,9 @@ use std::time::{Duration, Instant};
 
 use kin::model::http::{RetryInfo, RetryNotice, RetryPolicy};
 use kin::model::openai::{OpenAiConfig, OpenAiModel};
-use kin::model::router::{
-    ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice,
-};
+use kin::model::router::{ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice};
 use kin::model::{
-    ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, ModelRoute, StreamChunk,
-    ToolSchema,
+    ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, ModelRoute, StreamChunk, ToolSchema,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -28,27 +25,17 @@ const MESSAGES: &str = "/v1/messages";
 // ---- Building requests and reading results -------------------------------------------------
 
 fn fake_env(vars: Vec<(&'static str, String)>) -> impl Fn(&str) -> Option<String> {
-    let vars: HashMap<String, String> = vars
-        .into_iter()
-        .map(|(name, value)| (name.to_string(), value))
-        .collect();
+    let vars: HashMap<String, String> = vars.into_iter().map(|(name, value)| (name.to_string(), value)).collect();
     move |name: &str| vars.get(name).cloned()
 }
 
 fn deepseek_env(server: &MockServer) -> impl Fn(&str) -> Option<String> {
-    fake_env(vec![
-        ("DEEPSEEK_BASE_URL", server.uri()),
-        ("DEEPSEEK_API_KEY", KEY.to_string()),
-    ])
+    fake_env(vec![("DEEPSEEK_BASE_URL", server.uri()), ("DEEPSEEK_API_KEY", KEY.to_string())])
 }
 
 fn fast_settings() -> ModelSettings {
     ModelSettings {
-        retry: RetryPolicy {
-            max_attempts: 3,
-            base_delay_ms: 1,
-            max_delay_ms: 5,
-        },
+        retry: RetryPolicy { max_attempts: 3, base_delay_ms: 1, max_delay_ms: 5 },
         ..ModelSettings::default()
     }
 }
@@ -121,9 +108,7 @@ async fn collect(mut stream: ChunkStream) -> Vec<ModelResult> {
         }
         items
     };
-    tokio::time::timeout(Duration::from_secs(20), all)
-        .await
-        .expect("the model stream did not end")
+    tokio::time::timeout(Duration::from_secs(20), all).await.expect("the model stream did not end")
 }
 
 async fn call(model: &Arc<dyn Model>, request: ModelRequest) -> Vec<ModelResult> {
@@ -131,18 +116,12 @@ async fn call(model: &Arc<dyn Model>, request: ModelRequest) -> Vec<ModelResult>
 }
 
 fn chunks(results: Vec<ModelResult>) -> Vec<StreamChunk> {
-    results
-        .into_iter()
-        .map(|r| r.expect("a chunk, not a failure"))
-        .collect()
+    results.into_iter().map(|r| r.expect("a chunk, not a failure")).collect()
 }
 
 /// The failure a call ended with (thrown), after checking the key is nowhere in the results.
 fn thrown(results: &[ModelResult]) -> Failure {
-    assert!(
-        !format!("{results:?}").contains(KEY),
-        "the API key leaked: {results:?}"
-    );
+    assert!(!format!("{results:?}").contains(KEY), "the API key leaked: {results:?}");
     match results.last() {
         Some(Err(failure)) => failure.clone(),
         other => panic!("expected a failure, got {other:?}"),
@@ -154,38 +133,23 @@ async fn requests(server: &MockServer) -> Vec<Request> {
 }
 
 fn header(request: &Request, name: &str) -> Option<String> {
-    request
-        .headers
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_string())
+    request.headers.get(name).map(|v| v.to_str().unwrap().to_string())
 }
 
 fn finish(reason: FinishReason) -> StreamChunk {
-    StreamChunk::Finish {
-        reason,
-        replay_state: None,
-    }
+    StreamChunk::Finish { reason, replay_state: None }
 }
 
 fn start(index: u64, block_type: &str) -> StreamChunk {
-    StreamChunk::BlockStart {
-        index,
-        block_type: block_type.into(),
-    }
+    StreamChunk::BlockStart { index, block_type: block_type.into() }
 }
 
 fn text_delta(index: u64, text: &str) -> StreamChunk {
-    StreamChunk::TextDelta {
-        index,
-        text: text.into(),
-    }
+    StreamChunk::TextDelta { index, text: text.into() }
 }
 
 fn reasoning_delta(index: u64, text: &str) -> StreamChunk {
-    StreamChunk::ReasoningDelta {
-        index,
-        text: text.into(),
-    }
+    StreamChunk::ReasoningDelta { index, text: text.into() }
 }
 
 fn call_delta(index: u64, id: &str, name: Option<&str>, arguments: &str) -> StreamChunk {
@@ -234,20 +198,11 @@ fn sse(body: String) -> ResponseTemplate {
 }
 
 async fn once(server: &MockServer, route_path: &str, response: ResponseTemplate) {
-    Mock::given(method("POST"))
-        .and(path(route_path))
-        .respond_with(response)
-        .up_to_n_times(1)
-        .mount(server)
-        .await;
+    Mock::given(method("POST")).and(path(route_path)).respond_with(response).up_to_n_times(1).mount(server).await;
 }
 
 async fn always(server: &MockServer, route_path: &str, response: ResponseTemplate) {
-    Mock::given(method("POST"))
-        .and(path(route_path))
-        .respond_with(response)
-        .mount(server)
-        .await;
+    Mock::given(method("POST")).and(path(route_path)).respond_with(response).mount(server).await;
 }
 
 fn answered_hello(results: Vec<ModelResult>) {
@@ -290,11 +245,7 @@ async fn deepseek_reasoning_and_tool_calls_round_trip() {
     once(&server, CHAT, sse(first)).await;
     once(&server, CHAT, sse(second)).await;
     once(&server, CHAT, sse(text_answer("hello"))).await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
     let route = "deepseek/deepseek-v4-flash";
 
     // Step 1: reasoning, then a tool call assembled from indexed deltas.
@@ -310,10 +261,7 @@ async fn deepseek_reasoning_and_tool_calls_round_trip() {
             call_delta(1, "call_1", Some("read"), ""),
             call_delta(1, "call_1", None, "{\"path\":"),
             call_delta(1, "call_1", None, "\"a.txt\"}"),
-            end(
-                1,
-                json!({"type": "tool-call", "id": "call_1", "name": "read", "arguments": "{\"path\":\"a.txt\"}"})
-            ),
+            end(1, json!({"type": "tool-call", "id": "call_1", "name": "read", "arguments": "{\"path\":\"a.txt\"}"})),
             StreamChunk::Usage {
                 usage: json!({"inputTokens": 100, "outputTokens": 20, "cacheReadTokens": 64, "reasoningTokens": 12})
             },
@@ -322,11 +270,7 @@ async fn deepseek_reasoning_and_tool_calls_round_trip() {
     );
 
     // Step 2 of the same turn: the reasoning goes back with the tool call.
-    let turn1 = vec![
-        user("Read a.txt"),
-        assistant_message(&step1),
-        tool_result("call_1", "hello"),
-    ];
+    let turn1 = vec![user("Read a.txt"), assistant_message(&step1), tool_result("call_1", "hello")];
     let step2 = chunks(call(&model, request(route, turn1.clone())).await);
     assert_eq!(step2.last(), Some(&finish(FinishReason::Stop)), "{step2:?}");
 
@@ -339,10 +283,7 @@ async fn deepseek_reasoning_and_tool_calls_round_trip() {
     let sent = requests(&server).await;
     assert_eq!(sent.len(), 3);
     for request in &sent {
-        assert_eq!(
-            header(request, "authorization"),
-            Some(format!("Bearer {KEY}"))
-        );
+        assert_eq!(header(request, "authorization"), Some(format!("Bearer {KEY}")));
     }
     let tools = json!([{"type": "function", "function": {"name": "read", "description": "Read a file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);
     assert_eq!(
@@ -397,18 +338,9 @@ async fn openai_parallel_tool_calls_are_assembled_per_index() {
         finish_reason("tool_calls"),
     ]);
     once(&server, "/v1/chat/completions", sse(body)).await;
-    let env = fake_env(vec![
-        ("OPENAI_BASE_URL", format!("{}/v1", server.uri())),
-        ("OPENAI_API_KEY", KEY.to_string()),
-    ]);
+    let env = fake_env(vec![("OPENAI_BASE_URL", format!("{}/v1", server.uri())), ("OPENAI_API_KEY", KEY.to_string())]);
     let (model, _) = routed("openai/gpt-test", &fast_settings(), &env);
-    let got = chunks(
-        call(
-            &model,
-            request("openai/gpt-test", vec![user("Look around")]),
-        )
-        .await,
-    );
+    let got = chunks(call(&model, request("openai/gpt-test", vec![user("Look around")])).await);
     assert_eq!(
         got,
         vec![
@@ -418,22 +350,13 @@ async fn openai_parallel_tool_calls_are_assembled_per_index() {
             call_delta(1, "call_b", Some("glob"), "{\"pattern\""),
             call_delta(0, "call_a", None, ":\"a\"}"),
             call_delta(1, "call_b", None, ":\"*.rs\"}"),
-            end(
-                0,
-                json!({"type": "tool-call", "id": "call_a", "name": "read", "arguments": "{\"path\":\"a\"}"})
-            ),
-            end(
-                1,
-                json!({"type": "tool-call", "id": "call_b", "name": "glob", "arguments": "{\"pattern\":\"*.rs\"}"})
-            ),
+            end(0, json!({"type": "tool-call", "id": "call_a", "name": "read", "arguments": "{\"path\":\"a\"}"})),
+            end(1, json!({"type": "tool-call", "id": "call_b", "name": "glob", "arguments": "{\"pattern\":\"*.rs\"}"})),
             finish(FinishReason::ToolCalls),
         ]
     );
     let sent = requests(&server).await;
-    assert_eq!(
-        header(&sent[0], "authorization"),
-        Some(format!("Bearer {KEY}"))
-    );
+    assert_eq!(header(&sent[0], "authorization"), Some(format!("Bearer {KEY}")));
 }
 
 #[tokio::test]
@@ -443,20 +366,11 @@ async fn text_usage_and_max_tokens() {
         delta(json!({"role": "assistant", "content": "Hel"})),
         delta(json!({"content": "lo"})),
         finish_reason("length"),
-        usage(
-            json!({"prompt_tokens": 12, "completion_tokens": 64, "prompt_tokens_details": {"cached_tokens": 4}}),
-        ),
+        usage(json!({"prompt_tokens": 12, "completion_tokens": 64, "prompt_tokens_details": {"cached_tokens": 4}})),
     ]);
     once(&server, "/v1/chat/completions", sse(body)).await;
-    let env = fake_env(vec![
-        ("OPENAI_BASE_URL", format!("{}/v1", server.uri())),
-        ("OPENAI_API_KEY", KEY.to_string()),
-    ]);
-    let settings = ModelSettings {
-        max_tokens: Some(64),
-        reasoning_effort: Some("low".into()),
-        ..fast_settings()
-    };
+    let env = fake_env(vec![("OPENAI_BASE_URL", format!("{}/v1", server.uri())), ("OPENAI_API_KEY", KEY.to_string())]);
+    let settings = ModelSettings { max_tokens: Some(64), reasoning_effort: Some("low".into()), ..fast_settings() };
     let (model, _) = routed("openai/gpt-test", &settings, &env);
     let got = chunks(call(&model, request("openai/gpt-test", vec![user("Hi")])).await);
     assert_eq!(
@@ -466,9 +380,7 @@ async fn text_usage_and_max_tokens() {
             text_delta(0, "Hel"),
             text_delta(0, "lo"),
             end(0, json!({"type": "text", "text": "Hello"})),
-            StreamChunk::Usage {
-                usage: json!({"inputTokens": 12, "outputTokens": 64, "cacheReadTokens": 4})
-            },
+            StreamChunk::Usage { usage: json!({"inputTokens": 12, "outputTokens": 64, "cacheReadTokens": 4}) },
             finish(FinishReason::MaxTokens),
         ]
     );
@@ -510,25 +422,13 @@ async fn rate_limit_honours_retry_after_then_succeeds() {
         CHAT,
         ResponseTemplate::new(429)
             .insert_header("retry-after", "1")
-            .set_body_json(
-                json!({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}}),
-            ),
+            .set_body_json(json!({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}})),
     )
     .await;
     once(&server, CHAT, sse(text_answer("hello"))).await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
     let started = Instant::now();
-    answered_hello(
-        call(
-            &model,
-            request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        )
-        .await,
-    );
+    answered_hello(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
     assert!(started.elapsed() >= Duration::from_millis(900));
     let retries = retries.lock().unwrap().clone();
     assert_eq!(retries.len(), 1, "{retries:?}");
@@ -552,25 +452,10 @@ async fn rate_limit_honours_retry_after_then_succeeds() {
 #[tokio::test]
 async fn server_error_then_success() {
     let server = MockServer::start().await;
-    once(
-        &server,
-        CHAT,
-        ResponseTemplate::new(500).set_body_string("upstream exploded"),
-    )
-    .await;
+    once(&server, CHAT, ResponseTemplate::new(500).set_body_string("upstream exploded")).await;
     once(&server, CHAT, sse(text_answer("hello"))).await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
-    answered_hello(
-        call(
-            &model,
-            request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        )
-        .await,
-    );
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    answered_hello(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
     let retries = retries.lock().unwrap().clone();
     assert_eq!(retries.len(), 1);
     assert_eq!(retries[0].code, "SERVER_ERROR");
@@ -582,30 +467,12 @@ async fn server_error_then_success() {
 #[tokio::test]
 async fn disconnect_before_any_chunk_is_retried() {
     let server = MockServer::start().await;
-    let cut = format!(
-        "data: {}\n\n",
-        delta(json!({"role": "assistant", "content": ""}))
-    );
+    let cut = format!("data: {}\n\n", delta(json!({"role": "assistant", "content": ""})));
     once(&server, CHAT, sse(cut)).await;
     once(&server, CHAT, sse(text_answer("hello"))).await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
-    answered_hello(
-        call(
-            &model,
-            request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        )
-        .await,
-    );
-    let codes: Vec<String> = retries
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.code.clone())
-        .collect();
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    answered_hello(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    let codes: Vec<String> = retries.lock().unwrap().iter().map(|r| r.code.clone()).collect();
     assert_eq!(codes, vec!["STREAM_INCOMPLETE".to_string()]);
     assert_eq!(requests(&server).await.len(), 2);
 }
@@ -613,140 +480,72 @@ async fn disconnect_before_any_chunk_is_retried() {
 #[tokio::test]
 async fn disconnect_after_chunks_finishes_with_an_error_and_no_retry() {
     let server = MockServer::start().await;
-    let cut = format!(
-        "data: {}\n\n",
-        delta(json!({"role": "assistant", "content": "partial"}))
-    );
+    let cut = format!("data: {}\n\n", delta(json!({"role": "assistant", "content": "partial"})));
     once(&server, CHAT, sse(cut)).await;
     once(&server, CHAT, sse(text_answer("hello"))).await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
-    let got = chunks(
-        call(
-            &model,
-            request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        )
-        .await,
-    );
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    let got = chunks(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
     assert_eq!(got.len(), 3, "{got:?}");
     assert_eq!(got[..2], [start(0, "text"), text_delta(0, "partial")]);
     match &got[2] {
-        StreamChunk::Finish {
-            reason: FinishReason::Error { failure },
-            ..
-        } => assert_eq!(failure.code, "STREAM_INCOMPLETE"),
+        StreamChunk::Finish { reason: FinishReason::Error { failure }, .. } => {
+            assert_eq!(failure.code, "STREAM_INCOMPLETE")
+        }
         other => panic!("expected an error finish, got {other:?}"),
     }
     assert!(retries.lock().unwrap().is_empty());
     assert_eq!(requests(&server).await.len(), 1);
 }
 
-fn stalling_model(
-    server: &MockServer,
-    max_attempts: u32,
-) -> (OpenAiModel, Arc<Mutex<Vec<RetryInfo>>>) {
+fn stalling_model(server: &MockServer, max_attempts: u32) -> (OpenAiModel, Arc<Mutex<Vec<RetryInfo>>>) {
     let mut config = OpenAiConfig::new(server.uri(), Some("DEEPSEEK_API_KEY"));
     config.api_key = Some(KEY.into());
     config.deepseek = true;
-    config.retry = RetryPolicy {
-        max_attempts,
-        base_delay_ms: 1,
-        max_delay_ms: 5,
-    };
+    config.retry = RetryPolicy { max_attempts, base_delay_ms: 1, max_delay_ms: 5 };
     config.idle_timeout = Duration::from_millis(300);
     let (notice, seen) = recorder();
-    (
-        OpenAiModel::new(config).unwrap().with_retry_notice(notice),
-        seen,
-    )
+    (OpenAiModel::new(config).unwrap().with_retry_notice(notice), seen)
 }
 
 #[tokio::test]
 async fn a_stalled_stream_times_out_and_is_retried() {
     let server = MockServer::start().await;
-    once(
-        &server,
-        CHAT,
-        sse(text_answer("hello")).set_delay(Duration::from_secs(3)),
-    )
-    .await;
+    once(&server, CHAT, sse(text_answer("hello")).set_delay(Duration::from_secs(3))).await;
     once(&server, CHAT, sse(text_answer("hello"))).await;
     let (model, retries) = stalling_model(&server, 2);
     let started = Instant::now();
-    let results = collect(model.stream(
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        CancellationToken::new(),
-    ))
-    .await;
+    let results =
+        collect(model.stream(request("deepseek/deepseek-v4-flash", vec![user("Hi")]), CancellationToken::new())).await;
     answered_hello(results);
     assert!(started.elapsed() < Duration::from_secs(2));
-    let codes: Vec<String> = retries
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.code.clone())
-        .collect();
+    let codes: Vec<String> = retries.lock().unwrap().iter().map(|r| r.code.clone()).collect();
     assert_eq!(codes, vec!["TIMEOUT".to_string()]);
 
     let stalled = MockServer::start().await;
-    always(
-        &stalled,
-        CHAT,
-        sse(text_answer("hello")).set_delay(Duration::from_secs(3)),
-    )
-    .await;
+    always(&stalled, CHAT, sse(text_answer("hello")).set_delay(Duration::from_secs(3))).await;
     let (model, _) = stalling_model(&stalled, 1);
-    let results = collect(model.stream(
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        CancellationToken::new(),
-    ))
-    .await;
+    let results =
+        collect(model.stream(request("deepseek/deepseek-v4-flash", vec![user("Hi")]), CancellationToken::new())).await;
     let failure = thrown(&results);
     assert_eq!(failure.code, "TIMEOUT");
-    assert!(
-        failure.message.contains("idle timeout"),
-        "{}",
-        failure.message
-    );
+    assert!(failure.message.contains("idle timeout"), "{}", failure.message);
 }
 
 #[tokio::test]
 async fn an_empty_completion_is_retried_then_reported() {
     let server = MockServer::start().await;
-    let empty = chat_sse(&[
-        delta(json!({"role": "assistant", "content": ""})),
-        finish_reason("stop"),
-    ]);
+    let empty = chat_sse(&[delta(json!({"role": "assistant", "content": ""})), finish_reason("stop")]);
     always(&server, CHAT, sse(empty)).await;
     let settings = ModelSettings {
-        retry: RetryPolicy {
-            max_attempts: 2,
-            base_delay_ms: 1,
-            max_delay_ms: 5,
-        },
+        retry: RetryPolicy { max_attempts: 2, base_delay_ms: 1, max_delay_ms: 5 },
         ..ModelSettings::default()
     };
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &settings,
-        &deepseek_env(&server),
-    );
-    let results = call(
-        &model,
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-    )
-    .await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &settings, &deepseek_env(&server));
+    let results = call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await;
     assert_eq!(results.len(), 1, "{results:?}");
     let failure = thrown(&results);
     assert_eq!(failure.code, "EMPTY_RESPONSE");
-    assert!(
-        failure.message.contains("after 2 attempts"),
-        "{}",
-        failure.message
-    );
+    assert!(failure.message.contains("after 2 attempts"), "{}", failure.message);
     assert_eq!(retries.lock().unwrap().len(), 1);
     assert_eq!(requests(&server).await.len(), 2);
 }
@@ -754,22 +553,10 @@ async fn an_empty_completion_is_retried_then_reported() {
 #[tokio::test]
 async fn cancellation_aborts_the_request_at_once() {
     let server = MockServer::start().await;
-    once(
-        &server,
-        CHAT,
-        sse(text_answer("hello")).set_delay(Duration::from_secs(10)),
-    )
-    .await;
-    let (model, _) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
+    once(&server, CHAT, sse(text_answer("hello")).set_delay(Duration::from_secs(10))).await;
+    let (model, _) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
     let cancel = CancellationToken::new();
-    let stream = model.stream(
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-        cancel.clone(),
-    );
+    let stream = model.stream(request("deepseek/deepseek-v4-flash", vec![user("Hi")]), cancel.clone());
     let started = Instant::now();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -795,16 +582,8 @@ async fn context_overflow_is_not_retried() {
         }})),
     )
     .await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
-    let results = call(
-        &model,
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-    )
-    .await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    let results = call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await;
     let failure = thrown(&results);
     assert_eq!(failure.code, "CONTEXT_WINDOW_EXCEEDED");
     assert_eq!(failure.extra["status"], 400);
@@ -825,37 +604,20 @@ async fn a_rejected_key_names_the_variable_but_never_the_key() {
         }})),
     )
     .await;
-    let (model, retries) = routed(
-        "deepseek/deepseek-v4-flash",
-        &fast_settings(),
-        &deepseek_env(&server),
-    );
-    let results = call(
-        &model,
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-    )
-    .await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    let results = call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await;
     let failure = thrown(&results);
     assert_eq!(failure.code, "AUTH_FAILED");
     assert!(
-        failure
-            .message
-            .starts_with("the API key in DEEPSEEK_API_KEY was rejected (HTTP 401)"),
+        failure.message.starts_with("the API key in DEEPSEEK_API_KEY was rejected (HTTP 401)"),
         "{}",
         failure.message
     );
-    assert!(
-        failure.message.contains("[redacted]"),
-        "{}",
-        failure.message
-    );
+    assert!(failure.message.contains("[redacted]"), "{}", failure.message);
     assert!(retries.lock().unwrap().is_empty());
     let sent = requests(&server).await;
     assert_eq!(sent.len(), 1);
-    assert_eq!(
-        header(&sent[0], "authorization"),
-        Some(format!("Bearer {KEY}"))
-    );
+    assert_eq!(header(&sent[0], "authorization"), Some(format!("Bearer {KEY}")));
 }
 
 #[tokio::test]
@@ -871,20 +633,13 @@ async fn an_unknown_model_names_the_model_and_the_route() {
         }})),
     )
     .await;
-    let env = fake_env(vec![
-        ("OPENAI_BASE_URL", format!("{}/v1", server.uri())),
-        ("OPENAI_API_KEY", KEY.to_string()),
-    ]);
+    let env = fake_env(vec![("OPENAI_BASE_URL", format!("{}/v1", server.uri())), ("OPENAI_API_KEY", KEY.to_string())]);
     let (model, retries) = routed("openai/nope", &fast_settings(), &env);
     let results = call(&model, request("openai/nope", vec![user("Hi")])).await;
     let failure = thrown(&results);
     assert_eq!(failure.code, "MODEL_NOT_FOUND");
     assert!(failure.message.contains("\"nope\""), "{}", failure.message);
-    assert!(
-        failure.message.contains("openai/nope"),
-        "{}",
-        failure.message
-    );
+    assert!(failure.message.contains("openai/nope"), "{}", failure.message);
     assert!(retries.lock().unwrap().is_empty());
 
     // DeepSeek answers an unknown model with 400 "Model Not Exist".
@@ -892,9 +647,8 @@ async fn an_unknown_model_names_the_model_and_the_route() {
     always(
         &deepseek,
         CHAT,
-        ResponseTemplate::new(400).set_body_json(
-            json!({"error": {"message": "Model Not Exist", "type": "invalid_request_error"}}),
-        ),
+        ResponseTemplate::new(400)
+            .set_body_json(json!({"error": {"message": "Model Not Exist", "type": "invalid_request_error"}})),
     )
     .await;
     let (model, _) = routed("deepseek/nope", &fast_settings(), &deepseek_env(&deepseek));
@@ -908,39 +662,27 @@ async fn a_missing_key_fails_the_call_not_the_startup() {
     always(&server, CHAT, sse(text_answer("hello"))).await;
     let env = fake_env(vec![("DEEPSEEK_BASE_URL", server.uri())]);
     let route = ModelRoute::parse("deepseek/deepseek-v4-flash").unwrap();
-    let model = model_for_route(&route, &fast_settings(), &env)
-        .unwrap_or_else(|e| panic!("startup must not need a key: {e}"));
-    let results = call(
-        &model,
-        request("deepseek/deepseek-v4-flash", vec![user("Hi")]),
-    )
-    .await;
+    let model =
+        model_for_route(&route, &fast_settings(), &env).unwrap_or_else(|e| panic!("startup must not need a key: {e}"));
+    let results = call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await;
     let failure = thrown(&results);
     assert_eq!(failure.code, "MISSING_CREDENTIAL");
-    assert!(
-        failure.message.contains("DEEPSEEK_API_KEY"),
-        "{}",
-        failure.message
-    );
+    assert!(failure.message.contains("DEEPSEEK_API_KEY"), "{}", failure.message);
     assert!(requests(&server).await.is_empty());
 }
 
 #[tokio::test]
 async fn an_unknown_provider_lists_the_known_ones() {
     let route = ModelRoute::parse("mystery/m1").unwrap();
-    let error = model_for_route(&route, &ModelSettings::default(), &|_| None)
-        .err()
-        .expect("an unknown provider is an error");
+    let error =
+        model_for_route(&route, &ModelSettings::default(), &|_| None).err().expect("an unknown provider is an error");
     assert!(error.contains("deepseek, openai, anthropic"), "{error}");
 }
 
 // ---- Anthropic Messages --------------------------------------------------------------------------
 
 fn anthropic_sse(events: &[Value]) -> String {
-    events
-        .iter()
-        .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
-        .collect()
+    events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect()
 }
 
 fn message_start(input_tokens: u64) -> Value {
@@ -959,10 +701,7 @@ fn anthropic_text(text: &str, stop_reason: &str) -> String {
 }
 
 fn anthropic_env(server: &MockServer) -> impl Fn(&str) -> Option<String> {
-    fake_env(vec![
-        ("ANTHROPIC_BASE_URL", server.uri()),
-        ("ANTHROPIC_API_KEY", KEY.to_string()),
-    ])
+    fake_env(vec![("ANTHROPIC_BASE_URL", server.uri()), ("ANTHROPIC_API_KEY", KEY.to_string())])
 }
 
 #[tokio::test]
@@ -989,11 +728,7 @@ async fn anthropic_thinking_and_tool_use_round_trip() {
     ]);
     once(&server, MESSAGES, sse(first)).await;
     once(&server, MESSAGES, sse(anthropic_text("hello", "end_turn"))).await;
-    let (model, _) = routed(
-        "anthropic/claude-test",
-        &fast_settings(),
-        &anthropic_env(&server),
-    );
+    let (model, _) = routed("anthropic/claude-test", &fast_settings(), &anthropic_env(&server));
     let route = "anthropic/claude-test";
 
     let step1 = chunks(call(&model, request(route, vec![user("Read a.txt")])).await);
@@ -1003,10 +738,7 @@ async fn anthropic_thinking_and_tool_use_round_trip() {
             start(0, "reasoning"),
             reasoning_delta(0, "Let me "),
             reasoning_delta(0, "look."),
-            end(
-                0,
-                json!({"type": "reasoning", "text": "Let me look.", "signature": "SIG=="})
-            ),
+            end(0, json!({"type": "reasoning", "text": "Let me look.", "signature": "SIG=="})),
             start(1, "text"),
             text_delta(1, "Reading."),
             end(1, json!({"type": "text", "text": "Reading."})),
@@ -1014,10 +746,7 @@ async fn anthropic_thinking_and_tool_use_round_trip() {
             call_delta(2, "toolu_1", Some("read"), ""),
             call_delta(2, "toolu_1", None, "{\"path\":"),
             call_delta(2, "toolu_1", None, "\"a.txt\"}"),
-            end(
-                2,
-                json!({"type": "tool-call", "id": "toolu_1", "name": "read", "arguments": "{\"path\":\"a.txt\"}"})
-            ),
+            end(2, json!({"type": "tool-call", "id": "toolu_1", "name": "read", "arguments": "{\"path\":\"a.txt\"}"})),
             StreamChunk::Usage {
                 usage: json!({"inputTokens": 25, "outputTokens": 42, "cacheReadTokens": 5, "cacheWriteTokens": 0})
             },
@@ -1026,12 +755,8 @@ async fn anthropic_thinking_and_tool_use_round_trip() {
     );
 
     // Step 2: a staged user message after the tool result merges into the same user turn.
-    let messages = vec![
-        user("Read a.txt"),
-        assistant_message(&step1),
-        tool_result("toolu_1", "hello"),
-        user("Be brief."),
-    ];
+    let messages =
+        vec![user("Read a.txt"), assistant_message(&step1), tool_result("toolu_1", "hello"), user("Be brief.")];
     let step2 = chunks(call(&model, request(route, messages)).await);
     assert_eq!(step2.last(), Some(&finish(FinishReason::Stop)));
 
@@ -1039,10 +764,7 @@ async fn anthropic_thinking_and_tool_use_round_trip() {
     assert_eq!(sent.len(), 2);
     for request in &sent {
         assert_eq!(header(request, "x-api-key"), Some(KEY.to_string()));
-        assert_eq!(
-            header(request, "anthropic-version"),
-            Some("2023-06-01".into())
-        );
+        assert_eq!(header(request, "anthropic-version"), Some("2023-06-01".into()));
         assert_eq!(header(request, "authorization"), None);
     }
     assert_eq!(
@@ -1082,11 +804,7 @@ async fn anthropic_overload_in_the_stream_is_retried_and_max_tokens_is_mapped() 
     ]);
     once(&server, MESSAGES, sse(overloaded)).await;
     once(&server, MESSAGES, sse(anthropic_text("cut", "max_tokens"))).await;
-    let (model, retries) = routed(
-        "anthropic/claude-test",
-        &fast_settings(),
-        &anthropic_env(&server),
-    );
+    let (model, retries) = routed("anthropic/claude-test", &fast_settings(), &anthropic_env(&server));
     let got = chunks(call(&model, request("anthropic/claude-test", vec![user("Hi")])).await);
     assert_eq!(
         got,
@@ -1100,12 +818,7 @@ async fn anthropic_overload_in_the_stream_is_retried_and_max_tokens_is_mapped() 
             finish(FinishReason::MaxTokens),
         ]
     );
-    let codes: Vec<String> = retries
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.code.clone())
-        .collect();
+    let codes: Vec<String> = retries.lock().unwrap().iter().map(|r| r.code.clone()).collect();
     assert_eq!(codes, vec!["SERVER_ERROR".to_string()]);
 }
 
@@ -1115,22 +828,16 @@ async fn anthropic_rejected_and_missing_keys() {
     always(
         &server,
         MESSAGES,
-        ResponseTemplate::new(401).set_body_json(json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
+        ResponseTemplate::new(401).set_body_json(
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
+        ),
     )
     .await;
-    let (model, _) = routed(
-        "anthropic/claude-test",
-        &fast_settings(),
-        &anthropic_env(&server),
-    );
+    let (model, _) = routed("anthropic/claude-test", &fast_settings(), &anthropic_env(&server));
     let results = call(&model, request("anthropic/claude-test", vec![user("Hi")])).await;
     let failure = thrown(&results);
     assert_eq!(failure.code, "AUTH_FAILED");
-    assert!(
-        failure.message.contains("ANTHROPIC_API_KEY"),
-        "{}",
-        failure.message
-    );
+    assert!(failure.message.contains("ANTHROPIC_API_KEY"), "{}", failure.message);
     assert_eq!(requests(&server).await.len(), 1);
 
     let keyless = fake_env(vec![("ANTHROPIC_BASE_URL", server.uri())]);

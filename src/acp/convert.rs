@@ -1,7 +1,7 @@
 //! Conversions between ACP types and kin's session events and messages.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, StopReason,
+    ContentBlock, ContentChunk, Diff, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, StopReason,
     TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
     ToolKind,
 };
@@ -81,7 +81,8 @@ pub fn replay_updates(event: &Event) -> Vec<SessionUpdate> {
 }
 
 /// `tool/call` → a `tool_call` (in progress, with title, kind, locations and raw input);
-/// `tool/result` → a `tool_call_update` (completed or failed, with the result text).
+/// `tool/result` → a `tool_call_update` (completed or failed, with the result text, or the diff
+/// a successful write or edit recorded in `data.meta.diff`).
 fn tool_update(event: &Event) -> Option<SessionUpdate> {
     let data = &event.data;
     if event.kind == "tool/call" {
@@ -106,10 +107,20 @@ fn tool_update(event: &Event) -> Option<SessionUpdate> {
     let id = block["toolCallId"].as_str()?;
     let text: String = blocks(&block["content"]).filter_map(|b| b["text"].as_str()).collect();
     let status = if block["isError"] == true { ToolCallStatus::Failed } else { ToolCallStatus::Completed };
-    let fields = ToolCallUpdateFields::new()
-        .status(status)
-        .content(vec![ToolCallContent::from(ContentBlock::Text(TextContent::new(text)))]);
+    let content = match diff_content(&data["meta"]["diff"]) {
+        Some(diff) if status == ToolCallStatus::Completed => diff,
+        _ => ToolCallContent::from(ContentBlock::Text(TextContent::new(text))),
+    };
+    let fields = ToolCallUpdateFields::new().status(status).content(vec![content]);
     Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
+}
+
+/// `{path, oldText, newText}` → diff content (`oldText` null: a new file).
+fn diff_content(diff: &Value) -> Option<ToolCallContent> {
+    let path = diff["path"].as_str()?;
+    let new_text = diff["newText"].as_str()?;
+    let old_text = diff["oldText"].as_str().map(str::to_string);
+    Some(ToolCallContent::Diff(Diff::new(path, new_text).old_text(old_text)))
 }
 
 /// `todo/write` → the editor's plan.
@@ -145,7 +156,7 @@ fn tool_title(name: &str, args: &Value) -> String {
     }
 }
 
-fn tool_kind(name: &str) -> ToolKind {
+pub(super) fn tool_kind(name: &str) -> ToolKind {
     match name {
         "read" => ToolKind::Read,
         "write" | "edit" => ToolKind::Edit,
@@ -167,5 +178,72 @@ pub fn stop_reason(end: &TurnEnd) -> Result<StopReason, String> {
         TurnEnd::MaxTokens => Ok(StopReason::MaxTokens),
         TurnEnd::Aborted | TurnEnd::Disposed => Ok(StopReason::Cancelled),
         TurnEnd::Error(message) => Err(message.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: &str, data: Value) -> Event {
+        Event { kind: kind.into(), seq: 0, time: 0, data, source_event_seqs: None, surface_op: None }
+    }
+
+    fn result(is_error: bool, meta: Option<Value>) -> Event {
+        let mut data = json!({
+            "turn": 1,
+            "step": 1,
+            "message": {
+                "source": {"kind": "tool", "callId": "c1"},
+                "content": [{"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "Edited /w/a.txt"}], "isError": is_error}],
+                "role": "user",
+                "id": "m1",
+            },
+        });
+        if let Some(meta) = meta {
+            data["meta"] = meta;
+        }
+        event("tool/result", data)
+    }
+
+    #[test]
+    fn a_write_result_with_a_diff_shows_the_diff() {
+        let meta = json!({"diff": {"path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}});
+        let update = live_update(&result(false, Some(meta))).unwrap();
+        let wire = serde_json::to_value(&update).unwrap();
+        assert_eq!(wire["sessionUpdate"], "tool_call_update");
+        assert_eq!(wire["status"], "completed");
+        assert_eq!(wire["content"], json!([{"type": "diff", "path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}]));
+        let created = json!({"diff": {"path": "/w/n.txt", "oldText": null, "newText": "n\n"}});
+        let wire = serde_json::to_value(live_update(&result(false, Some(created))).unwrap()).unwrap();
+        assert_eq!(wire["content"][0]["type"], "diff");
+        assert!(wire["content"][0].get("oldText").is_none_or(Value::is_null));
+    }
+
+    #[test]
+    fn other_results_show_their_text() {
+        let wire = serde_json::to_value(live_update(&result(false, None)).unwrap()).unwrap();
+        assert_eq!(
+            wire["content"],
+            json!([{"type": "content", "content": {"type": "text", "text": "Edited /w/a.txt"}}])
+        );
+        let meta = json!({"diff": {"path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}});
+        let wire = serde_json::to_value(live_update(&result(true, Some(meta))).unwrap()).unwrap();
+        assert_eq!(wire["status"], "failed");
+        assert_eq!(wire["content"][0]["type"], "content");
+    }
+
+    #[test]
+    fn todo_write_is_a_plan() {
+        let todos = json!({"todos": [
+            {"content": "Read", "status": "completed"},
+            {"content": "Fix", "status": "in_progress"},
+            {"content": "Test", "status": "pending"}
+        ]});
+        let wire = serde_json::to_value(live_update(&event("todo/write", todos)).unwrap()).unwrap();
+        assert_eq!(wire["sessionUpdate"], "plan");
+        let statuses: Vec<&str> =
+            wire["entries"].as_array().unwrap().iter().map(|e| e["status"].as_str().unwrap()).collect();
+        assert_eq!(statuses, ["completed", "in_progress", "pending"]);
     }
 }

@@ -1,17 +1,20 @@
 //! The ACP boundary: the only module that knows agent-client-protocol types. It serves ACP v1
 //! over stdio with the SDK's builder, hands every request to the runtime and returns at once;
-//! prompt turns are awaited on spawned tasks so the dispatch loop never blocks.
+//! prompt turns are awaited on spawned tasks so the dispatch loop never blocks. Permission and
+//! file requests to the client (`client`) are sent from the agents' tasks.
 
+mod client;
 mod convert;
+mod modes;
 
 use std::sync::Arc;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
-    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
-    PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionInfo, SessionListCapabilities,
-    SessionNotification,
+    AgentCapabilities, CancelNotification, CurrentModeUpdate, Implementation, InitializeRequest, InitializeResponse,
+    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
+    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionInfo,
+    SessionListCapabilities, SessionNotification, SessionUpdate, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
 
@@ -56,12 +59,15 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
     let rt_cancel = runtime.clone();
     let rt_load = runtime.clone();
     let rt_list = runtime.clone();
-    let _ = rt_init;
+    let rt_mode = runtime.clone();
     let result = Agent
         .v1()
         .name("kin")
         .on_receive_request(
-            async move |_req: InitializeRequest, responder, _cx| {
+            async move |req: InitializeRequest, responder, cx: ConnectionTo<Client>| {
+                // Permission requests always go to the client; files only when it offers them.
+                let fs = &req.client_capabilities.fs;
+                rt_init.connect_client(client::link(&cx, fs.read_text_file, fs.write_text_file));
                 let capabilities = AgentCapabilities::new()
                     .load_session(true)
                     .prompt_capabilities(PromptCapabilities::new())
@@ -86,7 +92,10 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
                 }
                 match rt_new.new_session(&req.cwd, Arc::new(Forwarder { cx })) {
-                    Ok(id) => responder.respond(NewSessionResponse::new(id)),
+                    Ok(id) => {
+                        let mode = rt_new.permission_mode(&id).unwrap_or_default();
+                        responder.respond(NewSessionResponse::new(id).modes(modes::state(mode)))
+                    }
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }
             },
@@ -141,7 +150,8 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                                         tracing::debug!("dropping a replayed update: {e}");
                                     }
                                 }
-                                let _ = responder.respond(LoadSessionResponse::new());
+                                let mode = runtime.permission_mode(&id).unwrap_or_default();
+                                let _ = responder.respond(LoadSessionResponse::new().modes(modes::state(mode)));
                             }
                             Err(e) => {
                                 let _ = responder.respond_with_error(to_acp(e));
@@ -150,6 +160,23 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                         Ok(())
                     }
                 })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: SetSessionModeRequest, responder, cx: ConnectionTo<Client>| {
+                let mode = match modes::parse(&req.mode_id.0) {
+                    Ok(mode) => mode,
+                    Err(e) => return responder.respond_with_error(invalid_params(e)),
+                };
+                if let Err(e) = rt_mode.set_permission_mode(&req.session_id.0, mode) {
+                    return responder.respond_with_error(to_acp(e));
+                }
+                let update = SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(mode.id()));
+                if let Err(e) = cx.send_notification(SessionNotification::new(req.session_id.clone(), update)) {
+                    tracing::debug!("dropping a mode update: {e}");
+                }
+                responder.respond(SetSessionModeResponse::new())
             },
             on_receive_request!(),
         )

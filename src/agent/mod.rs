@@ -16,8 +16,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{Model, ModelRoute};
+use crate::permission::{PermissionPrompt, Permissions};
 use crate::session::Session;
 use crate::tools::ToolRegistry;
+use crate::tools::files::FileAccess;
 
 /// How a turn ended (the durable `turn/end` reason, as kin acts on it).
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +44,12 @@ pub struct AgentDeps {
     pub max_parallel_tools: usize,
     /// Runtime delegation depth (`subagentDepth`); the effective depth is the max with the header's.
     pub depth: u64,
+    /// The permission gate in front of every tool call; `None` runs every call (children, tests).
+    pub permissions: Option<Arc<Permissions>>,
+    /// Asks the user when the gate says so; `None` rejects such calls.
+    pub prompt: Option<Arc<dyn PermissionPrompt>>,
+    /// Where the file tools read and write text (the editor); `None`: the disk.
+    pub file_access: Option<Arc<dyn FileAccess>>,
 }
 
 /// A message waiting for its own turn.

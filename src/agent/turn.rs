@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AgentDeps, Staged, TurnEnd};
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
+use crate::permission::admit;
 use crate::session::Session;
 use crate::tools::{Caller, ToolContext, ToolError, ToolOutput};
 
@@ -261,9 +262,17 @@ async fn run_tools(
                         call_id: id.clone(),
                         cancel: cancel.child_token(),
                         caller: Some(caller.clone()),
+                        allow_outside: false,
+                        file_access: deps.file_access.clone(),
                     };
                     let (tools, name, arguments) = (deps.tools.clone(), name.clone(), arguments.clone());
-                    async move { tools.call(&name, &arguments, ctx).await }.boxed()
+                    let (permissions, prompt) = (deps.permissions.clone(), deps.prompt.clone());
+                    async move {
+                        // The gate runs first: a refused call gets its error without running.
+                        let ctx = admit(permissions, prompt, &name, &arguments, ctx).await?;
+                        tools.call(&name, &arguments, ctx).await
+                    }
+                    .boxed()
                 })
                 .collect();
             futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect().await
@@ -284,12 +293,13 @@ fn aborted(message: &str, code: &str) -> ToolError {
 }
 
 fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> Value {
-    let (content, is_error, error) = match result {
-        Ok(output) => (output.content, false, None),
+    let (content, is_error, error, meta) = match result {
+        Ok(output) => (output.content, false, None, output.meta),
         Err(e) => (
             vec![json!({"type": "text", "text": format!("Error: {}", e.message)})],
             true,
             Some(json!({"name": e.name, "code": e.code})),
+            None,
         ),
     };
     let mut data = json!({
@@ -304,6 +314,10 @@ fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, T
     });
     if let Some(error) = error {
         data["error"] = error;
+    }
+    // Editor-only details (a write's diff): dsh's `tool/result` allows `meta`.
+    if let Some(meta) = meta {
+        data["meta"] = meta;
     }
     data
 }

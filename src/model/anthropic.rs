@@ -13,10 +13,7 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{
-    self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice,
-    RetryPolicy,
-};
+use super::http::{self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice, RetryPolicy};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
 
 /// The `anthropic-version` header kin speaks.
@@ -52,14 +49,7 @@ impl std::fmt::Debug for AnthropicConfig {
             .field("base_url", &self.base_url)
             .field("api_key_env", &self.api_key_env)
             .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .field(
-                "extra_headers",
-                &self
-                    .extra_headers
-                    .iter()
-                    .map(|(n, _)| n)
-                    .collect::<Vec<_>>(),
-            )
+            .field("extra_headers", &self.extra_headers.iter().map(|(n, _)| n).collect::<Vec<_>>())
             .field("max_tokens", &self.max_tokens)
             .field("reasoning_effort", &self.reasoning_effort)
             .field("retry", &self.retry)
@@ -105,11 +95,7 @@ pub struct AnthropicModel {
 
 impl AnthropicModel {
     pub fn new(config: AnthropicConfig) -> Result<Self, String> {
-        Ok(AnthropicModel {
-            config,
-            client: http::client()?,
-            notice: None,
-        })
+        Ok(AnthropicModel { config, client: http::client()?, notice: None })
     }
 
     /// Reports every retry to `notice`.
@@ -146,10 +132,7 @@ impl AnthropicModel {
                 })
                 .collect();
         }
-        if let Some(budget) = thinking_budget(
-            self.config.reasoning_effort.as_deref(),
-            self.config.max_tokens,
-        ) {
+        if let Some(budget) = thinking_budget(self.config.reasoning_effort.as_deref(), self.config.max_tokens) {
             body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
         }
         body
@@ -157,31 +140,17 @@ impl AnthropicModel {
 
     fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
         let config = &self.config;
-        let key = http::resolve_key(
-            config.api_key.as_deref(),
-            config.api_key_env.as_deref(),
-            request,
-        )?;
+        let key = http::resolve_key(config.api_key.as_deref(), config.api_key_env.as_deref(), request)?;
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        headers.insert(
-            HeaderName::from_static("anthropic-version"),
-            HeaderValue::from_static(ANTHROPIC_VERSION),
-        );
+        headers.insert(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION));
         if let Some(key) = &key {
-            headers.insert(
-                HeaderName::from_static("x-api-key"),
-                http::secret_value(key)?,
-            );
+            headers.insert(HeaderName::from_static("x-api-key"), http::secret_value(key)?);
         }
         http::extra_headers(&mut headers, &config.extra_headers)?;
-        let body = serde_json::to_vec(&self.request_body(request)).map_err(|e| {
-            Failure::new(
-                format!("cannot encode the request: {e}"),
-                http::INVALID_CONFIG,
-            )
-        })?;
+        let body = serde_json::to_vec(&self.request_body(request))
+            .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), http::INVALID_CONFIG))?;
         let base_url = config.base_url.trim_end_matches('/').to_string();
         Ok(HttpCall {
             client: self.client.clone(),
@@ -239,12 +208,7 @@ fn anthropic_block(block: &Value, assistant: bool) -> Option<Value> {
     match block["type"].as_str()? {
         "text" if !text("text").is_empty() => Some(json!({"type": "text", "text": text("text")})),
         "tool-result" if !assistant => {
-            let content = text_blocks(
-                block["content"]
-                    .as_array()
-                    .map(Vec::as_slice)
-                    .unwrap_or_default(),
-            );
+            let content = text_blocks(block["content"].as_array().map(Vec::as_slice).unwrap_or_default());
             let mut result = json!({
                 "type": "tool_result",
                 "tool_use_id": block["toolCallId"],
@@ -263,9 +227,7 @@ fn anthropic_block(block: &Value, assistant: bool) -> Option<Value> {
             }
             .filter(Value::is_object)
             .unwrap_or_else(|| json!({}));
-            Some(
-                json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": input}),
-            )
+            Some(json!({"type": "tool_use", "id": block["id"], "name": block["name"], "input": input}))
         }
         // Only signed thinking can go back; reasoning from other providers has no signature.
         "reasoning" if assistant && !text("signature").is_empty() => Some(json!({
@@ -289,12 +251,8 @@ fn anthropic_messages(messages: &[Value]) -> Vec<Value> {
             Some("user") => false,
             _ => continue,
         };
-        let blocks: Vec<Value> = message["content"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|b| anthropic_block(b, assistant))
-            .collect();
+        let blocks: Vec<Value> =
+            message["content"].as_array().into_iter().flatten().filter_map(|b| anthropic_block(b, assistant)).collect();
         if blocks.is_empty() {
             continue;
         }
@@ -346,15 +304,9 @@ impl OpenBlock {
                 }
                 Some(block)
             }
-            OpenBlock::Redacted(data) => {
-                Some(json!({"type": "reasoning", "text": "", "redactedData": data}))
-            }
+            OpenBlock::Redacted(data) => Some(json!({"type": "reasoning", "text": "", "redactedData": data})),
             OpenBlock::ToolUse { id, name, json } => {
-                let arguments = if json.trim().is_empty() {
-                    "{}".to_string()
-                } else {
-                    json
-                };
+                let arguments = if json.trim().is_empty() { "{}".to_string() } else { json };
                 Some(json!({"type": "tool-call", "id": id, "name": name, "arguments": arguments}))
             }
             OpenBlock::Ignored => None,
@@ -409,34 +361,22 @@ impl MessagesDecoder {
                 return;
             }
         };
-        out.push(StreamChunk::BlockStart {
-            index,
-            block_type: kind.into(),
-        });
+        out.push(StreamChunk::BlockStart { index, block_type: kind.into() });
         self.started += 1;
         let open = match block["type"].as_str() {
             Some("text") => {
                 let initial = text("text");
                 if !initial.is_empty() {
-                    out.push(StreamChunk::TextDelta {
-                        index,
-                        text: initial.clone(),
-                    });
+                    out.push(StreamChunk::TextDelta { index, text: initial.clone() });
                 }
                 OpenBlock::Text(initial)
             }
             Some("thinking") => {
                 let initial = text("thinking");
                 if !initial.is_empty() {
-                    out.push(StreamChunk::ReasoningDelta {
-                        index,
-                        text: initial.clone(),
-                    });
+                    out.push(StreamChunk::ReasoningDelta { index, text: initial.clone() });
                 }
-                OpenBlock::Thinking {
-                    text: initial,
-                    signature: text("signature"),
-                }
+                OpenBlock::Thinking { text: initial, signature: text("signature") }
             }
             Some("redacted_thinking") => OpenBlock::Redacted(text("data")),
             _ => {
@@ -479,12 +419,7 @@ impl MessagesDecoder {
                 let piece = piece("partial_json");
                 json.push_str(&piece);
                 if !piece.is_empty() {
-                    out.push(StreamChunk::ToolCallDelta {
-                        index,
-                        id: id.clone(),
-                        name: None,
-                        arguments_delta: piece,
-                    });
+                    out.push(StreamChunk::ToolCallDelta { index, id: id.clone(), name: None, arguments_delta: piece });
                 }
             }
             _ => {}
@@ -529,10 +464,7 @@ impl MessagesDecoder {
             _ if self.tool_calls => FinishReason::ToolCalls,
             _ => FinishReason::Stop,
         };
-        out.push(StreamChunk::Finish {
-            reason,
-            replay_state: None,
-        });
+        out.push(StreamChunk::Finish { reason, replay_state: None });
         Ok(())
     }
 }

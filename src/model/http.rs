@@ -50,15 +50,7 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Whether a failure with this code may succeed when the call is simply made again.
 pub fn is_retryable(code: &str) -> bool {
-    matches!(
-        code,
-        RATE_LIMITED
-            | SERVER_ERROR
-            | CONNECTION_FAILED
-            | TIMEOUT
-            | STREAM_INCOMPLETE
-            | EMPTY_RESPONSE
-    )
+    matches!(code, RATE_LIMITED | SERVER_ERROR | CONNECTION_FAILED | TIMEOUT | STREAM_INCOMPLETE | EMPTY_RESPONSE)
 }
 
 /// How often and how patiently a model call is retried.
@@ -74,11 +66,7 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 4,
-            base_delay_ms: 500,
-            max_delay_ms: 30_000,
-        }
+        RetryPolicy { max_attempts: 4, base_delay_ms: 500, max_delay_ms: 30_000 }
     }
 }
 
@@ -90,10 +78,8 @@ impl RetryPolicy {
         if let Some(after) = retry_after {
             return after;
         }
-        let backoff = self
-            .base_delay_ms
-            .saturating_mul(2u64.saturating_pow(retry.saturating_sub(1)))
-            .min(self.max_delay_ms);
+        let backoff =
+            self.base_delay_ms.saturating_mul(2u64.saturating_pow(retry.saturating_sub(1))).min(self.max_delay_ms);
         let jittered = backoff as f64 * (0.5 + 0.5 * fastrand::f64());
         Duration::from_millis(jittered as u64)
     }
@@ -150,26 +136,17 @@ pub(crate) fn resolve_key(
 /// A header value holding a secret: marked sensitive so it is never shown by `Debug`.
 pub(crate) fn secret_value(value: &str) -> Result<HeaderValue, Failure> {
     let mut value = HeaderValue::from_str(value).map_err(|_| {
-        Failure::new(
-            "the API key contains characters that cannot be sent in an HTTP header",
-            INVALID_CONFIG,
-        )
+        Failure::new("the API key contains characters that cannot be sent in an HTTP header", INVALID_CONFIG)
     })?;
     value.set_sensitive(true);
     Ok(value)
 }
 
 /// The configured extra headers (values marked sensitive, as they may carry credentials).
-pub(crate) fn extra_headers(
-    headers: &mut HeaderMap,
-    pairs: &[(String, String)],
-) -> Result<(), Failure> {
+pub(crate) fn extra_headers(headers: &mut HeaderMap, pairs: &[(String, String)]) -> Result<(), Failure> {
     for (name, value) in pairs {
         let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-            Failure::new(
-                format!("the configured header name {name:?} is not a valid HTTP header name"),
-                INVALID_CONFIG,
-            )
+            Failure::new(format!("the configured header name {name:?} is not a valid HTTP header name"), INVALID_CONFIG)
         })?;
         let mut value = HeaderValue::from_str(value).map_err(|_| {
             Failure::new(
@@ -240,10 +217,7 @@ pub(crate) struct AttemptError {
 
 impl AttemptError {
     pub(crate) fn new(code: &str, message: impl Into<String>) -> Self {
-        AttemptError {
-            failure: Box::new(Failure::new(message, code)),
-            retry_after: None,
-        }
+        AttemptError { failure: Box::new(Failure::new(message, code)), retry_after: None }
     }
 
     fn with_status(mut self, status: u16) -> Self {
@@ -258,28 +232,19 @@ impl AttemptError {
 
 /// The response ended before the model finished.
 pub(crate) fn incomplete() -> AttemptError {
-    AttemptError::new(
-        STREAM_INCOMPLETE,
-        "the response stream ended before the model finished",
-    )
+    AttemptError::new(STREAM_INCOMPLETE, "the response stream ended before the model finished")
 }
 
 /// The model produced nothing.
 pub(crate) fn empty_response() -> AttemptError {
-    AttemptError::new(
-        EMPTY_RESPONSE,
-        "the model returned an empty completion (no text, reasoning or tool calls)",
-    )
+    AttemptError::new(EMPTY_RESPONSE, "the model returned an empty completion (no text, reasoning or tool calls)")
 }
 
 /// A stream event that is not the JSON the provider documents.
 pub(crate) fn unreadable(data: &str, error: &serde_json::Error) -> AttemptError {
     AttemptError::new(
         PROVIDER_ERROR,
-        format!(
-            "the provider sent an unreadable stream event ({error}): {}",
-            excerpt(data)
-        ),
+        format!("the provider sent an unreadable stream event ({error}): {}", excerpt(data)),
     )
 }
 
@@ -294,10 +259,7 @@ pub(crate) trait Decoder {
 }
 
 /// Runs a call on a background task, with retries, the idle watchdog and cancellation.
-pub(crate) fn start<D: Decoder + Default + Send + 'static>(
-    call: HttpCall,
-    cancel: CancellationToken,
-) -> ChunkStream {
+pub(crate) fn start<D: Decoder + Default + Send + 'static>(call: HttpCall, cancel: CancellationToken) -> ChunkStream {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         // Leaving the select drops the in-flight request, which aborts it at once.
@@ -332,9 +294,7 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
         failure.message = redact(&failure.message, call.key.as_deref());
         if let Some(after) = error.retry_after {
             let ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
-            failure
-                .extra
-                .insert("providerRetryAfterMs".into(), ms.into());
+            failure.extra.insert("providerRetryAfterMs".into(), ms.into());
         }
         if forwarded {
             // Chunks of this attempt already reached the consumer: finish with the failure
@@ -346,10 +306,7 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
                 failure.message
             );
             let _ = tx
-                .send(Ok(StreamChunk::Finish {
-                    reason: FinishReason::Error { failure: *failure },
-                    replay_state: None,
-                }))
+                .send(Ok(StreamChunk::Finish { reason: FinishReason::Error { failure: *failure }, replay_state: None }))
                 .await;
             return;
         }
@@ -408,12 +365,7 @@ async fn attempt_once<D: Decoder + Default>(
     forwarded: &mut bool,
 ) -> Result<(), AttemptError> {
     let idle = call.idle_timeout;
-    let send = call
-        .client
-        .post(call.url.as_str())
-        .headers(call.headers.clone())
-        .body(call.body.clone())
-        .send();
+    let send = call.client.post(call.url.as_str()).headers(call.headers.clone()).body(call.body.clone()).send();
     let response = match tokio::time::timeout(idle, send).await {
         Err(_) => return Err(idle_error(call)),
         Ok(Err(e)) => return Err(transport_error(call, &e)),
@@ -456,29 +408,19 @@ async fn attempt_once<D: Decoder + Default>(
             Some(Err(EventStreamError::Transport(ByteError::Transport(e)))) => {
                 return Err(AttemptError::new(
                     STREAM_INCOMPLETE,
-                    format!(
-                        "the response stream from {} broke off: {}",
-                        call.base_url,
-                        error_chain(&e)
-                    ),
+                    format!("the response stream from {} broke off: {}", call.base_url, error_chain(&e)),
                 ));
             }
             Some(Err(EventStreamError::Utf8(e))) => {
                 return Err(AttemptError::new(
                     PROVIDER_ERROR,
-                    format!(
-                        "the response stream from {} is not UTF-8: {e}",
-                        call.base_url
-                    ),
+                    format!("the response stream from {} is not UTF-8: {e}", call.base_url),
                 ));
             }
             Some(Err(EventStreamError::Parser(e))) => {
                 return Err(AttemptError::new(
                     PROVIDER_ERROR,
-                    format!(
-                        "the response stream from {} is not a valid event stream: {e:?}",
-                        call.base_url
-                    ),
+                    format!("the response stream from {} is not a valid event stream: {e:?}", call.base_url),
                 ));
             }
         };
@@ -508,22 +450,12 @@ fn transport_error(call: &HttpCall, error: &reqwest::Error) -> AttemptError {
     if error.is_builder() {
         return AttemptError::new(
             INVALID_CONFIG,
-            format!(
-                "cannot build the request to {} for {}: {}",
-                call.base_url,
-                call.request.route,
-                error_chain(error)
-            ),
+            format!("cannot build the request to {} for {}: {}", call.base_url, call.request.route, error_chain(error)),
         );
     }
     AttemptError::new(
         CONNECTION_FAILED,
-        format!(
-            "cannot reach {} for {}: {}",
-            call.base_url,
-            call.request.route,
-            error_chain(error)
-        ),
+        format!("cannot reach {} for {}: {}", call.base_url, call.request.route, error_chain(error)),
     )
 }
 
@@ -534,14 +466,9 @@ fn status_error(call: &HttpCall, status: u16, body: &str) -> AttemptError {
     let (route, model, base_url) = (&call.request.route, &call.request.model, &call.base_url);
     let model_missing = status == 404
         || (matches!(status, 400 | 422)
-            && [
-                "model not exist",
-                "model_not_found",
-                "does not exist",
-                "unknown model",
-            ]
-            .iter()
-            .any(|p| lower.contains(p)));
+            && ["model not exist", "model_not_found", "does not exist", "unknown model"]
+                .iter()
+                .any(|p| lower.contains(p)));
     let error = match status {
         401 | 403 => AttemptError::new(
             AUTH_FAILED,
@@ -562,18 +489,12 @@ fn status_error(call: &HttpCall, status: u16, body: &str) -> AttemptError {
         ),
         _ if status == 413 || (status < 500 && is_context_overflow(&lower)) => AttemptError::new(
             CONTEXT_WINDOW_EXCEEDED,
-            format!(
-                "the conversation no longer fits the context window of {route} (HTTP {status}): {detail}"
-            ),
+            format!("the conversation no longer fits the context window of {route} (HTTP {status}): {detail}"),
         ),
-        429 => AttemptError::new(
-            RATE_LIMITED,
-            format!("{route} is rate limited (HTTP 429): {detail}"),
-        ),
-        408 | 409 | 500..=599 => AttemptError::new(
-            SERVER_ERROR,
-            format!("{base_url} failed with HTTP {status} for {route}: {detail}"),
-        ),
+        429 => AttemptError::new(RATE_LIMITED, format!("{route} is rate limited (HTTP 429): {detail}")),
+        408 | 409 | 500..=599 => {
+            AttemptError::new(SERVER_ERROR, format!("{base_url} failed with HTTP {status} for {route}: {detail}"))
+        }
         _ => AttemptError::new(
             PROVIDER_ERROR,
             format!("{base_url} rejected the request for {route} with HTTP {status}: {detail}"),
@@ -584,36 +505,20 @@ fn status_error(call: &HttpCall, status: u16, body: &str) -> AttemptError {
 
 /// Classifies an error object reported inside the stream (`{type, message}` or `{code, message}`).
 pub(crate) fn stream_error(error: &Value) -> AttemptError {
-    let message = error["message"]
-        .as_str()
-        .map_or_else(|| excerpt(&error.to_string()), excerpt);
-    let kind = error["type"]
-        .as_str()
-        .or_else(|| error["code"].as_str())
-        .unwrap_or("error");
+    let message = error["message"].as_str().map_or_else(|| excerpt(&error.to_string()), excerpt);
+    let kind = error["type"].as_str().or_else(|| error["code"].as_str()).unwrap_or("error");
     let lower = format!("{kind} {message}").to_lowercase();
     let code = if is_context_overflow(&lower) {
         CONTEXT_WINDOW_EXCEEDED
     } else if lower.contains("rate_limit") || lower.contains("rate limit") {
         RATE_LIMITED
-    } else if [
-        "invalid_request",
-        "authentication",
-        "permission",
-        "not_found",
-    ]
-    .iter()
-    .any(|p| lower.contains(p))
-    {
+    } else if ["invalid_request", "authentication", "permission", "not_found"].iter().any(|p| lower.contains(p)) {
         PROVIDER_ERROR
     } else {
         // Overloads, api_error, server_error and unknown kinds: worth another attempt.
         SERVER_ERROR
     };
-    AttemptError::new(
-        code,
-        format!("the provider reported an error in the stream ({kind}): {message}"),
-    )
+    AttemptError::new(code, format!("the provider reported an error in the stream ({kind}): {message}"))
 }
 
 fn is_context_overflow(lower: &str) -> bool {
@@ -634,12 +539,8 @@ fn is_context_overflow(lower: &str) -> bool {
 
 /// `Retry-After` in seconds (or OpenAI's `retry-after-ms`); HTTP dates are not read.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let number = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
+    let number =
+        |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<f64>().ok());
     if let Some(ms) = number("retry-after-ms") {
         return Duration::try_from_secs_f64(ms / 1000.0).ok();
     }
@@ -695,11 +596,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_caps_and_honours_retry_after() {
-        let policy = RetryPolicy {
-            max_attempts: 5,
-            base_delay_ms: 100,
-            max_delay_ms: 300,
-        };
+        let policy = RetryPolicy { max_attempts: 5, base_delay_ms: 100, max_delay_ms: 300 };
         for _ in 0..20 {
             let first = policy.delay(1, None).as_millis();
             let second = policy.delay(2, None).as_millis();
@@ -708,10 +605,7 @@ mod tests {
             assert!((100..=200).contains(&second), "{second}");
             assert!((150..=300).contains(&capped), "{capped}");
         }
-        assert_eq!(
-            policy.delay(1, Some(Duration::from_secs(7))),
-            Duration::from_secs(7)
-        );
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(7))), Duration::from_secs(7));
     }
 
     #[test]
@@ -722,10 +616,7 @@ mod tests {
         headers.insert("retry-after-ms", HeaderValue::from_static("250"));
         assert_eq!(retry_after(&headers), Some(Duration::from_millis(250)));
         let mut dated = HeaderMap::new();
-        dated.insert(
-            "retry-after",
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
+        dated.insert("retry-after", HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
         assert_eq!(retry_after(&dated), None);
     }
 
@@ -742,10 +633,7 @@ mod tests {
 
     #[test]
     fn keys_are_redacted() {
-        assert_eq!(
-            redact("your key sk-123 is wrong", Some("sk-123")),
-            "your key [redacted] is wrong"
-        );
+        assert_eq!(redact("your key sk-123 is wrong", Some("sk-123")), "your key [redacted] is wrong");
         assert_eq!(redact("fine", None), "fine");
     }
 }

@@ -11,10 +11,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValu
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{
-    self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice,
-    RetryPolicy,
-};
+use super::http::{self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice, RetryPolicy};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
 
 /// How to reach one OpenAI-compatible endpoint.
@@ -48,14 +45,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("base_url", &self.base_url)
             .field("api_key_env", &self.api_key_env)
             .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .field(
-                "extra_headers",
-                &self
-                    .extra_headers
-                    .iter()
-                    .map(|(n, _)| n)
-                    .collect::<Vec<_>>(),
-            )
+            .field("extra_headers", &self.extra_headers.iter().map(|(n, _)| n).collect::<Vec<_>>())
             .field("max_tokens", &self.max_tokens)
             .field("reasoning_effort", &self.reasoning_effort)
             .field("deepseek", &self.deepseek)
@@ -85,10 +75,7 @@ impl OpenAiConfig {
     /// `$DEEPSEEK_API_KEY`.
     pub fn deepseek(env: &dyn Fn(&str) -> Option<String>) -> Self {
         let base = non_empty(env("DEEPSEEK_BASE_URL"));
-        let mut config = Self::new(
-            base.unwrap_or_else(|| "https://api.deepseek.com".into()),
-            Some("DEEPSEEK_API_KEY"),
-        );
+        let mut config = Self::new(base.unwrap_or_else(|| "https://api.deepseek.com".into()), Some("DEEPSEEK_API_KEY"));
         config.api_key = non_empty(env("DEEPSEEK_API_KEY"));
         config.deepseek = true;
         config
@@ -98,10 +85,7 @@ impl OpenAiConfig {
     /// `$OPENAI_API_KEY`.
     pub fn openai(env: &dyn Fn(&str) -> Option<String>) -> Self {
         let base = non_empty(env("OPENAI_BASE_URL"));
-        let mut config = Self::new(
-            base.unwrap_or_else(|| "https://api.openai.com/v1".into()),
-            Some("OPENAI_API_KEY"),
-        );
+        let mut config = Self::new(base.unwrap_or_else(|| "https://api.openai.com/v1".into()), Some("OPENAI_API_KEY"));
         config.api_key = non_empty(env("OPENAI_API_KEY"));
         config
     }
@@ -120,11 +104,7 @@ pub struct OpenAiModel {
 
 impl OpenAiModel {
     pub fn new(config: OpenAiConfig) -> Result<Self, String> {
-        Ok(OpenAiModel {
-            config,
-            client: http::client()?,
-            notice: None,
-        })
+        Ok(OpenAiModel { config, client: http::client()?, notice: None })
     }
 
     /// Reports every retry to `notice`.
@@ -177,11 +157,7 @@ impl OpenAiModel {
 
     fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
         let config = &self.config;
-        let key = http::resolve_key(
-            config.api_key.as_deref(),
-            config.api_key_env.as_deref(),
-            request,
-        )?;
+        let key = http::resolve_key(config.api_key.as_deref(), config.api_key_env.as_deref(), request)?;
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
@@ -189,12 +165,8 @@ impl OpenAiModel {
             headers.insert(AUTHORIZATION, http::secret_value(&format!("Bearer {key}"))?);
         }
         http::extra_headers(&mut headers, &config.extra_headers)?;
-        let body = serde_json::to_vec(&self.request_body(request)).map_err(|e| {
-            Failure::new(
-                format!("cannot encode the request: {e}"),
-                http::INVALID_CONFIG,
-            )
-        })?;
+        let body = serde_json::to_vec(&self.request_body(request))
+            .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), http::INVALID_CONFIG))?;
         let base_url = config.base_url.trim_end_matches('/').to_string();
         Ok(HttpCall {
             client: self.client.clone(),
@@ -233,18 +205,12 @@ fn joined(blocks: &[Value], kind: &str, separator: &str) -> String {
 }
 
 fn blocks_of(message: &Value) -> &[Value] {
-    message["content"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    message["content"].as_array().map(Vec::as_slice).unwrap_or_default()
 }
 
 /// A user message that starts a turn (or steers it): any user message but a tool result.
 fn is_prompt(message: &Value) -> bool {
-    message["role"] == "user"
-        && !blocks_of(message)
-            .iter()
-            .any(|b| b["type"] == "tool-result")
+    message["role"] == "user" && !blocks_of(message).iter().any(|b| b["type"] == "tool-result")
 }
 
 /// Raw JSON arguments as the API wants them (a JSON text, `{}` when empty).
@@ -283,11 +249,7 @@ fn chat_messages(request: &ModelRequest, deepseek: bool) -> Vec<Value> {
                 if text.is_empty() && calls.is_empty() {
                     continue;
                 }
-                let content = if text.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(text)
-                };
+                let content = if text.is_empty() { Value::Null } else { Value::String(text) };
                 let mut entry = json!({"role": "assistant", "content": content});
                 let reasoning = joined(blocks, "reasoning", "");
                 let current_turn = turn_start.is_none_or(|start| position > start);
@@ -357,10 +319,7 @@ impl ChatDecoder {
     fn close_open(&mut self, out: &mut Vec<StreamChunk>) {
         if let Some(block) = self.open.take() {
             let kind = if block.reasoning { "reasoning" } else { "text" };
-            out.push(StreamChunk::BlockEnd {
-                index: block.index,
-                block: json!({"type": kind, "text": block.text}),
-            });
+            out.push(StreamChunk::BlockEnd { index: block.index, block: json!({"type": kind, "text": block.text}) });
         }
     }
 
@@ -378,15 +337,8 @@ impl ChatDecoder {
             self.close_open(out);
             let index = self.new_index();
             let kind = if reasoning { "reasoning" } else { "text" };
-            out.push(StreamChunk::BlockStart {
-                index,
-                block_type: kind.into(),
-            });
-            self.open = Some(OpenBlock {
-                index,
-                reasoning,
-                text: String::new(),
-            });
+            out.push(StreamChunk::BlockStart { index, block_type: kind.into() });
+            self.open = Some(OpenBlock { index, reasoning, text: String::new() });
         }
         if let Some(block) = &mut self.open {
             block.text.push_str(piece);
@@ -429,27 +381,15 @@ impl ChatDecoder {
         let id = delta["id"]
             .as_str()
             .filter(|id| !id.is_empty())
-            .map_or_else(
-                || format!("call_{}", uuid::Uuid::new_v4().simple()),
-                str::to_string,
-            );
-        out.push(StreamChunk::BlockStart {
-            index,
-            block_type: "tool-call".into(),
-        });
+            .map_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()), str::to_string);
+        out.push(StreamChunk::BlockStart { index, block_type: "tool-call".into() });
         out.push(StreamChunk::ToolCallDelta {
             index,
             id: id.clone(),
             name: Some(name_piece.to_string()),
             arguments_delta: arguments_piece.clone(),
         });
-        self.calls.push(PendingCall {
-            key,
-            index,
-            id,
-            name: name_piece.to_string(),
-            arguments: arguments_piece,
-        });
+        self.calls.push(PendingCall { key, index, id, name: name_piece.to_string(), arguments: arguments_piece });
     }
 
     /// Closes the blocks and appends usage and the finish.
@@ -467,11 +407,7 @@ impl ChatDecoder {
         self.close_open(out);
         let has_calls = !self.calls.is_empty();
         for call in self.calls.drain(..) {
-            let arguments = if call.arguments.trim().is_empty() {
-                "{}".to_string()
-            } else {
-                call.arguments
-            };
+            let arguments = if call.arguments.trim().is_empty() { "{}".to_string() } else { call.arguments };
             out.push(StreamChunk::BlockEnd {
                 index: call.index,
                 block: json!({"type": "tool-call", "id": call.id, "name": call.name, "arguments": arguments}),
@@ -483,18 +419,12 @@ impl ChatDecoder {
         let reason = match reason.as_str() {
             "length" => FinishReason::MaxTokens,
             "content_filter" => FinishReason::Error {
-                failure: Failure::new(
-                    "the provider's content filter stopped the response",
-                    http::CONTENT_FILTERED,
-                ),
+                failure: Failure::new("the provider's content filter stopped the response", http::CONTENT_FILTERED),
             },
             _ if has_calls => FinishReason::ToolCalls,
             _ => FinishReason::Stop,
         };
-        out.push(StreamChunk::Finish {
-            reason,
-            replay_state: None,
-        });
+        out.push(StreamChunk::Finish { reason, replay_state: None });
         Ok(())
     }
 }
@@ -505,9 +435,8 @@ fn dsh_usage(usage: &Value) -> Value {
         "inputTokens": usage["prompt_tokens"].as_u64().unwrap_or(0),
         "outputTokens": usage["completion_tokens"].as_u64().unwrap_or(0),
     });
-    let cached = usage["prompt_cache_hit_tokens"]
-        .as_u64()
-        .or_else(|| usage["prompt_tokens_details"]["cached_tokens"].as_u64());
+    let cached =
+        usage["prompt_cache_hit_tokens"].as_u64().or_else(|| usage["prompt_tokens_details"]["cached_tokens"].as_u64());
     if let Some(cached) = cached {
         mapped["cacheReadTokens"] = cached.into();
     }
@@ -539,18 +468,11 @@ impl Decoder for ChatDecoder {
                 continue;
             }
             let delta = &choice["delta"];
-            let reasoning = delta["reasoning_content"]
-                .as_str()
-                .or_else(|| delta["reasoning"].as_str())
-                .unwrap_or_default();
+            let reasoning =
+                delta["reasoning_content"].as_str().or_else(|| delta["reasoning"].as_str()).unwrap_or_default();
             self.text(reasoning, true, out);
             self.text(delta["content"].as_str().unwrap_or_default(), false, out);
-            for (position, call) in delta["tool_calls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
+            for (position, call) in delta["tool_calls"].as_array().into_iter().flatten().enumerate() {
                 self.tool_call(position, call, out);
             }
             if let Some(reason) = choice["finish_reason"].as_str() {
@@ -580,10 +502,7 @@ mod tests {
             turn: 2,
             step: 2,
             cwd: None,
-            route: ModelRoute {
-                provider: "deepseek".into(),
-                model: "deepseek-v4-flash".into(),
-            },
+            route: ModelRoute { provider: "deepseek".into(), model: "deepseek-v4-flash".into() },
             system: "sys".into(),
             messages,
             tools: vec![ToolSchema {
@@ -598,14 +517,8 @@ mod tests {
         let mut decoder = ChatDecoder::default();
         let mut out = Vec::new();
         for data in events {
-            let event = Event {
-                data: (*data).to_string(),
-                ..Event::default()
-            };
-            if decoder
-                .event(&event, &mut out)
-                .map_err(|e| e.failure.code)?
-            {
+            let event = Event { data: (*data).to_string(), ..Event::default() };
+            if decoder.event(&event, &mut out).map_err(|e| e.failure.code)? {
                 return Ok(out);
             }
         }
@@ -645,17 +558,8 @@ mod tests {
         let text = r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#;
         let stop = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
         let chunks = decode(&[text, stop]).unwrap();
-        assert_eq!(
-            chunks.last(),
-            Some(&StreamChunk::Finish {
-                reason: FinishReason::Stop,
-                replay_state: None
-            })
-        );
+        assert_eq!(chunks.last(), Some(&StreamChunk::Finish { reason: FinishReason::Stop, replay_state: None }));
         assert_eq!(decode(&[text]), Err(http::STREAM_INCOMPLETE.to_string()));
-        assert_eq!(
-            decode(&[stop, "[DONE]"]),
-            Err(http::EMPTY_RESPONSE.to_string())
-        );
+        assert_eq!(decode(&[stop, "[DONE]"]), Err(http::EMPTY_RESPONSE.to_string()));
     }
 }

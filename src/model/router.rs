@@ -85,16 +85,14 @@ pub fn model_for_route_with_notice(
             let api_key = named.api_key_env.as_deref().and_then(set);
             match named.kind {
                 ProviderKind::OpenAi => {
-                    let mut config =
-                        OpenAiConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
+                    let mut config = OpenAiConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
                     config.api_key = api_key;
                     config.extra_headers = named.headers.clone();
                     config.deepseek = named.base_url.contains("deepseek");
                     (Some(config), None)
                 }
                 ProviderKind::Anthropic => {
-                    let mut config =
-                        AnthropicConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
+                    let mut config = AnthropicConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
                     config.api_key = api_key;
                     config.extra_headers = named.headers.clone();
                     (None, Some(config))
@@ -163,9 +161,7 @@ mod tests {
             }],
             ..ModelSettings::default()
         };
-        let err = model_for_route(&route("nope/m"), &settings, &|_| None)
-            .err()
-            .unwrap();
+        let err = model_for_route(&route("nope/m"), &settings, &|_| None).err().unwrap();
         assert!(err.contains("\"nope\""), "{err}");
         assert!(err.contains("deepseek, openai, anthropic, local"), "{err}");
     }
@@ -173,11 +169,7 @@ mod tests {
     #[test]
     fn routes_build_without_keys() {
         let settings = ModelSettings::default();
-        for text in [
-            "deepseek/deepseek-v4-flash",
-            "openai/gpt-5",
-            "anthropic/claude-x",
-        ] {
+        for text in ["deepseek/deepseek-v4-flash", "openai/gpt-5", "anthropic/claude-x"] {
             assert!(model_for_route(&route(text), &settings, &|_| None).is_ok());
         }
     }

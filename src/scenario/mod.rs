@@ -24,7 +24,8 @@ pub enum Compare {
     /// Every stdout frame, and every session log, exactly (after normalisation).
     Exact,
     /// Each response plus the agent text streamed before it; the initialize result by protocol
-    /// version only (fixtures from a system that emits fewer updates and other capabilities).
+    /// version only, results without `modes` (fixtures from a system that emits fewer updates and
+    /// other capabilities).
     Text,
 }
 
@@ -91,17 +92,23 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
             empty
         }
     };
+    let mut args: Vec<String> = vec![
+        "acp".into(),
+        "--sessions".into(),
+        sessions.display().to_string(),
+        "--config".into(),
+        config.display().to_string(),
+        "--replay".into(),
+        dir.canonicalize()?.display().to_string(),
+    ];
+    // Like dsh's snapshots (which run with full access), a scenario runs in `bypass` unless its
+    // kin.toml sets `permission_mode`.
+    if !sets_permission_mode(&config)? {
+        args.extend(["--permission-mode".into(), "bypass".into()]);
+    }
     let launch = Launch {
         exe: opts.exe.clone(),
-        args: vec![
-            "acp".into(),
-            "--sessions".into(),
-            sessions.display().to_string(),
-            "--config".into(),
-            config.display().to_string(),
-            "--replay".into(),
-            dir.canonicalize()?.display().to_string(),
-        ],
+        args,
         cwd: cwd.clone(),
         stderr_log: tmp.path().join("kin.stderr"),
         env: vec![("XDG_CONFIG_HOME".into(), tmp.path().display().to_string()), ("RUST_LOG".into(), "info".into())],
@@ -215,6 +222,13 @@ impl Run {
     }
 }
 
+/// True when the config file at `path` sets the top-level `permission_mode` key.
+fn sets_permission_mode(path: &Path) -> Result<bool> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let table: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok(table.contains_key("permission_mode"))
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -280,7 +294,14 @@ fn text_view(frames: &[Value]) -> Vec<String> {
             let body = if let Some(result) = frame.get("result") {
                 match result.get("protocolVersion") {
                     Some(version) => serde_json::json!({"protocolVersion": version}),
-                    None => result.clone(),
+                    None => {
+                        // Session modes are kin's permission modes, not part of the text.
+                        let mut result = result.clone();
+                        if let Some(fields) = result.as_object_mut() {
+                            fields.remove("modes");
+                        }
+                        result
+                    }
                 }
             } else {
                 serde_json::json!({"error": {"code": frame["error"]["code"], "message": frame["error"]["message"]}})

@@ -1,8 +1,11 @@
 //! The file tools `read`, `write` and `edit`. Paths resolve against the session directory and must
-//! stay inside the workspace (`check_workspace`). `read` returns numbered lines in dsh's format
+//! stay inside the workspace (`check_workspace`) unless the permission gate let the call go
+//! outside (`ToolContext::allow_outside`). `read` returns numbered lines in dsh's format
 //! (`<path>…</path>`, `<type>file</type>`, `<content>` with `N: text` lines and a footer);
 //! `edit` and overwriting `write`s require the file to have been read first in the session
-//! (`FileState`). All IO runs on the blocking pool.
+//! (`FileState`). Text goes through the editor when the call has a `FileAccess` (ACP `fs/*`),
+//! else to the disk, where all IO runs on the blocking pool. Successful writes and edits carry
+//! a diff for the editor in the result's meta (`{"diff": {path, oldText, newText}}`).
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -16,6 +19,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::builtin::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
+use super::files::FileAccess;
 use super::paths;
 use super::{Tool, ToolContext, ToolError, ToolOutput};
 
@@ -27,6 +31,13 @@ pub(crate) const MAX_LINE_CHARS: usize = 2000;
 const MAX_READ_BYTES: usize = 50 * 1024;
 /// Bytes inspected for a NUL to tell binary files from text.
 const BINARY_SNIFF_BYTES: u64 = 8 * 1024;
+/// Old plus new text a diff carries at most; a larger `edit` shows only the replaced text, a
+/// larger `write` no diff.
+const MAX_DIFF_BYTES: usize = 256 * 1024;
+/// Follows the not-found message of `read`.
+const READ_HINT: &str = "Check the path, or use glob to find the file.";
+/// Follows the not-found message of `edit`.
+const EDIT_HINT: &str = "Use write to create a new file.";
 
 /// The files each session has read (or written), shared by the file tools: `edit` and
 /// overwriting `write`s are refused for files the calling session has not read.
@@ -62,7 +73,7 @@ impl FileState {
 }
 
 /// The workspace rule of the file tools: `path` must lie inside the session directory `cwd`
-/// (symlinks followed). Kept separate so permission prompting can replace it.
+/// (symlinks followed). The permission gate decides outside access; see `check_access`.
 pub(crate) fn check_workspace(cwd: &Path, path: &Path) -> Result<(), ToolError> {
     if paths::inside_workspace(&[cwd.to_path_buf()], path) {
         return Ok(());
@@ -76,6 +87,14 @@ pub(crate) fn check_workspace(cwd: &Path, path: &Path) -> Result<(), ToolError> 
             root.display()
         ),
     ))
+}
+
+/// `check_workspace`, skipped when the permission gate allowed this call outside the workspace.
+pub(crate) fn check_access(cwd: &Path, path: &Path, allow_outside: bool) -> Result<(), ToolError> {
+    if allow_outside {
+        return Ok(());
+    }
+    check_workspace(cwd, path)
 }
 
 /// The first `MAX_LINE_CHARS` characters of `line`, with a note when it was longer.
@@ -197,7 +216,11 @@ impl Tool for ReadTool {
         async move {
             let request = ReadRequest::parse(&arguments)?;
             let cwd = call_cwd(&ctx);
-            let text = run_blocking("read", move || read_file(&cwd, &request, &files)).await?;
+            let allow = ctx.allow_outside;
+            let text = match ctx.file_access.clone() {
+                None => run_blocking("read", move || read_file(&cwd, &request, &files, allow)).await?,
+                Some(access) => read_via(&*access, &ctx.session_id, &cwd, &request, &files, allow).await?,
+            };
             Ok(ToolOutput::text(text))
         }
         .boxed()
@@ -213,13 +236,41 @@ struct Page {
     capped: bool,
 }
 
-fn read_file(cwd: &Path, request: &ReadRequest, files: &FileState) -> Result<String, ToolError> {
+fn read_file(cwd: &Path, request: &ReadRequest, files: &FileState, allow_outside: bool) -> Result<String, ToolError> {
     let path = paths::resolve(cwd, &request.file_path);
-    check_workspace(cwd, &path)?;
-    let mut file = open_existing(&path, "Check the path, or use glob to find the file.")?;
+    check_access(cwd, &path, allow_outside)?;
+    let mut file = open_existing(&path, READ_HINT)?;
     let head = sniff_text(&mut file, &path)?;
     let reader = BufReader::new(Cursor::new(head).chain(file));
-    let page = read_page(reader, request.offset, request.limit).map_err(|e| io_error("read", &path, &e))?;
+    finish_read(&path, reader, request, files)
+}
+
+/// `read` through the editor: the whole text, then the same page as from the disk.
+async fn read_via(
+    access: &dyn FileAccess,
+    session_id: &str,
+    cwd: &Path,
+    request: &ReadRequest,
+    files: &FileState,
+    allow_outside: bool,
+) -> Result<String, ToolError> {
+    let path = paths::resolve(cwd, &request.file_path);
+    check_access(cwd, &path, allow_outside)?;
+    if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
+        return Err(is_a_directory(&path));
+    }
+    let text = editor_read(access, session_id, &path, READ_HINT).await?;
+    finish_read(&path, Cursor::new(text.as_bytes()), request, files)
+}
+
+/// Numbers the requested lines of `reader` and marks the file read.
+fn finish_read(
+    path: &Path,
+    reader: impl BufRead,
+    request: &ReadRequest,
+    files: &FileState,
+) -> Result<String, ToolError> {
+    let page = read_page(reader, request.offset, request.limit).map_err(|e| io_error("read", path, &e))?;
     if request.offset > page.total_lines.max(1) {
         return Err(invalid_args(
             "read",
@@ -231,8 +282,8 @@ fn read_file(cwd: &Path, request: &ReadRequest, files: &FileState) -> Result<Str
             ),
         ));
     }
-    files.mark_read(&path);
-    Ok(render_page(&path, &page, request.offset))
+    files.mark_read(path);
+    Ok(render_page(path, &page, request.offset))
 }
 
 /// Reads the numbered lines `offset..offset+limit` (capped at `MAX_READ_BYTES` of output) and
@@ -344,28 +395,102 @@ impl Tool for WriteTool {
             let file_path = required_str(&arguments, "file_path", "write")?;
             let content = required_str(&arguments, "content", "write")?;
             let cwd = call_cwd(&ctx);
-            let text = run_blocking("write", move || write_file(&cwd, &file_path, &content, &files)).await?;
-            Ok(ToolOutput::text(text))
+            let allow = ctx.allow_outside;
+            let written = match ctx.file_access.clone() {
+                None => run_blocking("write", move || write_file(&cwd, &file_path, &content, &files, allow)).await?,
+                Some(access) => {
+                    let target = (cwd.as_path(), file_path.as_str());
+                    write_via(&*access, &ctx.session_id, target, content, &files, allow).await?
+                }
+            };
+            Ok(written.into_output())
         }
         .boxed()
     }
 }
 
-fn write_file(cwd: &Path, file_path: &str, content: &str, files: &FileState) -> Result<String, ToolError> {
+fn write_file(
+    cwd: &Path,
+    file_path: &str,
+    content: &str,
+    files: &FileState,
+    allow_outside: bool,
+) -> Result<Written, ToolError> {
     let path = paths::resolve(cwd, file_path);
-    check_workspace(cwd, &path)?;
-    match std::fs::metadata(&path) {
+    check_access(cwd, &path, allow_outside)?;
+    let before = match std::fs::metadata(&path) {
         Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
-        Ok(_) => require_read(files, &path)?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Ok(meta) => {
+            require_read(files, &path)?;
+            if meta.len() as usize > MAX_DIFF_BYTES {
+                Before::Unknown
+            } else {
+                std::fs::read(&path)
+                    .ok()
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .map_or(Before::Unknown, Before::Text)
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Before::Missing,
         Err(e) => return Err(io_error("inspect", &path, &e)),
-    }
+    };
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| io_error("create directory", parent, &e))?;
     }
     std::fs::write(&path, content).map_err(|e| io_error("write", &path, &e))?;
     files.mark_read(&path);
-    Ok(format!("Wrote {} bytes to {}", content.len(), path.display()))
+    Ok(wrote(&path, content, before))
+}
+
+/// `write` through the editor. `target` is the session directory and the raw `file_path`.
+async fn write_via(
+    access: &dyn FileAccess,
+    session_id: &str,
+    target: (&Path, &str),
+    content: String,
+    files: &FileState,
+    allow_outside: bool,
+) -> Result<Written, ToolError> {
+    let (cwd, file_path) = target;
+    let path = paths::resolve(cwd, file_path);
+    check_access(cwd, &path, allow_outside)?;
+    let before = match tokio::fs::metadata(&path).await {
+        Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
+        Ok(meta) => {
+            require_read(files, &path)?;
+            if meta.len() as usize > MAX_DIFF_BYTES {
+                Before::Unknown
+            } else {
+                access.read_text(session_id, &path).await.map_or(Before::Unknown, Before::Text)
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Before::Missing,
+        Err(e) => return Err(io_error("inspect", &path, &e)),
+    };
+    if let Some(parent) = path.parent() {
+        tokio::fs::create_dir_all(parent).await.map_err(|e| io_error("create directory", parent, &e))?;
+    }
+    access.write_text(session_id, &path, content.clone()).await.map_err(|e| io_error("write", &path, &e))?;
+    files.mark_read(&path);
+    Ok(wrote(&path, &content, before))
+}
+
+/// What a file held before `write` replaced it.
+enum Before {
+    /// There was no file.
+    Missing,
+    Text(String),
+    /// Too large, unreadable or not UTF-8: no diff.
+    Unknown,
+}
+
+fn wrote(path: &Path, content: &str, before: Before) -> Written {
+    let diff = match before {
+        Before::Missing => diff_meta(path, None, content),
+        Before::Text(old) => diff_meta(path, Some(old.as_str()), content),
+        Before::Unknown => None,
+    };
+    Written { text: format!("Wrote {} bytes to {}", content.len(), path.display()), diff }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -466,19 +591,56 @@ impl Tool for EditTool {
         async move {
             let request = EditRequest::parse(&arguments)?;
             let cwd = call_cwd(&ctx);
-            let text = run_blocking("edit", move || edit_file(&cwd, &request, &files)).await?;
-            Ok(ToolOutput::text(text))
+            let allow = ctx.allow_outside;
+            let edited = match ctx.file_access.clone() {
+                None => run_blocking("edit", move || edit_file(&cwd, &request, &files, allow)).await?,
+                Some(access) => edit_via(&*access, &ctx.session_id, &cwd, &request, &files, allow).await?,
+            };
+            Ok(edited.into_output())
         }
         .boxed()
     }
 }
 
-fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState) -> Result<String, ToolError> {
+fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState, allow_outside: bool) -> Result<Written, ToolError> {
     let path = paths::resolve(cwd, &request.file_path);
-    check_workspace(cwd, &path)?;
-    let file = open_existing(&path, "Use write to create a new file.")?;
+    check_access(cwd, &path, allow_outside)?;
+    let file = open_existing(&path, EDIT_HINT)?;
     require_read(files, &path)?;
     let content = read_text(file, &path)?;
+    let (updated, count) = apply_edit(&path, &content, request)?;
+    std::fs::write(&path, &updated).map_err(|e| io_error("write", &path, &e))?;
+    files.mark_read(&path);
+    Ok(edited(&path, count, &content, &updated, request))
+}
+
+/// `edit` through the editor (the buffer's text is what gets edited).
+async fn edit_via(
+    access: &dyn FileAccess,
+    session_id: &str,
+    cwd: &Path,
+    request: &EditRequest,
+    files: &FileState,
+    allow_outside: bool,
+) -> Result<Written, ToolError> {
+    let path = paths::resolve(cwd, &request.file_path);
+    check_access(cwd, &path, allow_outside)?;
+    match tokio::fs::metadata(&path).await {
+        Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_found(&path, EDIT_HINT)),
+        Err(e) => return Err(io_error("open", &path, &e)),
+    }
+    require_read(files, &path)?;
+    let content = editor_read(access, session_id, &path, EDIT_HINT).await?;
+    let (updated, count) = apply_edit(&path, &content, request)?;
+    access.write_text(session_id, &path, updated.clone()).await.map_err(|e| io_error("write", &path, &e))?;
+    files.mark_read(&path);
+    Ok(edited(&path, count, &content, &updated, request))
+}
+
+/// The edited text and the number of replacements, or why the edit cannot be made.
+fn apply_edit(path: &Path, content: &str, request: &EditRequest) -> Result<(String, usize), ToolError> {
     let count = content.matches(request.old_string.as_str()).count();
     if count == 0 {
         return Err(ToolError::new(
@@ -507,9 +669,38 @@ fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState) -> Result<Str
     } else {
         content.replacen(&request.old_string, &request.new_string, 1)
     };
-    std::fs::write(&path, updated).map_err(|e| io_error("write", &path, &e))?;
-    files.mark_read(&path);
-    Ok(format!("Edited {}: replaced {count} occurrence(s)", path.display()))
+    Ok((updated, count))
+}
+
+fn edited(path: &Path, count: usize, old: &str, new: &str, request: &EditRequest) -> Written {
+    let diff = diff_meta(path, Some(old), new)
+        .or_else(|| diff_meta(path, Some(request.old_string.as_str()), &request.new_string));
+    Written { text: format!("Edited {}: replaced {count} occurrence(s)", path.display()), diff }
+}
+
+/// What `write` and `edit` report: the model's text and the editor's diff.
+struct Written {
+    text: String,
+    diff: Option<Value>,
+}
+
+impl Written {
+    fn into_output(self) -> ToolOutput {
+        let output = ToolOutput::text(self.text);
+        match self.diff {
+            Some(diff) => output.with_meta(json!({ "diff": diff })),
+            None => output,
+        }
+    }
+}
+
+/// `{path, oldText, newText}` (ACP `Diff`; `oldText` null for a new file), or `None` when the
+/// texts are larger than `MAX_DIFF_BYTES`.
+fn diff_meta(path: &Path, old: Option<&str>, new: &str) -> Option<Value> {
+    if old.map_or(0, str::len) + new.len() > MAX_DIFF_BYTES {
+        return None;
+    }
+    Some(json!({"path": path.display().to_string(), "oldText": old, "newText": new}))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -519,9 +710,7 @@ fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState) -> Result<Str
 fn open_existing(path: &Path, hint: &str) -> Result<File, ToolError> {
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(ToolError::new("FILE_NOT_FOUND", format!("file not found: {}. {hint}", path.display())));
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_found(path, hint)),
         Err(e) => return Err(io_error("open", path, &e)),
     };
     if meta.is_dir() {
@@ -530,22 +719,42 @@ fn open_existing(path: &Path, hint: &str) -> Result<File, ToolError> {
     File::open(path).map_err(|e| io_error("open", path, &e))
 }
 
+fn not_found(path: &Path, hint: &str) -> ToolError {
+    ToolError::new("FILE_NOT_FOUND", format!("file not found: {}. {hint}", path.display()))
+}
+
 /// Reads the first bytes of `file`, refusing binary content (a NUL byte); returns them so the
 /// caller can chain them before the rest.
 fn sniff_text(file: &mut File, path: &Path) -> Result<Vec<u8>, ToolError> {
     let mut head = Vec::new();
     file.by_ref().take(BINARY_SNIFF_BYTES).read_to_end(&mut head).map_err(|e| io_error("read", path, &e))?;
     if head.contains(&0) {
-        return Err(ToolError::new(
-            "BINARY_FILE",
-            format!(
-                "{} looks like a binary file (it contains NUL bytes), so it cannot be shown or \
-                 edited as text. Inspect it with bash instead (e.g. `file`, `xxd | head`).",
-                path.display()
-            ),
-        ));
+        return Err(binary_file(path));
     }
     Ok(head)
+}
+
+fn binary_file(path: &Path) -> ToolError {
+    ToolError::new(
+        "BINARY_FILE",
+        format!(
+            "{} looks like a binary file (it contains NUL bytes), so it cannot be shown or \
+             edited as text. Inspect it with bash instead (e.g. `file`, `xxd | head`).",
+            path.display()
+        ),
+    )
+}
+
+/// The text of `path` through the editor; a NUL byte still means a binary file.
+async fn editor_read(access: &dyn FileAccess, session_id: &str, path: &Path, hint: &str) -> Result<String, ToolError> {
+    let text = access.read_text(session_id, path).await.map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => not_found(path, hint),
+        _ => io_error("read", path, &e),
+    })?;
+    if text.contains('\0') {
+        return Err(binary_file(path));
+    }
+    Ok(text)
 }
 
 /// The whole content of a text file as UTF-8.
@@ -785,6 +994,98 @@ mod tests {
         let err = f.write(json!({"file_path": "link/planted.txt", "content": "x"})).await.unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE");
         assert!(!f.outside.join("planted.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn writes_and_edits_carry_a_diff_for_the_editor() {
+        let f = fixture();
+        let write = WriteTool::new(f.files.clone());
+        let out = write.execute(json!({"file_path": "n.txt", "content": "one\n"}), f.ctx()).await.unwrap();
+        let path = f.ws.join("n.txt").display().to_string();
+        assert_eq!(out.meta, Some(json!({"diff": {"path": path, "oldText": null, "newText": "one\n"}})));
+        let edit = EditTool::new(f.files.clone());
+        let out = edit
+            .execute(json!({"file_path": "n.txt", "old_string": "one", "new_string": "two"}), f.ctx())
+            .await
+            .unwrap();
+        assert_eq!(out.meta, Some(json!({"diff": {"path": path, "oldText": "one\n", "newText": "two\n"}})));
+        let out = write.execute(json!({"file_path": "n.txt", "content": "three\n"}), f.ctx()).await.unwrap();
+        assert_eq!(out.meta.unwrap()["diff"]["oldText"], "two\n");
+        // Failures carry no meta: they are errors.
+        let err = edit
+            .execute(json!({"file_path": "n.txt", "old_string": "absent", "new_string": "x"}), f.ctx())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "EDIT_NO_MATCH");
+    }
+
+    #[tokio::test]
+    async fn an_outside_path_the_gate_allowed_can_be_used() {
+        let f = fixture();
+        let mut ctx = f.ctx();
+        ctx.allow_outside = true;
+        let read = ReadTool::new(f.files.clone());
+        let out = read.execute(json!({"file_path": "../outside/secret.txt"}), ctx.clone()).await.map(text).unwrap();
+        assert!(out.contains("1: secret"), "{out}");
+        let edit = EditTool::new(f.files.clone());
+        edit.execute(
+            json!({"file_path": "../outside/secret.txt", "old_string": "secret", "new_string": "public"}),
+            ctx,
+        )
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(f.outside.join("secret.txt")).unwrap(), "public\n");
+        // Without the gate's approval the same path is refused.
+        let err = f.read(json!({"file_path": "../outside/secret.txt"})).await.unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+    }
+
+    /// An editor with its own buffers: reads see them, writes land in them (not on disk).
+    #[derive(Debug, Default)]
+    struct Buffers(Mutex<std::collections::HashMap<PathBuf, String>>);
+
+    impl FileAccess for Buffers {
+        fn read_text(&self, _session_id: &str, path: &Path) -> BoxFuture<'static, io::Result<String>> {
+            let text = self.0.lock().unwrap().get(path).cloned();
+            async move { text.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound)) }.boxed()
+        }
+
+        fn write_text(&self, _session_id: &str, path: &Path, content: String) -> BoxFuture<'static, io::Result<()>> {
+            self.0.lock().unwrap().insert(path.to_path_buf(), content);
+            async { Ok(()) }.boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_editor_is_used_when_the_call_has_file_access() {
+        let f = fixture();
+        let path = f.ws.join("a.txt");
+        std::fs::write(&path, "on disk\n").unwrap();
+        let buffers = Arc::new(Buffers::default());
+        buffers.0.lock().unwrap().insert(path.clone(), "unsaved buffer\n".into());
+        let mut ctx = f.ctx();
+        ctx.file_access = Some(buffers.clone() as Arc<dyn FileAccess>);
+        let out =
+            ReadTool::new(f.files.clone()).execute(json!({"file_path": "a.txt"}), ctx.clone()).await.map(text).unwrap();
+        assert!(out.contains("1: unsaved buffer"), "{out}");
+        let out = EditTool::new(f.files.clone())
+            .execute(json!({"file_path": "a.txt", "old_string": "unsaved", "new_string": "edited"}), ctx.clone())
+            .await
+            .unwrap();
+        assert_eq!(out.meta.unwrap()["diff"]["oldText"], "unsaved buffer\n");
+        assert_eq!(buffers.0.lock().unwrap().get(&path).map(String::as_str), Some("edited buffer\n"));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "on disk\n");
+        // A NUL in the editor's text is still a binary file.
+        buffers.0.lock().unwrap().insert(path.clone(), "a\0b".into());
+        let err = ReadTool::new(f.files.clone()).execute(json!({"file_path": "a.txt"}), ctx.clone()).await.unwrap_err();
+        assert_eq!(err.code, "BINARY_FILE");
+        let out = WriteTool::new(f.files.clone())
+            .execute(json!({"file_path": "new.txt", "content": "fresh\n"}), ctx)
+            .await
+            .unwrap();
+        assert_eq!(out.meta.unwrap()["diff"]["oldText"], Value::Null);
+        assert_eq!(buffers.0.lock().unwrap().get(&f.ws.join("new.txt")).map(String::as_str), Some("fresh\n"));
+        assert!(!f.ws.join("new.txt").exists(), "the editor writes the file, not kin");
     }
 
     #[test]

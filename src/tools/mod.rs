@@ -4,6 +4,7 @@
 
 pub mod bash;
 pub mod builtin;
+pub mod files;
 pub mod fs;
 pub mod paths;
 pub mod search;
@@ -44,26 +45,47 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// The calling agent; `None` outside an agent (tests, direct calls).
     pub caller: Option<Arc<Caller>>,
+    /// Set by the permission gate when it let this call touch a path outside the workspace; the
+    /// file and search tools then skip their own workspace check.
+    pub allow_outside: bool,
+    /// Where the file tools read and write text (the editor, over ACP); `None`: the disk.
+    pub file_access: Option<Arc<dyn files::FileAccess>>,
 }
 
 impl ToolContext {
     /// A context without a calling agent.
     pub fn detached(cwd: Option<PathBuf>, cancel: CancellationToken) -> Self {
-        ToolContext { session_id: String::new(), cwd, call_id: String::new(), cancel, caller: None }
+        ToolContext {
+            session_id: String::new(),
+            cwd,
+            call_id: String::new(),
+            cancel,
+            caller: None,
+            allow_outside: false,
+            file_access: None,
+        }
     }
 }
 
 /// A tool's answer: content blocks for the model, plus log-only events the agent records
-/// just before the result (e.g. `todo/write`).
+/// just before the result (e.g. `todo/write`), plus `meta` for the editor (recorded as the
+/// result's `data.meta`, e.g. `{"diff": {path, oldText, newText}}` of write and edit).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
     pub content: Vec<Value>,
     pub events: Vec<(String, Value)>,
+    pub meta: Option<Value>,
 }
 
 impl ToolOutput {
     pub fn text(text: impl Into<String>) -> Self {
-        ToolOutput { content: vec![json!({"type": "text", "text": text.into()})], events: Vec::new() }
+        ToolOutput { content: vec![json!({"type": "text", "text": text.into()})], events: Vec::new(), meta: None }
+    }
+
+    /// Sets the result's `meta` (never shown to the model).
+    pub fn with_meta(mut self, meta: Value) -> Self {
+        self.meta = Some(meta);
+        self
     }
 
     /// Adds a log-only event recorded with the result.

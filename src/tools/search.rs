@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::builtin::{aborted, call_cwd, optional_str, required_str, run_blocking};
-use super::fs::{check_workspace, truncate_line};
+use super::fs::{check_access, truncate_line};
 use super::paths;
 use super::{Tool, ToolContext, ToolError, ToolOutput};
 
@@ -76,16 +76,24 @@ impl Tool for GlobTool {
             let path = optional_str(&arguments, "path", "glob")?;
             let cwd = call_cwd(&ctx);
             let cancel = ctx.cancel.clone();
-            let text = run_blocking("glob", move || glob_files(&cwd, &pattern, path.as_deref(), &cancel)).await?;
+            let allow = ctx.allow_outside;
+            let text =
+                run_blocking("glob", move || glob_files(&cwd, &pattern, path.as_deref(), &cancel, allow)).await?;
             Ok(ToolOutput::text(text))
         }
         .boxed()
     }
 }
 
-fn glob_files(cwd: &Path, pattern: &str, path: Option<&str>, cancel: &CancellationToken) -> Result<String, ToolError> {
+fn glob_files(
+    cwd: &Path,
+    pattern: &str,
+    path: Option<&str>,
+    cancel: &CancellationToken,
+    allow_outside: bool,
+) -> Result<String, ToolError> {
     let filter = NameFilter::new(pattern, "glob pattern")?;
-    let root = search_root(cwd, path)?;
+    let root = search_root(cwd, path, allow_outside)?;
     if !root.is_dir() {
         return Err(ToolError::new(
             "NOT_A_DIRECTORY",
@@ -201,7 +209,8 @@ impl Tool for GrepTool {
             };
             let cwd = call_cwd(&ctx);
             let cancel = ctx.cancel.clone();
-            let text = run_blocking("grep", move || grep_files(&cwd, &request, &cancel)).await?;
+            let allow = ctx.allow_outside;
+            let text = run_blocking("grep", move || grep_files(&cwd, &request, &cancel, allow)).await?;
             Ok(ToolOutput::text(text))
         }
         .boxed()
@@ -258,7 +267,12 @@ impl Sink for FileMatches {
     }
 }
 
-fn grep_files(cwd: &Path, request: &GrepRequest, cancel: &CancellationToken) -> Result<String, ToolError> {
+fn grep_files(
+    cwd: &Path,
+    request: &GrepRequest,
+    cancel: &CancellationToken,
+    allow_outside: bool,
+) -> Result<String, ToolError> {
     let matcher = RegexMatcher::new_line_matcher(&request.pattern).map_err(|e| {
         ToolError::new(
             "INVALID_PATTERN",
@@ -271,7 +285,7 @@ fn grep_files(cwd: &Path, request: &GrepRequest, cancel: &CancellationToken) -> 
         )
     })?;
     let include = request.include.as_deref().map(|glob| NameFilter::new(glob, "include glob")).transpose()?;
-    let root = search_root(cwd, request.path.as_deref())?;
+    let root = search_root(cwd, request.path.as_deref(), allow_outside)?;
     let base = if root.is_dir() { root.clone() } else { root.parent().map(Path::to_path_buf).unwrap_or_default() };
     let mut searcher = SearcherBuilder::new().binary_detection(BinaryDetection::quit(0)).line_number(true).build();
     let mut hits = Hits::default();
@@ -357,10 +371,10 @@ impl NameFilter {
 }
 
 /// The directory or file to search: `path` (or the working directory) resolved, inside the
-/// workspace, and existing.
-fn search_root(cwd: &Path, path: Option<&str>) -> Result<PathBuf, ToolError> {
+/// workspace (unless the permission gate allowed this call outside it), and existing.
+fn search_root(cwd: &Path, path: Option<&str>, allow_outside: bool) -> Result<PathBuf, ToolError> {
     let root = paths::resolve(cwd, path.unwrap_or("."));
-    check_workspace(cwd, &root)?;
+    check_access(cwd, &root, allow_outside)?;
     if !root.exists() {
         return Err(ToolError::new(
             "FILE_NOT_FOUND",

@@ -1,0 +1,176 @@
+//! What kin asks of the editor: permission for a tool call (`session/request_permission`) and,
+//! when the client advertised `fs.readTextFile` / `fs.writeTextFile`, file text
+//! (`fs/read_text_file`, `fs/write_text_file`). Every request is sent from the agent's task
+//! (a tool call), never from the dispatch loop, and awaited with `block_task`.
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use agent_client_protocol::Client;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    PermissionOption, PermissionOptionKind, ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest,
+    ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
+};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::convert;
+use crate::permission::{PermissionAnswer, PermissionPrompt, PermissionRequest};
+use crate::runtime::ClientLink;
+use crate::tools::files::{DiskFiles, FileAccess};
+
+/// The option ids kin offers in every permission request.
+pub const ALLOW_ONCE: &str = "allow-once";
+pub const ALLOW_ALWAYS: &str = "allow-always";
+pub const REJECT_ONCE: &str = "reject-once";
+pub const REJECT_ALWAYS: &str = "reject-always";
+
+/// The client link for a connection whose client advertised these file capabilities.
+pub fn link(cx: &ConnectionTo<Client>, read_text_file: bool, write_text_file: bool) -> ClientLink {
+    let files: Option<Arc<dyn FileAccess>> = if read_text_file || write_text_file {
+        let editor = EditorFiles { cx: cx.clone(), read: read_text_file, write: write_text_file };
+        Some(Arc::new(editor) as Arc<dyn FileAccess>)
+    } else {
+        None
+    };
+    ClientLink { prompt: Some(Arc::new(EditorPrompt { cx: cx.clone() }) as Arc<dyn PermissionPrompt>), files }
+}
+
+/// Asks through `session/request_permission`.
+struct EditorPrompt {
+    cx: ConnectionTo<Client>,
+}
+
+fn options() -> Vec<PermissionOption> {
+    vec![
+        PermissionOption::new(ALLOW_ONCE, "Allow once", PermissionOptionKind::AllowOnce),
+        PermissionOption::new(ALLOW_ALWAYS, "Allow always", PermissionOptionKind::AllowAlways),
+        PermissionOption::new(REJECT_ONCE, "Reject", PermissionOptionKind::RejectOnce),
+        PermissionOption::new(REJECT_ALWAYS, "Reject always", PermissionOptionKind::RejectAlways),
+    ]
+}
+
+/// The answer a response carries; anything but one of our options is a dismissal.
+fn answer_of(outcome: &RequestPermissionOutcome) -> PermissionAnswer {
+    match outcome {
+        RequestPermissionOutcome::Selected(selected) => match &*selected.option_id.0 {
+            ALLOW_ONCE => PermissionAnswer::AllowOnce,
+            ALLOW_ALWAYS => PermissionAnswer::AllowAlways,
+            REJECT_ONCE => PermissionAnswer::RejectOnce,
+            REJECT_ALWAYS => PermissionAnswer::RejectAlways,
+            _ => PermissionAnswer::Dismissed,
+        },
+        _ => PermissionAnswer::Dismissed,
+    }
+}
+
+impl PermissionPrompt for EditorPrompt {
+    fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+        let cx = self.cx.clone();
+        async move {
+            let fields = ToolCallUpdateFields::new()
+                .title(request.title)
+                .kind(convert::tool_kind(&request.tool))
+                .raw_input(request.raw_input);
+            let ask = RequestPermissionRequest::new(
+                request.session_id,
+                ToolCallUpdate::new(request.call_id, fields),
+                options(),
+            );
+            match cx.send_request(ask).block_task().await {
+                Ok(response) => answer_of(&response.outcome),
+                Err(e) => {
+                    tracing::debug!("permission request failed (treated as a rejection): {e}");
+                    PermissionAnswer::Dismissed
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Reads and writes through the editor for the capabilities it advertised, and through the
+/// disk for the others.
+struct EditorFiles {
+    cx: ConnectionTo<Client>,
+    read: bool,
+    write: bool,
+}
+
+impl fmt::Debug for EditorFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EditorFiles").field("read", &self.read).field("write", &self.write).finish_non_exhaustive()
+    }
+}
+
+impl FileAccess for EditorFiles {
+    fn read_text(&self, session_id: &str, path: &Path) -> BoxFuture<'static, io::Result<String>> {
+        if !self.read {
+            return DiskFiles.read_text(session_id, path);
+        }
+        let cx = self.cx.clone();
+        let request = ReadTextFileRequest::new(session_id.to_string(), path.to_path_buf());
+        async move {
+            cx.send_request(request)
+                .block_task()
+                .await
+                .map(|response| response.content)
+                .map_err(|e| io::Error::other(format!("the editor could not read it: {e}")))
+        }
+        .boxed()
+    }
+
+    fn write_text(&self, session_id: &str, path: &Path, content: String) -> BoxFuture<'static, io::Result<()>> {
+        if !self.write {
+            return DiskFiles.write_text(session_id, path, content);
+        }
+        let cx = self.cx.clone();
+        let request = WriteTextFileRequest::new(session_id.to_string(), path.to_path_buf(), content);
+        async move {
+            cx.send_request(request)
+                .block_task()
+                .await
+                .map(|_| ())
+                .map_err(|e| io::Error::other(format!("the editor could not write it: {e}")))
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_client_protocol::v1::schema::SelectedPermissionOutcome;
+
+    #[test]
+    fn options_carry_every_kind_and_answers_map_back() {
+        let options = options();
+        let kinds: Vec<_> = options.iter().map(|o| o.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                PermissionOptionKind::AllowOnce,
+                PermissionOptionKind::AllowAlways,
+                PermissionOptionKind::RejectOnce,
+                PermissionOptionKind::RejectAlways
+            ]
+        );
+        let wire = serde_json::to_value(&options[0]).unwrap();
+        assert_eq!(wire, serde_json::json!({"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"}));
+        for (option, answer) in options.iter().zip([
+            PermissionAnswer::AllowOnce,
+            PermissionAnswer::AllowAlways,
+            PermissionAnswer::RejectOnce,
+            PermissionAnswer::RejectAlways,
+        ]) {
+            let outcome = RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(option.option_id.clone()));
+            assert_eq!(answer_of(&outcome), answer);
+        }
+        let unknown = RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new("something-else"));
+        assert_eq!(answer_of(&unknown), PermissionAnswer::Dismissed);
+        assert_eq!(answer_of(&RequestPermissionOutcome::Cancelled), PermissionAnswer::Dismissed);
+    }
+}

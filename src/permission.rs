@@ -1,0 +1,839 @@
+//! Permissions: the gate in front of every tool call of a top-level session. A session's
+//! `Permissions` hold its mode (changeable through ACP `session/set_mode`) and the "always"
+//! answers the user gave; `admit` decides each call before it is dispatched, asking the editor
+//! through a `PermissionPrompt` when the mode says so.
+//!
+//! The decision table (paths resolve against the session cwd; `..` is settled lexically and
+//! every existing symlink is followed, as the file tools do, so neither can hide an outside path):
+//!
+//! | call | ask | accept-edits | read-only | bypass |
+//! |---|---|---|---|---|
+//! | `read`, `glob`, `grep`, `todo_write` inside the workspace | allow | allow | allow | allow |
+//! | `write`, `edit` inside the workspace | ask | allow | refuse | allow |
+//! | `bash` | ask | ask | refuse | allow |
+//! | any path outside the workspace (`read` too) | ask | ask | refuse | allow |
+//! | other tools (`subagent`, …) | allow | allow | allow | allow |
+//!
+//! Remembered answers ("allow always" / "reject always") replace a question, never a refusal of
+//! read-only mode: inside the workspace they are kept per tool name; outside it per tool and
+//! directory (the real directory of the path, or the path itself when it is a directory), and
+//! they cover everything under that directory. A dismissed, failed or cancelled request counts as
+//! a rejection. A rejected call never runs: the model reads `Error: the user rejected this <tool>
+//! call` (code `PERMISSION_REJECTED`); a call read-only mode refuses reads `Error: <tool> is not
+//! allowed in read-only mode` (code `PERMISSION_DENIED`).
+//!
+//! A session without `Permissions` (subagent children, tests) runs every call, and the file
+//! tools keep refusing paths outside the workspace themselves (`ToolContext::allow_outside`
+//! stays false; only the gate sets it, for a call it let touch an outside path).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use crate::tools::paths;
+use crate::tools::{ToolContext, ToolError};
+
+/// How much a session may do without asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PermissionMode {
+    /// Writes, edits, shell commands and outside paths ask first.
+    #[default]
+    Ask,
+    /// File edits in the workspace run; shell commands and outside paths ask.
+    AcceptEdits,
+    /// Reads and searches in the workspace only; writes and commands are refused.
+    ReadOnly,
+    /// Nothing asks.
+    Bypass,
+}
+
+impl PermissionMode {
+    /// Every mode, in the order editors list them.
+    pub const ALL: [PermissionMode; 4] =
+        [PermissionMode::Ask, PermissionMode::AcceptEdits, PermissionMode::ReadOnly, PermissionMode::Bypass];
+
+    /// The stable id (ACP session mode id, config value, flag value).
+    pub fn id(self) -> &'static str {
+        match self {
+            PermissionMode::Ask => "ask",
+            PermissionMode::AcceptEdits => "accept-edits",
+            PermissionMode::ReadOnly => "read-only",
+            PermissionMode::Bypass => "bypass",
+        }
+    }
+
+    /// The mode with this id.
+    pub fn parse(id: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|mode| mode.id() == id)
+    }
+
+    /// `parse` with an error that names the bad id and lists the valid ones (for clap and config).
+    pub fn parse_arg(id: &str) -> Result<Self, String> {
+        Self::parse(id)
+            .ok_or_else(|| format!("unknown permission mode \"{id}\"; valid modes are {}", Self::valid_ids()))
+    }
+
+    /// `ask, accept-edits, read-only, bypass`.
+    pub fn valid_ids() -> String {
+        Self::ALL.map(PermissionMode::id).join(", ")
+    }
+
+    /// A short human name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PermissionMode::Ask => "Ask",
+            PermissionMode::AcceptEdits => "Accept edits",
+            PermissionMode::ReadOnly => "Read only",
+            PermissionMode::Bypass => "Bypass permissions",
+        }
+    }
+
+    /// One sentence on what the mode allows.
+    pub fn description(self) -> &'static str {
+        match self {
+            PermissionMode::Ask => {
+                "Ask before writing or editing files, running commands, or touching paths outside the workspace."
+            }
+            PermissionMode::AcceptEdits => {
+                "Edit files in the workspace without asking; ask before running commands or touching paths outside the workspace."
+            }
+            PermissionMode::ReadOnly => "Read and search the workspace only; writes, edits and commands are refused.",
+            PermissionMode::Bypass => "Run every tool call without asking.",
+        }
+    }
+}
+
+impl fmt::Display for PermissionMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+/// The user's answer to a permission request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionAnswer {
+    AllowOnce,
+    AllowAlways,
+    RejectOnce,
+    RejectAlways,
+    /// Dismissed, failed or cancelled: a rejection.
+    Dismissed,
+}
+
+/// What the user is asked about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PermissionRequest {
+    pub session_id: String,
+    pub call_id: String,
+    /// The tool name.
+    pub tool: String,
+    /// What the call would do, for the dialog.
+    pub title: String,
+    /// The call's arguments (parsed JSON).
+    pub raw_input: Value,
+}
+
+/// Asks the user (through the editor) whether a tool call may run.
+pub trait PermissionPrompt: Send + Sync {
+    /// Resolves with the answer; any failure is `Dismissed`.
+    fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer>;
+}
+
+/// How the gate treats one call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Run it; `outside` when it was allowed to touch a path outside the workspace.
+    Allow { outside: bool },
+    /// Ask the user first.
+    Ask(Question),
+    /// Do not run it; the error is its result.
+    Refuse(ToolError),
+}
+
+/// A call that needs the user's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Question {
+    pub tool: String,
+    pub scope: Scope,
+    pub title: String,
+}
+
+/// Where a call acts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Workspace,
+    /// The real path outside the workspace the call names.
+    Outside(PathBuf),
+}
+
+/// A remembered "always" answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    tool: String,
+    /// `None`: inside the workspace; `Some(dir)`: anything under this real directory outside it.
+    under: Option<PathBuf>,
+    allow: bool,
+}
+
+impl Rule {
+    fn covers(&self, tool: &str, scope: &Scope) -> bool {
+        self.tool == tool
+            && match (&self.under, scope) {
+                (None, Scope::Workspace) => true,
+                (Some(dir), Scope::Outside(path)) => path.starts_with(dir),
+                _ => false,
+            }
+    }
+}
+
+/// What the tools do, as far as permissions care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Reads and searches (and the plan), which only ask for outside paths.
+    Read,
+    /// File writes and edits.
+    Edit,
+    /// Shell commands.
+    Exec,
+    /// Everything else (delegation, structured output, unknown names): never gated.
+    Other,
+}
+
+fn class_of(tool: &str) -> Class {
+    match tool {
+        "read" | "glob" | "grep" | "todo_write" => Class::Read,
+        "write" | "edit" => Class::Edit,
+        "bash" => Class::Exec,
+        _ => Class::Other,
+    }
+}
+
+/// One session's permission state.
+#[derive(Debug)]
+pub struct Permissions {
+    mode: Mutex<PermissionMode>,
+    rules: Mutex<Vec<Rule>>,
+    /// Held while a question is open, so the user sees one dialog at a time and an "always"
+    /// answer covers the calls waiting behind it.
+    asking: tokio::sync::Mutex<()>,
+}
+
+impl Permissions {
+    pub fn new(mode: PermissionMode) -> Self {
+        Permissions { mode: Mutex::new(mode), rules: Mutex::new(Vec::new()), asking: tokio::sync::Mutex::new(()) }
+    }
+
+    pub fn mode(&self) -> PermissionMode {
+        *lock(&self.mode)
+    }
+
+    /// Changes the mode; it applies to every call decided from now on.
+    pub fn set_mode(&self, mode: PermissionMode) {
+        *lock(&self.mode) = mode;
+    }
+
+    /// Decides a call of `tool` with `arguments` (parsed) in the workspace `cwd` (empty: the
+    /// process directory).
+    pub fn decide(&self, tool: &str, arguments: &Value, cwd: &Path) -> Decision {
+        let class = class_of(tool);
+        if class == Class::Other {
+            return Decision::Allow { outside: false };
+        }
+        let mode = self.mode();
+        let outside = outside_target(tool, arguments, cwd);
+        match mode {
+            PermissionMode::Bypass => {
+                return Decision::Allow { outside: outside.is_some() };
+            }
+            PermissionMode::ReadOnly => {
+                if matches!(class, Class::Edit | Class::Exec) {
+                    return Decision::Refuse(not_in_read_only(tool));
+                }
+                return match outside {
+                    Some(path) => Decision::Refuse(outside_in_read_only(tool, &path)),
+                    None => Decision::Allow { outside: false },
+                };
+            }
+            PermissionMode::Ask | PermissionMode::AcceptEdits => {}
+        }
+        // A call missing its required arguments fails in the tool before it touches anything
+        // (and the tool still checks the workspace itself): no need to ask about it.
+        if !well_formed(tool, arguments) {
+            return Decision::Allow { outside: false };
+        }
+        let needs_answer = outside.is_some()
+            || match class {
+                Class::Edit => mode == PermissionMode::Ask,
+                Class::Exec => true,
+                Class::Read | Class::Other => false,
+            };
+        if !needs_answer {
+            return Decision::Allow { outside: false };
+        }
+        let scope = match outside {
+            Some(path) => Scope::Outside(path),
+            None => Scope::Workspace,
+        };
+        match self.remembered(tool, &scope) {
+            Some(true) => Decision::Allow { outside: matches!(scope, Scope::Outside(_)) },
+            Some(false) => Decision::Refuse(rejected(tool)),
+            None => Decision::Ask(Question { tool: tool.to_string(), title: title(tool, arguments, &scope), scope }),
+        }
+    }
+
+    /// Applies the user's answer to `question` (remembering "always" answers).
+    pub fn answer(&self, question: &Question, answer: PermissionAnswer) -> Decision {
+        let outside = matches!(question.scope, Scope::Outside(_));
+        match answer {
+            PermissionAnswer::AllowOnce => Decision::Allow { outside },
+            PermissionAnswer::AllowAlways => {
+                self.remember(question, true);
+                Decision::Allow { outside }
+            }
+            PermissionAnswer::RejectAlways => {
+                self.remember(question, false);
+                Decision::Refuse(rejected(&question.tool))
+            }
+            PermissionAnswer::RejectOnce | PermissionAnswer::Dismissed => Decision::Refuse(rejected(&question.tool)),
+        }
+    }
+
+    /// The latest remembered answer covering a call, if any.
+    fn remembered(&self, tool: &str, scope: &Scope) -> Option<bool> {
+        lock(&self.rules).iter().rev().find(|rule| rule.covers(tool, scope)).map(|rule| rule.allow)
+    }
+
+    fn remember(&self, question: &Question, allow: bool) {
+        let under = match &question.scope {
+            Scope::Workspace => None,
+            Scope::Outside(path) => Some(if path.is_dir() {
+                path.clone()
+            } else {
+                path.parent().map_or_else(|| path.clone(), Path::to_path_buf)
+            }),
+        };
+        lock(&self.rules).push(Rule { tool: question.tool.clone(), under, allow });
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The gate in front of one tool call: returns the context to run it with (`allow_outside` set
+/// when the user or the mode let it touch an outside path), or the error that is its result.
+/// Without `permissions` every call runs (and the tools keep their own workspace check). While
+/// a question is open, the call's cancellation dismisses it.
+pub async fn admit(
+    permissions: Option<Arc<Permissions>>,
+    prompt: Option<Arc<dyn PermissionPrompt>>,
+    tool: &str,
+    raw_arguments: &str,
+    mut ctx: ToolContext,
+) -> Result<ToolContext, ToolError> {
+    let Some(permissions) = permissions else {
+        return Ok(ctx);
+    };
+    let arguments = parse_arguments(raw_arguments);
+    let cwd = ctx.cwd.clone().unwrap_or_default();
+    let mut decision = permissions.decide(tool, &arguments, &cwd);
+    if let Decision::Ask(_) = decision {
+        let Some(prompt) = prompt else {
+            // Nobody to ask: fail closed.
+            return Err(rejected(tool));
+        };
+        let _open = tokio::select! {
+            guard = permissions.asking.lock() => guard,
+            () = ctx.cancel.cancelled() => return Err(rejected(tool)),
+        };
+        // The mode or the remembered answers may have changed while this call waited.
+        decision = permissions.decide(tool, &arguments, &cwd);
+        if let Decision::Ask(question) = decision {
+            let request = PermissionRequest {
+                session_id: ctx.session_id.clone(),
+                call_id: ctx.call_id.clone(),
+                tool: tool.to_string(),
+                title: question.title.clone(),
+                raw_input: arguments.clone(),
+            };
+            let answer = tokio::select! {
+                answer = prompt.ask(request) => answer,
+                () = ctx.cancel.cancelled() => PermissionAnswer::Dismissed,
+            };
+            decision = permissions.answer(&question, answer);
+        }
+    }
+    match decision {
+        Decision::Allow { outside } => {
+            ctx.allow_outside = outside;
+            Ok(ctx)
+        }
+        Decision::Refuse(error) => Err(error),
+        Decision::Ask(_) => Err(rejected(tool)),
+    }
+}
+
+/// The call's arguments as JSON (`{}` when blank, `null` when not JSON: the tool reports that).
+fn parse_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return json!({});
+    }
+    serde_json::from_str(raw).unwrap_or(Value::Null)
+}
+
+/// True when the arguments the tool needs before touching anything are strings.
+fn well_formed(tool: &str, arguments: &Value) -> bool {
+    let is_str = |key: &str| arguments.get(key).is_some_and(Value::is_string);
+    match tool {
+        "read" => is_str("file_path"),
+        "write" => is_str("file_path") && is_str("content"),
+        "edit" => is_str("file_path") && is_str("old_string") && is_str("new_string"),
+        "bash" => arguments["command"].as_str().is_some_and(|c| !c.trim().is_empty()),
+        "glob" | "grep" => is_str("pattern"),
+        _ => true,
+    }
+}
+
+/// The real path outside the workspace a call names, if any: `file_path` of the file tools, the
+/// search `path` (default: the workspace) of glob and grep. Bash is gated as a whole.
+fn outside_target(tool: &str, arguments: &Value, cwd: &Path) -> Option<PathBuf> {
+    let raw = match tool {
+        "read" | "write" | "edit" => arguments["file_path"].as_str()?,
+        "glob" | "grep" => arguments["path"].as_str().filter(|p| !p.trim().is_empty()).unwrap_or("."),
+        _ => return None,
+    };
+    let path = paths::resolve(cwd, raw);
+    if paths::inside_workspace(&[cwd.to_path_buf()], &path) {
+        return None;
+    }
+    Some(paths::real_path(&path).unwrap_or(path))
+}
+
+/// What the dialog shows.
+fn title(tool: &str, arguments: &Value, scope: &Scope) -> String {
+    let arg = |key: &str| arguments[key].as_str().unwrap_or_default().to_string();
+    let base = match tool {
+        "bash" => format!("Run `{}`", shorten(&arg("command"), 200)),
+        "write" => format!("Write {}", arg("file_path")),
+        "edit" => format!("Edit {}", arg("file_path")),
+        "read" => format!("Read {}", arg("file_path")),
+        "glob" | "grep" => {
+            let path = arguments["path"].as_str().unwrap_or(".");
+            format!("{tool} {} in {path}", arg("pattern"))
+        }
+        other => other.to_string(),
+    };
+    match scope {
+        Scope::Workspace => base,
+        Scope::Outside(path) => format!("{base} (outside the workspace: {})", path.display()),
+    }
+}
+
+/// The first `max` characters of `text`, with `…` when cut.
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+fn permission_error(code: &str, message: String) -> ToolError {
+    ToolError { name: "PermissionError".into(), code: code.into(), message }
+}
+
+/// The result of a call the user rejected (or a request that was dismissed, failed or cancelled).
+pub fn rejected(tool: &str) -> ToolError {
+    permission_error("PERMISSION_REJECTED", format!("the user rejected this {tool} call"))
+}
+
+/// The result of a write, edit or command in read-only mode.
+pub fn not_in_read_only(tool: &str) -> ToolError {
+    permission_error("PERMISSION_DENIED", format!("{tool} is not allowed in read-only mode"))
+}
+
+fn outside_in_read_only(tool: &str, path: &Path) -> ToolError {
+    permission_error(
+        "PERMISSION_DENIED",
+        format!("{tool} is not allowed in read-only mode outside the workspace ({} is outside it)", path.display()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::FutureExt;
+    use tokio_util::sync::CancellationToken;
+
+    use super::PermissionMode::{AcceptEdits, Ask, Bypass, ReadOnly};
+
+    /// A temp dir holding `ws/` (the workspace, with `a.txt`) and `outside/` (with `secret.txt`).
+    struct Layout {
+        _dir: tempfile::TempDir,
+        ws: PathBuf,
+        outside: PathBuf,
+    }
+
+    fn layout() -> Layout {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+        std::fs::write(outside.join("secret.txt"), "secret\n").unwrap();
+        Layout { _dir: dir, ws, outside }
+    }
+
+    /// What the table says, as a word: allow, allow-outside, ask, denied or rejected.
+    fn verdict(decision: &Decision) -> &'static str {
+        match decision {
+            Decision::Allow { outside: false } => "allow",
+            Decision::Allow { outside: true } => "allow-outside",
+            Decision::Ask(_) => "ask",
+            Decision::Refuse(e) if e.code == "PERMISSION_DENIED" => "denied",
+            Decision::Refuse(e) if e.code == "PERMISSION_REJECTED" => "rejected",
+            Decision::Refuse(_) => "other",
+        }
+    }
+
+    fn decide(mode: PermissionMode, ws: &Path, tool: &str, args: Value) -> &'static str {
+        let permissions = Permissions::new(mode);
+        verdict(&permissions.decide(tool, &args, ws))
+    }
+
+    #[test]
+    fn mode_ids_round_trip_and_bad_ids_are_named() {
+        for mode in PermissionMode::ALL {
+            assert_eq!(PermissionMode::parse(mode.id()), Some(mode));
+            assert_eq!(mode.to_string(), mode.id());
+        }
+        assert_eq!(PermissionMode::default(), Ask);
+        assert_eq!(PermissionMode::valid_ids(), "ask, accept-edits, read-only, bypass");
+        let err = PermissionMode::parse_arg("yolo").unwrap_err();
+        assert!(err.contains("\"yolo\""), "{err}");
+        assert!(err.contains("accept-edits"), "{err}");
+    }
+
+    #[test]
+    fn decision_table_inside_the_workspace() {
+        let l = layout();
+        let read = json!({"file_path": "a.txt"});
+        let glob = json!({"pattern": "*.txt"});
+        let grep = json!({"pattern": "a", "path": "."});
+        let todo = json!({"todos": []});
+        let write = json!({"file_path": "b.txt", "content": "b"});
+        let edit = json!({"file_path": "a.txt", "old_string": "a", "new_string": "b"});
+        let bash = json!({"command": "ls", "description": "List files"});
+        let other = json!({"description": "d", "prompt": "p"});
+        let table: [(&str, &Value, [&str; 4]); 8] = [
+            // tool, arguments, [ask, accept-edits, read-only, bypass]
+            ("read", &read, ["allow", "allow", "allow", "allow"]),
+            ("glob", &glob, ["allow", "allow", "allow", "allow"]),
+            ("grep", &grep, ["allow", "allow", "allow", "allow"]),
+            ("todo_write", &todo, ["allow", "allow", "allow", "allow"]),
+            ("write", &write, ["ask", "allow", "denied", "allow"]),
+            ("edit", &edit, ["ask", "allow", "denied", "allow"]),
+            ("bash", &bash, ["ask", "ask", "denied", "allow"]),
+            ("subagent", &other, ["allow", "allow", "allow", "allow"]),
+        ];
+        for (tool, args, expected) in table {
+            for (mode, want) in PermissionMode::ALL.into_iter().zip(expected) {
+                assert_eq!(decide(mode, &l.ws, tool, args.clone()), want, "{tool} in {mode} mode");
+            }
+        }
+    }
+
+    #[test]
+    fn outside_paths_ask_even_for_reads() {
+        let l = layout();
+        let secret = l.outside.join("secret.txt");
+        let absolute = json!({"file_path": secret.to_str().unwrap()});
+        let dotdot = json!({"file_path": "../outside/secret.txt"});
+        let search = json!({"pattern": "s", "path": "../outside"});
+        let write = json!({"file_path": "../outside/new.txt", "content": "x"});
+        for (tool, args) in
+            [("read", &absolute), ("read", &dotdot), ("grep", &search), ("glob", &search), ("write", &write)]
+        {
+            let verdicts: Vec<&str> =
+                PermissionMode::ALL.into_iter().map(|mode| decide(mode, &l.ws, tool, args.clone())).collect();
+            assert_eq!(verdicts, ["ask", "ask", "denied", "allow-outside"], "{tool} {args}");
+        }
+    }
+
+    #[test]
+    fn symlinks_cannot_hide_an_outside_path() {
+        let l = layout();
+        symlink(&l.outside, l.ws.join("link")).unwrap();
+        let args = json!({"file_path": "link/secret.txt"});
+        assert_eq!(decide(Ask, &l.ws, "read", args.clone()), "ask");
+        assert_eq!(decide(AcceptEdits, &l.ws, "read", args.clone()), "ask");
+        let write = json!({"file_path": "link/planted.txt", "content": "x"});
+        assert_eq!(decide(AcceptEdits, &l.ws, "write", write), "ask");
+        let permissions = Permissions::new(Ask);
+        match permissions.decide("read", &args, &l.ws) {
+            Decision::Ask(question) => {
+                let real = l.outside.canonicalize().unwrap().join("secret.txt");
+                assert_eq!(question.scope, Scope::Outside(real));
+                assert!(
+                    question.title.starts_with("Read link/secret.txt (outside the workspace: "),
+                    "{}",
+                    question.title
+                );
+            }
+            other => panic!("expected a question, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn read_only_messages_name_the_tool() {
+        let l = layout();
+        let permissions = Permissions::new(ReadOnly);
+        let bash = json!({"command": "rm -rf /", "description": "oops"});
+        match permissions.decide("bash", &bash, &l.ws) {
+            Decision::Refuse(e) => {
+                assert_eq!(e.code, "PERMISSION_DENIED");
+                assert_eq!(e.message, "bash is not allowed in read-only mode");
+            }
+            other => panic!("{other:?}"),
+        }
+        let outside = json!({"file_path": "../outside/secret.txt"});
+        match permissions.decide("read", &outside, &l.ws) {
+            Decision::Refuse(e) => {
+                assert_eq!(e.code, "PERMISSION_DENIED");
+                assert!(e.message.contains("read-only"), "{}", e.message);
+                assert!(e.message.contains("secret.txt"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(rejected("write").message, "the user rejected this write call");
+        assert_eq!(rejected("write").code, "PERMISSION_REJECTED");
+    }
+
+    #[test]
+    fn malformed_calls_are_left_to_the_tool() {
+        let l = layout();
+        assert_eq!(decide(Ask, &l.ws, "write", json!({"file_path": 3})), "allow");
+        assert_eq!(decide(Ask, &l.ws, "bash", json!({"command": " "})), "allow");
+        assert_eq!(decide(Ask, &l.ws, "bash", Value::Null), "allow");
+        // Read-only refuses before looking at the arguments.
+        assert_eq!(decide(ReadOnly, &l.ws, "bash", Value::Null), "denied");
+    }
+
+    #[test]
+    fn set_mode_applies_to_the_next_decision() {
+        let l = layout();
+        let permissions = Permissions::new(Ask);
+        let edit = json!({"file_path": "a.txt", "old_string": "a", "new_string": "b"});
+        assert_eq!(verdict(&permissions.decide("edit", &edit, &l.ws)), "ask");
+        permissions.set_mode(AcceptEdits);
+        assert_eq!(permissions.mode(), AcceptEdits);
+        assert_eq!(verdict(&permissions.decide("edit", &edit, &l.ws)), "allow");
+        permissions.set_mode(Bypass);
+        assert_eq!(verdict(&permissions.decide("edit", &edit, &l.ws)), "allow");
+    }
+
+    fn question_of(decision: Decision) -> Question {
+        match decision {
+            Decision::Ask(question) => question,
+            other => panic!("expected a question, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn always_answers_are_remembered_per_tool_inside_the_workspace() {
+        let l = layout();
+        let permissions = Permissions::new(Ask);
+        let bash = |c: &str| json!({"command": c, "description": "d"});
+        let q = question_of(permissions.decide("bash", &bash("ls"), &l.ws));
+        assert_eq!(q.title, "Run `ls`");
+        assert_eq!(verdict(&permissions.answer(&q, PermissionAnswer::AllowOnce)), "allow");
+        // Once is not remembered.
+        let q = question_of(permissions.decide("bash", &bash("pwd"), &l.ws));
+        assert_eq!(verdict(&permissions.answer(&q, PermissionAnswer::AllowAlways)), "allow");
+        assert_eq!(verdict(&permissions.decide("bash", &bash("make"), &l.ws)), "allow");
+        // Per tool: writes still ask.
+        let write = json!({"file_path": "w.txt", "content": "w"});
+        let q = question_of(permissions.decide("write", &write, &l.ws));
+        assert_eq!(verdict(&permissions.answer(&q, PermissionAnswer::RejectAlways)), "rejected");
+        assert_eq!(verdict(&permissions.decide("write", &write, &l.ws)), "rejected");
+        // An allow-always inside the workspace does not cover outside paths.
+        let outside = json!({"file_path": "../outside/x.txt", "content": "x"});
+        assert_eq!(verdict(&permissions.decide("write", &outside, &l.ws)), "ask");
+        // Read-only refusals are not overridden by remembered answers.
+        permissions.set_mode(ReadOnly);
+        assert_eq!(verdict(&permissions.decide("bash", &bash("make"), &l.ws)), "denied");
+    }
+
+    #[test]
+    fn always_answers_outside_cover_the_directory() {
+        let l = layout();
+        std::fs::create_dir(l.outside.join("sub")).unwrap();
+        std::fs::write(l.outside.join("sub/deep.txt"), "d").unwrap();
+        let other = l.ws.parent().unwrap().join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        let permissions = Permissions::new(Ask);
+        let read = |p: &Path| json!({"file_path": p.to_str().unwrap()});
+        let q = question_of(permissions.decide("read", &read(&l.outside.join("secret.txt")), &l.ws));
+        permissions.answer(&q, PermissionAnswer::AllowAlways);
+        assert_eq!(
+            verdict(&permissions.decide("read", &read(&l.outside.join("sub/deep.txt")), &l.ws)),
+            "allow-outside"
+        );
+        assert_eq!(verdict(&permissions.decide("read", &read(&other.join("x.txt")), &l.ws)), "ask");
+        // Another tool on the same directory still asks.
+        let write = json!({"file_path": l.outside.join("n.txt").to_str().unwrap(), "content": "n"});
+        assert_eq!(verdict(&permissions.decide("write", &write, &l.ws)), "ask");
+    }
+
+    /// Answers questions from a list (then `Dismissed`) and records them.
+    struct Scripted {
+        answers: Mutex<Vec<PermissionAnswer>>,
+        asked: Mutex<Vec<PermissionRequest>>,
+        count: AtomicUsize,
+    }
+
+    impl Scripted {
+        fn new(answers: &[PermissionAnswer]) -> Arc<Self> {
+            Arc::new(Scripted {
+                answers: Mutex::new(answers.to_vec()),
+                asked: Mutex::new(Vec::new()),
+                count: AtomicUsize::new(0),
+            })
+        }
+    }
+
+    impl PermissionPrompt for Scripted {
+        fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+            self.count.fetch_add(1, Ordering::SeqCst);
+            lock(&self.asked).push(request);
+            let mut answers = lock(&self.answers);
+            let answer = if answers.is_empty() { PermissionAnswer::Dismissed } else { answers.remove(0) };
+            async move { answer }.boxed()
+        }
+    }
+
+    /// Never answers.
+    struct Silent;
+
+    impl PermissionPrompt for Silent {
+        fn ask(&self, _request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+            futures::future::pending().boxed()
+        }
+    }
+
+    fn ctx(ws: &Path) -> ToolContext {
+        let mut ctx = ToolContext::detached(Some(ws.to_path_buf()), CancellationToken::new());
+        ctx.session_id = "s1".into();
+        ctx.call_id = "call_1".into();
+        ctx
+    }
+
+    #[tokio::test]
+    async fn admit_asks_and_applies_the_answer() {
+        let l = layout();
+        let permissions = Arc::new(Permissions::new(Ask));
+        let prompt = Scripted::new(&[PermissionAnswer::AllowOnce, PermissionAnswer::RejectOnce]);
+        let dyn_prompt: Arc<dyn PermissionPrompt> = prompt.clone();
+        let args = r#"{"command": "echo hi", "description": "Say hi"}"#;
+        let admitted =
+            admit(Some(permissions.clone()), Some(dyn_prompt.clone()), "bash", args, ctx(&l.ws)).await.unwrap();
+        assert!(!admitted.allow_outside);
+        let asked = lock(&prompt.asked).clone();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].session_id, "s1");
+        assert_eq!(asked[0].call_id, "call_1");
+        assert_eq!(asked[0].tool, "bash");
+        assert_eq!(asked[0].title, "Run `echo hi`");
+        assert_eq!(asked[0].raw_input["command"], "echo hi");
+        let err =
+            admit(Some(permissions.clone()), Some(dyn_prompt.clone()), "bash", args, ctx(&l.ws)).await.unwrap_err();
+        assert_eq!(err.code, "PERMISSION_REJECTED");
+        assert_eq!(err.message, "the user rejected this bash call");
+        // The list is exhausted: the next question is dismissed, which is a rejection.
+        let err = admit(Some(permissions), Some(dyn_prompt), "bash", args, ctx(&l.ws)).await.unwrap_err();
+        assert_eq!(err.code, "PERMISSION_REJECTED");
+    }
+
+    #[tokio::test]
+    async fn admit_sets_allow_outside_only_for_an_allowed_outside_call() {
+        let l = layout();
+        let permissions = Arc::new(Permissions::new(Ask));
+        let prompt: Arc<dyn PermissionPrompt> = Scripted::new(&[PermissionAnswer::AllowOnce]);
+        let args = r#"{"file_path": "../outside/secret.txt"}"#;
+        let admitted = admit(Some(permissions.clone()), Some(prompt.clone()), "read", args, ctx(&l.ws)).await.unwrap();
+        assert!(admitted.allow_outside);
+        let inside =
+            admit(Some(permissions), Some(prompt), "read", r#"{"file_path": "a.txt"}"#, ctx(&l.ws)).await.unwrap();
+        assert!(!inside.allow_outside);
+    }
+
+    #[tokio::test]
+    async fn admit_without_permissions_runs_everything_inside_the_tool_checks() {
+        let l = layout();
+        let admitted =
+            admit(None, None, "read", r#"{"file_path": "../outside/secret.txt"}"#, ctx(&l.ws)).await.unwrap();
+        assert!(!admitted.allow_outside, "the tool keeps refusing outside paths");
+    }
+
+    #[tokio::test]
+    async fn admit_fails_closed_without_a_prompt_and_on_cancellation() {
+        let l = layout();
+        let permissions = Arc::new(Permissions::new(Ask));
+        let args = r#"{"file_path": "n.txt", "content": "n"}"#;
+        let err = admit(Some(permissions.clone()), None, "write", args, ctx(&l.ws)).await.unwrap_err();
+        assert_eq!(err.code, "PERMISSION_REJECTED");
+        let context = ctx(&l.ws);
+        let cancel = context.cancel.clone();
+        let silent: Arc<dyn PermissionPrompt> = Arc::new(Silent);
+        let pending = tokio::spawn(async move { admit(Some(permissions), Some(silent), "write", args, context).await });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        cancel.cancel();
+        let err = pending.await.unwrap().unwrap_err();
+        assert_eq!(err.code, "PERMISSION_REJECTED");
+    }
+
+    #[tokio::test]
+    async fn an_always_answer_covers_calls_waiting_behind_it() {
+        let l = layout();
+        let permissions = Arc::new(Permissions::new(Ask));
+        let prompt = Scripted::new(&[PermissionAnswer::AllowAlways]);
+        let dyn_prompt: Arc<dyn PermissionPrompt> = prompt.clone();
+        let calls = (0..3).map(|i| {
+            let (permissions, prompt) = (permissions.clone(), dyn_prompt.clone());
+            let context = ctx(&l.ws);
+            async move {
+                let args = format!(r#"{{"file_path": "../outside/f{i}.txt"}}"#);
+                admit(Some(permissions), Some(prompt), "read", &args, context).await
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(prompt.count.load(Ordering::SeqCst), 1, "one dialog for all three");
+    }
+
+    #[tokio::test]
+    async fn read_only_refuses_without_asking() {
+        let l = layout();
+        let permissions = Arc::new(Permissions::new(ReadOnly));
+        let prompt = Scripted::new(&[PermissionAnswer::AllowOnce]);
+        let dyn_prompt: Arc<dyn PermissionPrompt> = prompt.clone();
+        let err = admit(
+            Some(permissions),
+            Some(dyn_prompt),
+            "bash",
+            r#"{"command": "ls", "description": "List"}"#,
+            ctx(&l.ws),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, "PERMISSION_DENIED");
+        assert_eq!(err.message, "bash is not allowed in read-only mode");
+        assert_eq!(prompt.count.load(Ordering::SeqCst), 0);
+    }
+}

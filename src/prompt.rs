@@ -1,0 +1,280 @@
+//! The system prompt, built once per session: who the agent is, its environment (cwd, platform,
+//! date, permission mode), how to use each of its tools well, the project's instructions
+//! (`AGENTS.md` and `CLAUDE.md` at the workspace root) and the configured persona. Config
+//! `system_prompt_file` replaces the built part. A new session records the text in its log as the
+//! log-only event `system/prompt {text}`, and a loaded session reuses the last recorded one, so a
+//! resumed conversation keeps its prompt. A replayed scenario pins the prompt with a
+//! `system/prompt` event in its `session.jsonl` (`{{cwd}}` stands for the run's cwd); without
+//! one the built prompt is used but not recorded, so transcripts do not depend on the date.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::permission::PermissionMode;
+use crate::session::Event;
+
+/// The log-only event holding a session's system prompt.
+pub const EVENT: &str = "system/prompt";
+
+/// Project instruction files read from the workspace root, in this order.
+const INSTRUCTION_FILES: [&str; 2] = ["AGENTS.md", "CLAUDE.md"];
+
+/// Bytes of one instruction file included at most.
+const MAX_INSTRUCTION_BYTES: usize = 64 * 1024;
+
+/// What a prompt is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptSettings<'a> {
+    /// The workspace (session cwd).
+    pub cwd: Option<&'a Path>,
+    pub mode: PermissionMode,
+    /// The names of the tools the agent has.
+    pub tools: &'a [String],
+    /// A `# Persona` section.
+    pub persona: Option<&'a str>,
+    /// Replaces the built prompt (the persona section is still added).
+    pub system_prompt_file: Option<&'a Path>,
+    /// `YYYY-MM-DD`.
+    pub date: &'a str,
+}
+
+/// Today's date in UTC, `YYYY-MM-DD`.
+pub fn today() -> String {
+    let stamp = crate::timefmt::rfc3339(std::time::SystemTime::now());
+    stamp.get(..10).unwrap_or(&stamp).to_string()
+}
+
+/// Builds the prompt; fails only when `system_prompt_file` cannot be read.
+pub fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
+    let mut out = match settings.system_prompt_file {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| {
+            format!("cannot read the system prompt file {} (config key `system_prompt_file`): {e}", path.display())
+        })?,
+        None => built(settings),
+    };
+    if let Some(persona) = settings.persona.filter(|p| !p.trim().is_empty()) {
+        let _ = write!(out, "\n\n# Persona\n\n{}", persona.trim());
+    }
+    Ok(out)
+}
+
+/// The text of the last `system/prompt` event of a log.
+pub fn recorded(events: &[Event]) -> Option<String> {
+    events.iter().rev().find(|e| e.kind == EVENT).and_then(|e| e.data["text"].as_str()).map(str::to_string)
+}
+
+/// The prompt a scenario directory pins: the last `system/prompt` of its `session.jsonl`.
+pub fn pinned(scenario_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(scenario_dir.join("session.jsonl")).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["type"] == EVENT)
+        .and_then(|line| line["data"]["text"].as_str().map(str::to_string))
+}
+
+fn built(settings: &PromptSettings<'_>) -> String {
+    let mut out = String::from(
+        "You are kin, a coding agent working in the user's project through their editor. You \
+         read, search, edit and run commands in the workspace to do what the user asks. Be \
+         direct and concise; do the work rather than describing it, and say briefly what you \
+         changed when you are done.",
+    );
+    let cwd = settings.cwd.map_or_else(|| "(the process directory)".to_string(), |c| c.display().to_string());
+    let _ = write!(
+        out,
+        "\n\n# Environment\n\n- Working directory (the workspace): {cwd}\n- Platform: {} ({})\n\
+         - Date: {}\n- Permission mode: {} — {}",
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        settings.date,
+        settings.mode.id(),
+        settings.mode.description(),
+    );
+    out.push_str(
+        "\n\nA tool call the user rejects returns `Error: the user rejected this <tool> call`. \
+         Do not retry it unchanged: take another approach or ask the user how to proceed.",
+    );
+    let guidance: Vec<&str> = TOOL_GUIDANCE
+        .iter()
+        .filter(|(name, _)| settings.tools.iter().any(|t| t.as_str() == *name))
+        .map(|(_, text)| *text)
+        .collect();
+    if !guidance.is_empty() {
+        out.push_str("\n\n# Using the tools\n");
+        for line in guidance {
+            let _ = write!(out, "\n- {line}");
+        }
+    }
+    if let Some(cwd) = settings.cwd {
+        for name in INSTRUCTION_FILES {
+            if let Some(text) = instructions(&cwd.join(name)) {
+                let _ = write!(
+                    out,
+                    "\n\n# Project instructions ({name})\n\nThese instructions come from {name} \
+                     at the workspace root; follow them.\n\n{text}"
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Short advice per tool, in the order shown.
+const TOOL_GUIDANCE: [(&str, &str); 9] = [
+    (
+        "read",
+        "read: read a file before you edit it; use `offset`/`limit` for long files, and read \
+         several files in one step when you need them.",
+    ),
+    ("glob", "glob: find files by name (`**/*.rs`); prefer it to `find` or `ls -R`."),
+    (
+        "grep",
+        "grep: search file contents by regex (`include` narrows by file name); prefer it to \
+         running grep or rg in bash.",
+    ),
+    (
+        "edit",
+        "edit: replace an exact, unique piece of text; copy `old_string` from a read result \
+         without the line-number prefix, and include enough context to make it unique.",
+    ),
+    (
+        "write",
+        "write: create a new file or replace one completely; prefer edit for changes to \
+         existing files.",
+    ),
+    (
+        "bash",
+        "bash: run builds, tests, git and other commands; each call is a fresh shell, so pass \
+         `workdir` instead of `cd`, and give a short `description`.",
+    ),
+    (
+        "todo_write",
+        "todo_write: for work with several steps, keep a task list (the whole list each call, \
+         at most one item in progress) and update it as you go.",
+    ),
+    (
+        "subagent",
+        "subagent: delegate a self-contained task to a fresh child agent with a complete \
+         prompt; it returns the child's final answer.",
+    ),
+    ("subagent_fork", "subagent_fork: delegate to a child that starts from this conversation's history."),
+];
+
+/// The text of an instruction file, cut at `MAX_INSTRUCTION_BYTES`; `None` when absent or empty.
+fn instructions(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let cut = bytes.len().min(MAX_INSTRUCTION_BYTES);
+    let mut text = String::from_utf8_lossy(&bytes[..cut]).trim().to_string();
+    if text.is_empty() {
+        return None;
+    }
+    if bytes.len() > cut {
+        let _ = write!(text, "\n\n(… cut: the file has {} bytes; read it for the rest)", bytes.len());
+    }
+    Some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn settings<'a>(cwd: &'a Path, tools: &'a [String]) -> PromptSettings<'a> {
+        PromptSettings {
+            cwd: Some(cwd),
+            mode: PermissionMode::AcceptEdits,
+            tools,
+            persona: None,
+            system_prompt_file: None,
+            date: "2026-12-01",
+        }
+    }
+
+    #[test]
+    fn the_built_prompt_names_the_environment_and_the_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = vec!["read".to_string(), "bash".to_string()];
+        let text = build(&settings(dir.path(), &tools)).unwrap();
+        assert!(text.contains(&dir.path().display().to_string()), "{text}");
+        assert!(text.contains("Date: 2026-12-01"), "{text}");
+        assert!(text.contains("Permission mode: accept-edits"), "{text}");
+        assert!(text.contains(std::env::consts::OS), "{text}");
+        assert!(text.contains("- read: "), "{text}");
+        assert!(text.contains("- bash: "), "{text}");
+        assert!(!text.contains("- edit: "), "only the tools the agent has: {text}");
+        assert!(!text.contains("# Persona"), "{text}");
+        assert!(!text.contains("Project instructions"), "{text}");
+    }
+
+    #[test]
+    fn project_instructions_and_persona_are_included() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("AGENTS.md"), "Run `make check` before finishing.\n").unwrap();
+        std::fs::write(dir.path().join("CLAUDE.md"), "Use tabs.\n").unwrap();
+        let mut s = settings(dir.path(), &[]);
+        s.persona = Some("You are terse.");
+        let text = build(&s).unwrap();
+        let agents = text.find("Run `make check` before finishing.").unwrap();
+        let claude = text.find("Use tabs.").unwrap();
+        assert!(agents < claude, "AGENTS.md comes first");
+        assert!(text.contains("# Project instructions (AGENTS.md)"), "{text}");
+        assert!(text.ends_with("# Persona\n\nYou are terse."), "{text}");
+    }
+
+    #[test]
+    fn a_prompt_file_replaces_the_built_prompt() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("prompt.md");
+        std::fs::write(&file, "Custom prompt.").unwrap();
+        let mut s = settings(dir.path(), &[]);
+        s.system_prompt_file = Some(file.as_path());
+        s.persona = Some("Persona text.");
+        assert_eq!(build(&s).unwrap(), "Custom prompt.\n\n# Persona\n\nPersona text.");
+        let missing = dir.path().join("missing.md");
+        s.system_prompt_file = Some(missing.as_path());
+        let err = build(&s).unwrap_err();
+        assert!(err.contains("missing.md") && err.contains("system_prompt_file"), "{err}");
+    }
+
+    #[test]
+    fn long_instruction_files_are_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("AGENTS.md"), "x".repeat(MAX_INSTRUCTION_BYTES + 10)).unwrap();
+        let text = build(&settings(dir.path(), &[])).unwrap();
+        assert!(text.contains("(… cut: the file has"), "cut note");
+    }
+
+    #[test]
+    fn the_last_recorded_prompt_wins_and_scenarios_pin_one() {
+        let event = |seq: u64, kind: &str, text: &str| Event {
+            kind: kind.into(),
+            seq,
+            time: 0,
+            data: json!({"text": text}),
+            source_event_seqs: None,
+            surface_op: None,
+        };
+        let events = vec![event(0, EVENT, "first"), event(1, "turn/start", "x"), event(2, EVENT, "second")];
+        assert_eq!(recorded(&events).as_deref(), Some("second"));
+        assert_eq!(recorded(&events[1..2]), None);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(pinned(dir.path()), None);
+        std::fs::write(
+            dir.path().join("session.jsonl"),
+            "{\"type\":\"session\",\"version\":0,\"id\":\"x\",\"createdAt\":0}\n\
+             {\"type\":\"system/prompt\",\"seq\":0,\"time\":0,\"data\":{\"text\":\"Pinned in {{cwd}}.\"}}\n",
+        )
+        .unwrap();
+        assert_eq!(pinned(dir.path()).as_deref(), Some("Pinned in {{cwd}}."));
+    }
+
+    #[test]
+    fn today_is_a_date() {
+        let date = today();
+        assert_eq!(date.len(), 10);
+        assert_eq!(&date[4..5], "-");
+    }
+}

@@ -1,0 +1,213 @@
+//! The permission gate in the agent loop, with the real coding tools in a temporary workspace:
+//! each mode end to end through a prompt that answers like an editor would, rejected calls that
+//! never run, and the diff a write records for the editor.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kin::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
+use kin::model::script::{ReplayEntry, ScriptedModel};
+use kin::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
+use kin::session::{Event, SessionHeader, SessionStore};
+use kin::tools::ToolRegistry;
+use kin::tools::builtin::register_coding_tools;
+use kin::tools::fs::FileState;
+use serde_json::{Value, json};
+
+/// Answers from a list (then dismisses), recording what it was asked.
+#[derive(Default)]
+struct Editor {
+    answers: Mutex<Vec<PermissionAnswer>>,
+    asked: Mutex<Vec<PermissionRequest>>,
+}
+
+impl PermissionPrompt for Editor {
+    fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+        self.asked.lock().unwrap().push(request);
+        let mut answers = self.answers.lock().unwrap();
+        let answer = if answers.is_empty() { PermissionAnswer::Dismissed } else { answers.remove(0) };
+        async move { answer }.boxed()
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    ws: PathBuf,
+    outside: PathBuf,
+    store: SessionStore,
+    handle: AgentHandle,
+    editor: Arc<Editor>,
+    permissions: Arc<Permissions>,
+    id: String,
+}
+
+/// A session in `ws/` (holding `notes.txt`) beside `outside/` (holding `secret.txt`), whose model
+/// makes one tool call and then answers "done".
+fn start(mode: PermissionMode, call: (&str, Value), answers: &[PermissionAnswer]) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(ws.join("notes.txt"), "hello\n").unwrap();
+    std::fs::write(outside.join("secret.txt"), "secret\n").unwrap();
+    let store = SessionStore::new(dir.path().join("sessions"));
+    let id = "cccccccc-0000-4000-8000-000000000001".to_string();
+    let session = store.create(SessionHeader::new(id.clone(), 1, Some(ws.display().to_string()))).unwrap();
+    let (name, arguments) = call;
+    let model = Arc::new(ScriptedModel::new(vec![
+        ReplayEntry::Chunks(tool_call_response("c1", name, &arguments.to_string())),
+        ReplayEntry::Chunks(text_response(&["done"])),
+    ]));
+    let mut tools = ToolRegistry::new();
+    register_coding_tools(&mut tools, FileState::new());
+    let editor = Arc::new(Editor { answers: Mutex::new(answers.to_vec()), asked: Mutex::new(Vec::new()) });
+    let permissions = Arc::new(Permissions::new(mode));
+    let deps = AgentDeps {
+        model: model as Arc<dyn Model>,
+        tools,
+        route: ModelRoute::parse("test/model").unwrap(),
+        system: String::new(),
+        max_steps: 5,
+        max_parallel_tools: 4,
+        depth: 0,
+        permissions: Some(permissions.clone()),
+        prompt: Some(editor.clone() as Arc<dyn PermissionPrompt>),
+        file_access: None,
+    };
+    let handle = spawn_agent(session, deps);
+    Fixture { _dir: dir, ws, outside, store, handle, editor, permissions, id }
+}
+
+impl Fixture {
+    /// Runs one prompt and returns the single tool result event.
+    async fn run(&self) -> Event {
+        let end = self
+            .handle
+            .followup(vec![json!({"type": "text", "text": "go"})], json!({"kind": "user"}))
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(end, TurnEnd::Completed);
+        self.handle.flush().await.unwrap();
+        let events = self.store.inspect(&self.id).unwrap().events;
+        events.into_iter().find(|e| e.kind == "tool/result").expect("a tool result")
+    }
+
+    fn asked(&self) -> Vec<PermissionRequest> {
+        self.editor.asked.lock().unwrap().clone()
+    }
+}
+
+fn result_text(event: &Event) -> &str {
+    event.data["message"]["content"][0]["content"][0]["text"].as_str().unwrap()
+}
+
+fn is_error(event: &Event) -> bool {
+    event.data["message"]["content"][0]["isError"] == true
+}
+
+fn write_call(path: &str) -> (&'static str, Value) {
+    ("write", json!({"file_path": path, "content": "new\n"}))
+}
+
+fn exists(path: &Path) -> bool {
+    path.exists()
+}
+
+#[tokio::test]
+async fn ask_mode_rejected_write_never_runs() {
+    let f = start(PermissionMode::Ask, write_call("made.txt"), &[PermissionAnswer::RejectOnce]);
+    let result = f.run().await;
+    assert!(is_error(&result));
+    assert_eq!(result_text(&result), "Error: the user rejected this write call");
+    assert_eq!(result.data["error"]["code"], "PERMISSION_REJECTED");
+    assert!(!exists(&f.ws.join("made.txt")), "the write did not run");
+    let asked = f.asked();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].call_id, "c1");
+    assert_eq!(asked[0].session_id, f.id);
+    assert_eq!(asked[0].title, "Write made.txt");
+}
+
+#[tokio::test]
+async fn ask_mode_allowed_write_runs_and_records_a_diff() {
+    let f = start(PermissionMode::Ask, write_call("made.txt"), &[PermissionAnswer::AllowOnce]);
+    let result = f.run().await;
+    assert!(!is_error(&result), "{}", result_text(&result));
+    assert_eq!(std::fs::read_to_string(f.ws.join("made.txt")).unwrap(), "new\n");
+    let diff = &result.data["meta"]["diff"];
+    assert_eq!(diff["path"], f.ws.join("made.txt").display().to_string());
+    assert_eq!(diff["oldText"], Value::Null);
+    assert_eq!(diff["newText"], "new\n");
+}
+
+#[tokio::test]
+async fn a_dismissed_request_is_a_rejection() {
+    let f = start(PermissionMode::Ask, write_call("made.txt"), &[]);
+    let result = f.run().await;
+    assert_eq!(result_text(&result), "Error: the user rejected this write call");
+    assert!(!exists(&f.ws.join("made.txt")));
+}
+
+#[tokio::test]
+async fn accept_edits_writes_without_asking_but_asks_for_bash() {
+    let f = start(PermissionMode::AcceptEdits, write_call("made.txt"), &[]);
+    let result = f.run().await;
+    assert!(!is_error(&result), "{}", result_text(&result));
+    assert!(f.asked().is_empty());
+    let bash = ("bash", json!({"command": "echo ran > ran.txt", "description": "Write a marker"}));
+    let f = start(PermissionMode::AcceptEdits, bash, &[PermissionAnswer::RejectOnce]);
+    let result = f.run().await;
+    assert_eq!(result_text(&result), "Error: the user rejected this bash call");
+    assert!(!exists(&f.ws.join("ran.txt")), "the command did not run");
+    assert_eq!(f.asked().len(), 1);
+}
+
+#[tokio::test]
+async fn read_only_refuses_writes_and_commands_without_asking() {
+    let f = start(PermissionMode::ReadOnly, write_call("made.txt"), &[]);
+    let result = f.run().await;
+    assert_eq!(result_text(&result), "Error: write is not allowed in read-only mode");
+    assert_eq!(result.data["error"]["code"], "PERMISSION_DENIED");
+    assert!(!exists(&f.ws.join("made.txt")));
+    assert!(f.asked().is_empty());
+    let read = ("read", json!({"file_path": "notes.txt"}));
+    let f = start(PermissionMode::ReadOnly, read, &[]);
+    let result = f.run().await;
+    assert!(result_text(&result).contains("1: hello"), "reads still work");
+}
+
+#[tokio::test]
+async fn bypass_runs_commands_and_outside_reads() {
+    let bash = ("bash", json!({"command": "echo BYPASS_OK", "description": "Say it"}));
+    let f = start(PermissionMode::Bypass, bash, &[]);
+    let result = f.run().await;
+    assert!(result_text(&result).contains("BYPASS_OK"), "{}", result_text(&result));
+    assert!(f.asked().is_empty());
+    let read = ("read", json!({"file_path": "../outside/secret.txt"}));
+    let f = start(PermissionMode::Bypass, read, &[]);
+    let result = f.run().await;
+    assert!(result_text(&result).contains("1: secret"), "{}", result_text(&result));
+}
+
+#[tokio::test]
+async fn an_outside_read_asks_and_runs_once_allowed() {
+    let read = ("read", json!({"file_path": "../outside/secret.txt"}));
+    let f = start(PermissionMode::Ask, read, &[PermissionAnswer::AllowOnce]);
+    let result = f.run().await;
+    assert!(result_text(&result).contains("1: secret"), "{}", result_text(&result));
+    let asked = f.asked();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].title.contains("outside the workspace"), "{}", asked[0].title);
+    assert!(f.outside.join("secret.txt").exists());
+    // A read inside the workspace never asks.
+    let read = ("read", json!({"file_path": "notes.txt"}));
+    let f = start(PermissionMode::Ask, read, &[]);
+    f.run().await;
+    assert!(f.asked().is_empty());
+    assert_eq!(f.permissions.mode(), PermissionMode::Ask);
+}
