@@ -89,6 +89,13 @@ pub enum ScenarioCommand {
         #[arg(required = true, value_name = "DIR")]
         dirs: Vec<PathBuf>,
     },
+    /// Run scenarios' input.json against the configured real model and write their expected
+    /// transcripts and session logs, so `scenario run` replays them keyless afterwards.
+    Record {
+        /// Scenario directories (each needs an input.json).
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

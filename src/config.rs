@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 
 use crate::model::ModelRoute;
+use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 
@@ -45,6 +46,8 @@ pub struct Config {
     /// A file whose text replaces the built system prompt (relative paths: against the config
     /// file's directory).
     pub system_prompt_file: Option<PathBuf>,
+    /// `[model_settings]` and `[providers.*]`: how the HTTP clients call models.
+    pub models: ModelSettings,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -94,6 +97,33 @@ struct FileConfig {
     agent: AgentSection,
     #[serde(default)]
     subagents: SubagentSection,
+    #[serde(default, rename = "model_settings")]
+    model_settings: ModelSection,
+    #[serde(default)]
+    providers: std::collections::BTreeMap<String, ProviderSection>,
+}
+
+/// `[model_settings]`: how model calls are made.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelSection {
+    max_tokens: Option<u32>,
+    reasoning_effort: Option<String>,
+    max_attempts: Option<u32>,
+    retry_base_delay_ms: Option<u64>,
+    retry_max_delay_ms: Option<u64>,
+    idle_timeout_secs: Option<u64>,
+}
+
+/// `[providers.NAME]`: a named OpenAI-compatible (or Anthropic) endpoint, used as `NAME/model`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderSection {
+    base_url: String,
+    api_key_env: Option<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    kind: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -179,7 +209,9 @@ impl Config {
                 Some(dir) if path.is_relative() => dir.join(path),
                 _ => path,
             });
+        let models = resolve_models(file.model_settings, file.providers, &where_())?;
         Ok(Config {
+            models,
             subagents,
             sessions_dir,
             model,
@@ -193,6 +225,47 @@ impl Config {
             system_prompt_file,
         })
     }
+}
+
+fn resolve_models(
+    section: ModelSection,
+    providers: std::collections::BTreeMap<String, ProviderSection>,
+    origin: &str,
+) -> Result<ModelSettings> {
+    let mut settings = ModelSettings::default();
+    settings.max_tokens = section.max_tokens.or(settings.max_tokens);
+    settings.reasoning_effort = section.reasoning_effort;
+    if let Some(n) = section.max_attempts {
+        if n == 0 {
+            anyhow::bail!("{origin}: key `model_settings.max_attempts` must be at least 1");
+        }
+        settings.retry.max_attempts = n;
+    }
+    settings.retry.base_delay_ms = section.retry_base_delay_ms.unwrap_or(settings.retry.base_delay_ms);
+    settings.retry.max_delay_ms = section.retry_max_delay_ms.unwrap_or(settings.retry.max_delay_ms);
+    settings.idle_timeout_secs = section.idle_timeout_secs.unwrap_or(settings.idle_timeout_secs);
+    for (name, p) in providers {
+        let kind = match p.kind.as_deref() {
+            None | Some("openai") => ProviderKind::OpenAi,
+            Some("anthropic") => ProviderKind::Anthropic,
+            Some(other) => {
+                anyhow::bail!(
+                    "{origin}: key `providers.{name}.kind` must be \"openai\" or \"anthropic\", not {other:?}"
+                )
+            }
+        };
+        if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
+            anyhow::bail!("{origin}: key `providers.{name}.base_url` must be an http(s) URL, not {:?}", p.base_url);
+        }
+        settings.providers.push(NamedProvider {
+            name,
+            base_url: p.base_url,
+            api_key_env: p.api_key_env,
+            headers: p.headers.into_iter().collect(),
+            kind,
+        });
+    }
+    Ok(settings)
 }
 
 fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentSettings> {

@@ -66,7 +66,14 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         }
         Command::Scenario { command: ScenarioCommand::Run { update, compare, out, dirs } } => {
             let exe = std::env::current_exe()?;
-            let opts = RunOptions { exe, compare: compare.into(), update, out };
+            let opts = RunOptions { exe, compare: compare.into(), update, out, record: false };
+            let ok = kin::commands::scenario_run(&dirs, &opts).await?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Scenario { command: ScenarioCommand::Record { dirs } } => {
+            let exe = std::env::current_exe()?;
+            let opts =
+                RunOptions { exe, compare: kin::scenario::Compare::Exact, update: true, out: None, record: true };
             let ok = kin::commands::scenario_run(&dirs, &opts).await?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }

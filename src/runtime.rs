@@ -12,9 +12,8 @@ use tokio::sync::oneshot;
 
 use crate::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
 use crate::config::Config;
+use crate::model::Model;
 use crate::model::replay::ReplayModel;
-use crate::model::script::{ReplayEntry, play};
-use crate::model::{ChunkStream, Model, ModelRequest};
 use crate::permission::{PermissionMode, PermissionPrompt, Permissions};
 use crate::prompt::{self, PromptSettings};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
@@ -70,17 +69,6 @@ pub struct Runtime {
     /// Live child agents (subagents), by session id.
     children: Mutex<HashMap<String, AgentHandle>>,
     client: Mutex<ClientLink>,
-}
-
-/// A model for routes kin cannot reach yet: every call fails with a clear message.
-struct UnavailableModel(String);
-
-impl Model for UnavailableModel {
-    fn stream(&self, request: ModelRequest, cancel: tokio_util::sync::CancellationToken) -> ChunkStream {
-        let entry =
-            ReplayEntry::Throw { chunks: Vec::new(), message: self.0.clone(), code: "MODEL_UNAVAILABLE".into() };
-        play(entry, request.cwd, cancel)
-    }
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -168,10 +156,15 @@ pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
     if let Some(dir) = &config.replay {
         return Ok(Arc::new(ReplayModel::from_dir(dir)?));
     }
-    Ok(Arc::new(UnavailableModel(format!(
-        "model route {} has no client in this build; run keyless with --replay DIR (a recorded scenario)",
-        config.model
-    ))))
+    let log = Arc::new(crate::model::retry_log::RetryLog::default());
+    let inner = crate::model::router::model_for_route_with_notice(
+        &config.model,
+        &config.models,
+        &crate::config::process_env,
+        Some(log.notice()),
+    )
+    .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
+    Ok(Arc::new(crate::model::retry_log::Recorded { inner, log }))
 }
 
 impl Runtime {

@@ -11,7 +11,7 @@ use kin::scenario::{Compare, RunOptions, run};
 const EXPECTED_FAILURES: &[(&str, u32)] = &[("subagent-list-agents", 7)];
 
 fn options(compare: Compare) -> RunOptions {
-    RunOptions { exe: PathBuf::from(env!("CARGO_BIN_EXE_kin")), compare, update: false, out: None }
+    RunOptions { exe: PathBuf::from(env!("CARGO_BIN_EXE_kin")), compare, update: false, out: None, record: false }
 }
 
 async fn run_all(dirs: Vec<PathBuf>, compare: Compare, expected_failures: &[(&str, u32)]) -> Vec<String> {

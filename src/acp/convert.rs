@@ -40,6 +40,17 @@ pub fn live_update(event: &Event) -> Option<SessionUpdate> {
     if event.kind == "tool/call" || event.kind == "tool/result" {
         return tool_update(event);
     }
+    if event.kind == "llm/retry" {
+        let d = &event.data;
+        let delay = d["delayMs"].as_u64().unwrap_or(0) as f64 / 1000.0;
+        let text = format!(
+            "Model request failed ({}); retrying in {delay:.1} s (attempt {} of {}).\n",
+            d["reason"].as_str().unwrap_or("unknown error"),
+            d["attempt"],
+            d["maxAttempts"]
+        );
+        return Some(SessionUpdate::AgentThoughtChunk(text_chunk(&text)));
+    }
     if event.kind == "todo/write" {
         return Some(plan_update(event));
     }

@@ -149,6 +149,9 @@ async fn run_step(
             () = cancel.cancelled() => break Ok(FinishReason::Aborted { failure: None }),
             item = stream.recv() => item,
         };
+        for retry in deps.model.take_retries(session.id()) {
+            session.append("llm/retry", retry);
+        }
         match item {
             Some(Ok(chunk)) => {
                 let value = serde_json::to_value(&chunk).unwrap_or(Value::Null);

@@ -7,6 +7,7 @@ pub mod chunk;
 pub mod http;
 pub mod openai;
 pub mod replay;
+pub mod retry_log;
 pub mod router;
 pub mod script;
 
@@ -82,6 +83,12 @@ pub trait Model: Send + Sync {
     /// (replay: every recorded call was made).
     fn check_consumed(&self) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The `llm/retry` event payloads recorded for `session_id` since the last call (HTTP
+    /// clients report each retry; the agent loop writes them to the log).
+    fn take_retries(&self, _session_id: &str) -> Vec<Value> {
+        Vec::new()
     }
 
     /// The session id to use for the next new session, when the model pins them (replay).

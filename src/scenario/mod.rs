@@ -36,6 +36,9 @@ pub struct RunOptions {
     pub compare: Compare,
     pub update: bool,
     pub out: Option<PathBuf>,
+    /// Record: run against the configured real model (no replay) and write the expected files
+    /// and logs, so the scenario replays keyless afterwards.
+    pub record: bool,
 }
 
 /// The result of one scenario.
@@ -92,27 +95,31 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
             empty
         }
     };
-    let mut args: Vec<String> = vec![
-        "acp".into(),
-        "--sessions".into(),
-        sessions.display().to_string(),
-        "--config".into(),
-        config.display().to_string(),
-        "--replay".into(),
-        dir.canonicalize()?.display().to_string(),
-    ];
+    let mut args: Vec<String> = vec!["acp".into(), "--sessions".into(), sessions.display().to_string()];
+    let mut env = vec![("RUST_LOG".to_string(), "info".to_string())];
+    if opts.record {
+        // A recording uses the user's own configuration (model route, providers, keys), plus the
+        // scenario's overlay when it has one.
+        if dir.join("kin.toml").exists() {
+            args.extend(["--config".into(), config.display().to_string()]);
+        }
+        for key in ["KIN_MODEL", "KIN_CONFIG"] {
+            if let Some(value) = crate::config::process_env(key) {
+                env.push((key.into(), value));
+            }
+        }
+    } else {
+        args.extend(["--config".into(), config.display().to_string()]);
+        args.extend(["--replay".into(), dir.canonicalize()?.display().to_string()]);
+        env.push(("XDG_CONFIG_HOME".into(), tmp.path().display().to_string()));
+    }
     // Like dsh's snapshots (which run with full access), a scenario runs in `bypass` unless its
     // kin.toml sets `permission_mode`.
     if !sets_permission_mode(&config)? {
         args.extend(["--permission-mode".into(), "bypass".into()]);
     }
-    let launch = Launch {
-        exe: opts.exe.clone(),
-        args,
-        cwd: cwd.clone(),
-        stderr_log: tmp.path().join("kin.stderr"),
-        env: vec![("XDG_CONFIG_HOME".into(), tmp.path().display().to_string()), ("RUST_LOG".into(), "info".into())],
-    };
+    let launch =
+        Launch { exe: opts.exe.clone(), args, cwd: cwd.clone(), stderr_log: tmp.path().join("kin.stderr"), env };
     let answers: Vec<String> = input["permissionAnswers"]
         .as_array()
         .into_iter()

@@ -1,0 +1,180 @@
+//! End to end over real pipes and real HTTP: `kin acp` with `DEEPSEEK_BASE_URL` pointed at a
+//! loopback mock completes a two-step tool turn, retrying a 500 on the way.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+fn chat_sse(events: &[Value]) -> String {
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    body
+}
+
+fn chunk(delta: Value, finish: Option<&str>) -> Value {
+    json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+fn sse(body: String) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kin_acp_completes_a_tool_turn_against_a_loopback_deepseek() {
+    let server = MockServer::start().await;
+    let tool_call = chat_sse(&[
+        chunk(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "read", "arguments": ""}}]}),
+            None,
+        ),
+        chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"file_path\": \"note.txt\"}"}}]}), None),
+        chunk(json!({}), Some("tool_calls")),
+    ]);
+    let answer = chat_sse(&[
+        chunk(json!({"role": "assistant", "content": "The note says hi."}), None),
+        chunk(json!({}), Some("stop")),
+    ]);
+    let route = || path("/chat/completions");
+    Mock::given(method("POST"))
+        .and(route())
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST")).and(route()).respond_with(sse(tool_call)).up_to_n_times(1).mount(&server).await;
+    Mock::given(method("POST")).and(route()).respond_with(sse(answer)).mount(&server).await;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::write(cwd.join("note.txt"), "hi\n").unwrap();
+    let config = tmp.path().join("config.toml");
+    std::fs::write(&config, "[model_settings]\nretry_base_delay_ms = 10\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kin"))
+        .args(["acp", "--permission-mode", "bypass", "--config"])
+        .arg(&config)
+        .arg("--sessions")
+        .arg(tmp.path().join("sessions"))
+        .env("DEEPSEEK_BASE_URL", server.uri())
+        .env("DEEPSEEK_API_KEY", "sk-e2e-secret")
+        .env_remove("KIN_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut frames: Vec<Value> = Vec::new();
+    let mut call = |id: u64, method: &str, params: Value, frames: &mut Vec<Value>| -> Value {
+        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
+        loop {
+            let line = rx.recv_timeout(Duration::from_secs(30)).expect("kin answered");
+            let frame: Value = serde_json::from_str(&line).unwrap();
+            frames.push(frame.clone());
+            if frame["id"] == json!(id) && frame.get("method").is_none() {
+                return frame;
+            }
+        }
+    };
+    call(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), &mut frames);
+    let session = call(2, "session/new", json!({"cwd": cwd, "mcpServers": []}), &mut frames);
+    let id = session["result"]["sessionId"].as_str().unwrap().to_string();
+    let response = call(
+        3,
+        "session/prompt",
+        json!({"sessionId": id, "prompt": [{"type": "text", "text": "What does note.txt say?"}]}),
+        &mut frames,
+    );
+    assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+    let updates: Vec<&Value> =
+        frames.iter().filter_map(|f| f["params"]["update"].as_object().map(|_| &f["params"]["update"])).collect();
+    assert!(
+        updates.iter().any(|u| u["sessionUpdate"] == "agent_thought_chunk"
+            && u["content"]["text"].as_str().unwrap_or("").contains("retrying")),
+        "the retry is shown"
+    );
+    assert!(updates.iter().any(|u| u["sessionUpdate"] == "tool_call" && u["title"] == "Read note.txt"));
+    let text: String = updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect();
+    assert_eq!(text, "The note says hi.");
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("sk-e2e-secret"), "the key never reaches the logs");
+
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 3, "500, tool call, answer");
+    assert_eq!(requests[1].headers.get("authorization").unwrap(), "Bearer sk-e2e-secret");
+    let last: Value = serde_json::from_slice(&requests[2].body).unwrap();
+    let tool_message = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool result was sent back");
+    assert_eq!(tool_message["tool_call_id"], "call_1");
+    assert!(tool_message["content"].as_str().unwrap().contains("1: hi"));
+    let log = std::fs::read_to_string(
+        kin::session::SessionStore::new(tmp.path().join("sessions")).locate(&id).unwrap().unwrap(),
+    )
+    .unwrap();
+    assert!(log.contains("\"type\":\"llm/retry\""), "the retry is in the session log");
+    assert!(!log.contains("sk-e2e-secret"), "the key never reaches the session log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_scenario_replays_keyless() {
+    let server = MockServer::start().await;
+    let answer =
+        chat_sse(&[chunk(json!({"role": "assistant", "content": "RECORDED"}), None), chunk(json!({}), Some("stop"))]);
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(sse(answer)).mount(&server).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("recorded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let input =
+        json!({"steps": [{"op": "initialize"}, {"op": "newSession"}, {"op": "prompt", "text": "Say RECORDED."}]});
+    std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
+    let kin = env!("CARGO_BIN_EXE_kin");
+    let record = Command::new(kin)
+        .args(["scenario", "record"])
+        .arg(&dir)
+        .env("DEEPSEEK_BASE_URL", server.uri())
+        .env("DEEPSEEK_API_KEY", "sk-record-secret")
+        .env("XDG_CONFIG_HOME", tmp.path())
+        .output()
+        .unwrap();
+    assert!(record.status.success(), "{}", String::from_utf8_lossy(&record.stdout));
+    let log = std::fs::read_to_string(dir.join("session.jsonl")).unwrap();
+    assert!(
+        log.contains("RECORDED")
+            && !log.contains("sk-record-secret")
+            && !log.contains(&tmp.path().display().to_string())
+    );
+    let stdout = std::fs::read_to_string(dir.join("stdout.expected.jsonl")).unwrap();
+    assert!(stdout.contains("RECORDED"));
+    // Keyless replay: no base URL, no key.
+    let replay = Command::new(kin)
+        .args(["scenario", "run"])
+        .arg(&dir)
+        .env_remove("DEEPSEEK_BASE_URL")
+        .env_remove("DEEPSEEK_API_KEY")
+        .output()
+        .unwrap();
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stdout));
+}
