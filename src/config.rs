@@ -48,6 +48,8 @@ pub struct Config {
     pub system_prompt_file: Option<PathBuf>,
     /// `[model_settings]` and `[providers.*]`: how the HTTP clients call models.
     pub models: ModelSettings,
+    /// The routes an editor may switch a session to (the default route first).
+    pub model_choices: Vec<ModelRoute>,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -113,6 +115,8 @@ struct ModelSection {
     retry_base_delay_ms: Option<u64>,
     retry_max_delay_ms: Option<u64>,
     idle_timeout_secs: Option<u64>,
+    /// Routes offered to the editor's model selector.
+    choices: Option<Vec<String>>,
 }
 
 /// `[providers.NAME]`: a named OpenAI-compatible (or Anthropic) endpoint, used as `NAME/model`.
@@ -209,8 +213,21 @@ impl Config {
                 Some(dir) if path.is_relative() => dir.join(path),
                 _ => path,
             });
+        let mut model_choices = vec![model.clone()];
+        let listed =
+            file.model_settings.choices.clone().unwrap_or_else(|| {
+                ["deepseek/deepseek-v4-flash", "deepseek/deepseek-v4-pro"].map(String::from).to_vec()
+            });
+        for text in listed {
+            let route = ModelRoute::parse(&text)
+                .map_err(|e| anyhow::anyhow!("{}: key `model_settings.choices`: {e}", where_()))?;
+            if !model_choices.contains(&route) {
+                model_choices.push(route);
+            }
+        }
         let models = resolve_models(file.model_settings, file.providers, &where_())?;
         Ok(Config {
+            model_choices,
             models,
             subagents,
             sessions_dir,

@@ -46,6 +46,8 @@ struct Live {
     handle: AgentHandle,
     prompt_in_flight: Arc<AtomicBool>,
     permissions: Arc<Permissions>,
+    /// The model route the session's next turn uses.
+    model: Mutex<crate::model::ModelRoute>,
 }
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
@@ -156,15 +158,9 @@ pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
     if let Some(dir) = &config.replay {
         return Ok(Arc::new(ReplayModel::from_dir(dir)?));
     }
-    let log = Arc::new(crate::model::retry_log::RetryLog::default());
-    let inner = crate::model::router::model_for_route_with_notice(
-        &config.model,
-        &config.models,
-        &crate::config::process_env,
-        Some(log.notice()),
-    )
-    .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
-    Ok(Arc::new(crate::model::retry_log::Recorded { inner, log }))
+    let routed = crate::model::retry_log::Routed::new(&config.model, config.models.clone())
+        .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
+    Ok(Arc::new(routed))
 }
 
 impl Runtime {
@@ -319,7 +315,8 @@ impl Runtime {
         let id = session.id().to_string();
         let permissions = Arc::new(Permissions::new(self.config.permission_mode));
         let handle = spawn_agent(session, self.deps(&permissions, system));
-        self.live().insert(id, Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)), permissions });
+        let model = Mutex::new(self.config.model.clone());
+        self.live().insert(id, Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)), permissions, model });
     }
 
     /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
@@ -431,9 +428,56 @@ impl Runtime {
                 self.build_prompt(cwd, &tools, self.config.persona.as_deref()).map_err(RuntimeError::Internal)?
             }
         };
+        // A model chosen in the editor before the restart stays chosen.
+        let route = events.iter().rev().find(|e| e.kind == "session/model").and_then(|e| {
+            Some(crate::model::ModelRoute {
+                provider: e.data["provider"].as_str()?.into(),
+                model: e.data["model"].as_str()?.into(),
+            })
+        });
         session.add_observer(observer);
         self.start(session, system);
+        if let Some(route) = route
+            && let Some(entry) = self.live().get(session_id)
+        {
+            let _ = entry.handle.set_route(route.clone());
+            *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route;
+        }
         Ok(events)
+    }
+
+    /// The routes a session may switch to.
+    pub fn model_choices(&self) -> &[crate::model::ModelRoute] {
+        &self.config.model_choices
+    }
+
+    /// The route a live session's next turn uses.
+    pub fn session_model(&self, session_id: &str) -> Option<crate::model::ModelRoute> {
+        self.live().get(session_id).map(|l| l.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+    }
+
+    /// Switches a live session's model from its next turn on, and records the choice in its log
+    /// (`session/model`) so a later `session/load` keeps it.
+    pub fn set_model(&self, session_id: &str, route: &str) -> Result<crate::model::ModelRoute, RuntimeError> {
+        let route = crate::model::ModelRoute::parse(route).map_err(RuntimeError::InvalidParams)?;
+        if !self.config.model_choices.contains(&route) {
+            let valid: Vec<String> = self.config.model_choices.iter().map(ToString::to_string).collect();
+            return Err(RuntimeError::InvalidParams(format!(
+                "unknown model {route}; choose one of: {}",
+                valid.join(", ")
+            )));
+        }
+        let live = self.live();
+        let entry = live
+            .get(session_id)
+            .ok_or_else(|| RuntimeError::InvalidParams(format!("unknown session: {session_id}")))?;
+        entry.handle.set_route(route.clone()).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route.clone();
+        entry
+            .handle
+            .inject_log("session/model", serde_json::json!({"provider": route.provider, "model": route.model}))
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        Ok(route)
     }
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`.

@@ -178,3 +178,63 @@ async fn a_recorded_scenario_replays_keyless() {
         .unwrap();
     assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stdout));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_editor_switches_the_model_for_the_next_turn() {
+    let server = MockServer::start().await;
+    let answer =
+        chat_sse(&[chunk(json!({"role": "assistant", "content": "ok"}), None), chunk(json!({}), Some("stop"))]);
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(sse(answer)).mount(&server).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kin"))
+        .args(["acp", "--config", "/dev/null", "--model", "deepseek/deepseek-v4-flash", "--sessions"])
+        .arg(tmp.path().join("sessions"))
+        .env("DEEPSEEK_BASE_URL", server.uri())
+        .env("DEEPSEEK_API_KEY", "k")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut call = |id: u64, method: &str, params: Value| -> Value {
+        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
+        loop {
+            let frame: Value = serde_json::from_str(&rx.recv_timeout(Duration::from_secs(30)).unwrap()).unwrap();
+            if frame["id"] == json!(id) && frame.get("method").is_none() {
+                return frame;
+            }
+        }
+    };
+    call(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let created = call(2, "session/new", json!({"cwd": tmp.path(), "mcpServers": []}));
+    let option = &created["result"]["configOptions"][0];
+    assert_eq!(
+        (option["id"].as_str(), option["currentValue"].as_str()),
+        (Some("model"), Some("deepseek/deepseek-v4-flash")),
+        "{created}"
+    );
+    let id = created["result"]["sessionId"].as_str().unwrap().to_string();
+    let bad = call(3, "session/set_config_option", json!({"sessionId": id, "configId": "model", "value": "nope/none"}));
+    assert_eq!(bad["error"]["code"], -32602);
+    assert!(bad["error"]["message"].as_str().unwrap().contains("deepseek/deepseek-v4-pro"), "{bad}");
+    let set = call(
+        4,
+        "session/set_config_option",
+        json!({"sessionId": id, "configId": "model", "value": "deepseek/deepseek-v4-pro"}),
+    );
+    assert_eq!(set["result"]["configOptions"][0]["currentValue"], "deepseek/deepseek-v4-pro", "{set}");
+    call(5, "session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]}));
+    let requests = server.received_requests().await.unwrap();
+    let body: Value = serde_json::from_slice(&requests.last().unwrap().body).unwrap();
+    assert_eq!(body["model"], "deepseek-v4-pro");
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}

@@ -13,8 +13,10 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, CurrentModeUpdate, Implementation, InitializeRequest, InitializeResponse,
     ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionInfo,
-    SessionListCapabilities, SessionNotification, SessionUpdate, SetSessionModeRequest, SetSessionModeResponse,
+    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionConfigOption,
+    SessionConfigOptionCategory, SessionConfigSelectOption, SessionInfo, SessionListCapabilities, SessionNotification,
+    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
+    SetSessionModeResponse,
 };
 use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
 
@@ -51,6 +53,21 @@ fn to_acp(error: RuntimeError) -> Error {
     }
 }
 
+/// The id of kin's one session config option: the model route.
+const MODEL_OPTION: &str = "model";
+
+/// The model selector: the configured choices, the session's current route selected.
+fn model_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption> {
+    let current = runtime.session_model(session_id).unwrap_or_else(|| runtime.model_choices()[0].clone());
+    let choices: Vec<SessionConfigSelectOption> =
+        runtime.model_choices().iter().map(|r| SessionConfigSelectOption::new(r.to_string(), r.to_string())).collect();
+    vec![
+        SessionConfigOption::select(MODEL_OPTION, "Model", current.to_string(), choices)
+            .category(SessionConfigOptionCategory::Model)
+            .description("The model route used from the next turn on".to_string()),
+    ]
+}
+
 /// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down.
 pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
     let rt_init = runtime.clone();
@@ -60,6 +77,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
     let rt_load = runtime.clone();
     let rt_list = runtime.clone();
     let rt_mode = runtime.clone();
+    let rt_config = runtime.clone();
     let result = Agent
         .v1()
         .name("kin")
@@ -94,7 +112,8 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 match rt_new.new_session(&req.cwd, Arc::new(Forwarder { cx })) {
                     Ok(id) => {
                         let mode = rt_new.permission_mode(&id).unwrap_or_default();
-                        responder.respond(NewSessionResponse::new(id).modes(modes::state(mode)))
+                        let options = model_options(&rt_new, &id);
+                        responder.respond(NewSessionResponse::new(id).modes(modes::state(mode)).config_options(options))
                     }
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }
@@ -151,7 +170,10 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                                     }
                                 }
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
-                                let _ = responder.respond(LoadSessionResponse::new().modes(modes::state(mode)));
+                                let options = model_options(&runtime, &id);
+                                let _ = responder.respond(
+                                    LoadSessionResponse::new().modes(modes::state(mode)).config_options(options),
+                                );
                             }
                             Err(e) => {
                                 let _ = responder.respond_with_error(to_acp(e));
@@ -177,6 +199,27 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     tracing::debug!("dropping a mode update: {e}");
                 }
                 responder.respond(SetSessionModeResponse::new())
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: SetSessionConfigOptionRequest, responder, _cx| {
+                if req.config_id.0.as_ref() != MODEL_OPTION {
+                    return responder.respond_with_error(invalid_params(format!(
+                        "unknown config option {}; kin offers only \"{MODEL_OPTION}\"",
+                        req.config_id.0
+                    )));
+                }
+                let Some(value) = req.value.as_value_id() else {
+                    return responder.respond_with_error(invalid_params(
+                        "the model option takes a route id such as deepseek/deepseek-v4-pro",
+                    ));
+                };
+                match rt_config.set_model(&req.session_id.0, &value.0) {
+                    Ok(_) => responder
+                        .respond(SetSessionConfigOptionResponse::new(model_options(&rt_config, &req.session_id.0))),
+                    Err(e) => responder.respond_with_error(to_acp(e)),
+                }
             },
             on_receive_request!(),
         )

@@ -72,6 +72,8 @@ enum Command {
     Inject { message: Value },
     Flush { reply: oneshot::Sender<Result<(), String>> },
     Read(Reader),
+    SetRoute(crate::model::ModelRoute),
+    Log { kind: String, data: Value },
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -154,6 +156,16 @@ impl AgentHandle {
             let _ = tx.send(f(s));
         })))?;
         rx.await.map_err(|_| AgentGone(self.id.clone()))
+    }
+
+    /// Switches the model route from the next turn on (a running turn keeps its route).
+    pub fn set_route(&self, route: crate::model::ModelRoute) -> Result<(), AgentGone> {
+        self.send(Command::SetRoute(route))
+    }
+
+    /// Records a log-only event between turns (after the running turn, if any).
+    pub fn inject_log(&self, kind: &str, data: Value) -> Result<(), AgentGone> {
+        self.send(Command::Log { kind: kind.to_string(), data })
     }
 
     /// Adds a user message without running the model (between turns at once, or before the
@@ -257,6 +269,13 @@ impl Actor {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
             }
             Command::Read(reader) => reader(&self.session),
+            Command::SetRoute(route) => self.deps.route = route,
+            Command::Log { kind, data } => {
+                self.session.append(&kind, data);
+                if let Err(e) = self.session.flush() {
+                    tracing::error!(session = %self.session.id(), "flush after a log event failed: {e:#}");
+                }
+            }
             Command::Shutdown { reply } => *shutdown = Some(reply),
         }
     }
@@ -277,6 +296,8 @@ impl Actor {
         let Queued { message, preamble, reply } = item;
         let mut flushes = Vec::new();
         let mut readers = Vec::new();
+        let mut next_route = None;
+        let mut late_logs = Vec::new();
         let mut end = {
             let input = turn::TurnInput { message, preamble };
             let run = turn::run_turn(
@@ -300,6 +321,8 @@ impl Actor {
                         }
                         Some(Command::Flush { reply }) => flushes.push(reply),
                         Some(Command::Read(reader)) => readers.push(reader),
+                        Some(Command::SetRoute(route)) => next_route = Some(route),
+                        Some(Command::Log { kind, data }) => late_logs.push((kind, data)),
                         Some(Command::Shutdown { reply }) => {
                             self.shared.disposing.store(true, Ordering::SeqCst);
                             cancel.cancel();
@@ -318,6 +341,9 @@ impl Actor {
         for message in late {
             self.session.append_surface("user/message", message, None);
         }
+        for (kind, data) in late_logs {
+            self.session.append(&kind, data);
+        }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
         if let Err(e) = &flushed {
             tracing::error!(session = %self.session.id(), "flush at turn end failed: {e}");
@@ -330,6 +356,10 @@ impl Actor {
         }
         for reader in readers {
             reader(&self.session);
+        }
+        // A model change asked for during the turn applies from the next turn.
+        if let Some(route) = next_route {
+            self.deps.route = route;
         }
         if let Ok(mut current) = self.shared.current.lock() {
             *current = None;

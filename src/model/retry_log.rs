@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::http::{RetryInfo, RetryNotice};
-use super::{ChunkStream, Model, ModelRequest};
+use super::router::{ModelSettings, model_for_route_with_notice};
+use super::{ChunkStream, Model, ModelRequest, ModelRoute};
 
 /// Pending retry events by session.
 #[derive(Default)]
@@ -43,15 +44,45 @@ impl RetryLog {
     }
 }
 
-/// A model whose retries are recorded in a `RetryLog`.
-pub struct Recorded {
-    pub inner: Arc<dyn Model>,
-    pub log: Arc<RetryLog>,
+/// The HTTP models of one process: a client per provider, built on first use for the route a
+/// request names (so a session can switch models between turns), with retries recorded in a
+/// `RetryLog`.
+pub struct Routed {
+    settings: ModelSettings,
+    log: Arc<RetryLog>,
+    clients: Mutex<HashMap<String, Arc<dyn Model>>>,
 }
 
-impl Model for Recorded {
+impl Routed {
+    /// Checks that `default` can be served (an unknown provider is a startup error).
+    pub fn new(default: &ModelRoute, settings: ModelSettings) -> Result<Self, String> {
+        let routed = Routed { settings, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) };
+        routed.client(default)?;
+        Ok(routed)
+    }
+
+    fn client(&self, route: &ModelRoute) -> Result<Arc<dyn Model>, String> {
+        let mut clients = self.clients.lock().map_err(|_| "model clients poisoned".to_string())?;
+        if let Some(client) = clients.get(&route.provider) {
+            return Ok(client.clone());
+        }
+        let client =
+            model_for_route_with_notice(route, &self.settings, &crate::config::process_env, Some(self.log.notice()))?;
+        clients.insert(route.provider.clone(), client.clone());
+        Ok(client)
+    }
+}
+
+impl Model for Routed {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
-        self.inner.stream(request, cancel)
+        match self.client(&request.route) {
+            Ok(client) => client.stream(request, cancel),
+            Err(message) => {
+                let failure =
+                    super::script::ReplayEntry::Throw { chunks: Vec::new(), message, code: "INVALID_CONFIG".into() };
+                super::script::play(failure, request.cwd, cancel)
+            }
+        }
     }
 
     fn take_retries(&self, session_id: &str) -> Vec<Value> {

@@ -24,7 +24,7 @@ pub enum Compare {
     /// Every stdout frame, and every session log, exactly (after normalisation).
     Exact,
     /// Each response plus the agent text streamed before it; the initialize result by protocol
-    /// version only, results without `modes` (fixtures from a system that emits fewer updates and
+    /// version only, results without `modes` and `configOptions` (fixtures from a system that emits fewer updates and
     /// other capabilities).
     Text,
 }
@@ -302,10 +302,12 @@ fn text_view(frames: &[Value]) -> Vec<String> {
                 match result.get("protocolVersion") {
                     Some(version) => serde_json::json!({"protocolVersion": version}),
                     None => {
-                        // Session modes are kin's permission modes, not part of the text.
+                        // Session modes (kin's permission modes) and config options (its model
+                        // selector) are kin's own session settings, not part of the text.
                         let mut result = result.clone();
                         if let Some(fields) = result.as_object_mut() {
                             fields.remove("modes");
+                            fields.remove("configOptions");
                         }
                         result
                     }
