@@ -165,3 +165,40 @@ fn a_bad_config_file_is_a_clear_startup_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&config.display().to_string()) && err.contains("max_stepz"), "{err}");
 }
+
+#[test]
+fn a_session_written_by_one_kin_is_refused_by_another() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
+    std::fs::create_dir_all(&replay).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    hanging_replay(&replay);
+    let mut first = Kin::start(&sessions, &replay, &cwd);
+    first.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    first.response(1);
+    first.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
+    let id = first.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
+    let mut second = Kin::start(&sessions, &replay, &cwd);
+    second.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    second.response(1);
+    second.send(
+        json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
+    );
+    let refused = second.response(2);
+    let message = refused["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("being written by another kin process"), "{refused}");
+    // Once the first kin exits, the second may take the session over.
+    drop(first.child.stdin.take());
+    // Exit 3: its replay call was (deliberately) never made.
+    assert_eq!(first.child.wait().unwrap().code(), Some(3));
+    second.send(
+        json!({"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
+    );
+    assert!(second.response(3).get("result").is_some());
+    drop(second.child.stdin.take());
+    assert!(second.child.wait().is_ok());
+}

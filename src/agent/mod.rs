@@ -250,6 +250,8 @@ impl Actor {
         if let Err(e) = self.session.flush() {
             tracing::error!(session = %self.session.id(), "final flush failed: {e:#}");
         }
+        // Close the log (releasing its lock) before anyone hears the agent is gone.
+        drop(self);
         if let Some(reply) = shutdown {
             let _ = reply.send(());
         }

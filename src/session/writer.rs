@@ -52,6 +52,8 @@ impl LogWriter {
             .append(true)
             .open(&path)
             .with_context(|| format!("opening session log {}", path.display()))?;
+        // Lock before touching anything: another kin process may be writing this session.
+        lock_exclusive(&file, &path)?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(committed);
         if len != committed {
             file.set_len(committed).with_context(|| format!("truncating the torn tail of {}", path.display()))?;
@@ -151,11 +153,32 @@ impl LogWriter {
         let _ = std::fs::remove_file(&tmp);
         result?;
         let file = OpenOptions::new().append(true).open(&self.path)?;
+        lock_exclusive(&file, &self.path)?;
         self.committed = header_line.len() as u64 + 1;
         self.file = Some(file);
         self.header_line = None;
         Ok(())
     }
+}
+
+/// Takes the advisory exclusive lock (`flock`) that marks a log as written by this process; it
+/// is released when the file closes (also when the process dies). A log locked by another
+/// process is refused with an error that says so.
+fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor this `File` owns for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        anyhow::bail!(
+            "session log {} is being written by another kin process; close the session there (or stop that kin) first",
+            path.display()
+        );
+    }
+    Err(anyhow::Error::new(err).context(format!("locking {}", path.display())))
 }
 
 #[cfg(test)]
@@ -180,6 +203,19 @@ mod tests {
         assert!(!w.is_dirty());
         let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "temporary file removed");
+    }
+
+    #[test]
+    fn a_log_open_for_writing_cannot_be_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/session.jsonl");
+        let mut first = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        first.flush().unwrap();
+        let committed = std::fs::metadata(&path).unwrap().len();
+        let err = LogWriter::reopen(path.clone(), committed).unwrap_err().to_string();
+        assert!(err.contains("being written by another kin process"), "{err}");
+        drop(first);
+        LogWriter::reopen(path, committed).expect("the lock is released with the writer");
     }
 
     #[test]
