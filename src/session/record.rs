@@ -118,6 +118,12 @@ pub enum Record {
 impl Record {
     /// Parses one log line (not the header).
     pub fn parse(line: &str) -> Result<Record, String> {
+        // Fast path: almost every line is a plain event; parse it in one pass.
+        if let Ok(event) = serde_json::from_str::<Event>(line)
+            && !matches!(event.kind.as_str(), "session" | "text-chunks" | "reasoning-chunks" | "tool-call-chunks")
+        {
+            return Ok(Record::Event(event));
+        }
         let value: Value = serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
         let kind = value.get("type").and_then(Value::as_str).unwrap_or("");
         let record = match kind {
