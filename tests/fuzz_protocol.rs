@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 fn hostile(rng: &mut fastrand::Rng, session: &str) -> String {
     let ids = [json!(1), json!("str-id"), json!(null), json!(1.5), json!(true), json!([1]), json!({"a": 1}), json!(-7)];
-    let methods = ["initialize", "session/new", "session/prompt", "session/load", "session/cancel", "session/list", "nope/x", ""];
+    let methods =
+        ["initialize", "session/new", "session/prompt", "session/load", "session/cancel", "session/list", "nope/x", ""];
     let id = ids[rng.usize(..ids.len())].clone();
     let method = methods[rng.usize(..methods.len())];
     match rng.u8(..10) {
@@ -37,7 +38,11 @@ fn hostile_json_rpc_never_stops_kin_from_serving() {
     let tmp = tempfile::tempdir().unwrap();
     let replay = tmp.path().join("replay");
     std::fs::create_dir_all(&replay).unwrap();
-    std::fs::write(replay.join("session.jsonl"), "{\"type\":\"session\",\"version\":0,\"id\":\"{{sessionId}}\",\"createdAt\":0,\"delegationDepth\":0}\n").unwrap();
+    std::fs::write(
+        replay.join("session.jsonl"),
+        "{\"type\":\"session\",\"version\":0,\"id\":\"{{sessionId}}\",\"createdAt\":0,\"delegationDepth\":0}\n",
+    )
+    .unwrap();
     let answer = json!([{"kind": "chunks", "chunks": [
         {"type": "block-start", "index": 0, "blockType": "text"},
         {"type": "text-delta", "index": 0, "text": "STILL_SERVING"},
@@ -79,7 +84,9 @@ fn hostile_json_rpc_never_stops_kin_from_serving() {
             }
         }
     };
-    assert!(call(&mut stdin, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))["result"].is_object());
+    assert!(
+        call(&mut stdin, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))["result"].is_object()
+    );
     let created = call(&mut stdin, "session/new", json!({"cwd": tmp.path(), "mcpServers": []}));
     let session = created["result"]["sessionId"].as_str().expect("a session after the storm").to_string();
     for _ in 0..150 {
@@ -87,7 +94,8 @@ fn hostile_json_rpc_never_stops_kin_from_serving() {
     }
     // A 10 MB prompt is accepted (or refused cleanly) and the session still answers.
     let huge = "x".repeat(10 * 1024 * 1024);
-    let answered = call(&mut stdin, "session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": huge}]}));
+    let answered =
+        call(&mut stdin, "session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": huge}]}));
     assert!(answered.get("result").is_some() || answered.get("error").is_some());
     let listed = call(&mut stdin, "session/list", json!({}));
     assert!(listed["result"]["sessions"].is_array(), "{listed}");
