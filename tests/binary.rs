@@ -202,3 +202,78 @@ fn a_session_written_by_one_kin_is_refused_by_another() {
     drop(second.child.stdin.take());
     assert!(second.child.wait().is_ok());
 }
+
+/// kin under a file-size limit (`ulimit -f`): appends past it fail like a full disk (EFBIG).
+fn start_limited(sessions: &Path, replay: &Path, cwd: &Path, blocks: Option<u32>) -> Kin {
+    let limit = blocks.map_or(String::new(), |b| format!("ulimit -f {b}; "));
+    let script = format!("trap '' XFSZ; {limit}exec \"$0\" acp --config /dev/null --sessions \"$1\" --replay \"$2\"");
+    let mut child = Command::new("sh")
+        .args(["-c", &script, KIN])
+        .arg(sessions)
+        .arg(replay)
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Kin { child, lines }
+}
+
+#[test]
+fn a_full_disk_fails_the_turn_cleanly_and_the_session_recovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
+    std::fs::create_dir_all(&replay).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
+    std::fs::write(replay.join("session.jsonl"), format!("{header}\n")).unwrap();
+    let answer = json!({"kind":"chunks","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":"fine"},{"type":"block-end","index":0,"block":{"type":"text","text":"fine"}},{"type":"finish","reason":{"kind":"stop"}}]});
+    std::fs::write(replay.join("replay.override.json"), json!([answer.clone(), answer.clone(), answer]).to_string())
+        .unwrap();
+    // 64 blocks of 512 bytes: room for the header and a small turn, not for a 100 KB prompt.
+    let mut kin = start_limited(&sessions, &replay, &cwd, Some(64));
+    kin.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    kin.response(1);
+    kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
+    let id = kin.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
+    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"small"}]}}));
+    assert_eq!(kin.response(3)["result"]["stopReason"], "end_turn");
+    let store = kin::session::SessionStore::new(&sessions);
+    let committed = store.inspect(&id).unwrap().events.len();
+    kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"y".repeat(100_000)}]}}));
+    let failed = kin.response(4);
+    let message = failed["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("turn failed") && message.contains("could not persist the session log"), "{failed}");
+    // The log is back at its last committed length: whole lines, the first turn intact.
+    let after = store.inspect(&id).unwrap();
+    assert!(after.torn.is_none(), "no half line was left behind");
+    assert_eq!(after.events.len(), committed);
+    drop(kin.child.stdin.take());
+    let _ = kin.child.wait();
+    // Space returns: a kin without the limit loads the session and carries on.
+    let mut kin = start_limited(&sessions, &replay, &cwd, None);
+    kin.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    kin.response(1);
+    kin.send(
+        json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
+    );
+    assert!(kin.response(2).get("result").is_some());
+    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"again"}]}}));
+    assert_eq!(kin.response(3)["result"]["stopReason"], "end_turn");
+    drop(kin.child.stdin.take());
+    let _ = kin.child.wait();
+}
