@@ -3,6 +3,7 @@
 //! a startup error naming the file, the key and the expected form.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -10,6 +11,7 @@ use serde::Deserialize;
 use crate::model::ModelRoute;
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
+use crate::subagent::acp_provider::{AcpAgentConfig, AcpPermission};
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 
 /// The default model route.
@@ -50,6 +52,8 @@ pub struct Config {
     pub models: ModelSettings,
     /// The routes an editor may switch a session to (the default route first).
     pub model_choices: Vec<ModelRoute>,
+    /// `[acp_agents.NAME]`: external ACP agents offered as subagent providers `acp:NAME`.
+    pub acp_agents: Vec<AcpAgentConfig>,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -103,6 +107,27 @@ struct FileConfig {
     model_settings: ModelSection,
     #[serde(default)]
     providers: std::collections::BTreeMap<String, ProviderSection>,
+    #[serde(default)]
+    acp_agents: std::collections::BTreeMap<String, AcpAgentSection>,
+}
+
+/// `[acp_agents.NAME]`: an external ACP agent started as a child (`acp:NAME`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcpAgentSection {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    cwd: Option<PathBuf>,
+    permission: Option<String>,
+    tool_name: Option<String>,
+    description: Option<String>,
+    startup_timeout_secs: Option<f64>,
+    turn_timeout_secs: Option<f64>,
+    cancel_grace_secs: Option<f64>,
+    kill_grace_secs: Option<f64>,
 }
 
 /// `[model_settings]`: how model calls are made.
@@ -226,8 +251,10 @@ impl Config {
             }
         }
         let models = resolve_models(file.model_settings, file.providers, &where_())?;
+        let acp_agents = resolve_acp_agents(file.acp_agents, &where_())?;
         Ok(Config {
             model_choices,
+            acp_agents,
             models,
             subagents,
             sessions_dir,
@@ -326,6 +353,80 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
     })
 }
 
+fn resolve_acp_agents(
+    sections: std::collections::BTreeMap<String, AcpAgentSection>,
+    origin: &str,
+) -> Result<Vec<AcpAgentConfig>> {
+    let mut agents: Vec<AcpAgentConfig> = Vec::new();
+    for (name, section) in sections {
+        let key = |k: &str| format!("{origin}: key `acp_agents.{name}.{k}`");
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+            anyhow::bail!("{origin}: table `acp_agents.{name}`: the name must be letters, digits, `_`, `-` or `.`");
+        }
+        if section.command.trim().is_empty() {
+            anyhow::bail!("{} must name the program to run", key("command"));
+        }
+        let mut agent = AcpAgentConfig::new(&name, section.command);
+        agent.args = section.args;
+        agent.env = section.env.into_iter().collect();
+        if let Some(cwd) = section.cwd {
+            if !cwd.is_absolute() {
+                anyhow::bail!("{} must be an absolute path, not {:?}", key("cwd"), cwd.display().to_string());
+            }
+            agent.cwd = Some(cwd);
+        }
+        if let Some(permission) = section.permission {
+            agent.permission = AcpPermission::parse(&permission).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} must be \"reject\", \"allow-reads\" or \"forward\", not {permission:?}",
+                    key("permission")
+                )
+            })?;
+        }
+        if let Some(tool_name) = section.tool_name {
+            agent.tool_name = tool_name;
+        }
+        let valid = |t: &str| {
+            (1..=64).contains(&t.len()) && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+        };
+        if !valid(&agent.tool_name) {
+            anyhow::bail!(
+                "{} must be 1 to 64 letters, digits, `_` or `-`, not {:?}",
+                key("tool_name"),
+                agent.tool_name
+            );
+        }
+        if agents.iter().any(|a| a.tool_name == agent.tool_name) {
+            anyhow::bail!("{}: {:?} is already the tool of another ACP agent", key("tool_name"), agent.tool_name);
+        }
+        agent.description = section.description;
+        if let Some(v) = section.startup_timeout_secs {
+            agent.startup_timeout = seconds(v, true, &key("startup_timeout_secs"))?;
+        }
+        if let Some(v) = section.turn_timeout_secs {
+            agent.turn_timeout = Some(seconds(v, true, &key("turn_timeout_secs"))?);
+        }
+        if let Some(v) = section.cancel_grace_secs {
+            agent.cancel_grace = seconds(v, false, &key("cancel_grace_secs"))?;
+        }
+        if let Some(v) = section.kill_grace_secs {
+            agent.kill_grace = seconds(v, false, &key("kill_grace_secs"))?;
+        }
+        agents.push(agent);
+    }
+    Ok(agents)
+}
+
+/// A number of seconds from the config file (positive, or non-negative when `positive` is false).
+fn seconds(value: f64, positive: bool, key: &str) -> Result<Duration> {
+    let in_range = value.is_finite() && value <= 1e9 && if positive { value > 0.0 } else { value >= 0.0 };
+    if !in_range {
+        let kind = if positive { "positive" } else { "non-negative" };
+        anyhow::bail!("{key} must be a {kind} number of seconds, not {value}");
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
 fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {}", path.display(), e.to_string().trim_end()))
@@ -408,6 +509,45 @@ mod tests {
         let err = Config::resolve(&flags, &home).unwrap_err().to_string();
         assert!(err.contains("permission_mode") && err.contains("\"yolo\""), "{err}");
         assert!(err.contains("accept-edits"), "{err}");
+    }
+
+    #[test]
+    fn acp_agents_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[acp_agents.kin]\ncommand = \"kin\"\nargs = [\"acp\"]\nenv = { KIN_MODEL = \"x/y\" }\n\
+             permission = \"allow-reads\"\nstartup_timeout_secs = 5\ncancel_grace_secs = 0.5\n\
+             [acp_agents.remote]\ncommand = \"ssh\"\nargs = [\"host\", \"kin\", \"acp\"]\ncwd = \"/srv/work\"\n\
+             tool_name = \"delegate_remote_kin\"\nturn_timeout_secs = 600\n",
+        )
+        .unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let c = Config::resolve(&flags, &home).unwrap();
+        let [kin, remote] = &c.acp_agents[..] else { panic!("{:?}", c.acp_agents) };
+        assert_eq!((kin.name.as_str(), kin.tool_name.as_str()), ("acp:kin", "delegate_kin"));
+        assert_eq!((kin.command.as_str(), kin.args.clone()), ("kin", vec!["acp".to_string()]));
+        assert_eq!(kin.env, [("KIN_MODEL".to_string(), "x/y".to_string())]);
+        assert_eq!(kin.permission, AcpPermission::AllowReads);
+        assert_eq!((kin.startup_timeout, kin.cancel_grace), (Duration::from_secs(5), Duration::from_millis(500)));
+        assert_eq!((kin.turn_timeout, kin.kill_grace), (None, Duration::from_secs(3)));
+        assert_eq!((remote.name.as_str(), remote.tool_name.as_str()), ("acp:remote", "delegate_remote_kin"));
+        assert_eq!((remote.permission, remote.cwd.clone()), (AcpPermission::Reject, Some(PathBuf::from("/srv/work"))));
+        assert_eq!(remote.turn_timeout, Some(Duration::from_secs(600)));
+        for (text, key) in [
+            ("[acp_agents.a]\ncommand = \"x\"\npermission = \"ask\"\n", "acp_agents.a.permission"),
+            ("[acp_agents.a]\ncommand = \"x\"\nstartup_timeout_secs = 0\n", "acp_agents.a.startup_timeout_secs"),
+            ("[acp_agents.a]\ncommand = \"x\"\ncwd = \"rel\"\n", "acp_agents.a.cwd"),
+            ("[acp_agents.a]\ncommand = \"x\"\ntool_name = \"has space\"\n", "acp_agents.a.tool_name"),
+            ("[acp_agents.a]\ncommand = \"\"\n", "acp_agents.a.command"),
+            ("[acp_agents.a]\ncommand = \"x\"\ncomand = \"y\"\n", "comand"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 
     #[test]

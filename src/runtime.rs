@@ -17,6 +17,7 @@ use crate::model::replay::ReplayModel;
 use crate::permission::{PermissionMode, PermissionPrompt, Permissions};
 use crate::prompt::{self, PromptSettings};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
+use crate::subagent::acp_provider::AcpProvider;
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use crate::subagent::inprocess::{ChildFactory, ChildSetup, InProcessProvider};
@@ -88,6 +89,22 @@ fn delegate_config(config: &Config, tool_name: &str, provider: &str) -> Delegate
         tool_filter,
         route: s.model.clone(),
         output_schema: s.output_schema.clone(),
+        note: None,
+    }
+}
+
+/// The delegation tool of an external ACP agent: none of the start-time capabilities, no
+/// background mode.
+fn acp_delegate_config(agent: &crate::subagent::acp_provider::AcpAgentConfig) -> DelegateConfig {
+    DelegateConfig {
+        tool_name: agent.tool_name.clone(),
+        provider: agent.name.clone(),
+        max_depth: None,
+        persona: None,
+        tool_filter: None,
+        route: None,
+        output_schema: None,
+        note: Some(agent.tool_note()),
     }
 }
 
@@ -198,6 +215,24 @@ impl Runtime {
             }
             tools.register(Arc::new(SendMessageTool(continuation.clone())));
             tools.register(Arc::new(InterruptTool(continuation.clone())));
+            // `[acp_agents.NAME]`: provider `acp:NAME` and its delegation tool.
+            for agent in &config.acp_agents {
+                if let Err(e) = subagents.register_provider(Arc::new(AcpProvider::new(agent.clone()))) {
+                    problems.push(e.to_string());
+                    continue;
+                }
+                if tools.get(&agent.tool_name).is_some() {
+                    problems.push(format!(
+                        "ACP agent {}: a tool named {:?} already exists, so it gets no delegation tool",
+                        agent.name, agent.tool_name
+                    ));
+                    continue;
+                }
+                match DelegateTool::new(acp_delegate_config(agent), subagents.clone(), None) {
+                    Ok(tool) => tools.register(Arc::new(tool)),
+                    Err(e) => problems.push(e.to_string()),
+                }
+            }
             for problem in problems {
                 tracing::error!("subagent setup: {problem}");
             }

@@ -19,6 +19,8 @@ pub enum ErrorCode {
     InvalidRequest,
     /// kin itself failed (storage, a dead actor).
     Infrastructure,
+    /// An external child agent could not be started (missing command, failed handshake).
+    StartFailed,
 }
 
 impl ErrorCode {
@@ -37,6 +39,7 @@ impl ErrorCode {
             ErrorCode::Depth => "SUBAGENT_DEPTH",
             ErrorCode::InvalidRequest => "INVALID_REQUEST",
             ErrorCode::Infrastructure => "SUBAGENT_INFRASTRUCTURE",
+            ErrorCode::StartFailed => "SUBAGENT_START_FAILED",
         }
     }
 

@@ -192,7 +192,7 @@ async fn drive(
     if wants_capture && structured.is_none() && stop_reason == StopReason::Completed {
         stop_reason = StopReason::Error;
     }
-    Ok(SubagentResult { output, structured, stop_reason })
+    Ok(SubagentResult { output, structured, stop_reason, remote: None })
 }
 
 /// The seq after a lineage seed (`session/end-seed`), or 0.

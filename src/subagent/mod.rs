@@ -3,6 +3,7 @@
 //! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
+pub mod acp_provider;
 pub mod continuation;
 pub mod control;
 pub mod descriptor;
@@ -13,7 +14,7 @@ pub mod tools;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -92,6 +93,42 @@ pub struct SubagentResult {
     pub output: String,
     pub structured: Option<Value>,
     pub stop_reason: StopReason,
+    /// Set by providers whose child is not a local session (`acp:*`): what the parent's log
+    /// records about the run.
+    pub remote: Option<RemoteRun>,
+}
+
+/// The log-only event a delegation tool records in the parent's log for a remote run.
+pub const REMOTE_RUN_EVENT: &str = "subagent/remote-run";
+
+/// A run of a child that has no local session (an external ACP agent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteRun {
+    pub provider: String,
+    /// The program name only: no directory, arguments or environment (they may hold secrets).
+    pub command: String,
+    /// The session id the child reported for itself.
+    pub child_session_id: String,
+    /// Why the run failed, when it did (e.g. the child's JSON-RPC error message).
+    pub error: Option<String>,
+}
+
+impl RemoteRun {
+    /// The data of the parent's `subagent/remote-run` event.
+    pub fn event_data(&self, run_id: &str, output: &str, stop_reason: StopReason) -> Value {
+        let mut data = json!({
+            "runId": run_id,
+            "provider": self.provider,
+            "command": self.command,
+            "childSessionId": self.child_session_id,
+            "output": output,
+            "stopReason": stop_reason.as_str(),
+        });
+        if let Some(error) = &self.error {
+            data["error"] = json!(error);
+        }
+        data
+    }
 }
 
 /// Resolves with the result; an `Err` is an infrastructure fault (child failures are stop reasons).

@@ -10,7 +10,9 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::continuation::ContinuationManager;
-use super::{ErrorCode, StartRequest, StopReason, SubagentError, SubagentService, ToolFilter};
+use super::{
+    ErrorCode, REMOTE_RUN_EVENT, StartRequest, StopReason, SubagentError, SubagentResult, SubagentService, ToolFilter,
+};
 use crate::model::ModelRoute;
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
 
@@ -24,6 +26,8 @@ pub struct DelegateConfig {
     pub tool_filter: Option<ToolFilter>,
     pub route: Option<ModelRoute>,
     pub output_schema: Option<Value>,
+    /// A sentence added to the description (e.g. which external agent the child is).
+    pub note: Option<String>,
 }
 
 /// A delegation tool bound to one provider.
@@ -80,8 +84,9 @@ impl Tool for DelegateTool {
         } else {
             ""
         };
+        let note = self.config.note.as_deref().map(|n| format!(" {n}")).unwrap_or_default();
         format!(
-            "{context} The call waits for the child and returns its final answer as text. Use it for self-contained subtasks (research, a focused change, a review) whose result you need; several calls in one step run in parallel.{background}"
+            "{context}{note} The call waits for the child and returns its final answer as text. Use it for self-contained subtasks (research, a focused change, a review) whose result you need; several calls in one step run in parallel.{background}"
         )
     }
 
@@ -148,20 +153,32 @@ impl Tool for DelegateTool {
                 return Ok(ToolOutput::text(format!("started subagent {child_id}")));
             }
             let run = service.start(&config.provider, request).await?;
+            let run_id = run.id.clone();
             let result = run.result.await;
             (run.dispose)().await;
-            let result = result
+            let SubagentResult { output, structured, stop_reason, remote } = result
                 .map_err(|_| ToolError::new(ErrorCode::Infrastructure.code(), "subagent run ended without a result"))?
                 .map_err(ToolError::from)?;
-            match result.stop_reason {
-                StopReason::Completed => match result.structured {
-                    Some(structured) => Ok(ToolOutput::text(structured.to_string())),
-                    None => Ok(ToolOutput::text(result.output)),
-                },
+            match stop_reason {
+                StopReason::Completed => {
+                    // A remote run has no child session: the parent's log records it instead.
+                    let event = remote.map(|r| r.event_data(&run_id, &output, stop_reason));
+                    let mut tool_output = ToolOutput::text(match structured {
+                        Some(structured) => structured.to_string(),
+                        None => output,
+                    });
+                    if let Some(data) = event {
+                        tool_output = tool_output.with_event(REMOTE_RUN_EVENT, data);
+                    }
+                    Ok(tool_output)
+                }
                 other => Err(ToolError {
                     name: "SubagentRunError".into(),
                     code: other.as_str().to_uppercase().replace('-', "_"),
-                    message: stop_reason_error(other).into(),
+                    message: match remote.and_then(|r| r.error) {
+                        Some(detail) => format!("{}: {detail}", stop_reason_error(other)),
+                        None => stop_reason_error(other).into(),
+                    },
                 }),
             }
         }

@@ -1,0 +1,367 @@
+//! The `acp` provider over real processes: kin itself as the child (replay mode), through the
+//! service and through a parent turn's delegation tool; broken children (command missing, exits
+//! at once, answers garbage, hangs after initialize, wrong protocol version), each a clear error
+//! within its timeout with the process reaped; cancellation and the turn timeout reaching the
+//! child's own log.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kin::agent::TurnEnd;
+use kin::config::{Config, Overrides};
+use kin::model::script::{ReplayEntry, ScriptedModel};
+use kin::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::runtime::Runtime;
+use kin::session::{Event, SessionHeader, SessionObserver, SessionStore};
+use kin::subagent::acp_provider::{AcpAgentConfig, AcpProvider};
+use kin::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
+use kin::tools::{Caller, ToolRegistry};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const KIN: &str = env!("CARGO_BIN_EXE_kin");
+
+/// The session id the kin child mints (its replay log's header id).
+const CHILD_ID: &str = "00000000-0000-4000-8000-000000000001";
+
+/// The child's recorded scenario: one turn answering `CHILD_VIA_ACP` in two chunks.
+const CHILD_LOG: &str = concat!(
+    r#"{"type":"session","version":0,"id":"00000000-0000-4000-8000-000000000001","createdAt":0,"cwd":"{{cwd}}","delegationDepth":0}"#,
+    "\n",
+    r#"{"type":"turn/start","seq":0,"time":0,"data":{"turn":1,"trigger":{"kind":"message","source":{"kind":"user"}}}}"#,
+    "\n",
+    r#"{"type":"user/message","seq":1,"time":0,"data":{"content":[{"type":"text","text":"Say it."}],"source":{"kind":"user"},"role":"user","id":"cdcf9bfe-8b4d-4cf2-8b62-695e86064a65"},"surfaceOp":"append"}"#,
+    "\n",
+    r#"{"type":"step/start","seq":2,"time":0,"data":{"turn":1,"step":1}}"#,
+    "\n",
+    r#"{"type":"assistant/chunk","seq":3,"time":0,"data":{"turn":1,"step":1,"chunk":{"type":"block-start","index":0,"blockType":"text"}}}"#,
+    "\n",
+    r#"{"type":"assistant/chunk","seq":4,"time":0,"data":{"turn":1,"step":1,"chunk":{"type":"text-delta","index":0,"text":"CHILD_"}}}"#,
+    "\n",
+    r#"{"type":"assistant/chunk","seq":5,"time":0,"data":{"turn":1,"step":1,"chunk":{"type":"text-delta","index":0,"text":"VIA_ACP"}}}"#,
+    "\n",
+    r#"{"type":"assistant/chunk","seq":6,"time":0,"data":{"turn":1,"step":1,"chunk":{"type":"block-end","index":0,"block":{"type":"text","text":"CHILD_VIA_ACP"}}}}"#,
+    "\n",
+    r#"{"type":"assistant/chunk","seq":7,"time":0,"data":{"turn":1,"step":1,"chunk":{"type":"finish","reason":{"kind":"stop"}}}}"#,
+    "\n",
+    r#"{"type":"step/end","seq":8,"time":0,"data":{"turn":1,"step":1}}"#,
+    "\n",
+    r#"{"type":"turn/end","seq":9,"time":0,"data":{"turn":1,"reason":{"kind":"completed"}}}"#,
+    "\n",
+);
+
+struct Quiet;
+impl SessionObserver for Quiet {
+    fn on_event(&self, _: &SessionHeader, _: &Event) {}
+}
+
+fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config_text: &str) -> (Arc<Runtime>, Arc<ScriptedModel>) {
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, config_text).unwrap();
+    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
+    let config = Config::resolve(&overrides, &|_| None).unwrap();
+    let model = Arc::new(ScriptedModel::new(entries));
+    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
+}
+
+/// A scenario directory for the kin child; `hang` makes its only model call hang.
+fn replay_dir(root: &Path, name: &str, hang: bool) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("session.jsonl"), CHILD_LOG).unwrap();
+    if hang {
+        std::fs::write(dir.join("replay.override.json"), r#"[{"kind":"hang"}]"#).unwrap();
+    }
+    dir
+}
+
+/// `[acp_agents.KEY]` running the kin binary in replay mode with its own sessions directory.
+fn kin_agent_toml(key: &str, replay: &Path, child_sessions: &Path, extra: &str) -> String {
+    let quote = |s: &str| serde_json::to_string(s).unwrap();
+    let args = ["acp", "--replay", replay.to_str().unwrap(), "--sessions", child_sessions.to_str().unwrap()];
+    let mut args: Vec<String> = args.into_iter().map(quote).collect();
+    args.extend([quote("--config"), quote("/dev/null")]);
+    format!("[acp_agents.{key}]\ncommand = {}\nargs = [{}]\n{extra}", quote(KIN), args.join(", "))
+}
+
+/// The parent's workspace (the child's default cwd).
+fn workspace(root: &Path) -> PathBuf {
+    let cwd = root.join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    cwd
+}
+
+fn request(cwd: &Path) -> StartRequest {
+    let header = SessionHeader::new("parent-1", 1, Some(cwd.display().to_string()));
+    StartRequest {
+        label: Some("ask kin".into()),
+        prompt: vec![json!({"type": "text", "text": "Say it."})],
+        parent: Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("p/m").unwrap(), history: None }),
+        cancel: CancellationToken::new(),
+        route: None,
+        output_schema: None,
+        max_depth: None,
+        tool_filter: None,
+        persona: None,
+    }
+}
+
+/// The events of the kin child's only session (empty until it exists).
+fn child_events(child_sessions: &Path) -> Vec<Event> {
+    let store = SessionStore::new(child_sessions);
+    let sessions = store.list();
+    assert!(sessions.len() <= 1, "one child session at most");
+    sessions.first().and_then(|s| store.inspect(&s.header.id).ok()).map(|s| s.events).unwrap_or_default()
+}
+
+/// Live processes whose command line mentions `marker`.
+fn pids_mentioning(marker: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The process is gone: not running, and not a zombie either (reaped).
+fn assert_reaped(pid: &str) {
+    assert!(!Path::new("/proc").join(pid).exists(), "process {pid} is still there (running or an unreaped zombie)");
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn kin_as_the_child_answers_through_the_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = replay_dir(dir.path(), "replay", false);
+    let child_sessions = dir.path().join("child-sessions");
+    let config = kin_agent_toml("kin", &replay, &child_sessions, "startup_timeout_secs = 30\n");
+    let (rt, _) = runtime(dir.path(), vec![], &config);
+    assert_eq!(rt.subagents().list(), ["spawn", "fork", "acp:kin"]);
+    let run = rt.subagents().start("acp:kin", request(&workspace(dir.path()))).await.unwrap();
+    assert!(run.id.starts_with("acp-") && !run.local && run.cwd.is_none(), "{}", run.id);
+    let result = tokio::time::timeout(Duration::from_secs(30), run.result).await.unwrap().unwrap().unwrap();
+    (run.dispose)().await;
+    assert_eq!((result.output.as_str(), result.stop_reason), ("CHILD_VIA_ACP", StopReason::Completed));
+    let remote = result.remote.expect("a remote run");
+    assert_eq!(
+        (remote.provider.as_str(), remote.command.as_str(), remote.child_session_id.as_str()),
+        ("acp:kin", "kin", CHILD_ID)
+    );
+    assert_eq!(remote.error, None);
+    // The child kept its own log of the task, in the parent's cwd.
+    let events = child_events(&child_sessions);
+    let prompt = events.iter().find(|e| e.kind == "user/message").unwrap();
+    assert_eq!(prompt.data["content"][0]["text"], "Say it.");
+    assert_eq!(events.last().unwrap().data["reason"]["kind"], "completed");
+    assert!(pids_mentioning(replay.to_str().unwrap()).is_empty(), "the child exited");
+    // Remote runs have no local session.
+    assert!(rt.store().list().is_empty());
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_parent_turn_delegates_to_kin_and_records_the_remote_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = replay_dir(dir.path(), "replay", false);
+    let child_sessions = dir.path().join("child-sessions");
+    let config = kin_agent_toml("kin", &replay, &child_sessions, "permission = \"allow-reads\"\n");
+    let entries = vec![
+        ReplayEntry::Chunks(tool_call_response(
+            "c1",
+            "delegate_kin",
+            r#"{"description":"ask kin","prompt":"Say it."}"#,
+        )),
+        ReplayEntry::Chunks(text_response(&["parent done"])),
+    ];
+    let (rt, model) = runtime(dir.path(), entries, &config);
+    let cwd = workspace(dir.path());
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(30), turn).await.unwrap().unwrap();
+    assert_eq!(end, TurnEnd::Completed);
+    let requests = model.requests();
+    let tool = requests[0].tools.iter().find(|t| t.name == "delegate_kin").expect("the delegation tool is offered");
+    assert!(tool.description.contains("it does not see this conversation"), "{}", tool.description);
+    assert!(tool.description.contains("external agent `kin`"), "{}", tool.description);
+    assert!(tool.parameters["properties"].get("run_in_background").is_none(), "no background mode");
+    let log = rt.store().inspect(&id).unwrap().events;
+    let remote = log.iter().find(|e| e.kind == "subagent/remote-run").expect("the run is recorded");
+    assert!(remote.surface_op.is_none(), "log-only");
+    assert!(remote.data["runId"].as_str().unwrap().starts_with("acp-"), "{}", remote.data);
+    assert_eq!(
+        (&remote.data["provider"], &remote.data["command"], &remote.data["childSessionId"]),
+        (&json!("acp:kin"), &json!("kin"), &json!(CHILD_ID))
+    );
+    assert_eq!((&remote.data["output"], &remote.data["stopReason"]), (&json!("CHILD_VIA_ACP"), &json!("completed")));
+    assert!(!remote.data.to_string().contains("--replay"), "no arguments are recorded");
+    let result = log.iter().find(|e| e.kind == "tool/result").unwrap();
+    assert!(remote.seq < result.seq);
+    assert_eq!(result.data["message"]["content"][0]["content"][0]["text"], "CHILD_VIA_ACP");
+    // The child's answer reached the parent's next model call; no local child session exists.
+    assert_eq!(requests.len(), 2);
+    assert_eq!(rt.store().list().len(), 1);
+    rt.shutdown().await;
+}
+
+/// An agent run by `sh -c SCRIPT` that first records its pid (`exec` keeps it).
+fn sh_agent(key: &str, script: &str, pid_file: &Path) -> AcpAgentConfig {
+    let mut agent = AcpAgentConfig::new(key, "sh");
+    agent.args = vec!["-c".into(), format!("echo $$ > '{}'; {script}", pid_file.display())];
+    agent.startup_timeout = Duration::from_secs(2);
+    agent.cancel_grace = Duration::from_millis(500);
+    agent.kill_grace = Duration::from_secs(2);
+    agent
+}
+
+/// Starts a run that must fail; returns the error and how long it took.
+async fn failed_start(dir: &Path, agent: AcpAgentConfig) -> (SubagentError, Duration) {
+    let (rt, _) = runtime(dir, vec![], "");
+    let name = agent.name.clone();
+    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent))).unwrap();
+    let started = Instant::now();
+    let err = rt.subagents().start(&name, request(&workspace(dir))).await.err().expect("the start fails");
+    let took = started.elapsed();
+    rt.shutdown().await;
+    (err, took)
+}
+
+fn recorded_pid(pid_file: &Path) -> String {
+    std::fs::read_to_string(pid_file).unwrap().trim().to_string()
+}
+
+/// Reads one request line and answers it with `result`, echoing its numeric id.
+fn answer_first_request(result: &str) -> String {
+    format!(
+        r#"read line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{{"jsonrpc":"2.0","id":%s,"result":{result}}}\n' "$id""#
+    )
+}
+
+#[tokio::test]
+async fn a_missing_command_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AcpAgentConfig::new("missing", "/nonexistent/kin-acp-agent");
+    let (err, _) = failed_start(dir.path(), agent).await;
+    assert_eq!(err.code, ErrorCode::StartFailed);
+    assert!(err.message.starts_with("subagent provider \"acp:missing\": cannot start the command"), "{}", err.message);
+    assert!(err.message.contains("/nonexistent/kin-acp-agent"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn a_child_that_exits_at_once_is_a_clear_error_and_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let (err, took) = failed_start(dir.path(), sh_agent("exits", "echo dying >&2; exit 3", &pid_file)).await;
+    assert_eq!(err.code, ErrorCode::StartFailed);
+    assert!(
+        err.message.starts_with("subagent provider \"acp:exits\": the child agent exited (exit code 3)"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("dying"), "its stderr is quoted: {}", err.message);
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_reaped(&recorded_pid(&pid_file));
+}
+
+#[tokio::test]
+async fn a_child_answering_garbage_is_a_clear_error_and_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = "read x; echo garbage; exec sleep 30";
+    let (err, took) = failed_start(dir.path(), sh_agent("garbage", script, &pid_file)).await;
+    assert_eq!(err.code, ErrorCode::StartFailed);
+    assert!(err.message.contains("wrote a line that is not JSON-RPC: \"garbage\""), "{}", err.message);
+    assert!(took < Duration::from_secs(10), "killed after the grace, not after the sleep: {took:?}");
+    assert_reaped(&recorded_pid(&pid_file));
+}
+
+#[tokio::test]
+async fn a_child_hanging_after_initialize_times_out_and_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!("{}; exec sleep 30", answer_first_request(r#"{"protocolVersion":1}"#));
+    let (err, took) = failed_start(dir.path(), sh_agent("hangs", &script, &pid_file)).await;
+    assert_eq!(err.code, ErrorCode::StartFailed);
+    assert_eq!(
+        err.message, "subagent provider \"acp:hangs\": the child agent did not answer session/new within 2s",
+        "{took:?}"
+    );
+    assert!((Duration::from_secs(2)..Duration::from_secs(10)).contains(&took), "{took:?}");
+    assert_reaped(&recorded_pid(&pid_file));
+}
+
+#[tokio::test]
+async fn a_protocol_version_mismatch_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!("{}; exec cat > /dev/null", answer_first_request(r#"{"protocolVersion":2}"#));
+    let (err, took) = failed_start(dir.path(), sh_agent("v2", &script, &pid_file)).await;
+    assert_eq!(err.code, ErrorCode::StartFailed);
+    assert_eq!(
+        err.message,
+        "subagent provider \"acp:v2\": the child agent speaks ACP protocol version 2; kin speaks version 1"
+    );
+    assert!(took < Duration::from_secs(5), "the child exits when its stdin closes: {took:?}");
+    assert_reaped(&recorded_pid(&pid_file));
+}
+
+#[tokio::test]
+async fn cancelling_the_run_cancels_the_kin_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = replay_dir(dir.path(), "replay-hang", true);
+    let child_sessions = dir.path().join("child-sessions");
+    let extra = "startup_timeout_secs = 30\ncancel_grace_secs = 5\nkill_grace_secs = 2\n";
+    let (rt, _) = runtime(dir.path(), vec![], &kin_agent_toml("kin", &replay, &child_sessions, extra));
+    let req = request(&workspace(dir.path()));
+    let cancel = req.cancel.clone();
+    let run = rt.subagents().start("acp:kin", req).await.unwrap();
+    wait_until("the child's turn to start", Duration::from_secs(20), || {
+        child_events(&child_sessions).iter().any(|e| e.kind == "step/start")
+    })
+    .await;
+    let pids = pids_mentioning(replay.to_str().unwrap());
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    cancel.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(10), run.result).await.unwrap().unwrap().unwrap();
+    (run.dispose)().await;
+    assert_eq!(result.stop_reason, StopReason::Aborted);
+    assert_eq!(result.remote.unwrap().child_session_id, CHILD_ID);
+    assert_reaped(&pids[0].to_string());
+    let events = child_events(&child_sessions);
+    let end = events.iter().rev().find(|e| e.kind == "turn/end").expect("the child's turn ended");
+    let reason = end.data["reason"]["kind"].as_str().unwrap().to_string();
+    assert!(reason == "aborted" || reason == "disposed", "{reason}");
+    rt.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_turn_past_its_timeout_is_an_error_and_the_child_is_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = replay_dir(dir.path(), "replay-slow", true);
+    let child_sessions = dir.path().join("child-sessions");
+    let extra = "startup_timeout_secs = 30\nturn_timeout_secs = 1\ncancel_grace_secs = 5\n";
+    let (rt, _) = runtime(dir.path(), vec![], &kin_agent_toml("slow", &replay, &child_sessions, extra));
+    let run = rt.subagents().start("acp:slow", request(&workspace(dir.path()))).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
+    (run.dispose)().await;
+    assert_eq!(result.stop_reason, StopReason::Error);
+    let error = result.remote.unwrap().error.unwrap();
+    assert_eq!(error, "the child agent did not finish its turn within 1s");
+    assert!(pids_mentioning(replay.to_str().unwrap()).is_empty(), "the child exited");
+    let events = child_events(&child_sessions);
+    let end = events.iter().rev().find(|e| e.kind == "turn/end").expect("the child's turn ended");
+    assert!(matches!(end.data["reason"]["kind"].as_str(), Some("aborted" | "disposed")), "{}", end.data);
+    rt.shutdown().await;
+}
