@@ -19,6 +19,9 @@ pub enum ErrorCode {
     InvalidRequest,
     /// kin itself failed (storage, a dead actor).
     Infrastructure,
+    /// A session-query failure that fails a whole operation (the initial trace of a listing, a
+    /// window error), carrying the query's own stable code (`SESSION_QUERY_PERSISTENCE_FAILED`…).
+    Query(&'static str),
 }
 
 impl ErrorCode {
@@ -37,6 +40,7 @@ impl ErrorCode {
             ErrorCode::Depth => "SUBAGENT_DEPTH",
             ErrorCode::InvalidRequest => "INVALID_REQUEST",
             ErrorCode::Infrastructure => "SUBAGENT_INFRASTRUCTURE",
+            ErrorCode::Query(code) => code,
         }
     }
 
@@ -45,6 +49,7 @@ impl ErrorCode {
         match self {
             ErrorCode::Depth => "SubagentDepthError",
             ErrorCode::InvalidRequest => "TypeError",
+            ErrorCode::Query(_) => "SessionQueryError",
             _ => "SubagentError",
         }
     }

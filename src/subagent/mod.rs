@@ -3,11 +3,13 @@
 //! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
+pub mod catalog;
 pub mod continuation;
 pub mod control;
 pub mod descriptor;
 pub mod error;
 pub mod inprocess;
+pub mod list_agents;
 pub mod tools;
 
 use std::sync::{Arc, Mutex};
