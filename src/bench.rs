@@ -1,6 +1,7 @@
 //! `kin bench`: figures, never assertions. Cold start (process start → `initialize` response, and
 //! RSS after it), per-turn overhead with an in-process scripted model, append throughput with
-//! the real fsync policy, and `load` time of large sessions.
+//! the real fsync policy, `load` time of large sessions, and subagent listing (the catalog) under
+//! a large corpus.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -49,6 +50,108 @@ pub async fn run(quick: bool, out: &mut dyn Write) -> Result<()> {
         let (load, bytes) = load_time(tmp.path(), n)?;
         writeln!(out, "load of a {n}-event session ({:.1} MB): {}", bytes as f64 / 1e6, ms(load))?;
     }
+    catalog(tmp.path(), quick, out)?;
+    Ok(())
+}
+
+/// Unrelated sessions around the listed parent.
+const CATALOG_UNRELATED: usize = 10_000;
+
+/// `list_children` latency for D = 10, 100, 1000 direct children with logs of 10 KB (and 1 MB in
+/// the full run) under 10,000 unrelated sessions. Cold: a fresh query (empty derived cache; the
+/// OS page cache is warm, the files were just written). Warm: median of the next five listings.
+fn catalog(tmp: &Path, quick: bool, out: &mut dyn Write) -> Result<()> {
+    use crate::session::query::{QueryService, SessionQuery, StoreSource};
+    use crate::subagent::catalog::list_children;
+    let root = tmp.join("catalog");
+    for i in 0..CATALOG_UNRELATED {
+        let header =
+            SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(format!("/bench/p{}", i % 20)));
+        write_log(&root, &header, 3, 0)?;
+    }
+    let sizes: &[(usize, &str)] = if quick { &[(10_000, "10 KB")] } else { &[(10_000, "10 KB"), (1_000_000, "1 MB")] };
+    for &(bytes, size) in sizes {
+        for d in [10usize, 100, 1000] {
+            let cwd = format!("/bench/catalog-{d}-{bytes}");
+            let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.clone()));
+            write_log(&root, &parent, 3, 0)?;
+            for i in 0..d {
+                let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.clone()));
+                child.parent_session = Some(parent.id.clone());
+                child.origin = Some("subagent".into());
+                child.delegation_depth = 1;
+                write_log(&root, &child, 0, bytes)?;
+            }
+            let query = SessionQuery::new(StoreSource::persisted_only(SessionStore::new(root.clone())));
+            let service: &dyn QueryService = &query;
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let started = Instant::now();
+            let listed = list_children(Some(service), &parent.id, &cancel)?;
+            let cold = started.elapsed();
+            anyhow::ensure!(listed.len() == d, "listed {} of {d} children", listed.len());
+            let mut warm = Vec::new();
+            for _ in 0..5 {
+                let started = Instant::now();
+                list_children(Some(service), &parent.id, &cancel)?;
+                warm.push(started.elapsed());
+            }
+            writeln!(
+                out,
+                "list {d} children ({size} logs) under {CATALOG_UNRELATED} unrelated sessions: cold {}, warm median {}",
+                ms(cold),
+                ms(median(&warm))
+            )?;
+            std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a log directly (no fsync: a benchmark corpus): the header, `events` log-only events,
+/// and, when `child_bytes` > 0, a settled continuable child's conversation padded to about that
+/// many bytes.
+fn write_log(root: &Path, header: &SessionHeader, events: usize, child_bytes: usize) -> Result<()> {
+    let mut text = serde_json::to_string(header)?;
+    text.push('\n');
+    let mut seq = 0u64;
+    let mut line =
+        |text: &mut String, kind: &str, data: serde_json::Value, extra: Option<(&str, serde_json::Value)>| {
+            let mut event = json!({"type": kind, "seq": seq, "time": 0, "data": data});
+            if let Some((key, value)) = extra {
+                event[key] = value;
+            }
+            text.push_str(&event.to_string());
+            text.push('\n');
+            seq += 1;
+        };
+    for _ in 0..events {
+        line(&mut text, "session/title", json!({"title": "bench"}), None);
+    }
+    if child_bytes > 0 {
+        let descriptor = json!({"version": 2, "mode": "continuable", "provider": "spawn", "label": "bench child", "agentProvider": "bench", "agentModel": "m"});
+        line(&mut text, "subagent/descriptor", descriptor, None);
+        line(&mut text, "session/end-seed", json!({}), None);
+        line(
+            &mut text,
+            "turn/start",
+            json!({"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}),
+            None,
+        );
+        let prompt = json!({"role": "user", "content": [{"type": "text", "text": "work"}], "source": {"kind": "user"}, "id": "u"});
+        line(&mut text, "user/message", prompt, Some(("surfaceOp", json!("append"))));
+        while text.len() < child_bytes {
+            let chunk = json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "some streamed text of a busy child, long enough to fill its log"}});
+            line(&mut text, "assistant/chunk", chunk, None);
+        }
+        let message = json!({"turn": 1, "step": 1, "message": {"role": "assistant", "content": [{"type": "text", "text": "done"}]}});
+        line(&mut text, "assistant/message", message, Some(("surfaceOp", json!("append"))));
+        line(&mut text, "turn/end", json!({"turn": 1, "reason": {"kind": "completed"}}), None);
+    }
+    let path = crate::session::layout::log_path(root, header.cwd.as_deref(), &header.id);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)?;
     Ok(())
 }
 

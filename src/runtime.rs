@@ -16,11 +16,13 @@ use crate::model::Model;
 use crate::model::replay::ReplayModel;
 use crate::permission::{PermissionMode, PermissionPrompt, Permissions};
 use crate::prompt::{self, PromptSettings};
+use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
 use crate::subagent::acp_provider::AcpProvider;
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use crate::subagent::inprocess::{ChildFactory, ChildSetup, InProcessProvider};
+use crate::subagent::list_agents::ListAgentsTool;
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
 use crate::tools::files::FileAccess;
@@ -233,6 +235,14 @@ impl Runtime {
                     Err(e) => problems.push(e.to_string()),
                 }
             }
+            // The catalog's session query: this runtime's store, live preferred (a session is live
+            // while this runtime holds its agent).
+            let live_set = weak.clone();
+            let source = StoreSource::new(SessionStore::new(config.sessions_dir.clone()), move |id: &str| {
+                live_set.upgrade().is_some_and(|rt| rt.live_agent(id).is_some())
+            });
+            let query: Arc<dyn QueryService> = Arc::new(SessionQuery::new(source));
+            tools.register(Arc::new(ListAgentsTool(Some(query))));
             for problem in problems {
                 tracing::error!("subagent setup: {problem}");
             }

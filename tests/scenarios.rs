@@ -8,7 +8,7 @@ use kin::scenario::{Compare, RunOptions, run};
 
 /// dsh fixtures whose feature belongs to a later issue, with the issue that brings it.
 /// This list only shrinks: a listed fixture that starts passing fails the test until removed.
-const EXPECTED_FAILURES: &[(&str, u32)] = &[("subagent-list-agents", 7)];
+const EXPECTED_FAILURES: &[(&str, u32)] = &[];
 
 fn options(compare: Compare) -> RunOptions {
     RunOptions { exe: PathBuf::from(env!("CARGO_BIN_EXE_kin")), compare, update: false, out: None, record: false }

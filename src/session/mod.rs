@@ -3,6 +3,7 @@
 
 pub mod layout;
 pub mod live;
+pub mod query;
 pub mod record;
 pub mod repair;
 pub mod scan;

@@ -21,6 +21,9 @@ pub enum ErrorCode {
     Infrastructure,
     /// An external child agent could not be started (missing command, failed handshake).
     StartFailed,
+    /// A session-query failure that fails a whole operation (the initial trace of a listing, a
+    /// window error), carrying the query's own stable code (`SESSION_QUERY_PERSISTENCE_FAILED`…).
+    Query(&'static str),
 }
 
 impl ErrorCode {
@@ -40,6 +43,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequest => "INVALID_REQUEST",
             ErrorCode::Infrastructure => "SUBAGENT_INFRASTRUCTURE",
             ErrorCode::StartFailed => "SUBAGENT_START_FAILED",
+            ErrorCode::Query(code) => code,
         }
     }
 
@@ -48,6 +52,7 @@ impl ErrorCode {
         match self {
             ErrorCode::Depth => "SubagentDepthError",
             ErrorCode::InvalidRequest => "TypeError",
+            ErrorCode::Query(_) => "SessionQueryError",
             _ => "SubagentError",
         }
     }

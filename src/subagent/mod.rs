@@ -4,11 +4,13 @@
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
 pub mod acp_provider;
+pub mod catalog;
 pub mod continuation;
 pub mod control;
 pub mod descriptor;
 pub mod error;
 pub mod inprocess;
+pub mod list_agents;
 pub mod tools;
 
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,887 @@
+//! Session query (dsh-design.md §1.5): a read model over the sessions of this process and the
+//! persisted logs, live preferred. `trace_session` (lineage: the target, its ancestors, its
+//! descendants as a tree), `list_events` (every event with its surface status, after validating
+//! the surface fold) and `read_event` (one event and a bounded window around it). Errors carry the
+//! stable `SESSION_QUERY_*` codes.
+//!
+//! The query never writes: persisted logs are read through the non-mutating scan of `inspect`
+//! (no torn-tail truncation, no closers). Where the sessions come from is a `SessionSource`:
+//! `StoreSource` is the real one (the JSONL store plus the runtime's live set); tests wrap it to
+//! inject failures.
+//!
+//! Cost. One corpus scan per trace reads headers only (and reuses a header whose file length and
+//! modification time did not change). Per log, `StoreSource` keeps a derived `LogSummary`
+//! (header, event count, the `subagent/descriptor` events, the surface verdict) keyed by
+//! (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
+//! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
+//! of rescanning the corpus. A file rewritten to the same length within one mtime tick would be
+//! missed until it changes again: logs are append-only, so only a hand edit can do that.
+
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::layout::LOG_FILE;
+use super::record::{Event, SURFACE_TYPES, SessionHeader};
+use super::scan::scan_file;
+use super::store::{SessionStore, StoreError};
+
+/// The largest `before` / `after` of a `read_event` window (dsh `readWindowMax`).
+pub const READ_WINDOW_MAX: u64 = 50;
+
+/// The event kind a `LogSummary` keeps whole (the one kind the subagent catalog asks for).
+pub const INDEXED_KIND: &str = "subagent/descriptor";
+
+/// Why a query failed; `code()` is the stable dsh `SessionQueryErrorCode`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryError {
+    /// The caller's cancellation token fired.
+    Aborted,
+    EventNotFound {
+        session_id: String,
+        seq: u64,
+    },
+    /// A cycle in the lineage connected to the target.
+    InvalidLineage(String),
+    /// A log that fails the surface fold (seqs, surface ops, provenance, replacements).
+    InvalidSurface(String),
+    InvalidWindow(String),
+    /// The store could not be read.
+    PersistenceFailed(String),
+    /// The session id (its value) is not in the corpus.
+    SessionNotFound(String),
+    /// Two sources disagree about an immutable header.
+    SourceConflict(String),
+}
+
+impl QueryError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            QueryError::Aborted => "SESSION_QUERY_ABORTED",
+            QueryError::EventNotFound { .. } => "SESSION_QUERY_EVENT_NOT_FOUND",
+            QueryError::InvalidLineage(_) => "SESSION_QUERY_INVALID_LINEAGE",
+            QueryError::InvalidSurface(_) => "SESSION_QUERY_INVALID_SURFACE",
+            QueryError::InvalidWindow(_) => "SESSION_QUERY_INVALID_WINDOW",
+            QueryError::PersistenceFailed(_) => "SESSION_QUERY_PERSISTENCE_FAILED",
+            QueryError::SessionNotFound(_) => "SESSION_QUERY_SESSION_NOT_FOUND",
+            QueryError::SourceConflict(_) => "SESSION_QUERY_SOURCE_CONFLICT",
+        }
+    }
+}
+
+impl std::fmt::Display for QueryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryError::Aborted => f.write_str("session query was aborted"),
+            QueryError::EventNotFound { session_id, seq } => write!(f, "session {session_id} has no event {seq}"),
+            QueryError::SessionNotFound(id) => write!(f, "session {id} was not found"),
+            QueryError::InvalidLineage(m)
+            | QueryError::InvalidSurface(m)
+            | QueryError::InvalidWindow(m)
+            | QueryError::PersistenceFailed(m)
+            | QueryError::SourceConflict(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+/// What a `QueryService` operation fails with: a query error (stable code), or a failure that is
+/// not a query error at all (a broken backend), which consumers must not reinterpret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryFault {
+    Query(QueryError),
+    Other(String),
+}
+
+impl From<QueryError> for QueryFault {
+    fn from(e: QueryError) -> Self {
+        QueryFault::Query(e)
+    }
+}
+
+impl std::fmt::Display for QueryFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryFault::Query(e) => e.fmt(f),
+            QueryFault::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for QueryFault {}
+
+/// One logical session of the corpus.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub header: SessionHeader,
+    /// Live in this process.
+    pub live: bool,
+    /// Has a log in the store.
+    pub persisted: bool,
+}
+
+/// A session and its descendants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineageNode {
+    pub session: SessionRecord,
+    pub descendants: Vec<LineageNode>,
+}
+
+/// Whether the ancestor chain reached a session without a parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lineage {
+    Complete {
+        root: String,
+    },
+    /// An ancestor names a parent the corpus does not hold.
+    Incomplete {
+        unresolved_parent_id: String,
+    },
+}
+
+/// `trace_session`'s result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    pub target: SessionRecord,
+    /// Immediate parent first, then outward.
+    pub ancestors: Vec<SessionRecord>,
+    /// Direct children in sibling order (`createdAt`, then id), each with its own subtree.
+    pub descendants: Vec<LineageNode>,
+    pub lineage: Lineage,
+}
+
+/// How an event stands in the model-visible surface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// A surface event whose message is in the current history.
+    Current,
+    /// A surface event whose message a later replacement (compaction) removed.
+    Shadowed,
+    /// Not a surface event.
+    LogOnly,
+}
+
+impl Surface {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Surface::Current => "current",
+            Surface::Shadowed => "shadowed",
+            Surface::LogOnly => "log-only",
+        }
+    }
+}
+
+/// One event as `list_events` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRecord {
+    pub session_id: String,
+    pub seq: u64,
+    pub kind: String,
+    pub time: u64,
+    pub surface: Surface,
+}
+
+/// `read_event`'s request: the event `seq` of a session, with up to `before` / `after`
+/// neighbours (each at most `READ_WINDOW_MAX`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub session_id: String,
+    pub seq: u64,
+    pub before: u64,
+    pub after: u64,
+}
+
+impl ReadRequest {
+    /// Just the one event.
+    pub fn exact(session_id: &str, seq: u64) -> Self {
+        ReadRequest { session_id: session_id.to_string(), seq, before: 0, after: 0 }
+    }
+}
+
+/// `read_event`'s result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    /// The header of the log the event was read from.
+    pub session: SessionHeader,
+    pub target: Event,
+    /// `start_seq..=end_seq`, the target included.
+    pub events: Vec<Event>,
+    pub start_seq: u64,
+    pub end_seq: u64,
+}
+
+/// A session's raw log: a live session's events, or a persisted log's valid stored prefix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionLog {
+    pub header: SessionHeader,
+    pub events: Vec<Event>,
+}
+
+/// Derived facts about one log: exactly what a full read of the same bytes would give for them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogSummary {
+    pub header: SessionHeader,
+    pub event_count: u64,
+    /// Every event of kind `INDEXED_KIND`, whole, in seq order.
+    pub indexed: Vec<Event>,
+    /// The surface fold's verdict (`Err` holds the violation).
+    pub surface: Result<(), String>,
+}
+
+impl LogSummary {
+    pub fn of(log: &SessionLog) -> LogSummary {
+        LogSummary {
+            header: log.header.clone(),
+            event_count: log.events.len() as u64,
+            indexed: log.events.iter().filter(|e| e.kind == INDEXED_KIND).cloned().collect(),
+            surface: fold_surface(&log.events).map(|_| ()),
+        }
+    }
+}
+
+/// Where the query's sessions come from.
+pub trait SessionSource: Send + Sync {
+    /// Every session, one record per id, live preferred (build it with `merge_records`); a live
+    /// and a persisted header that disagree are `SourceConflict`, an unreadable store is
+    /// `PersistenceFailed`.
+    fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError>;
+
+    /// The raw log of one session (live preferred; a persisted log read without repair).
+    fn log(&self, id: &str) -> Result<SessionLog, QueryError>;
+
+    /// `LogSummary::of(&self.log(id)?)`; a source may answer from a cache it keeps in step with
+    /// the log.
+    fn summary(&self, id: &str) -> Result<Arc<LogSummary>, QueryError> {
+        self.log(id).map(|log| Arc::new(LogSummary::of(&log)))
+    }
+}
+
+/// The operations the subagent catalog consumes, as a seam tests can wrap.
+pub trait QueryService: Send + Sync {
+    fn trace_session(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryFault>;
+
+    /// Takes no cancellation token (as in dsh): callers check theirs around it.
+    fn list_events(&self, id: &str) -> Result<Vec<EventRecord>, QueryFault>;
+
+    fn read_event(&self, request: &ReadRequest, cancel: &CancellationToken) -> Result<Window, QueryFault>;
+
+    /// `list_events` reduced to the seqs of the events of `kind`, with the same validation and
+    /// errors; a backend may answer it from a derived summary.
+    fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
+        Ok(self.list_events(id)?.into_iter().filter(|r| r.kind == kind).map(|r| r.seq).collect())
+    }
+}
+
+/// Fails unless two headers of one session agree (dsh `assertSessionHeadersCompatible`): every
+/// header field is immutable, so they must be equal.
+pub fn assert_headers_compatible(a: &SessionHeader, b: &SessionHeader) -> Result<(), QueryError> {
+    if a == b {
+        return Ok(());
+    }
+    let json = |h: &SessionHeader| serde_json::to_string(h).unwrap_or_default();
+    Err(QueryError::SourceConflict(format!("session {} has conflicting headers: {} and {}", a.id, json(a), json(b))))
+}
+
+/// The live-preferred corpus: one record per id. A live header and a persisted one (or two
+/// persisted ones) for the same id must agree.
+pub fn merge_records(
+    live: Vec<SessionHeader>,
+    persisted: Vec<SessionHeader>,
+) -> Result<Vec<SessionRecord>, QueryError> {
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut out: Vec<SessionRecord> = Vec::with_capacity(live.len() + persisted.len());
+    for (header, is_live) in live.into_iter().map(|h| (h, true)).chain(persisted.into_iter().map(|h| (h, false))) {
+        let existing = index.get(&header.id).copied();
+        match existing {
+            Some(i) => {
+                assert_headers_compatible(&out[i].header, &header)?;
+                if is_live {
+                    out[i].live = true;
+                } else {
+                    out[i].persisted = true;
+                }
+            }
+            None => {
+                index.insert(header.id.clone(), out.len());
+                out.push(SessionRecord { header, live: is_live, persisted: !is_live });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Sibling order: `createdAt` ascending, then the id.
+///
+/// dsh compares ids with JS `localeCompare` (ICU root collation). kin approximates it: ids are
+/// compared case-insensitively first, then, at the first character differing only in case, the
+/// lowercase one sorts first, then by bytes. For the lowercase UUIDs kin and dsh mint this is byte
+/// order; it differs from ICU only for punctuation other than `-` (ICU sorts `_` before `-` and
+/// both before digits).
+pub fn sibling_order(a: &SessionHeader, b: &SessionHeader) -> Ordering {
+    a.created_at.cmp(&b.created_at).then_with(|| compare_ids(&a.id, &b.id))
+}
+
+/// The id part of `sibling_order`.
+pub fn compare_ids(a: &str, b: &str) -> Ordering {
+    let folded = a.chars().flat_map(char::to_lowercase).cmp(b.chars().flat_map(char::to_lowercase));
+    folded.then_with(|| {
+        for (x, y) in a.chars().zip(b.chars()) {
+            if x != y && x.to_lowercase().eq(y.to_lowercase()) {
+                return y.is_lowercase().cmp(&x.is_lowercase());
+            }
+        }
+        a.cmp(b)
+    })
+}
+
+/// The surface fold with validation: each event's surface status, or the first violation.
+/// Seqs must be contiguous from 0; the four surface types must carry `surfaceOp`, either
+/// `"append"` or `{op: "replace", start, end}` with `start <= end <=` the current message count;
+/// log-only events carry neither `surfaceOp` nor `sourceEventSeqs`; `sourceEventSeqs` is non-empty
+/// and names earlier events. Like `derive_messages`, an assistant message without content takes
+/// no place in the history (it stays `Current`).
+pub fn fold_surface(events: &[Event]) -> Result<Vec<Surface>, String> {
+    let mut surfaces = Vec::with_capacity(events.len());
+    // For each message of the current history, the index of the event that put it there.
+    let mut messages: Vec<usize> = Vec::new();
+    for (i, event) in events.iter().enumerate() {
+        let seq = event.seq;
+        if seq != i as u64 {
+            return Err(format!("seq {seq} where {i} was expected"));
+        }
+        if let Some(sources) = &event.source_event_seqs {
+            if sources.is_empty() {
+                return Err(format!("event {seq} ({}) has an empty sourceEventSeqs", event.kind));
+            }
+            if let Some(later) = sources.iter().find(|s| **s >= seq) {
+                return Err(format!("event {seq} ({}) names a source {later} that is not earlier", event.kind));
+            }
+        }
+        if !SURFACE_TYPES.contains(&event.kind.as_str()) {
+            if event.surface_op.is_some() || event.source_event_seqs.is_some() {
+                return Err(format!("log-only event {seq} ({}) carries surfaceOp or sourceEventSeqs", event.kind));
+            }
+            surfaces.push(Surface::LogOnly);
+            continue;
+        }
+        let op = event
+            .surface_op
+            .as_ref()
+            .ok_or_else(|| format!("surface event {seq} ({}) has no surfaceOp", event.kind))?;
+        let replace = match op {
+            Value::String(s) if s == "append" => None,
+            Value::Object(map) if map.get("op").and_then(Value::as_str) == Some("replace") => {
+                let bound = |key: &str| {
+                    map.get(key)
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| format!("event {seq} has a replacement without a numeric {key}"))
+                };
+                let (start, end) = (bound("start")?, bound("end")?);
+                if start > end || end > messages.len() as u64 {
+                    return Err(format!(
+                        "event {seq} replaces messages {start}..{end} of a history of {}",
+                        messages.len()
+                    ));
+                }
+                Some((start as usize, end as usize))
+            }
+            other => return Err(format!("surface event {seq} has an invalid surfaceOp {other}")),
+        };
+        surfaces.push(Surface::Current);
+        if event.kind == "assistant/message" && event.data["message"]["content"].as_array().is_none_or(Vec::is_empty) {
+            continue;
+        }
+        match replace {
+            None => messages.push(i),
+            Some((start, end)) => {
+                for shadowed in messages.splice(start..end, [i]) {
+                    surfaces[shadowed] = Surface::Shadowed;
+                }
+            }
+        }
+    }
+    Ok(surfaces)
+}
+
+/// The query service over one source.
+pub struct SessionQuery<S: SessionSource = StoreSource> {
+    source: S,
+}
+
+impl<S: SessionSource> SessionQuery<S> {
+    pub fn new(source: S) -> Self {
+        SessionQuery { source }
+    }
+
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// The target's lineage from one corpus read.
+    pub fn trace_session(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
+        self.trace_impl(id, cancel)
+    }
+
+    /// Every event of the session with its surface status (the log is validated first).
+    pub fn list_events(&self, id: &str) -> Result<Vec<EventRecord>, QueryError> {
+        self.list_events_impl(id)
+    }
+
+    /// The seqs of the session's events of `kind` (`list_events`, filtered; answered from the
+    /// source's summary for `INDEXED_KIND`).
+    pub fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryError> {
+        self.event_seqs_impl(id, kind)
+    }
+
+    /// One event and up to `before` / `after` neighbours, from a validated log.
+    pub fn read_event(&self, request: &ReadRequest, cancel: &CancellationToken) -> Result<Window, QueryError> {
+        self.read_event_impl(request, cancel)
+    }
+
+    fn trace_impl(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        let records = self.source.records(cancel)?;
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        trace(&records, id, cancel)
+    }
+
+    fn list_events_impl(&self, id: &str) -> Result<Vec<EventRecord>, QueryError> {
+        let log = self.source.log(id)?;
+        let surfaces = fold_surface(&log.events).map_err(|e| invalid_surface(id, &e))?;
+        Ok(log
+            .events
+            .into_iter()
+            .zip(surfaces)
+            .map(|(e, surface)| EventRecord {
+                session_id: id.to_string(),
+                seq: e.seq,
+                kind: e.kind,
+                time: e.time,
+                surface,
+            })
+            .collect())
+    }
+
+    fn event_seqs_impl(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryError> {
+        if kind != INDEXED_KIND {
+            return Ok(self.list_events_impl(id)?.into_iter().filter(|r| r.kind == kind).map(|r| r.seq).collect());
+        }
+        let summary = self.source.summary(id)?;
+        if let Err(e) = &summary.surface {
+            return Err(invalid_surface(id, e));
+        }
+        Ok(summary.indexed.iter().map(|e| e.seq).collect())
+    }
+
+    fn read_event_impl(&self, request: &ReadRequest, cancel: &CancellationToken) -> Result<Window, QueryError> {
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        if request.before > READ_WINDOW_MAX || request.after > READ_WINDOW_MAX {
+            return Err(QueryError::InvalidWindow(format!(
+                "a read window holds at most {READ_WINDOW_MAX} events before and after its target (asked for {} and {})",
+                request.before, request.after
+            )));
+        }
+        let id = request.session_id.as_str();
+        if request.before == 0 && request.after == 0 {
+            let summary = self.source.summary(id)?;
+            if let Err(e) = &summary.surface {
+                return Err(invalid_surface(id, e));
+            }
+            if let Some(target) = summary.indexed.iter().find(|e| e.seq == request.seq) {
+                if cancel.is_cancelled() {
+                    return Err(QueryError::Aborted);
+                }
+                return Ok(Window {
+                    session: summary.header.clone(),
+                    target: target.clone(),
+                    events: vec![target.clone()],
+                    start_seq: request.seq,
+                    end_seq: request.seq,
+                });
+            }
+        }
+        let log = self.source.log(id)?;
+        fold_surface(&log.events).map_err(|e| invalid_surface(id, &e))?;
+        let found = usize::try_from(request.seq).ok().and_then(|i| log.events.get(i)).cloned();
+        let Some(target) = found else {
+            return Err(QueryError::EventNotFound { session_id: id.to_string(), seq: request.seq });
+        };
+        let last = log.events.len() as u64 - 1;
+        let start = request.seq.saturating_sub(request.before);
+        let end = request.seq.saturating_add(request.after).min(last);
+        let events = log.events[start as usize..=end as usize].to_vec();
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        Ok(Window { session: log.header, target, events, start_seq: start, end_seq: end })
+    }
+}
+
+impl<S: SessionSource> QueryService for SessionQuery<S> {
+    fn trace_session(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryFault> {
+        self.trace_impl(id, cancel).map_err(QueryFault::Query)
+    }
+
+    fn list_events(&self, id: &str) -> Result<Vec<EventRecord>, QueryFault> {
+        self.list_events_impl(id).map_err(QueryFault::Query)
+    }
+
+    fn read_event(&self, request: &ReadRequest, cancel: &CancellationToken) -> Result<Window, QueryFault> {
+        self.read_event_impl(request, cancel).map_err(QueryFault::Query)
+    }
+
+    fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
+        self.event_seqs_impl(id, kind).map_err(QueryFault::Query)
+    }
+}
+
+fn invalid_surface(id: &str, violation: &str) -> QueryError {
+    QueryError::InvalidSurface(format!("session {id}: {violation}"))
+}
+
+/// Lineage from one corpus snapshot.
+fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
+    let by_id: HashMap<&str, &SessionRecord> = records.iter().map(|r| (r.header.id.as_str(), r)).collect();
+    let target = by_id.get(id).copied().ok_or_else(|| QueryError::SessionNotFound(id.to_string()))?;
+    let cycle = |at: &str| QueryError::InvalidLineage(format!("the lineage of session {id} has a cycle through {at}"));
+    let mut seen: HashSet<&str> = HashSet::new();
+    seen.insert(target.header.id.as_str());
+    let mut ancestors = Vec::new();
+    let mut lineage = Lineage::Complete { root: id.to_string() };
+    let mut next = target.header.parent_session.as_deref();
+    while let Some(parent_id) = next {
+        if !seen.insert(parent_id) {
+            return Err(cycle(parent_id));
+        }
+        match by_id.get(parent_id).copied() {
+            Some(parent) => {
+                ancestors.push(parent.clone());
+                lineage = Lineage::Complete { root: parent_id.to_string() };
+                next = parent.header.parent_session.as_deref();
+            }
+            None => {
+                lineage = Lineage::Incomplete { unresolved_parent_id: parent_id.to_string() };
+                next = None;
+            }
+        }
+    }
+    let mut children: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
+    for record in records {
+        if let Some(parent) = record.header.parent_session.as_deref() {
+            children.entry(parent).or_default().push(record);
+        }
+    }
+    for siblings in children.values_mut() {
+        siblings.sort_by(|a, b| sibling_order(&a.header, &b.header));
+    }
+    // Depth-first, without recursion (a long fork chain must not overflow the stack).
+    struct Frame<'r> {
+        record: &'r SessionRecord,
+        kids: &'r [&'r SessionRecord],
+        next: usize,
+        built: Vec<LineageNode>,
+    }
+    let mut stack = vec![Frame { record: target, kids: kids_of(&children, id), next: 0, built: Vec::new() }];
+    let mut steps: u64 = 0;
+    loop {
+        steps += 1;
+        if steps.is_multiple_of(1024) && cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        let Some(top) = stack.last_mut() else {
+            unreachable!("the target frame is popped last");
+        };
+        let kids = top.kids;
+        if let Some(&kid) = kids.get(top.next) {
+            top.next += 1;
+            if !seen.insert(kid.header.id.as_str()) {
+                return Err(cycle(kid.header.id.as_str()));
+            }
+            stack.push(Frame { record: kid, kids: kids_of(&children, &kid.header.id), next: 0, built: Vec::new() });
+            continue;
+        }
+        let Some(done) = stack.pop() else {
+            unreachable!("the stack is not empty here");
+        };
+        match stack.last_mut() {
+            Some(parent) => parent.built.push(LineageNode { session: done.record.clone(), descendants: done.built }),
+            None => {
+                return Ok(Trace { target: target.clone(), ancestors, descendants: done.built, lineage });
+            }
+        }
+    }
+}
+
+fn kids_of<'r>(children: &'r HashMap<&str, Vec<&'r SessionRecord>>, id: &str) -> &'r [&'r SessionRecord] {
+    children.get(id).map(Vec::as_slice).unwrap_or(&[])
+}
+
+type LiveSet = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The real source: the JSONL store, plus which sessions are live in this process.
+///
+/// kin publishes a session's header on disk before its agent goes live and writes events eagerly
+/// (at every await point of a turn), so a live session's header is its persisted one and its log
+/// is read from disk too, like any other (the valid prefix, without repair). The live side of the
+/// corpus is therefore the live *set*; activity is the only thing it adds.
+pub struct StoreSource {
+    store: SessionStore,
+    live: LiveSet,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    /// By log path.
+    logs: HashMap<PathBuf, CachedLog>,
+    /// Where the last corpus scan found each session.
+    paths: HashMap<String, PathBuf>,
+}
+
+/// Derived state of one log file at one (length, mtime).
+struct CachedLog {
+    len: u64,
+    modified: SystemTime,
+    header: SessionHeader,
+    summary: Option<Arc<LogSummary>>,
+}
+
+impl StoreSource {
+    /// `live(id)` says whether a session is live in this process.
+    pub fn new(store: SessionStore, live: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        StoreSource { store, live: Box::new(live), cache: Mutex::default() }
+    }
+
+    /// A source where nothing is live (another process's store, tools, benchmarks).
+    pub fn persisted_only(store: SessionStore) -> Self {
+        Self::new(store, |_| false)
+    }
+
+    pub fn store(&self) -> &SessionStore {
+        &self.store
+    }
+
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every persisted header (one corpus scan), reusing headers of unchanged files.
+    fn persisted(&self, cancel: &CancellationToken) -> Result<Vec<SessionHeader>, QueryError> {
+        let root = self.store.root();
+        let failed =
+            |at: &Path, e: std::io::Error| QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()));
+        let projects = match std::fs::read_dir(root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(failed(root, e)),
+        };
+        let mut found: Vec<(PathBuf, std::fs::Metadata)> = Vec::new();
+        for project in projects {
+            if cancel.is_cancelled() {
+                return Err(QueryError::Aborted);
+            }
+            let project = project.map_err(|e| failed(root, e))?.path();
+            if !project.is_dir() {
+                continue;
+            }
+            for session in std::fs::read_dir(&project).map_err(|e| failed(project.as_path(), e))? {
+                let session = session.map_err(|e| failed(project.as_path(), e))?;
+                if session.file_type().is_ok_and(|t| t.is_file()) {
+                    continue;
+                }
+                let path = session.path().join(LOG_FILE);
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_file() => found.push((path, meta)),
+                    Ok(_) => {
+                        tracing::warn!(path = %path.display(), "skipping a session log that is not a regular file")
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}"),
+                }
+            }
+        }
+        let mut headers = Vec::with_capacity(found.len());
+        let mut paths = HashMap::with_capacity(found.len());
+        let mut seen = HashSet::with_capacity(found.len());
+        for (i, (path, meta)) in found.into_iter().enumerate() {
+            if i % 256 == 255 && cancel.is_cancelled() {
+                return Err(QueryError::Aborted);
+            }
+            let (len, modified) = (meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+            let cached = self
+                .cache()
+                .logs
+                .get(&path)
+                .filter(|c| c.len == len && c.modified == modified)
+                .map(|c| c.header.clone());
+            let header = match cached {
+                Some(header) => header,
+                None => match read_header(&path) {
+                    Ok(header) => {
+                        let entry = CachedLog { len, modified, header: header.clone(), summary: None };
+                        self.cache().logs.insert(path.clone(), entry);
+                        header
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}");
+                        continue;
+                    }
+                },
+            };
+            seen.insert(path.clone());
+            paths.insert(header.id.clone(), path);
+            headers.push(header);
+        }
+        let mut cache = self.cache();
+        cache.logs.retain(|path, _| seen.contains(path));
+        cache.paths = paths;
+        Ok(headers)
+    }
+
+    /// The log file of `id`: where the last scan saw it, else wherever the store finds it.
+    fn path_of(&self, id: &str) -> Result<PathBuf, QueryError> {
+        let known = self.cache().paths.get(id).cloned();
+        if let Some(path) = known {
+            return Ok(path);
+        }
+        match self.store.locate(id) {
+            Ok(Some(path)) => Ok(path),
+            Ok(None) | Err(StoreError::InvalidId(_)) => Err(QueryError::SessionNotFound(id.to_string())),
+            Err(e) => Err(QueryError::PersistenceFailed(e.to_string())),
+        }
+    }
+}
+
+impl SessionSource for StoreSource {
+    fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError> {
+        let persisted = self.persisted(cancel)?;
+        let live: Vec<SessionHeader> = persisted.iter().filter(|h| (self.live)(h.id.as_str())).cloned().collect();
+        merge_records(live, persisted)
+    }
+
+    fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
+        let path = self.path_of(id)?;
+        stat(&path, id)?;
+        read_log(&path, id)
+    }
+
+    fn summary(&self, id: &str) -> Result<Arc<LogSummary>, QueryError> {
+        let path = self.path_of(id)?;
+        let (len, modified) = stat(&path, id)?;
+        let cached = self
+            .cache()
+            .logs
+            .get(&path)
+            .filter(|c| c.len == len && c.modified == modified)
+            .and_then(|c| c.summary.clone());
+        if let Some(summary) = cached {
+            return Ok(summary);
+        }
+        // Stat before reading: if the file grows meanwhile, the entry is keyed by the older
+        // state and is rebuilt at the next call.
+        let log = read_log(&path, id)?;
+        let summary = Arc::new(LogSummary::of(&log));
+        let entry = CachedLog { len, modified, header: log.header, summary: Some(summary.clone()) };
+        self.cache().logs.insert(path, entry);
+        Ok(summary)
+    }
+}
+
+/// Length and mtime of a log; a missing file is a missing session.
+fn stat(path: &Path, id: &str) -> Result<(u64, SystemTime), QueryError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok((meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH))),
+        Ok(_) => Err(QueryError::PersistenceFailed(format!("{} is not a regular file", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(QueryError::SessionNotFound(id.to_string())),
+        Err(e) => Err(QueryError::PersistenceFailed(format!("cannot read {}: {e}", path.display()))),
+    }
+}
+
+/// The valid stored prefix of a log (the scan `SessionStore::inspect` runs: nothing is written).
+/// A log damaged before its last complete turn cannot be read: `PersistenceFailed`.
+fn read_log(path: &Path, id: &str) -> Result<SessionLog, QueryError> {
+    let scanned = scan_file(path).map_err(|e| QueryError::PersistenceFailed(e.to_string()))?;
+    if scanned.header.id != id {
+        return Err(QueryError::PersistenceFailed(format!(
+            "{}: header names session {:?}, not {id:?}",
+            path.display(),
+            scanned.header.id
+        )));
+    }
+    Ok(SessionLog { header: scanned.header, events: scanned.events })
+}
+
+/// The header line of a log (at most 1 MiB).
+fn read_header(path: &Path) -> Result<SessionHeader, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    std::io::BufReader::new(file.take(1 << 20)).read_line(&mut line).map_err(|e| e.to_string())?;
+    if !line.ends_with('\n') {
+        return Err("header line is incomplete".into());
+    }
+    SessionHeader::parse(line.trim_end_matches('\n'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(seq: u64, kind: &str, surface: Option<Value>, sources: Option<Vec<u64>>) -> Event {
+        let data = match kind {
+            "assistant/message" => {
+                json!({"message": {"role": "assistant", "content": [{"type": "text", "text": "a"}]}})
+            }
+            _ => json!({}),
+        };
+        Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: sources, surface_op: surface }
+    }
+
+    #[test]
+    fn ids_compare_case_insensitively_with_lowercase_first() {
+        assert_eq!(compare_ids("a-2", "B-1"), Ordering::Less, "byte order would put B first");
+        assert_eq!(compare_ids("abc", "ABC"), Ordering::Less);
+        assert_eq!(compare_ids("0001", "0002"), Ordering::Less);
+        assert_eq!(compare_ids("same", "same"), Ordering::Equal);
+    }
+
+    #[test]
+    fn replacements_shadow_the_messages_they_cover() {
+        let append = || Some(json!("append"));
+        let events = vec![
+            event(0, "user/message", append(), None),
+            event(1, "assistant/message", append(), Some(vec![0])),
+            event(2, "compact/start", None, None),
+            event(3, "user/message", Some(json!({"op": "replace", "start": 0, "end": 2})), None),
+        ];
+        let surfaces = fold_surface(&events).unwrap();
+        assert_eq!(surfaces, [Surface::Shadowed, Surface::Shadowed, Surface::LogOnly, Surface::Current]);
+    }
+
+    #[test]
+    fn surface_violations_are_named() {
+        let missing = vec![event(0, "user/message", None, None)];
+        assert!(fold_surface(&missing).unwrap_err().contains("has no surfaceOp"));
+        let too_far = vec![event(0, "user/message", Some(json!({"op": "replace", "start": 0, "end": 1})), None)];
+        assert!(fold_surface(&too_far).unwrap_err().contains("replaces messages 0..1"));
+        let later = vec![event(0, "assistant/message", Some(json!("append")), Some(vec![0]))];
+        assert!(fold_surface(&later).unwrap_err().contains("not earlier"));
+        let log_only = vec![event(0, "turn/start", Some(json!("append")), None)];
+        assert!(fold_surface(&log_only).unwrap_err().contains("log-only"));
+        let gap = vec![event(1, "turn/start", None, None)];
+        assert!(fold_surface(&gap).unwrap_err().contains("seq 1 where 0"));
+    }
+}

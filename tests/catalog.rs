@@ -1,0 +1,1520 @@
+//! The durable subagent catalog (issue 7; seed 000, dsh-design.md §1.5, §1.6.4, §1.8): session
+//! query, `list_children` and `list_agents`, over the real JSONL store, the real runtime with the
+//! scripted model, and the real binary over pipes. Each test names the checklist item (§5) it
+//! pins.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant, SystemTime};
+
+use kin::agent::TurnEnd;
+use kin::config::{Config, Overrides};
+use kin::model::script::{ReplayEntry, ScriptedModel};
+use kin::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::runtime::Runtime;
+use kin::session::query::{
+    EventRecord, Lineage, QueryError, QueryFault, QueryService, ReadRequest, SessionLog, SessionQuery, SessionRecord,
+    SessionSource, StoreSource, Surface, Trace, Window, merge_records, sibling_order,
+};
+use kin::session::{Event, Session, SessionHeader, SessionObserver, SessionStore};
+use kin::subagent::catalog::{Activity, ListEntry, Mode, QUERY_UNAVAILABLE, Reason, list_children};
+use kin::subagent::control::SendMessageTool;
+use kin::subagent::descriptor::{DESCRIPTOR_EVENT, Descriptor};
+use kin::subagent::inprocess::ChildFactory;
+use kin::subagent::list_agents::{DESCRIPTION, ListAgentsTool, render};
+use kin::subagent::{ErrorCode, StartRequest, SubagentError};
+use kin::tools::{Caller, Tool, ToolContext, ToolRegistry};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const P: &str = "11111111-1111-4111-8111-111111111111";
+const A: &str = "child-a";
+const B: &str = "child-b";
+const C: &str = "child-c";
+
+// ---------------------------------------------------------------------------------------------
+// Logs over the real store.
+
+fn store() -> (tempfile::TempDir, SessionStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SessionStore::new(dir.path().join("sessions"));
+    (dir, store)
+}
+
+fn header(id: &str, parent: Option<&str>, created_at: u64) -> SessionHeader {
+    let mut h = SessionHeader::new(id, created_at, Some("/w".into()));
+    if let Some(parent) = parent {
+        h.parent_session = Some(parent.to_string());
+        h.origin = Some("subagent".into());
+        h.delegation_depth = 1;
+    }
+    h
+}
+
+fn continuable(label: &str) -> Descriptor {
+    Descriptor::Continuable {
+        provider: "spawn".into(),
+        label: label.into(),
+        agent_provider: Some("test".into()),
+        agent_model: Some("m".into()),
+        persona: None,
+        tool_filter: None,
+    }
+}
+
+fn descriptor_event(seq: u64, payload: Value) -> Event {
+    Event { kind: DESCRIPTOR_EVENT.into(), seq, time: 0, data: payload, source_event_seqs: None, surface_op: None }
+}
+
+/// One completed turn: the prompt, one chunk, the answer.
+fn turn(session: &mut Session, prompt: &str, answer: &str) {
+    let n = session.next_turn();
+    session.append("turn/start", json!({"turn": n, "trigger": {"kind": "message", "source": {"kind": "user"}}}));
+    let message = json!({"role": "user", "content": [{"type": "text", "text": prompt}], "source": {"kind": "user"}, "id": format!("u{n}")});
+    session.append_surface("user/message", message, None);
+    let chunk = json!({"turn": n, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": answer}});
+    let chunk = session.append("assistant/chunk", chunk);
+    let answer =
+        json!({"turn": n, "step": 1, "message": {"role": "assistant", "content": [{"type": "text", "text": answer}]}});
+    session.append_surface("assistant/message", answer, Some(vec![chunk]));
+    session.append("turn/end", json!({"turn": n, "reason": {"kind": "completed"}}));
+}
+
+fn parent_log(store: &SessionStore, id: &str, created_at: u64) {
+    let mut session = store.create(header(id, None, created_at)).unwrap();
+    turn(&mut session, "hi", "hello");
+    session.flush().unwrap();
+}
+
+/// A child session with `seed` and one turn, not yet flushed.
+fn child_session(store: &SessionStore, header: SessionHeader, seed: Vec<Event>) -> Session {
+    let mut session = store.create_seeded(header, seed).unwrap();
+    turn(&mut session, "work", "done");
+    session
+}
+
+/// A settled continuable child as the continuation manager writes it: the descriptor seed,
+/// `session/end-seed`, one turn.
+fn continuable_child(store: &SessionStore, id: &str, parent: &str, created_at: u64, label: &str) {
+    let seed = vec![descriptor_event(0, continuable(label).to_value())];
+    child_session(store, header(id, Some(parent), created_at), seed).flush().unwrap();
+}
+
+/// A one-shot child as the in-process driver writes it: the descriptor inside the first turn.
+fn one_shot_child(store: &SessionStore, id: &str, parent: &str, created_at: u64, label: Option<&str>) {
+    let mut session = store.create(header(id, Some(parent), created_at)).unwrap();
+    session.append("turn/start", json!({"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}));
+    let prompt =
+        json!({"role": "user", "content": [{"type": "text", "text": "go"}], "source": {"kind": "user"}, "id": "u"});
+    session.append_surface("user/message", prompt, None);
+    let descriptor = Descriptor::OneShot { provider: "spawn".into(), label: label.map(str::to_string) };
+    session.append(DESCRIPTOR_EVENT, descriptor.to_value());
+    session.append("turn/end", json!({"turn": 1, "reason": {"kind": "completed"}}));
+    session.flush().unwrap();
+}
+
+/// An ordinary fork of `parent` (its completed events as the seed, `seedLength`, no descriptor).
+fn fork_child(store: &SessionStore, id: &str, parent: &str, created_at: u64) {
+    let seed = store.inspect(parent).unwrap().events;
+    let mut h = header(id, Some(parent), created_at);
+    h.origin = None;
+    h.seed_length = Some(seed.len() as u64);
+    child_session(store, h, seed).flush().unwrap();
+}
+
+fn ev(seq: u64, kind: &str, data: Value) -> Value {
+    json!({"type": kind, "seq": seq, "time": 0, "data": data})
+}
+
+fn surface_ev(seq: u64, kind: &str, data: Value, op: Value, sources: Option<Vec<u64>>) -> Value {
+    let mut event = ev(seq, kind, data);
+    event["surfaceOp"] = op;
+    if let Some(sources) = sources {
+        event["sourceEventSeqs"] = json!(sources);
+    }
+    event
+}
+
+/// Writes a log as JSONL text, exactly as given.
+fn write_raw(store: &SessionStore, header: &SessionHeader, events: &[Value]) {
+    let path = kin::session::layout::log_path(store.root(), header.cwd.as_deref(), &header.id);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut text = serde_json::to_string(header).unwrap();
+    text.push('\n');
+    for event in events {
+        text.push_str(&event.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn log_path(store: &SessionStore, id: &str) -> PathBuf {
+    store.locate(id).unwrap().unwrap()
+}
+
+/// Every file under `root` with its bytes and modification time.
+fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>, SystemTime)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path, bytes, modified));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The query and listings.
+
+fn query(store: &SessionStore, live: &[&str]) -> SessionQuery {
+    let live: HashSet<String> = live.iter().map(|s| s.to_string()).collect();
+    SessionQuery::new(StoreSource::new(store.clone(), move |id: &str| live.contains(id)))
+}
+
+fn shared<Q: QueryService + 'static>(query: Q) -> Arc<dyn QueryService> {
+    Arc::new(query)
+}
+
+fn list_with(
+    query: &dyn QueryService,
+    parent: &str,
+    cancel: &CancellationToken,
+) -> Result<Vec<ListEntry>, SubagentError> {
+    list_children(Some(query), parent, cancel)
+}
+
+fn list(query: &dyn QueryService, parent: &str) -> Result<Vec<ListEntry>, SubagentError> {
+    list_with(query, parent, &CancellationToken::new())
+}
+
+fn child(id: &str, mode: Mode, label: Option<&str>, activity: Activity) -> ListEntry {
+    ListEntry::Child { id: id.into(), mode, label: label.map(str::to_string), activity }
+}
+
+fn cont(id: &str, label: &str, activity: Activity) -> ListEntry {
+    child(id, Mode::Continuable, Some(label), activity)
+}
+
+fn diag(id: &str, reason: Reason) -> ListEntry {
+    ListEntry::Diagnostic { id: id.into(), reason }
+}
+
+/// A parent with three settled continuable children A, B, C (in that order).
+fn family() -> (tempfile::TempDir, SessionStore) {
+    let (dir, store) = store();
+    parent_log(&store, P, 0);
+    for (i, id) in [A, B, C].into_iter().enumerate() {
+        continuable_child(&store, id, P, i as u64 + 1, &format!("label {id}"));
+    }
+    (dir, store)
+}
+
+fn healthy(id: &str) -> ListEntry {
+    cont(id, &format!("label {id}"), Activity::Inactive)
+}
+
+type Hook = Box<dyn Fn(&str, Option<&CancellationToken>) -> Option<QueryFault> + Send + Sync>;
+type Edit = Box<dyn Fn(&mut Window) + Send + Sync>;
+
+fn hook(f: impl Fn(&str, Option<&CancellationToken>) -> Option<QueryFault> + Send + Sync + 'static) -> Option<Hook> {
+    Some(Box::new(f))
+}
+
+/// Wraps the real query: records every call and injects failures, cancellations and changed
+/// read results at precise points (dsh's list-children tests wrap `sessionQuery` the same way).
+struct Faulty {
+    inner: SessionQuery,
+    /// Called with the parent id and the trace's token.
+    trace: Option<Hook>,
+    /// Called with the child id before its events are listed (no token: `listEvents` takes none).
+    seqs: Option<Hook>,
+    /// Called with the child id and the exact read's token.
+    read: Option<Hook>,
+    /// Changes a successful read's result.
+    edit: Option<Edit>,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Faulty {
+    fn new(inner: SessionQuery) -> Self {
+        Faulty { inner, trace: None, seqs: None, read: None, edit: None, calls: Mutex::default() }
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn record(&self, call: String) {
+        self.calls.lock().unwrap().push(call);
+    }
+}
+
+impl QueryService for Faulty {
+    fn trace_session(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryFault> {
+        self.record(format!("trace {id}"));
+        if let Some(fault) = self.trace.as_ref().and_then(|h| h(id, Some(cancel))) {
+            return Err(fault);
+        }
+        self.inner.trace_session(id, cancel).map_err(QueryFault::Query)
+    }
+
+    fn list_events(&self, id: &str) -> Result<Vec<EventRecord>, QueryFault> {
+        self.record(format!("events {id}"));
+        if let Some(fault) = self.seqs.as_ref().and_then(|h| h(id, None)) {
+            return Err(fault);
+        }
+        self.inner.list_events(id).map_err(QueryFault::Query)
+    }
+
+    fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
+        self.record(format!("events {id}"));
+        if let Some(fault) = self.seqs.as_ref().and_then(|h| h(id, None)) {
+            return Err(fault);
+        }
+        self.inner.event_seqs(id, kind).map_err(QueryFault::Query)
+    }
+
+    fn read_event(&self, request: &ReadRequest, cancel: &CancellationToken) -> Result<Window, QueryFault> {
+        self.record(format!("read {}", request.session_id));
+        if let Some(fault) = self.read.as_ref().and_then(|h| h(request.session_id.as_str(), Some(cancel))) {
+            return Err(fault);
+        }
+        let mut window = self.inner.read_event(request, cancel).map_err(QueryFault::Query)?;
+        if let Some(edit) = &self.edit {
+            edit(&mut window);
+        }
+        Ok(window)
+    }
+}
+
+fn query_fault(e: QueryError) -> Option<QueryFault> {
+    Some(QueryFault::Query(e))
+}
+
+fn assert_cancelled(result: Result<Vec<ListEntry>, SubagentError>) {
+    let err = result.unwrap_err();
+    assert_eq!((err.code, err.message.as_str()), (ErrorCode::Cancelled, "subagent listing was cancelled"));
+    assert_eq!(err.code.code(), "CANCELLED");
+}
+
+// ---------------------------------------------------------------------------------------------
+// B. listChildren
+
+#[test]
+fn a_live_child_with_a_descriptor_lists_running_with_only_the_store_and_a_live_set() {
+    // 12: no runtime, no agents, no continuation manager: sessions, the catalog and the query.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    continuable_child(&store, A, P, 1, "live one");
+    let q = query(&store, &[A]);
+    assert_eq!(list(&q, P).unwrap(), [cont(A, "live one", Activity::Running)]);
+}
+
+#[test]
+fn listing_without_session_query_fails_before_any_work() {
+    // 13: even a cancelled token and an unknown parent: the missing query is reported first.
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let err = list_children(None, "no-such-parent", &cancel).unwrap_err();
+    assert_eq!(err.code, ErrorCode::SessionQueryUnavailable);
+    assert_eq!(err.code.code(), "SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE");
+    assert_eq!(err.code.name(), "SubagentError");
+    assert_eq!(err.message, "listing subagents requires session query (load a dsh-session-query backend)");
+    assert_eq!(err.message, QUERY_UNAVAILABLE);
+}
+
+#[test]
+fn a_persisted_settled_continuable_child_lists_inactive_with_its_label() {
+    // 14
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    continuable_child(&store, A, P, 1, "summarize the doc");
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [cont(A, "summarize the doc", Activity::Inactive)]);
+}
+
+#[test]
+fn one_shot_and_continuable_children_list_from_one_trace() {
+    // 15: an unlabeled one-shot child has no label.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    one_shot_child(&store, A, P, 1, None);
+    one_shot_child(&store, B, P, 2, Some("quick check"));
+    continuable_child(&store, C, P, 3, "long task");
+    let faulty = Faulty::new(query(&store, &[]));
+    assert_eq!(
+        list(&faulty, P).unwrap(),
+        [
+            child(A, Mode::OneShot, None, Activity::Inactive),
+            child(B, Mode::OneShot, Some("quick check"), Activity::Inactive),
+            cont(C, "long task", Activity::Inactive),
+        ]
+    );
+    assert_eq!(faulty.calls().iter().filter(|c| c.starts_with("trace")).count(), 1, "one trace");
+}
+
+#[test]
+fn a_parent_that_exists_only_in_persistence_can_be_listed() {
+    // 16: the restart shape: nothing is live; the parent's own log even ends in an open turn.
+    let (_dir, store) = store();
+    let mut parent = store.create(header(P, None, 0)).unwrap();
+    turn(&mut parent, "hi", "hello");
+    parent.append("turn/start", json!({"turn": 2, "trigger": {"kind": "message", "source": {"kind": "user"}}}));
+    parent.flush().unwrap();
+    drop(parent);
+    continuable_child(&store, A, P, 1, "a");
+    let q = query(&store, &[]);
+    let trace = q.trace_session(P, &CancellationToken::new()).unwrap();
+    assert!(!trace.target.live && trace.target.persisted);
+    assert_eq!(list(&q, P).unwrap(), [cont(A, "a", Activity::Inactive)]);
+}
+
+#[test]
+fn siblings_are_ordered_by_created_at_then_id() {
+    // 17: authored createdAt 5/5/9, written in reverse.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let ids = [
+        "00000000-0000-4000-8000-000000000001",
+        "00000000-0000-4000-8000-000000000002",
+        "00000000-0000-4000-8000-000000000003",
+    ];
+    for (id, created_at) in [(ids[2], 9), (ids[1], 5), (ids[0], 5)] {
+        continuable_child(&store, id, P, created_at, id);
+    }
+    let listed = list(&query(&store, &[]), P).unwrap();
+    assert_eq!(listed.iter().map(ListEntry::id).collect::<Vec<_>>(), ids);
+}
+
+#[test]
+fn id_ties_compare_case_insensitively_like_locale_compare() {
+    // 17 (ties): dsh uses localeCompare; kin compares case-insensitively first, so "a-2" sorts
+    // before "B-1" although byte order would put "B-1" first.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    continuable_child(&store, "B-1", P, 5, "b");
+    continuable_child(&store, "a-2", P, 5, "a");
+    let listed = list(&query(&store, &[]), P).unwrap();
+    assert_eq!(listed.iter().map(ListEntry::id).collect::<Vec<_>>(), ["a-2", "B-1"]);
+}
+
+#[test]
+fn an_ordinary_fork_child_is_omitted_without_a_diagnostic() {
+    // 18
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    fork_child(&store, A, P, 1);
+    continuable_child(&store, B, P, 2, "label child-b");
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [healthy(B)]);
+}
+
+#[test]
+fn a_live_child_is_running_while_a_settled_sibling_is_inactive() {
+    // 19 (and 69: live → running, persisted only → inactive)
+    let (_dir, store) = family();
+    let listed = list(&query(&store, &[B]), P).unwrap();
+    assert_eq!(listed, [healthy(A), cont(B, "label child-b", Activity::Running), healthy(C)]);
+}
+
+#[test]
+fn two_descriptors_in_the_own_suffix_are_corrupt_without_another_read() {
+    // 20
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    continuable_child(&store, A, P, 1, "label child-a");
+    let mut twice =
+        child_session(&store, header(B, Some(P), 2), vec![descriptor_event(0, continuable("b").to_value())]);
+    twice.append(DESCRIPTOR_EVENT, continuable("b again").to_value());
+    twice.flush().unwrap();
+    continuable_child(&store, C, P, 3, "label child-c");
+    let faulty = Faulty::new(query(&store, &[]));
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A), diag(B, Reason::Corrupt), healthy(C)]);
+    assert!(!faulty.calls().contains(&format!("read {B}")), "{:?}", faulty.calls());
+}
+
+#[test]
+fn an_invalid_event_surface_is_corrupt() {
+    // 21: a user message without surfaceOp.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let prompt =
+        json!({"role": "user", "content": [{"type": "text", "text": "no op"}], "source": {"kind": "user"}, "id": "u"});
+    let events = [
+        ev(0, DESCRIPTOR_EVENT, continuable("a").to_value()),
+        ev(1, "session/end-seed", json!({})),
+        ev(2, "turn/start", json!({"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}})),
+        ev(3, "user/message", prompt),
+        ev(4, "turn/end", json!({"turn": 1, "reason": {"kind": "completed"}})),
+    ];
+    write_raw(&store, &header(A, Some(P), 1), &events);
+    continuable_child(&store, B, P, 2, "label child-b");
+    let q = query(&store, &[]);
+    assert_eq!(list(&q, P).unwrap(), [diag(A, Reason::Corrupt), healthy(B)]);
+    assert_eq!(q.list_events(A).unwrap_err().code(), "SESSION_QUERY_INVALID_SURFACE");
+}
+
+#[test]
+fn a_malformed_descriptor_payload_is_corrupt() {
+    // 22
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let bad = json!({"version": 2, "mode": "continuable", "provider": 7, "label": "x"});
+    child_session(&store, header(A, Some(P), 1), vec![descriptor_event(0, bad)]).flush().unwrap();
+    continuable_child(&store, B, P, 2, "label child-b");
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [diag(A, Reason::Corrupt), healthy(B)]);
+}
+
+#[test]
+fn descriptor_version_three_is_unsupported() {
+    // 23
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let future = json!({"version": 3, "mode": "continuable", "provider": "spawn", "label": "x"});
+    child_session(&store, header(A, Some(P), 1), vec![descriptor_event(0, future)]).flush().unwrap();
+    continuable_child(&store, B, P, 2, "label child-b");
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [diag(A, Reason::Unsupported), healthy(B)]);
+}
+
+#[test]
+fn a_fork_seed_holding_an_ancestor_descriptor_does_not_make_a_subagent() {
+    // 24: A is itself a subagent; a fork of A inherits A's descriptor inside its seed only.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    continuable_child(&store, A, P, 1, "the parent subagent");
+    let seed = store.inspect(A).unwrap().events;
+    let mut fork = header("fork-of-a", Some(A), 2);
+    fork.seed_length = Some(seed.len() as u64);
+    child_session(&store, fork, seed.clone()).flush().unwrap();
+    // A forked continuable child: the lineage seed, then its own descriptor.
+    let mut sub = header("sub-of-a", Some(A), 3);
+    sub.seed_length = Some(seed.len() as u64);
+    let mut own = seed.clone();
+    own.push(descriptor_event(seed.len() as u64, continuable("forked subagent").to_value()));
+    child_session(&store, sub, own).flush().unwrap();
+    assert_eq!(list(&query(&store, &[]), A).unwrap(), [cont("sub-of-a", "forked subagent", Activity::Inactive)]);
+}
+
+#[test]
+fn a_child_whose_provider_is_not_registered_still_lists() {
+    // 25: listing consults no provider registry.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let mut descriptor = continuable("orphaned provider").to_value();
+    descriptor["provider"] = json!("no-such-provider");
+    child_session(&store, header(A, Some(P), 1), vec![descriptor_event(0, descriptor)]).flush().unwrap();
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [cont(A, "orphaned provider", Activity::Inactive)]);
+}
+
+#[test]
+fn a_candidate_listing_failure_after_the_trace_is_one_unavailable_diagnostic() {
+    // 26
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        seqs: hook(|id, _| (id == B).then(|| QueryFault::Query(QueryError::PersistenceFailed("disk gone".into())))),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A), diag(B, Reason::Unavailable), healthy(C)]);
+}
+
+#[test]
+fn session_and_event_not_found_during_candidate_reads_are_unavailable() {
+    // 27
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        seqs: hook(|id, _| (id == B).then(|| QueryFault::Query(QueryError::SessionNotFound(B.into())))),
+        read: hook(|id, _| {
+            (id == C).then(|| QueryFault::Query(QueryError::EventNotFound { session_id: C.into(), seq: 0 }))
+        }),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A), diag(B, Reason::Unavailable), diag(C, Reason::Unavailable)]);
+}
+
+#[test]
+fn a_child_log_deleted_after_the_trace_is_unavailable() {
+    // 27 (real): the log vanishes between the trace and the candidate's read.
+    let (_dir, store) = family();
+    let path = log_path(&store, B);
+    let faulty = Faulty {
+        seqs: hook(move |id, _| {
+            if id == B {
+                let _ = std::fs::remove_file(&path);
+            }
+            None
+        }),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A), diag(B, Reason::Unavailable), healthy(C)]);
+    // Deleted before the trace, the child is simply no longer a candidate.
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [healthy(A), healthy(C)]);
+}
+
+#[test]
+fn an_exact_read_naming_another_parent_is_corrupt() {
+    // 28
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        edit: Some(Box::new(|w: &mut Window| {
+            if w.session.id == B {
+                w.session.parent_session = Some("someone-else".into());
+            }
+        })),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A), diag(B, Reason::Corrupt), healthy(C)]);
+}
+
+#[test]
+fn an_exact_read_whose_header_changed_is_corrupt() {
+    // 28 (header re-check): the read's header differs from the traced one.
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        edit: Some(Box::new(|w: &mut Window| {
+            if w.session.id == A {
+                w.session.created_at += 1;
+            }
+        })),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_eq!(list(&faulty, P).unwrap(), [diag(A, Reason::Corrupt), healthy(B), healthy(C)]);
+}
+
+#[test]
+fn an_exact_read_whose_target_is_no_longer_the_descriptor_is_corrupt() {
+    // 29
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        edit: Some(Box::new(|w: &mut Window| {
+            if w.session.id == C {
+                w.target.kind = "turn/start".into();
+            }
+        })),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A), healthy(B), diag(C, Reason::Corrupt)]);
+}
+
+#[test]
+fn a_trace_failure_fails_the_whole_call_with_its_own_code() {
+    // 30
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        trace: hook(|_, _| query_fault(QueryError::PersistenceFailed("cannot list the store".into()))),
+        ..Faulty::new(query(&store, &[]))
+    };
+    let err = list(&faulty, P).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Query("SESSION_QUERY_PERSISTENCE_FAILED"));
+    assert_eq!(err.code.code(), "SESSION_QUERY_PERSISTENCE_FAILED");
+    assert_eq!(err.code.name(), "SessionQueryError");
+    assert_eq!(err.message, "cannot list the store");
+    assert_eq!(faulty.calls(), [format!("trace {P}")], "no candidate was read");
+}
+
+#[test]
+fn an_unreadable_store_fails_the_trace_with_persistence_failed() {
+    // 30 (real): the sessions root is not a directory.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, "x").unwrap();
+    let q = SessionQuery::new(StoreSource::persisted_only(SessionStore::new(file)));
+    assert_eq!(list(&q, P).unwrap_err().code.code(), "SESSION_QUERY_PERSISTENCE_FAILED");
+}
+
+#[test]
+fn an_unknown_parent_fails_the_listing_with_session_not_found() {
+    // 30 (the target itself is missing from the corpus)
+    let (_dir, store) = family();
+    assert_eq!(list(&query(&store, &[]), "nobody").unwrap_err().code.code(), "SESSION_QUERY_SESSION_NOT_FOUND");
+}
+
+#[test]
+fn an_unrecognised_candidate_failure_propagates() {
+    // 31: a failure that is not a query error fails the call (kin: an infrastructure error with
+    // the original message).
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        seqs: hook(|id, _| (id == B).then(|| QueryFault::Other("the backend exploded".into()))),
+        ..Faulty::new(query(&store, &[]))
+    };
+    let err = list(&faulty, P).unwrap_err();
+    assert_eq!((err.code, err.message.as_str()), (ErrorCode::Infrastructure, "the backend exploded"));
+}
+
+#[test]
+fn a_window_failure_propagates_instead_of_becoming_a_diagnostic() {
+    // 32
+    let (_dir, store) = family();
+    let faulty = Faulty {
+        read: hook(|id, _| (id == A).then(|| QueryFault::Query(QueryError::InvalidWindow("bad window".into())))),
+        ..Faulty::new(query(&store, &[]))
+    };
+    let err = list(&faulty, P).unwrap_err();
+    assert_eq!(err.code.code(), "SESSION_QUERY_INVALID_WINDOW");
+}
+
+/// A settled continuable child's events; `compacted` adds a compaction that replaces the first
+/// exchange with a summary.
+fn conversation(label: &str, compacted: bool) -> Vec<Value> {
+    let user = |text: &str| json!({"role": "user", "content": [{"type": "text", "text": text}], "source": {"kind": "user"}, "id": text});
+    let assistant =
+        json!({"turn": 1, "step": 1, "message": {"role": "assistant", "content": [{"type": "text", "text": "done"}]}});
+    let append = || json!("append");
+    let mut events = vec![
+        ev(0, DESCRIPTOR_EVENT, continuable(label).to_value()),
+        ev(1, "session/end-seed", json!({})),
+        ev(2, "turn/start", json!({"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}})),
+        surface_ev(3, "user/message", user("work"), append(), None),
+        ev(
+            4,
+            "assistant/chunk",
+            json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "done"}}),
+        ),
+        surface_ev(5, "assistant/message", assistant, append(), Some(vec![4])),
+        ev(6, "turn/end", json!({"turn": 1, "reason": {"kind": "completed"}})),
+    ];
+    if compacted {
+        events.push(ev(7, "compact/start", json!({})));
+        events.push(surface_ev(
+            8,
+            "user/message",
+            user("summary"),
+            json!({"op": "replace", "start": 0, "end": 2}),
+            None,
+        ));
+        events.push(ev(9, "compact/end", json!({})));
+    }
+    events
+}
+
+#[test]
+fn compacted_and_uncompacted_twins_list_identically() {
+    // 33
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    write_raw(&store, &header(A, Some(P), 1), &conversation("twin", true));
+    write_raw(&store, &header(B, Some(P), 2), &conversation("twin", false));
+    let q = query(&store, &[]);
+    assert_eq!(list(&q, P).unwrap(), [cont(A, "twin", Activity::Inactive), cont(B, "twin", Activity::Inactive)]);
+    let surfaces: Vec<Surface> = q.list_events(A).unwrap().into_iter().map(|r| r.surface).collect();
+    use Surface::{Current, LogOnly, Shadowed};
+    assert_eq!(surfaces, [LogOnly, LogOnly, LogOnly, Shadowed, LogOnly, Shadowed, LogOnly, LogOnly, Current, LogOnly]);
+}
+
+#[test]
+fn grandchildren_are_not_candidates() {
+    // 34
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    continuable_child(&store, A, P, 1, "label child-a");
+    continuable_child(&store, "grandchild", A, 2, "deeper");
+    let faulty = Faulty::new(query(&store, &[]));
+    assert_eq!(list(&faulty, P).unwrap(), [healthy(A)]);
+    assert!(faulty.calls().iter().all(|c| !c.ends_with("grandchild")), "{:?}", faulty.calls());
+}
+
+#[test]
+fn an_abort_between_candidates_stops_before_the_next_listing() {
+    // 35
+    let (_dir, store) = family();
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let faulty = Faulty {
+        seqs: hook(move |_, _| {
+            stop.cancel();
+            None
+        }),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_cancelled(list_with(&faulty, P, &cancel));
+    assert_eq!(faulty.calls(), [format!("trace {P}"), format!("events {A}")]);
+}
+
+#[test]
+fn the_trace_gets_the_signal_and_an_abort_during_it_is_cancelled() {
+    // 36: the backend rejects with its own error after the abort; the result is still CANCELLED.
+    let (_dir, store) = family();
+    let cancel = CancellationToken::new();
+    let faulty = Faulty {
+        trace: hook(|_, token| {
+            token.expect("the trace gets a token").cancel();
+            query_fault(QueryError::PersistenceFailed("aborted mid-scan".into()))
+        }),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_cancelled(list_with(&faulty, P, &cancel));
+    assert!(cancel.is_cancelled(), "the trace was given the listing's own token");
+}
+
+#[test]
+fn the_exact_read_gets_the_signal_and_an_abort_there_is_cancelled() {
+    // 37
+    let (_dir, store) = family();
+    let cancel = CancellationToken::new();
+    let faulty = Faulty {
+        read: hook(|_, token| {
+            token.expect("the read gets a token").cancel();
+            query_fault(QueryError::EventNotFound { session_id: A.into(), seq: 0 })
+        }),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_cancelled(list_with(&faulty, P, &cancel));
+    assert!(cancel.is_cancelled(), "the read was given the listing's own token");
+}
+
+#[test]
+fn an_abort_right_after_a_read_is_cancelled_with_one_read_made() {
+    // 38
+    let (_dir, store) = family();
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let faulty =
+        Faulty { edit: Some(Box::new(move |_: &mut Window| stop.cancel())), ..Faulty::new(query(&store, &[])) };
+    assert_cancelled(list_with(&faulty, P, &cancel));
+    assert_eq!(faulty.calls().iter().filter(|c| c.starts_with("read")).count(), 1);
+}
+
+#[test]
+fn a_diagnostic_failure_while_aborted_is_cancelled_not_a_partial_result() {
+    // 39
+    let (_dir, store) = family();
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let faulty = Faulty {
+        seqs: hook(move |id, _| {
+            (id == B).then(|| {
+                stop.cancel();
+                QueryFault::Query(QueryError::SessionNotFound(B.into()))
+            })
+        }),
+        ..Faulty::new(query(&store, &[]))
+    };
+    assert_cancelled(list_with(&faulty, P, &cancel));
+}
+
+#[test]
+fn a_pre_aborted_signal_is_cancelled_before_any_read() {
+    // 40
+    let (_dir, store) = family();
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let faulty = Faulty::new(query(&store, &[]));
+    assert_cancelled(list_with(&faulty, P, &cancel));
+    assert!(faulty.calls().is_empty(), "{:?}", faulty.calls());
+}
+
+#[test]
+fn a_parent_without_children_lists_nothing() {
+    // 41
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    assert!(list(&query(&store, &[]), P).unwrap().is_empty());
+}
+
+#[test]
+fn the_session_query_is_built_without_touching_storage() {
+    // 42: dsh imports the session-query runtime lazily inside listChildren. kin has no dynamic
+    // imports; the nearest equivalent is that building the query (at runtime start) reads and
+    // creates nothing: only a listing does work.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("not-yet");
+    let q = query(&SessionStore::new(root.clone()), &[]);
+    assert!(!root.exists());
+    assert_eq!(list(&q, P).unwrap_err().code.code(), "SESSION_QUERY_SESSION_NOT_FOUND");
+    assert!(!root.exists(), "listing created nothing");
+}
+
+#[test]
+fn listing_writes_nothing_and_leaves_torn_tails_and_open_turns_alone() {
+    // 43, 70: inspect's valid prefix; no truncation, no closers, no catalog events. A second
+    // descriptor in the torn (newline-less) tail is not part of the log.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let mut crashed =
+        child_session(&store, header(A, Some(P), 1), vec![descriptor_event(0, continuable("a").to_value())]);
+    crashed.append("turn/start", json!({"turn": 2, "trigger": {"kind": "message", "source": {"kind": "user"}}}));
+    crashed.flush().unwrap();
+    let events = crashed.events().len() as u64;
+    drop(crashed);
+    let torn = ev(events, DESCRIPTOR_EVENT, continuable("a again").to_value()).to_string();
+    let mut file = std::fs::OpenOptions::new().append(true).open(log_path(&store, A)).unwrap();
+    file.write_all(torn.as_bytes()).unwrap();
+    drop(file);
+    continuable_child(&store, B, P, 2, "label child-b");
+    let before = snapshot(store.root());
+    let q = query(&store, &[]);
+    assert_eq!(list(&q, P).unwrap(), [cont(A, "a", Activity::Inactive), healthy(B)]);
+    let listed = q.list_events(A).unwrap();
+    assert_eq!(listed.len() as u64, events);
+    assert_eq!(listed.last().unwrap().kind, "turn/start", "the open turn is not closed");
+    assert_eq!(snapshot(store.root()), before, "listing wrote nothing");
+}
+
+#[test]
+fn only_a_candidate_with_exactly_one_descriptor_is_read_twice() {
+    // 44
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    fork_child(&store, "fork", P, 1);
+    let mut twice =
+        child_session(&store, header("twice", Some(P), 2), vec![descriptor_event(0, continuable("t").to_value())]);
+    twice.append(DESCRIPTOR_EVENT, continuable("t").to_value());
+    twice.flush().unwrap();
+    continuable_child(&store, A, P, 3, "label child-a");
+    let faulty = Faulty::new(query(&store, &[]));
+    assert_eq!(list(&faulty, P).unwrap(), [diag("twice", Reason::Corrupt), healthy(A)]);
+    assert_eq!(
+        faulty.calls(),
+        [format!("trace {P}"), "events fork".into(), "events twice".into(), format!("events {A}"), format!("read {A}")]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// G. Session query behaviour relied on
+
+fn ids(records: &[SessionRecord]) -> Vec<String> {
+    records.iter().map(|r| r.header.id.clone()).collect()
+}
+
+#[test]
+fn a_trace_has_ancestors_outward_and_descendants_as_a_sorted_tree() {
+    let (_dir, store) = store();
+    parent_log(&store, "root", 0);
+    continuable_child(&store, "mid", "root", 1, "m");
+    continuable_child(&store, "leaf-2", "mid", 3, "l2");
+    continuable_child(&store, "leaf-1", "mid", 2, "l1");
+    continuable_child(&store, "deep", "leaf-1", 4, "d");
+    continuable_child(&store, "top", "mid-less", 5, "t");
+    let q = query(&store, &["mid"]);
+    let cancel = CancellationToken::new();
+    let trace = q.trace_session("deep", &cancel).unwrap();
+    assert_eq!(ids(&trace.ancestors), ["leaf-1", "mid", "root"], "immediate parent first");
+    assert_eq!(trace.lineage, Lineage::Complete { root: "root".into() });
+    let trace = q.trace_session("mid", &cancel).unwrap();
+    assert!(trace.target.live && trace.target.persisted);
+    let tree: Vec<(String, Vec<String>)> = trace
+        .descendants
+        .iter()
+        .map(|n| (n.session.header.id.clone(), n.descendants.iter().map(|d| d.session.header.id.clone()).collect()))
+        .collect();
+    assert_eq!(tree, [("leaf-1".to_string(), vec!["deep".to_string()]), ("leaf-2".to_string(), vec![])]);
+    let orphan = q.trace_session("top", &cancel).unwrap();
+    assert_eq!(orphan.lineage, Lineage::Incomplete { unresolved_parent_id: "mid-less".into() });
+}
+
+#[test]
+fn a_lineage_cycle_is_invalid_lineage_and_fails_the_listing() {
+    let (_dir, store) = store();
+    write_raw(&store, &header("x", Some("y"), 0), &[]);
+    write_raw(&store, &header("y", Some("x"), 1), &[]);
+    write_raw(&store, &header("self", Some("self"), 2), &[]);
+    let q = query(&store, &[]);
+    let cancel = CancellationToken::new();
+    assert_eq!(q.trace_session("x", &cancel).unwrap_err().code(), "SESSION_QUERY_INVALID_LINEAGE");
+    assert_eq!(q.trace_session("self", &cancel).unwrap_err().code(), "SESSION_QUERY_INVALID_LINEAGE");
+    assert_eq!(list(&q, "x").unwrap_err().code.code(), "SESSION_QUERY_INVALID_LINEAGE");
+}
+
+/// A source whose live side disagrees with storage about one session's immutable header.
+struct Conflicting {
+    inner: StoreSource,
+    live: SessionHeader,
+}
+
+impl SessionSource for Conflicting {
+    fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError> {
+        let persisted: Vec<SessionHeader> = self.inner.records(cancel)?.into_iter().map(|r| r.header).collect();
+        merge_records(vec![self.live.clone()], persisted)
+    }
+
+    fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
+        self.inner.log(id)
+    }
+}
+
+#[test]
+fn a_live_persisted_header_conflict_anywhere_fails_the_whole_listing() {
+    // 71: an unrelated session's conflict hides otherwise healthy children.
+    let (_dir, store) = family();
+    parent_log(&store, "unrelated", 9);
+    let mut live = header("unrelated", None, 9);
+    live.created_at = 10;
+    let q = SessionQuery::new(Conflicting { inner: StoreSource::persisted_only(store.clone()), live });
+    assert_eq!(q.trace_session(P, &CancellationToken::new()).unwrap_err().code(), "SESSION_QUERY_SOURCE_CONFLICT");
+    assert_eq!(list(&q, P).unwrap_err().code.code(), "SESSION_QUERY_SOURCE_CONFLICT");
+    // The same live header without a conflict merges into one live, persisted record.
+    let agreeing = SessionQuery::new(Conflicting {
+        inner: StoreSource::persisted_only(store.clone()),
+        live: store.inspect("unrelated").unwrap().header,
+    });
+    let trace = agreeing.trace_session("unrelated", &CancellationToken::new()).unwrap();
+    assert!(trace.target.live && trace.target.persisted);
+    assert_eq!(list(&agreeing, P).unwrap(), [healthy(A), healthy(B), healthy(C)]);
+}
+
+#[test]
+fn read_event_windows_are_bounded_and_missing_events_are_not_found() {
+    let (_dir, store) = family();
+    let q = query(&store, &[]);
+    let cancel = CancellationToken::new();
+    let read = |seq: u64, before: u64, after: u64| {
+        q.read_event(&ReadRequest { session_id: A.into(), seq, before, after }, &cancel)
+    };
+    // descriptor, end-seed, turn/start, user, chunk, assistant, turn/end
+    let window = read(3, 2, 50).unwrap();
+    assert_eq!((window.start_seq, window.end_seq, window.target.seq), (1, 6, 3));
+    assert_eq!(window.events.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(read(0, 51, 0).unwrap_err().code(), "SESSION_QUERY_INVALID_WINDOW");
+    assert_eq!(read(0, 0, 51).unwrap_err().code(), "SESSION_QUERY_INVALID_WINDOW");
+    assert_eq!(read(99, 0, 0).unwrap_err(), QueryError::EventNotFound { session_id: A.into(), seq: 99 });
+    let missing = q.read_event(&ReadRequest::exact("nobody", 0), &cancel).unwrap_err();
+    assert_eq!(missing.code(), "SESSION_QUERY_SESSION_NOT_FOUND");
+    // The exact read of a descriptor (served from the derived summary) equals a full read.
+    let exact = read(0, 0, 0).unwrap();
+    let full = read(0, 0, 1).unwrap();
+    assert_eq!((exact.session, exact.target), (full.session, full.target.clone()));
+    assert_eq!(full.target.kind, DESCRIPTOR_EVENT);
+    let cancelled = CancellationToken::new();
+    cancelled.cancel();
+    let aborted = q.read_event(&ReadRequest::exact(A, 0), &cancelled).unwrap_err();
+    assert_eq!(aborted.code(), "SESSION_QUERY_ABORTED");
+}
+
+#[test]
+fn the_derived_summary_follows_every_change_of_a_log() {
+    // The per-log summary is a cache keyed by (path, length, mtime), never an authority: after
+    // each hand edit the warm query answers what a fresh one does.
+    let (_dir, store) = family();
+    let warm = query(&store, &[]);
+    assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C)]);
+    let path = log_path(&store, A);
+    let original = std::fs::read_to_string(&path).unwrap();
+    let events = original.lines().count() as u64 - 1;
+    let second = ev(events, DESCRIPTOR_EVENT, continuable("again").to_value());
+    let check = |expected: ListEntry| {
+        let fresh = list(&query(&store, &[]), P).unwrap();
+        assert_eq!(fresh, [expected, healthy(B), healthy(C)]);
+        assert_eq!(list(&warm, P).unwrap(), fresh);
+    };
+    std::fs::write(&path, format!("{original}{second}\n")).unwrap();
+    check(diag(A, Reason::Corrupt));
+    // Same length as the original: only the mtime tells the change.
+    std::thread::sleep(Duration::from_millis(50));
+    let future = original.replacen("\"version\":2", "\"version\":3", 1);
+    assert_eq!(future.len(), original.len());
+    std::fs::write(&path, future.as_bytes()).unwrap();
+    check(diag(A, Reason::Unsupported));
+    std::thread::sleep(Duration::from_millis(50));
+    std::fs::write(path.as_path(), original.as_bytes()).unwrap();
+    check(healthy(A));
+}
+
+// ---------------------------------------------------------------------------------------------
+// C. list_agents
+
+fn caller_ctx(id: &str, cancel: CancellationToken) -> ToolContext {
+    let caller =
+        Caller { header: header(id, None, 0), depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None };
+    ToolContext { caller: Some(Arc::new(caller)), ..ToolContext::detached(None, cancel) }
+}
+
+fn text_of(output: &kin::tools::ToolOutput) -> &str {
+    output.content[0]["text"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn an_empty_projection_renders_no_subagents() {
+    // 46: no children, or only one-shot ones.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    let tool = ListAgentsTool(Some(shared(query(&store, &[]))));
+    let output = tool.execute(json!({}), caller_ctx(P, CancellationToken::new())).await.unwrap();
+    assert_eq!(text_of(&output), "(no subagents)");
+    one_shot_child(&store, A, P, 1, Some("one-shot"));
+    let output = tool.execute(json!({}), caller_ctx(P, CancellationToken::new())).await.unwrap();
+    assert_eq!(text_of(&output), "(no subagents)");
+}
+
+#[test]
+fn the_projection_drops_one_shot_children_and_keeps_diagnostics() {
+    // 47
+    let real = "22222222-2222-4222-8222-222222222222";
+    let entries = [
+        child("one-shot-child", Mode::OneShot, None, Activity::Inactive),
+        cont(real, "real child", Activity::Inactive),
+        cont("running-child", "still working", Activity::Running),
+        diag("broken-child", Reason::Corrupt),
+    ];
+    assert_eq!(
+        render(&entries),
+        format!(
+            "{real} [complete] \u{2014} real child\nrunning-child [running] \u{2014} still working\nbroken-child [diagnostic: corrupt]"
+        )
+    );
+    assert_eq!(render(&[]), "(no subagents)");
+    let others = [diag("x", Reason::Unsupported), diag("y", Reason::Unavailable)];
+    assert_eq!(render(&others), "x [diagnostic: unsupported]\ny [diagnostic: unavailable]");
+}
+
+#[tokio::test]
+async fn the_tool_forwards_its_cancellation_signal() {
+    // 48: the tool's token is the listing's signal.
+    let (_dir, store) = family();
+    let faulty = Arc::new(Faulty {
+        trace: hook(|_, token| {
+            token.expect("the trace gets a token").cancel();
+            query_fault(QueryError::PersistenceFailed("aborted".into()))
+        }),
+        ..Faulty::new(query(&store, &[]))
+    });
+    let service: Arc<dyn QueryService> = faulty.clone();
+    let token = CancellationToken::new();
+    let err = ListAgentsTool(Some(service)).execute(json!({}), caller_ctx(P, token.clone())).await.unwrap_err();
+    assert!(token.is_cancelled(), "the listing got the tool call's own token");
+    assert_eq!((err.code.as_str(), err.message.as_str()), ("CANCELLED", "subagent listing was cancelled"));
+    assert_eq!(faulty.calls(), [format!("trace {P}")]);
+}
+
+#[tokio::test]
+async fn list_agents_needs_a_calling_agent() {
+    // 50
+    let (_dir, store) = family();
+    let mut registry = ToolRegistry::new();
+    registry.register(Arc::new(ListAgentsTool(Some(shared(query(&store, &[]))))));
+    let ctx = ToolContext::detached(None, CancellationToken::new());
+    let err = registry.call("list_agents", "{}", ctx).await.unwrap_err();
+    assert_eq!(err.message, "list_agents requires a calling agent (exec.agent was undefined)");
+    assert!(err.message.contains("requires a calling agent"));
+}
+
+#[test]
+fn registering_list_agents_again_keeps_one_tool() {
+    // 51: dsh disposes the plugin fiber on HMR; kin has no hot reload. The nearest property: the
+    // registry holds one `list_agents` however often it is registered.
+    let mut registry = ToolRegistry::new();
+    registry.register(Arc::new(ListAgentsTool(None)));
+    registry.register(Arc::new(ListAgentsTool(None)));
+    assert_eq!(registry.names().iter().filter(|n| *n == "list_agents").count(), 1);
+}
+
+#[tokio::test]
+async fn list_agents_without_session_query_fails_at_call_time() {
+    // 52: dsh injects sessionQuery at plugin load (`inject: ['tools','subagents','sessionQuery']`,
+    // name `tool-subagent-list-agents`); kin has no plugin loader. The runtime always builds the
+    // tool over its query; a tool built without one fails each call with the service's error.
+    let tool = ListAgentsTool(None);
+    let err = tool.execute(json!({}), caller_ctx(P, CancellationToken::new())).await.unwrap_err();
+    assert_eq!(err.code, "SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE");
+    assert_eq!(err.message, QUERY_UNAVAILABLE);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real runtime with the scripted model.
+
+struct Quiet;
+impl SessionObserver for Quiet {
+    fn on_event(&self, _: &SessionHeader, _: &Event) {}
+}
+
+fn runtime(dir: &Path, model: ScriptedModel) -> (Arc<Runtime>, Arc<ScriptedModel>) {
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, "").unwrap();
+    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
+    let config = Config::resolve(&overrides, &|_| None).unwrap();
+    let model = Arc::new(model);
+    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
+}
+
+fn parent(rt: &Arc<Runtime>, dir: &Path) -> (String, Arc<Caller>) {
+    let cwd = dir.join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    let header = rt.store().inspect(&id).unwrap().header;
+    (id, Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None }))
+}
+
+fn request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
+    StartRequest {
+        label: None,
+        prompt: vec![json!({"type": "text", "text": prompt})],
+        parent: parent.clone(),
+        cancel: CancellationToken::new(),
+        route: None,
+        output_schema: None,
+        max_depth: Some(3),
+        tool_filter: None,
+        persona: None,
+    }
+}
+
+fn user_text(text: &str) -> Vec<Value> {
+    vec![json!({"type": "text", "text": text})]
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The texts of a session's tool results, in log order.
+fn tool_results(store: &SessionStore, id: &str) -> Vec<String> {
+    store
+        .inspect(id)
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.kind == "tool/result")
+        .map(|e| e.data["message"]["content"][0]["content"][0]["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn turn_ends(store: &SessionStore, id: &str) -> usize {
+    store.inspect(id).map(|s| s.events.iter().filter(|e| e.kind == "turn/end").count()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn list_agents_is_registered_once_without_parameters() {
+    // 45
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, model) = runtime(dir.path(), ScriptedModel::new([ReplayEntry::Chunks(text_response(&["hi"]))]));
+    let (parent_id, _) = parent(&rt, dir.path());
+    assert_eq!(rt.prompt(&parent_id, user_text("hello")).unwrap().await.unwrap(), TurnEnd::Completed);
+    let requests = model.requests();
+    let tools = &requests[0].tools;
+    let listed: Vec<_> = tools.iter().filter(|t| t.name == "list_agents").collect();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].parameters, json!({"type": "object", "properties": {}}));
+    assert_eq!(listed[0].description, DESCRIPTION);
+    assert!(listed[0].description.contains("send_message"));
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_a_settled_continuable_child_lists_complete_and_a_one_shot_sibling_is_omitted() {
+    // 49 (and 54's shape): real agent loop, JSONL store, continuation manager, session query.
+    let dir = tempfile::tempdir().unwrap();
+    let background = r#"{"description":"summarize the doc","prompt":"summarize it","run_in_background":true}"#;
+    let model = ScriptedModel::new([])
+        .route(
+            "delegate",
+            [
+                ReplayEntry::Chunks(tool_call_response("bg", "subagent", background)),
+                ReplayEntry::Chunks(tool_call_response(
+                    "fg",
+                    "subagent",
+                    r#"{"description":"quick check","prompt":"check it"}"#,
+                )),
+                ReplayEntry::Chunks(text_response(&["started"])),
+            ],
+        )
+        .route("summarize it", [ReplayEntry::Chunks(text_response(&["summary"]))])
+        .route("check it", [ReplayEntry::Chunks(text_response(&["checked"]))])
+        .route(
+            "list them",
+            [
+                ReplayEntry::Chunks(tool_call_response("ls", "list_agents", "{}")),
+                ReplayEntry::Chunks(text_response(&["listed"])),
+            ],
+        );
+    let (rt, _) = runtime(dir.path(), model);
+    let (parent_id, _) = parent(&rt, dir.path());
+    assert_eq!(rt.prompt(&parent_id, user_text("delegate")).unwrap().await.unwrap(), TurnEnd::Completed);
+    let results = tool_results(rt.store(), &parent_id);
+    let child = results[0].strip_prefix("started subagent ").expect("a background start").to_string();
+    assert_eq!(results[1], "checked", "the one-shot sibling ran in the foreground");
+    until("the background child to settle", || {
+        !rt.continuation().is_resident(&child) && rt.live_agent(&child).is_none()
+    })
+    .await;
+    let children = rt
+        .store()
+        .list()
+        .into_iter()
+        .filter(|s| s.header.parent_session.as_deref() == Some(parent_id.as_str()))
+        .count();
+    assert_eq!(children, 2);
+    assert_eq!(rt.prompt(&parent_id, user_text("list them")).unwrap().await.unwrap(), TurnEnd::Completed);
+    let results = tool_results(rt.store(), &parent_id);
+    assert_eq!(results.last().unwrap(), &format!("{child} [complete] \u{2014} summarize the doc"));
+    assert!(rt.live_agent(&child).is_none(), "listing created no agent");
+    let descriptors = rt.store().inspect(&child).unwrap().events.iter().filter(|e| e.kind == DESCRIPTOR_EVENT).count();
+    assert_eq!(descriptors, 1, "listing appended nothing");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_message_works_without_session_query() {
+    // 53: `send_message` is built over the continuation manager alone; a `list_agents` without a
+    // query fails while `send_message` delivers.
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedModel::new([])
+        .route("first", [ReplayEntry::Chunks(text_response(&["one"])), ReplayEntry::Chunks(text_response(&["two"]))]);
+    let (rt, _) = runtime(dir.path(), model);
+    let (parent_id, caller) = parent(&rt, dir.path());
+    let (child, _) = rt.continuation().start("spawn", "worker".into(), request(&caller, "first")).await.unwrap();
+    until("the child to settle", || !rt.continuation().is_resident(&child)).await;
+    let ctx = ToolContext { caller: Some(caller.clone()), ..ToolContext::detached(None, CancellationToken::new()) };
+    let err = ListAgentsTool(None).execute(json!({}), ctx.clone()).await.unwrap_err();
+    assert_eq!(err.code, "SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE");
+    let sent = SendMessageTool(rt.continuation().clone())
+        .execute(json!({"subagent_id": child, "message": "second"}), ctx)
+        .await
+        .unwrap();
+    assert_eq!(text_of(&sent), format!("message queued as the next turn for subagent {child}"));
+    until("the second turn", || turn_ends(rt.store(), &child) == 2).await;
+    assert_eq!(parent_id, caller.header.id);
+    rt.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real binary over pipes: restart, then hand-corrupted child logs.
+
+const KIN: &str = env!("CARGO_BIN_EXE_kin");
+
+struct Kin {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl Kin {
+    fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
+        let mut child = Command::new(KIN)
+            .args(["acp", "--sessions"])
+            .arg(sessions)
+            .arg("--replay")
+            .arg(replay)
+            .args(["--config", "/dev/null", "--permission-mode", "bypass"])
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Kin { child, lines, next_id: 0 }
+    }
+
+    /// Sends a request and returns its response (notifications are skipped).
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
+        stdin.flush().unwrap();
+        loop {
+            let line = self.lines.recv_timeout(Duration::from_secs(60)).expect("kin answered in time");
+            let frame: Value = serde_json::from_str(&line).unwrap();
+            if frame["id"] == json!(id) && frame.get("method").is_none() {
+                return frame;
+            }
+        }
+    }
+
+    fn prompt(&mut self, session: &str, text: &str) {
+        let answer = self.request("session/prompt", json!({"sessionId": session, "prompt": user_text(text)}));
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    }
+
+    /// One `list_agents` turn; returns the tool's text from the parent's log.
+    fn list_agents(&mut self, store: &SessionStore, parent: &str) -> String {
+        self.prompt(parent, "List your subagents.");
+        tool_results(store, parent).pop().unwrap()
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chunk_lines(seq: &mut u64, turn: u64, step: u64, chunks: Vec<Value>) -> Vec<String> {
+    chunks
+        .into_iter()
+        .map(|chunk| {
+            let line = json!({"type": "assistant/chunk", "seq": *seq, "time": 0, "data": {"turn": turn, "step": step, "chunk": chunk}});
+            *seq += 1;
+            line.to_string()
+        })
+        .collect()
+}
+
+fn text_chunks(text: &str) -> Vec<Value> {
+    vec![
+        json!({"type": "block-start", "index": 0, "blockType": "text"}),
+        json!({"type": "text-delta", "index": 0, "text": text}),
+        json!({"type": "block-end", "index": 0, "block": {"type": "text", "text": text}}),
+        json!({"type": "usage", "usage": {"inputTokens": 20, "outputTokens": 1}}),
+        json!({"type": "finish", "reason": {"kind": "stop"}}),
+    ]
+}
+
+fn call_chunks(calls: &[(String, &str, Value)]) -> Vec<Value> {
+    let mut chunks = Vec::new();
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        let args = args.to_string();
+        chunks.push(json!({"type": "block-start", "index": i, "blockType": "tool-call"}));
+        chunks.push(json!({"type": "tool-call-delta", "index": i, "id": id, "name": name, "argumentsDelta": args}));
+        chunks.push(json!({"type": "block-end", "index": i, "block": {"type": "tool-call", "id": id, "name": name, "arguments": args}}));
+    }
+    chunks.push(json!({"type": "usage", "usage": {"inputTokens": 20, "outputTokens": 10}}));
+    chunks.push(json!({"type": "finish", "reason": {"kind": "tool-calls"}}));
+    chunks
+}
+
+/// A replay directory: the parent starts one background child per label (one step), then
+/// answers `listings` prompts with one `list_agents` call each; each child replies once.
+fn write_replay(dir: &Path, labels: &[&str], listings: u64) {
+    let mut seq = 0;
+    let parent = json!({"type": "session", "version": 0, "id": "{{sessionId}}", "createdAt": 0, "cwd": "{{cwd}}", "delegationDepth": 0});
+    let starts: Vec<(String, &str, Value)> = labels
+        .iter()
+        .enumerate()
+        .map(|(i, label)| {
+            let args = json!({"description": label, "prompt": format!("Reply as {label}."), "run_in_background": true});
+            (format!("start{i}"), "subagent", args)
+        })
+        .collect();
+    let mut lines = vec![parent.to_string()];
+    lines.extend(chunk_lines(&mut seq, 1, 1, call_chunks(&starts)));
+    lines.extend(chunk_lines(&mut seq, 1, 2, text_chunks("STARTED")));
+    for turn in 2..2 + listings {
+        lines.extend(chunk_lines(&mut seq, turn, 1, call_chunks(&[(format!("list{turn}"), "list_agents", json!({}))])));
+        lines.extend(chunk_lines(&mut seq, turn, 2, text_chunks("LISTED")));
+    }
+    std::fs::write(dir.join("session.jsonl"), lines.join("\n") + "\n").unwrap();
+    for (i, label) in labels.iter().enumerate() {
+        let header = json!({"type": "session", "version": 0, "id": "{{sessionId}}", "createdAt": i + 1, "cwd": "{{cwd}}", "parentSession": "{{sessionId}}", "origin": "subagent", "delegationDepth": 1});
+        let prompt = json!({"type": "user/message", "seq": 0, "time": 0, "data": {"content": [{"type": "text", "text": format!("Reply as {label}.")}], "source": {"kind": "user"}, "role": "user", "id": "x"}, "surfaceOp": "append"});
+        let mut seq = 1;
+        let mut lines = vec![header.to_string(), prompt.to_string()];
+        lines.extend(chunk_lines(&mut seq, 1, 1, text_chunks(label)));
+        std::fs::write(dir.join(format!("session.{}.jsonl", i + 1)), lines.join("\n") + "\n").unwrap();
+    }
+}
+
+/// The direct children of `parent` on disk, in sibling order.
+fn children_of(store: &SessionStore, parent: &str) -> Vec<String> {
+    let mut children: Vec<SessionHeader> =
+        store.list().into_iter().map(|s| s.header).filter(|h| h.parent_session.as_deref() == Some(parent)).collect();
+    children.sort_by(sibling_order);
+    children.into_iter().map(|h| h.id).collect()
+}
+
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matching_diagnostic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
+    for dir in [&replay, &cwd] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    write_replay(&replay, &["Alpha", "Beta", "Gamma"], 5);
+    let store = SessionStore::new(sessions.clone());
+
+    // Three background children start and settle; then kin is killed.
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let created = kin.request("session/new", json!({"cwd": cwd.display().to_string(), "mcpServers": []}));
+    let parent = created["result"]["sessionId"].as_str().expect("a session id").to_string();
+    kin.prompt(&parent, "Start three children.");
+    wait_until("three settled children", || {
+        let children = children_of(&store, &parent);
+        children.len() == 3 && children.iter().all(|c| turn_ends(&store, c) == 1)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    kin.kill();
+
+    // A new process lists them from storage alone: complete, with their labels.
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let loaded =
+        kin.request("session/load", json!({"sessionId": parent, "cwd": cwd.display().to_string(), "mcpServers": []}));
+    assert!(loaded.get("error").is_none(), "{loaded}");
+    let children = children_of(&store, &parent);
+    let label = |id: &str| match Descriptor::fold(store.inspect(id).unwrap().events.iter()).unwrap() {
+        Some(Descriptor::Continuable { label, .. }) => label,
+        other => panic!("{id} has no continuable descriptor: {other:?}"),
+    };
+    let lines: Vec<String> =
+        children.iter().map(|id| format!("{id} [complete] \u{2014} {}", label(id.as_str()))).collect();
+    let mut labels: Vec<String> = children.iter().map(|id| label(id.as_str())).collect();
+    labels.sort();
+    assert_eq!(labels, ["Alpha", "Beta", "Gamma"]);
+    assert_eq!(kin.list_agents(&store, &parent), lines.join("\n"), "after the restart");
+
+    // One child's log corrupted by hand, four ways; its siblings keep listing.
+    let target = children[0].clone();
+    let expect =
+        |first: Option<String>| first.into_iter().chain(lines[1..].iter().cloned()).collect::<Vec<_>>().join("\n");
+    let path = log_path(&store, &target);
+    let original = std::fs::read_to_string(&path).unwrap();
+    let descriptor = store.inspect(&target).unwrap().events.into_iter().find(|e| e.kind == DESCRIPTOR_EVENT).unwrap();
+    let events = original.lines().count() as u64 - 1;
+
+    let second = ev(events, DESCRIPTOR_EVENT, descriptor.data.clone());
+    std::fs::write(&path, format!("{original}{second}\n")).unwrap();
+    assert_eq!(
+        kin.list_agents(&store, &parent),
+        expect(Some(format!("{target} [diagnostic: corrupt]"))),
+        "a second descriptor"
+    );
+
+    std::fs::write(&path, &original).unwrap();
+    let bad = original.replacen("\"provider\":\"spawn\"", "\"provider\":7", 1);
+    assert_ne!(bad, original);
+    std::fs::write(&path, bad.as_bytes()).unwrap();
+    assert_eq!(
+        kin.list_agents(&store, &parent),
+        expect(Some(format!("{target} [diagnostic: corrupt]"))),
+        "a bad payload"
+    );
+
+    std::fs::write(&path, &original).unwrap();
+    let future =
+        original.replacen("\"version\":2,\"mode\":\"continuable\"", "\"version\":3,\"mode\":\"continuable\"", 1);
+    assert_ne!(future, original);
+    std::fs::write(&path, future.as_bytes()).unwrap();
+    assert_eq!(
+        kin.list_agents(&store, &parent),
+        expect(Some(format!("{target} [diagnostic: unsupported]"))),
+        "a future descriptor version"
+    );
+
+    // A deleted log is no longer in the corpus: the child is gone from the trace, so nothing
+    // lists for it (`unavailable` needs the log to vanish between the trace and the read).
+    std::fs::remove_file(path).unwrap();
+    assert_eq!(kin.list_agents(&store, &parent), expect(None), "a deleted log");
+    kin.kill();
+}
