@@ -21,10 +21,10 @@ use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStor
 use crate::subagent::acp_provider::AcpProvider;
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
-use crate::subagent::inprocess::{ChildFactory, ChildSetup, InProcessProvider};
+use crate::subagent::inprocess::{ChildDisplay, ChildFactory, ChildSetup, InProcessProvider};
 use crate::subagent::list_agents::ListAgentsTool;
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
-use crate::subagent::{ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
+use crate::subagent::{Descriptor, ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
 use crate::tools::files::FileAccess;
 use crate::tools::{Tool, ToolRegistry};
 
@@ -54,11 +54,45 @@ struct Live {
 }
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
-/// permission, and its view of files. Set by the protocol layer at `initialize`.
+/// permission, and its view of files; and, when it watches the agent tree, the observers of child
+/// sessions. Set by the protocol layer at `initialize`.
 #[derive(Clone, Default)]
 pub struct ClientLink {
     pub prompt: Option<Arc<dyn PermissionPrompt>>,
     pub files: Option<Arc<dyn FileAccess>>,
+    pub children: Option<Arc<dyn ChildObservers>>,
+}
+
+/// Makes the observer of each child session (the protocol layer's child forwarder).
+pub trait ChildObservers: Send + Sync {
+    /// Called when a child's agent is about to start, before the child's next event is appended:
+    /// the observer may announce the child here.
+    fn child_observer(&self, session: &Session, display: &ChildDisplay) -> Arc<dyn SessionObserver>;
+}
+
+/// A live child agent and its parent session.
+struct Child {
+    handle: AgentHandle,
+    parent: Option<String>,
+}
+
+/// A stored child session of some parent, for an editor reloading the parent.
+#[derive(Debug, Clone)]
+pub struct ChildRecord {
+    pub header: SessionHeader,
+    /// The child's own events (from its `seedLength` on; a fork's lineage seed is left out).
+    pub events: Vec<Event>,
+    /// The descriptor recorded in the child's own events, if it has a readable one.
+    pub descriptor: Option<Descriptor>,
+    /// True while the child's agent is live in this process.
+    pub live: bool,
+    /// True while a turn of the live child runs.
+    pub running: bool,
+}
+
+/// The error for any request but `session/cancel` that names a subagent child.
+fn subagent_only(id: &str) -> RuntimeError {
+    RuntimeError::InvalidParams(format!("{id} is a subagent session; only session/cancel is allowed on it"))
 }
 
 /// The sessions of one process.
@@ -72,7 +106,7 @@ pub struct Runtime {
     continuation: Arc<ContinuationManager>,
     live: Mutex<HashMap<String, Live>>,
     /// Live child agents (subagents), by session id.
-    children: Mutex<HashMap<String, AgentHandle>>,
+    children: Mutex<HashMap<String, Child>>,
     client: Mutex<ClientLink>,
 }
 
@@ -126,8 +160,8 @@ impl ChildFactory for Runtime {
         self.store.load(id).map_err(|e| e.to_string())
     }
 
-    fn start_agent(&self, session: Session, setup: ChildSetup) -> AgentHandle {
-        let ChildSetup { route, persona, tool_filter, extra_tools } = setup;
+    fn start_agent(&self, mut session: Session, setup: ChildSetup) -> AgentHandle {
+        let ChildSetup { route, persona, tool_filter, extra_tools, display } = setup;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
@@ -155,8 +189,14 @@ impl ChildFactory for Runtime {
             prompt: None,
             file_access: None,
         };
+        // An editor watching the agent tree sees the child from before its first event.
+        if let Some(observers) = self.client().children {
+            let observer = observers.child_observer(&session, &display);
+            session.add_observer(observer);
+        }
+        let parent = session.header.parent_session.clone();
         let handle = spawn_agent(session, deps);
-        self.children().insert(handle.id().to_string(), handle.clone());
+        self.children().insert(handle.id().to_string(), Child { handle: handle.clone(), parent });
         handle
     }
 
@@ -164,7 +204,7 @@ impl ChildFactory for Runtime {
         if let Some(live) = self.live().get(id) {
             return Some(live.handle.clone());
         }
-        self.children().get(id).cloned()
+        self.children().get(id).map(|c| c.handle.clone())
     }
 
     fn release(&self, id: &str) {
@@ -319,6 +359,7 @@ impl Runtime {
 
     /// Changes the permission mode of a live session (it applies to the next tool call).
     pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<(), RuntimeError> {
+        self.reject_child(session_id)?;
         match self.live().get(session_id) {
             Some(entry) => {
                 entry.permissions.set_mode(mode);
@@ -328,8 +369,52 @@ impl Runtime {
         }
     }
 
-    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentHandle>> {
+    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
         self.children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The live child agents below `id` (children, grandchildren, …), not `id` itself.
+    fn descendants(&self, id: &str) -> Vec<(String, AgentHandle)> {
+        let children = self.children();
+        let below = |child: &Child| {
+            let mut parent = child.parent.as_deref();
+            for _ in 0..=children.len() {
+                match parent {
+                    Some(p) if p == id => return true,
+                    Some(p) => parent = children.get(p).and_then(|c| c.parent.as_deref()),
+                    None => return false,
+                }
+            }
+            false
+        };
+        children.iter().filter(|entry| below(entry.1)).map(|(cid, c)| (cid.clone(), c.handle.clone())).collect()
+    }
+
+    /// `Err` (invalid params) when `id` names a subagent child, live or stored: only
+    /// `session/cancel` may name one.
+    fn reject_child(&self, id: &str) -> Result<(), RuntimeError> {
+        if self.children().contains_key(id) {
+            return Err(subagent_only(id));
+        }
+        if self.live().contains_key(id) {
+            return Ok(());
+        }
+        match self.stored_header(id) {
+            Some(header) if header.parent_session.is_some() && header.origin.as_deref() == Some("subagent") => {
+                Err(subagent_only(id))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The header line of a stored session, if it can be read.
+    fn stored_header(&self, id: &str) -> Option<SessionHeader> {
+        let path = self.store.locate(id).ok()??;
+        let file = std::fs::File::open(path).ok()?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(std::io::Read::take(file, 1 << 20)), &mut line)
+            .ok()?;
+        SessionHeader::parse(line.trim_end_matches('\n')).ok()
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
@@ -404,6 +489,7 @@ impl Runtime {
 
     /// Starts a user turn; the receiver resolves with how it ended. One prompt per session.
     pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
+        self.reject_child(session_id)?;
         let live = self.live();
         let Some(entry) = live.get(session_id) else {
             return Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}")));
@@ -425,10 +511,17 @@ impl Runtime {
         Ok(rx)
     }
 
-    /// Cancels the running turn of a session; unknown ids are ignored.
+    /// Cancels the running turn of a session, top-level or child, and the running turns of every
+    /// live child below it; unknown ids are ignored.
     pub fn cancel(&self, session_id: &str) {
         if let Some(entry) = self.live().get(session_id) {
             entry.handle.cancel();
+        }
+        if let Some(child) = self.children().get(session_id) {
+            child.handle.cancel();
+        }
+        for (_, handle) in self.descendants(session_id) {
+            handle.cancel();
         }
     }
 
@@ -439,6 +532,7 @@ impl Runtime {
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
     ) -> Result<Vec<Event>, RuntimeError> {
+        self.reject_child(session_id)?;
         let existing = {
             let mut live = self.live();
             match live.get(session_id) {
@@ -459,9 +553,7 @@ impl Runtime {
             StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
         })?;
         if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
-            return Err(RuntimeError::InvalidParams(format!(
-                "session {session_id} is a subagent child; load its parent instead"
-            )));
+            return Err(subagent_only(session_id));
         }
         let events = session.events().to_vec();
         // A resumed session keeps the prompt it was created with.
@@ -525,6 +617,108 @@ impl Runtime {
         Ok(route)
     }
 
+    /// Reattaches a session without replay (`session/resume`): a live session stays as it is
+    /// (its observer keeps forwarding), a stored one is loaded and made live with `observer`.
+    /// Returns the events of a session it loaded (none for a live one).
+    pub async fn resume_session(
+        &self,
+        session_id: &str,
+        observer: Arc<dyn SessionObserver>,
+    ) -> Result<Vec<Event>, RuntimeError> {
+        self.reject_child(session_id)?;
+        let live = self.live().contains_key(session_id);
+        if live {
+            return Ok(Vec::new());
+        }
+        self.load_session(session_id, observer).await
+    }
+
+    /// Closes a live top-level session (`session/close`): drains its continuable children through
+    /// the continuation manager, stops every other child below it, then stops its agent
+    /// (cancelling a running turn, whose prompt answers `cancelled`), flushes its log and frees
+    /// it. The session stays on disk and can be loaded again.
+    pub async fn close_session(&self, session_id: &str) -> Result<(), RuntimeError> {
+        self.reject_child(session_id)?;
+        let removed = self.live().remove(session_id);
+        let Some(entry) = removed else {
+            return Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}")));
+        };
+        entry.handle.cancel();
+        self.continuation.close_descendants(session_id).await;
+        for (id, handle) in self.descendants(session_id) {
+            handle.shutdown().await;
+            self.children().remove(&id);
+        }
+        entry.handle.shutdown().await;
+        Ok(())
+    }
+
+    /// Forks a top-level session (`session/fork`): a new top-level session in `cwd` seeded with
+    /// the source's completed turns as they are on disk (the prompt it was created with comes
+    /// along), started in the configured permission mode. Returns the new session's id.
+    pub fn fork_session(
+        &self,
+        source_id: &str,
+        cwd: &Path,
+        observer: Arc<dyn SessionObserver>,
+    ) -> Result<String, RuntimeError> {
+        self.reject_child(source_id)?;
+        if !cwd.is_absolute() {
+            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
+        }
+        let source = self.store.inspect(source_id).map_err(|e| match e {
+            StoreError::InvalidId(_) | StoreError::NotFound(_) => RuntimeError::InvalidParams(e.to_string()),
+            StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
+        })?;
+        let seed = crate::agent::completed_prefix(&source.events).to_vec();
+        let system = match prompt::recorded(&seed) {
+            Some(text) => text,
+            None => self
+                .build_prompt(Some(cwd), &self.tools.names(), self.config.persona.as_deref())
+                .map_err(RuntimeError::Internal)?,
+        };
+        let id = self.mint_session_id();
+        let mut header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
+        header.seed_length = (!seed.is_empty()).then_some(seed.len() as u64);
+        let mut session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
+        session.add_observer(observer);
+        self.start(session, system);
+        Ok(id)
+    }
+
+    /// The stored children of `parent_id` (sessions whose header names it as `parentSession`,
+    /// created by a subagent provider), oldest first by (`createdAt`, id). Read-only: nothing is
+    /// repaired, so repeated calls give the same answer while the children are idle.
+    pub fn child_records(&self, parent_id: &str) -> Vec<ChildRecord> {
+        let mut stored: Vec<StoredSession> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|s| s.header.parent_session.as_deref() == Some(parent_id))
+            .filter(|s| s.header.origin.as_deref() == Some("subagent"))
+            .collect();
+        stored.sort_by(|a, b| (a.header.created_at, &a.header.id).cmp(&(b.header.created_at, &b.header.id)));
+        stored
+            .into_iter()
+            .filter_map(|s| {
+                let scanned = match crate::session::scan::scan_file(&s.path) {
+                    Ok(scanned) => scanned,
+                    Err(e) => {
+                        tracing::warn!(path = %s.path.display(), "skipping an unreadable child session: {e}");
+                        return None;
+                    }
+                };
+                let own = scanned.header.seed_length.unwrap_or(0);
+                let events: Vec<Event> = scanned.events.into_iter().filter(|e| e.seq >= own).collect();
+                let descriptor = Descriptor::fold(events.iter()).ok().flatten();
+                let handle = self.children().get(&scanned.header.id).map(|c| c.handle.clone());
+                let running = handle.as_ref().is_some_and(AgentHandle::is_running);
+                Some(ChildRecord { header: scanned.header, events, descriptor, live: handle.is_some(), running })
+            })
+            .collect()
+    }
+
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`.
     pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
         self.store.list_top_level(cwd)
@@ -534,7 +728,7 @@ impl Runtime {
     /// turns) and flushes every session.
     pub async fn shutdown(&self) {
         self.continuation.drain().await;
-        let children: Vec<AgentHandle> = self.children().drain().map(|(_, h)| h).collect();
+        let children: Vec<AgentHandle> = self.children().drain().map(|(_, c)| c.handle).collect();
         futures::future::join_all(children.iter().map(AgentHandle::shutdown)).await;
         let handles: Vec<AgentHandle> = self.live().drain().map(|(_, l)| l.handle).collect();
         futures::future::join_all(handles.iter().map(AgentHandle::shutdown)).await;

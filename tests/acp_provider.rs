@@ -104,6 +104,7 @@ fn request(cwd: &Path) -> StartRequest {
         max_depth: None,
         tool_filter: None,
         persona: None,
+        call_id: None,
     }
 }
 

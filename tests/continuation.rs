@@ -58,6 +58,7 @@ fn request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
         max_depth: Some(3),
         tool_filter: None,
         persona: None,
+        call_id: None,
     }
 }
 

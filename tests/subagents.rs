@@ -58,6 +58,7 @@ fn request(parent: Arc<Caller>) -> StartRequest {
         max_depth: None,
         tool_filter: None,
         persona: None,
+        call_id: None,
     }
 }
 

@@ -36,7 +36,11 @@ pub fn link(cx: &ConnectionTo<Client>, read_text_file: bool, write_text_file: bo
     } else {
         None
     };
-    ClientLink { prompt: Some(Arc::new(EditorPrompt { cx: cx.clone() }) as Arc<dyn PermissionPrompt>), files }
+    ClientLink {
+        prompt: Some(Arc::new(EditorPrompt { cx: cx.clone() }) as Arc<dyn PermissionPrompt>),
+        files,
+        children: None,
+    }
 }
 
 /// Asks through `session/request_permission`.

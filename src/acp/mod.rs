@@ -1,42 +1,32 @@
 //! The ACP boundary: the only module that knows agent-client-protocol types. It serves ACP v1
 //! over stdio with the SDK's builder, hands every request to the runtime and returns at once;
 //! prompt turns are awaited on spawned tasks so the dispatch loop never blocks. Permission and
-//! file requests to the client (`client`) are sent from the agents' tasks.
+//! file requests to the client (`client`) are sent from the agents' tasks. Session events reach
+//! the client through `tree::Forwarder`, which also shows the agent tree (subagent sessions) to
+//! clients that advertised `clientCapabilities.subagents`.
 
 mod client;
 mod convert;
 mod modes;
+mod tree;
 
 use std::sync::Arc;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, CurrentModeUpdate, Implementation, InitializeRequest, InitializeResponse,
+    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, CurrentModeUpdate,
+    ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
     ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionCapabilities, SessionConfigOption,
-    SessionConfigOptionCategory, SessionConfigSelectOption, SessionInfo, SessionListCapabilities, SessionNotification,
-    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
-    SetSessionModeResponse,
+    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    SessionCapabilities, SessionCloseCapabilities, SessionConfigOption, SessionConfigOptionCategory,
+    SessionConfigSelectOption, SessionForkCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
+    SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
+    SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
 
-use crate::runtime::{Runtime, RuntimeError};
-use crate::session::{Event, SessionHeader, SessionObserver};
-
-/// Forwards live session events to the client as `session/update` notifications.
-struct Forwarder {
-    cx: ConnectionTo<Client>,
-}
-
-impl SessionObserver for Forwarder {
-    fn on_event(&self, header: &SessionHeader, event: &Event) {
-        if let Some(update) = convert::live_update(event)
-            && let Err(e) = self.cx.send_notification(SessionNotification::new(header.id.clone(), update))
-        {
-            tracing::debug!("dropping a session update: {e}");
-        }
-    }
-}
+use crate::runtime::{ChildObservers, Runtime, RuntimeError};
+use tree::{ChildForwarders, Forwarder, Tree};
 
 fn invalid_params(message: impl std::fmt::Display) -> Error {
     Error::new(ErrorCode::from(-32602), format!("Invalid params: {message}"))
@@ -78,6 +68,12 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
     let rt_list = runtime.clone();
     let rt_mode = runtime.clone();
     let rt_config = runtime.clone();
+    let rt_resume = runtime.clone();
+    let rt_close = runtime.clone();
+    let rt_fork = runtime.clone();
+    let agents = Arc::new(Tree::default());
+    let (tree_init, tree_new, tree_load) = (agents.clone(), agents.clone(), agents.clone());
+    let (tree_resume, tree_fork) = (agents.clone(), agents);
     let result = Agent
         .v1()
         .name("kin")
@@ -85,11 +81,24 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
             async move |req: InitializeRequest, responder, cx: ConnectionTo<Client>| {
                 // Permission requests always go to the client; files only when it offers them.
                 let fs = &req.client_capabilities.fs;
-                rt_init.connect_client(client::link(&cx, fs.read_text_file, fs.write_text_file));
+                let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file);
+                // The agent tree is shown only to clients that advertised subagent sessions.
+                let subagents = req.client_capabilities.subagents.is_some();
+                tree_init.set_enabled(subagents);
+                if subagents {
+                    let children = ChildForwarders { cx: cx.clone(), tree: tree_init.clone() };
+                    link.children = Some(Arc::new(children) as Arc<dyn ChildObservers>);
+                }
+                rt_init.connect_client(link);
+                let sessions = SessionCapabilities::new()
+                    .list(SessionListCapabilities::new())
+                    .fork(SessionForkCapabilities::new())
+                    .resume(SessionResumeCapabilities::new())
+                    .close(SessionCloseCapabilities::new());
                 let capabilities = AgentCapabilities::new()
                     .load_session(true)
                     .prompt_capabilities(PromptCapabilities::new())
-                    .session_capabilities(SessionCapabilities::new().list(SessionListCapabilities::new()));
+                    .session_capabilities(sessions);
                 responder.respond(
                     InitializeResponse::new(agent_client_protocol::schema::ProtocolVersion::V1)
                         .agent_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")))
@@ -109,7 +118,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 if req.system_prompt.is_some() {
                     return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
                 }
-                match rt_new.new_session(&req.cwd, Arc::new(Forwarder { cx })) {
+                match rt_new.new_session(&req.cwd, Arc::new(Forwarder::new(cx, tree_new.clone()))) {
                     Ok(id) => {
                         let mode = rt_new.permission_mode(&id).unwrap_or_default();
                         let options = model_options(&rt_new, &id);
@@ -157,23 +166,29 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     return responder.respond_with_error(invalid_params("mcpServers is not supported"));
                 }
                 let runtime = rt_load.clone();
-                let forwarder = Arc::new(Forwarder { cx: cx.clone() });
+                let agents = tree_load.clone();
+                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone()));
                 cx.spawn({
                     let cx = cx.clone();
                     async move {
                         let id = req.session_id.0.to_string();
-                        match runtime.load_session(&id, forwarder).await {
+                        match runtime.load_session(&id, forwarder.clone()).await {
                             Ok(events) => {
+                                forwarder.count(&events);
                                 for update in events.iter().flat_map(convert::replay_updates) {
-                                    if let Err(e) = cx.send_notification(SessionNotification::new(id.clone(), update)) {
-                                        tracing::debug!("dropping a replayed update: {e}");
-                                    }
+                                    tree::notify(&cx, &id, update);
                                 }
+                                // The agent tree: children replayed before the response, the
+                                // continuing ones re-announced after it.
+                                let children =
+                                    if agents.enabled() { tree::stored_tree(&runtime, &id) } else { Vec::new() };
+                                tree::replay(&cx, &children);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
                                 let options = model_options(&runtime, &id);
                                 let _ = responder.respond(
                                     LoadSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
+                                tree::reannounce(&cx, &children);
                             }
                             Err(e) => {
                                 let _ = responder.respond_with_error(to_acp(e));
@@ -234,6 +249,78 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     })
                     .collect();
                 responder.respond(ListSessionsResponse::new(sessions))
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: ResumeSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if !req.additional_directories.is_empty() {
+                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
+                }
+                if !req.mcp_servers.is_empty() {
+                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
+                }
+                let runtime = rt_resume.clone();
+                let agents = tree_resume.clone();
+                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone()));
+                cx.spawn({
+                    let cx = cx.clone();
+                    async move {
+                        let id = req.session_id.0.to_string();
+                        match runtime.resume_session(&id, forwarder.clone()).await {
+                            Ok(events) => {
+                                forwarder.count(&events);
+                                let mode = runtime.permission_mode(&id).unwrap_or_default();
+                                let _ = responder.respond(ResumeSessionResponse::new().modes(modes::state(mode)));
+                                if agents.enabled() {
+                                    tree::reannounce(&cx, &tree::stored_tree(&runtime, &id));
+                                }
+                            }
+                            Err(e) => {
+                                let _ = responder.respond_with_error(to_acp(e));
+                            }
+                        }
+                        Ok(())
+                    }
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: CloseSessionRequest, responder, cx: ConnectionTo<Client>| {
+                let runtime = rt_close.clone();
+                cx.spawn(async move {
+                    let sent = match runtime.close_session(&req.session_id.0).await {
+                        Ok(()) => responder.respond(CloseSessionResponse::new()),
+                        Err(e) => responder.respond_with_error(to_acp(e)),
+                    };
+                    if let Err(e) = sent {
+                        tracing::debug!("close response not delivered: {e}");
+                    }
+                    Ok(())
+                })
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: ForkSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if !req.additional_directories.is_empty() {
+                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
+                }
+                if !req.mcp_servers.is_empty() {
+                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
+                }
+                if req.system_prompt.is_some() {
+                    return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
+                }
+                let forwarder = Arc::new(Forwarder::new(cx, tree_fork.clone()));
+                match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder) {
+                    Ok(id) => {
+                        let mode = rt_fork.permission_mode(&id).unwrap_or_default();
+                        responder.respond(ForkSessionResponse::new(id).modes(modes::state(mode)))
+                    }
+                    Err(e) => responder.respond_with_error(to_acp(e)),
+                }
             },
             on_receive_request!(),
         )

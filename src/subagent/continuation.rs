@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use super::descriptor::{DESCRIPTOR_EVENT, Descriptor, ToolFilter};
-use super::inprocess::{ChildFactory, ChildSetup, child_header, last_assistant_text};
+use super::inprocess::{ChildDisplay, ChildFactory, ChildSetup, child_header, describe, last_assistant_text};
 use super::{ErrorCode, Lifecycle, StartRequest, StopReason, SubagentError, SubagentService, child_depth};
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
@@ -142,6 +142,11 @@ impl ContinuationManager {
         let depth = child_depth(request.parent.depth, request.max_depth)?;
         let factory = self.factory()?;
         let route = request.route.clone().unwrap_or_else(|| request.parent.route.clone());
+        let display = ChildDisplay {
+            title: Some(label.clone()),
+            description: describe(&request.prompt),
+            call_id: request.call_id.clone(),
+        };
         let descriptor = Descriptor::Continuable {
             provider: provider_name.to_string(),
             label,
@@ -162,7 +167,7 @@ impl ContinuationManager {
         let header = child_header(factory.mint_id(), &request.parent.header, depth, lineage);
         let (child_id, cwd) = (header.id.clone(), header.cwd.clone());
         let session = factory.create_session(header, seed)?;
-        let setup = self.setup(route, request.persona.clone(), request.tool_filter.clone());
+        let setup = self.setup(route, request.persona.clone(), request.tool_filter.clone(), display);
         let handle = factory.start_agent(session, setup);
         self.install(&child_id, handle, &request.parent.header.id, provider_name, cwd);
         match self.submit(&child_id, request.prompt, json!({"kind": "user"})) {
@@ -179,8 +184,9 @@ impl ContinuationManager {
         route: ModelRoute,
         persona: Option<String>,
         tool_filter: Option<ToolFilter>,
+        display: ChildDisplay,
     ) -> ChildSetup {
-        ChildSetup { route, persona, tool_filter, extra_tools: (self.child_tools)(self) }
+        ChildSetup { route, persona, tool_filter, extra_tools: (self.child_tools)(self), display }
     }
 
     /// Publishes a fresh Activation (and the parent's ownership of it) and emits `subagent/start`.
@@ -450,7 +456,7 @@ impl ContinuationManager {
             }
             let own = session.header.seed_length.unwrap_or(0) as usize;
             let descriptor = Descriptor::fold(session.events().iter().skip(own)).ok().flatten();
-            let Some(Descriptor::Continuable { provider, agent_provider, agent_model, persona, tool_filter, .. }) =
+            let Some(Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter }) =
                 descriptor
             else {
                 return Err(err(
@@ -465,7 +471,8 @@ impl ContinuationManager {
                 _ => caller.route.clone(),
             };
             let cwd = session.header.cwd.clone();
-            let handle = factory.start_agent(session, self.setup(route, persona, tool_filter));
+            let display = ChildDisplay { title: Some(label), ..ChildDisplay::default() };
+            let handle = factory.start_agent(session, self.setup(route, persona, tool_filter, display));
             Ok((handle, provider, cwd))
         })();
         let outcome = match result {
@@ -528,10 +535,31 @@ impl ContinuationManager {
     /// (deepest first), flushing each log. Child sessions survive on disk.
     pub async fn drain(self: &Arc<Self>) {
         self.draining.store(true, Ordering::SeqCst);
-        let mut acts: Vec<(String, Activation)> = {
+        let acts: Vec<(String, Activation)> = {
             let mut state = self.state();
             state.activations.drain().collect()
         };
+        self.stop_child_first(acts).await;
+    }
+
+    /// `session/close` of a top-level session: cancels its continuable children and all their
+    /// descendants and disposes them child-first, flushing each log. Other sessions' children
+    /// are untouched and admission stays open. Child sessions survive on disk.
+    pub async fn close_descendants(self: &Arc<Self>, root_id: &str) {
+        let acts: Vec<(String, Activation)> = {
+            let mut state = self.state();
+            let below: Vec<String> = {
+                let st: &State = &state;
+                st.activations.keys().filter(|id| descends_from(st, id, root_id)).cloned().collect()
+            };
+            below.into_iter().filter_map(|id| state.activations.remove(&id).map(|act| (id, act))).collect()
+        };
+        self.stop_child_first(acts).await;
+    }
+
+    /// Cancels every Activation given, then shuts them down deepest first, releasing each and
+    /// emitting its `subagent/end` (aborted).
+    async fn stop_child_first(&self, mut acts: Vec<(String, Activation)>) {
         for (_, act) in &acts {
             act.handle.cancel();
         }
@@ -563,6 +591,19 @@ impl ContinuationManager {
             });
         }
     }
+}
+
+/// True when `root_id` is an ancestor of the Activation `id` (through live Activations).
+fn descends_from(state: &State, id: &str, root_id: &str) -> bool {
+    let mut parent = state.activations.get(id).map(|a| a.parent_id.as_str());
+    for _ in 0..=state.activations.len() {
+        match parent {
+            Some(p) if p == root_id => return true,
+            Some(p) => parent = state.activations.get(p).map(|a| a.parent_id.as_str()),
+            None => return false,
+        }
+    }
+    false
 }
 
 fn stop_reason(end: Option<&TurnEnd>) -> StopReason {

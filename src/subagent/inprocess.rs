@@ -26,6 +26,35 @@ pub struct ChildSetup {
     pub tool_filter: Option<ToolFilter>,
     /// Tools only this child has (`structured_output`, `report`), surviving the filter.
     pub extra_tools: Vec<Arc<dyn Tool>>,
+    /// How an editor watching the parent shows the child.
+    pub display: ChildDisplay,
+}
+
+/// How a child is shown to an editor watching its parent: a title (the delegation's label), a
+/// description (the start of its task) and the parent's tool call that started it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChildDisplay {
+    pub title: Option<String>,
+    pub description: Option<String>,
+    pub call_id: Option<String>,
+}
+
+/// The longest description shown for a child, in characters.
+const DESCRIPTION_CHARS: usize = 200;
+
+/// A short description of a task: the text of its content blocks, trimmed and cut to
+/// `DESCRIPTION_CHARS` characters (`…` marks a cut); `None` when there is no text.
+pub fn describe<'a>(blocks: impl IntoIterator<Item = &'a Value>) -> Option<String> {
+    let text: String = blocks.into_iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ");
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let mut cut: String = text.chars().take(DESCRIPTION_CHARS).collect();
+    if text.chars().count() > DESCRIPTION_CHARS {
+        cut.push('…');
+    }
+    Some(cut)
 }
 
 /// Everything needed to create a child agent.
@@ -118,11 +147,17 @@ impl SubagentProvider for InProcessProvider {
             if let Some(schema) = &request.output_schema {
                 extra_tools.push(Arc::new(StructuredOutput { schema: schema.clone(), slot: capture.clone() }));
             }
+            let display = ChildDisplay {
+                title: request.label.clone(),
+                description: describe(&request.prompt),
+                call_id: request.call_id.clone(),
+            };
             let setup = ChildSetup {
                 route: request.route.clone().unwrap_or_else(|| request.parent.route.clone()),
                 persona: request.persona.clone(),
                 tool_filter: request.tool_filter.clone(),
                 extra_tools,
+                display,
             };
             let handle = factory.create_child(ChildSpec { header, seed, setup })?;
             let turn = handle

@@ -55,6 +55,8 @@ pub struct StartRequest {
     pub max_depth: Option<u64>,
     pub tool_filter: Option<ToolFilter>,
     pub persona: Option<String>,
+    /// The parent's tool call that asks for the child (editors link it to the child session).
+    pub call_id: Option<String>,
 }
 
 /// A request after the service validated it.

@@ -140,6 +140,7 @@ impl Tool for DelegateTool {
                 max_depth: config.max_depth,
                 tool_filter: config.tool_filter.clone(),
                 persona: config.persona.clone(),
+                call_id: Some(ctx.call_id.clone()),
             };
             if arguments["run_in_background"].as_bool() == Some(true) {
                 let manager = background.ok_or_else(|| {

@@ -1,0 +1,469 @@
+//! Session forwarding and the agent tree. Every session's events reach the client through a
+//! `Forwarder`. When the client advertised `clientCapabilities.subagents` at `initialize` (ACP
+//! subagent sessions; `unstable_subagents` in the 5.2 SDK), kin also shows the agent tree:
+//! - every in-process child is announced on its parent session with `subagent_update` (title,
+//!   description, `cancel` capability, cwd, state) before any update carrying the child's id,
+//!   and its state follows its turns (`running`, then `idle` with the stop reason);
+//! - the child's own updates are forwarded under the child's id (its own `Forwarder`);
+//! - the parent's delegating tool call gets `{type: "session", sessionId}` content;
+//! - a message from another session (the child's task, `send_message`, `report`, a settlement
+//!   notice) appears as `session_message` in both transcripts, linked by message ids;
+//! - each session gets a `usage_update` after every turn.
+//!
+//! Without the capability none of this is sent and sessions forward exactly what they always did.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use agent_client_protocol::Client;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    ContentBlock, Error as SchemaError, ErrorStopReason, IdleStateUpdate, IdleStopReason, MessageId,
+    RunningStateUpdate, SessionCancelCapabilities, SessionId, SessionMessage, SessionNotification, SessionReference,
+    SessionUpdate, StateUpdate, SubagentSessionCapabilities, SubagentUpdate, TextContent, ToolCallContent,
+    ToolCallUpdate, ToolCallUpdateFields, UsageUpdate,
+};
+use serde_json::{Value, json};
+
+use super::convert;
+use crate::runtime::{ChildObservers, ChildRecord, Runtime};
+use crate::session::{Event, Session, SessionHeader, SessionObserver};
+use crate::subagent::Descriptor;
+use crate::subagent::inprocess::{ChildDisplay, describe};
+
+/// How deep a reloaded parent's stored children are followed.
+const MAX_DEPTH: usize = 32;
+
+/// What one connection knows about the agent tree.
+#[derive(Default)]
+pub struct Tree {
+    /// The client advertised `clientCapabilities.subagents` at `initialize`.
+    enabled: AtomicBool,
+    /// (parent session, delegating tool call) → the child it started, until the call's result.
+    links: Mutex<HashMap<(String, String), String>>,
+}
+
+impl Tree {
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::SeqCst)
+    }
+
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::SeqCst);
+    }
+
+    fn links(&self) -> MutexGuard<'_, HashMap<(String, String), String>> {
+        self.links.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn link(&self, parent: &str, call: &str, child: &str) {
+        self.links().insert((parent.to_string(), call.to_string()), child.to_string());
+    }
+
+    /// The child a tool call started, forgotten once asked for (call ids may repeat later).
+    fn take_link(&self, parent: &str, call: &str) -> Option<String> {
+        self.links().remove(&(parent.to_string(), call.to_string()))
+    }
+}
+
+/// Sends one `session/update`; a closed connection drops it.
+pub fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUpdate) {
+    if let Err(e) = cx.send_notification(SessionNotification::new(session.to_string(), update)) {
+        tracing::debug!("dropping a session update: {e}");
+    }
+}
+
+/// A session's model usage: totals over its own model calls, and the size of the last call
+/// (input plus output tokens: what its context holds now).
+#[derive(Default)]
+struct Usage {
+    input: u64,
+    output: u64,
+    calls: u64,
+    context: u64,
+}
+
+impl Usage {
+    /// Adds the `usage` of an `assistant/message` event's data, if it has one.
+    fn add(&mut self, data: &Value) {
+        let usage = &data["usage"];
+        if !usage.is_object() {
+            return;
+        }
+        let input = usage["inputTokens"].as_u64().unwrap_or(0);
+        let output = usage["outputTokens"].as_u64().unwrap_or(0);
+        self.input += input;
+        self.output += output;
+        self.calls += 1;
+        self.context = input + output;
+    }
+
+    /// `usage_update`: `used` is the last call's input plus output tokens, `size` is 0 (kin does
+    /// not know the model's context window), and `_meta.kin` carries the session's totals.
+    fn update(&self) -> SessionUpdate {
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            "kin".into(),
+            json!({"inputTokens": self.input, "outputTokens": self.output, "modelCalls": self.calls}),
+        );
+        SessionUpdate::UsageUpdate(UsageUpdate::new(self.context, 0).meta(meta))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    usage: Usage,
+    /// A child's last announced state was `running`.
+    running: bool,
+}
+
+/// Forwards a session's events to the client as `session/update` notifications: a top-level
+/// session's, or (agent tree) a child's, whose parent it knows.
+pub struct Forwarder {
+    cx: ConnectionTo<Client>,
+    tree: Arc<Tree>,
+    /// The parent of a child session.
+    parent: Option<String>,
+    state: Mutex<State>,
+}
+
+impl Forwarder {
+    /// The forwarder of a top-level session.
+    pub fn new(cx: ConnectionTo<Client>, tree: Arc<Tree>) -> Self {
+        Forwarder { cx, tree, parent: None, state: Mutex::default() }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts the model usage a loaded log already holds (after any lineage seed).
+    pub fn count(&self, events: &[Event]) {
+        let own = events.iter().position(|e| e.kind == "session/end-seed").map_or(0, |i| i + 1);
+        let mut state = self.state();
+        for event in events[own..].iter().filter(|e| e.kind == "assistant/message") {
+            state.usage.add(&event.data);
+        }
+    }
+
+    fn send(&self, session: &str, update: SessionUpdate) {
+        notify(&self.cx, session, update);
+    }
+
+    /// Adds the session link to the result of a tool call that started a child.
+    fn link_result(&self, session: &str, update: &mut SessionUpdate) {
+        if let SessionUpdate::ToolCallUpdate(call) = update
+            && let Some(child) = self.tree.take_link(session, &call.tool_call_id.0)
+        {
+            call.fields
+                .content
+                .get_or_insert_with(Vec::new)
+                .push(ToolCallContent::Session(SessionReference::new(child)));
+        }
+    }
+
+    /// A message from another session (the child's task from its parent, `send_message`,
+    /// `report`, a settlement notice) as `session_message` in both transcripts: the incoming view
+    /// here (message id = the user message's id), the outgoing view in the sender's
+    /// (`<id>.sent`), each naming the other's id.
+    fn message(&self, header: &SessionHeader, data: &Value) {
+        let source = &data["source"];
+        let sender = match source["senderSessionId"].as_str() {
+            Some(sender) => sender.to_string(),
+            None if source["kind"] == "user" => match &self.parent {
+                Some(parent) => parent.clone(),
+                None => return,
+            },
+            None => return,
+        };
+        let Some(id) = data["id"].as_str() else { return };
+        let content: Vec<ContentBlock> = data["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["text"].as_str())
+            .map(|t| ContentBlock::Text(TextContent::new(t)))
+            .collect();
+        let sent = format!("{id}.sent");
+        let incoming = SessionMessage::new(MessageId::new(id))
+            .sender_session_id(SessionId::new(sender.as_str()))
+            .recipient_session_id(SessionId::new(header.id.as_str()))
+            .sender_message_id(MessageId::new(sent.as_str()))
+            .content(content.clone());
+        let outgoing = SessionMessage::new(MessageId::new(sent.as_str()))
+            .sender_session_id(SessionId::new(sender.as_str()))
+            .recipient_session_id(SessionId::new(header.id.as_str()))
+            .recipient_message_id(MessageId::new(id))
+            .content(content);
+        self.send(&header.id, SessionUpdate::SessionMessage(incoming));
+        self.send(&sender, SessionUpdate::SessionMessage(outgoing));
+    }
+}
+
+impl SessionObserver for Forwarder {
+    fn on_event(&self, header: &SessionHeader, event: &Event) {
+        let tree = self.tree.enabled();
+        if tree
+            && event.kind == "turn/start"
+            && let Some(parent) = &self.parent
+        {
+            let was_running = {
+                let mut state = self.state();
+                std::mem::replace(&mut state.running, true)
+            };
+            if !was_running {
+                let update = SubagentUpdate::new(header.id.clone()).state(running());
+                self.send(parent, SessionUpdate::SubagentUpdate(update));
+            }
+        }
+        if let Some(mut update) = convert::live_update(event) {
+            if tree {
+                self.link_result(&header.id, &mut update);
+            }
+            self.send(&header.id, update);
+        }
+        if !tree {
+            return;
+        }
+        match event.kind.as_str() {
+            "user/message" => self.message(header, &event.data),
+            "assistant/message" => {
+                let mut state = self.state();
+                state.usage.add(&event.data);
+            }
+            "turn/end" => {
+                let usage = {
+                    let mut state = self.state();
+                    state.running = false;
+                    state.usage.update()
+                };
+                self.send(&header.id, usage);
+                if let Some(parent) = &self.parent {
+                    let update = SubagentUpdate::new(header.id.clone()).state(idle_after(&event.data["reason"]));
+                    self.send(parent, SessionUpdate::SubagentUpdate(update));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Makes the forwarder of each child session, announcing the child on its parent (running) and
+/// linking the parent's delegating tool call to it.
+pub struct ChildForwarders {
+    pub cx: ConnectionTo<Client>,
+    pub tree: Arc<Tree>,
+}
+
+impl ChildObservers for ChildForwarders {
+    fn child_observer(&self, session: &Session, display: &ChildDisplay) -> Arc<dyn SessionObserver> {
+        let header = &session.header;
+        let forwarder = Forwarder {
+            cx: self.cx.clone(),
+            tree: self.tree.clone(),
+            parent: header.parent_session.clone(),
+            state: Mutex::new(State { running: true, ..State::default() }),
+        };
+        forwarder.count(session.events());
+        if let Some(parent) = &header.parent_session {
+            let update = announcement(header, display.title.clone(), display.description.clone(), running());
+            forwarder.send(parent, SessionUpdate::SubagentUpdate(update));
+            if let Some(call) = &display.call_id {
+                self.tree.link(parent, call, &header.id);
+                let link = ToolCallContent::Session(SessionReference::new(header.id.clone()));
+                let fields = ToolCallUpdateFields::new().content(vec![link]);
+                forwarder.send(parent, SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call.clone(), fields)));
+            }
+        }
+        Arc::new(forwarder)
+    }
+}
+
+/// A full `subagent_update` for a child: identity, display, `cancel` capability, cwd and state.
+fn announcement(
+    header: &SessionHeader,
+    title: Option<String>,
+    description: Option<String>,
+    state: StateUpdate,
+) -> SubagentUpdate {
+    let mut update = SubagentUpdate::new(header.id.clone())
+        .capabilities(SubagentSessionCapabilities::new().cancel(SessionCancelCapabilities::new()))
+        .state(state);
+    if let Some(title) = title {
+        update = update.title(title);
+    }
+    if let Some(description) = description {
+        update = update.description(description);
+    }
+    if let Some(cwd) = &header.cwd {
+        update = update.cwd(PathBuf::from(cwd));
+    }
+    update
+}
+
+fn running() -> StateUpdate {
+    StateUpdate::Running(RunningStateUpdate::new())
+}
+
+fn idle(stop: Option<IdleStopReason>) -> StateUpdate {
+    StateUpdate::Idle(IdleStateUpdate::new().stop_reason(stop))
+}
+
+/// The state after a live turn ended with this `turn/end` reason.
+fn idle_after(reason: &Value) -> StateUpdate {
+    let stop = match reason["kind"].as_str() {
+        Some("completed") => Some(IdleStopReason::EndTurn),
+        Some("max-tokens") => Some(IdleStopReason::MaxTokens),
+        Some("aborted" | "disposed") => Some(IdleStopReason::Cancelled),
+        Some("error") => {
+            let message = reason["failure"]["message"].as_str().unwrap_or("the turn failed");
+            Some(IdleStopReason::Error(ErrorStopReason::new().error(SchemaError::new(-32603, message))))
+        }
+        _ => None,
+    };
+    idle(stop)
+}
+
+/// The state of a stored child: `running` while a turn of its live agent runs, else `idle`, with
+/// the stop reason of its last turn when that turn ended cleanly. A turn that failed, was
+/// interrupted by a crash or is still open gives no stop reason: a reloaded child is never
+/// reported as failed. Nothing is repaired, so repeated loads give the same answer.
+fn stored_state(record: &ChildRecord) -> StateUpdate {
+    if record.running {
+        return running();
+    }
+    let events = &record.events;
+    let start = events.iter().rposition(|e| e.kind == "turn/start");
+    let end = events.iter().rposition(|e| e.kind == "turn/end");
+    let stop = match (start, end) {
+        (Some(start), Some(end)) if end > start => match events[end].data["reason"]["kind"].as_str() {
+            Some("completed") => Some(IdleStopReason::EndTurn),
+            Some("max-tokens") => Some(IdleStopReason::MaxTokens),
+            Some("aborted" | "disposed") => Some(IdleStopReason::Cancelled),
+            _ => None,
+        },
+        _ => None,
+    };
+    idle(stop)
+}
+
+/// A stored child of a reloaded parent, with its own children.
+pub struct Node {
+    parent: String,
+    record: ChildRecord,
+    children: Vec<Node>,
+}
+
+/// The stored children below `parent`, oldest first at every level.
+pub fn stored_tree(runtime: &Runtime, parent: &str) -> Vec<Node> {
+    nodes(runtime, parent, 0)
+}
+
+fn nodes(runtime: &Runtime, parent: &str, depth: usize) -> Vec<Node> {
+    if depth >= MAX_DEPTH {
+        return Vec::new();
+    }
+    runtime
+        .child_records(parent)
+        .into_iter()
+        .map(|record| {
+            let children = nodes(runtime, &record.header.id, depth + 1);
+            Node { parent: parent.to_string(), record, children }
+        })
+        .collect()
+}
+
+/// Announces a stored child on its parent: title from its descriptor's label, description from
+/// its task, and its stored state.
+fn announce(cx: &ConnectionTo<Client>, node: &Node) {
+    let record = &node.record;
+    let title = record.descriptor.as_ref().and_then(Descriptor::label).map(str::to_string);
+    let task = record.events.iter().find(|e| e.kind == "user/message" && e.data["source"]["kind"] == "user");
+    let description = task.and_then(|e| describe(e.data["content"].as_array().into_iter().flatten()));
+    let update = announcement(&record.header, title, description, stored_state(record));
+    notify(cx, &node.parent, SessionUpdate::SubagentUpdate(update));
+}
+
+/// The best-effort replay of a reloaded parent's children, before the load response, parent
+/// first: each child is announced on its parent, then its own history is replayed under its id.
+pub fn replay(cx: &ConnectionTo<Client>, nodes: &[Node]) {
+    for node in nodes {
+        announce(cx, node);
+        for update in node.record.events.iter().flat_map(convert::replay_updates) {
+            notify(cx, &node.record.header.id, update);
+        }
+        replay(cx, &node.children);
+    }
+}
+
+/// After the load (or resume) response: re-announces every child that is live or can be resumed
+/// (a continuable child), each after its ancestors.
+pub fn reannounce(cx: &ConnectionTo<Client>, nodes: &[Node]) {
+    for node in nodes {
+        if !continuing(node) {
+            continue;
+        }
+        announce(cx, node);
+        reannounce(cx, &node.children);
+    }
+}
+
+/// True when the child, or a child below it, is live or continuable.
+fn continuing(node: &Node) -> bool {
+    node.record.live
+        || matches!(node.record.descriptor, Some(Descriptor::Continuable { .. }))
+        || node.children.iter().any(continuing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_serialize_as_the_protocol_says() {
+        let wire = serde_json::to_value(idle_after(&json!({"kind": "completed"}))).unwrap();
+        assert_eq!(wire, json!({"state": "idle", "stopReason": "end_turn"}));
+        let wire = serde_json::to_value(idle_after(&json!({"kind": "aborted"}))).unwrap();
+        assert_eq!(wire, json!({"state": "idle", "stopReason": "cancelled"}));
+        let failed = json!({"kind": "error", "failure": {"message": "boom", "code": "X"}});
+        let wire = serde_json::to_value(idle_after(&failed)).unwrap();
+        assert_eq!(wire["stopReason"], "error");
+        assert_eq!(wire["error"]["message"], "boom");
+        let wire = serde_json::to_value(idle_after(&json!({"kind": "interrupted"}))).unwrap();
+        assert_eq!(wire, json!({"state": "idle"}));
+        assert_eq!(serde_json::to_value(running()).unwrap(), json!({"state": "running"}));
+    }
+
+    #[test]
+    fn an_announcement_carries_identity_display_cancel_and_cwd() {
+        let mut header = SessionHeader::new("child-1", 0, Some("/w".into()));
+        header.parent_session = Some("parent-1".into());
+        let update = announcement(&header, Some("Title".into()), None, running());
+        let wire = serde_json::to_value(SessionUpdate::SubagentUpdate(update)).unwrap();
+        assert_eq!(
+            wire,
+            json!({
+                "sessionUpdate": "subagent_update",
+                "sessionId": "child-1",
+                "title": "Title",
+                "capabilities": {"cancel": {}},
+                "state": {"state": "running"},
+                "cwd": "/w",
+            })
+        );
+    }
+
+    #[test]
+    fn usage_counts_every_call_and_keeps_the_last_context() {
+        let mut usage = Usage::default();
+        usage.add(&json!({"usage": {"inputTokens": 20, "outputTokens": 10}}));
+        usage.add(&json!({}));
+        usage.add(&json!({"usage": {"inputTokens": 30, "outputTokens": 2}}));
+        let wire = serde_json::to_value(usage.update()).unwrap();
+        assert_eq!(wire["sessionUpdate"], "usage_update");
+        assert_eq!((wire["used"].as_u64(), wire["size"].as_u64()), (Some(32), Some(0)));
+        assert_eq!(wire["_meta"]["kin"], json!({"inputTokens": 50, "outputTokens": 12, "modelCalls": 2}));
+    }
+}

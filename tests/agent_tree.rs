@@ -1,0 +1,492 @@
+//! The agent tree over ACP, driving the real binary over pipes with recorded scenarios: a client
+//! that advertises `clientCapabilities.subagents` sees every child announced on its parent
+//! before any of the child's traffic, the child's updates under its own id, the delegating tool
+//! call linked to it, messages between sessions in both transcripts, per-session usage, the
+//! child's state from running to idle, per-child cancel, refused requests on a child id, and the
+//! re-announcement of a continuable child when its parent is loaded after a restart (the same
+//! answer every time). A client without the capability sees none of it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const KIN: &str = env!("CARGO_BIN_EXE_kin");
+
+const SPAWN_PROMPT: &str = "Delegate: have a child reply CHILD_OK, then say PARENT_DONE.";
+const FOLLOWUPS_PROMPT: &str = "Start a background child, send it two more messages, then try an unknown id.";
+
+fn scenario(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name)
+}
+
+/// `kin acp` over pipes, in replay mode and `bypass`.
+struct Kin {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl Kin {
+    fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
+        let mut command = Command::new(KIN);
+        command
+            .args(["acp", "--sessions"])
+            .arg(sessions)
+            .arg("--replay")
+            .arg(replay)
+            .args(["--config", "/dev/null", "--permission-mode", "bypass"])
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("KIN_") {
+                command.env_remove(key);
+            }
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Kin { child, lines, next_id: 0 }
+    }
+
+    fn send(&mut self, frame: Value) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{frame}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Sends a request; returns its id.
+    fn request(&mut self, method: &str, params: Value) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    fn notify(&mut self, method: &str, params: Value) {
+        self.send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    }
+
+    /// The next stdout frame; every line must be JSON-RPC.
+    fn frame(&self) -> Value {
+        let line = self.lines.recv_timeout(Duration::from_secs(20)).expect("kin wrote a frame in time");
+        let frame: Value =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("stdout carried a non-JSON line: {line}"));
+        assert_eq!(frame["jsonrpc"], "2.0", "{line}");
+        frame
+    }
+
+    /// Frames up to and including the first one `stop` accepts.
+    fn until(&self, stop: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.frame();
+            let done = stop(&frame);
+            frames.push(frame);
+            if done {
+                return frames;
+            }
+        }
+    }
+
+    /// Frames up to and including the response to request `id`.
+    fn until_response(&self, id: u64) -> Vec<Value> {
+        self.until(|f| f["id"] == json!(id) && f.get("method").is_none())
+    }
+
+    /// Sends a request and returns its response.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.request(method, params);
+        self.until_response(id).pop().unwrap()
+    }
+
+    fn initialize(&mut self, subagents: bool) -> Value {
+        let capabilities = if subagents { json!({"subagents": {}}) } else { json!({}) };
+        let response = self.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": capabilities}));
+        assert_eq!(response["result"]["agentInfo"]["name"], "kin", "{response}");
+        response
+    }
+
+    fn new_session(&mut self, cwd: &Path) -> String {
+        let response = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+        response["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session id: {response}")).to_string()
+    }
+
+    /// Closes stdin and waits for kin to exit.
+    fn stop(&mut self) {
+        drop(self.child.stdin.take());
+        let started = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(started.elapsed() < Duration::from_secs(20), "kin did not exit after stdin EOF");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Kin {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The `session/update` in a frame as (session id, update).
+fn update(frame: &Value) -> Option<(&str, &Value)> {
+    (frame["method"] == "session/update")
+        .then(|| (frame["params"]["sessionId"].as_str().unwrap_or(""), &frame["params"]["update"]))
+}
+
+/// The updates of one kind for one session, in order.
+fn updates<'a>(frames: &'a [Value], session: &str, kind: &str) -> Vec<&'a Value> {
+    frames
+        .iter()
+        .filter_map(update)
+        .filter(|(s, u)| *s == session && u["sessionUpdate"] == kind)
+        .map(|(_, u)| u)
+        .collect()
+}
+
+/// The `subagent_update`s about `child` sent on `parent`.
+fn announcements<'a>(frames: &'a [Value], parent: &str, child: &str) -> Vec<&'a Value> {
+    updates(frames, parent, "subagent_update").into_iter().filter(|u| u["sessionId"] == child).collect()
+}
+
+/// The concatenated text of a session's chunks of one kind.
+fn text(frames: &[Value], session: &str, kind: &str) -> String {
+    updates(frames, session, kind).iter().filter_map(|u| u["content"]["text"].as_str()).collect()
+}
+
+/// The child announced on `parent` first, and the index of that announcement.
+fn first_child(frames: &[Value], parent: &str) -> (String, usize) {
+    let index = frames
+        .iter()
+        .position(|f| update(f).is_some_and(|(s, u)| s == parent && u["sessionUpdate"] == "subagent_update"))
+        .expect("a child was announced on the parent");
+    let child = frames[index]["params"]["update"]["sessionId"].as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    (child, index)
+}
+
+/// No frame before `index` names `child`.
+fn nothing_names_before(frames: &[Value], child: &str, index: usize) {
+    for (i, frame) in frames.iter().enumerate().take(index) {
+        assert!(!frame.to_string().contains(child), "frame {i} names the child before its announcement: {frame}");
+    }
+}
+
+fn state_names(states: &[&Value]) -> Vec<String> {
+    states.iter().filter_map(|u| u["state"]["state"].as_str()).map(str::to_string).collect()
+}
+
+fn refused(response: &Value, child: &str) {
+    assert_eq!(response["error"]["code"], -32602, "{response}");
+    assert_eq!(
+        response["error"]["message"],
+        format!("Invalid params: {child} is a subagent session; only session/cancel is allowed on it"),
+        "{response}"
+    );
+}
+
+fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cwd, sessions) = (tmp.path().join("cwd"), tmp.path().join("sessions"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    (tmp, cwd, sessions)
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_subscribed_client_sees_the_child_announced_linked_streamed_and_settled() {
+    let (_tmp, cwd, sessions) = dirs();
+    let mut kin = Kin::start(&sessions, &scenario("subagent-spawn"), &cwd);
+    let init = kin.initialize(true);
+    let capabilities = &init["result"]["agentCapabilities"]["sessionCapabilities"];
+    for method in ["list", "resume", "close", "fork"] {
+        assert_eq!(capabilities[method], json!({}), "sessionCapabilities.{method}: {init}");
+    }
+    let parent = kin.new_session(&cwd);
+    let id =
+        kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
+    let frames = kin.until_response(id);
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+
+    // Announced on the parent before anything names the child.
+    let (child, index) = first_child(&frames, &parent);
+    nothing_names_before(&frames, &child, index);
+    let announcement = &frames[index]["params"]["update"];
+    assert_eq!(announcement["title"], "Reply with CHILD_OK");
+    assert_eq!(announcement["description"], "Reply with exactly CHILD_OK.");
+    assert_eq!(announcement["capabilities"], json!({"cancel": {}}));
+    assert_eq!(announcement["state"], json!({"state": "running"}));
+    assert_eq!(announcement["cwd"], json!(cwd));
+
+    // The child's own updates, under its id.
+    assert_eq!(text(&frames, &child, "agent_message_chunk"), "CHILD_OK");
+    assert_eq!(text(&frames, &parent, "agent_message_chunk"), "PARENT_DONE");
+
+    // The delegating tool call links to the child while it runs and when it completes.
+    let link = json!({"type": "session", "sessionId": child});
+    let calls: Vec<&Value> =
+        updates(&frames, &parent, "tool_call_update").into_iter().filter(|u| u["toolCallId"] == "call_1").collect();
+    assert!(calls.iter().any(|u| u["content"] == json!([link]) && u.get("status").is_none()), "{calls:#?}");
+    let last = calls.last().unwrap();
+    assert_eq!(last["status"], "completed");
+    assert_eq!(last["content"], json!([{"type": "content", "content": {"type": "text", "text": "CHILD_OK"}}, link]));
+
+    // Running, then idle with the stop reason.
+    let states = announcements(&frames, &parent, &child);
+    assert_eq!(state_names(&states), ["running", "idle"]);
+    assert_eq!(states.last().unwrap()["state"], json!({"state": "idle", "stopReason": "end_turn"}));
+
+    // The child's task appears in both transcripts, linked by message ids.
+    let incoming = updates(&frames, &child, "session_message");
+    let outgoing = updates(&frames, &parent, "session_message");
+    assert_eq!((incoming.len(), outgoing.len()), (1, 1), "{frames:#?}");
+    let (incoming, outgoing) = (incoming[0], outgoing[0]);
+    for view in [incoming, outgoing] {
+        assert_eq!(view["senderSessionId"], parent.as_str());
+        assert_eq!(view["recipientSessionId"], child.as_str());
+        assert_eq!(view["content"], json!([{"type": "text", "text": "Reply with exactly CHILD_OK."}]));
+    }
+    assert_eq!(incoming["senderMessageId"], outgoing["messageId"]);
+    assert_eq!(outgoing["recipientMessageId"], incoming["messageId"]);
+
+    // Usage per session after each turn: the child's one call, the parent's two.
+    let child_usage = updates(&frames, &child, "usage_update");
+    assert_eq!(child_usage.len(), 1);
+    assert_eq!(child_usage[0]["_meta"]["kin"], json!({"inputTokens": 20, "outputTokens": 2, "modelCalls": 1}));
+    assert_eq!((child_usage[0]["used"].as_u64(), child_usage[0]["size"].as_u64()), (Some(22), Some(0)));
+    let parent_usage = updates(&frames, &parent, "usage_update");
+    assert_eq!(parent_usage.len(), 1);
+    assert_eq!(parent_usage[0]["_meta"]["kin"], json!({"inputTokens": 40, "outputTokens": 12, "modelCalls": 2}));
+
+    // Only session/cancel may name a child.
+    let prompt = json!({"sessionId": child, "prompt": [{"type": "text", "text": "hi"}]});
+    refused(&kin.call("session/prompt", prompt), &child);
+    refused(&kin.call("session/set_mode", json!({"sessionId": child, "modeId": "ask"})), &child);
+    refused(&kin.call("session/load", json!({"sessionId": child, "cwd": cwd, "mcpServers": []})), &child);
+    refused(&kin.call("session/resume", json!({"sessionId": child, "cwd": cwd})), &child);
+    refused(&kin.call("session/close", json!({"sessionId": child})), &child);
+    refused(&kin.call("session/fork", json!({"sessionId": child, "cwd": cwd})), &child);
+    kin.notify("session/cancel", json!({"sessionId": child}));
+
+    // Children are never listed.
+    let listed = kin.call("session/list", json!({}));
+    let ids: Vec<&str> =
+        listed["result"]["sessions"].as_array().unwrap().iter().filter_map(|s| s["sessionId"].as_str()).collect();
+    assert_eq!(ids, [parent.as_str()]);
+    kin.stop();
+}
+
+#[test]
+fn cancelling_a_child_by_its_id_cancels_that_child_only() {
+    let (tmp, cwd, sessions) = dirs();
+    let replay = tmp.path().join("replay");
+    std::fs::create_dir_all(&replay).unwrap();
+    for name in ["session.jsonl", "session.1.jsonl"] {
+        std::fs::copy(scenario("subagent-spawn").join(name), replay.join(name)).unwrap();
+    }
+    // The child streams a little, then hangs until it is cancelled.
+    let chunks = json!([
+        {"type": "block-start", "index": 0, "blockType": "text"},
+        {"type": "text-delta", "index": 0, "text": "working"}
+    ]);
+    let entry = json!({"kind": "hang", "readyFile": ".child-ready", "chunks": chunks});
+    let hang = json!({"patches": [{"script": 1, "at": 0, "entry": entry}]});
+    std::fs::write(replay.join("replay.override.json"), hang.to_string()).unwrap();
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.initialize(true);
+    let parent = kin.new_session(&cwd);
+    let id =
+        kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
+    let mut frames =
+        kin.until(|f| update(f).is_some_and(|(s, u)| s != parent && u["sessionUpdate"] == "agent_message_chunk"));
+    let (child, index) = first_child(&frames, &parent);
+    nothing_names_before(&frames, &child, index);
+    wait_for(&cwd.join(".child-ready"));
+    kin.notify("session/cancel", json!({"sessionId": child}));
+    frames.extend(kin.until_response(id));
+
+    // The parent carries on: only the child was cancelled.
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+    assert_eq!(text(&frames, &parent, "agent_message_chunk"), "PARENT_DONE");
+    assert_eq!(text(&frames, &child, "agent_message_chunk"), "working");
+    let states = announcements(&frames, &parent, &child);
+    assert_eq!(state_names(&states), ["running", "idle"]);
+    assert_eq!(states.last().unwrap()["state"], json!({"state": "idle", "stopReason": "cancelled"}));
+    let result =
+        updates(&frames, &parent, "tool_call_update").into_iter().rfind(|u| u["toolCallId"] == "call_1").unwrap();
+    assert_eq!(result["status"], "failed");
+    assert_eq!(result["content"][0]["content"]["text"], "Error: subagent run was cancelled");
+    assert_eq!(result["content"][1], json!({"type": "session", "sessionId": child}));
+    kin.stop();
+}
+
+#[test]
+fn without_the_capability_no_subagent_updates_leak() {
+    let (_tmp, cwd, sessions) = dirs();
+    let mut kin = Kin::start(&sessions, &scenario("subagent-spawn"), &cwd);
+    kin.initialize(false);
+    let parent = kin.new_session(&cwd);
+    let id =
+        kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
+    let frames = kin.until_response(id);
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+    for frame in &frames {
+        if let Some((session, u)) = update(frame) {
+            assert_eq!(session, parent, "only the parent's updates: {frame}");
+            let kind = u["sessionUpdate"].as_str().unwrap_or("");
+            assert!(
+                !["subagent_update", "session_message", "session_message_chunk", "usage_update"].contains(&kind),
+                "{frame}"
+            );
+        }
+        assert!(!frame.to_string().contains(r#""type":"session""#), "no session links: {frame}");
+    }
+    let calls: Vec<&Value> =
+        updates(&frames, &parent, "tool_call_update").into_iter().filter(|u| u["toolCallId"] == "call_1").collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["content"], json!([{"type": "content", "content": {"type": "text", "text": "CHILD_OK"}}]));
+    // A child id is still refused for anything but cancel.
+    let store = kin::session::SessionStore::new(&sessions);
+    let child = store.list().into_iter().find(|s| s.header.parent_session.is_some()).unwrap().header.id;
+    let prompt = json!({"sessionId": child, "prompt": [{"type": "text", "text": "hi"}]});
+    refused(&kin.call("session/prompt", prompt), &child);
+    kin.stop();
+}
+
+#[test]
+fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
+    let (_tmp, cwd, sessions) = dirs();
+    let replay = scenario("continuable-followups");
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.initialize(true);
+    let parent = kin.new_session(&cwd);
+    let id = kin.request(
+        "session/prompt",
+        json!({"sessionId": parent, "prompt": [{"type": "text", "text": FOLLOWUPS_PROMPT}]}),
+    );
+    let mut frames = kin.until_response(id);
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+    std::fs::write(cwd.join(".parent-done"), b"").unwrap();
+    wait_for(&cwd.join(".dsh-snapshot-subagent-settled"));
+    // A response is written after every notification queued before it.
+    let fence = kin.request("session/list", json!({}));
+    frames.extend(kin.until_response(fence));
+
+    let (child, index) = first_child(&frames, &parent);
+    nothing_names_before(&frames, &child, index);
+    let link = json!({"type": "session", "sessionId": child});
+    let start = updates(&frames, &parent, "tool_call_update").into_iter().rfind(|u| u["toolCallId"] == "c1").unwrap();
+    assert_eq!(start["status"], "completed");
+    assert_eq!(start["content"][1], link);
+    assert_eq!(text(&frames, &child, "agent_message_chunk"), "CHILD_OKSECOND_OKTHIRD_OK");
+    let states = announcements(&frames, &parent, &child);
+    assert_eq!(state_names(&states), ["running", "idle", "running", "idle", "running", "idle"]);
+    // send_message in both transcripts.
+    let incoming: Vec<&Value> = updates(&frames, &child, "session_message")
+        .into_iter()
+        .filter(|m| m["content"][0]["text"] == "Now reply SECOND_OK.")
+        .collect();
+    assert_eq!(incoming.len(), 1, "{frames:#?}");
+    assert_eq!(incoming[0]["senderSessionId"], parent.as_str());
+    let outgoing = updates(&frames, &parent, "session_message")
+        .into_iter()
+        .find(|m| m["messageId"] == incoming[0]["senderMessageId"])
+        .expect("the outgoing view in the parent's transcript");
+    assert_eq!(outgoing["recipientSessionId"], child.as_str());
+    assert_eq!(outgoing["recipientMessageId"], incoming[0]["messageId"]);
+    kin.stop();
+
+    // After a restart, loading the parent replays the child and re-announces it, idle.
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.initialize(true);
+    // The frames up to the load response, and the notifications after it.
+    let load = |kin: &mut Kin| -> (Vec<Value>, Vec<Value>) {
+        let id = kin.request("session/load", json!({"sessionId": parent, "cwd": cwd, "mcpServers": []}));
+        let before = kin.until_response(id);
+        let fence = kin.request("session/list", json!({}));
+        let mut after = kin.until_response(fence);
+        after.pop();
+        (before, after)
+    };
+    let (before, after) = load(&mut kin);
+    assert!(before.last().unwrap()["result"]["modes"].is_object(), "{before:#?}");
+    let (announced, index) = first_child(&before, &parent);
+    assert_eq!(announced, child);
+    let traffic = before.iter().position(|f| update(f).is_some_and(|(s, _)| s == child)).expect("the child replayed");
+    assert!(index < traffic, "announced before the child's replay");
+    let replayed = announcements(&before, &parent, &child);
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0]["title"], "Reply with CHILD_OK");
+    assert_eq!(replayed[0]["description"], "Reply with exactly CHILD_OK.");
+    assert_eq!(replayed[0]["capabilities"], json!({"cancel": {}}));
+    assert_eq!(replayed[0]["state"], json!({"state": "idle", "stopReason": "end_turn"}));
+    assert_eq!(text(&before, &child, "agent_message_chunk"), "CHILD_OKSECOND_OKTHIRD_OK");
+    let again = announcements(&after, &parent, &child);
+    assert_eq!(again.len(), 1, "re-announced after the response: {after:#?}");
+    assert_eq!(again[0], replayed[0]);
+
+    // Repeated loads give the same answer.
+    let strip = |frames: &[Value]| -> Vec<Value> {
+        frames
+            .iter()
+            .map(|f| {
+                let mut f = f.clone();
+                if let Some(map) = f.as_object_mut() {
+                    map.remove("id");
+                }
+                f
+            })
+            .collect()
+    };
+    let (before_again, after_again) = load(&mut kin);
+    assert_eq!(strip(&before_again), strip(&before));
+    assert_eq!(after_again, after);
+
+    // Close frees the parent; resume reattaches it without replay and re-announces the child.
+    assert_eq!(kin.call("session/close", json!({"sessionId": parent}))["result"], json!({}));
+    let prompt = json!({"sessionId": parent, "prompt": [{"type": "text", "text": "hi"}]});
+    assert_eq!(kin.call("session/prompt", prompt)["error"]["code"], -32602);
+    let id = kin.request("session/resume", json!({"sessionId": parent, "cwd": cwd}));
+    let resumed = kin.until_response(id);
+    assert!(resumed.last().unwrap()["result"]["modes"].is_object(), "{resumed:#?}");
+    assert!(resumed.iter().all(|f| update(f).is_none()), "no replay before the resume response: {resumed:#?}");
+    let fence = kin.request("session/list", json!({}));
+    let after = kin.until_response(fence);
+    assert_eq!(announcements(&after, &parent, &child).len(), 1, "{after:#?}");
+
+    // Fork: a new top-level session seeded with the parent's completed turns.
+    let forked = kin.call("session/fork", json!({"sessionId": parent, "cwd": cwd}));
+    let fork = forked["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{forked}")).to_string();
+    assert!(fork != parent && fork != child);
+    let store = kin::session::SessionStore::new(&sessions);
+    let seeded = store.inspect(&fork).unwrap();
+    assert!(seeded.header.parent_session.is_none());
+    assert!(seeded.events.iter().any(|e| e.kind == "session/end-seed"));
+    let listed = kin.call("session/list", json!({}));
+    assert_eq!(listed["result"]["sessions"].as_array().unwrap().len(), 2, "{listed}");
+    kin.stop();
+}
