@@ -18,40 +18,214 @@ use crate::model::{Model, ModelRoute, text_response};
 use crate::session::{SessionHeader, SessionStore};
 use crate::tools::ToolRegistry;
 
-/// Runs the suite and writes a report to `out`.
-pub async fn run(quick: bool, out: &mut dyn Write) -> Result<()> {
+/// Collects figures, prints them, and compares them with a baseline file when there is one.
+struct Report<'a> {
+    out: &'a mut dyn Write,
+    metrics: serde_json::Map<String, serde_json::Value>,
+    baseline: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl Report<'_> {
+    /// Prints `text`, then the figure's ratio to the baseline (lower is better for every figure
+    /// kin records, except the rates, whose keys end in `_per_s`).
+    fn metric(&mut self, key: &str, value: f64, text: String) -> Result<()> {
+        let ratio = self.baseline.as_ref().and_then(|b| b.get(key)).and_then(serde_json::Value::as_f64).map(|base| {
+            let ratio = if base > 0.0 { value / base } else { 1.0 };
+            let worse = if key.ends_with("_per_s") { ratio < 0.8 } else { ratio > 1.25 };
+            format!(" [{ratio:.2}x baseline{}]", if worse { ", REGRESSION?" } else { "" })
+        });
+        writeln!(self.out, "{text}{}", ratio.unwrap_or_default())?;
+        self.metrics.insert(key.into(), json!((value * 1000.0).round() / 1000.0));
+        Ok(())
+    }
+}
+
+/// Runs the suite and writes a report to `out`; compares with `baseline` (a JSON object of
+/// figures) when it exists, and writes the figures to `save` when given.
+pub async fn run(quick: bool, baseline: &Path, save: Option<&Path>, out: &mut dyn Write) -> Result<()> {
     let tmp = tempfile::tempdir()?;
+    let baseline_figures = std::fs::read_to_string(baseline)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|v| v.get("figures").and_then(|f| f.as_object().cloned()));
     writeln!(out, "kin bench{} — {}", if quick { " --quick" } else { "" }, machine())?;
+    if baseline_figures.is_none() {
+        writeln!(out, "(no baseline at {}; ratios are not shown)", baseline.display())?;
+    }
+    let mut report = Report { out, metrics: serde_json::Map::new(), baseline: baseline_figures };
     let starts = if quick { 10 } else { 30 };
     let (times, rss) = cold_start(tmp.path(), starts)?;
-    writeln!(
-        out,
-        "cold start to initialize response: median {} p99 {} over {starts} starts; RSS after initialize {rss} KiB",
-        ms(median(&times)),
-        ms(p99(&times))
+    report.metric(
+        "cold_start_median_ms",
+        millis(median(&times)),
+        format!(
+            "cold start to initialize response: median {} p99 {} over {starts} starts",
+            ms(median(&times)),
+            ms(p99(&times))
+        ),
     )?;
+    report.metric("rss_after_initialize_kib", rss as f64, format!("RSS after initialize: {rss} KiB"))?;
+    // Fan-out first, while the heap is small, so RSS per idle child is measurable.
+    let fan: &[usize] = if quick { &[10, 100] } else { &[10, 100, 500] };
+    for &n in fan {
+        let (wall, per_child, peak) = fan_out(tmp.path(), n).await?;
+        report.metric(
+            &format!("fan_out_{n}_ms"),
+            millis(wall),
+            format!(
+                "fan-out: {n} concurrent children, one turn each: {} wall; RSS per idle child {per_child:.0} KiB; peak RSS {peak} KiB",
+                ms(wall)
+            ),
+        )?;
+    }
     let turns = if quick { 200 } else { 1000 };
-    let overhead = turn_overhead(tmp.path(), turns).await?;
-    writeln!(
-        out,
-        "turn overhead (scripted model, in process): median {} p99 {} over {turns} turns",
-        ms(median(&overhead)),
-        ms(p99(&overhead))
+    let (first, overhead) = turn_overhead(tmp.path(), turns, None).await?;
+    report.metric(
+        "turn_first_chunk_median_ms",
+        millis(median(&first)),
+        format!(
+            "prompt to first chunk (scripted model, in process): median {} p99 {}",
+            ms(median(&first)),
+            ms(p99(&first))
+        ),
+    )?;
+    report.metric(
+        "turn_overhead_median_ms",
+        millis(median(&overhead)),
+        format!(
+            "turn overhead (scripted model, in process, includes the turn-end fsync): median {} p99 {} over {turns} turns",
+            ms(median(&overhead)),
+            ms(p99(&overhead))
+        ),
+    )?;
+    let server = mock_chat_server().await?;
+    let http_turns = if quick { 100 } else { 1000 };
+    let (first, overhead) = turn_overhead(tmp.path(), http_turns, Some(&server)).await?;
+    report.metric(
+        "http_turn_first_chunk_median_ms",
+        millis(median(&first)),
+        format!(
+            "prompt to first chunk (real HTTP client, loopback mock): median {} p99 {}",
+            ms(median(&first)),
+            ms(p99(&first))
+        ),
+    )?;
+    report.metric(
+        "http_turn_overhead_median_ms",
+        millis(median(&overhead)),
+        format!(
+            "turn overhead (real HTTP client, loopback mock): median {} p99 {} over {http_turns} turns",
+            ms(median(&overhead)),
+            ms(p99(&overhead))
+        ),
+    )?;
+    let (chunks, elapsed, log_bytes) = streaming(tmp.path(), if quick { 20_000 } else { 100_000 }).await?;
+    report.metric(
+        "stream_chunks_per_s",
+        chunks as f64 / elapsed.as_secs_f64(),
+        format!(
+            "streaming: {chunks} chunks in {} = {:.0} chunks/s forwarded, {:.1} MB/s written to the log",
+            ms(elapsed),
+            chunks as f64 / elapsed.as_secs_f64(),
+            log_bytes as f64 / 1e6 / elapsed.as_secs_f64()
+        ),
     )?;
     let (events, elapsed) = append_throughput(tmp.path(), if quick { 20_000 } else { 100_000 })?;
-    writeln!(
-        out,
-        "append: {events} events in {} = {:.0} events/s (fsync every 100 events)",
-        ms(elapsed),
-        events as f64 / elapsed.as_secs_f64()
+    report.metric(
+        "append_events_per_s",
+        events as f64 / elapsed.as_secs_f64(),
+        format!(
+            "append: {events} events in {} = {:.0} events/s (fsync every 100 events)",
+            ms(elapsed),
+            events as f64 / elapsed.as_secs_f64()
+        ),
     )?;
     let sizes: &[usize] = if quick { &[10_000, 100_000] } else { &[10_000, 100_000, 1_000_000] };
     for &n in sizes {
-        let (load, bytes) = load_time(tmp.path(), n)?;
-        writeln!(out, "load of a {n}-event session ({:.1} MB): {}", bytes as f64 / 1e6, ms(load))?;
+        let (load, bytes, rss) = load_time(tmp.path(), n)?;
+        report.metric(
+            &format!("load_{n}_ms"),
+            millis(load),
+            format!(
+                "load of a {n}-event session ({:.1} MB): {}; process RSS after it {rss} KiB",
+                bytes as f64 / 1e6,
+                ms(load)
+            ),
+        )?;
     }
-    catalog(tmp.path(), quick, out)?;
+    catalog(tmp.path(), quick, &mut report)?;
+    if let Some(path) = save {
+        let doc = json!({"machine": machine(), "command": "kin bench", "figures": report.metrics});
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
+        writeln!(report.out, "figures written to {}", path.display())?;
+    }
     Ok(())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// VmRSS and VmHWM (peak) of this process, in KiB.
+fn own_rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A minimal loopback HTTP/1.1 server answering every POST with one short Chat Completions SSE
+/// stream (keep-alive), for the HTTP client's turn overhead. Returns its base URL.
+async fn mock_chat_server() -> Result<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let body = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":null}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: [DONE]\n\n"
+    );
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut reader = TokioBufReader::new(stream);
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut request_body = vec![0; length];
+                    if reader.read_exact(&mut request_body).await.is_err() {
+                        return;
+                    }
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if reader.get_mut().write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(base)
 }
 
 /// Unrelated sessions around the listed parent.
@@ -60,7 +234,7 @@ const CATALOG_UNRELATED: usize = 10_000;
 /// `list_children` latency for D = 10, 100, 1000 direct children with logs of 10 KB (and 1 MB in
 /// the full run) under 10,000 unrelated sessions. Cold: a fresh query (empty derived cache; the
 /// OS page cache is warm, the files were just written). Warm: median of the next five listings.
-fn catalog(tmp: &Path, quick: bool, out: &mut dyn Write) -> Result<()> {
+fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     use crate::session::query::{QueryService, SessionQuery, StoreSource};
     use crate::subagent::catalog::list_children;
     let root = tmp.join("catalog");
@@ -95,11 +269,15 @@ fn catalog(tmp: &Path, quick: bool, out: &mut dyn Write) -> Result<()> {
                 list_children(Some(service), &parent.id, &cancel)?;
                 warm.push(started.elapsed());
             }
-            writeln!(
-                out,
-                "list {d} children ({size} logs) under {CATALOG_UNRELATED} unrelated sessions: cold {}, warm median {}",
-                ms(cold),
-                ms(median(&warm))
+            let key = format!("list_{d}_children_{}_warm_ms", size.replace(' ', "").to_lowercase());
+            report.metric(
+                &key,
+                millis(median(&warm)),
+                format!(
+                    "list {d} children ({size} logs) under {CATALOG_UNRELATED} unrelated sessions: cold {}, warm median {}",
+                    ms(cold),
+                    ms(median(&warm))
+                ),
             )?;
             std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
         }
@@ -218,12 +396,95 @@ fn rss_kib(pid: u32) -> Option<u64> {
     status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
-    let store = SessionStore::new(tmp.join("turns"));
-    let session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
-    let model = Arc::new(ScriptedModel::from_responses((0..turns).map(|_| text_response(&["ok"]))));
+/// Times turns: prompt → first streamed text chunk, and prompt → turn end (flushed). With
+/// `http`, the model is the real Chat Completions client against that base URL.
+async fn turn_overhead(tmp: &Path, turns: usize, http: Option<&str>) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let store = SessionStore::new(tmp.join(if http.is_some() { "turns-http" } else { "turns" }));
+    let mut session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
+    let first_chunk = Arc::new(FirstChunk::default());
+    session.add_observer(first_chunk.clone());
+    let (model, route): (Arc<dyn Model>, ModelRoute) = match http {
+        None => (
+            Arc::new(ScriptedModel::from_responses((0..turns).map(|_| text_response(&["ok"]))).unrecorded()),
+            ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)?,
+        ),
+        Some(base) => {
+            let base = base.to_string();
+            let env = move |key: &str| match key {
+                "DEEPSEEK_BASE_URL" => Some(base.clone()),
+                "DEEPSEEK_API_KEY" => Some("bench".to_string()),
+                _ => None,
+            };
+            let route = ModelRoute::parse("deepseek/deepseek-v4-flash").map_err(anyhow::Error::msg)?;
+            let settings = crate::model::router::ModelSettings::default();
+            (crate::model::router::model_for_route(&route, &settings, &env).map_err(anyhow::Error::msg)?, route)
+        }
+    };
     let deps = AgentDeps {
-        model: model as Arc<dyn Model>,
+        model,
+        tools: ToolRegistry::new(),
+        route,
+        system: String::new(),
+        max_steps: 5,
+        max_parallel_tools: 1,
+        depth: 0,
+        permissions: None,
+        prompt: None,
+        file_access: None,
+    };
+    let agent = spawn_agent(session, deps);
+    let (mut firsts, mut times) = (Vec::with_capacity(turns), Vec::with_capacity(turns));
+    for _ in 0..turns {
+        first_chunk.reset();
+        let started = Instant::now();
+        let end = agent.followup(vec![json!({"type":"text","text":"hi"})], json!({"kind":"user"}))?.await?;
+        times.push(started.elapsed());
+        firsts.push(first_chunk.at().map_or(Duration::ZERO, |at| at.duration_since(started)));
+        anyhow::ensure!(end == TurnEnd::Completed, "bench turn ended {end:?}");
+    }
+    agent.shutdown().await;
+    Ok((firsts, times))
+}
+
+/// Records when the first text delta of a turn was appended (what an editor would see first).
+#[derive(Default)]
+struct FirstChunk(std::sync::Mutex<Option<Instant>>);
+
+impl FirstChunk {
+    fn reset(&self) {
+        if let Ok(mut at) = self.0.lock() {
+            *at = None;
+        }
+    }
+
+    fn at(&self) -> Option<Instant> {
+        self.0.lock().ok().and_then(|at| *at)
+    }
+}
+
+impl crate::session::SessionObserver for FirstChunk {
+    fn on_event(&self, _: &SessionHeader, event: &crate::session::Event) {
+        if event.kind == "assistant/chunk"
+            && event.data["chunk"]["type"] == "text-delta"
+            && let Ok(mut at) = self.0.lock()
+            && at.is_none()
+        {
+            *at = Some(Instant::now());
+        }
+    }
+}
+
+/// One turn streaming `chunks` text deltas through the agent: chunks forwarded per second and
+/// log bytes written per second.
+async fn streaming(tmp: &Path, chunks: usize) -> Result<(usize, Duration, u64)> {
+    let store = SessionStore::new(tmp.join("stream"));
+    let id = uuid::Uuid::new_v4().to_string();
+    let session = store.create(SessionHeader::new(id.clone(), 0, Some("/bench".into())))?;
+    let pieces: Vec<String> = (0..chunks).map(|i| format!("token{i} ")).collect();
+    let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let model = Arc::new(ScriptedModel::from_responses([text_response(&refs)]).unrecorded());
+    let deps = AgentDeps {
+        model,
         tools: ToolRegistry::new(),
         route: ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)?,
         system: String::new(),
@@ -235,15 +496,53 @@ async fn turn_overhead(tmp: &Path, turns: usize) -> Result<Vec<Duration>> {
         file_access: None,
     };
     let agent = spawn_agent(session, deps);
-    let mut times = Vec::with_capacity(turns);
-    for _ in 0..turns {
-        let started = Instant::now();
-        let end = agent.followup(vec![json!({"type":"text","text":"hi"})], json!({"kind":"user"}))?.await?;
-        times.push(started.elapsed());
-        anyhow::ensure!(end == TurnEnd::Completed, "bench turn ended {end:?}");
-    }
+    let started = Instant::now();
+    agent.followup(vec![json!({"type":"text","text":"stream"})], json!({"kind":"user"}))?.await?;
+    let elapsed = started.elapsed();
     agent.shutdown().await;
-    Ok(times)
+    let bytes = store.locate(&id)?.map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len()));
+    Ok((chunks, elapsed, bytes))
+}
+
+/// `n` agents (sessions with their actors, as in-process children are) each running one turn
+/// at once: wall time, then RSS per idle agent and the process's peak RSS.
+async fn fan_out(tmp: &Path, n: usize) -> Result<(Duration, f64, u64)> {
+    let store = SessionStore::new(tmp.join(format!("fan-{n}")));
+    let model: Arc<dyn Model> =
+        Arc::new(ScriptedModel::from_responses((0..n).map(|_| text_response(&["done"]))).unrecorded());
+    let (before, _) = own_rss();
+    let started = Instant::now();
+    let mut agents = Vec::with_capacity(n);
+    let mut turns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut header = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into()));
+        header.origin = Some("subagent".into());
+        header.delegation_depth = 1;
+        let session = store.create(header)?;
+        let deps = AgentDeps {
+            model: model.clone(),
+            tools: ToolRegistry::new(),
+            route: ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)?,
+            system: String::new(),
+            max_steps: 5,
+            max_parallel_tools: 1,
+            depth: 1,
+            permissions: None,
+            prompt: None,
+            file_access: None,
+        };
+        let agent = spawn_agent(session, deps);
+        turns.push(agent.followup(vec![json!({"type":"text","text":"go"})], json!({"kind":"user"}))?);
+        agents.push(agent);
+    }
+    for turn in turns {
+        turn.await?;
+    }
+    let wall = started.elapsed();
+    let (after, peak) = own_rss();
+    let per_child = after.saturating_sub(before) as f64 / n as f64;
+    futures::future::join_all(agents.iter().map(crate::agent::AgentHandle::shutdown)).await;
+    Ok((wall, per_child, peak))
 }
 
 fn append_throughput(tmp: &Path, n: usize) -> Result<(usize, Duration)> {
@@ -263,7 +562,7 @@ fn append_throughput(tmp: &Path, n: usize) -> Result<(usize, Duration)> {
     Ok((n, started.elapsed()))
 }
 
-fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64)> {
+fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64, u64)> {
     let store = SessionStore::new(tmp.join(format!("load-{n}")));
     let id = uuid::Uuid::new_v4().to_string();
     let mut session = store.create(SessionHeader::new(id.clone(), 0, Some("/bench".into())))?;
@@ -288,5 +587,7 @@ fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64)> {
     let loaded = store.load(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
     let elapsed = started.elapsed();
     anyhow::ensure!(loaded.events().len() >= n, "loaded {} of {n} events", loaded.events().len());
-    Ok((elapsed, bytes))
+    let (rss, _) = own_rss();
+    drop(loaded);
+    Ok((elapsed, bytes, rss))
 }

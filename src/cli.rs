@@ -41,6 +41,12 @@ pub enum Command {
         /// A reduced set that runs in well under two minutes.
         #[arg(long)]
         quick: bool,
+        /// Figures to compare with (ratios are printed; a regression is flagged).
+        #[arg(long, value_name = "PATH", default_value = "bench/baseline.json")]
+        baseline: PathBuf,
+        /// Write this run's figures here (e.g. to refresh the baseline).
+        #[arg(long, value_name = "PATH")]
+        save: Option<PathBuf>,
     },
     /// Inspect stored sessions.
     Sessions {

@@ -43,6 +43,22 @@ fn to_acp(error: RuntimeError) -> Error {
     }
 }
 
+/// Fuzzing entry (see `fuzz/`): runs kin's own checks on a value as `session/new`,
+/// `session/prompt` and `session/load` params. Never panics.
+#[doc(hidden)]
+pub fn fuzz_params(value: &serde_json::Value) {
+    if let Ok(prompt) = serde_json::from_value::<PromptRequest>(value.clone()) {
+        let _ = convert::prompt_content(&prompt.prompt);
+        let _ = crate::session::layout::validate_session_id(&prompt.session_id.0);
+    }
+    if let Ok(new) = serde_json::from_value::<NewSessionRequest>(value.clone()) {
+        let _ = new.cwd.is_absolute();
+    }
+    if let Ok(load) = serde_json::from_value::<LoadSessionRequest>(value.clone()) {
+        let _ = crate::session::layout::validate_session_id(&load.session_id.0);
+    }
+}
+
 /// The id of kin's one session config option: the model route.
 const MODEL_OPTION: &str = "model";
 

@@ -111,6 +111,8 @@ pub struct ScriptedModel {
     /// Queues reserved for sessions whose prompt (last user message) matches, checked first.
     routed: Mutex<Vec<(String, VecDeque<ReplayEntry>)>>,
     requests: Mutex<Vec<ModelRequest>>,
+    /// False when requests are not kept (benchmarks: a long session's histories add up).
+    record: bool,
 }
 
 impl ScriptedModel {
@@ -119,7 +121,14 @@ impl ScriptedModel {
             entries: Mutex::new(entries.into_iter().collect()),
             routed: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
+            record: true,
         }
+    }
+
+    /// The same model, keeping no copy of the requests it serves.
+    pub fn unrecorded(mut self) -> Self {
+        self.record = false;
+        self
     }
 
     /// Reserves `entries` for calls whose prompt is `prompt` (so concurrent sessions get
@@ -146,7 +155,9 @@ impl Model for ScriptedModel {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
         let cwd = request.cwd.clone();
         let prompt = super::replay::prompt_of(&request.messages);
-        if let Ok(mut requests) = self.requests.lock() {
+        if self.record
+            && let Ok(mut requests) = self.requests.lock()
+        {
             requests.push(request);
         }
         let routed = self.routed.lock().ok().and_then(|mut routed| {
