@@ -49,14 +49,48 @@ impl std::fmt::Display for ScanError {
 
 impl std::error::Error for ScanError {}
 
+/// A header line longer than this is not a header.
+const HEADER_LIMIT: u64 = 1 << 20;
+
 /// Reads and scans the log at `path`.
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
-    let meta = std::fs::metadata(path).map_err(|e| io_error(path, &e))?;
-    if !meta.is_file() {
-        return Err(ScanError::Io { path: path.to_path_buf(), message: "not a regular file".into() });
+    use std::io::Read;
+    let mut file = open_log(path).map_err(|e| io_error(path, &e))?;
+    // Check the header before reading the rest: a huge file of garbage is refused at once.
+    let mut bytes = Vec::new();
+    (&mut file).take(HEADER_LIMIT).read_to_end(&mut bytes).map_err(|e| io_error(path, &e))?;
+    let header_end = bytes.iter().position(|b| *b == b'\n');
+    let header_ok = header_end
+        .and_then(|end| std::str::from_utf8(&bytes[..end]).ok())
+        .is_some_and(|line| SessionHeader::parse(line).is_ok());
+    if !header_ok {
+        return scan_bytes(path, &bytes[..header_end.map_or(bytes.len(), |e| e + 1)]);
     }
-    let bytes = std::fs::read(path).map_err(|e| io_error(path, &e))?;
+    file.read_to_end(&mut bytes).map_err(|e| io_error(path, &e))?;
     scan_bytes(path, &bytes)
+}
+
+/// Opens a log for reading without following a symlink and without blocking on a FIFO, and
+/// refuses anything that is not a regular file (a directory, a FIFO, a device).
+pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file =
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(
+            |e| {
+                if e.raw_os_error() == Some(libc::ELOOP) {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "the session log is a symlink, which kin does not follow",
+                    )
+                } else {
+                    e
+                }
+            },
+        )?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    Ok(file)
 }
 
 fn io_error(path: &Path, e: &std::io::Error) -> ScanError {

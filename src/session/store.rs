@@ -182,12 +182,11 @@ impl SessionStore {
 }
 
 fn read_header(path: &Path) -> Result<Option<StoredSession>, String> {
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() => meta,
-        Ok(_) => return Err("not a regular file".into()),
-        Err(_) => return Ok(None),
-    };
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let file = super::scan::open_log(path).map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
     let mut line = String::new();
     std::io::BufReader::new(file).take_line(&mut line)?;
     let header = SessionHeader::parse(line.trim_end_matches('\n'))?;
