@@ -144,6 +144,23 @@ fn acp_delegate_config(agent: &crate::subagent::acp_provider::AcpAgentConfig) ->
     }
 }
 
+impl Runtime {
+    /// The permissions of the live top-level session above `parent` (walking up through live
+    /// children), if there is one.
+    fn root_permissions(&self, parent: Option<&str>) -> Option<Arc<Permissions>> {
+        let children = self.children();
+        let live = self.live();
+        let mut cursor = parent.map(str::to_string);
+        while let Some(id) = cursor {
+            if let Some(entry) = live.get(&id) {
+                return Some(entry.permissions.clone());
+            }
+            cursor = children.get(&id).and_then(|c| c.parent.clone());
+        }
+        None
+    }
+}
+
 impl ChildFactory for Runtime {
     fn mint_id(&self) -> String {
         self.mint_session_id()
@@ -169,9 +186,13 @@ impl ChildFactory for Runtime {
         for tool in extra_tools {
             tools.register(tool);
         }
-        // Children run ungated for now (no permissions, no editor): their file tools keep the
-        // workspace check, and their prompt is built fresh (not recorded).
+        // Children share their top-level ancestor's permissions (its mode and remembered answers)
+        // and ask the same editor, with their own session id; their prompt is built fresh.
         let cwd = session.header.cwd.clone();
+        let permissions = self
+            .root_permissions(session.header.parent_session.as_deref())
+            .unwrap_or_else(|| Arc::new(Permissions::new(self.config.permission_mode)));
+        let client = self.client();
         let system =
             self.build_prompt(cwd.as_deref().map(Path::new), &tools.names(), persona.as_deref()).unwrap_or_else(|e| {
                 tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
@@ -185,12 +206,12 @@ impl ChildFactory for Runtime {
             max_steps: self.config.max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
             depth: session.header.delegation_depth,
-            permissions: None,
-            prompt: None,
-            file_access: None,
+            permissions: Some(permissions),
+            prompt: client.prompt.clone(),
+            file_access: client.files.clone(),
         };
         // An editor watching the agent tree sees the child from before its first event.
-        if let Some(observers) = self.client().children {
+        if let Some(observers) = client.children {
             let observer = observers.child_observer(&session, &display);
             session.add_observer(observer);
         }

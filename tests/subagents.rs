@@ -265,3 +265,36 @@ async fn children_are_never_listed_as_top_level_sessions() {
     assert!(names.contains(&"subagent") && !names.contains(&"subagent_fork"), "{names:?}");
     rt.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_child_inherits_its_parents_permission_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![
+        chunks(tool_call_response("c1", "subagent", r#"{"description":"d","prompt":"run a command"}"#)),
+        chunks(tool_call_response("b1", "bash", r#"{"command":"touch escaped","description":"try"}"#)),
+        chunks(text_response(&["could not"])),
+        chunks(text_response(&["parent done"])),
+    ];
+    let config_path = dir.path().join("config.toml");
+    std::fs::write(&config_path, "permission_mode = \"read-only\"\n").unwrap();
+    let overrides =
+        Overrides { config: Some(config_path), sessions: Some(dir.path().join("sessions")), ..Default::default() };
+    let config = Config::resolve(&overrides, &|_| None).unwrap();
+    let mut tools = ToolRegistry::new();
+    kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
+    let rt = Runtime::new(config, Arc::new(ScriptedModel::new(entries)) as Arc<dyn Model>, tools).unwrap();
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    assert_eq!(rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap().await.unwrap(), TurnEnd::Completed);
+    assert!(!cwd.join("escaped").exists(), "the child's bash did not run");
+    let child =
+        rt.store().list().into_iter().find(|s| s.header.parent_session.as_deref() == Some(id.as_str())).unwrap();
+    let events = rt.store().inspect(&child.header.id).unwrap().events;
+    let result = events.iter().find(|e| e.kind == "tool/result").unwrap();
+    assert_eq!(
+        result.data["message"]["content"][0]["content"][0]["text"],
+        "Error: bash is not allowed in read-only mode"
+    );
+    rt.shutdown().await;
+}
