@@ -147,6 +147,11 @@ fn acp_delegate_config(agent: &crate::subagent::acp_provider::AcpAgentConfig) ->
 impl Runtime {
     /// The permissions of the live top-level session above `parent` (walking up through live
     /// children), if there is one.
+    /// The parent of a live child session.
+    pub fn parent_of(&self, id: &str) -> Option<String> {
+        self.children().get(id).and_then(|c| c.parent.clone())
+    }
+
     fn root_permissions(&self, parent: Option<&str>) -> Option<Arc<Permissions>> {
         let children = self.children();
         let live = self.live();

@@ -32,13 +32,17 @@ struct Kin {
 
 impl Kin {
     fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
+        Kin::start_in_mode(sessions, replay, cwd, "bypass")
+    }
+
+    fn start_in_mode(sessions: &Path, replay: &Path, cwd: &Path, mode: &str) -> Kin {
         let mut command = Command::new(KIN);
         command
             .args(["acp", "--sessions"])
             .arg(sessions)
             .arg("--replay")
             .arg(replay)
-            .args(["--config", "/dev/null", "--permission-mode", "bypass"])
+            .args(["--config", "/dev/null", "--permission-mode", mode])
             .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -488,5 +492,105 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
     assert!(seeded.events.iter().any(|e| e.kind == "session/end-seed"));
     let listed = kin.call("session/list", json!({}));
     assert_eq!(listed["result"]["sessions"].as_array().unwrap().len(), 2, "{listed}");
+    kin.stop();
+}
+
+/// A replay log of chunk groups `(turn, step, chunks)`, optionally led by the session's prompt.
+fn script(path: &Path, prompt: Option<&str>, groups: &[(u64, u64, Vec<Value>)]) {
+    let mut lines = vec![json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":u64::from(prompt.is_some()),"delegationDepth":0}).to_string()];
+    let mut seq = 0;
+    if let Some(prompt) = prompt {
+        lines.push(json!({"type":"user/message","seq":0,"time":0,"data":{"content":[{"type":"text","text":prompt}],"source":{"kind":"user"},"role":"user","id":"m"},"surfaceOp":"append"}).to_string());
+        seq = 1;
+    }
+    for (turn, step, chunks) in groups {
+        for chunk in chunks {
+            lines.push(
+                json!({"type":"assistant/chunk","seq":seq,"time":0,"data":{"turn":turn,"step":step,"chunk":chunk}})
+                    .to_string(),
+            );
+            seq += 1;
+        }
+    }
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+fn call_chunks(id: &str, name: &str, args: Value) -> Vec<Value> {
+    let args = args.to_string();
+    vec![
+        json!({"type":"block-start","index":0,"blockType":"tool-call"}),
+        json!({"type":"tool-call-delta","index":0,"id":id,"name":name,"argumentsDelta":args}),
+        json!({"type":"block-end","index":0,"block":{"type":"tool-call","id":id,"name":name,"arguments":args}}),
+        json!({"type":"finish","reason":{"kind":"tool-calls"}}),
+    ]
+}
+
+fn text_chunks(text: &str) -> Vec<Value> {
+    vec![
+        json!({"type":"block-start","index":0,"blockType":"text"}),
+        json!({"type":"text-delta","index":0,"text":text}),
+        json!({"type":"block-end","index":0,"block":{"type":"text","text":text}}),
+        json!({"type":"finish","reason":{"kind":"stop"}}),
+    ]
+}
+
+#[test]
+fn a_child_waiting_on_permission_is_shown_as_requiring_action() {
+    let (_tmp, cwd, sessions) = dirs();
+    let replay = cwd.parent().unwrap().join("replay-permission");
+    std::fs::create_dir_all(&replay).unwrap();
+    script(
+        &replay.join("session.jsonl"),
+        None,
+        &[
+            (1, 1, call_chunks("d1", "subagent", json!({"description": "Run it", "prompt": "Run echo hi."}))),
+            (1, 2, text_chunks("done")),
+        ],
+    );
+    script(
+        &replay.join("session.1.jsonl"),
+        Some("Run echo hi."),
+        &[
+            (1, 1, call_chunks("b1", "bash", json!({"command": "echo hi", "description": "say hi"}))),
+            (1, 2, text_chunks("ran")),
+        ],
+    );
+    let mut kin = Kin::start_in_mode(&sessions, &replay, &cwd, "ask");
+    kin.initialize(true);
+    let parent = kin.new_session(&cwd);
+    let prompt =
+        kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": "go"}]}));
+    let mut frames = Vec::new();
+    loop {
+        let frame = kin.frame();
+        if frame["method"] == "session/request_permission" {
+            assert_ne!(frame["params"]["sessionId"], json!(parent), "the request carries the child's session id");
+            let answer = json!({"jsonrpc": "2.0", "id": frame["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow-once"}}});
+            frames.push(frame);
+            kin.send(answer);
+            continue;
+        }
+        let done = frame["id"] == json!(prompt) && frame.get("method").is_none();
+        frames.push(frame);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn");
+    let asked = frames.iter().position(|f| f["method"] == "session/request_permission").expect("the child asked");
+    let child = frames[asked]["params"]["sessionId"].as_str().unwrap().to_string();
+    let states: Vec<(usize, String)> = frames
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| {
+            f["params"]["sessionId"] == json!(parent)
+                && f["params"]["update"]["sessionUpdate"] == "subagent_update"
+                && f["params"]["update"]["sessionId"] == json!(child)
+        })
+        .filter_map(|(i, f)| f["params"]["update"]["state"]["state"].as_str().map(|s| (i, s.to_string())))
+        .collect();
+    let waiting = states.iter().find(|(_, s)| s == "requires_action").expect("requires_action was sent");
+    assert!(waiting.0 < asked, "requires_action comes before the request: {states:?}");
+    assert!(states.iter().any(|(i, s)| *i > asked && s == "running"), "running again after the answer: {states:?}");
     kin.stop();
 }

@@ -28,8 +28,17 @@ pub const ALLOW_ALWAYS: &str = "allow-always";
 pub const REJECT_ONCE: &str = "reject-once";
 pub const REJECT_ALWAYS: &str = "reject-always";
 
-/// The client link for a connection whose client advertised these file capabilities.
-pub fn link(cx: &ConnectionTo<Client>, read_text_file: bool, write_text_file: bool) -> ClientLink {
+/// Finds the parent of a child session (for clients that watch the agent tree).
+pub type ParentOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The client link for a connection whose client advertised these file capabilities; with
+/// `parent_of`, a child waiting on a permission answer shows as `requires_action`.
+pub fn link(
+    cx: &ConnectionTo<Client>,
+    read_text_file: bool,
+    write_text_file: bool,
+    parent_of: Option<ParentOf>,
+) -> ClientLink {
     let files: Option<Arc<dyn FileAccess>> = if read_text_file || write_text_file {
         let editor = EditorFiles { cx: cx.clone(), read: read_text_file, write: write_text_file };
         Some(Arc::new(editor) as Arc<dyn FileAccess>)
@@ -37,7 +46,7 @@ pub fn link(cx: &ConnectionTo<Client>, read_text_file: bool, write_text_file: bo
         None
     };
     ClientLink {
-        prompt: Some(Arc::new(EditorPrompt { cx: cx.clone() }) as Arc<dyn PermissionPrompt>),
+        prompt: Some(Arc::new(EditorPrompt { cx: cx.clone(), parent_of }) as Arc<dyn PermissionPrompt>),
         files,
         children: None,
     }
@@ -46,6 +55,7 @@ pub fn link(cx: &ConnectionTo<Client>, read_text_file: bool, write_text_file: bo
 /// Asks through `session/request_permission`.
 struct EditorPrompt {
     cx: ConnectionTo<Client>,
+    parent_of: Option<ParentOf>,
 }
 
 fn options() -> Vec<PermissionOption> {
@@ -74,7 +84,12 @@ fn answer_of(outcome: &RequestPermissionOutcome) -> PermissionAnswer {
 impl PermissionPrompt for EditorPrompt {
     fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
         let cx = self.cx.clone();
+        let parent = self.parent_of.as_ref().and_then(|find| find(&request.session_id));
         async move {
+            let child = request.session_id.clone();
+            if let Some(parent) = &parent {
+                super::tree::waiting_on_user(&cx, parent, &child, true);
+            }
             let fields = ToolCallUpdateFields::new()
                 .title(request.title)
                 .kind(convert::tool_kind(&request.tool))
@@ -84,13 +99,17 @@ impl PermissionPrompt for EditorPrompt {
                 ToolCallUpdate::new(request.call_id, fields),
                 options(),
             );
-            match cx.send_request(ask).block_task().await {
+            let answer = match cx.send_request(ask).block_task().await {
                 Ok(response) => answer_of(&response.outcome),
                 Err(e) => {
                     tracing::debug!("permission request failed (treated as a rejection): {e}");
                     PermissionAnswer::Dismissed
                 }
+            };
+            if let Some(parent) = &parent {
+                super::tree::waiting_on_user(&cx, parent, &child, false);
             }
+            answer
         }
         .boxed()
     }

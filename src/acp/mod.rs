@@ -97,9 +97,13 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
             async move |req: InitializeRequest, responder, cx: ConnectionTo<Client>| {
                 // Permission requests always go to the client; files only when it offers them.
                 let fs = &req.client_capabilities.fs;
-                let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file);
                 // The agent tree is shown only to clients that advertised subagent sessions.
                 let subagents = req.client_capabilities.subagents.is_some();
+                let parent_of: Option<client::ParentOf> = subagents.then(|| {
+                    let runtime = Arc::downgrade(&rt_init);
+                    Arc::new(move |id: &str| runtime.upgrade().and_then(|rt| rt.parent_of(id))) as client::ParentOf
+                });
+                let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file, parent_of);
                 tree_init.set_enabled(subagents);
                 if subagents {
                     let children = ChildForwarders { cx: cx.clone(), tree: tree_init.clone() };

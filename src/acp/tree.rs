@@ -21,9 +21,9 @@ use agent_client_protocol::Client;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     ContentBlock, Error as SchemaError, ErrorStopReason, IdleStateUpdate, IdleStopReason, MessageId,
-    RunningStateUpdate, SessionCancelCapabilities, SessionId, SessionMessage, SessionNotification, SessionReference,
-    SessionUpdate, StateUpdate, SubagentSessionCapabilities, SubagentUpdate, TextContent, ToolCallContent,
-    ToolCallUpdate, ToolCallUpdateFields, UsageUpdate,
+    RequiresActionStateUpdate, RunningStateUpdate, SessionCancelCapabilities, SessionId, SessionMessage,
+    SessionNotification, SessionReference, SessionUpdate, StateUpdate, SubagentSessionCapabilities, SubagentUpdate,
+    TextContent, ToolCallContent, ToolCallUpdate, ToolCallUpdateFields, UsageUpdate,
 };
 use serde_json::{Value, json};
 
@@ -301,6 +301,12 @@ fn announcement(
         update = update.cwd(PathBuf::from(cwd));
     }
     update
+}
+
+/// Tells the editor a child waits on the user (`requires_action`), or works again (`running`).
+pub fn waiting_on_user(cx: &ConnectionTo<Client>, parent: &str, child: &str, waiting: bool) {
+    let state = if waiting { StateUpdate::RequiresAction(RequiresActionStateUpdate::new()) } else { running() };
+    notify(cx, parent, SessionUpdate::SubagentUpdate(SubagentUpdate::new(child.to_string()).state(state)));
 }
 
 fn running() -> StateUpdate {
