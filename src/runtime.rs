@@ -179,7 +179,9 @@ impl ChildFactory for Runtime {
     }
 
     fn load_session(&self, id: &str) -> Result<Session, String> {
-        self.store.load(id).map_err(|e| e.to_string())
+        let session = self.store.load(id).map_err(|e| e.to_string())?;
+        self.model.session_loaded(id, session.events());
+        Ok(session)
     }
 
     fn start_agent(&self, mut session: Session, setup: ChildSetup) -> AgentHandle {
@@ -389,6 +391,11 @@ impl Runtime {
         match self.live().get(session_id) {
             Some(entry) => {
                 entry.permissions.set_mode(mode);
+                // Recorded so that a later `session/load` keeps the mode.
+                entry
+                    .handle
+                    .inject_log("session/mode", json!({"mode": mode.id()}))
+                    .map_err(|e| RuntimeError::Internal(e.to_string()))?;
                 Ok(())
             }
             None => Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}"))),
@@ -469,7 +476,15 @@ impl Runtime {
     /// Starts the agent of a top-level session in the configured permission mode.
     fn start(&self, session: crate::session::Session, system: String) {
         let id = session.id().to_string();
-        let permissions = Arc::new(Permissions::new(self.config.permission_mode));
+        // A mode chosen with `session/set_mode` before a restart stays chosen.
+        let mode = session
+            .events()
+            .iter()
+            .rev()
+            .find(|e| e.kind == "session/mode")
+            .and_then(|e| e.data["mode"].as_str().and_then(PermissionMode::parse))
+            .unwrap_or(self.config.permission_mode);
+        let permissions = Arc::new(Permissions::new(mode));
         let handle = spawn_agent(session, self.deps(&permissions, system));
         let model = Mutex::new(self.config.model.clone());
         self.live().insert(id, Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)), permissions, model });
@@ -582,6 +597,7 @@ impl Runtime {
             return Err(subagent_only(session_id));
         }
         let events = session.events().to_vec();
+        self.model.session_loaded(session_id, &events);
         // A resumed session keeps the prompt it was created with.
         let system = match prompt::recorded(&events) {
             Some(text) => text,

@@ -91,6 +91,10 @@ pub trait Model: Send + Sync {
         Vec::new()
     }
 
+    /// Hears that a stored session was loaded with these events (replay: the calls its log
+    /// already holds count as made).
+    fn session_loaded(&self, _session_id: &str, _events: &[crate::session::Event]) {}
+
     /// The session id to use for the next new session, when the model pins them (replay).
     fn next_session_id(&self) -> Option<String> {
         None

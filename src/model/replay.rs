@@ -22,6 +22,8 @@ use crate::session::scan::scan_file;
 #[derive(Debug)]
 struct Script {
     name: String,
+    /// The recorded session's id.
+    id: String,
     /// The first user prompt of the recorded session (after any lineage seed).
     prompt: Option<String>,
     bound: bool,
@@ -87,7 +89,8 @@ impl ReplayModel {
         for (n, (path, scanned)) in logs.into_iter().enumerate() {
             let id = &scanned.header.id;
             let usable = validate_session_id(id).is_ok() && is_uuid(id);
-            state.ids.push_back(if usable { id.clone() } else { sequential_id(n as u64 + 1) });
+            let minted = if usable { id.clone() } else { sequential_id(n as u64 + 1) };
+            state.ids.push_back(minted.clone());
             let seed_length = scanned.header.seed_length.unwrap_or(0);
             let prompt = scanned
                 .events
@@ -97,7 +100,7 @@ impl ReplayModel {
             let entries =
                 derive_entries(scanned.events.iter().filter(|e| e.kind == "assistant/chunk").map(|e| &e.data));
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
-            state.scripts.push(Script { name, prompt, bound: false, recorded: entries.len(), entries });
+            state.scripts.push(Script { id: minted, name, prompt, bound: false, recorded: entries.len(), entries });
         }
         let override_path = dir.join("replay.override.json");
         if override_path.exists() {
@@ -220,6 +223,23 @@ impl Model for ReplayModel {
             .map(|s| format!("{}: {} of {} recorded model calls were not made", s.name, s.entries.len(), s.recorded))
             .collect();
         if unused.is_empty() { Ok(()) } else { Err(unused.join("; ")) }
+    }
+
+    fn session_loaded(&self, session_id: &str, events: &[crate::session::Event]) {
+        let Ok(mut state) = self.state.lock() else { return };
+        let index = match state.bindings.get(session_id) {
+            Some(&i) => Some(i),
+            None => state.scripts.iter().position(|s| !s.bound && s.id == session_id),
+        };
+        let Some(i) = index else { return };
+        state.bindings.insert(session_id.to_string(), i);
+        state.scripts[i].bound = true;
+        let done: std::collections::HashSet<(u64, u64)> = events
+            .iter()
+            .filter(|e| e.kind == "assistant/chunk")
+            .map(|e| (e.data["turn"].as_u64().unwrap_or(0), e.data["step"].as_u64().unwrap_or(0)))
+            .collect();
+        state.scripts[i].entries.retain(|(key, _)| key.is_none_or(|k| !done.contains(&k)));
     }
 
     fn next_session_id(&self) -> Option<String> {
