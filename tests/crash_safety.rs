@@ -104,7 +104,7 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
                 json!({"sessionId": id, "prompt": [{"type": "text", "text": format!("p{kill}.{n}")}]}),
             );
         }
-        let kill_after = Duration::from_micros(rng.u64(0..6_000));
+        let kill_after = Duration::from_micros(rng.u64(0..10_000));
         let started = std::time::Instant::now();
         for n in 0..prompts {
             let Some(left) = kill_after.checked_sub(started.elapsed()) else { break };
@@ -130,7 +130,7 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
         );
     }
     eprintln!("{acknowledged} turns acknowledged across {KILLS} kills");
-    assert!(acknowledged > KILLS / 4, "the kills should land both before and after acknowledgements");
+    assert!(acknowledged >= 10, "the kills should land both before and after acknowledgements");
     let log = store.load(session.as_deref().unwrap()).expect("the final log loads (repairing)");
     assert!(log.events().len() > KILLS, "the session grew across {KILLS} kills");
 }
