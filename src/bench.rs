@@ -78,47 +78,26 @@ pub async fn run(quick: bool, baseline: &Path, save: Option<&Path>, out: &mut dy
             ),
         )?;
     }
-    let turns = if quick { 200 } else { 1000 };
-    let (first, overhead) = turn_overhead(tmp.path(), turns, None).await?;
-    report.metric(
-        "turn_first_chunk_median_ms",
-        millis(median(&first)),
-        format!(
-            "prompt to first chunk (scripted model, in process): median {} p99 {}",
-            ms(median(&first)),
-            ms(p99(&first))
-        ),
-    )?;
-    report.metric(
-        "turn_overhead_median_ms",
-        millis(median(&overhead)),
-        format!(
-            "turn overhead (scripted model, in process, includes the turn-end fsync): median {} p99 {} over {turns} turns",
-            ms(median(&overhead)),
-            ms(p99(&overhead))
-        ),
-    )?;
     let server = mock_chat_server().await?;
-    let http_turns = if quick { 100 } else { 1000 };
-    let (first, overhead) = turn_overhead(tmp.path(), http_turns, Some(&server)).await?;
-    report.metric(
-        "http_turn_first_chunk_median_ms",
-        millis(median(&first)),
-        format!(
-            "prompt to first chunk (real HTTP client, loopback mock): median {} p99 {}",
-            ms(median(&first)),
-            ms(p99(&first))
-        ),
-    )?;
-    report.metric(
-        "http_turn_overhead_median_ms",
-        millis(median(&overhead)),
-        format!(
-            "turn overhead (real HTTP client, loopback mock): median {} p99 {} over {http_turns} turns",
-            ms(median(&overhead)),
-            ms(p99(&overhead))
-        ),
-    )?;
+    let runs: [(&str, &str, Option<&str>, usize); 2] = [
+        ("turn", "scripted model, in process, includes the turn-end fsync", None, if quick { 200 } else { 1000 }),
+        ("http_turn", "real HTTP client, loopback mock", Some(server.as_str()), if quick { 100 } else { 1000 }),
+    ];
+    for (key, what, http, turns) in runs {
+        let (first, overhead) = turn_overhead(tmp.path(), turns, http).await?;
+        let (first_med, first_p99) = (median(&first), p99(&first));
+        report.metric(
+            &format!("{key}_first_chunk_median_ms"),
+            millis(first_med),
+            format!("prompt to first chunk ({what}): median {} p99 {}", ms(first_med), ms(first_p99)),
+        )?;
+        let (med, p) = (median(&overhead), p99(&overhead));
+        report.metric(
+            &format!("{key}_overhead_median_ms"),
+            millis(med),
+            format!("turn overhead ({what}): median {} p99 {} over {turns} turns", ms(med), ms(p)),
+        )?;
+    }
     let (chunks, elapsed, log_bytes) = streaming(tmp.path(), if quick { 20_000 } else { 100_000 }).await?;
     report.metric(
         "stream_chunks_per_s",
@@ -406,7 +385,7 @@ async fn turn_overhead(tmp: &Path, turns: usize, http: Option<&str>) -> Result<(
     let (model, route): (Arc<dyn Model>, ModelRoute) = match http {
         None => (
             Arc::new(ScriptedModel::from_responses((0..turns).map(|_| text_response(&["ok"]))).unrecorded()),
-            ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)?,
+            scripted_route()?,
         ),
         Some(base) => {
             let base = base.to_string();
@@ -420,18 +399,7 @@ async fn turn_overhead(tmp: &Path, turns: usize, http: Option<&str>) -> Result<(
             (crate::model::router::model_for_route(&route, &settings, &env).map_err(anyhow::Error::msg)?, route)
         }
     };
-    let deps = AgentDeps {
-        model,
-        tools: ToolRegistry::new(),
-        route,
-        system: String::new(),
-        max_steps: 5,
-        max_parallel_tools: 1,
-        depth: 0,
-        permissions: None,
-        prompt: None,
-        file_access: None,
-    };
+    let deps = bench_deps(model, route, 0);
     let agent = spawn_agent(session, deps);
     let (mut firsts, mut times) = (Vec::with_capacity(turns), Vec::with_capacity(turns));
     for _ in 0..turns {
@@ -444,6 +412,26 @@ async fn turn_overhead(tmp: &Path, turns: usize, http: Option<&str>) -> Result<(
     }
     agent.shutdown().await;
     Ok((firsts, times))
+}
+
+/// The deps of a benchmark agent: no tools, no permissions, no editor.
+fn bench_deps(model: Arc<dyn Model>, route: ModelRoute, depth: u64) -> AgentDeps {
+    AgentDeps {
+        model,
+        tools: ToolRegistry::new(),
+        route,
+        system: String::new(),
+        max_steps: 5,
+        max_parallel_tools: 1,
+        depth,
+        permissions: None,
+        prompt: None,
+        file_access: None,
+    }
+}
+
+fn scripted_route() -> Result<ModelRoute> {
+    ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)
 }
 
 /// Records when the first text delta of a turn was appended (what an editor would see first).
@@ -483,18 +471,7 @@ async fn streaming(tmp: &Path, chunks: usize) -> Result<(usize, Duration, u64)> 
     let pieces: Vec<String> = (0..chunks).map(|i| format!("token{i} ")).collect();
     let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
     let model = Arc::new(ScriptedModel::from_responses([text_response(&refs)]).unrecorded());
-    let deps = AgentDeps {
-        model,
-        tools: ToolRegistry::new(),
-        route: ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)?,
-        system: String::new(),
-        max_steps: 5,
-        max_parallel_tools: 1,
-        depth: 0,
-        permissions: None,
-        prompt: None,
-        file_access: None,
-    };
+    let deps = bench_deps(model, scripted_route()?, 0);
     let agent = spawn_agent(session, deps);
     let started = Instant::now();
     agent.followup(vec![json!({"type":"text","text":"stream"})], json!({"kind":"user"}))?.await?;
@@ -519,18 +496,7 @@ async fn fan_out(tmp: &Path, n: usize) -> Result<(Duration, f64, u64)> {
         header.origin = Some("subagent".into());
         header.delegation_depth = 1;
         let session = store.create(header)?;
-        let deps = AgentDeps {
-            model: model.clone(),
-            tools: ToolRegistry::new(),
-            route: ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)?,
-            system: String::new(),
-            max_steps: 5,
-            max_parallel_tools: 1,
-            depth: 1,
-            permissions: None,
-            prompt: None,
-            file_access: None,
-        };
+        let deps = bench_deps(model.clone(), scripted_route()?, 1);
         let agent = spawn_agent(session, deps);
         turns.push(agent.followup(vec![json!({"type":"text","text":"go"})], json!({"kind":"user"}))?);
         agents.push(agent);
