@@ -27,11 +27,14 @@ pub struct Session {
     events: Vec<Event>,
     writer: LogWriter,
     observers: Vec<Arc<dyn SessionObserver>>,
+    /// The surface fold of `events`, kept up to date on every append (O(1) per event).
+    messages: Vec<Value>,
 }
 
 impl Session {
     pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
-        Session { header, events, writer, observers: Vec::new() }
+        let messages = derive_messages(&events);
+        Session { header, events, writer, observers: Vec::new(), messages }
     }
 
     pub fn id(&self) -> &str {
@@ -68,6 +71,7 @@ impl Session {
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }
+        fold_surface(&mut self.messages, &event);
         self.events.push(event);
         seq
     }
@@ -84,7 +88,7 @@ impl Session {
 
     /// The model-visible history: the surface fold of dsh `deriveMessages`.
     pub fn messages(&self) -> Vec<Value> {
-        derive_messages(&self.events)
+        self.messages.clone()
     }
 
     /// The number the next turn gets (continuing a fork seed's numbering).
@@ -103,25 +107,30 @@ impl Session {
 pub fn derive_messages(events: &[Event]) -> Vec<Value> {
     let mut messages: Vec<Value> = Vec::new();
     for event in events {
-        if !SURFACE_TYPES.contains(&event.kind.as_str()) {
-            continue;
-        }
-        let message = match event.kind.as_str() {
-            "user/message" => event.data.clone(),
-            _ => event.data["message"].clone(),
-        };
-        if event.kind == "assistant/message" && message["content"].as_array().is_none_or(Vec::is_empty) {
-            continue;
-        }
-        match &event.surface_op {
-            Some(Value::Object(op)) if op.get("op") == Some(&json!("replace")) => {
-                let len = messages.len();
-                let start = op.get("start").and_then(Value::as_u64).map_or(len, |s| (s as usize).min(len));
-                let end = op.get("end").and_then(Value::as_u64).map_or(len, |e| (e as usize).min(len)).max(start);
-                messages.splice(start..end, [message]);
-            }
-            _ => messages.push(message),
-        }
+        fold_surface(&mut messages, event);
     }
     messages
+}
+
+/// Applies one event to a surface fold (a no-op for log-only events).
+fn fold_surface(messages: &mut Vec<Value>, event: &Event) {
+    if !SURFACE_TYPES.contains(&event.kind.as_str()) {
+        return;
+    }
+    let message = match event.kind.as_str() {
+        "user/message" => event.data.clone(),
+        _ => event.data["message"].clone(),
+    };
+    if event.kind == "assistant/message" && message["content"].as_array().is_none_or(Vec::is_empty) {
+        return;
+    }
+    match &event.surface_op {
+        Some(Value::Object(op)) if op.get("op") == Some(&json!("replace")) => {
+            let len = messages.len();
+            let start = op.get("start").and_then(Value::as_u64).map_or(len, |s| (s as usize).min(len));
+            let end = op.get("end").and_then(Value::as_u64).map_or(len, |e| (e as usize).min(len)).max(start);
+            messages.splice(start..end, [message]);
+        }
+        _ => messages.push(message),
+    }
 }
