@@ -66,7 +66,7 @@ fn request(route: &str, messages: Vec<Value>) -> ModelRequest {
         cwd: None,
         route: ModelRoute::parse(route).unwrap(),
         system: "You are kin.".into(),
-        messages,
+        messages: std::sync::Arc::new(messages),
         tools: vec![ToolSchema {
             name: "read".into(),
             description: "Read a file".into(),

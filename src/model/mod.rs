@@ -65,7 +65,8 @@ pub struct ModelRequest {
     pub route: ModelRoute,
     pub system: String,
     /// dsh messages (`{id, role, content, source}`), the surface fold of the session.
-    pub messages: Vec<Value>,
+    /// Shared with the session's fold: a request costs no copy of the history.
+    pub messages: std::sync::Arc<Vec<Value>>,
     pub tools: Vec<ToolSchema>,
 }
 

@@ -504,7 +504,7 @@ mod tests {
             cwd: None,
             route: ModelRoute { provider: "deepseek".into(), model: "deepseek-v4-flash".into() },
             system: "sys".into(),
-            messages,
+            messages: std::sync::Arc::new(messages),
             tools: vec![ToolSchema {
                 name: "read".into(),
                 description: "Read a file".into(),

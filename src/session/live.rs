@@ -27,13 +27,14 @@ pub struct Session {
     events: Vec<Event>,
     writer: LogWriter,
     observers: Vec<Arc<dyn SessionObserver>>,
-    /// The surface fold of `events`, kept up to date on every append (O(1) per event).
-    messages: Vec<Value>,
+    /// The surface fold of `events`, kept up to date on every append (O(1) per event) and
+    /// shared with model requests (copy on write).
+    messages: Arc<Vec<Value>>,
 }
 
 impl Session {
     pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
-        let messages = derive_messages(&events);
+        let messages = Arc::new(derive_messages(&events));
         Session { header, events, writer, observers: Vec::new(), messages }
     }
 
@@ -71,7 +72,9 @@ impl Session {
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }
-        fold_surface(&mut self.messages, &event);
+        if SURFACE_TYPES.contains(&event.kind.as_str()) {
+            fold_surface(Arc::make_mut(&mut self.messages), &event);
+        }
         self.events.push(event);
         seq
     }
@@ -87,7 +90,7 @@ impl Session {
     }
 
     /// The model-visible history: the surface fold of dsh `deriveMessages`.
-    pub fn messages(&self) -> Vec<Value> {
+    pub fn messages(&self) -> Arc<Vec<Value>> {
         self.messages.clone()
     }
 
