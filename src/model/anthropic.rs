@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use eventsource_stream::Event;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RequestIds, RetryNotice, RetryPolicy};
+use super::http::{self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RetryNotice, RetryPolicy};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
 
 /// The `anthropic-version` header kin speaks.
@@ -140,31 +140,21 @@ impl AnthropicModel {
 
     fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
         let config = &self.config;
-        let key = http::resolve_key(config.api_key.as_deref(), config.api_key_env.as_deref(), request)?;
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        headers.insert(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION));
-        if let Some(key) = &key {
-            headers.insert(HeaderName::from_static("x-api-key"), http::secret_value(key)?);
-        }
-        http::extra_headers(&mut headers, &config.extra_headers)?;
-        let body = serde_json::to_vec(&self.request_body(request))
-            .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), http::INVALID_CONFIG))?;
-        let base_url = config.base_url.trim_end_matches('/').to_string();
-        Ok(HttpCall {
-            client: self.client.clone(),
-            url: format!("{base_url}/v1/messages"),
-            headers,
-            body,
+        let version = [(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION))];
+        let endpoint = http::Endpoint {
+            client: &self.client,
+            base_url: &config.base_url,
+            path: "/v1/messages",
+            api_key: config.api_key.as_deref(),
+            api_key_env: config.api_key_env.as_deref(),
+            auth: |key| Ok((HeaderName::from_static("x-api-key"), http::secret_value(key)?)),
+            fixed: &version,
+            extra_headers: &config.extra_headers,
             retry: config.retry,
             idle_timeout: config.idle_timeout,
             notice: self.notice.clone(),
-            base_url,
-            key_env: config.api_key_env.clone(),
-            key,
-            request: RequestIds::of(request),
-        })
+        };
+        http::prepare(endpoint, request, &self.request_body(request))
     }
 }
 

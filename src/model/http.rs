@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::StreamExt;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -206,6 +206,62 @@ impl RequestIds {
             model: request.route.model.clone(),
         }
     }
+}
+
+/// What a client's call is made of, before the parts every client shares are added.
+pub(crate) struct Endpoint<'a> {
+    pub client: &'a reqwest::Client,
+    /// The base URL as configured (trailing `/` allowed).
+    pub base_url: &'a str,
+    /// The path under the base URL (`/chat/completions`, `/v1/messages`).
+    pub path: &'a str,
+    pub api_key: Option<&'a str>,
+    pub api_key_env: Option<&'a str>,
+    /// Turns the key into its header (`Authorization: Bearer …`, `x-api-key: …`).
+    pub auth: fn(&str) -> Result<(HeaderName, HeaderValue), Failure>,
+    /// Headers of the API itself (e.g. `anthropic-version`).
+    pub fixed: &'a [(HeaderName, HeaderValue)],
+    pub extra_headers: &'a [(String, String)],
+    pub retry: RetryPolicy,
+    pub idle_timeout: Duration,
+    pub notice: Option<RetryNotice>,
+}
+
+/// Builds one call: the key (resolved now), JSON and SSE headers, the client's own headers, the
+/// configured extra headers and the encoded body.
+pub(crate) fn prepare(
+    endpoint: Endpoint<'_>,
+    request: &ModelRequest,
+    body: &serde_json::Value,
+) -> Result<HttpCall, Failure> {
+    let key = resolve_key(endpoint.api_key, endpoint.api_key_env, request)?;
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+    for (name, value) in endpoint.fixed {
+        headers.insert(name.clone(), value.clone());
+    }
+    if let Some(key) = &key {
+        let (name, value) = (endpoint.auth)(key)?;
+        headers.insert(name, value);
+    }
+    extra_headers(&mut headers, endpoint.extra_headers)?;
+    let body = serde_json::to_vec(body)
+        .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), INVALID_CONFIG))?;
+    let base_url = endpoint.base_url.trim_end_matches('/').to_string();
+    Ok(HttpCall {
+        client: endpoint.client.clone(),
+        url: format!("{base_url}{}", endpoint.path),
+        headers,
+        body,
+        retry: endpoint.retry,
+        idle_timeout: endpoint.idle_timeout,
+        notice: endpoint.notice,
+        base_url,
+        key_env: endpoint.api_key_env.map(str::to_string),
+        key,
+        request: RequestIds::of(request),
+    })
 }
 
 /// A failed attempt: the failure and the server's requested wait, if any.
