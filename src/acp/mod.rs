@@ -291,7 +291,10 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                             Ok(events) => {
                                 forwarder.count(&events);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
-                                let _ = responder.respond(ResumeSessionResponse::new().modes(modes::state(mode)));
+                                let options = model_options(&runtime, &id);
+                                let _ = responder.respond(
+                                    ResumeSessionResponse::new().modes(modes::state(mode)).config_options(options),
+                                );
                                 if agents.enabled() {
                                     tree::reannounce(&cx, &tree::stored_tree(&runtime, &id));
                                 }
