@@ -277,3 +277,66 @@ fn a_full_disk_fails_the_turn_cleanly_and_the_session_recovers() {
     drop(kin.child.stdin.take());
     let _ = kin.child.wait();
 }
+
+/// Unmounts the tiny tmpfs when the test ends, however it ends.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
+    for dir in [&replay, &cwd, &sessions] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&sessions).status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        eprintln!("skipping: cannot mount a tmpfs here (needs root); the file-size-limit test covers the same path");
+        return;
+    }
+    let _mount = Mount(sessions.clone());
+    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
+    std::fs::write(replay.join("session.jsonl"), format!("{header}\n")).unwrap();
+    let answer = json!({"kind":"chunks","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":"fine"},{"type":"block-end","index":0,"block":{"type":"text","text":"fine"}},{"type":"finish","reason":{"kind":"stop"}}]});
+    std::fs::write(replay.join("replay.override.json"), json!([answer.clone(), answer.clone(), answer]).to_string())
+        .unwrap();
+    let mut kin = start_limited(&sessions, &replay, &cwd, None);
+    kin.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    kin.response(1);
+    kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
+    let id = kin.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
+    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"small"}]}}));
+    assert_eq!(kin.response(3)["result"]["stopReason"], "end_turn");
+    let store = kin::session::SessionStore::new(&sessions);
+    let committed = store.inspect(&id).unwrap().events.len();
+    kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"z".repeat(200_000)}]}}));
+    let failed = kin.response(4);
+    let message = failed["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("could not persist the session log") && message.contains("No space left"), "{failed}");
+    let after = store.inspect(&id).unwrap();
+    assert!(after.torn.is_none(), "no half line after ENOSPC");
+    assert_eq!(after.events.len(), committed, "the log is back at its last committed length");
+    // Space returns: the same kin, the same session, carries on; the failed turn lands too.
+    let grown = Command::new("mount").args(["-o", "remount,size=8m"]).arg(&sessions).status().unwrap();
+    assert!(grown.success());
+    kin.send(json!({"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"again"}]}}));
+    assert_eq!(kin.response(5)["result"]["stopReason"], "end_turn");
+    let healed = store.inspect(&id).unwrap();
+    assert!(healed.torn.is_none());
+    let ends: Vec<&str> = healed
+        .events
+        .iter()
+        .filter(|e| e.kind == "turn/end")
+        .filter_map(|e| e.data["reason"]["kind"].as_str())
+        .collect();
+    assert_eq!(ends, ["completed", "completed", "completed"], "every turn is on disk, in order");
+    drop(kin.child.stdin.take());
+    let _ = kin.child.wait();
+}
