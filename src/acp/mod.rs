@@ -36,6 +36,18 @@ fn internal(message: impl std::fmt::Display) -> Error {
     Error::new(ErrorCode::from(-32603), format!("Internal error: {message}"))
 }
 
+/// The first session parameter kin does not support, as the -32602 that names it.
+fn unsupported_params(additional_directories: bool, mcp_servers: bool, system_prompt: bool) -> Option<Error> {
+    [
+        (additional_directories, "additionalDirectories is not supported"),
+        (mcp_servers, "mcpServers is not supported"),
+        (system_prompt, "systemPrompt is not supported"),
+    ]
+    .into_iter()
+    .find(|(given, _)| *given)
+    .map(|(_, message)| invalid_params(message))
+}
+
 fn to_acp(error: RuntimeError) -> Error {
     match error {
         RuntimeError::InvalidParams(m) => invalid_params(m),
@@ -129,14 +141,12 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
         )
         .on_receive_request(
             async move |req: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if !req.additional_directories.is_empty() {
-                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
-                }
-                if !req.mcp_servers.is_empty() {
-                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
-                }
-                if req.system_prompt.is_some() {
-                    return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
+                if let Some(e) = unsupported_params(
+                    !req.additional_directories.is_empty(),
+                    !req.mcp_servers.is_empty(),
+                    req.system_prompt.is_some(),
+                ) {
+                    return responder.respond_with_error(e);
                 }
                 match rt_new.new_session(&req.cwd, Arc::new(Forwarder::new(cx, tree_new.clone()))) {
                     Ok(id) => {
@@ -182,8 +192,8 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
         )
         .on_receive_request(
             async move |req: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if !req.mcp_servers.is_empty() {
-                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
+                if let Some(e) = unsupported_params(false, !req.mcp_servers.is_empty(), false) {
+                    return responder.respond_with_error(e);
                 }
                 let runtime = rt_load.clone();
                 let agents = tree_load.clone();
@@ -274,11 +284,10 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
         )
         .on_receive_request(
             async move |req: ResumeSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if !req.additional_directories.is_empty() {
-                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
-                }
-                if !req.mcp_servers.is_empty() {
-                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
+                if let Some(e) =
+                    unsupported_params(!req.additional_directories.is_empty(), !req.mcp_servers.is_empty(), false)
+                {
+                    return responder.respond_with_error(e);
                 }
                 let runtime = rt_resume.clone();
                 let agents = tree_resume.clone();
@@ -327,14 +336,12 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
         )
         .on_receive_request(
             async move |req: ForkSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if !req.additional_directories.is_empty() {
-                    return responder.respond_with_error(invalid_params("additionalDirectories is not supported"));
-                }
-                if !req.mcp_servers.is_empty() {
-                    return responder.respond_with_error(invalid_params("mcpServers is not supported"));
-                }
-                if req.system_prompt.is_some() {
-                    return responder.respond_with_error(invalid_params("systemPrompt is not supported"));
+                if let Some(e) = unsupported_params(
+                    !req.additional_directories.is_empty(),
+                    !req.mcp_servers.is_empty(),
+                    req.system_prompt.is_some(),
+                ) {
+                    return responder.respond_with_error(e);
                 }
                 let forwarder = Arc::new(Forwarder::new(cx, tree_fork.clone()));
                 match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder) {
