@@ -203,6 +203,30 @@ fn a_session_written_by_one_kin_is_refused_by_another() {
     assert!(second.child.wait().is_ok());
 }
 
+/// A replay directory whose model answers "fine" `n` times.
+fn answering_replay(dir: &Path, n: usize) {
+    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
+    std::fs::write(dir.join("session.jsonl"), format!("{header}\n")).unwrap();
+    let answer = json!({"kind":"chunks","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":"fine"},{"type":"block-end","index":0,"block":{"type":"text","text":"fine"}},{"type":"finish","reason":{"kind":"stop"}}]});
+    std::fs::write(dir.join("replay.override.json"), json!(vec![answer; n]).to_string()).unwrap();
+}
+
+impl Kin {
+    /// `initialize` (id 1) and `session/new` (id 2) in `cwd`; returns the session id.
+    fn open_session(&mut self, cwd: &Path) -> String {
+        self.send(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}));
+        self.response(1);
+        self.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
+        self.response(2)["result"]["sessionId"].as_str().unwrap().to_string()
+    }
+
+    /// A text prompt with request id `id`; returns its response.
+    fn prompt(&mut self, id: u64, session: &str, text: &str) -> Value {
+        self.send(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":session,"prompt":[{"type":"text","text":text}]}}));
+        self.response(id)
+    }
+}
+
 /// kin under a file-size limit (`ulimit -f`): appends past it fail like a full disk (EFBIG).
 fn start_limited(sessions: &Path, replay: &Path, cwd: &Path, blocks: Option<u32>) -> Kin {
     let limit = blocks.map_or(String::new(), |b| format!("ulimit -f {b}; "));
@@ -235,21 +259,11 @@ fn a_full_disk_fails_the_turn_cleanly_and_the_session_recovers() {
     let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
     std::fs::create_dir_all(&replay).unwrap();
     std::fs::create_dir_all(&cwd).unwrap();
-    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
-    std::fs::write(replay.join("session.jsonl"), format!("{header}\n")).unwrap();
-    let answer = json!({"kind":"chunks","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":"fine"},{"type":"block-end","index":0,"block":{"type":"text","text":"fine"}},{"type":"finish","reason":{"kind":"stop"}}]});
-    std::fs::write(replay.join("replay.override.json"), json!([answer.clone(), answer.clone(), answer]).to_string())
-        .unwrap();
+    answering_replay(&replay, 3);
     // 64 blocks of 512 bytes: room for the header and a small turn, not for a 100 KB prompt.
     let mut kin = start_limited(&sessions, &replay, &cwd, Some(64));
-    kin.send(
-        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
-    );
-    kin.response(1);
-    kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
-    let id = kin.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
-    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"small"}]}}));
-    assert_eq!(kin.response(3)["result"]["stopReason"], "end_turn");
+    let id = kin.open_session(&cwd);
+    assert_eq!(kin.prompt(3, &id, "small")["result"]["stopReason"], "end_turn");
     let store = kin::session::SessionStore::new(&sessions);
     let committed = store.inspect(&id).unwrap().events.len();
     kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"y".repeat(100_000)}]}}));
@@ -300,20 +314,10 @@ fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_retu
         return;
     }
     let _mount = Mount(sessions.clone());
-    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
-    std::fs::write(replay.join("session.jsonl"), format!("{header}\n")).unwrap();
-    let answer = json!({"kind":"chunks","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":"fine"},{"type":"block-end","index":0,"block":{"type":"text","text":"fine"}},{"type":"finish","reason":{"kind":"stop"}}]});
-    std::fs::write(replay.join("replay.override.json"), json!([answer.clone(), answer.clone(), answer]).to_string())
-        .unwrap();
+    answering_replay(&replay, 3);
     let mut kin = start_limited(&sessions, &replay, &cwd, None);
-    kin.send(
-        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
-    );
-    kin.response(1);
-    kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
-    let id = kin.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
-    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"small"}]}}));
-    assert_eq!(kin.response(3)["result"]["stopReason"], "end_turn");
+    let id = kin.open_session(&cwd);
+    assert_eq!(kin.prompt(3, &id, "small")["result"]["stopReason"], "end_turn");
     let store = kin::session::SessionStore::new(&sessions);
     let committed = store.inspect(&id).unwrap().events.len();
     kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"z".repeat(200_000)}]}}));
