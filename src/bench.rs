@@ -40,100 +40,152 @@ impl Report<'_> {
     }
 }
 
-/// Runs the suite and writes a report to `out`; compares with `baseline` (a JSON object of
-/// figures) when it exists, and writes the figures to `save` when given.
-pub async fn run(quick: bool, baseline: &Path, save: Option<&Path>, out: &mut dyn Write) -> Result<()> {
+/// A part of the suite (`kin bench --only SECTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// Process start to the `initialize` response, and RSS after it.
+    Startup,
+    /// Concurrent children, one turn each, and RSS per idle child.
+    FanOut,
+    /// Per-turn overhead: scripted model in process, and the real HTTP client on loopback.
+    Turn,
+    /// Streaming chunk throughput to the editor and the log.
+    Stream,
+    /// Append throughput with the real fsync policy.
+    Append,
+    /// `load` time of large sessions.
+    Load,
+    /// Subagent listing under a large corpus.
+    Catalog,
+}
+
+/// What `kin bench` runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The reduced set.
+    pub quick: bool,
+    /// Figures to compare with (a JSON object of figures; ratios are printed when it exists).
+    pub baseline: std::path::PathBuf,
+    /// Where to write this run's figures.
+    pub save: Option<std::path::PathBuf>,
+    /// The sections to run; empty runs them all.
+    pub only: Vec<Section>,
+}
+
+impl Options {
+    fn runs(&self, section: Section) -> bool {
+        self.only.is_empty() || self.only.contains(&section)
+    }
+}
+
+/// Runs the suite and writes a report to `out`.
+pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
+    let quick = options.quick;
     let tmp = tempfile::tempdir()?;
-    let baseline_figures = std::fs::read_to_string(baseline)
+    let baseline_figures = std::fs::read_to_string(&options.baseline)
         .ok()
         .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
         .and_then(|v| v.get("figures").and_then(|f| f.as_object().cloned()));
     writeln!(out, "kin bench{} — {}", if quick { " --quick" } else { "" }, machine())?;
     if baseline_figures.is_none() {
-        writeln!(out, "(no baseline at {}; ratios are not shown)", baseline.display())?;
+        writeln!(out, "(no baseline at {}; ratios are not shown)", options.baseline.display())?;
     }
     let mut report = Report { out, metrics: serde_json::Map::new(), baseline: baseline_figures };
-    let starts = if quick { 10 } else { 30 };
-    let (times, rss) = cold_start(tmp.path(), starts)?;
-    report.metric(
-        "cold_start_median_ms",
-        millis(median(&times)),
-        format!(
-            "cold start to initialize response: median {} p99 {} over {starts} starts",
-            ms(median(&times)),
-            ms(p99(&times))
-        ),
-    )?;
-    report.metric("rss_after_initialize_kib", rss as f64, format!("RSS after initialize: {rss} KiB"))?;
+    if options.runs(Section::Startup) {
+        let starts = if quick { 10 } else { 30 };
+        let (times, rss) = cold_start(tmp.path(), starts)?;
+        report.metric(
+            "cold_start_median_ms",
+            millis(median(&times)),
+            format!(
+                "cold start to initialize response: median {} p99 {} over {starts} starts",
+                ms(median(&times)),
+                ms(p99(&times))
+            ),
+        )?;
+        report.metric("rss_after_initialize_kib", rss as f64, format!("RSS after initialize: {rss} KiB"))?;
+    }
     // Fan-out first, while the heap is small, so RSS per idle child is measurable.
-    let fan: &[usize] = if quick { &[10, 100] } else { &[10, 100, 500] };
-    for &n in fan {
-        let (wall, per_child, peak) = fan_out(tmp.path(), n).await?;
-        report.metric(
-            &format!("fan_out_{n}_ms"),
-            millis(wall),
-            format!(
-                "fan-out: {n} concurrent children, one turn each: {} wall; RSS per idle child {per_child:.0} KiB; peak RSS {peak} KiB",
-                ms(wall)
-            ),
-        )?;
+    if options.runs(Section::FanOut) {
+        let fan: &[usize] = if quick { &[10, 100] } else { &[10, 100, 500] };
+        for &n in fan {
+            let (wall, per_child, peak) = fan_out(tmp.path(), n).await?;
+            report.metric(
+                &format!("fan_out_{n}_ms"),
+                millis(wall),
+                format!(
+                    "fan-out: {n} concurrent children, one turn each: {} wall; RSS per idle child {per_child:.0} KiB; peak RSS {peak} KiB",
+                    ms(wall)
+                ),
+            )?;
+        }
     }
-    let server = mock_chat_server().await?;
-    let runs: [(&str, &str, Option<&str>, usize); 2] = [
-        ("turn", "scripted model, in process, includes the turn-end fsync", None, if quick { 200 } else { 1000 }),
-        ("http_turn", "real HTTP client, loopback mock", Some(server.as_str()), if quick { 100 } else { 1000 }),
-    ];
-    for (key, what, http, turns) in runs {
-        let (first, overhead) = turn_overhead(tmp.path(), turns, http).await?;
-        let (first_med, first_p99) = (median(&first), p99(&first));
-        report.metric(
-            &format!("{key}_first_chunk_median_ms"),
-            millis(first_med),
-            format!("prompt to first chunk ({what}): median {} p99 {}", ms(first_med), ms(first_p99)),
-        )?;
-        let (med, p) = (median(&overhead), p99(&overhead));
-        report.metric(
-            &format!("{key}_overhead_median_ms"),
-            millis(med),
-            format!("turn overhead ({what}): median {} p99 {} over {turns} turns", ms(med), ms(p)),
-        )?;
+    if options.runs(Section::Turn) {
+        let server = mock_chat_server().await?;
+        let runs: [(&str, &str, Option<&str>, usize); 2] = [
+            ("turn", "scripted model, in process, includes the turn-end fsync", None, if quick { 200 } else { 1000 }),
+            ("http_turn", "real HTTP client, loopback mock", Some(server.as_str()), if quick { 100 } else { 1000 }),
+        ];
+        for (key, what, http, turns) in runs {
+            let (first, overhead) = turn_overhead(tmp.path(), turns, http).await?;
+            let (first_med, first_p99) = (median(&first), p99(&first));
+            report.metric(
+                &format!("{key}_first_chunk_median_ms"),
+                millis(first_med),
+                format!("prompt to first chunk ({what}): median {} p99 {}", ms(first_med), ms(first_p99)),
+            )?;
+            let (med, p) = (median(&overhead), p99(&overhead));
+            report.metric(
+                &format!("{key}_overhead_median_ms"),
+                millis(med),
+                format!("turn overhead ({what}): median {} p99 {} over {turns} turns", ms(med), ms(p)),
+            )?;
+        }
     }
-    let (chunks, elapsed, log_bytes) = streaming(tmp.path(), if quick { 20_000 } else { 100_000 }).await?;
-    report.metric(
-        "stream_chunks_per_s",
-        chunks as f64 / elapsed.as_secs_f64(),
-        format!(
-            "streaming: {chunks} chunks in {} = {:.0} chunks/s forwarded, {:.1} MB/s written to the log",
-            ms(elapsed),
+    if options.runs(Section::Stream) {
+        let (chunks, elapsed, log_bytes) = streaming(tmp.path(), if quick { 20_000 } else { 100_000 }).await?;
+        report.metric(
+            "stream_chunks_per_s",
             chunks as f64 / elapsed.as_secs_f64(),
-            log_bytes as f64 / 1e6 / elapsed.as_secs_f64()
-        ),
-    )?;
-    let (events, elapsed) = append_throughput(tmp.path(), if quick { 20_000 } else { 100_000 })?;
-    report.metric(
-        "append_events_per_s",
-        events as f64 / elapsed.as_secs_f64(),
-        format!(
-            "append: {events} events in {} = {:.0} events/s (fsync every 100 events)",
-            ms(elapsed),
-            events as f64 / elapsed.as_secs_f64()
-        ),
-    )?;
-    let sizes: &[usize] = if quick { &[10_000, 100_000] } else { &[10_000, 100_000, 1_000_000] };
-    for &n in sizes {
-        let (load, bytes, rss) = load_time(tmp.path(), n)?;
-        report.metric(
-            &format!("load_{n}_ms"),
-            millis(load),
             format!(
-                "load of a {n}-event session ({:.1} MB): {}; process RSS after it {rss} KiB",
-                bytes as f64 / 1e6,
-                ms(load)
+                "streaming: {chunks} chunks in {} = {:.0} chunks/s forwarded, {:.1} MB/s written to the log",
+                ms(elapsed),
+                chunks as f64 / elapsed.as_secs_f64(),
+                log_bytes as f64 / 1e6 / elapsed.as_secs_f64()
             ),
         )?;
     }
-    catalog(tmp.path(), quick, &mut report)?;
-    if let Some(path) = save {
+    if options.runs(Section::Append) {
+        let (events, elapsed) = append_throughput(tmp.path(), if quick { 20_000 } else { 100_000 })?;
+        report.metric(
+            "append_events_per_s",
+            events as f64 / elapsed.as_secs_f64(),
+            format!(
+                "append: {events} events in {} = {:.0} events/s (fsync every 100 events)",
+                ms(elapsed),
+                events as f64 / elapsed.as_secs_f64()
+            ),
+        )?;
+    }
+    if options.runs(Section::Load) {
+        let sizes: &[usize] = if quick { &[10_000, 100_000] } else { &[10_000, 100_000, 1_000_000] };
+        for &n in sizes {
+            let (load, bytes, rss) = load_time(tmp.path(), n)?;
+            report.metric(
+                &format!("load_{n}_ms"),
+                millis(load),
+                format!(
+                    "load of a {n}-event session ({:.1} MB): {}; process RSS after it {rss} KiB",
+                    bytes as f64 / 1e6,
+                    ms(load)
+                ),
+            )?;
+        }
+    }
+    if options.runs(Section::Catalog) {
+        catalog(tmp.path(), quick, &mut report)?;
+    }
+    if let Some(path) = &options.save {
         let doc = json!({"machine": machine(), "command": "kin bench", "figures": report.metrics});
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
         writeln!(report.out, "figures written to {}", path.display())?;

@@ -47,6 +47,9 @@ pub enum Command {
         /// Write this run's figures here (e.g. to refresh the baseline).
         #[arg(long, value_name = "PATH")]
         save: Option<PathBuf>,
+        /// Run only these sections (repeat or comma-separate; default: all).
+        #[arg(long, value_name = "SECTION", value_delimiter = ',')]
+        only: Vec<crate::bench::Section>,
     },
     /// Inspect stored sessions.
     Sessions {

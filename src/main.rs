@@ -77,8 +77,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             let ok = kin::commands::scenario_run(&dirs, &opts).await?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Bench { quick, baseline, save } => {
-            kin::bench::run(quick, &baseline, save.as_deref(), &mut std::io::stdout().lock()).await?;
+        Command::Bench { quick, baseline, save, only } => {
+            let options = kin::bench::Options { quick, baseline, save, only };
+            kin::bench::run(&options, &mut std::io::stdout().lock()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Sessions { command } => match command {

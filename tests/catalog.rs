@@ -933,8 +933,8 @@ struct Conflicting {
 
 impl SessionSource for Conflicting {
     fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError> {
-        let persisted: Vec<SessionHeader> = self.inner.records(cancel)?.into_iter().map(|r| r.header).collect();
-        merge_records(vec![self.live.clone()], persisted)
+        let persisted = self.inner.records(cancel)?.into_iter().map(|r| r.header).collect();
+        merge_records(vec![Arc::new(self.live.clone())], persisted)
     }
 
     fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
@@ -1017,6 +1017,46 @@ fn the_derived_summary_follows_every_change_of_a_log() {
     std::thread::sleep(Duration::from_millis(50));
     std::fs::write(path.as_path(), original.as_bytes()).unwrap();
     check(healthy(A));
+}
+
+#[test]
+fn the_cached_corpus_follows_logs_added_removed_and_rewritten() {
+    // The corpus (every header, merged) is derived state as well: each call rescans, and a warm
+    // query answers what a fresh one does after logs are added (in a new project directory too),
+    // re-parented by a same-length hand edit, made unreadable, repaired and removed.
+    let (_dir, store) = family();
+    let warm = query(&store, &[]);
+    let check = |expected: &[&str]| {
+        let fresh = list(&query(&store, &[]), P).unwrap();
+        assert_eq!(fresh, expected.iter().map(|id| healthy(id)).collect::<Vec<_>>());
+        assert_eq!(list(&warm, P).unwrap(), fresh);
+    };
+    check(&[A, B, C]);
+    let d = "child-d";
+    let mut elsewhere = header(d, Some(P), 4);
+    elsewhere.cwd = Some("/elsewhere".into());
+    let seed = vec![descriptor_event(0, continuable(&format!("label {d}")).to_value())];
+    child_session(&store, elsewhere, seed).flush().unwrap();
+    check(&[A, B, C, d]);
+    let stray = "child-stray";
+    let other = "22222222-2222-4222-8222-222222222222";
+    continuable_child(&store, stray, other, 5, &format!("label {stray}"));
+    check(&[A, B, C, d]);
+    let path = log_path(&store, stray);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let reparented = text.replacen(other, P, 1);
+    assert_eq!(reparented.len(), text.len());
+    std::thread::sleep(Duration::from_millis(50));
+    std::fs::write(&path, &reparented).unwrap();
+    check(&[A, B, C, d, stray]);
+    std::fs::write(&path, "not a header\n").unwrap();
+    check(&[A, B, C, d]);
+    std::fs::write(&path, &reparented).unwrap();
+    check(&[A, B, C, d, stray]);
+    std::fs::remove_dir_all(log_path(&store, B).parent().unwrap()).unwrap();
+    check(&[A, C, d, stray]);
+    std::fs::remove_dir_all(log_path(&store, d).parent().unwrap().parent().unwrap()).unwrap();
+    check(&[A, C, stray]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@
 //! `StoreSource` is the real one (the JSONL store plus the runtime's live set); tests wrap it to
 //! inject failures.
 //!
-//! Cost. One corpus scan per trace reads headers only (and reuses a header whose file length and
-//! modification time did not change). Per log, `StoreSource` keeps a derived `LogSummary`
+//! Cost. One corpus scan per trace: a stat per log (relative to its project directory, project
+//! directories spread over a few threads); headers are read only from new or changed logs, and
+//! the merged corpus is rebuilt only when some log was added, removed or changed. Per log, `StoreSource` keeps a derived `LogSummary`
 //! (header, event count, the `subagent/descriptor` events, the surface verdict) keyed by
 //! (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
 //! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
@@ -19,6 +20,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -120,7 +122,8 @@ impl std::error::Error for QueryFault {}
 /// One logical session of the corpus.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRecord {
-    pub header: SessionHeader,
+    /// Shared with the source's cache: a corpus of thousands of sessions is not copied per call.
+    pub header: Arc<SessionHeader>,
     /// Live in this process.
     pub live: bool,
     /// Has a log in the store.
@@ -292,8 +295,8 @@ pub fn assert_headers_compatible(a: &SessionHeader, b: &SessionHeader) -> Result
 /// The live-preferred corpus: one record per id. A live header and a persisted one (or two
 /// persisted ones) for the same id must agree.
 pub fn merge_records(
-    live: Vec<SessionHeader>,
-    persisted: Vec<SessionHeader>,
+    live: Vec<Arc<SessionHeader>>,
+    persisted: Vec<Arc<SessionHeader>>,
 ) -> Result<Vec<SessionRecord>, QueryError> {
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut out: Vec<SessionRecord> = Vec::with_capacity(live.len() + persisted.len());
@@ -645,18 +648,47 @@ pub struct StoreSource {
 
 #[derive(Default)]
 struct Cache {
-    /// By log path.
-    logs: HashMap<PathBuf, CachedLog>,
-    /// Where the last corpus scan found each session.
-    paths: HashMap<String, PathBuf>,
+    /// Per project directory name, its logs by session directory name.
+    logs: HashMap<OsString, HashMap<OsString, CachedLog>>,
+    /// The corpus built from `logs`; reused while every scan finds the same logs at the same
+    /// (length, mtime).
+    corpus: Option<Arc<Corpus>>,
+    /// Counts scans, to find the logs the current one did not see.
+    generation: u64,
 }
 
 /// Derived state of one log file at one (length, mtime).
 struct CachedLog {
     len: u64,
     modified: SystemTime,
-    header: SessionHeader,
+    /// Its header, or why it could not be read (the log is left out of the corpus until it
+    /// changes).
+    header: Result<Arc<SessionHeader>, String>,
     summary: Option<Arc<LogSummary>>,
+    /// The last scan that saw the file.
+    seen: u64,
+}
+
+/// The persisted sessions as of one scan.
+struct Corpus {
+    /// One record per id (`merge_records` over every readable log, nothing live yet), or why
+    /// the logs cannot be merged.
+    merged: Result<Vec<SessionRecord>, QueryError>,
+    /// Where the scan found each session (the last log in scan order that names it).
+    paths: HashMap<String, PathBuf>,
+}
+
+/// One project directory as a scan found it: its name and its session logs.
+struct ProjectScan {
+    name: OsString,
+    logs: Vec<FoundLog>,
+}
+
+/// One session log a scan found: its session directory name, length and mtime.
+struct FoundLog {
+    session: OsString,
+    len: u64,
+    modified: SystemTime,
 }
 
 impl StoreSource {
@@ -678,85 +710,66 @@ impl StoreSource {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Every persisted header (one corpus scan), reusing headers of unchanged files.
-    fn persisted(&self, cancel: &CancellationToken) -> Result<Vec<SessionHeader>, QueryError> {
-        let root = self.store.root();
-        let failed =
-            |at: &Path, e: std::io::Error| QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()));
-        let projects = match std::fs::read_dir(root) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(failed(root, e)),
+    /// Every persisted session (one corpus scan). Headers are read only from logs that are new
+    /// or changed since the last scan; the merged corpus is rebuilt only when some log was.
+    fn corpus(&self, cancel: &CancellationToken) -> Result<Arc<Corpus>, QueryError> {
+        let projects = scan_store(self.store.root(), cancel)?;
+        let found: usize = projects.iter().map(|p| p.logs.len()).sum();
+        let log_path = |project: &ProjectScan, log: &FoundLog| {
+            self.store.root().join(&project.name).join(&log.session).join(LOG_FILE)
         };
-        let mut found: Vec<(PathBuf, u64, SystemTime)> = Vec::new();
-        for project in projects {
+        let mut cache = self.cache();
+        cache.generation += 1;
+        let generation = cache.generation;
+        let mut changed = cache.corpus.is_none();
+        for project in &projects {
             if cancel.is_cancelled() {
                 return Err(QueryError::Aborted);
             }
-            let project = project.map_err(|e| failed(root, e))?;
-            if !project.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let project = project.path();
-            // Stat each log relative to its project directory: a short lookup instead of a walk
-            // of the whole path, which dominates a warm listing of a large corpus.
-            let dir = std::fs::File::open(&project).map_err(|e| failed(project.as_path(), e))?;
-            for session in std::fs::read_dir(&project).map_err(|e| failed(project.as_path(), e))? {
-                let session = session.map_err(|e| failed(project.as_path(), e))?;
-                if session.file_type().is_ok_and(|t| t.is_file()) {
+            let logs = project_logs(&mut cache.logs, &project.name);
+            for f in &project.logs {
+                if let Some(log) = logs.get_mut(&f.session).filter(|c| c.len == f.len && c.modified == f.modified) {
+                    log.seen = generation;
                     continue;
                 }
-                let path = session.path().join(LOG_FILE);
-                match stat_at(&dir, &session.file_name(), LOG_FILE) {
-                    Ok(Some((len, modified))) => found.push((path, len, modified)),
-                    Ok(None) => {
-                        tracing::warn!(path = %path.display(), "skipping a session log that is not a regular file")
+                let path = log_path(project, f);
+                let header = read_header(&path).map(Arc::new).inspect_err(|e| {
+                    tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}");
+                });
+                let log = CachedLog { len: f.len, modified: f.modified, header, summary: None, seen: generation };
+                logs.insert(f.session.clone(), log);
+                changed = true;
+            }
+        }
+        let cached: usize = cache.logs.values().map(HashMap::len).sum();
+        if cached != found {
+            // Some log is gone (or was cached by an exact read and is not where a scan looks).
+            for logs in cache.logs.values_mut() {
+                logs.retain(|_, log| log.seen == generation);
+            }
+            cache.logs.retain(|_, logs| !logs.is_empty());
+            changed = true;
+        }
+        if changed {
+            let mut headers = Vec::with_capacity(found);
+            let mut paths = HashMap::with_capacity(found);
+            for project in &projects {
+                let Some(logs) = cache.logs.get(&project.name) else { continue };
+                for f in &project.logs {
+                    if let Some(CachedLog { header: Ok(header), .. }) = logs.get(&f.session) {
+                        paths.insert(header.id.clone(), log_path(project, f));
+                        headers.push(header.clone());
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}"),
                 }
             }
+            cache.corpus = Some(Arc::new(Corpus { merged: merge_records(Vec::new(), headers), paths }));
         }
-        let mut headers = Vec::with_capacity(found.len());
-        let mut paths = HashMap::with_capacity(found.len());
-        let mut seen = HashSet::with_capacity(found.len());
-        for (i, (path, len, modified)) in found.into_iter().enumerate() {
-            if i % 256 == 255 && cancel.is_cancelled() {
-                return Err(QueryError::Aborted);
-            }
-            let cached = self
-                .cache()
-                .logs
-                .get(&path)
-                .filter(|c| c.len == len && c.modified == modified)
-                .map(|c| c.header.clone());
-            let header = match cached {
-                Some(header) => header,
-                None => match read_header(&path) {
-                    Ok(header) => {
-                        let entry = CachedLog { len, modified, header: header.clone(), summary: None };
-                        self.cache().logs.insert(path.clone(), entry);
-                        header
-                    }
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}");
-                        continue;
-                    }
-                },
-            };
-            seen.insert(path.clone());
-            paths.insert(header.id.clone(), path);
-            headers.push(header);
-        }
-        let mut cache = self.cache();
-        cache.logs.retain(|path, _| seen.contains(path));
-        cache.paths = paths;
-        Ok(headers)
+        Ok(cache.corpus.clone().unwrap_or_else(|| unreachable!("the corpus was just built")))
     }
 
     /// The log file of `id`: where the last scan saw it, else wherever the store finds it.
     fn path_of(&self, id: &str) -> Result<PathBuf, QueryError> {
-        let known = self.cache().paths.get(id).cloned();
+        let known = self.cache().corpus.as_ref().and_then(|corpus| corpus.paths.get(id).cloned());
         if let Some(path) = known {
             return Ok(path);
         }
@@ -770,9 +783,13 @@ impl StoreSource {
 
 impl SessionSource for StoreSource {
     fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError> {
-        let persisted = self.persisted(cancel)?;
-        let live: Vec<SessionHeader> = persisted.iter().filter(|h| (self.live)(h.id.as_str())).cloned().collect();
-        merge_records(live, persisted)
+        let mut records = self.corpus(cancel)?.merged.clone()?;
+        for record in &mut records {
+            record.live = (self.live)(record.header.id.as_str());
+        }
+        // Live first, as `merge_records(live, persisted)` orders them.
+        records.sort_by_key(|record| !record.live);
+        Ok(records)
     }
 
     fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
@@ -784,10 +801,12 @@ impl SessionSource for StoreSource {
     fn summary(&self, id: &str) -> Result<Arc<LogSummary>, QueryError> {
         let path = self.path_of(id)?;
         let (len, modified) = stat(&path, id)?;
+        let (project, session) = log_key(&path);
         let cached = self
             .cache()
             .logs
-            .get(&path)
+            .get(project)
+            .and_then(|logs| logs.get(session))
             .filter(|c| c.len == len && c.modified == modified)
             .and_then(|c| c.summary.clone());
         if let Some(summary) = cached {
@@ -797,10 +816,128 @@ impl SessionSource for StoreSource {
         // state and is rebuilt at the next call.
         let log = read_log(&path, id)?;
         let summary = Arc::new(LogSummary::of(&log));
-        let entry = CachedLog { len, modified, header: log.header, summary: Some(summary.clone()) };
-        self.cache().logs.insert(path, entry);
+        let mut cache = self.cache();
+        let logs = project_logs(&mut cache.logs, project);
+        match logs.get_mut(session) {
+            Some(c) if c.len == len && c.modified == modified && c.header.is_ok() => c.summary = Some(summary.clone()),
+            _ => {
+                let header = Ok(Arc::new(log.header));
+                logs.insert(
+                    session.to_owned(),
+                    CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0 },
+                );
+                // The corpus no longer matches the cache.
+                cache.corpus = None;
+            }
+        }
         Ok(summary)
     }
+}
+
+/// The syscall half of a corpus scan: every project directory of the store, in directory order,
+/// with the session logs in it that are regular files. Project directories are scanned on
+/// several threads (the scan is a stat per log, and a warm listing is mostly this scan).
+fn scan_store(root: &Path, cancel: &CancellationToken) -> Result<Vec<ProjectScan>, QueryError> {
+    let mut dirs = Vec::new();
+    match std::fs::read_dir(root) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(|e| read_failed(root, e))?;
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(entry.file_name());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(read_failed(root, e)),
+    }
+    let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(dirs.len());
+    if workers <= 1 {
+        return dirs.into_iter().map(|name| scan_project(root, name, cancel)).collect();
+    }
+    let mut scanned: Vec<Option<ProjectScan>> = std::iter::repeat_with(|| None).take(dirs.len()).collect();
+    let mut shares: Vec<Vec<(usize, OsString)>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, name) in dirs.into_iter().enumerate() {
+        shares[i % workers].push((i, name));
+    }
+    std::thread::scope(|scope| -> Result<(), QueryError> {
+        let handles: Vec<_> = shares
+            .into_iter()
+            .map(|share| {
+                scope.spawn(move || {
+                    share
+                        .into_iter()
+                        .map(|(i, name)| scan_project(root, name, cancel).map(|p| (i, p)))
+                        .collect::<Result<Vec<_>, QueryError>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            let share =
+                handle.join().map_err(|_| QueryError::PersistenceFailed("a session scan thread panicked".into()))??;
+            for (i, project) in share {
+                scanned[i] = Some(project);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(scanned.into_iter().flatten().collect())
+}
+
+/// At most this many threads scan the store.
+const SCAN_THREADS: usize = 4;
+
+/// One project directory: each session directory's log, statted relative to the project
+/// directory (a short lookup instead of a walk of the whole path).
+fn scan_project(root: &Path, name: OsString, cancel: &CancellationToken) -> Result<ProjectScan, QueryError> {
+    if cancel.is_cancelled() {
+        return Err(QueryError::Aborted);
+    }
+    let path = root.join(&name);
+    let dir = std::fs::File::open(&path).map_err(|e| read_failed(&path, e))?;
+    let mut logs = Vec::new();
+    for session in std::fs::read_dir(&path).map_err(|e| read_failed(&path, e))? {
+        let session = session.map_err(|e| read_failed(&path, e))?;
+        if session.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let session = session.file_name();
+        let log = || path.join(&session).join(LOG_FILE);
+        match stat_at(&dir, &session, LOG_FILE) {
+            Ok(Some((len, modified))) => logs.push(FoundLog { session, len, modified }),
+            Ok(None) => tracing::warn!(path = %log().display(), "skipping a session log that is not a regular file"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %log().display(), "skipping an unreadable session log: {e}"),
+        }
+    }
+    Ok(ProjectScan { name, logs })
+}
+
+fn read_failed(at: &Path, e: std::io::Error) -> QueryError {
+    QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()))
+}
+
+/// The logs of one project directory in the cache (an empty map the first time).
+fn project_logs<'c>(
+    logs: &'c mut HashMap<OsString, HashMap<OsString, CachedLog>>,
+    project: &OsStr,
+) -> &'c mut HashMap<OsString, CachedLog> {
+    if !logs.contains_key(project) {
+        logs.insert(project.to_owned(), HashMap::new());
+    }
+    match logs.get_mut(project) {
+        Some(project_logs) => project_logs,
+        None => unreachable!("inserted above"),
+    }
+}
+
+/// The (project directory, session directory) names of a log path `<root>/<project>/<session>/<LOG_FILE>`.
+fn log_key(path: &Path) -> (&OsStr, &OsStr) {
+    fn name(dir: Option<&Path>) -> &OsStr {
+        dir.and_then(Path::file_name).unwrap_or_default()
+    }
+    let session_dir = path.parent();
+    (name(session_dir.and_then(Path::parent)), name(session_dir))
 }
 
 /// Length and mtime of a log; a missing file is a missing session.
