@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use anyhow::Result;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -14,7 +16,7 @@ use crate::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
 use crate::config::Config;
 use crate::model::Model;
 use crate::model::replay::ReplayModel;
-use crate::permission::{PermissionMode, PermissionPrompt, Permissions};
+use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
 use crate::prompt::{self, PromptSettings};
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
@@ -61,6 +63,19 @@ pub struct ClientLink {
     pub prompt: Option<Arc<dyn PermissionPrompt>>,
     pub files: Option<Arc<dyn FileAccess>>,
     pub children: Option<Arc<dyn ChildObservers>>,
+}
+
+/// The connected client's permission prompt, looked up when asked (the client connects after
+/// the runtime is built); with no client connected every question is dismissed.
+struct ClientPrompt(Weak<Runtime>);
+
+impl PermissionPrompt for ClientPrompt {
+    fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+        match self.0.upgrade().and_then(|rt| rt.client().prompt) {
+            Some(prompt) => prompt.ask(request),
+            None => async { PermissionAnswer::Dismissed }.boxed(),
+        }
+    }
 }
 
 /// Makes the observer of each child session (the protocol layer's child forwarder).
@@ -287,7 +302,9 @@ impl Runtime {
             tools.register(Arc::new(InterruptTool(continuation.clone())));
             // `[acp_agents.NAME]`: provider `acp:NAME` and its delegation tool.
             for agent in &config.acp_agents {
-                if let Err(e) = subagents.register_provider(Arc::new(AcpProvider::new(agent.clone()))) {
+                if let Err(e) = subagents.register_provider(Arc::new(
+                    AcpProvider::new(agent.clone()).forwarding_to(Arc::new(ClientPrompt(weak.clone()))),
+                )) {
                     problems.push(e.to_string());
                     continue;
                 }

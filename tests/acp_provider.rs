@@ -366,3 +366,92 @@ async fn a_turn_past_its_timeout_is_an_error_and_the_child_is_cancelled() {
     assert!(matches!(end.data["reason"]["kind"].as_str(), Some("aborted" | "disposed")), "{}", end.data);
     rt.shutdown().await;
 }
+
+/// A child that asks to write `notes.txt` (an `edit` permission request), then writes it through
+/// `fs/write_text_file`, and reports whether kin offered writes, the permission outcome and the
+/// write's answer as its output.
+const ASKS_TO_WRITE: &str = r#"
+reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
+say() { text=$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'); printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"%s"}}}}\n' "$text"; }
+read init; reply "$init" '{"protocolVersion":1}'
+read new; reply "$new" '{"sessionId":"s1"}'
+read prompt
+printf '%s\n' '{"jsonrpc":"2.0","id":"perm","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1","title":"Write notes.txt","kind":"edit","rawInput":{"path":"notes.txt"}},"options":[{"optionId":"yes","name":"Allow","kind":"allow_once"},{"optionId":"no","name":"Reject","kind":"reject_once"}]}}'
+read perm
+printf '{"jsonrpc":"2.0","id":"w","method":"fs/write_text_file","params":{"sessionId":"s1","path":"%s/notes.txt","content":"hello"}}\n' "$(pwd -P)"
+read wrote
+case $init in *'"writeTextFile":true'*) offered=yes;; *) offered=no;; esac
+say "writes offered: $offered | $perm | $wrote"
+reply "$prompt" '{"stopReason":"end_turn"}'
+"#;
+
+/// The editor of these tests: records each question and gives one answer to all.
+struct Editor {
+    answer: kin::permission::PermissionAnswer,
+    asked: std::sync::Mutex<Vec<kin::permission::PermissionRequest>>,
+}
+
+impl kin::permission::PermissionPrompt for Editor {
+    fn ask(
+        &self,
+        request: kin::permission::PermissionRequest,
+    ) -> futures::future::BoxFuture<'static, kin::permission::PermissionAnswer> {
+        self.asked.lock().unwrap().push(request);
+        let answer = self.answer;
+        Box::pin(async move { answer })
+    }
+}
+
+/// Runs `ASKS_TO_WRITE` under `permission = "forward"` with an editor giving `answer`; returns
+/// the run's output, the editor's questions and the workspace.
+async fn forwarded(
+    dir: &Path,
+    answer: kin::permission::PermissionAnswer,
+) -> (String, Vec<kin::permission::PermissionRequest>, PathBuf) {
+    let quote = |s: &str| serde_json::to_string(s).unwrap();
+    let config = format!(
+        "[acp_agents.fw]\ncommand = \"sh\"\nargs = [\"-c\", {}]\npermission = \"forward\"\n",
+        quote(ASKS_TO_WRITE)
+    );
+    let (rt, _) = runtime(dir, vec![], &config);
+    let editor = Arc::new(Editor { answer, asked: Default::default() });
+    rt.connect_client(kin::runtime::ClientLink { prompt: Some(editor.clone()), files: None, children: None });
+    let cwd = workspace(dir);
+    let mut req = request(&cwd);
+    req.call_id = Some("call-7".into());
+    let run = rt.subagents().start("acp:fw", req).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
+    (run.dispose)().await;
+    rt.shutdown().await;
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    let asked = editor.asked.lock().unwrap().clone();
+    (result.output, asked, cwd)
+}
+
+#[tokio::test]
+async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::AllowOnce).await;
+    assert!(output.starts_with("writes offered: yes | "), "{output}");
+    assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"yes"}"#), "{output}");
+    assert!(output.contains(r#""id":"w","result":null"#), "{output}");
+    assert_eq!(std::fs::read_to_string(cwd.join("notes.txt")).unwrap(), "hello");
+    // One question (the write rode on the allowed edit), on the parent's session and the
+    // delegating tool call, naming the provider.
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!((asked[0].session_id.as_str(), asked[0].call_id.as_str()), ("parent-1", "call-7"));
+    assert_eq!(asked[0].title, "acp:fw: Write notes.txt");
+    assert_eq!((asked[0].tool.as_str(), &asked[0].raw_input), ("edit", &json!({"path": "notes.txt"})));
+}
+
+#[tokio::test]
+async fn forward_passes_a_rejection_on_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::RejectOnce).await;
+    assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"no"}"#), "{output}");
+    assert!(output.contains("the user rejected writing"), "{output}");
+    assert!(!cwd.join("notes.txt").exists());
+    // The write without an allowed edit was asked about on its own.
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked[1].title, format!("acp:fw: Write {}/notes.txt", cwd.canonicalize().unwrap().display()));
+}

@@ -12,10 +12,13 @@
 //! Cancellation sends `session/cancel` and closes stdin, waits `cancel_grace`, then kills the
 //! child's process group and waits `kill_grace`; every path reaps the child.
 //!
-//! `forward` (ask the parent's editor) is not reachable from here: a provider sees its parent only
-//! as a `Caller`, and subagent children run without an editor link. It falls back to
-//! `allow-reads` (reads inside the working directory are served; writes and permission requests
-//! other than reads and searches are rejected), with a warning when the provider is built.
+//! `forward` asks the parent's editor: the child's permission requests become requests on the
+//! parent's session and the delegating tool call, and the answer is passed back as the child's
+//! matching option. Reads inside the working directory are served; a write inside it is served
+//! right after the editor allowed one of the child's edits (or allowed them always), else the
+//! editor is asked about that write. A provider built without an editor answers `forward` like
+//! `allow-reads`; the runtime's asks the connected client, and with none connected every
+//! question is a rejection.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -40,6 +43,7 @@ use super::{
     Capabilities, ErrorCode, RemoteRun, ResolvedStart, StartRequest, StopReason, SubagentError, SubagentProvider,
     SubagentResult, SubagentRun,
 };
+use crate::permission::{PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::session::SessionHeader;
 
 /// The ACP protocol version kin speaks as a client.
@@ -69,7 +73,8 @@ pub enum AcpPermission {
     /// Reads inside the working directory are served and read/search permission requests
     /// allowed; writes and every other permission request are rejected.
     AllowReads,
-    /// Ask the parent's editor; not reachable from a subagent run, so it behaves as `AllowReads`.
+    /// Permission requests are asked of the parent's editor; reads inside the working directory
+    /// are served, writes inside it when the editor allowed them.
     Forward,
 }
 
@@ -190,18 +195,19 @@ impl fmt::Debug for AcpAgentConfig {
 /// The `acp:NAME` provider: no start-time capabilities, no continuable children.
 pub struct AcpProvider {
     config: Arc<AcpAgentConfig>,
+    /// Where `forward` asks (the parent's editor).
+    editor: Option<Arc<dyn PermissionPrompt>>,
 }
 
 impl AcpProvider {
     pub fn new(config: AcpAgentConfig) -> Self {
-        if config.permission == AcpPermission::Forward {
-            tracing::warn!(
-                provider = %config.name,
-                "permission = \"forward\": the parent's editor is not reachable from a subagent run; \
-                 the child's requests are answered as with \"allow-reads\""
-            );
-        }
-        AcpProvider { config: Arc::new(config) }
+        AcpProvider { config: Arc::new(config), editor: None }
+    }
+
+    /// Asks `editor` the questions `forward` passes on.
+    pub fn forwarding_to(mut self, editor: Arc<dyn PermissionPrompt>) -> Self {
+        self.editor = Some(editor);
+        self
     }
 
     pub fn config(&self) -> &AcpAgentConfig {
@@ -225,7 +231,16 @@ impl SubagentProvider for AcpProvider {
     fn start(&self, resolved: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let config = self.config.clone();
         let ResolvedStart { request, .. } = resolved;
-        start_run(config, request).boxed()
+        let forward = match (config.permission, &self.editor) {
+            (AcpPermission::Forward, Some(editor)) => Some(Forward {
+                editor: editor.clone(),
+                session_id: request.parent.header.id.clone(),
+                call_id: request.call_id.clone().unwrap_or_else(|| format!("{}-run", config.tool_name)),
+                cancel: request.cancel.clone(),
+            }),
+            _ => None,
+        };
+        start_run(config, request, forward).boxed()
     }
 }
 
@@ -240,9 +255,13 @@ fn working_dir(config: &AcpAgentConfig, parent: &SessionHeader) -> PathBuf {
 }
 
 /// Spawns the child and completes the handshake; a failure reaps the child before it returns.
-async fn start_run(config: Arc<AcpAgentConfig>, request: StartRequest) -> Result<SubagentRun, SubagentError> {
+async fn start_run(
+    config: Arc<AcpAgentConfig>,
+    request: StartRequest,
+    forward: Option<Forward>,
+) -> Result<SubagentRun, SubagentError> {
     let cwd = working_dir(&config, &request.parent.header);
-    let mut conn = Connection::spawn(&config, &cwd)?;
+    let mut conn = Connection::spawn(&config, &cwd, forward)?;
     let deadline = Instant::now() + config.startup_timeout;
     let session_id = match conn.rpc.handshake(&cwd, deadline, &request.cancel).await {
         Ok(id) => id,
@@ -386,12 +405,27 @@ struct State {
     session_id: Option<String>,
     output: String,
     stderr_tail: VecDeque<String>,
+    /// Writes the editor allowed through `forward` and the child has not made yet.
+    write_grants: u32,
+    /// The editor allowed the child's edits always.
+    writes_always: bool,
+}
+
+/// Where `forward` asks: the parent's editor, on the parent's session and the delegating tool
+/// call; the run's cancellation withdraws an open question.
+struct Forward {
+    editor: Arc<dyn PermissionPrompt>,
+    session_id: String,
+    call_id: String,
+    cancel: CancellationToken,
 }
 
 /// What the reader tasks and the run share.
 struct Shared {
     provider: String,
     policy: AcpPermission,
+    /// Set for `forward` when there is an editor to ask.
+    forward: Option<Forward>,
     /// The real working directory: file requests must stay inside it.
     root: PathBuf,
     state: Mutex<State>,
@@ -505,7 +539,7 @@ struct Connection {
 }
 
 impl Connection {
-    fn spawn(config: &AcpAgentConfig, cwd: &Path) -> Result<Connection, SubagentError> {
+    fn spawn(config: &AcpAgentConfig, cwd: &Path, forward: Option<Forward>) -> Result<Connection, SubagentError> {
         let mut command = Command::new(&config.command);
         command
             .args(&config.args)
@@ -534,6 +568,7 @@ impl Connection {
         let shared = Arc::new(Shared {
             provider: config.name.clone(),
             policy: config.permission,
+            forward,
             root: std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf()),
             state: Mutex::new(State::default()),
         });
@@ -600,17 +635,19 @@ impl Rpc {
         }
     }
 
-    /// `initialize` (protocol 1, fs served by us, no terminal), then `session/new` in `cwd`;
-    /// returns the child's session id.
+    /// `initialize` (protocol 1; the fs methods the policy serves; no terminal), then
+    /// `session/new` in `cwd`; returns the child's session id.
     async fn handshake(
         &self,
         cwd: &Path,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<String, StartFailure> {
+        let fs =
+            json!({"readTextFile": self.shared.policy.allows_reads(), "writeTextFile": self.shared.forward.is_some()});
         let params = json!({
             "protocolVersion": PROTOCOL_VERSION,
-            "clientCapabilities": {"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": false},
+            "clientCapabilities": {"fs": fs, "terminal": false},
             "clientInfo": {"name": "kin", "version": env!("CARGO_PKG_VERSION")},
         });
         let init = self.step("initialize", params, deadline, cancel).await?;
@@ -834,16 +871,12 @@ async fn read_stderr(stderr: ChildStderr, shared: Arc<Shared>) {
 /// Answers one request of the child under the permission policy.
 async fn answer(shared: &Shared, method: &str, params: &Value) -> Result<Value, (i64, String)> {
     match method {
-        "session/request_permission" => Ok(permission_answer(shared.policy, params)),
+        "session/request_permission" => Ok(match &shared.forward {
+            Some(forward) => forward_permission(shared, forward, params).await,
+            None => permission_answer(shared.policy, params),
+        }),
         "fs/read_text_file" => read_text_file(shared, params).await,
-        "fs/write_text_file" => Err((
-            INTERNAL_ERROR,
-            format!(
-                "writing files is refused: subagent provider \"{}\" has permission \"{}\", which allows no writes",
-                shared.provider,
-                shared.policy.id()
-            ),
-        )),
+        "fs/write_text_file" => write_text_file(shared, params).await,
         _ => Err((METHOD_NOT_FOUND, format!("Method not found: {method}"))),
     }
 }
@@ -853,7 +886,12 @@ async fn answer(shared: &Shared, method: &str, params: &Value) -> Result<Value, 
 fn permission_answer(policy: AcpPermission, params: &Value) -> Value {
     let kind = params["toolCall"]["kind"].as_str().unwrap_or("");
     let allow = policy.allows_reads() && matches!(kind, "read" | "search");
-    let preferred: [&str; 2] = if allow { ["allow_once", "allow_always"] } else { ["reject_once", "reject_always"] };
+    select_option(params, if allow { &["allow_once", "allow_always"] } else { &["reject_once", "reject_always"] })
+}
+
+/// The first of the child's options whose kind is in `preferred` (in that order), else
+/// `cancelled`.
+fn select_option(params: &Value, preferred: &[&str]) -> Value {
     let options: &[Value] = params["options"].as_array().map(Vec::as_slice).unwrap_or_default();
     let chosen = preferred
         .iter()
@@ -862,6 +900,99 @@ fn permission_answer(policy: AcpPermission, params: &Value) -> Value {
         Some(option_id) => json!({"outcome": {"outcome": "selected", "optionId": option_id}}),
         None => json!({"outcome": {"outcome": "cancelled"}}),
     }
+}
+
+/// `forward`: asks the editor about the child's tool call and passes the answer on as the
+/// child's option of the same kind. An allowed edit lets the child write once (always, for
+/// "allow always"); a run cancelled while the question is open answers `cancelled`.
+async fn forward_permission(shared: &Shared, forward: &Forward, params: &Value) -> Value {
+    let call = &params["toolCall"];
+    let kind = call["kind"].as_str().unwrap_or("other");
+    let title = call["title"].as_str().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
+    let raw_input = call.get("rawInput").cloned().unwrap_or(Value::Null);
+    let Some(answer) = ask_editor(shared, forward, kind, title, raw_input).await else {
+        return json!({"outcome": {"outcome": "cancelled"}});
+    };
+    let allowed: &[&str] = match answer {
+        PermissionAnswer::AllowOnce => &["allow_once", "allow_always"],
+        PermissionAnswer::AllowAlways => &["allow_always", "allow_once"],
+        PermissionAnswer::RejectOnce | PermissionAnswer::Dismissed => &["reject_once", "reject_always"],
+        PermissionAnswer::RejectAlways => &["reject_always", "reject_once"],
+    };
+    if kind == "edit" {
+        let mut state = shared.lock();
+        match answer {
+            PermissionAnswer::AllowOnce => state.write_grants += 1,
+            PermissionAnswer::AllowAlways => state.writes_always = true,
+            PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed => {}
+        }
+    }
+    select_option(params, allowed)
+}
+
+/// One question to the editor, titled with the provider's name; `None` when the run was
+/// cancelled first.
+async fn ask_editor(
+    shared: &Shared,
+    forward: &Forward,
+    kind: &str,
+    title: &str,
+    raw_input: Value,
+) -> Option<PermissionAnswer> {
+    let request = PermissionRequest {
+        session_id: forward.session_id.clone(),
+        call_id: forward.call_id.clone(),
+        tool: kind.to_string(),
+        title: format!("{}: {title}", shared.provider),
+        raw_input,
+    };
+    tokio::select! {
+        answer = forward.editor.ask(request) => Some(answer),
+        () = forward.cancel.cancelled() => None,
+    }
+}
+
+/// `fs/write_text_file` (`path`, `content`) inside the working directory, under `forward` only:
+/// served when the editor allowed the child's edit just before (or always), else after the
+/// editor allows this write.
+async fn write_text_file(shared: &Shared, params: &Value) -> Result<Value, (i64, String)> {
+    let Some(forward) = &shared.forward else {
+        return Err((
+            INTERNAL_ERROR,
+            format!(
+                "writing files is refused: subagent provider \"{}\" has permission \"{}\", which allows no writes",
+                shared.provider,
+                shared.policy.id()
+            ),
+        ));
+    };
+    let path = params["path"]
+        .as_str()
+        .ok_or_else(|| (INVALID_PARAMS, "fs/write_text_file needs a string path".to_string()))?;
+    let content = params["content"]
+        .as_str()
+        .ok_or_else(|| (INVALID_PARAMS, "fs/write_text_file needs a string content".to_string()))?;
+    let target = confined_new(&shared.root, Path::new(path)).await?;
+    let granted = {
+        let mut state = shared.lock();
+        let granted = state.writes_always || state.write_grants > 0;
+        state.write_grants = state.write_grants.saturating_sub(1);
+        granted
+    };
+    if !granted {
+        let raw_input = json!({"path": path});
+        let answer = ask_editor(shared, forward, "edit", &format!("Write {path}"), raw_input).await;
+        match answer {
+            Some(PermissionAnswer::AllowOnce) => {}
+            Some(PermissionAnswer::AllowAlways) => shared.lock().writes_always = true,
+            Some(PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed)
+            | None => {
+                return Err((INTERNAL_ERROR, format!("the user rejected writing {path}")));
+            }
+        }
+    }
+    tokio::fs::write(&target, content).await.map_err(|e| (INTERNAL_ERROR, format!("cannot write {path}: {e}")))?;
+    Ok(Value::Null)
 }
 
 /// `fs/read_text_file` (`path`, optional 1-based `line` and `limit`) inside the working directory.
@@ -910,6 +1041,21 @@ async fn confined(root: &Path, path: &Path) -> Result<PathBuf, (i64, String)> {
             Err((RESOURCE_NOT_FOUND, format!("Resource not found: {}", path.display())))
         }
         Err(e) => Err((INTERNAL_ERROR, format!("cannot resolve {}: {e}", path.display()))),
+    }
+}
+
+/// Where a write to `path` lands: its directory resolved (symlinks included) must be inside
+/// `root`, and an existing file there must not be a symlink.
+async fn confined_new(root: &Path, path: &Path) -> Result<PathBuf, (i64, String)> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err((INVALID_PARAMS, format!("not a file path: {}", path.display())));
+    };
+    let target = confined(root, dir).await?.join(name);
+    match tokio::fs::symlink_metadata(&target).await {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            Err((INTERNAL_ERROR, format!("{} is a symbolic link; kin does not write through it", path.display())))
+        }
+        _ => Ok(target),
     }
 }
 
@@ -996,7 +1142,71 @@ mod tests {
     }
 
     fn shared(policy: AcpPermission, root: &Path) -> Shared {
-        Shared { provider: "acp:t".into(), policy, root: root.to_path_buf(), state: Mutex::new(State::default()) }
+        Shared {
+            provider: "acp:t".into(),
+            policy,
+            forward: None,
+            root: root.to_path_buf(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// An editor that answers every question with `answer` and counts them.
+    struct Answers(PermissionAnswer, Arc<AtomicU64>);
+
+    impl PermissionPrompt for Answers {
+        fn ask(&self, _: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            let answer = self.0;
+            async move { answer }.boxed()
+        }
+    }
+
+    fn forwarding(root: &Path, answer: PermissionAnswer) -> (Shared, Arc<AtomicU64>) {
+        let asked = Arc::new(AtomicU64::new(0));
+        let editor = Arc::new(Answers(answer, asked.clone()));
+        let forward = Forward { editor, session_id: "p".into(), call_id: "c".into(), cancel: CancellationToken::new() };
+        (Shared { forward: Some(forward), ..shared(AcpPermission::Forward, root) }, asked)
+    }
+
+    #[tokio::test]
+    async fn forwarded_writes_stay_inside_the_working_directory_and_follow_the_editor() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let root = base.join("ws");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(base.join("secret.txt"), "s").unwrap();
+        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        let write = |path: PathBuf| json!({"path": path, "content": "x"});
+        let (allows, asked) = forwarding(&root, PermissionAnswer::AllowOnce);
+        for escape in [base.join("new.txt"), root.join("../new.txt"), root.join("link.txt")] {
+            let refused = answer(&allows, "fs/write_text_file", &write(escape)).await.unwrap_err();
+            assert!(
+                refused.1.contains("outside the working directory") || refused.1.contains("symbolic link"),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(std::fs::read_to_string(base.join("secret.txt")).unwrap(), "s");
+        assert!(!base.join("new.txt").exists());
+        let relative = answer(&allows, "fs/write_text_file", &json!({"path": "a.txt", "content": "x"})).await;
+        assert_eq!(relative.unwrap_err().0, INVALID_PARAMS);
+        assert_eq!(asked.load(Ordering::Relaxed), 0, "nothing refused was asked about");
+        // Each write without an allowed edit before it is asked about.
+        for n in 1..=2 {
+            assert_eq!(answer(&allows, "fs/write_text_file", &write(root.join("a.txt"))).await, Ok(Value::Null));
+            assert_eq!(asked.load(Ordering::Relaxed), n);
+        }
+        assert_eq!(std::fs::read_to_string(root.join("a.txt")).unwrap(), "x");
+        // "Allow always" is asked once.
+        let (always, asked) = forwarding(&root, PermissionAnswer::AllowAlways);
+        for _ in 0..3 {
+            assert_eq!(answer(&always, "fs/write_text_file", &write(root.join("b.txt"))).await, Ok(Value::Null));
+        }
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+        let (rejects, _) = forwarding(&root, PermissionAnswer::Dismissed);
+        let refused = answer(&rejects, "fs/write_text_file", &write(root.join("c.txt"))).await.unwrap_err();
+        assert!(refused.1.contains("the user rejected writing"), "{refused:?}");
+        assert!(!root.join("c.txt").exists());
     }
 
     #[tokio::test]
