@@ -441,7 +441,7 @@ fn shorten(text: &str, max: usize) -> String {
 }
 
 fn permission_error(code: &str, message: String) -> ToolError {
-    ToolError { name: "PermissionError".into(), code: code.into(), message }
+    ToolError::named("PermissionError", code, message)
 }
 
 /// The result of a call the user rejected (or a request that was dismissed, failed or cancelled).

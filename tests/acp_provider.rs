@@ -367,6 +367,46 @@ async fn a_turn_past_its_timeout_is_an_error_and_the_child_is_cancelled() {
     rt.shutdown().await;
 }
 
+/// `[acp_agents.KEY]` running `sh -c SCRIPT`.
+fn sh_agent_toml(key: &str, script: &str, extra: &str) -> String {
+    let script = serde_json::to_string(script).unwrap();
+    format!("[acp_agents.{key}]\ncommand = \"sh\"\nargs = [\"-c\", {script}]\n{extra}")
+}
+
+/// A child that says `partial` and then refuses its turn.
+const REFUSES: &str = r#"
+reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
+read init; reply "$init" '{"protocolVersion":1}'
+read new; reply "$new" '{"sessionId":"s1"}'
+read prompt
+printf '%s\n' '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"partial"}}}}'
+reply "$prompt" '{"stopReason":"refusal"}'
+"#;
+
+#[tokio::test]
+async fn a_failed_remote_run_is_recorded_in_the_parent_log_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![
+        ReplayEntry::Chunks(tool_call_response("c1", "delegate_no", r#"{"description":"ask","prompt":"Do it."}"#)),
+        ReplayEntry::Chunks(text_response(&["parent done"])),
+    ];
+    let (rt, _) = runtime(dir.path(), entries, &sh_agent_toml("no", REFUSES, ""));
+    let id = rt.new_session(&workspace(dir.path()), Arc::new(Quiet)).unwrap();
+    let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(20), turn).await.unwrap().unwrap(), TurnEnd::Completed);
+    let log = rt.store().inspect(&id).unwrap().events;
+    let remote = log.iter().find(|e| e.kind == "subagent/remote-run").expect("the failed run is recorded");
+    assert_eq!(
+        (&remote.data["provider"], &remote.data["childSessionId"], &remote.data["output"], &remote.data["stopReason"]),
+        (&json!("acp:no"), &json!("s1"), &json!("partial"), &json!("refusal"))
+    );
+    let result = log.iter().find(|e| e.kind == "tool/result").unwrap();
+    assert!(remote.seq < result.seq);
+    assert_eq!(result.data["message"]["content"][0]["isError"], true);
+    assert_eq!(result.data["error"], json!({"name": "SubagentRunError", "code": "REFUSAL"}));
+    rt.shutdown().await;
+}
+
 /// A child that asks to write `notes.txt` (an `edit` permission request), then writes it through
 /// `fs/write_text_file`, and reports whether kin offered writes, the permission outcome and the
 /// write's answer as its output.
@@ -408,12 +448,7 @@ async fn forwarded(
     dir: &Path,
     answer: kin::permission::PermissionAnswer,
 ) -> (String, Vec<kin::permission::PermissionRequest>, PathBuf) {
-    let quote = |s: &str| serde_json::to_string(s).unwrap();
-    let config = format!(
-        "[acp_agents.fw]\ncommand = \"sh\"\nargs = [\"-c\", {}]\npermission = \"forward\"\n",
-        quote(ASKS_TO_WRITE)
-    );
-    let (rt, _) = runtime(dir, vec![], &config);
+    let (rt, _) = runtime(dir, vec![], &sh_agent_toml("fw", ASKS_TO_WRITE, "permission = \"forward\"\n"));
     let editor = Arc::new(Editor { answer, asked: Default::default() });
     rt.connect_client(kin::runtime::ClientLink { prompt: Some(editor.clone()), files: None, children: None });
     let cwd = workspace(dir);

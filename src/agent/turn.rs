@@ -281,10 +281,12 @@ async fn run_tools(
             futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect().await
         };
         for (((id, _, _), mut result), seq) in batch.iter().zip(results).zip(seqs) {
-            if let Ok(output) = &mut result {
-                for (kind, data) in output.events.drain(..) {
-                    session.append(&kind, data);
-                }
+            let events = match &mut result {
+                Ok(output) => &mut output.events,
+                Err(error) => &mut error.events,
+            };
+            for (kind, data) in events.drain(..) {
+                session.append(&kind, data);
             }
             session.append_surface("tool/result", tool_result(turn, step, id, result), Some(vec![seq]));
         }
@@ -292,7 +294,7 @@ async fn run_tools(
 }
 
 fn aborted(message: &str, code: &str) -> ToolError {
-    ToolError { name: "AbortError".into(), code: code.into(), message: message.into() }
+    ToolError::named("AbortError", code, message)
 }
 
 fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> Value {

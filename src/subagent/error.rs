@@ -81,6 +81,6 @@ impl std::error::Error for SubagentError {}
 
 impl From<SubagentError> for crate::tools::ToolError {
     fn from(e: SubagentError) -> Self {
-        crate::tools::ToolError { name: e.code.name().into(), code: e.code.code().into(), message: e.message }
+        crate::tools::ToolError::named(e.code.name(), e.code.code(), e.message)
     }
 }

@@ -160,27 +160,26 @@ impl Tool for DelegateTool {
             let SubagentResult { output, structured, stop_reason, remote } = result
                 .map_err(|_| ToolError::new(ErrorCode::Infrastructure.code(), "subagent run ended without a result"))?
                 .map_err(ToolError::from)?;
-            match stop_reason {
-                StopReason::Completed => {
-                    // A remote run has no child session: the parent's log records it instead.
-                    let event = remote.map(|r| r.event_data(&run_id, &output, stop_reason));
-                    let mut tool_output = ToolOutput::text(match structured {
-                        Some(structured) => structured.to_string(),
-                        None => output,
-                    });
-                    if let Some(data) = event {
-                        tool_output = tool_output.with_event(REMOTE_RUN_EVENT, data);
-                    }
-                    Ok(tool_output)
-                }
-                other => Err(ToolError {
-                    name: "SubagentRunError".into(),
-                    code: other.as_str().to_uppercase().replace('-', "_"),
-                    message: match remote.and_then(|r| r.error) {
+            // A remote run has no child session: the parent's log records it, however it ended.
+            let event = remote.as_ref().map(|r| r.event_data(&run_id, &output, stop_reason));
+            let result = match stop_reason {
+                StopReason::Completed => Ok(ToolOutput::text(match structured {
+                    Some(structured) => structured.to_string(),
+                    None => output,
+                })),
+                other => Err(ToolError::named(
+                    "SubagentRunError",
+                    &other.as_str().to_uppercase().replace('-', "_"),
+                    match remote.and_then(|r| r.error) {
                         Some(detail) => format!("{}: {detail}", stop_reason_error(other)),
                         None => stop_reason_error(other).into(),
                     },
-                }),
+                )),
+            };
+            match (result, event) {
+                (Ok(output), Some(data)) => Ok(output.with_event(REMOTE_RUN_EVENT, data)),
+                (Err(error), Some(data)) => Err(error.with_event(REMOTE_RUN_EVENT, data)),
+                (result, None) => result,
             }
         }
         .boxed()

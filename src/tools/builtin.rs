@@ -34,7 +34,7 @@ pub(crate) fn call_cwd(ctx: &ToolContext) -> PathBuf {
 
 /// The error of a call stopped by its cancellation token (the registry's own wording).
 pub(crate) fn aborted() -> ToolError {
-    ToolError { name: "AbortError".into(), ..ToolError::new("ABORTED", "tool call aborted") }
+    ToolError::named("AbortError", "ABORTED", "tool call aborted")
 }
 
 /// An `INVALID_ARGUMENTS` error for `tool`.

@@ -101,11 +101,24 @@ pub struct ToolError {
     pub name: String,
     pub code: String,
     pub message: String,
+    /// Log-only events recorded with the failed result (as `ToolOutput::events`).
+    pub events: Vec<(String, Value)>,
 }
 
 impl ToolError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
-        ToolError { name: "ToolError".into(), code: code.into(), message: message.into() }
+        Self::named("ToolError", code, message)
+    }
+
+    /// An error with its own name (`AbortError`, `PermissionError`, ...).
+    pub fn named(name: &str, code: &str, message: impl Into<String>) -> Self {
+        ToolError { name: name.into(), code: code.into(), message: message.into(), events: Vec::new() }
+    }
+
+    /// Adds a log-only event recorded with the failed result.
+    pub fn with_event(mut self, kind: &str, data: Value) -> Self {
+        self.events.push((kind.to_string(), data));
+        self
     }
 }
 
@@ -174,11 +187,7 @@ impl ToolRegistry {
     /// Runs one call; every failure becomes a `ToolError` (unknown tool, bad JSON, the tool's own).
     pub async fn call(&self, name: &str, raw_arguments: &str, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let Some(tool) = self.get(name).cloned() else {
-            return Err(ToolError {
-                name: "ToolError".into(),
-                code: "UNKNOWN_TOOL".into(),
-                message: format!("unknown tool \"{name}\""),
-            });
+            return Err(ToolError::new("UNKNOWN_TOOL", format!("unknown tool \"{name}\"")));
         };
         let arguments: Value = if raw_arguments.trim().is_empty() {
             json!({})
@@ -197,7 +206,7 @@ impl ToolRegistry {
                 // happened; a tool that does not finish within the grace is abandoned.
                 match tokio::time::timeout(CANCEL_GRACE, &mut run).await {
                     Ok(result) => result,
-                    Err(_) => Err(ToolError { name: "AbortError".into(), code: "ABORTED".into(), message: "tool call aborted".into() }),
+                    Err(_) => Err(builtin::aborted()),
                 }
             }
         }
