@@ -726,7 +726,7 @@ impl StoreSource {
             if cancel.is_cancelled() {
                 return Err(QueryError::Aborted);
             }
-            let logs = project_logs(&mut cache.logs, &project.name);
+            let logs = cache.logs.entry(project.name.clone()).or_default();
             for f in &project.logs {
                 if let Some(log) = logs.get_mut(&f.session).filter(|c| c.len == f.len && c.modified == f.modified) {
                     log.seen = generation;
@@ -737,8 +737,12 @@ impl StoreSource {
                     tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}");
                 });
                 let log = CachedLog { len: f.len, modified: f.modified, header, summary: None, seen: generation };
-                logs.insert(f.session.clone(), log);
-                changed = true;
+                // A log that grew under the same header (every live session does) leaves the
+                // corpus as it was.
+                match logs.insert(f.session.clone(), log) {
+                    Some(old) if old.header == logs[&f.session].header => {}
+                    _ => changed = true,
+                }
             }
         }
         let cached: usize = cache.logs.values().map(HashMap::len).sum();
@@ -817,7 +821,7 @@ impl SessionSource for StoreSource {
         let log = read_log(&path, id)?;
         let summary = Arc::new(LogSummary::of(&log));
         let mut cache = self.cache();
-        let logs = project_logs(&mut cache.logs, project);
+        let logs = cache.logs.entry(project.to_owned()).or_default();
         match logs.get_mut(session) {
             Some(c) if c.len == len && c.modified == modified && c.header.is_ok() => c.summary = Some(summary.clone()),
             _ => {
@@ -915,20 +919,6 @@ fn scan_project(root: &Path, name: OsString, cancel: &CancellationToken) -> Resu
 
 fn read_failed(at: &Path, e: std::io::Error) -> QueryError {
     QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()))
-}
-
-/// The logs of one project directory in the cache (an empty map the first time).
-fn project_logs<'c>(
-    logs: &'c mut HashMap<OsString, HashMap<OsString, CachedLog>>,
-    project: &OsStr,
-) -> &'c mut HashMap<OsString, CachedLog> {
-    if !logs.contains_key(project) {
-        logs.insert(project.to_owned(), HashMap::new());
-    }
-    match logs.get_mut(project) {
-        Some(project_logs) => project_logs,
-        None => unreachable!("inserted above"),
-    }
 }
 
 /// The (project directory, session directory) names of a log path `<root>/<project>/<session>/<LOG_FILE>`.
