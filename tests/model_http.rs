@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kin::model::http::{RetryInfo, RetryNotice, RetryPolicy};
+use kin::model::http::{RetryInfo, RetryNotice, RetryPolicy, Server};
 use kin::model::openai::{OpenAiConfig, OpenAiModel};
 use kin::model::router::{ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice};
 use kin::model::{
@@ -498,13 +498,13 @@ async fn disconnect_after_chunks_finishes_with_an_error_and_no_retry() {
 }
 
 fn stalling_model(server: &MockServer, max_attempts: u32) -> (OpenAiModel, Arc<Mutex<Vec<RetryInfo>>>) {
-    let mut config = OpenAiConfig::new(server.uri(), Some("DEEPSEEK_API_KEY"));
-    config.api_key = Some(KEY.into());
-    config.deepseek = true;
-    config.retry = RetryPolicy { max_attempts, base_delay_ms: 1, max_delay_ms: 5 };
-    config.idle_timeout = Duration::from_millis(300);
+    let mut endpoint = Server::new(server.uri(), Some("DEEPSEEK_API_KEY"));
+    endpoint.api_key = Some(KEY.into());
+    endpoint.retry = RetryPolicy { max_attempts, base_delay_ms: 1, max_delay_ms: 5 };
+    endpoint.idle_timeout = Duration::from_millis(300);
+    let config = OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) };
     let (notice, seen) = recorder();
-    (OpenAiModel::new(config).unwrap().with_retry_notice(notice), seen)
+    (OpenAiModel::new(config).unwrap().with_retry_notice(Some(notice)), seen)
 }
 
 #[tokio::test]

@@ -6,14 +6,13 @@
 //! stop reason.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use eventsource_stream::Event;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RetryNotice, RetryPolicy};
+use super::http::{self, AttemptError, Decoder, HttpCall, RetryNotice, Server};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
 
 /// The `anthropic-version` header kin speaks.
@@ -22,67 +21,20 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub const DEFAULT_MAX_TOKENS: u32 = 8192;
 
 /// How to reach one Anthropic Messages endpoint.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct AnthropicConfig {
-    /// The API root; the client posts to `{base_url}/v1/messages`.
-    pub base_url: String,
-    /// The variable the key is read from, named in the missing-key error; None for endpoints
-    /// that need no key (no `x-api-key` header is sent then).
-    pub api_key_env: Option<String>,
-    /// The key, read from `api_key_env` by whoever builds the config (the router). A missing
-    /// key is reported when a call is made, so kin starts without one.
-    pub api_key: Option<String>,
-    /// Extra headers sent with every request (after ours, so they may override them).
-    pub extra_headers: Vec<(String, String)>,
+    /// The client posts to `{base_url}/v1/messages`, with `x-api-key: <key>`.
+    pub server: Server,
     pub max_tokens: u32,
     /// Enables extended thinking: `low`, `medium`, `high`, `max`, or a token budget; `off` or
     /// None leaves it disabled. The budget is kept below `max_tokens`.
     pub reasoning_effort: Option<String>,
-    pub retry: RetryPolicy,
-    /// A call whose stream delivers no bytes for this long fails with `TIMEOUT` (retryable).
-    pub idle_timeout: Duration,
-}
-
-impl std::fmt::Debug for AnthropicConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key_env", &self.api_key_env)
-            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .field("extra_headers", &self.extra_headers.iter().map(|(n, _)| n).collect::<Vec<_>>())
-            .field("max_tokens", &self.max_tokens)
-            .field("reasoning_effort", &self.reasoning_effort)
-            .field("retry", &self.retry)
-            .field("idle_timeout", &self.idle_timeout)
-            .finish()
-    }
 }
 
 impl AnthropicConfig {
-    /// A config with the defaults (no key, no extra headers, default retry and idle timeout).
-    pub fn new(base_url: impl Into<String>, api_key_env: Option<&str>) -> Self {
-        AnthropicConfig {
-            base_url: base_url.into(),
-            api_key_env: api_key_env.map(str::to_string),
-            api_key: None,
-            extra_headers: Vec::new(),
-            max_tokens: DEFAULT_MAX_TOKENS,
-            reasoning_effort: None,
-            retry: RetryPolicy::default(),
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-        }
-    }
-
-    /// The `anthropic` route: `$ANTHROPIC_BASE_URL` or `https://api.anthropic.com`, key
-    /// `$ANTHROPIC_API_KEY`.
-    pub fn anthropic(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-        let mut config = Self::new(
-            set("ANTHROPIC_BASE_URL").unwrap_or_else(|| "https://api.anthropic.com".into()),
-            Some("ANTHROPIC_API_KEY"),
-        );
-        config.api_key = set("ANTHROPIC_API_KEY");
-        config
+    /// A config with the server's defaults, `DEFAULT_MAX_TOKENS` and no thinking.
+    pub fn new(server: Server) -> Self {
+        AnthropicConfig { server, max_tokens: DEFAULT_MAX_TOKENS, reasoning_effort: None }
     }
 }
 
@@ -98,9 +50,9 @@ impl AnthropicModel {
         Ok(AnthropicModel { config, client: http::client()?, notice: None })
     }
 
-    /// Reports every retry to `notice`.
-    pub fn with_retry_notice(mut self, notice: RetryNotice) -> Self {
-        self.notice = Some(notice);
+    /// Reports every retry to `notice` (without one, retries are only logged).
+    pub fn with_retry_notice(mut self, notice: Option<RetryNotice>) -> Self {
+        self.notice = notice;
         self
     }
 
@@ -143,15 +95,10 @@ impl AnthropicModel {
         let version = [(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION))];
         let endpoint = http::Endpoint {
             client: &self.client,
-            base_url: &config.base_url,
+            server: &config.server,
             path: "/v1/messages",
-            api_key: config.api_key.as_deref(),
-            api_key_env: config.api_key_env.as_deref(),
             auth: |key| Ok((HeaderName::from_static("x-api-key"), http::secret_value(key)?)),
             fixed: &version,
-            extra_headers: &config.extra_headers,
-            retry: config.retry,
-            idle_timeout: config.idle_timeout,
             notice: self.notice.clone(),
         };
         http::prepare(endpoint, request, &self.request_body(request))

@@ -208,22 +208,73 @@ impl RequestIds {
     }
 }
 
+/// Where and how a client reaches its API: what the OpenAI-compatible and Anthropic configs
+/// share. `Debug` names the extra headers but shows neither their values nor the key.
+#[derive(Clone)]
+pub struct Server {
+    /// The API root (a trailing `/` is allowed).
+    pub base_url: String,
+    /// The variable the key is read from, named in the missing-key error; None for servers
+    /// that need no key (no key header is sent then).
+    pub api_key_env: Option<String>,
+    /// The key, read from `api_key_env` by whoever builds the config (the router). A missing
+    /// key is reported when a call is made, so kin starts without one.
+    pub api_key: Option<String>,
+    /// Extra headers sent with every request (after the client's own, so they may override them).
+    pub extra_headers: Vec<(String, String)>,
+    pub retry: RetryPolicy,
+    /// A call whose stream delivers no bytes for this long fails with `TIMEOUT` (retryable).
+    pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("extra_headers", &self.extra_headers.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field("retry", &self.retry)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+impl Server {
+    /// A server with the defaults: no key, no extra headers, default retry and idle timeout.
+    pub fn new(base_url: impl Into<String>, api_key_env: Option<&str>) -> Self {
+        Server {
+            base_url: base_url.into(),
+            api_key_env: api_key_env.map(str::to_string),
+            api_key: None,
+            extra_headers: Vec::new(),
+            retry: RetryPolicy::default(),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+
+    /// A built-in provider's server: `$<PREFIX>_BASE_URL` or `default_base`, the key from
+    /// `$<PREFIX>_API_KEY` (blank values count as unset).
+    pub fn from_env(prefix: &str, default_base: &str, env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let set = |name: String| env(&name).filter(|v| !v.trim().is_empty());
+        let key_env = format!("{prefix}_API_KEY");
+        let mut server =
+            Self::new(set(format!("{prefix}_BASE_URL")).unwrap_or_else(|| default_base.into()), Some(&key_env));
+        server.api_key = set(key_env);
+        server
+    }
+}
+
 /// What a client's call is made of, before the parts every client shares are added.
 pub(crate) struct Endpoint<'a> {
     pub client: &'a reqwest::Client,
-    /// The base URL as configured (trailing `/` allowed).
-    pub base_url: &'a str,
+    pub server: &'a Server,
     /// The path under the base URL (`/chat/completions`, `/v1/messages`).
     pub path: &'a str,
-    pub api_key: Option<&'a str>,
-    pub api_key_env: Option<&'a str>,
     /// Turns the key into its header (`Authorization: Bearer …`, `x-api-key: …`).
     pub auth: fn(&str) -> Result<(HeaderName, HeaderValue), Failure>,
     /// Headers of the API itself (e.g. `anthropic-version`).
     pub fixed: &'a [(HeaderName, HeaderValue)],
-    pub extra_headers: &'a [(String, String)],
-    pub retry: RetryPolicy,
-    pub idle_timeout: Duration,
     pub notice: Option<RetryNotice>,
 }
 
@@ -234,7 +285,8 @@ pub(crate) fn prepare(
     request: &ModelRequest,
     body: &serde_json::Value,
 ) -> Result<HttpCall, Failure> {
-    let key = resolve_key(endpoint.api_key, endpoint.api_key_env, request)?;
+    let server = endpoint.server;
+    let key = resolve_key(server.api_key.as_deref(), server.api_key_env.as_deref(), request)?;
     let mut headers = HeaderMap::new();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
@@ -245,20 +297,20 @@ pub(crate) fn prepare(
         let (name, value) = (endpoint.auth)(key)?;
         headers.insert(name, value);
     }
-    extra_headers(&mut headers, endpoint.extra_headers)?;
+    extra_headers(&mut headers, &server.extra_headers)?;
     let body = serde_json::to_vec(body)
         .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), INVALID_CONFIG))?;
-    let base_url = endpoint.base_url.trim_end_matches('/').to_string();
+    let base_url = server.base_url.trim_end_matches('/').to_string();
     Ok(HttpCall {
         client: endpoint.client.clone(),
         url: format!("{base_url}{}", endpoint.path),
         headers,
         body,
-        retry: endpoint.retry,
-        idle_timeout: endpoint.idle_timeout,
+        retry: server.retry,
+        idle_timeout: server.idle_timeout,
         notice: endpoint.notice,
         base_url,
-        key_env: endpoint.api_key_env.map(str::to_string),
+        key_env: server.api_key_env.clone(),
         key,
         request: RequestIds::of(request),
     })
@@ -685,6 +737,23 @@ mod tests {
         assert_eq!(excerpt("  bad\n\ngateway "), "bad gateway");
         assert_eq!(excerpt(""), "(empty body)");
         assert_eq!(excerpt(&"x".repeat(400)).chars().count(), 301);
+    }
+
+    #[test]
+    fn a_server_debug_names_neither_the_key_nor_header_values() {
+        let mut server = Server::from_env("DEEPSEEK", "https://api.deepseek.com", &|name| match name {
+            "DEEPSEEK_API_KEY" => Some("sk-secret".into()),
+            "DEEPSEEK_BASE_URL" => Some("  ".into()),
+            _ => None,
+        });
+        server.extra_headers = vec![("x-token".into(), "hidden-value".into())];
+        assert_eq!(
+            (server.base_url.as_str(), server.api_key.as_deref()),
+            ("https://api.deepseek.com", Some("sk-secret"))
+        );
+        let debug = format!("{server:?}");
+        assert!(debug.contains("DEEPSEEK_API_KEY") && debug.contains("x-token"), "{debug}");
+        assert!(!debug.contains("sk-secret") && !debug.contains("hidden-value"), "{debug}");
     }
 
     #[test]

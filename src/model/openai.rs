@@ -4,29 +4,19 @@
 //! the SSE deltas become dsh chunks: text and `reasoning_content` blocks, tool calls assembled
 //! from indexed deltas with raw JSON arguments, usage, and the finish reason.
 
-use std::time::Duration;
-
 use eventsource_stream::Event;
 use reqwest::header::AUTHORIZATION;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::{self, AttemptError, DEFAULT_IDLE_TIMEOUT, Decoder, HttpCall, RetryNotice, RetryPolicy};
+use super::http::{self, AttemptError, Decoder, HttpCall, RetryNotice, Server};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
 
 /// How to reach one OpenAI-compatible endpoint.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct OpenAiConfig {
-    /// The API root; the client posts to `{base_url}/chat/completions`.
-    pub base_url: String,
-    /// The variable the key is read from, named in the missing-key error; None for servers
-    /// that need no key (no `Authorization` header is sent then).
-    pub api_key_env: Option<String>,
-    /// The key, read from `api_key_env` by whoever builds the config (the router). A missing
-    /// key is reported when a call is made, so kin starts without one.
-    pub api_key: Option<String>,
-    /// Extra headers sent with every request (after ours, so they may override them).
-    pub extra_headers: Vec<(String, String)>,
+    /// The client posts to `{base_url}/chat/completions`, with `Authorization: Bearer <key>`.
+    pub server: Server,
     /// `max_tokens` for every request; None lets the server decide.
     pub max_tokens: Option<u32>,
     /// Sent as `reasoning_effort`; `off` disables DeepSeek thinking (`thinking.type: disabled`).
@@ -34,65 +24,13 @@ pub struct OpenAiConfig {
     /// Speak DeepSeek's dialect: send `reasoning_content` back on the current turn's tool-call
     /// steps, and the `thinking` switch.
     pub deepseek: bool,
-    pub retry: RetryPolicy,
-    /// A call whose stream delivers no bytes for this long fails with `TIMEOUT` (retryable).
-    pub idle_timeout: Duration,
-}
-
-impl std::fmt::Debug for OpenAiConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key_env", &self.api_key_env)
-            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .field("extra_headers", &self.extra_headers.iter().map(|(n, _)| n).collect::<Vec<_>>())
-            .field("max_tokens", &self.max_tokens)
-            .field("reasoning_effort", &self.reasoning_effort)
-            .field("deepseek", &self.deepseek)
-            .field("retry", &self.retry)
-            .field("idle_timeout", &self.idle_timeout)
-            .finish()
-    }
 }
 
 impl OpenAiConfig {
-    /// A config with the defaults (no key, no extra headers, default retry and idle timeout).
-    pub fn new(base_url: impl Into<String>, api_key_env: Option<&str>) -> Self {
-        OpenAiConfig {
-            base_url: base_url.into(),
-            api_key_env: api_key_env.map(str::to_string),
-            api_key: None,
-            extra_headers: Vec::new(),
-            max_tokens: None,
-            reasoning_effort: None,
-            deepseek: false,
-            retry: RetryPolicy::default(),
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-        }
+    /// A config with the server's defaults, no `max_tokens` or reasoning effort, not DeepSeek.
+    pub fn new(server: Server) -> Self {
+        OpenAiConfig { server, max_tokens: None, reasoning_effort: None, deepseek: false }
     }
-
-    /// The `deepseek` route: `$DEEPSEEK_BASE_URL` or `https://api.deepseek.com`, key
-    /// `$DEEPSEEK_API_KEY`.
-    pub fn deepseek(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let base = non_empty(env("DEEPSEEK_BASE_URL"));
-        let mut config = Self::new(base.unwrap_or_else(|| "https://api.deepseek.com".into()), Some("DEEPSEEK_API_KEY"));
-        config.api_key = non_empty(env("DEEPSEEK_API_KEY"));
-        config.deepseek = true;
-        config
-    }
-
-    /// The `openai` route: `$OPENAI_BASE_URL` or `https://api.openai.com/v1`, key
-    /// `$OPENAI_API_KEY`.
-    pub fn openai(env: &dyn Fn(&str) -> Option<String>) -> Self {
-        let base = non_empty(env("OPENAI_BASE_URL"));
-        let mut config = Self::new(base.unwrap_or_else(|| "https://api.openai.com/v1".into()), Some("OPENAI_API_KEY"));
-        config.api_key = non_empty(env("OPENAI_API_KEY"));
-        config
-    }
-}
-
-fn non_empty(value: Option<String>) -> Option<String> {
-    value.filter(|v| !v.trim().is_empty())
 }
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
@@ -107,9 +45,9 @@ impl OpenAiModel {
         Ok(OpenAiModel { config, client: http::client()?, notice: None })
     }
 
-    /// Reports every retry to `notice`.
-    pub fn with_retry_notice(mut self, notice: RetryNotice) -> Self {
-        self.notice = Some(notice);
+    /// Reports every retry to `notice` (without one, retries are only logged).
+    pub fn with_retry_notice(mut self, notice: Option<RetryNotice>) -> Self {
+        self.notice = notice;
         self
     }
 
@@ -159,15 +97,10 @@ impl OpenAiModel {
         let config = &self.config;
         let endpoint = http::Endpoint {
             client: &self.client,
-            base_url: &config.base_url,
+            server: &config.server,
             path: "/chat/completions",
-            api_key: config.api_key.as_deref(),
-            api_key_env: config.api_key_env.as_deref(),
             auth: |key| Ok((AUTHORIZATION, http::secret_value(&format!("Bearer {key}"))?)),
             fixed: &[],
-            extra_headers: &config.extra_headers,
-            retry: config.retry,
-            idle_timeout: config.idle_timeout,
             notice: self.notice.clone(),
         };
         http::prepare(endpoint, request, &self.request_body(request))

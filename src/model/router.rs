@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::anthropic::{AnthropicConfig, AnthropicModel, DEFAULT_MAX_TOKENS};
-use super::http::{RetryNotice, RetryPolicy};
+use super::http::{RetryNotice, RetryPolicy, Server};
 use super::openai::{OpenAiConfig, OpenAiModel};
 use super::{Model, ModelRoute};
 
@@ -78,31 +78,28 @@ pub fn model_for_route_with_notice(
     env: &dyn Fn(&str) -> Option<String>,
     notice: Option<RetryNotice>,
 ) -> Result<Arc<dyn Model>, String> {
-    let idle_timeout = Duration::from_secs(settings.idle_timeout_secs.max(1));
-    let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
-    let (openai, anthropic) = match settings.providers.iter().find(|p| p.name == route.provider) {
+    /// Which API the server speaks.
+    enum Api {
+        OpenAi { deepseek: bool },
+        Anthropic,
+    }
+    let (api, mut server) = match settings.providers.iter().find(|p| p.name == route.provider) {
         Some(named) => {
-            let api_key = named.api_key_env.as_deref().and_then(set);
-            match named.kind {
-                ProviderKind::OpenAi => {
-                    let mut config = OpenAiConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
-                    config.api_key = api_key;
-                    config.extra_headers = named.headers.clone();
-                    config.deepseek = named.base_url.contains("deepseek");
-                    (Some(config), None)
-                }
-                ProviderKind::Anthropic => {
-                    let mut config = AnthropicConfig::new(named.base_url.clone(), named.api_key_env.as_deref());
-                    config.api_key = api_key;
-                    config.extra_headers = named.headers.clone();
-                    (None, Some(config))
-                }
-            }
+            let mut server = Server::new(named.base_url.clone(), named.api_key_env.as_deref());
+            server.api_key = named.api_key_env.as_deref().and_then(env).filter(|v| !v.trim().is_empty());
+            server.extra_headers = named.headers.clone();
+            let api = match named.kind {
+                ProviderKind::OpenAi => Api::OpenAi { deepseek: named.base_url.contains("deepseek") },
+                ProviderKind::Anthropic => Api::Anthropic,
+            };
+            (api, server)
         }
         None => match route.provider.as_str() {
-            "deepseek" => (Some(OpenAiConfig::deepseek(env)), None),
-            "openai" => (Some(OpenAiConfig::openai(env)), None),
-            "anthropic" => (None, Some(AnthropicConfig::anthropic(env))),
+            "deepseek" => {
+                (Api::OpenAi { deepseek: true }, Server::from_env("DEEPSEEK", "https://api.deepseek.com", env))
+            }
+            "openai" => (Api::OpenAi { deepseek: false }, Server::from_env("OPENAI", "https://api.openai.com/v1", env)),
+            "anthropic" => (Api::Anthropic, Server::from_env("ANTHROPIC", "https://api.anthropic.com", env)),
             other => {
                 let mut known: Vec<&str> = BUILTIN_PROVIDERS.to_vec();
                 known.extend(settings.providers.iter().map(|p| p.name.as_str()));
@@ -113,30 +110,21 @@ pub fn model_for_route_with_notice(
             }
         },
     };
-    let model: Arc<dyn Model> = match (openai, anthropic) {
-        (Some(mut config), _) => {
-            config.max_tokens = settings.max_tokens;
-            config.reasoning_effort = settings.reasoning_effort.clone();
-            config.retry = settings.retry;
-            config.idle_timeout = idle_timeout;
-            let model = OpenAiModel::new(config)?;
-            Arc::new(match notice {
-                Some(notice) => model.with_retry_notice(notice),
-                None => model,
-            })
+    server.retry = settings.retry;
+    server.idle_timeout = Duration::from_secs(settings.idle_timeout_secs.max(1));
+    let reasoning_effort = settings.reasoning_effort.clone();
+    let model: Arc<dyn Model> = match api {
+        Api::OpenAi { deepseek } => {
+            let config = OpenAiConfig { server, max_tokens: settings.max_tokens, reasoning_effort, deepseek };
+            Arc::new(OpenAiModel::new(config)?.with_retry_notice(notice))
         }
-        (None, Some(mut config)) => {
-            config.max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-            config.reasoning_effort = settings.reasoning_effort.clone();
-            config.retry = settings.retry;
-            config.idle_timeout = idle_timeout;
-            let model = AnthropicModel::new(config)?;
-            Arc::new(match notice {
-                Some(notice) => model.with_retry_notice(notice),
-                None => model,
-            })
+        Api::Anthropic => {
+            let max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+            Arc::new(
+                AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort })?
+                    .with_retry_notice(notice),
+            )
         }
-        (None, None) => return Err(format!("no client for route {route}")),
     };
     Ok(model)
 }
