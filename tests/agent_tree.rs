@@ -6,15 +6,14 @@
 //! re-announcement of a continuable child when its parent is loaded after a restart (the same
 //! answer every time). A client without the capability sees none of it.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const KIN: &str = env!("CARGO_BIN_EXE_kin");
+#[allow(dead_code)]
+mod common;
+use common::Peer;
 
 const SPAWN_PROMPT: &str = "Delegate: have a child reply CHILD_OK, then say PARENT_DONE.";
 const FOLLOWUPS_PROMPT: &str = "Start a background child, send it two more messages, then try an unknown id.";
@@ -25,9 +24,7 @@ fn scenario(name: &str) -> PathBuf {
 
 /// `kin acp` over pipes, in replay mode and `bypass`.
 struct Kin {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
-    next_id: u64,
+    peer: Peer,
 }
 
 impl Kin {
@@ -36,48 +33,23 @@ impl Kin {
     }
 
     fn start_in_mode(sessions: &Path, replay: &Path, cwd: &Path, mode: &str) -> Kin {
-        let mut command = Command::new(KIN);
-        command
-            .args(["acp", "--sessions"])
-            .arg(sessions)
-            .arg("--replay")
-            .arg(replay)
-            .args(["--config", "/dev/null", "--permission-mode", mode])
-            .current_dir(cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+        let mut command = common::acp(sessions, Some(replay));
+        command.args(["--permission-mode", mode]).current_dir(cwd);
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("KIN_") {
                 command.env_remove(key);
             }
         }
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Kin { child, lines, next_id: 0 }
+        Kin { peer: Peer::spawn(&mut command) }
     }
 
     fn send(&mut self, frame: Value) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{frame}").unwrap();
-        stdin.flush().unwrap();
+        self.peer.send(frame);
     }
 
     /// Sends a request; returns its id.
     fn request(&mut self, method: &str, params: Value) -> u64 {
-        self.next_id += 1;
-        let id = self.next_id;
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        id
+        self.peer.request(method, params)
     }
 
     fn notify(&mut self, method: &str, params: Value) {
@@ -86,10 +58,8 @@ impl Kin {
 
     /// The next stdout frame; every line must be JSON-RPC.
     fn frame(&self) -> Value {
-        let line = self.lines.recv_timeout(Duration::from_secs(20)).expect("kin wrote a frame in time");
-        let frame: Value =
-            serde_json::from_str(&line).unwrap_or_else(|_| panic!("stdout carried a non-JSON line: {line}"));
-        assert_eq!(frame["jsonrpc"], "2.0", "{line}");
+        let frame = self.peer.frame(Duration::from_secs(20));
+        assert_eq!(frame["jsonrpc"], "2.0", "{frame}");
         frame
     }
 
@@ -108,7 +78,7 @@ impl Kin {
 
     /// Frames up to and including the response to request `id`.
     fn until_response(&self, id: u64) -> Vec<Value> {
-        self.until(|f| f["id"] == json!(id) && f.get("method").is_none())
+        self.until(|f| common::is_response(f, id))
     }
 
     /// Sends a request and returns its response.
@@ -131,9 +101,9 @@ impl Kin {
 
     /// Closes stdin and waits for kin to exit.
     fn stop(&mut self) {
-        drop(self.child.stdin.take());
+        self.peer.close_stdin();
         let started = Instant::now();
-        while self.child.try_wait().unwrap().is_none() {
+        while self.peer.child.try_wait().unwrap().is_none() {
             assert!(started.elapsed() < Duration::from_secs(20), "kin did not exit after stdin EOF");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -142,9 +112,9 @@ impl Kin {
 
 impl Drop for Kin {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if self.peer.child.try_wait().ok().flatten().is_none() {
+            let _ = self.peer.child.kill();
+            let _ = self.peer.child.wait();
         }
     }
 }
@@ -570,7 +540,7 @@ fn a_child_waiting_on_permission_is_shown_as_requiring_action() {
             kin.send(answer);
             continue;
         }
-        let done = frame["id"] == json!(prompt) && frame.get("method").is_none();
+        let done = common::is_response(&frame, prompt);
         frames.push(frame);
         if done {
             break;

@@ -1,15 +1,15 @@
 //! A few tests of the real binary over pipes: stdin EOF mid-turn exits 0 with the log flushed,
 //! stdout carries only JSON-RPC, and the `kin sessions` commands read what `kin acp` wrote.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const KIN: &str = env!("CARGO_BIN_EXE_kin");
+#[allow(dead_code)]
+mod common;
+use common::{KIN, Peer};
 
 /// A replay directory whose only model call streams a little text, then hangs.
 fn hanging_replay(dir: &Path) {
@@ -19,56 +19,13 @@ fn hanging_replay(dir: &Path) {
     std::fs::write(dir.join("replay.override.json"), entry.to_string()).unwrap();
 }
 
-struct Kin {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
+fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Peer {
+    Peer::spawn(common::acp(sessions, Some(replay)).current_dir(cwd))
 }
 
-impl Kin {
-    fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
-        let mut child = Command::new(KIN)
-            .args(["acp", "--sessions"])
-            .arg(sessions)
-            .arg("--replay")
-            .arg(replay)
-            .args(["--config", "/dev/null"])
-            .current_dir(cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Kin { child, lines }
-    }
-
-    fn send(&mut self, frame: Value) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{frame}").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// Reads frames until the response with `id`; every line must be JSON-RPC.
-    fn response(&self, id: u64) -> Value {
-        loop {
-            let line = self.lines.recv_timeout(Duration::from_secs(20)).expect("kin answered in time");
-            let frame: Value =
-                serde_json::from_str(&line).unwrap_or_else(|_| panic!("stdout carried a non-JSON line: {line}"));
-            assert_eq!(frame["jsonrpc"], "2.0", "{line}");
-            if frame["id"] == json!(id) && frame.get("method").is_none() {
-                return frame;
-            }
-        }
-    }
+/// Reads frames until the response with `id`; every line must be JSON-RPC.
+fn response(kin: &Peer, id: u64) -> Value {
+    kin.response(id, Duration::from_secs(20), |frame| assert_eq!(frame["jsonrpc"], "2.0", "{frame}"))
 }
 
 #[test]
@@ -78,20 +35,20 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
     std::fs::create_dir_all(&replay).unwrap();
     std::fs::create_dir_all(&cwd).unwrap();
     hanging_replay(&replay);
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    let mut kin = start(&sessions, &replay, &cwd);
     kin.send(
         json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
     );
-    assert_eq!(kin.response(1)["result"]["agentInfo"]["name"], "kin");
+    assert_eq!(response(&kin, 1)["result"]["agentInfo"]["name"], "kin");
     kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
-    let id = kin.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
+    let id = response(&kin, 2)["result"]["sessionId"].as_str().unwrap().to_string();
     kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"go"}]}}));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cwd.join(".ready").exists() {
         assert!(Instant::now() < deadline, "the turn never started streaming");
         std::thread::sleep(Duration::from_millis(10));
     }
-    drop(kin.child.stdin.take());
+    kin.close_stdin();
     let started = Instant::now();
     let status = loop {
         if let Some(status) = kin.child.try_wait().unwrap() {
@@ -173,33 +130,33 @@ fn a_session_written_by_one_kin_is_refused_by_another() {
     std::fs::create_dir_all(&replay).unwrap();
     std::fs::create_dir_all(&cwd).unwrap();
     hanging_replay(&replay);
-    let mut first = Kin::start(&sessions, &replay, &cwd);
+    let mut first = start(&sessions, &replay, &cwd);
     first.send(
         json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
     );
-    first.response(1);
+    response(&first, 1);
     first.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
-    let id = first.response(2)["result"]["sessionId"].as_str().unwrap().to_string();
-    let mut second = Kin::start(&sessions, &replay, &cwd);
+    let id = response(&first, 2)["result"]["sessionId"].as_str().unwrap().to_string();
+    let mut second = start(&sessions, &replay, &cwd);
     second.send(
         json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
     );
-    second.response(1);
+    response(&second, 1);
     second.send(
         json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
     );
-    let refused = second.response(2);
+    let refused = response(&second, 2);
     let message = refused["error"]["message"].as_str().unwrap_or_default().to_string();
     assert!(message.contains("being written by another kin process"), "{refused}");
     // Once the first kin exits, the second may take the session over.
-    drop(first.child.stdin.take());
+    first.close_stdin();
     // Exit 3: its replay call was (deliberately) never made.
     assert_eq!(first.child.wait().unwrap().code(), Some(3));
     second.send(
         json!({"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
     );
-    assert!(second.response(3).get("result").is_some());
-    drop(second.child.stdin.take());
+    assert!(response(&second, 3).get("result").is_some());
+    second.close_stdin();
     assert!(second.child.wait().is_ok());
 }
 
@@ -211,46 +168,29 @@ fn answering_replay(dir: &Path, n: usize) {
     std::fs::write(dir.join("replay.override.json"), json!(vec![answer; n]).to_string()).unwrap();
 }
 
-impl Kin {
-    /// `initialize` (id 1) and `session/new` (id 2) in `cwd`; returns the session id.
-    fn open_session(&mut self, cwd: &Path) -> String {
-        self.send(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}));
-        self.response(1);
-        self.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
-        self.response(2)["result"]["sessionId"].as_str().unwrap().to_string()
-    }
+/// `initialize` (id 1) and `session/new` (id 2) in `cwd`; returns the session id.
+fn open_session(kin: &mut Peer, cwd: &Path) -> String {
+    kin.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    response(kin, 1);
+    kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
+    response(kin, 2)["result"]["sessionId"].as_str().unwrap().to_string()
+}
 
-    /// A text prompt with request id `id`; returns its response.
-    fn prompt(&mut self, id: u64, session: &str, text: &str) -> Value {
-        self.send(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":session,"prompt":[{"type":"text","text":text}]}}));
-        self.response(id)
-    }
+/// A text prompt with request id `id`; returns its response.
+fn prompt(kin: &mut Peer, id: u64, session: &str, text: &str) -> Value {
+    kin.send(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":session,"prompt":[{"type":"text","text":text}]}}));
+    response(kin, id)
 }
 
 /// kin under a file-size limit (`ulimit -f`): appends past it fail like a full disk (EFBIG).
-fn start_limited(sessions: &Path, replay: &Path, cwd: &Path, blocks: Option<u32>) -> Kin {
+fn start_limited(sessions: &Path, replay: &Path, cwd: &Path, blocks: Option<u32>) -> Peer {
     let limit = blocks.map_or(String::new(), |b| format!("ulimit -f {b}; "));
     let script = format!("trap '' XFSZ; {limit}exec \"$0\" acp --config /dev/null --sessions \"$1\" --replay \"$2\"");
-    let mut child = Command::new("sh")
-        .args(["-c", &script, KIN])
-        .arg(sessions)
-        .arg(replay)
-        .current_dir(cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    Kin { child, lines }
+    Peer::spawn(
+        Command::new("sh").args(["-c", &script, KIN]).arg(sessions).arg(replay).current_dir(cwd).stderr(Stdio::null()),
+    )
 }
 
 #[test]
@@ -262,33 +202,33 @@ fn a_full_disk_fails_the_turn_cleanly_and_the_session_recovers() {
     answering_replay(&replay, 3);
     // 64 blocks of 512 bytes: room for the header and a small turn, not for a 100 KB prompt.
     let mut kin = start_limited(&sessions, &replay, &cwd, Some(64));
-    let id = kin.open_session(&cwd);
-    assert_eq!(kin.prompt(3, &id, "small")["result"]["stopReason"], "end_turn");
+    let id = open_session(&mut kin, &cwd);
+    assert_eq!(prompt(&mut kin, 3, &id, "small")["result"]["stopReason"], "end_turn");
     let store = kin::session::SessionStore::new(&sessions);
     let committed = store.inspect(&id).unwrap().events.len();
     kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"y".repeat(100_000)}]}}));
-    let failed = kin.response(4);
+    let failed = response(&kin, 4);
     let message = failed["error"]["message"].as_str().unwrap_or_default().to_string();
     assert!(message.contains("turn failed") && message.contains("could not persist the session log"), "{failed}");
     // The log is back at its last committed length: whole lines, the first turn intact.
     let after = store.inspect(&id).unwrap();
     assert!(after.torn.is_none(), "no half line was left behind");
     assert_eq!(after.events.len(), committed);
-    drop(kin.child.stdin.take());
+    kin.close_stdin();
     let _ = kin.child.wait();
     // Space returns: a kin without the limit loads the session and carries on.
     let mut kin = start_limited(&sessions, &replay, &cwd, None);
     kin.send(
         json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
     );
-    kin.response(1);
+    response(&kin, 1);
     kin.send(
         json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
     );
-    assert!(kin.response(2).get("result").is_some());
+    assert!(response(&kin, 2).get("result").is_some());
     kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"again"}]}}));
-    assert_eq!(kin.response(3)["result"]["stopReason"], "end_turn");
-    drop(kin.child.stdin.take());
+    assert_eq!(response(&kin, 3)["result"]["stopReason"], "end_turn");
+    kin.close_stdin();
     let _ = kin.child.wait();
 }
 
@@ -316,12 +256,12 @@ fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_retu
     let _mount = Mount(sessions.clone());
     answering_replay(&replay, 3);
     let mut kin = start_limited(&sessions, &replay, &cwd, None);
-    let id = kin.open_session(&cwd);
-    assert_eq!(kin.prompt(3, &id, "small")["result"]["stopReason"], "end_turn");
+    let id = open_session(&mut kin, &cwd);
+    assert_eq!(prompt(&mut kin, 3, &id, "small")["result"]["stopReason"], "end_turn");
     let store = kin::session::SessionStore::new(&sessions);
     let committed = store.inspect(&id).unwrap().events.len();
     kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"z".repeat(200_000)}]}}));
-    let failed = kin.response(4);
+    let failed = response(&kin, 4);
     let message = failed["error"]["message"].as_str().unwrap_or_default().to_string();
     assert!(message.contains("could not persist the session log") && message.contains("No space left"), "{failed}");
     let after = store.inspect(&id).unwrap();
@@ -331,7 +271,7 @@ fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_retu
     let grown = Command::new("mount").args(["-o", "remount,size=8m"]).arg(&sessions).status().unwrap();
     assert!(grown.success());
     kin.send(json!({"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"again"}]}}));
-    assert_eq!(kin.response(5)["result"]["stopReason"], "end_turn");
+    assert_eq!(response(&kin, 5)["result"]["stopReason"], "end_turn");
     let healed = store.inspect(&id).unwrap();
     assert!(healed.torn.is_none());
     let ends: Vec<&str> = healed
@@ -341,6 +281,6 @@ fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_retu
         .filter_map(|e| e.data["reason"]["kind"].as_str())
         .collect();
     assert_eq!(ends, ["completed", "completed", "completed"], "every turn is on disk, in order");
-    drop(kin.child.stdin.take());
+    kin.close_stdin();
     let _ = kin.child.wait();
 }

@@ -4,10 +4,9 @@
 //! pins.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use kin::agent::TurnEnd;
@@ -29,6 +28,10 @@ use kin::subagent::{ErrorCode, StartRequest, SubagentError};
 use kin::tools::{Caller, Tool, ToolContext, ToolRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+#[allow(dead_code)]
+mod common;
+use common::Peer;
 
 const P: &str = "11111111-1111-4111-8111-111111111111";
 const A: &str = "child-a";
@@ -1325,55 +1328,20 @@ async fn send_message_works_without_session_query() {
 // ---------------------------------------------------------------------------------------------
 // The real binary over pipes: restart, then hand-corrupted child logs.
 
-const KIN: &str = env!("CARGO_BIN_EXE_kin");
-
 struct Kin {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
-    next_id: u64,
+    peer: Peer,
 }
 
 impl Kin {
     fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
-        let mut child = Command::new(KIN)
-            .args(["acp", "--sessions"])
-            .arg(sessions)
-            .arg("--replay")
-            .arg(replay)
-            .args(["--config", "/dev/null", "--permission-mode", "bypass"])
-            .current_dir(cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Kin { child, lines, next_id: 0 }
+        let mut command = common::acp(sessions, Some(replay));
+        command.args(["--permission-mode", "bypass"]).current_dir(cwd);
+        Kin { peer: Peer::spawn(&mut command) }
     }
 
     /// Sends a request and returns its response (notifications are skipped).
     fn request(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
-        stdin.flush().unwrap();
-        loop {
-            let line = self.lines.recv_timeout(Duration::from_secs(60)).expect("kin answered in time");
-            let frame: Value = serde_json::from_str(&line).unwrap();
-            if frame["id"] == json!(id) && frame.get("method").is_none() {
-                return frame;
-            }
-        }
+        self.peer.call(method, params, Duration::from_secs(60))
     }
 
     fn prompt(&mut self, session: &str, text: &str) {
@@ -1388,8 +1356,8 @@ impl Kin {
     }
 
     fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.peer.child.kill();
+        let _ = self.peer.child.wait();
     }
 }
 

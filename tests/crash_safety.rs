@@ -2,14 +2,15 @@
 //! over (seeded; the seed is printed). After every kill the log loads, no acknowledged turn (a
 //! prompt whose response arrived) is missing, and no line is glued to another.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use kin::session::{Record, SessionStore};
 use serde_json::{Value, json};
+
+#[allow(dead_code)]
+mod common;
+use common::Peer;
 
 const KILLS: usize = 200;
 
@@ -44,43 +45,17 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
     let mut session: Option<String> = None;
     let mut acknowledged = 0usize;
     for kill in 0..KILLS {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kin"))
-            .args(["acp", "--config", "/dev/null", "--sessions"])
-            .arg(&sessions)
-            .arg("--replay")
-            .arg(&replay)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let send = |stdin: &mut std::process::ChildStdin, id: u64, method: &str, params: Value| {
-            let _ = writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let mut kin = Peer::spawn(&mut common::acp(&sessions, Some(&replay)));
+        // Writes may fail once kin is killed; that is expected here.
+        let send = |kin: &mut Peer, id: u64, method: &str, params: Value| {
+            let _ = kin.write_line(&common::request(id, method, params).to_string());
         };
-        let wait = |id: u64, timeout: Duration| -> Option<Value> {
-            let deadline = std::time::Instant::now() + timeout;
-            while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
-                let frame: Value = serde_json::from_str(&rx.recv_timeout(left).ok()?).ok()?;
-                if frame["id"] == json!(id) && frame.get("method").is_none() {
-                    return Some(frame);
-                }
-            }
-            None
-        };
-        send(&mut stdin, 1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-        wait(1, Duration::from_secs(20)).expect("initialize");
+        send(&mut kin, 1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        kin.response_within(1, Duration::from_secs(20)).expect("initialize");
         let id = match &session {
             None => {
-                send(&mut stdin, 2, "session/new", json!({"cwd": cwd, "mcpServers": []}));
-                let id = wait(2, Duration::from_secs(20)).expect("session/new")["result"]["sessionId"]
+                send(&mut kin, 2, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+                let id = kin.response_within(2, Duration::from_secs(20)).expect("session/new")["result"]["sessionId"]
                     .as_str()
                     .unwrap()
                     .to_string();
@@ -88,8 +63,8 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
                 id
             }
             Some(id) => {
-                send(&mut stdin, 2, "session/load", json!({"sessionId": id, "cwd": cwd, "mcpServers": []}));
-                let loaded = wait(2, Duration::from_secs(20)).expect("session/load");
+                send(&mut kin, 2, "session/load", json!({"sessionId": id, "cwd": cwd, "mcpServers": []}));
+                let loaded = kin.response_within(2, Duration::from_secs(20)).expect("session/load");
                 assert!(loaded.get("result").is_some(), "kill {kill}: the session did not load: {loaded}");
                 id.clone()
             }
@@ -98,7 +73,7 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
         let prompts = rng.u64(1..4);
         for n in 0..prompts {
             send(
-                &mut stdin,
+                &mut kin,
                 10 + n,
                 "session/prompt",
                 json!({"sessionId": id, "prompt": [{"type": "text", "text": format!("p{kill}.{n}")}]}),
@@ -108,13 +83,13 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
         let started = std::time::Instant::now();
         for n in 0..prompts {
             let Some(left) = kill_after.checked_sub(started.elapsed()) else { break };
-            if let Some(frame) = wait(10 + n, left) {
+            if let Some(frame) = kin.response_within(10 + n, left) {
                 assert_eq!(frame["result"]["stopReason"], "end_turn", "kill {kill}: {frame}");
                 acknowledged += 1;
             }
         }
-        child.kill().unwrap();
-        child.wait().unwrap();
+        kin.child.kill().unwrap();
+        kin.child.wait().unwrap();
         // Every kill leaves a log that reads, whole lines only, with every acknowledged turn.
         let scanned = store.inspect(&id).unwrap_or_else(|e| panic!("kill {kill}: {e}"));
         let path = store.locate(&id).unwrap().unwrap();

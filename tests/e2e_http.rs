@@ -1,14 +1,16 @@
 //! End to end over real pipes and real HTTP: `kin acp` with `DEEPSEEK_BASE_URL` pointed at a
 //! loopback mock completes a two-step tool turn, retrying a 500 on the way.
 
-use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
+
+#[allow(dead_code)]
+mod common;
+use common::{KIN, Peer};
 
 fn chat_sse(events: &[Value]) -> String {
     let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
@@ -55,38 +57,21 @@ async fn kin_acp_completes_a_tool_turn_against_a_loopback_deepseek() {
     std::fs::write(cwd.join("note.txt"), "hi\n").unwrap();
     let config = tmp.path().join("config.toml");
     std::fs::write(&config, "[model_settings]\nretry_base_delay_ms = 10\n").unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kin"))
-        .args(["acp", "--permission-mode", "bypass", "--config"])
-        .arg(&config)
-        .arg("--sessions")
-        .arg(tmp.path().join("sessions"))
-        .env("DEEPSEEK_BASE_URL", server.uri())
-        .env("DEEPSEEK_API_KEY", "sk-e2e-secret")
-        .env_remove("KIN_MODEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let mut kin = Peer::spawn(
+        Command::new(KIN)
+            .args(["acp", "--permission-mode", "bypass", "--config"])
+            .arg(&config)
+            .arg("--sessions")
+            .arg(tmp.path().join("sessions"))
+            .env("DEEPSEEK_BASE_URL", server.uri())
+            .env("DEEPSEEK_API_KEY", "sk-e2e-secret")
+            .env_remove("KIN_MODEL")
+            .stderr(Stdio::piped()),
+    );
     let mut frames: Vec<Value> = Vec::new();
     let mut call = |id: u64, method: &str, params: Value, frames: &mut Vec<Value>| -> Value {
-        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
-        loop {
-            let line = rx.recv_timeout(Duration::from_secs(30)).expect("kin answered");
-            let frame: Value = serde_json::from_str(&line).unwrap();
-            frames.push(frame.clone());
-            if frame["id"] == json!(id) && frame.get("method").is_none() {
-                return frame;
-            }
-        }
+        kin.send(common::request(id, method, params));
+        kin.response(id, Duration::from_secs(30), |frame| frames.push(frame.clone()))
     };
     call(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), &mut frames);
     let session = call(2, "session/new", json!({"cwd": cwd, "mcpServers": []}), &mut frames);
@@ -112,8 +97,8 @@ async fn kin_acp_completes_a_tool_turn_against_a_loopback_deepseek() {
         .filter_map(|u| u["content"]["text"].as_str())
         .collect();
     assert_eq!(text, "The note says hi.");
-    drop(stdin);
-    let output = child.wait_with_output().unwrap();
+    kin.close_stdin();
+    let output = kin.child.wait_with_output().unwrap();
     assert!(output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains("sk-e2e-secret"), "the key never reaches the logs");
@@ -186,32 +171,15 @@ async fn the_editor_switches_the_model_for_the_next_turn() {
         chat_sse(&[chunk(json!({"role": "assistant", "content": "ok"}), None), chunk(json!({}), Some("stop"))]);
     Mock::given(method("POST")).and(path("/chat/completions")).respond_with(sse(answer)).mount(&server).await;
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kin"))
-        .args(["acp", "--config", "/dev/null", "--model", "deepseek/deepseek-v4-flash", "--sessions"])
-        .arg(tmp.path().join("sessions"))
-        .env("DEEPSEEK_BASE_URL", server.uri())
-        .env("DEEPSEEK_API_KEY", "k")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let mut kin = Peer::spawn(
+        common::acp(&tmp.path().join("sessions"), None)
+            .args(["--model", "deepseek/deepseek-v4-flash"])
+            .env("DEEPSEEK_BASE_URL", server.uri())
+            .env("DEEPSEEK_API_KEY", "k"),
+    );
     let mut call = |id: u64, method: &str, params: Value| -> Value {
-        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
-        loop {
-            let frame: Value = serde_json::from_str(&rx.recv_timeout(Duration::from_secs(30)).unwrap()).unwrap();
-            if frame["id"] == json!(id) && frame.get("method").is_none() {
-                return frame;
-            }
-        }
+        kin.send(common::request(id, method, params));
+        kin.response(id, Duration::from_secs(30), |_| {})
     };
     call(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
     let created = call(2, "session/new", json!({"cwd": tmp.path(), "mcpServers": []}));
@@ -235,6 +203,6 @@ async fn the_editor_switches_the_model_for_the_next_turn() {
     let requests = server.received_requests().await.unwrap();
     let body: Value = serde_json::from_slice(&requests.last().unwrap().body).unwrap();
     assert_eq!(body["model"], "deepseek-v4-pro");
-    drop(stdin);
-    assert!(child.wait().unwrap().success());
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
 }

@@ -3,12 +3,13 @@
 //! requests before initialize, interleaved cancels). kin must answer or ignore each, never exit,
 //! keep stdout pure JSON-RPC, and still serve a normal session afterwards.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
+
+#[allow(dead_code)]
+mod common;
+use common::Peer;
 
 fn hostile(rng: &mut fastrand::Rng, session: &str) -> String {
     let ids = [json!(1), json!("str-id"), json!(null), json!(1.5), json!(true), json!([1]), json!({"a": 1}), json!(-7)];
@@ -50,57 +51,30 @@ fn hostile_json_rpc_never_stops_kin_from_serving() {
         {"type": "finish", "reason": {"kind": "stop"}}
     ]}]);
     std::fs::write(replay.join("replay.override.json"), answer.to_string()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kin"))
-        .args(["acp", "--config", "/dev/null", "--sessions"])
-        .arg(tmp.path().join("sessions"))
-        .arg("--replay")
-        .arg(&replay)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    // Requests of ours take ids from 1001 on, clear of the hostile frames' ids.
+    let mut kin = Peer::spawn(&mut common::acp(&tmp.path().join("sessions"), Some(&replay))).ids_after(1000);
     // Hostile traffic before initialize, then a real session id to aim at, then more.
     for _ in 0..150 {
-        writeln!(stdin, "{}", hostile(&mut rng, "no-session")).unwrap();
+        kin.write_line(&hostile(&mut rng, "no-session")).unwrap();
     }
-    let mut next = 1000;
-    let mut call = |stdin: &mut std::process::ChildStdin, method: &str, params: Value| -> Value {
-        next += 1;
-        writeln!(stdin, "{}", json!({"jsonrpc": "2.0", "id": next, "method": method, "params": params})).unwrap();
-        loop {
-            let line = rx.recv_timeout(Duration::from_secs(60)).expect("kin is still answering");
-            let frame: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("non-JSON on stdout: {line}"));
-            if frame["id"] == json!(next) && frame.get("method").is_none() {
-                return frame;
-            }
-        }
-    };
+    let timeout = Duration::from_secs(60);
     assert!(
-        call(&mut stdin, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}))["result"].is_object()
+        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), timeout)["result"].is_object()
     );
-    let created = call(&mut stdin, "session/new", json!({"cwd": tmp.path(), "mcpServers": []}));
+    let created = kin.call("session/new", json!({"cwd": tmp.path(), "mcpServers": []}), timeout);
     let session = created["result"]["sessionId"].as_str().expect("a session after the storm").to_string();
     for _ in 0..150 {
-        writeln!(stdin, "{}", hostile(&mut rng, &session)).unwrap();
+        kin.write_line(&hostile(&mut rng, &session)).unwrap();
     }
     // A 10 MB prompt is accepted (or refused cleanly) and the session still answers.
     let huge = "x".repeat(10 * 1024 * 1024);
     let answered =
-        call(&mut stdin, "session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": huge}]}));
+        kin.call("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": huge}]}), timeout);
     assert!(answered.get("result").is_some() || answered.get("error").is_some());
-    let listed = call(&mut stdin, "session/list", json!({}));
+    let listed = kin.call("session/list", json!({}), timeout);
     assert!(listed["result"]["sessions"].is_array(), "{listed}");
-    assert!(child.try_wait().unwrap().is_none(), "kin is still running");
-    drop(stdin);
-    let status = child.wait().unwrap();
+    assert!(kin.child.try_wait().unwrap().is_none(), "kin is still running");
+    kin.close_stdin();
+    let status = kin.child.wait().unwrap();
     assert!(status.code().is_some(), "kin exited normally at EOF: {status:?}");
 }

@@ -1,0 +1,138 @@
+//! The real `kin` binary as a JSON-RPC peer over pipes, shared by the integration tests that
+//! drive it (`binary`, `catalog`, `agent_tree`, `crash_safety`, `e2e_http`, `fuzz_protocol`).
+//!
+//! [`Peer::spawn`] starts a prepared [`Command`] with stdin and stdout piped and a thread that
+//! forwards each stdout line into a channel; the methods write frames to stdin and read frames
+//! back, waiting for the response to a request id while passing over the notifications and
+//! requests kin sends meanwhile. What a test checks about the traffic (for instance that every
+//! line is JSON-RPC 2.0) stays in that test, through the callback of [`Peer::response`] or its
+//! own loop over [`Peer::frame`].
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// The binary under test.
+pub const KIN: &str = env!("CARGO_BIN_EXE_kin");
+
+/// `kin acp --config /dev/null --sessions SESSIONS [--replay REPLAY]`, stderr discarded; add
+/// arguments, environment and a working directory before [`Peer::spawn`].
+pub fn acp(sessions: &Path, replay: Option<&Path>) -> Command {
+    let mut command = Command::new(KIN);
+    command.args(["acp", "--config", "/dev/null", "--sessions"]).arg(sessions);
+    if let Some(replay) = replay {
+        command.arg("--replay").arg(replay);
+    }
+    command.stderr(Stdio::null());
+    command
+}
+
+/// A JSON-RPC 2.0 request frame.
+pub fn request(id: u64, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// Whether `frame` is the response to request `id` (not a request from kin with the same id).
+pub fn is_response(frame: &Value, id: u64) -> bool {
+    frame["id"] == json!(id) && frame.get("method").is_none()
+}
+
+/// A running kin: the child process (its stdin in `child.stdin` until closed), its stdout lines
+/// and the id of the last request sent with [`Peer::request`].
+pub struct Peer {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    last_id: u64,
+}
+
+impl Peer {
+    /// Spawns `command` with stdin and stdout piped (stderr as the command has it).
+    pub fn spawn(command: &mut Command) -> Peer {
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Peer { child, lines, last_id: 0 }
+    }
+
+    /// [`Peer::request`] numbers from `id + 1` on (to stay clear of ids a test uses itself).
+    pub fn ids_after(mut self, id: u64) -> Peer {
+        self.last_id = id;
+        self
+    }
+
+    /// Writes one line to kin's stdin and flushes it.
+    pub fn write_line(&mut self, line: &str) -> io::Result<()> {
+        let stdin = self.child.stdin.as_mut().ok_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        writeln!(stdin, "{line}")?;
+        stdin.flush()
+    }
+
+    /// Writes one frame; panics if kin's stdin is gone.
+    pub fn send(&mut self, frame: Value) {
+        self.write_line(&frame.to_string()).unwrap();
+    }
+
+    /// Sends a request with the next id; returns the id.
+    pub fn request(&mut self, method: &str, params: Value) -> u64 {
+        self.last_id += 1;
+        let id = self.last_id;
+        self.send(request(id, method, params));
+        id
+    }
+
+    /// The next stdout line, if one comes within `timeout` (`None` as well once stdout closed).
+    pub fn line(&self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    /// The next stdout frame; panics if none comes within `timeout` or the line is not JSON.
+    pub fn frame(&self, timeout: Duration) -> Value {
+        let line = self.line(timeout).unwrap_or_else(|| panic!("kin wrote no frame within {timeout:?}"));
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("stdout carried a non-JSON line: {line}"))
+    }
+
+    /// Reads frames (each within `timeout`) up to the response to `id` and returns it; `each`
+    /// sees every frame read, the response included.
+    pub fn response(&self, id: u64, timeout: Duration, mut each: impl FnMut(&Value)) -> Value {
+        loop {
+            let frame = self.frame(timeout);
+            each(&frame);
+            if is_response(&frame, id) {
+                return frame;
+            }
+        }
+    }
+
+    /// Sends a request and returns its response, reading each frame within `timeout`.
+    pub fn call(&mut self, method: &str, params: Value, timeout: Duration) -> Value {
+        let id = self.request(method, params);
+        self.response(id, timeout, |_| {})
+    }
+
+    /// The response to `id` if it comes within `timeout` all told; `None` on a timeout, a closed
+    /// stdout or a non-JSON line (for tests that kill kin and take what arrived).
+    pub fn response_within(&self, id: u64, timeout: Duration) -> Option<Value> {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let frame: Value = serde_json::from_str(&self.lines.recv_timeout(left).ok()?).ok()?;
+            if is_response(&frame, id) {
+                return Some(frame);
+            }
+        }
+        None
+    }
+
+    /// Closes kin's stdin (EOF on its protocol channel).
+    pub fn close_stdin(&mut self) {
+        drop(self.child.stdin.take());
+    }
+}
