@@ -264,6 +264,10 @@ pub trait SessionSource: Send + Sync {
     fn summary(&self, id: &str) -> Result<Arc<LogSummary>, QueryError> {
         self.log(id).map(|log| Arc::new(LogSummary::of(&log)))
     }
+
+    /// A hint that the summaries of `ids` are about to be asked for: a caching source may build
+    /// them now, in parallel. Never changes a result; the default does nothing.
+    fn prefetch(&self, _ids: &[&str], _cancel: &CancellationToken) {}
 }
 
 /// The operations the subagent catalog consumes, as a seam tests can wrap.
@@ -280,6 +284,10 @@ pub trait QueryService: Send + Sync {
     fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
         Ok(self.list_events(id)?.into_iter().filter(|r| r.kind == kind).map(|r| r.seq).collect())
     }
+
+    /// A hint that these sessions are about to be read (`event_seqs`, exact reads): a backend
+    /// may warm its caches. Never changes a result or an error; the default does nothing.
+    fn prefetch(&self, _ids: &[&str], _cancel: &CancellationToken) {}
 }
 
 /// Fails unless two headers of one session agree (dsh `assertSessionHeadersCompatible`): every
@@ -548,6 +556,10 @@ impl<S: SessionSource> QueryService for SessionQuery<S> {
 
     fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
         self.event_seqs_impl(id, kind).map_err(QueryFault::Query)
+    }
+
+    fn prefetch(&self, ids: &[&str], cancel: &CancellationToken) {
+        self.source.prefetch(ids, cancel);
     }
 }
 
@@ -835,6 +847,27 @@ impl SessionSource for StoreSource {
             }
         }
         Ok(summary)
+    }
+
+    /// Builds the missing summaries on up to `SCAN_THREADS` threads; failures are left for the
+    /// reads that follow to report.
+    fn prefetch(&self, ids: &[&str], cancel: &CancellationToken) {
+        let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(ids.len());
+        if workers <= 1 {
+            return;
+        }
+        std::thread::scope(|scope| {
+            for worker in 0..workers {
+                scope.spawn(move || {
+                    for id in ids.iter().skip(worker).step_by(workers) {
+                        if cancel.is_cancelled() {
+                            return;
+                        }
+                        let _ = self.summary(id);
+                    }
+                });
+            }
+        });
     }
 }
 

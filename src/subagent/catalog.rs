@@ -131,6 +131,9 @@ pub fn list_children(
         }
     };
     check(cancel)?;
+    let candidates: Vec<&str> = trace.descendants.iter().map(|node| node.session.header.id.as_str()).collect();
+    query.prefetch(&candidates, cancel);
+    check(cancel)?;
     let mut entries = Vec::new();
     for node in &trace.descendants {
         check(cancel)?;
