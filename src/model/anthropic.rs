@@ -10,10 +10,9 @@ use std::collections::BTreeMap;
 use eventsource_stream::Event;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::http::{self, AttemptError, Decoder, HttpCall, RetryNotice, Server};
-use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
+use super::http::{self, Api, AttemptError, Decoder, HttpModel, Server};
+use super::{Failure, FinishReason, ModelRequest, StreamChunk};
 
 /// The `anthropic-version` header kin speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -39,32 +38,29 @@ impl AnthropicConfig {
 }
 
 /// A model behind the Anthropic Messages API.
-pub struct AnthropicModel {
-    config: AnthropicConfig,
-    client: reqwest::Client,
-    notice: Option<RetryNotice>,
-}
+pub type AnthropicModel = HttpModel<AnthropicConfig>;
 
-impl AnthropicModel {
-    pub fn new(config: AnthropicConfig) -> Result<Self, String> {
-        Ok(AnthropicModel { config, client: http::client()?, notice: None })
+impl Api for AnthropicConfig {
+    type Decoder = MessagesDecoder;
+    const PATH: &'static str = "/v1/messages";
+
+    fn server(&self) -> &Server {
+        &self.server
     }
 
-    /// Reports every retry to `notice` (without one, retries are only logged).
-    pub fn with_retry_notice(mut self, notice: Option<RetryNotice>) -> Self {
-        self.notice = notice;
-        self
+    fn auth(key: &str) -> Result<(HeaderName, HeaderValue), Failure> {
+        Ok((HeaderName::from_static("x-api-key"), http::secret_value(key)?))
     }
 
-    pub fn config(&self) -> &AnthropicConfig {
-        &self.config
+    fn fixed_headers() -> Vec<(HeaderName, HeaderValue)> {
+        vec![(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION))]
     }
 
     /// The JSON body of the request for one call.
-    pub fn request_body(&self, request: &ModelRequest) -> Value {
+    fn request_body(&self, request: &ModelRequest) -> Value {
         let mut body = json!({
             "model": request.route.model,
-            "max_tokens": self.config.max_tokens,
+            "max_tokens": self.max_tokens,
             "messages": anthropic_messages(&request.messages),
             "stream": true,
         });
@@ -84,33 +80,10 @@ impl AnthropicModel {
                 })
                 .collect();
         }
-        if let Some(budget) = thinking_budget(self.config.reasoning_effort.as_deref(), self.config.max_tokens) {
+        if let Some(budget) = thinking_budget(self.reasoning_effort.as_deref(), self.max_tokens) {
             body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
         }
         body
-    }
-
-    fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
-        let config = &self.config;
-        let version = [(HeaderName::from_static("anthropic-version"), HeaderValue::from_static(ANTHROPIC_VERSION))];
-        let endpoint = http::Endpoint {
-            client: &self.client,
-            server: &config.server,
-            path: "/v1/messages",
-            auth: |key| Ok((HeaderName::from_static("x-api-key"), http::secret_value(key)?)),
-            fixed: &version,
-            notice: self.notice.clone(),
-        };
-        http::prepare(endpoint, request, &self.request_body(request))
-    }
-}
-
-impl Model for AnthropicModel {
-    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
-        match self.call(&request) {
-            Ok(call) => http::start::<MessagesDecoder>(call, cancel),
-            Err(failure) => http::failed(failure),
-        }
     }
 }
 
@@ -253,7 +226,7 @@ impl OpenBlock {
 
 /// Messages SSE → dsh chunks.
 #[derive(Default)]
-struct MessagesDecoder {
+pub struct MessagesDecoder {
     open: BTreeMap<u64, OpenBlock>,
     /// Blocks surfaced so far (an attempt without any is an empty completion).
     started: usize,

@@ -1,5 +1,6 @@
-//! Shared plumbing of the HTTP model clients (`openai`, `anthropic`): one call runs on a
-//! background task that posts the request, decodes the SSE stream into dsh `StreamChunk`s and
+//! Shared plumbing of the HTTP model clients: `HttpModel<A>` is the `Model` for any wire `Api`
+//! (`openai`'s Chat Completions, `anthropic`'s Messages), each reaching a `Server`. One call runs
+//! on a background task that posts the request, decodes the SSE stream into dsh `StreamChunk`s and
 //! forwards them to the channel. It retries retryable failures (connect errors, 429, 5xx, a stream
 //! that ends without a finish, an empty completion, an idle stream) with exponential backoff and
 //! jitter, honouring `Retry-After`, but only while nothing of the failed attempt reached the
@@ -16,7 +17,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{ChunkStream, Failure, FinishReason, ModelRequest, ModelResult, StreamChunk};
+use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, StreamChunk};
 
 /// No API key: the environment variable named in the message is unset.
 pub const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
@@ -265,59 +266,96 @@ impl Server {
     }
 }
 
-/// What a client's call is made of, before the parts every client shares are added.
-pub(crate) struct Endpoint<'a> {
-    pub client: &'a reqwest::Client,
-    pub server: &'a Server,
+/// One wire API over HTTP: where its calls go, how the key is sent, the request body, and the
+/// decoder of its event stream. [`HttpModel`] is the `Model` that speaks it.
+pub trait Api: Send + Sync + 'static {
+    /// Turns the API's SSE events into dsh chunks (a fresh one per attempt).
+    type Decoder: Decoder + Default + Send + 'static;
     /// The path under the base URL (`/chat/completions`, `/v1/messages`).
-    pub path: &'a str,
-    /// Turns the key into its header (`Authorization: Bearer …`, `x-api-key: …`).
-    pub auth: fn(&str) -> Result<(HeaderName, HeaderValue), Failure>,
+    const PATH: &'static str;
+
+    fn server(&self) -> &Server;
+
+    /// The key as its header (`Authorization: Bearer …`, `x-api-key: …`).
+    fn auth(key: &str) -> Result<(HeaderName, HeaderValue), Failure>;
+
     /// Headers of the API itself (e.g. `anthropic-version`).
-    pub fixed: &'a [(HeaderName, HeaderValue)],
-    pub notice: Option<RetryNotice>,
+    fn fixed_headers() -> Vec<(HeaderName, HeaderValue)> {
+        Vec::new()
+    }
+
+    /// The JSON body of one call.
+    fn request_body(&self, request: &ModelRequest) -> Value;
 }
 
-/// Builds one call: the key (resolved now), JSON and SSE headers, the client's own headers, the
-/// configured extra headers and the encoded body.
-pub(crate) fn prepare(
-    endpoint: Endpoint<'_>,
-    request: &ModelRequest,
-    body: &serde_json::Value,
-) -> Result<HttpCall, Failure> {
-    let server = endpoint.server;
-    let key = resolve_key(server.api_key.as_deref(), server.api_key_env.as_deref(), request)?;
-    let mut headers = HeaderMap::new();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-    for (name, value) in endpoint.fixed {
-        headers.insert(name.clone(), value.clone());
+/// A model behind an HTTP API: the API's configuration, one connection pool, and where retries
+/// are reported.
+pub struct HttpModel<A> {
+    api: A,
+    client: reqwest::Client,
+    notice: Option<RetryNotice>,
+}
+
+impl<A: Api> HttpModel<A> {
+    pub fn new(api: A) -> Result<Self, String> {
+        Ok(HttpModel { api, client: client()?, notice: None })
     }
-    if let Some(key) = &key {
-        let (name, value) = (endpoint.auth)(key)?;
-        headers.insert(name, value);
+
+    /// Reports every retry to `notice` (without one, retries are only logged).
+    pub fn with_retry_notice(mut self, notice: Option<RetryNotice>) -> Self {
+        self.notice = notice;
+        self
     }
-    extra_headers(&mut headers, &server.extra_headers)?;
-    let body = serde_json::to_vec(body)
-        .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), INVALID_CONFIG))?;
-    let base_url = server.base_url.trim_end_matches('/').to_string();
-    Ok(HttpCall {
-        client: endpoint.client.clone(),
-        url: format!("{base_url}{}", endpoint.path),
-        headers,
-        body,
-        retry: server.retry,
-        idle_timeout: server.idle_timeout,
-        notice: endpoint.notice,
-        base_url,
-        key_env: server.api_key_env.clone(),
-        key,
-        request: RequestIds::of(request),
-    })
+
+    /// The API's configuration.
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
+    /// Builds one call: the key (resolved now), JSON and SSE headers, the API's own headers,
+    /// the configured extra headers and the encoded body.
+    fn prepare(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
+        let server = self.api.server();
+        let key = resolve_key(server.api_key.as_deref(), server.api_key_env.as_deref(), request)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.extend(A::fixed_headers());
+        if let Some(key) = &key {
+            let (name, value) = A::auth(key)?;
+            headers.insert(name, value);
+        }
+        extra_headers(&mut headers, &server.extra_headers)?;
+        let body = serde_json::to_vec(&self.api.request_body(request))
+            .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), INVALID_CONFIG))?;
+        let base_url = server.base_url.trim_end_matches('/').to_string();
+        Ok(HttpCall {
+            client: self.client.clone(),
+            url: format!("{base_url}{}", A::PATH),
+            headers,
+            body,
+            retry: server.retry,
+            idle_timeout: server.idle_timeout,
+            notice: self.notice.clone(),
+            base_url,
+            key_env: server.api_key_env.clone(),
+            key,
+            request: RequestIds::of(request),
+        })
+    }
+}
+
+impl<A: Api> Model for HttpModel<A> {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
+        match self.prepare(&request) {
+            Ok(call) => start::<A::Decoder>(call, cancel),
+            Err(failure) => failed(failure),
+        }
+    }
 }
 
 /// A failed attempt: the failure and the server's requested wait, if any.
-pub(crate) struct AttemptError {
+pub struct AttemptError {
     /// Boxed: the error travels through every parser result and should stay small.
     pub failure: Box<Failure>,
     pub retry_after: Option<Duration>,
@@ -357,7 +395,7 @@ pub(crate) fn unreadable(data: &str, error: &serde_json::Error) -> AttemptError 
 }
 
 /// Turns provider SSE events into dsh chunks; one decoder per attempt.
-pub(crate) trait Decoder {
+pub trait Decoder {
     /// Handles one SSE event, appending chunks to `out`. Returns true when the response is
     /// complete (the last chunk appended is the finish).
     fn event(&mut self, event: &Event, out: &mut Vec<StreamChunk>) -> Result<bool, AttemptError>;

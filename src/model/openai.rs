@@ -5,12 +5,11 @@
 //! from indexed deltas with raw JSON arguments, usage, and the finish reason.
 
 use eventsource_stream::Event;
-use reqwest::header::AUTHORIZATION;
+use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::http::{self, AttemptError, Decoder, HttpCall, RetryNotice, Server};
-use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, StreamChunk};
+use super::http::{self, Api, AttemptError, Decoder, HttpModel, Server};
+use super::{Failure, FinishReason, ModelRequest, StreamChunk};
 
 /// How to reach one OpenAI-compatible endpoint.
 #[derive(Debug, Clone)]
@@ -34,32 +33,25 @@ impl OpenAiConfig {
 }
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
-pub struct OpenAiModel {
-    config: OpenAiConfig,
-    client: reqwest::Client,
-    notice: Option<RetryNotice>,
-}
+pub type OpenAiModel = HttpModel<OpenAiConfig>;
 
-impl OpenAiModel {
-    pub fn new(config: OpenAiConfig) -> Result<Self, String> {
-        Ok(OpenAiModel { config, client: http::client()?, notice: None })
+impl Api for OpenAiConfig {
+    type Decoder = ChatDecoder;
+    const PATH: &'static str = "/chat/completions";
+
+    fn server(&self) -> &Server {
+        &self.server
     }
 
-    /// Reports every retry to `notice` (without one, retries are only logged).
-    pub fn with_retry_notice(mut self, notice: Option<RetryNotice>) -> Self {
-        self.notice = notice;
-        self
-    }
-
-    pub fn config(&self) -> &OpenAiConfig {
-        &self.config
+    fn auth(key: &str) -> Result<(HeaderName, HeaderValue), Failure> {
+        Ok((AUTHORIZATION, http::secret_value(&format!("Bearer {key}"))?))
     }
 
     /// The JSON body of the request for one call.
-    pub fn request_body(&self, request: &ModelRequest) -> Value {
+    fn request_body(&self, request: &ModelRequest) -> Value {
         let mut body = json!({
             "model": request.route.model,
-            "messages": chat_messages(request, self.config.deepseek),
+            "messages": chat_messages(request, self.deepseek),
             "stream": true,
             "stream_options": {"include_usage": true},
         });
@@ -79,40 +71,18 @@ impl OpenAiModel {
                 })
                 .collect();
         }
-        if let Some(max_tokens) = self.config.max_tokens {
+        if let Some(max_tokens) = self.max_tokens {
             body["max_tokens"] = max_tokens.into();
         }
-        match self.config.reasoning_effort.as_deref() {
+        match self.reasoning_effort.as_deref() {
             None => {}
-            Some("off" | "none" | "disabled") if self.config.deepseek => {
+            Some("off" | "none" | "disabled") if self.deepseek => {
                 body["thinking"] = json!({"type": "disabled"});
             }
             Some("off" | "disabled") => {}
             Some(effort) => body["reasoning_effort"] = effort.into(),
         }
         body
-    }
-
-    fn call(&self, request: &ModelRequest) -> Result<HttpCall, Failure> {
-        let config = &self.config;
-        let endpoint = http::Endpoint {
-            client: &self.client,
-            server: &config.server,
-            path: "/chat/completions",
-            auth: |key| Ok((AUTHORIZATION, http::secret_value(&format!("Bearer {key}"))?)),
-            fixed: &[],
-            notice: self.notice.clone(),
-        };
-        http::prepare(endpoint, request, &self.request_body(request))
-    }
-}
-
-impl Model for OpenAiModel {
-    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
-        match self.call(&request) {
-            Ok(call) => http::start::<ChatDecoder>(call, cancel),
-            Err(failure) => http::failed(failure),
-        }
     }
 }
 
@@ -229,7 +199,7 @@ struct PendingCall {
 
 /// Chat Completions SSE → dsh chunks.
 #[derive(Default)]
-struct ChatDecoder {
+pub struct ChatDecoder {
     next_index: u64,
     open: Option<OpenBlock>,
     /// Tool calls stay open until the finish (deltas of parallel calls may interleave).
