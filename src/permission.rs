@@ -284,6 +284,25 @@ impl Permissions {
         }
     }
 
+    /// The mode's answer to a question an external ACP child forwards, by the ACP tool kind of
+    /// the child's call, or `None` when the user must be asked. The call's paths are not known,
+    /// so the workspace rules apply: reads, searches and thinking are allowed in every mode;
+    /// edits (`edit`, `delete`, `move`) in `accept-edits`; everything in `bypass`; and
+    /// `read-only` rejects whatever is not a read.
+    pub fn decide_forwarded(&self, kind: &str) -> Option<PermissionAnswer> {
+        let class = match kind {
+            "read" | "search" | "think" => Class::Read,
+            "edit" | "delete" | "move" => Class::Edit,
+            _ => Class::Exec,
+        };
+        match (self.mode(), class) {
+            (PermissionMode::Bypass, _) | (_, Class::Read) => Some(PermissionAnswer::AllowOnce),
+            (PermissionMode::ReadOnly, _) => Some(PermissionAnswer::RejectOnce),
+            (PermissionMode::AcceptEdits, Class::Edit) => Some(PermissionAnswer::AllowOnce),
+            (PermissionMode::Ask | PermissionMode::AcceptEdits, Class::Edit | Class::Exec | Class::Other) => None,
+        }
+    }
+
     /// Applies the user's answer to `question` (remembering "always" answers).
     pub fn answer(&self, question: &Question, answer: PermissionAnswer) -> Decision {
         let outside = matches!(question.scope, Scope::Outside(_));
@@ -464,6 +483,23 @@ fn outside_in_read_only(tool: &str, path: &Path) -> ToolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarded_questions_follow_the_mode_by_kind() {
+        use PermissionAnswer::{AllowOnce, RejectOnce};
+        let cases: [(PermissionMode, [Option<PermissionAnswer>; 4]); 4] = [
+            // read, edit, execute, an unknown kind
+            (PermissionMode::Ask, [Some(AllowOnce), None, None, None]),
+            (PermissionMode::AcceptEdits, [Some(AllowOnce), Some(AllowOnce), None, None]),
+            (PermissionMode::ReadOnly, [Some(AllowOnce), Some(RejectOnce), Some(RejectOnce), Some(RejectOnce)]),
+            (PermissionMode::Bypass, [Some(AllowOnce); 4]),
+        ];
+        for (mode, expected) in cases {
+            let permissions = Permissions::new(mode);
+            let got = ["search", "delete", "execute", "fetch"].map(|kind| permissions.decide_forwarded(kind));
+            assert_eq!(got, expected, "{mode:?}");
+        }
+    }
     use std::os::unix::fs::symlink;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

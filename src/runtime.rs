@@ -65,15 +65,22 @@ pub struct ClientLink {
     pub children: Option<Arc<dyn ChildObservers>>,
 }
 
-/// The connected client's permission prompt, looked up when asked (the client connects after
-/// the runtime is built); with no client connected every question is dismissed.
-struct ClientPrompt(Weak<Runtime>);
+/// Where the `forward` policy of external ACP children asks: the permission mode of the
+/// top-level session above the delegating one answers where it decides, else the connected
+/// client is asked (looked up when asked: it connects after the runtime is built); with no
+/// client connected the question is dismissed.
+struct ForwardPrompt(Weak<Runtime>);
 
-impl PermissionPrompt for ClientPrompt {
+impl PermissionPrompt for ForwardPrompt {
     fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
-        match self.0.upgrade().and_then(|rt| rt.client().prompt) {
-            Some(prompt) => prompt.ask(request),
-            None => async { PermissionAnswer::Dismissed }.boxed(),
+        let Some(rt) = self.0.upgrade() else {
+            return async { PermissionAnswer::Dismissed }.boxed();
+        };
+        let decided = rt.root_permissions(Some(&request.session_id)).and_then(|p| p.decide_forwarded(&request.tool));
+        match (decided, rt.client().prompt) {
+            (Some(answer), _) => async move { answer }.boxed(),
+            (None, Some(prompt)) => prompt.ask(request),
+            (None, None) => async { PermissionAnswer::Dismissed }.boxed(),
         }
     }
 }
@@ -303,7 +310,7 @@ impl Runtime {
             // `[acp_agents.NAME]`: provider `acp:NAME` and its delegation tool.
             for agent in &config.acp_agents {
                 if let Err(e) = subagents.register_provider(Arc::new(
-                    AcpProvider::new(agent.clone()).forwarding_to(Arc::new(ClientPrompt(weak.clone()))),
+                    AcpProvider::new(agent.clone()).forwarding_to(Arc::new(ForwardPrompt(weak.clone()))),
                 )) {
                     problems.push(e.to_string());
                     continue;

@@ -444,9 +444,12 @@ impl kin::permission::PermissionPrompt for Editor {
 
 /// Runs `ASKS_TO_WRITE` under `permission = "forward"` with an editor giving `answer`; returns
 /// the run's output, the editor's questions and the workspace.
+/// With `mode`, the delegating parent is a live top-level session in that permission mode;
+/// without, a parent this runtime does not hold.
 async fn forwarded(
     dir: &Path,
     answer: kin::permission::PermissionAnswer,
+    mode: Option<kin::permission::PermissionMode>,
 ) -> (String, Vec<kin::permission::PermissionRequest>, PathBuf) {
     let (rt, _) = runtime(dir, vec![], &sh_agent_toml("fw", ASKS_TO_WRITE, "permission = \"forward\"\n"));
     let editor = Arc::new(Editor { answer, asked: Default::default() });
@@ -454,6 +457,12 @@ async fn forwarded(
     let cwd = workspace(dir);
     let mut req = request(&cwd);
     req.call_id = Some("call-7".into());
+    if let Some(mode) = mode {
+        let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+        rt.set_permission_mode(&id, mode).unwrap();
+        let header = rt.store().inspect(&id).unwrap().header;
+        req.parent = Arc::new(Caller { header, ..(*req.parent).clone() });
+    }
     let run = rt.subagents().start("acp:fw", req).await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
     (run.dispose)().await;
@@ -466,7 +475,7 @@ async fn forwarded(
 #[tokio::test]
 async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::AllowOnce).await;
+    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::AllowOnce, None).await;
     assert!(output.starts_with("writes offered: yes | "), "{output}");
     assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"yes"}"#), "{output}");
     assert!(output.contains(r#""id":"w","result":null"#), "{output}");
@@ -482,11 +491,26 @@ async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
 #[tokio::test]
 async fn forward_passes_a_rejection_on_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::RejectOnce).await;
+    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::RejectOnce, None).await;
     assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"no"}"#), "{output}");
     assert!(output.contains("the user rejected writing"), "{output}");
     assert!(!cwd.join("notes.txt").exists());
     // The write without an allowed edit was asked about on its own.
     assert_eq!(asked.len(), 2, "{asked:?}");
     assert_eq!(asked[1].title, format!("acp:fw: Write {}/notes.txt", cwd.canonicalize().unwrap().display()));
+}
+
+#[tokio::test]
+async fn forward_lets_the_parent_session_mode_answer_before_the_editor() {
+    use kin::permission::{PermissionAnswer, PermissionMode};
+    // The editor would reject everything: in bypass the mode allows the edit and the write
+    // without asking; in read-only it rejects both without asking.
+    for (mode, option, written) in [(PermissionMode::Bypass, "yes", true), (PermissionMode::ReadOnly, "no", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (output, asked, cwd) = forwarded(dir.path(), PermissionAnswer::RejectOnce, Some(mode)).await;
+        let outcome = format!(r#""outcome":{{"outcome":"selected","optionId":"{option}"}}"#);
+        assert!(output.contains(&outcome), "{mode:?}: {output}");
+        assert_eq!(cwd.join("notes.txt").exists(), written, "{mode:?}: {output}");
+        assert!(asked.is_empty(), "{mode:?}: {asked:?}");
+    }
 }

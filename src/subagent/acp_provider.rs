@@ -13,8 +13,8 @@
 //! child's process group and waits `kill_grace`; every path reaps the child.
 //!
 //! `forward` asks the parent's editor: the child's permission requests become requests on the
-//! parent's session and the delegating tool call, and the answer is passed back as the child's
-//! matching option. Reads inside the working directory are served; a write inside it is served
+//! parent's session and the delegating tool call (the runtime's editor lets the session's
+//! permission mode answer first), and the answer is passed back as the child's matching option. Reads inside the working directory are served; a write inside it is served
 //! right after the editor allowed one of the child's edits (or allowed them always), else the
 //! editor is asked about that write. A provider built without an editor answers `forward` like
 //! `allow-reads`; the runtime's asks the connected client, and with none connected every
