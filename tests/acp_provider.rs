@@ -514,3 +514,22 @@ async fn forward_lets_the_parent_session_mode_answer_before_the_editor() {
         assert!(asked.is_empty(), "{mode:?}: {asked:?}");
     }
 }
+
+#[tokio::test]
+async fn allow_reads_offers_no_writes_and_rejects_the_edit_without_asking() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![], &sh_agent_toml("ro", ASKS_TO_WRITE, "permission = \"allow-reads\"\n"));
+    let editor = Arc::new(Editor { answer: kin::permission::PermissionAnswer::AllowOnce, asked: Default::default() });
+    rt.connect_client(kin::runtime::ClientLink { prompt: Some(editor.clone()), files: None, children: None });
+    let cwd = workspace(dir.path());
+    let run = rt.subagents().start("acp:ro", request(&cwd)).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
+    (run.dispose)().await;
+    rt.shutdown().await;
+    let output = result.output;
+    assert!(output.starts_with("writes offered: no | "), "{output}");
+    assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"no"}"#), "{output}");
+    assert!(output.contains("writing files is refused"), "{output}");
+    assert!(!cwd.join("notes.txt").exists());
+    assert!(editor.asked.lock().unwrap().is_empty(), "allow-reads never asks the editor");
+}
