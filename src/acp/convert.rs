@@ -163,7 +163,11 @@ fn tool_title(name: &str, args: &Value) -> String {
         },
         "glob" | "grep" => format!("{name} {}", arg("pattern")),
         "todo_write" => "Update plan".into(),
-        other => other.to_string(),
+        // A delegation to an external agent (`delegate_NAME`) says what it delegates.
+        other => match args["description"].as_str().filter(|d| !d.trim().is_empty()) {
+            Some(description) => format!("{other}: {description}"),
+            None => other.to_string(),
+        },
     }
 }
 
@@ -215,6 +219,16 @@ mod tests {
             data["meta"] = meta;
         }
         event("tool/result", data)
+    }
+
+    #[test]
+    fn titles_say_what_a_call_does() {
+        let title = |name: &str, args: Value| tool_title(name, &args);
+        assert_eq!(title("subagent", json!({"description": "scan the repo"})), "scan the repo");
+        assert_eq!(title("delegate_codex", json!({"description": "review", "prompt": "…"})), "delegate_codex: review");
+        assert_eq!(title("delegate_codex", json!({"description": " "})), "delegate_codex");
+        assert_eq!(title("list_agents", json!({})), "list_agents");
+        assert_eq!(title("write", json!({"file_path": "a.md"})), "Write a.md");
     }
 
     #[test]
