@@ -17,7 +17,7 @@ use kin::session::{Event, SessionHeader, SessionObserver, SessionStore};
 use kin::subagent::acp_provider::{AcpAgentConfig, AcpProvider};
 use kin::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
 use kin::tools::{Caller, ToolRegistry};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 const KIN: &str = env!("CARGO_BIN_EXE_kin");
@@ -105,6 +105,7 @@ fn request(cwd: &Path) -> StartRequest {
         tool_filter: None,
         persona: None,
         call_id: None,
+        progress: None,
     }
 }
 
@@ -532,4 +533,43 @@ async fn allow_reads_offers_no_writes_and_rejects_the_edit_without_asking() {
     assert!(output.contains("writing files is refused"), "{output}");
     assert!(!cwd.join("notes.txt").exists());
     assert!(editor.asked.lock().unwrap().is_empty(), "allow-reads never asks the editor");
+}
+
+/// A child that starts one tool call of its own, then answers `done`.
+const WORKS: &str = r#"
+reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
+update() { printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":%s}}\n' "$1"; }
+read init; reply "$init" '{"protocolVersion":1}'
+read new; reply "$new" '{"sessionId":"s1"}'
+read prompt
+update '{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Run cargo test","kind":"execute","status":"pending"}'
+update '{"sessionUpdate":"tool_call","toolCallId":"t2","title":"","kind":"other","status":"pending"}'
+update '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"done"}}'
+reply "$prompt" '{"stopReason":"end_turn"}'
+"#;
+
+#[tokio::test]
+async fn the_child_tool_calls_show_as_progress_on_the_delegating_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![
+        ReplayEntry::Chunks(tool_call_response(
+            "c1",
+            "delegate_w",
+            r#"{"description":"test","prompt":"Run the tests."}"#,
+        )),
+        ReplayEntry::Chunks(text_response(&["parent done"])),
+    ];
+    let (rt, _) = runtime(dir.path(), entries, &sh_agent_toml("w", WORKS, ""));
+    let id = rt.new_session(&workspace(dir.path()), Arc::new(Quiet)).unwrap();
+    let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(20), turn).await.unwrap().unwrap(), TurnEnd::Completed);
+    let log = rt.store().inspect(&id).unwrap().events;
+    let kinds: Vec<&str> = log.iter().map(|e| e.kind.as_str()).collect();
+    let at = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or_else(|| panic!("no {kind}: {kinds:?}"));
+    assert!(at("tool/call") < at("tool/progress") && at("tool/progress") < at("tool/result"), "{kinds:?}");
+    let progress: Vec<&Value> = log.iter().filter(|e| e.kind == "tool/progress").map(|e| &e.data).collect();
+    // One report: the untitled call says nothing.
+    assert_eq!(progress, [&json!({"turn": 1, "step": 1, "callId": "c1", "text": "acp:w: Run cargo test"})]);
+    assert!(log.iter().find(|e| e.kind == "tool/progress").unwrap().surface_op.is_none(), "log-only");
+    rt.shutdown().await;
 }

@@ -1198,6 +1198,7 @@ fn request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
         tool_filter: None,
         persona: None,
         call_id: None,
+        progress: None,
     }
 }
 

@@ -59,6 +59,7 @@ fn request(parent: Arc<Caller>) -> StartRequest {
         tool_filter: None,
         persona: None,
         call_id: None,
+        progress: None,
     }
 }
 

@@ -54,6 +54,9 @@ pub fn live_update(event: &Event) -> Option<SessionUpdate> {
     if event.kind == "todo/write" {
         return Some(plan_update(event));
     }
+    if event.kind == "tool/progress" {
+        return progress_update(event);
+    }
     if event.kind != "assistant/chunk" {
         return None;
     }
@@ -123,6 +126,16 @@ fn tool_update(event: &Event) -> Option<SessionUpdate> {
         _ => ToolCallContent::from(ContentBlock::Text(TextContent::new(text))),
     };
     let fields = ToolCallUpdateFields::new().status(status).content(vec![content]);
+    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
+}
+
+/// `tool/progress` → the running call's content: what it is doing now (live only; a loaded
+/// session shows the call's result instead).
+fn progress_update(event: &Event) -> Option<SessionUpdate> {
+    let id = event.data["callId"].as_str()?;
+    let text = event.data["text"].as_str()?;
+    let content = ToolCallContent::from(ContentBlock::Text(TextContent::new(text)));
+    let fields = ToolCallUpdateFields::new().content(vec![content]);
     Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
 }
 
@@ -219,6 +232,21 @@ mod tests {
             data["meta"] = meta;
         }
         event("tool/result", data)
+    }
+
+    #[test]
+    fn progress_is_the_running_calls_content() {
+        let progress =
+            event("tool/progress", json!({"turn": 1, "step": 1, "callId": "c1", "text": "acp:x: Run tests"}));
+        let update = serde_json::to_value(live_update(&progress).unwrap()).unwrap();
+        assert_eq!(update["sessionUpdate"], "tool_call_update");
+        assert_eq!(update["toolCallId"], "c1");
+        assert!(update.get("status").is_none(), "{update}");
+        assert_eq!(
+            update["content"],
+            json!([{"type": "content", "content": {"type": "text", "text": "acp:x: Run tests"}}])
+        );
+        assert!(replay_updates(&progress).is_empty(), "not replayed on load");
     }
 
     #[test]

@@ -152,9 +152,11 @@ impl Forwarder {
         notify(&self.cx, session, update);
     }
 
-    /// Adds the session link to the result of a tool call that started a child.
+    /// Adds the session link to the result (not a progress report) of a tool call that started
+    /// a child.
     fn link_result(&self, session: &str, update: &mut SessionUpdate) {
         if let SessionUpdate::ToolCallUpdate(call) = update
+            && call.fields.status.is_some()
             && let Some(child) = self.tree.take_link(session, &call.tool_call_id.0)
         {
             call.fields

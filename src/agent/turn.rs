@@ -15,7 +15,7 @@ use super::{AgentDeps, Staged, TurnEnd};
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::permission::admit;
 use crate::session::Session;
-use crate::tools::{Caller, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Caller, Progress, ToolContext, ToolError, ToolOutput};
 
 /// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
 /// it never ends inside an open turn or on a dangling tool call.
@@ -256,6 +256,7 @@ async fn run_tools(
         } else {
             let cwd = session.header.cwd.clone().map(Into::into);
             let session_id = session.id().to_string();
+            let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
             let calls: Vec<BoxFuture<'static, Result<ToolOutput, ToolError>>> = batch
                 .iter()
                 .map(|(id, name, arguments)| {
@@ -267,6 +268,7 @@ async fn run_tools(
                         caller: Some(caller.clone()),
                         allow_outside: false,
                         file_access: deps.file_access.clone(),
+                        progress: Some(Progress::new(id, progress_tx.clone())),
                     };
                     let (tools, name, arguments) = (deps.tools.clone(), name.clone(), arguments.clone());
                     let (permissions, prompt) = (deps.permissions.clone(), deps.prompt.clone());
@@ -278,7 +280,21 @@ async fn run_tools(
                     .boxed()
                 })
                 .collect();
-            futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect().await
+            drop(progress_tx);
+            let running = futures::stream::iter(calls).buffered(deps.max_parallel_tools.max(1)).collect::<Vec<_>>();
+            tokio::pin!(running);
+            // Progress is recorded as it comes; what is still queued when the calls are done
+            // goes in before their results.
+            let results = loop {
+                tokio::select! {
+                    results = &mut running => break results,
+                    Some((call_id, text)) = progress_rx.recv() => record_progress(session, turn, step, &call_id, text),
+                }
+            };
+            while let Ok((call_id, text)) = progress_rx.try_recv() {
+                record_progress(session, turn, step, &call_id, text);
+            }
+            results
         };
         for (((id, _, _), mut result), seq) in batch.iter().zip(results).zip(seqs) {
             let events = match &mut result {
@@ -291,6 +307,11 @@ async fn run_tools(
             session.append_surface("tool/result", tool_result(turn, step, id, result), Some(vec![seq]));
         }
     }
+}
+
+/// A running call's progress report as a log-only `tool/progress` event.
+fn record_progress(session: &mut Session, turn: u64, step: u64, call_id: &str, text: String) {
+    session.append("tool/progress", json!({"turn": turn, "step": step, "callId": call_id, "text": text}));
 }
 
 fn aborted(message: &str, code: &str) -> ToolError {

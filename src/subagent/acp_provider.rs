@@ -2,7 +2,8 @@
 //! a third-party agent, or `ssh host kin acp`) as a one-shot child. A run spawns the configured
 //! command, speaks newline-delimited JSON-RPC on its stdin/stdout as an ACP client
 //! (`initialize`, `session/new`, `session/prompt`), collects the child's `agent_message_chunk`
-//! text as the output and maps its stop reason. The child's own requests are answered under the
+//! text as the output, reports each tool call the child starts as progress on the delegating
+//! call, and maps its stop reason. The child's own requests are answered under the
 //! configured permission policy: `session/request_permission`, `fs/read_text_file` and
 //! `fs/write_text_file` (served from the run's working directory, never outside it); anything
 //! else is method-not-found.
@@ -45,6 +46,7 @@ use super::{
 };
 use crate::permission::{PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::session::SessionHeader;
+use crate::tools::Progress;
 
 /// The ACP protocol version kin speaks as a client.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -261,7 +263,7 @@ async fn start_run(
     forward: Option<Forward>,
 ) -> Result<SubagentRun, SubagentError> {
     let cwd = working_dir(&config, &request.parent.header);
-    let mut conn = Connection::spawn(&config, &cwd, forward)?;
+    let mut conn = Connection::spawn(&config, &cwd, forward, request.progress.clone())?;
     let deadline = Instant::now() + config.startup_timeout;
     let session_id = match conn.rpc.handshake(&cwd, deadline, &request.cancel).await {
         Ok(id) => id,
@@ -426,6 +428,8 @@ struct Shared {
     policy: AcpPermission,
     /// Set for `forward` when there is an editor to ask.
     forward: Option<Forward>,
+    /// The delegating call's progress: each tool call the child starts is reported there.
+    progress: Option<Progress>,
     /// The real working directory: file requests must stay inside it.
     root: PathBuf,
     state: Mutex<State>,
@@ -476,12 +480,21 @@ impl Shared {
             return;
         }
         let update = &params["update"];
-        if update["sessionUpdate"] != "agent_message_chunk" || update["content"]["type"] != "text" {
+        let mut state = self.lock();
+        if state.session_id.is_none() || state.session_id.as_deref() != params["sessionId"].as_str() {
             return;
         }
-        let mut state = self.lock();
-        if state.session_id.is_some() && state.session_id.as_deref() == params["sessionId"].as_str() {
-            state.output.push_str(update["content"]["text"].as_str().unwrap_or(""));
+        match update["sessionUpdate"].as_str() {
+            Some("agent_message_chunk") if update["content"]["type"] == "text" => {
+                state.output.push_str(update["content"]["text"].as_str().unwrap_or(""));
+            }
+            Some("tool_call") => {
+                let title = update["title"].as_str().filter(|t| !t.trim().is_empty());
+                if let (Some(progress), Some(title)) = (&self.progress, title) {
+                    progress.report(format!("{}: {title}", self.provider));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -539,7 +552,12 @@ struct Connection {
 }
 
 impl Connection {
-    fn spawn(config: &AcpAgentConfig, cwd: &Path, forward: Option<Forward>) -> Result<Connection, SubagentError> {
+    fn spawn(
+        config: &AcpAgentConfig,
+        cwd: &Path,
+        forward: Option<Forward>,
+        progress: Option<Progress>,
+    ) -> Result<Connection, SubagentError> {
         let mut command = Command::new(&config.command);
         command
             .args(&config.args)
@@ -569,6 +587,7 @@ impl Connection {
             provider: config.name.clone(),
             policy: config.permission,
             forward,
+            progress,
             root: std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf()),
             state: Mutex::new(State::default()),
         });
@@ -1146,6 +1165,7 @@ mod tests {
             provider: "acp:t".into(),
             policy,
             forward: None,
+            progress: None,
             root: root.to_path_buf(),
             state: Mutex::new(State::default()),
         }

@@ -57,6 +57,8 @@ pub struct StartRequest {
     pub persona: Option<String>,
     /// The parent's tool call that asks for the child (editors link it to the child session).
     pub call_id: Option<String>,
+    /// Where a provider reports the child's activity on that call while it runs.
+    pub progress: Option<crate::tools::Progress>,
 }
 
 /// A request after the service validated it.

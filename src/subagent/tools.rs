@@ -141,6 +141,7 @@ impl Tool for DelegateTool {
                 tool_filter: config.tool_filter.clone(),
                 persona: config.persona.clone(),
                 call_id: Some(ctx.call_id.clone()),
+                progress: ctx.progress.clone(),
             };
             if arguments["run_in_background"].as_bool() == Some(true) {
                 let manager = background.ok_or_else(|| {
@@ -149,8 +150,9 @@ impl Tool for DelegateTool {
                 let label = request.label.clone().unwrap_or_default();
                 // Starting is quick and must not be cut short: once accepted, the child is owned by
                 // the manager, and the caller's cancellation no longer applies.
-                let (child_id, _message_id) =
-                    manager.start(&config.provider, label, StartRequest { output_schema: None, ..request }).await?;
+                let (child_id, _message_id) = manager
+                    .start(&config.provider, label, StartRequest { output_schema: None, progress: None, ..request })
+                    .await?;
                 return Ok(ToolOutput::text(format!("started subagent {child_id}")));
             }
             let run = service.start(&config.provider, request).await?;

@@ -50,6 +50,28 @@ pub struct ToolContext {
     pub allow_outside: bool,
     /// Where the file tools read and write text (the editor, over ACP); `None`: the disk.
     pub file_access: Option<Arc<dyn files::FileAccess>>,
+    /// Where the call reports what it is doing while it runs; `None` outside an agent.
+    pub progress: Option<Progress>,
+}
+
+/// A running call's progress reports: the agent records each as a log-only `tool/progress`
+/// event (in order, before the call's result), and the editor shows it on the call.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    call_id: String,
+    tx: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+}
+
+impl Progress {
+    /// A sink for `call_id` whose reports arrive on `tx` as `(call id, text)`.
+    pub fn new(call_id: &str, tx: tokio::sync::mpsc::UnboundedSender<(String, String)>) -> Self {
+        Progress { call_id: call_id.to_string(), tx }
+    }
+
+    /// Reports what the call is doing now (dropped once the call's batch has ended).
+    pub fn report(&self, text: impl Into<String>) {
+        let _ = self.tx.send((self.call_id.clone(), text.into()));
+    }
 }
 
 impl ToolContext {
@@ -63,6 +85,7 @@ impl ToolContext {
             caller: None,
             allow_outside: false,
             file_access: None,
+            progress: None,
         }
     }
 }
