@@ -23,7 +23,7 @@ use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStor
 use crate::subagent::acp_provider::AcpProvider;
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
-use crate::subagent::inprocess::{ChildDisplay, ChildFactory, ChildSetup, InProcessProvider};
+use crate::subagent::inprocess::{ChildDisplay, ChildFactory, ChildSetup, InProcessProvider, ReportToolCalls};
 use crate::subagent::list_agents::ListAgentsTool;
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{Descriptor, ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
@@ -207,7 +207,7 @@ impl ChildFactory for Runtime {
     }
 
     fn start_agent(&self, mut session: Session, setup: ChildSetup) -> AgentHandle {
-        let ChildSetup { route, persona, tool_filter, extra_tools, display } = setup;
+        let ChildSetup { route, persona, tool_filter, extra_tools, display, progress } = setup;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
@@ -243,6 +243,9 @@ impl ChildFactory for Runtime {
         if let Some(observers) = client.children {
             let observer = observers.child_observer(&session, &display);
             session.add_observer(observer);
+        }
+        if let Some(progress) = progress {
+            session.add_observer(Arc::new(ReportToolCalls(progress)));
         }
         let parent = session.header.parent_session.clone();
         let handle = spawn_agent(session, deps);

@@ -35,6 +35,11 @@ impl Kin {
     fn start_in_mode(sessions: &Path, replay: &Path, cwd: &Path, mode: &str) -> Kin {
         let mut command = common::acp(sessions, Some(replay));
         command.args(["--permission-mode", mode]).current_dir(cwd);
+        Kin::spawn(command)
+    }
+
+    /// Runs `command` without the caller's `KIN_*` settings.
+    fn spawn(mut command: std::process::Command) -> Kin {
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("KIN_") {
                 command.env_remove(key);
@@ -563,4 +568,37 @@ fn a_child_waiting_on_permission_is_shown_as_requiring_action() {
     assert!(waiting.0 < asked, "requires_action comes before the request: {states:?}");
     assert!(states.iter().any(|(i, s)| *i > asked && s == "running"), "running again after the answer: {states:?}");
     kin.stop();
+}
+
+#[test]
+fn a_childs_tool_calls_show_on_the_delegating_call_only_without_the_tree() {
+    // subagent-depth-rejection: the child's own `subagent` call ("Grandchild") is its progress.
+    let replay = scenario("subagent-depth-rejection");
+    for subagents in [false, true] {
+        let (_tmp, cwd, sessions) = dirs();
+        let mut command = std::process::Command::new(common::KIN);
+        command.args(["acp", "--permission-mode", "bypass", "--config"]).arg(replay.join("kin.toml"));
+        command.arg("--sessions").arg(&sessions).arg("--replay").arg(&replay).current_dir(&cwd);
+        command.stderr(std::process::Stdio::null());
+        let mut kin = Kin::spawn(command);
+        kin.initialize(subagents);
+        let parent = kin.new_session(&cwd);
+        let prompt = json!([{"type": "text", "text": "Delegate to a child that delegates again."}]);
+        let id = kin.request("session/prompt", json!({"sessionId": parent, "prompt": prompt}));
+        let frames = kin.until_response(id);
+        assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+        let progress: Vec<&Value> = updates(&frames, &parent, "tool_call_update")
+            .into_iter()
+            .filter(|u| {
+                u["toolCallId"] == "call_1" && u.get("status").is_none() && u["content"][0]["type"] == "content"
+            })
+            .collect();
+        if subagents {
+            assert!(progress.is_empty(), "the child's own session shows it: {progress:?}");
+        } else {
+            assert_eq!(progress.len(), 1, "{frames:#?}");
+            assert_eq!(progress[0]["content"][0]["content"]["text"], "Grandchild");
+        }
+        kin.stop();
+    }
 }

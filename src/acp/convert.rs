@@ -104,7 +104,7 @@ fn tool_update(event: &Event) -> Option<SessionUpdate> {
         let name = data["name"].as_str().unwrap_or("tool");
         let raw = data["arguments"].as_str().unwrap_or("");
         let args: Value = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-        let mut call = ToolCall::new(id.to_string(), tool_title(name, &args))
+        let mut call = ToolCall::new(id.to_string(), crate::tools::call_title(name, &args))
             .kind(tool_kind(name))
             .status(ToolCallStatus::InProgress)
             .raw_input(args.clone());
@@ -162,35 +162,18 @@ fn plan_update(event: &Event) -> SessionUpdate {
     SessionUpdate::Plan(Plan::new(entries))
 }
 
-/// What the editor shows as the call's title.
-fn tool_title(name: &str, args: &Value) -> String {
-    let arg = |k: &str| args[k].as_str().unwrap_or_default().to_string();
-    match name {
-        "subagent" | "subagent_fork" => arg("description"),
-        "read" => format!("Read {}", arg("file_path")),
-        "write" => format!("Write {}", arg("file_path")),
-        "edit" => format!("Edit {}", arg("file_path")),
-        "bash" => match args["description"].as_str() {
-            Some(d) if !d.is_empty() => d.to_string(),
-            _ => arg("command"),
-        },
-        "glob" | "grep" => format!("{name} {}", arg("pattern")),
-        "todo_write" => "Update plan".into(),
-        // A delegation to an external agent (`delegate_NAME`) says what it delegates.
-        other => match args["description"].as_str().filter(|d| !d.trim().is_empty()) {
-            Some(description) => format!("{other}: {description}"),
-            None => other.to_string(),
-        },
-    }
-}
-
+/// The kind of one of kin's tools, or of an ACP kind already (a question an external child
+/// forwards names its call's kind).
 pub(super) fn tool_kind(name: &str) -> ToolKind {
     match name {
         "read" => ToolKind::Read,
         "write" | "edit" => ToolKind::Edit,
-        "bash" => ToolKind::Execute,
-        "glob" | "grep" => ToolKind::Search,
-        "todo_write" => ToolKind::Think,
+        "bash" | "execute" => ToolKind::Execute,
+        "glob" | "grep" | "search" => ToolKind::Search,
+        "todo_write" | "think" => ToolKind::Think,
+        "delete" => ToolKind::Delete,
+        "move" => ToolKind::Move,
+        "fetch" => ToolKind::Fetch,
         _ => ToolKind::Other,
     }
 }
@@ -247,16 +230,6 @@ mod tests {
             json!([{"type": "content", "content": {"type": "text", "text": "acp:x: Run tests"}}])
         );
         assert!(replay_updates(&progress).is_empty(), "not replayed on load");
-    }
-
-    #[test]
-    fn titles_say_what_a_call_does() {
-        let title = |name: &str, args: Value| tool_title(name, &args);
-        assert_eq!(title("subagent", json!({"description": "scan the repo"})), "scan the repo");
-        assert_eq!(title("delegate_codex", json!({"description": "review", "prompt": "…"})), "delegate_codex: review");
-        assert_eq!(title("delegate_codex", json!({"description": " "})), "delegate_codex");
-        assert_eq!(title("list_agents", json!({})), "list_agents");
-        assert_eq!(title("write", json!({"file_path": "a.md"})), "Write a.md");
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! - the parent's delegating tool call gets `{type: "session", sessionId}` content;
 //! - a message from another session (the child's task, `send_message`, `report`, a settlement
 //!   notice) appears as `session_message` in both transcripts, linked by message ids;
-//! - each session gets a `usage_update` after every turn.
+//! - each session gets a `usage_update` after every turn;
+//! - a delegating call linked to a child gets no `tool/progress` updates (the child's session
+//!   shows what they summarise).
 //!
 //! Without the capability none of this is sent and sessions forward exactly what they always did.
 
@@ -60,6 +62,11 @@ impl Tree {
 
     fn link(&self, parent: &str, call: &str, child: &str) {
         self.links().insert((parent.to_string(), call.to_string()), child.to_string());
+    }
+
+    /// Whether a tool call started a child that is still linked.
+    fn linked(&self, parent: &str, call: &str) -> bool {
+        self.links().contains_key(&(parent.to_string(), call.to_string()))
     }
 
     /// The child a tool call started, forgotten once asked for (call ids may repeat later).
@@ -220,7 +227,11 @@ impl SessionObserver for Forwarder {
                 self.send(parent, SessionUpdate::SubagentUpdate(update));
             }
         }
-        if let Some(mut update) = convert::live_update(event) {
+        // A client that shows the child's own session needs no progress on the delegating call.
+        let shown_as_child = tree
+            && event.kind == "tool/progress"
+            && event.data["callId"].as_str().is_some_and(|call| self.tree.linked(&header.id, call));
+        if let Some(mut update) = convert::live_update(event).filter(|_| !shown_as_child) {
             if tree {
                 self.link_result(&header.id, &mut update);
             }

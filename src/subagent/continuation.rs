@@ -186,7 +186,7 @@ impl ContinuationManager {
         tool_filter: Option<ToolFilter>,
         display: ChildDisplay,
     ) -> ChildSetup {
-        ChildSetup { route, persona, tool_filter, extra_tools: (self.child_tools)(self), display }
+        ChildSetup { route, persona, tool_filter, extra_tools: (self.child_tools)(self), display, progress: None }
     }
 
     /// Publishes a fresh Activation (and the parent's ownership of it) and emits `subagent/start`.

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
-use crate::session::{Event, Session, SessionHeader, now_ms};
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::session::{Event, Session, SessionHeader, SessionObserver, now_ms};
+use crate::tools::{Progress, Tool, ToolContext, ToolError, ToolOutput, call_title};
 
 /// How a child agent is composed on top of the runtime's base.
 pub struct ChildSetup {
@@ -28,6 +28,23 @@ pub struct ChildSetup {
     pub extra_tools: Vec<Arc<dyn Tool>>,
     /// How an editor watching the parent shows the child.
     pub display: ChildDisplay,
+    /// The delegating call's progress (a foreground child): each tool call the child makes is
+    /// reported there.
+    pub progress: Option<Progress>,
+}
+
+/// Reports each tool call of a child session as progress on the parent's delegating call.
+pub struct ReportToolCalls(pub Progress);
+
+impl SessionObserver for ReportToolCalls {
+    fn on_event(&self, _: &SessionHeader, event: &Event) {
+        if event.kind == "tool/call" {
+            let name = event.data["name"].as_str().unwrap_or("tool");
+            let raw = event.data["arguments"].as_str().unwrap_or("");
+            let args: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
+            self.0.report(call_title(name, &args));
+        }
+    }
 }
 
 /// How a child is shown to an editor watching its parent: a title (the delegation's label), a
@@ -158,6 +175,7 @@ impl SubagentProvider for InProcessProvider {
                 tool_filter: request.tool_filter.clone(),
                 extra_tools,
                 display,
+                progress: request.progress.clone(),
             };
             let handle = factory.create_child(ChildSpec { header, seed, setup })?;
             let turn = handle

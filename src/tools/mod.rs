@@ -145,6 +145,28 @@ impl ToolError {
     }
 }
 
+/// What a call does, in a few words: the title editors show for it, and a child's progress.
+pub fn call_title(name: &str, args: &Value) -> String {
+    let arg = |k: &str| args[k].as_str().unwrap_or_default().to_string();
+    match name {
+        "subagent" | "subagent_fork" => arg("description"),
+        "read" => format!("Read {}", arg("file_path")),
+        "write" => format!("Write {}", arg("file_path")),
+        "edit" => format!("Edit {}", arg("file_path")),
+        "bash" => match args["description"].as_str() {
+            Some(d) if !d.is_empty() => d.to_string(),
+            _ => arg("command"),
+        },
+        "glob" | "grep" => format!("{name} {}", arg("pattern")),
+        "todo_write" => "Update plan".into(),
+        // A delegation to an external agent (`delegate_NAME`) says what it delegates.
+        other => match args["description"].as_str().filter(|d| !d.trim().is_empty()) {
+            Some(description) => format!("{other}: {description}"),
+            None => other.to_string(),
+        },
+    }
+}
+
 /// A capability the model can call.
 pub trait Tool: Send + Sync {
     fn name(&self) -> &str;
@@ -233,5 +255,20 @@ impl ToolRegistry {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_say_what_a_call_does() {
+        let title = |name: &str, args: Value| call_title(name, &args);
+        assert_eq!(title("subagent", json!({"description": "scan the repo"})), "scan the repo");
+        assert_eq!(title("delegate_codex", json!({"description": "review", "prompt": "…"})), "delegate_codex: review");
+        assert_eq!(title("delegate_codex", json!({"description": " "})), "delegate_codex");
+        assert_eq!(title("list_agents", json!({})), "list_agents");
+        assert_eq!(title("write", json!({"file_path": "a.md"})), "Write a.md");
     }
 }
