@@ -134,6 +134,10 @@ pub struct PermissionRequest {
     pub title: String,
     /// The call's arguments (parsed JSON).
     pub raw_input: Value,
+    /// The call's own title when the question is about something else done on its behalf (an
+    /// external child's request forwarded on the delegating call): the editor shows the
+    /// question's title while it asks, then this one again.
+    pub call_title: Option<String>,
 }
 
 /// Asks the user (through the editor) whether a tool call may run.
@@ -377,6 +381,7 @@ pub async fn admit(
                 tool: tool.to_string(),
                 title: question.title.clone(),
                 raw_input: arguments.clone(),
+                call_title: None,
             };
             let answer = tokio::select! {
                 answer = prompt.ask(request) => answer,

@@ -12,7 +12,7 @@ use agent_client_protocol::Client;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     PermissionOption, PermissionOptionKind, ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest,
-    ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
+    SessionUpdate, ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -87,6 +87,7 @@ impl PermissionPrompt for EditorPrompt {
         let parent = self.parent_of.as_ref().and_then(|find| find(&request.session_id));
         async move {
             let child = request.session_id.clone();
+            let (call_id, restore) = (request.call_id.clone(), request.call_title.clone());
             if let Some(parent) = &parent {
                 super::tree::waiting_on_user(&cx, parent, &child, true);
             }
@@ -108,6 +109,10 @@ impl PermissionPrompt for EditorPrompt {
             };
             if let Some(parent) = &parent {
                 super::tree::waiting_on_user(&cx, parent, &child, false);
+            }
+            if let Some(title) = restore {
+                let fields = ToolCallUpdateFields::new().title(title);
+                super::tree::notify(&cx, &child, SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call_id, fields)));
             }
             answer
         }

@@ -46,7 +46,7 @@ use super::{
 };
 use crate::permission::{PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::session::SessionHeader;
-use crate::tools::Progress;
+use crate::tools::{Progress, call_title};
 
 /// The ACP protocol version kin speaks as a client.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -238,6 +238,7 @@ impl SubagentProvider for AcpProvider {
                 editor: editor.clone(),
                 session_id: request.parent.header.id.clone(),
                 call_id: request.call_id.clone().unwrap_or_else(|| format!("{}-run", config.tool_name)),
+                call_title: call_title(&config.tool_name, &json!({"description": request.label})),
                 cancel: request.cancel.clone(),
             }),
             _ => None,
@@ -419,6 +420,8 @@ struct Forward {
     editor: Arc<dyn PermissionPrompt>,
     session_id: String,
     call_id: String,
+    /// The delegating call's title, shown again once a question was answered.
+    call_title: String,
     cancel: CancellationToken,
 }
 
@@ -964,6 +967,7 @@ async fn ask_editor(
         tool: kind.to_string(),
         title: format!("{}: {title}", shared.provider),
         raw_input,
+        call_title: Some(forward.call_title.clone()),
     };
     tokio::select! {
         answer = forward.editor.ask(request) => Some(answer),
@@ -1185,7 +1189,13 @@ mod tests {
     fn forwarding(root: &Path, answer: PermissionAnswer) -> (Shared, Arc<AtomicU64>) {
         let asked = Arc::new(AtomicU64::new(0));
         let editor = Arc::new(Answers(answer, asked.clone()));
-        let forward = Forward { editor, session_id: "p".into(), call_id: "c".into(), cancel: CancellationToken::new() };
+        let forward = Forward {
+            editor,
+            session_id: "p".into(),
+            call_id: "c".into(),
+            call_title: "delegate_t: task".into(),
+            cancel: CancellationToken::new(),
+        };
         (Shared { forward: Some(forward), ..shared(AcpPermission::Forward, root) }, asked)
     }
 
