@@ -374,28 +374,55 @@ fn sh_agent_toml(key: &str, script: &str, extra: &str) -> String {
     format!("[acp_agents.{key}]\ncommand = \"sh\"\nargs = [\"-c\", {script}]\n{extra}")
 }
 
-/// A child that says `partial` and then refuses its turn.
-const REFUSES: &str = r#"
+/// The start of every scripted child: `reply LINE RESULT` answers a request, `update JSON`
+/// sends a session update of session `s1`; `initialize` and `session/new` (session `s1`) are
+/// answered, and the prompt request is read into `$prompt`.
+macro_rules! script_child {
+    ($rest:literal) => {
+        concat!(
+            r#"
 reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
+update() { printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":%s}}\n' "$1"; }
 read init; reply "$init" '{"protocolVersion":1}'
 read new; reply "$new" '{"sessionId":"s1"}'
 read prompt
-printf '%s\n' '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"partial"}}}}'
-reply "$prompt" '{"stopReason":"refusal"}'
-"#;
+"#,
+            $rest
+        )
+    };
+}
 
-#[tokio::test]
-async fn a_failed_remote_run_is_recorded_in_the_parent_log_too() {
+/// A child that says `partial` and then refuses its turn.
+const REFUSES: &str = script_child!(
+    r#"update '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"partial"}}'
+reply "$prompt" '{"stopReason":"refusal"}'
+"#
+);
+
+/// Runs one parent turn that delegates once to `delegate_KEY` (the agent `[acp_agents.KEY]` is
+/// `sh -c SCRIPT`) and returns the parent's log.
+async fn delegate_once(key: &str, script: &str) -> Vec<Event> {
     let dir = tempfile::tempdir().unwrap();
     let entries = vec![
-        ReplayEntry::Chunks(tool_call_response("c1", "delegate_no", r#"{"description":"ask","prompt":"Do it."}"#)),
+        ReplayEntry::Chunks(tool_call_response(
+            "c1",
+            &format!("delegate_{key}"),
+            r#"{"description":"the task","prompt":"Do it."}"#,
+        )),
         ReplayEntry::Chunks(text_response(&["parent done"])),
     ];
-    let (rt, _) = runtime(dir.path(), entries, &sh_agent_toml("no", REFUSES, ""));
+    let (rt, _) = runtime(dir.path(), entries, &sh_agent_toml(key, script, ""));
     let id = rt.new_session(&workspace(dir.path()), Arc::new(Quiet)).unwrap();
     let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
     assert_eq!(tokio::time::timeout(Duration::from_secs(20), turn).await.unwrap().unwrap(), TurnEnd::Completed);
     let log = rt.store().inspect(&id).unwrap().events;
+    rt.shutdown().await;
+    log
+}
+
+#[tokio::test]
+async fn a_failed_remote_run_is_recorded_in_the_parent_log_too() {
+    let log = delegate_once("no", REFUSES).await;
     let remote = log.iter().find(|e| e.kind == "subagent/remote-run").expect("the failed run is recorded");
     assert_eq!(
         (&remote.data["provider"], &remote.data["childSessionId"], &remote.data["output"], &remote.data["stopReason"]),
@@ -405,18 +432,13 @@ async fn a_failed_remote_run_is_recorded_in_the_parent_log_too() {
     assert!(remote.seq < result.seq);
     assert_eq!(result.data["message"]["content"][0]["isError"], true);
     assert_eq!(result.data["error"], json!({"name": "SubagentRunError", "code": "REFUSAL"}));
-    rt.shutdown().await;
 }
 
 /// A child that asks to write `notes.txt` (an `edit` permission request), then writes it through
 /// `fs/write_text_file`, and reports whether kin offered writes, the permission outcome and the
 /// write's answer as its output.
-const ASKS_TO_WRITE: &str = r#"
-reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
-say() { text=$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'); printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"%s"}}}}\n' "$text"; }
-read init; reply "$init" '{"protocolVersion":1}'
-read new; reply "$new" '{"sessionId":"s1"}'
-read prompt
+const ASKS_TO_WRITE: &str = script_child!(
+    r#"say() { text=$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'); printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"%s"}}}}\n' "$text"; }
 printf '%s\n' '{"jsonrpc":"2.0","id":"perm","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1","title":"Write notes.txt","kind":"edit","rawInput":{"path":"notes.txt"}},"options":[{"optionId":"yes","name":"Allow","kind":"allow_once"},{"optionId":"no","name":"Reject","kind":"reject_once"}]}}'
 read perm
 printf '{"jsonrpc":"2.0","id":"w","method":"fs/write_text_file","params":{"sessionId":"s1","path":"%s/notes.txt","content":"hello"}}\n' "$(pwd -P)"
@@ -424,7 +446,8 @@ read wrote
 case $init in *'"writeTextFile":true'*) offered=yes;; *) offered=no;; esac
 say "writes offered: $offered | $perm | $wrote"
 reply "$prompt" '{"stopReason":"end_turn"}'
-"#;
+"#
+);
 
 /// The editor of these tests: records each question and gives one answer to all.
 struct Editor {
@@ -538,34 +561,17 @@ async fn allow_reads_offers_no_writes_and_rejects_the_edit_without_asking() {
 }
 
 /// A child that starts one tool call of its own, then answers `done`.
-const WORKS: &str = r#"
-reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
-update() { printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":%s}}\n' "$1"; }
-read init; reply "$init" '{"protocolVersion":1}'
-read new; reply "$new" '{"sessionId":"s1"}'
-read prompt
-update '{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Run cargo test","kind":"execute","status":"pending"}'
+const WORKS: &str = script_child!(
+    r#"update '{"sessionUpdate":"tool_call","toolCallId":"t1","title":"Run cargo test","kind":"execute","status":"pending"}'
 update '{"sessionUpdate":"tool_call","toolCallId":"t2","title":"","kind":"other","status":"pending"}'
 update '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"done"}}'
 reply "$prompt" '{"stopReason":"end_turn"}'
-"#;
+"#
+);
 
 #[tokio::test]
 async fn the_child_tool_calls_show_as_progress_on_the_delegating_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let entries = vec![
-        ReplayEntry::Chunks(tool_call_response(
-            "c1",
-            "delegate_w",
-            r#"{"description":"test","prompt":"Run the tests."}"#,
-        )),
-        ReplayEntry::Chunks(text_response(&["parent done"])),
-    ];
-    let (rt, _) = runtime(dir.path(), entries, &sh_agent_toml("w", WORKS, ""));
-    let id = rt.new_session(&workspace(dir.path()), Arc::new(Quiet)).unwrap();
-    let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
-    assert_eq!(tokio::time::timeout(Duration::from_secs(20), turn).await.unwrap().unwrap(), TurnEnd::Completed);
-    let log = rt.store().inspect(&id).unwrap().events;
+    let log = delegate_once("w", WORKS).await;
     let kinds: Vec<&str> = log.iter().map(|e| e.kind.as_str()).collect();
     let at = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or_else(|| panic!("no {kind}: {kinds:?}"));
     assert!(at("tool/call") < at("tool/progress") && at("tool/progress") < at("tool/result"), "{kinds:?}");
@@ -573,5 +579,4 @@ async fn the_child_tool_calls_show_as_progress_on_the_delegating_call() {
     // One report: the untitled call says nothing.
     assert_eq!(progress, [&json!({"turn": 1, "step": 1, "callId": "c1", "text": "acp:w: Run cargo test"})]);
     assert!(log.iter().find(|e| e.kind == "tool/progress").unwrap().surface_op.is_none(), "log-only");
-    rt.shutdown().await;
 }
