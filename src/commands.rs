@@ -121,6 +121,18 @@ fn describe(event: &Event) -> Option<String> {
         "user/message" => format!("user: {}", texts(&d["content"])),
         "assistant/message" => format!("assistant: {}", texts(&d["message"]["content"])),
         "tool/result" => format!("tool: {}", texts(&d["message"]["content"])),
+        "subagent/remote-run" => {
+            let text = |key: &str| d[key].as_str().unwrap_or("?").to_string();
+            let error = d["error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();
+            format!(
+                "remote run {} by {} ({}), child session {}: {}{error}",
+                text("runId"),
+                text("provider"),
+                text("command"),
+                text("childSessionId"),
+                text("stopReason")
+            )
+        }
         _ => return None,
     })
 }
@@ -177,4 +189,24 @@ fn all_logs(root: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(kind: &str, data: Value) -> Event {
+        Event { kind: kind.into(), seq: 0, time: 0, data, source_event_seqs: None, surface_op: None }
+    }
+
+    #[test]
+    fn a_transcript_names_remote_runs_and_skips_log_only_noise() {
+        let run = json!({"runId": "acp-1", "provider": "acp:fw", "command": "sh", "childSessionId": "s1", "output": "x", "stopReason": "error", "error": "it broke"});
+        assert_eq!(
+            describe(&event("subagent/remote-run", run)).as_deref(),
+            Some("remote run acp-1 by acp:fw (sh), child session s1: error (it broke)")
+        );
+        assert_eq!(describe(&event("tool/progress", json!({"callId": "c1", "text": "Read a"}))), None);
+    }
 }
