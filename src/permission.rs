@@ -134,10 +134,17 @@ pub struct PermissionRequest {
     pub title: String,
     /// The call's arguments (parsed JSON).
     pub raw_input: Value,
-    /// The call's own title when the question is about something else done on its behalf (an
+    /// The call itself when the question is about something else done on its behalf (an
     /// external child's request forwarded on the delegating call): the editor shows the
-    /// question's title while it asks, then this one again.
-    pub call_title: Option<String>,
+    /// question's title and kind while it asks, then the call's own again.
+    pub on_behalf_of: Option<CallShown>,
+}
+
+/// How the editor shows a call: its title and the tool that makes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallShown {
+    pub title: String,
+    pub tool: String,
 }
 
 /// Asks the user (through the editor) whether a tool call may run.
@@ -381,7 +388,7 @@ pub async fn admit(
                 tool: tool.to_string(),
                 title: question.title.clone(),
                 raw_input: arguments.clone(),
-                call_title: None,
+                on_behalf_of: None,
             };
             let answer = tokio::select! {
                 answer = prompt.ask(request) => answer,

@@ -510,7 +510,8 @@ async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
     assert_eq!((asked[0].session_id.as_str(), asked[0].call_id.as_str()), ("parent-1", "call-7"));
     assert_eq!(asked[0].title, "acp:fw: Write notes.txt");
     // The delegating call's own title, for the editor to show again once answered.
-    assert_eq!(asked[0].call_title.as_deref(), Some("delegate_fw: ask kin"));
+    let call = asked[0].on_behalf_of.clone().expect("the delegating call");
+    assert_eq!((call.title.as_str(), call.tool.as_str()), ("delegate_fw: ask kin", "delegate_fw"));
     assert_eq!((asked[0].tool.as_str(), &asked[0].raw_input), ("edit", &json!({"path": "notes.txt"})));
 }
 

@@ -87,7 +87,7 @@ impl PermissionPrompt for EditorPrompt {
         let parent = self.parent_of.as_ref().and_then(|find| find(&request.session_id));
         async move {
             let child = request.session_id.clone();
-            let (call_id, restore) = (request.call_id.clone(), request.call_title.clone());
+            let (call_id, restore) = (request.call_id.clone(), request.on_behalf_of.clone());
             if let Some(parent) = &parent {
                 super::tree::waiting_on_user(&cx, parent, &child, true);
             }
@@ -110,8 +110,8 @@ impl PermissionPrompt for EditorPrompt {
             if let Some(parent) = &parent {
                 super::tree::waiting_on_user(&cx, parent, &child, false);
             }
-            if let Some(title) = restore {
-                let fields = ToolCallUpdateFields::new().title(title);
+            if let Some(call) = restore {
+                let fields = ToolCallUpdateFields::new().title(call.title).kind(convert::tool_kind(&call.tool));
                 super::tree::notify(&cx, &child, SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call_id, fields)));
             }
             answer

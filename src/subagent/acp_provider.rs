@@ -44,7 +44,7 @@ use super::{
     Capabilities, ErrorCode, RemoteRun, ResolvedStart, StartRequest, StopReason, SubagentError, SubagentProvider,
     SubagentResult, SubagentRun,
 };
-use crate::permission::{PermissionAnswer, PermissionPrompt, PermissionRequest};
+use crate::permission::{CallShown, PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::session::SessionHeader;
 use crate::tools::{Progress, call_title};
 
@@ -238,7 +238,10 @@ impl SubagentProvider for AcpProvider {
                 editor: editor.clone(),
                 session_id: request.parent.header.id.clone(),
                 call_id: request.call_id.clone().unwrap_or_else(|| format!("{}-run", config.tool_name)),
-                call_title: call_title(&config.tool_name, &json!({"description": request.label})),
+                call: CallShown {
+                    title: call_title(&config.tool_name, &json!({"description": request.label})),
+                    tool: config.tool_name.clone(),
+                },
                 cancel: request.cancel.clone(),
             }),
             _ => None,
@@ -420,8 +423,8 @@ struct Forward {
     editor: Arc<dyn PermissionPrompt>,
     session_id: String,
     call_id: String,
-    /// The delegating call's title, shown again once a question was answered.
-    call_title: String,
+    /// How the editor shows the delegating call, shown again once a question was answered.
+    call: CallShown,
     cancel: CancellationToken,
 }
 
@@ -967,7 +970,7 @@ async fn ask_editor(
         tool: kind.to_string(),
         title: format!("{}: {title}", shared.provider),
         raw_input,
-        call_title: Some(forward.call_title.clone()),
+        on_behalf_of: Some(forward.call.clone()),
     };
     tokio::select! {
         answer = forward.editor.ask(request) => Some(answer),
@@ -1193,7 +1196,7 @@ mod tests {
             editor,
             session_id: "p".into(),
             call_id: "c".into(),
-            call_title: "delegate_t: task".into(),
+            call: CallShown { title: "delegate_t: task".into(), tool: "delegate_t".into() },
             cancel: CancellationToken::new(),
         };
         (Shared { forward: Some(forward), ..shared(AcpPermission::Forward, root) }, asked)
