@@ -134,6 +134,9 @@ pub struct PermissionRequest {
     pub title: String,
     /// The call's arguments (parsed JSON).
     pub raw_input: Value,
+    /// Every path the call names is known to lie in the workspace (a forwarded question is
+    /// answered by the mode alone only for such a read or edit).
+    pub in_workspace: bool,
     /// The call itself when the question is about something else done on its behalf (an
     /// external child's request forwarded on the delegating call): the editor shows the
     /// question's title and kind while it asks, then the call's own again.
@@ -296,21 +299,25 @@ impl Permissions {
     }
 
     /// The mode's answer to a question an external ACP child forwards, by the ACP tool kind of
-    /// the child's call, or `None` when the user must be asked. The call's paths are not known,
-    /// so the workspace rules apply: reads, searches and thinking are allowed in every mode;
-    /// edits (`edit`, `delete`, `move`) in `accept-edits`; everything in `bypass`; and
-    /// `read-only` rejects whatever is not a read.
-    pub fn decide_forwarded(&self, kind: &str) -> Option<PermissionAnswer> {
+    /// the child's call and whether its paths are known to lie in the workspace, or `None` when
+    /// the user must be asked. The table is the one for kin's own calls: thinking is always
+    /// allowed; reads and searches in the workspace too, elsewhere they ask (and `read-only`
+    /// refuses them); edits (`edit`, `delete`, `move`) in the workspace run in `accept-edits`;
+    /// `read-only` refuses every edit and command; `bypass` allows everything.
+    pub fn decide_forwarded(&self, kind: &str, in_workspace: bool) -> Option<PermissionAnswer> {
         let class = match kind {
-            "read" | "search" | "think" => Class::Read,
+            "think" => Class::Other,
+            "read" | "search" => Class::Read,
             "edit" | "delete" | "move" => Class::Edit,
             _ => Class::Exec,
         };
+        let allow = Some(PermissionAnswer::AllowOnce);
         match (self.mode(), class) {
-            (PermissionMode::Bypass, _) | (_, Class::Read) => Some(PermissionAnswer::AllowOnce),
+            (PermissionMode::Bypass, _) | (_, Class::Other) => allow,
+            (_, Class::Read) if in_workspace => allow,
             (PermissionMode::ReadOnly, _) => Some(PermissionAnswer::RejectOnce),
-            (PermissionMode::AcceptEdits, Class::Edit) => Some(PermissionAnswer::AllowOnce),
-            (PermissionMode::Ask | PermissionMode::AcceptEdits, Class::Edit | Class::Exec | Class::Other) => None,
+            (PermissionMode::AcceptEdits, Class::Edit) if in_workspace => allow,
+            (PermissionMode::Ask | PermissionMode::AcceptEdits, Class::Read | Class::Edit | Class::Exec) => None,
         }
     }
 
@@ -388,6 +395,7 @@ pub async fn admit(
                 tool: tool.to_string(),
                 title: question.title.clone(),
                 raw_input: arguments.clone(),
+                in_workspace: question.scope == Scope::Workspace,
                 on_behalf_of: None,
             };
             let answer = tokio::select! {
@@ -497,18 +505,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn forwarded_questions_follow_the_mode_by_kind() {
+    fn forwarded_questions_follow_the_mode_by_kind_and_workspace() {
         use PermissionAnswer::{AllowOnce, RejectOnce};
-        let cases: [(PermissionMode, [Option<PermissionAnswer>; 4]); 4] = [
-            // read, edit, execute, an unknown kind
-            (PermissionMode::Ask, [Some(AllowOnce), None, None, None]),
-            (PermissionMode::AcceptEdits, [Some(AllowOnce), Some(AllowOnce), None, None]),
-            (PermissionMode::ReadOnly, [Some(AllowOnce), Some(RejectOnce), Some(RejectOnce), Some(RejectOnce)]),
-            (PermissionMode::Bypass, [Some(AllowOnce); 4]),
+        let (allow, reject) = (Some(AllowOnce), Some(RejectOnce));
+        // (kind, in the workspace): think; search in / outside; delete in / outside; execute; an
+        // unknown kind.
+        let calls = [
+            ("think", false),
+            ("search", true),
+            ("search", false),
+            ("delete", true),
+            ("delete", false),
+            ("execute", true),
+            ("fetch", true),
+        ];
+        let cases: [(PermissionMode, [Option<PermissionAnswer>; 7]); 4] = [
+            (PermissionMode::Ask, [allow, allow, None, None, None, None, None]),
+            (PermissionMode::AcceptEdits, [allow, allow, None, allow, None, None, None]),
+            (PermissionMode::ReadOnly, [allow, allow, reject, reject, reject, reject, reject]),
+            (PermissionMode::Bypass, [allow; 7]),
         ];
         for (mode, expected) in cases {
             let permissions = Permissions::new(mode);
-            let got = ["search", "delete", "execute", "fetch"].map(|kind| permissions.decide_forwarded(kind));
+            let got = calls.map(|(kind, inside)| permissions.decide_forwarded(kind, inside));
             assert_eq!(got, expected, "{mode:?}");
         }
     }

@@ -76,7 +76,9 @@ impl PermissionPrompt for ForwardPrompt {
         let Some(rt) = self.0.upgrade() else {
             return async { PermissionAnswer::Dismissed }.boxed();
         };
-        let decided = rt.root_permissions(Some(&request.session_id)).and_then(|p| p.decide_forwarded(&request.tool));
+        let decided = rt
+            .root_permissions(Some(&request.session_id))
+            .and_then(|p| p.decide_forwarded(&request.tool, request.in_workspace));
         match (decided, rt.client().prompt) {
             (Some(answer), _) => async move { answer }.boxed(),
             (None, Some(prompt)) => prompt.ask(request),

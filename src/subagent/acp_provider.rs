@@ -935,7 +935,8 @@ async fn forward_permission(shared: &Shared, forward: &Forward, params: &Value) 
     let kind = call["kind"].as_str().unwrap_or("other");
     let title = call["title"].as_str().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
     let raw_input = call.get("rawInput").cloned().unwrap_or(Value::Null);
-    let Some(answer) = ask_editor(shared, forward, kind, title, raw_input).await else {
+    let in_workspace = names_only_workspace_paths(&shared.root, call);
+    let Some(answer) = ask_editor(shared, forward, kind, title, raw_input, in_workspace).await else {
         return json!({"outcome": {"outcome": "cancelled"}});
     };
     let allowed: &[&str] = match answer {
@@ -955,6 +956,16 @@ async fn forward_permission(shared: &Shared, forward: &Forward, params: &Value) 
     select_option(params, allowed)
 }
 
+/// Whether the child's tool call names paths (its `locations`, or a `path` / `file_path` /
+/// `filePath` of its raw input) and all of them lie in the working directory.
+fn names_only_workspace_paths(root: &Path, call: &Value) -> bool {
+    let located = call["locations"].as_array().into_iter().flatten().filter_map(|l| l["path"].as_str());
+    let input = &call["rawInput"];
+    let named = ["path", "file_path", "filePath"].into_iter().filter_map(|key| input[key].as_str());
+    let paths: Vec<PathBuf> = located.chain(named).map(|p| crate::tools::paths::resolve(root, p)).collect();
+    !paths.is_empty() && paths.iter().all(|p| crate::tools::paths::inside_workspace(&[root.to_path_buf()], p))
+}
+
 /// One question to the editor, titled with the provider's name; `None` when the run was
 /// cancelled first.
 async fn ask_editor(
@@ -963,6 +974,7 @@ async fn ask_editor(
     kind: &str,
     title: &str,
     raw_input: Value,
+    in_workspace: bool,
 ) -> Option<PermissionAnswer> {
     let request = PermissionRequest {
         session_id: forward.session_id.clone(),
@@ -970,6 +982,7 @@ async fn ask_editor(
         tool: kind.to_string(),
         title: format!("{}: {title}", shared.provider),
         raw_input,
+        in_workspace,
         on_behalf_of: Some(forward.call.clone()),
     };
     tokio::select! {
@@ -1007,7 +1020,7 @@ async fn write_text_file(shared: &Shared, params: &Value) -> Result<Value, (i64,
     };
     if !granted {
         let raw_input = json!({"path": path});
-        let answer = ask_editor(shared, forward, "edit", &format!("Write {path}"), raw_input).await;
+        let answer = ask_editor(shared, forward, "edit", &format!("Write {path}"), raw_input, true).await;
         match answer {
             Some(PermissionAnswer::AllowOnce) => {}
             Some(PermissionAnswer::AllowAlways) => shared.lock().writes_always = true,
@@ -1200,6 +1213,25 @@ mod tests {
             cancel: CancellationToken::new(),
         };
         (Shared { forward: Some(forward), ..shared(AcpPermission::Forward, root) }, asked)
+    }
+
+    #[test]
+    fn a_call_is_in_the_workspace_only_when_every_path_it_names_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("etc")).unwrap();
+        let inside = root.join("a.txt").display().to_string();
+        let call = |locations: Vec<&str>, input: Value| {
+            let locations: Vec<Value> = locations.into_iter().map(|p| json!({"path": p})).collect();
+            json!({"toolCallId": "t", "locations": locations, "rawInput": input})
+        };
+        assert!(names_only_workspace_paths(&root, &call(vec![&inside], json!({}))));
+        assert!(names_only_workspace_paths(&root, &call(vec![], json!({"path": "src/new.rs"}))));
+        assert!(!names_only_workspace_paths(&root, &call(vec![], json!({"command": "ls"}))), "no path named");
+        assert!(!names_only_workspace_paths(&root, &call(vec![&inside, "/etc/passwd"], json!({}))));
+        assert!(!names_only_workspace_paths(&root, &call(vec![], json!({"file_path": "../x"}))));
+        assert!(!names_only_workspace_paths(&root, &call(vec![], json!({"filePath": "etc/passwd"}))), "a symlink out");
     }
 
     #[tokio::test]
