@@ -309,9 +309,11 @@ async fn run_tools(
     }
 }
 
-/// A running call's progress report as a log-only `tool/progress` event.
+/// A running call's progress report as a log-only `tool/progress` event, written at once (the
+/// turn goes back to waiting on its calls).
 fn record_progress(session: &mut Session, turn: u64, step: u64, call_id: &str, text: String) {
     session.append("tool/progress", json!({"turn": turn, "step": step, "callId": call_id, "text": text}));
+    session.write_eager();
 }
 
 fn aborted(message: &str, code: &str) -> ToolError {
