@@ -9,16 +9,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kin::agent::TurnEnd;
-use kin::config::{Config, Overrides};
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, text_response, tool_call_response};
-use kin::runtime::Runtime;
-use kin::session::{Event, SessionHeader, SessionObserver, SessionStore};
+use kin::model::script::ReplayEntry;
+use kin::model::{ModelRoute, text_response, tool_call_response};
+use kin::session::{Event, SessionHeader, SessionStore};
 use kin::subagent::acp_provider::{AcpAgentConfig, AcpProvider};
 use kin::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
-use kin::tools::{Caller, ToolRegistry};
+use kin::tools::Caller;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+
+#[allow(dead_code)]
+mod common;
+use common::{Quiet, runtime, start_request};
 
 const KIN: &str = env!("CARGO_BIN_EXE_kin");
 
@@ -51,20 +52,6 @@ const CHILD_LOG: &str = concat!(
     "\n",
 );
 
-struct Quiet;
-impl SessionObserver for Quiet {
-    fn on_event(&self, _: &SessionHeader, _: &Event) {}
-}
-
-fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config_text: &str) -> (Arc<Runtime>, Arc<ScriptedModel>) {
-    let config_path = dir.join("config.toml");
-    std::fs::write(&config_path, config_text).unwrap();
-    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
-    let config = Config::resolve(&overrides, &|_| None).unwrap();
-    let model = Arc::new(ScriptedModel::new(entries));
-    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
-}
-
 /// A scenario directory for the kin child; `hang` makes its only model call hang.
 fn replay_dir(root: &Path, name: &str, hang: bool) -> PathBuf {
     let dir = root.join(name);
@@ -94,19 +81,8 @@ fn workspace(root: &Path) -> PathBuf {
 
 fn request(cwd: &Path) -> StartRequest {
     let header = SessionHeader::new("parent-1", 1, Some(cwd.display().to_string()));
-    StartRequest {
-        label: Some("ask kin".into()),
-        prompt: vec![json!({"type": "text", "text": "Say it."})],
-        parent: Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("p/m").unwrap(), history: None }),
-        cancel: CancellationToken::new(),
-        route: None,
-        output_schema: None,
-        max_depth: None,
-        tool_filter: None,
-        persona: None,
-        call_id: None,
-        progress: None,
-    }
+    let parent = Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("p/m").unwrap(), history: None });
+    StartRequest { label: Some("ask kin".into()), max_depth: None, ..start_request(&parent, "Say it.") }
 }
 
 /// The events of the kin child's only session (empty until it exists).

@@ -10,21 +10,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use kin::agent::TurnEnd;
-use kin::config::{Config, Overrides};
 use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, text_response, tool_call_response};
-use kin::runtime::Runtime;
+use kin::model::{ModelRoute, text_response, tool_call_response};
 use kin::session::query::{
     EventRecord, Lineage, QueryError, QueryFault, QueryService, ReadRequest, SessionLog, SessionQuery, SessionRecord,
     SessionSource, StoreSource, Surface, Trace, Window, merge_records, sibling_order,
 };
-use kin::session::{Event, Session, SessionHeader, SessionObserver, SessionStore};
+use kin::session::{Event, Session, SessionHeader, SessionStore};
 use kin::subagent::catalog::{Activity, ListEntry, Mode, QUERY_UNAVAILABLE, Reason, list_children};
 use kin::subagent::control::SendMessageTool;
 use kin::subagent::descriptor::{DESCRIPTOR_EVENT, Descriptor};
 use kin::subagent::inprocess::ChildFactory;
 use kin::subagent::list_agents::{DESCRIPTION, ListAgentsTool, render};
-use kin::subagent::{ErrorCode, StartRequest, SubagentError};
+use kin::subagent::{ErrorCode, SubagentError};
 use kin::tools::{Caller, Tool, ToolContext, ToolRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 #[allow(dead_code)]
 mod common;
 use common::Peer;
+use common::{parent, runtime_with, start_request, until};
 
 const P: &str = "11111111-1111-4111-8111-111111111111";
 const A: &str = "child-a";
@@ -1164,56 +1163,8 @@ async fn list_agents_without_session_query_fails_at_call_time() {
 // ---------------------------------------------------------------------------------------------
 // The real runtime with the scripted model.
 
-struct Quiet;
-impl SessionObserver for Quiet {
-    fn on_event(&self, _: &SessionHeader, _: &Event) {}
-}
-
-fn runtime(dir: &Path, model: ScriptedModel) -> (Arc<Runtime>, Arc<ScriptedModel>) {
-    let config_path = dir.join("config.toml");
-    std::fs::write(&config_path, "").unwrap();
-    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
-    let config = Config::resolve(&overrides, &|_| None).unwrap();
-    let model = Arc::new(model);
-    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
-}
-
-fn parent(rt: &Arc<Runtime>, dir: &Path) -> (String, Arc<Caller>) {
-    let cwd = dir.join("cwd");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
-    let header = rt.store().inspect(&id).unwrap().header;
-    (id, Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None }))
-}
-
-fn request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
-    StartRequest {
-        label: None,
-        prompt: vec![json!({"type": "text", "text": prompt})],
-        parent: parent.clone(),
-        cancel: CancellationToken::new(),
-        route: None,
-        output_schema: None,
-        max_depth: Some(3),
-        tool_filter: None,
-        persona: None,
-        call_id: None,
-        progress: None,
-    }
-}
-
 fn user_text(text: &str) -> Vec<Value> {
     vec![json!({"type": "text", "text": text})]
-}
-
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// The texts of a session's tool results, in log order.
@@ -1236,7 +1187,7 @@ fn turn_ends(store: &SessionStore, id: &str) -> usize {
 async fn list_agents_is_registered_once_without_parameters() {
     // 45
     let dir = tempfile::tempdir().unwrap();
-    let (rt, model) = runtime(dir.path(), ScriptedModel::new([ReplayEntry::Chunks(text_response(&["hi"]))]));
+    let (rt, model) = runtime_with(dir.path(), ScriptedModel::new([ReplayEntry::Chunks(text_response(&["hi"]))]), "");
     let (parent_id, _) = parent(&rt, dir.path());
     assert_eq!(rt.prompt(&parent_id, user_text("hello")).unwrap().await.unwrap(), TurnEnd::Completed);
     let requests = model.requests();
@@ -1276,7 +1227,7 @@ async fn end_to_end_a_settled_continuable_child_lists_complete_and_a_one_shot_si
                 ReplayEntry::Chunks(text_response(&["listed"])),
             ],
         );
-    let (rt, _) = runtime(dir.path(), model);
+    let (rt, _) = runtime_with(dir.path(), model, "");
     let (parent_id, _) = parent(&rt, dir.path());
     assert_eq!(rt.prompt(&parent_id, user_text("delegate")).unwrap().await.unwrap(), TurnEnd::Completed);
     let results = tool_results(rt.store(), &parent_id);
@@ -1309,9 +1260,9 @@ async fn send_message_works_without_session_query() {
     let dir = tempfile::tempdir().unwrap();
     let model = ScriptedModel::new([])
         .route("first", [ReplayEntry::Chunks(text_response(&["one"])), ReplayEntry::Chunks(text_response(&["two"]))]);
-    let (rt, _) = runtime(dir.path(), model);
+    let (rt, _) = runtime_with(dir.path(), model, "");
     let (parent_id, caller) = parent(&rt, dir.path());
-    let (child, _) = rt.continuation().start("spawn", "worker".into(), request(&caller, "first")).await.unwrap();
+    let (child, _) = rt.continuation().start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
     until("the child to settle", || !rt.continuation().is_resident(&child)).await;
     let ctx = ToolContext { caller: Some(caller.clone()), ..ToolContext::detached(None, CancellationToken::new()) };
     let err = ListAgentsTool(None).execute(json!({}), ctx.clone()).await.unwrap_err();

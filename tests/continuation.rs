@@ -2,75 +2,21 @@
 //! model: concurrency, settlement races, authority, ownership (waiting), reports, interrupts
 //! and draining.
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kin::agent::TurnEnd;
-use kin::config::{Config, Overrides};
 use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::model::{text_response, tool_call_response};
 use kin::runtime::Runtime;
-use kin::session::{Event, SessionHeader, SessionObserver};
-use kin::subagent::{ErrorCode, StartRequest};
-use kin::tools::{Caller, ToolRegistry};
+use kin::subagent::ErrorCode;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
-struct Quiet;
-impl SessionObserver for Quiet {
-    fn on_event(&self, _: &SessionHeader, _: &Event) {}
-}
-
-fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config_text: &str) -> Arc<Runtime> {
-    runtime_with(dir, ScriptedModel::new(entries), config_text)
-}
-
-fn runtime_with(dir: &Path, model: ScriptedModel, config_text: &str) -> Arc<Runtime> {
-    let config_path = dir.join("config.toml");
-    std::fs::write(&config_path, config_text).unwrap();
-    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
-    let config = Config::resolve(&overrides, &|_| None).unwrap();
-    Runtime::new(config, Arc::new(model) as Arc<dyn Model>, ToolRegistry::new()).unwrap()
-}
+#[allow(dead_code)]
+mod common;
+use common::{parent, runtime, runtime_with, start_request, until};
 
 fn texts(n: usize, text: &str) -> Vec<ReplayEntry> {
     (0..n).map(|_| ReplayEntry::Chunks(text_response(&[text]))).collect()
-}
-
-/// A live top-level parent and its caller identity.
-fn parent(rt: &Arc<Runtime>, dir: &Path) -> (String, Arc<Caller>) {
-    let cwd = dir.join("cwd");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
-    let header = rt.store().inspect(&id).unwrap().header;
-    (id, Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None }))
-}
-
-fn request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
-    StartRequest {
-        label: None,
-        prompt: vec![json!({"type": "text", "text": prompt})],
-        parent: parent.clone(),
-        cancel: CancellationToken::new(),
-        route: None,
-        output_schema: None,
-        max_depth: Some(3),
-        tool_filter: None,
-        persona: None,
-        call_id: None,
-        progress: None,
-    }
-}
-
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn turn_ends(rt: &Runtime, id: &str) -> Vec<String> {
@@ -87,12 +33,12 @@ fn turn_ends(rt: &Runtime, id: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_background_children_complete_and_settle_with_intact_logs() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = runtime(dir.path(), texts(20, "done"), "");
+    let (rt, _) = runtime(dir.path(), texts(20, "done"), "");
     let (_, caller) = parent(&rt, dir.path());
     let manager = rt.continuation().clone();
     let starts = (0..20).map(|i| {
         let (m, c) = (manager.clone(), caller.clone());
-        async move { m.start("spawn", format!("child {i}"), request(&c, &format!("task {i}"))).await }
+        async move { m.start("spawn", format!("child {i}"), start_request(&c, &format!("task {i}"))).await }
     });
     let started: Vec<(String, String)> =
         futures::future::join_all(starts).await.into_iter().map(Result::unwrap).collect();
@@ -113,10 +59,10 @@ async fn twenty_background_children_complete_and_settle_with_intact_logs() {
 async fn a_followup_racing_settlement_is_delivered_exactly_once() {
     for round in 0..10 {
         let dir = tempfile::tempdir().unwrap();
-        let rt = runtime(dir.path(), texts(2, "ok"), "");
+        let (rt, _) = runtime(dir.path(), texts(2, "ok"), "");
         let (_, caller) = parent(&rt, dir.path());
         let manager = rt.continuation().clone();
-        let (child, _) = manager.start("spawn", "racer".into(), request(&caller, "first")).await.unwrap();
+        let (child, _) = manager.start("spawn", "racer".into(), start_request(&caller, "first")).await.unwrap();
         // Sleep a little so some rounds race the settlement and some cold-resume.
         tokio::time::sleep(Duration::from_millis(round)).await;
         let source = json!({"kind": "coordinator", "senderSessionId": caller.header.id});
@@ -143,11 +89,11 @@ async fn follow_ups_need_the_exact_parent_and_a_continuable_child() {
         ReplayEntry::Chunks(text_response(&["one-shot child"])),
         ReplayEntry::Chunks(text_response(&["parent"])),
     ];
-    let rt = runtime(dir.path(), entries, "");
+    let (rt, _) = runtime(dir.path(), entries, "");
     let (parent_id, caller) = parent(&rt, dir.path());
     let (_, stranger) = parent(&rt, dir.path());
     let manager = rt.continuation().clone();
-    let (child, _) = manager.start("spawn", "mine".into(), request(&caller, "go")).await.unwrap();
+    let (child, _) = manager.start("spawn", "mine".into(), start_request(&caller, "go")).await.unwrap();
     let source = json!({"kind": "coordinator", "senderSessionId": stranger.header.id});
     let err = manager
         .followup(&stranger, &child, vec![json!({"type": "text", "text": "x"})], source.clone())
@@ -191,11 +137,11 @@ async fn follow_ups_need_the_exact_parent_and_a_continuable_child() {
 #[tokio::test]
 async fn an_unsupported_provider_leaves_no_child() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = runtime(dir.path(), vec![], "");
+    let (rt, _) = runtime(dir.path(), vec![], "");
     let (_, caller) = parent(&rt, dir.path());
-    let err = rt.continuation().start("nope", "x".into(), request(&caller, "go")).await.unwrap_err();
+    let err = rt.continuation().start("nope", "x".into(), start_request(&caller, "go")).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::NoProvider);
-    let mut deep = request(&caller, "go");
+    let mut deep = start_request(&caller, "go");
     deep.max_depth = Some(0);
     let err = rt.continuation().start("spawn", "x".into(), deep).await.unwrap_err();
     assert_eq!(err.message, "subagent depth 1 exceeds maxDepth 0");
@@ -219,10 +165,10 @@ async fn a_child_owning_a_live_grandchild_waits_and_settles_after_it() {
             ],
         )
         .route("leaf", [ReplayEntry::Hang { chunks: vec![], ready_file: None }]);
-    let rt = runtime_with(dir.path(), model, "");
+    let (rt, _) = runtime_with(dir.path(), model, "");
     let (_, caller) = parent(&rt, dir.path());
     let manager = rt.continuation().clone();
-    let (child, _) = manager.start("spawn", "middle".into(), request(&caller, "start a leaf")).await.unwrap();
+    let (child, _) = manager.start("spawn", "middle".into(), start_request(&caller, "start a leaf")).await.unwrap();
     until("the child's turn to end", || turn_ends(&rt, &child).len() == 1).await;
     let grandchild = rt
         .store()
@@ -248,12 +194,12 @@ async fn a_child_owning_a_live_grandchild_waits_and_settles_after_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_need_a_live_continuable_child_and_a_live_parent() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
+    let (rt, _) = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
     let (parent_id, caller) = parent(&rt, dir.path());
     let manager = rt.continuation().clone();
     let err = manager.report(&parent_id, "x").unwrap_err();
     assert_eq!(err.message, format!("agent \"{parent_id}\" is not a live continuable subagent and cannot report"));
-    let (child, _) = manager.start("spawn", "reporter".into(), request(&caller, "work")).await.unwrap();
+    let (child, _) = manager.start("spawn", "reporter".into(), start_request(&caller, "work")).await.unwrap();
     let message_id = manager.report(&child, "progress").unwrap();
     rt.continuation().drain().await;
     let events = rt.store().inspect(&parent_id).unwrap().events;
@@ -263,7 +209,7 @@ async fn reports_need_a_live_continuable_child_and_a_live_parent() {
     assert_eq!(report.data["source"], json!({"kind": "subagent-report", "senderSessionId": child}));
     assert!(events.iter().all(|e| e.kind != "turn/start"), "a quiet report starts no turn");
     // After draining, admission is closed.
-    let err = manager.start("spawn", "late".into(), request(&caller, "x")).await.unwrap_err();
+    let err = manager.start("spawn", "late".into(), start_request(&caller, "x")).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Draining);
     rt.shutdown().await;
 }

@@ -2,7 +2,6 @@
 //! provider registry, capability checks before dispatch, depth, the fork seed boundary,
 //! lifecycle events, structured output and cancellation.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,28 +13,17 @@ use kin::config::{Config, Overrides};
 use kin::model::script::{ReplayEntry, ScriptedModel};
 use kin::model::{Model, ModelRoute, text_response, tool_call_response};
 use kin::runtime::Runtime;
-use kin::session::{Event, SessionHeader, SessionObserver};
+use kin::session::{Event, SessionHeader};
 use kin::subagent::{
     Capabilities, ErrorCode, Lifecycle, ResolvedStart, StartRequest, StopReason, SubagentError, SubagentProvider,
     SubagentRun, child_depth,
 };
 use kin::tools::{Caller, ToolRegistry};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-struct Quiet;
-impl SessionObserver for Quiet {
-    fn on_event(&self, _: &SessionHeader, _: &Event) {}
-}
-
-fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config_text: &str) -> (Arc<Runtime>, Arc<ScriptedModel>) {
-    let config_path = dir.join("config.toml");
-    std::fs::write(&config_path, config_text).unwrap();
-    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
-    let config = Config::resolve(&overrides, &|_| None).unwrap();
-    let model = Arc::new(ScriptedModel::new(entries));
-    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
-}
+#[allow(dead_code)]
+mod common;
+use common::{Quiet, runtime, start_request};
 
 fn chunks(c: Vec<kin::model::StreamChunk>) -> ReplayEntry {
     ReplayEntry::Chunks(c)
@@ -48,19 +36,7 @@ fn caller(depth: u64) -> Arc<Caller> {
 }
 
 fn request(parent: Arc<Caller>) -> StartRequest {
-    StartRequest {
-        label: None,
-        prompt: vec![json!({"type": "text", "text": "hi"})],
-        parent,
-        cancel: CancellationToken::new(),
-        route: None,
-        output_schema: None,
-        max_depth: None,
-        tool_filter: None,
-        persona: None,
-        call_id: None,
-        progress: None,
-    }
+    StartRequest { max_depth: None, ..start_request(&parent, "hi") }
 }
 
 /// A provider without capabilities that records whether `start` ran.

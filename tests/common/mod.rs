@@ -1,5 +1,7 @@
-//! The real `kin` binary as a JSON-RPC peer over pipes, shared by the integration tests that
-//! drive it (`binary`, `catalog`, `agent_tree`, `crash_safety`, `e2e_http`, `fuzz_protocol`).
+//! What the integration tests share. First, the real `kin` binary as a JSON-RPC peer over pipes
+//! (`binary`, `catalog`, `agent_tree`, `crash_safety`, `e2e_http`, `fuzz_protocol`); then an
+//! in-process runtime over a temporary store with the scripted model, a live parent session in it
+//! and a start request from that parent (`catalog`, `continuation`, `subagents`, `acp_provider`).
 //!
 //! [`Peer::spawn`] starts a prepared [`Command`] with stdin and stdout piped and a thread that
 //! forwards each stdout line into a channel; the methods write frames to stdin and read frames
@@ -11,10 +13,18 @@
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use kin::config::{Config, Overrides};
+use kin::model::script::{ReplayEntry, ScriptedModel};
+use kin::model::{Model, ModelRoute};
+use kin::runtime::Runtime;
+use kin::session::{Event, SessionHeader, SessionObserver};
+use kin::subagent::StartRequest;
+use kin::tools::{Caller, ToolRegistry};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 /// The binary under test.
 pub const KIN: &str = env!("CARGO_BIN_EXE_kin");
@@ -134,5 +144,65 @@ impl Peer {
     /// Closes kin's stdin (EOF on its protocol channel).
     pub fn close_stdin(&mut self) {
         drop(self.child.stdin.take());
+    }
+}
+
+/// A session observer that ignores every event.
+pub struct Quiet;
+
+impl SessionObserver for Quiet {
+    fn on_event(&self, _: &SessionHeader, _: &Event) {}
+}
+
+/// A runtime with its sessions under `dir/sessions`, the config file text `config` and a
+/// scripted model serving `entries` (returned too, to see what it was asked).
+pub fn runtime(dir: &Path, entries: Vec<ReplayEntry>, config: &str) -> (Arc<Runtime>, Arc<ScriptedModel>) {
+    runtime_with(dir, ScriptedModel::new(entries), config)
+}
+
+/// [`runtime`] with a model set up by the caller (routes, unrecorded calls).
+pub fn runtime_with(dir: &Path, model: ScriptedModel, config: &str) -> (Arc<Runtime>, Arc<ScriptedModel>) {
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let overrides = Overrides { config: Some(config_path), sessions: Some(dir.join("sessions")), ..Default::default() };
+    let config = Config::resolve(&overrides, &|_| None).unwrap();
+    let model = Arc::new(model);
+    (Runtime::new(config, model.clone() as Arc<dyn Model>, ToolRegistry::new()).unwrap(), model)
+}
+
+/// A live top-level session in `dir/cwd`, and its caller identity.
+pub fn parent(rt: &Arc<Runtime>, dir: &Path) -> (String, Arc<Caller>) {
+    let cwd = dir.join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    let header = rt.store().inspect(&id).unwrap().header;
+    (id, Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None }))
+}
+
+/// Polls `check` every 10 ms until it holds; panics after about ten seconds naming `what`.
+pub async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A start request from `parent` with the text `prompt`, a depth limit of 3 and nothing else.
+pub fn start_request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
+    StartRequest {
+        label: None,
+        prompt: vec![json!({"type": "text", "text": prompt})],
+        parent: parent.clone(),
+        cancel: CancellationToken::new(),
+        route: None,
+        output_schema: None,
+        max_depth: Some(3),
+        tool_filter: None,
+        persona: None,
+        call_id: None,
+        progress: None,
     }
 }
