@@ -1022,6 +1022,26 @@ fn the_derived_summary_follows_every_change_of_a_log() {
 }
 
 #[test]
+fn a_log_first_read_exactly_still_joins_the_corpus() {
+    // An exact read caches a log no scan has seen yet; the next listing must still see it as
+    // new (its cached length and mtime match the file, so only the read can say so).
+    let (_dir, store) = family();
+    let warm = query(&store, &[]);
+    assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C)]);
+    let d = "child-d";
+    continuable_child(&store, d, P, 4, &format!("label {d}"));
+    assert_eq!(warm.event_seqs(d, DESCRIPTOR_EVENT).unwrap(), [0]);
+    assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C), healthy(d)]);
+    // A child that only grew keeps its place, and its new state is read.
+    let mut session = store.load(d).unwrap();
+    session.append(DESCRIPTOR_EVENT, continuable("again").to_value());
+    session.flush().unwrap();
+    drop(session);
+    assert_eq!(warm.event_seqs(d, DESCRIPTOR_EVENT).unwrap().len(), 2);
+    assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C), diag(d, Reason::Corrupt)]);
+}
+
+#[test]
 fn the_cached_corpus_follows_logs_added_removed_and_rewritten() {
     // The corpus (every header, merged) is derived state as well: each call rescans, and a warm
     // query answers what a fresh one does after logs are added (in a new project directory too),

@@ -838,12 +838,13 @@ impl SessionSource for StoreSource {
             Some(c) if c.len == len && c.modified == modified && c.header.is_ok() => c.summary = Some(summary.clone()),
             _ => {
                 let header = Ok(Arc::new(log.header));
-                logs.insert(
-                    session.to_owned(),
-                    CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0 },
-                );
-                // The corpus no longer matches the cache.
-                cache.corpus = None;
+                let entry = CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0 };
+                // A log new to the cache, or whose header changed, leaves the corpus behind; a
+                // log that only grew (a live child) does not.
+                let stale = logs.insert(session.to_owned(), entry).is_none_or(|old| old.header != logs[session].header);
+                if stale {
+                    cache.corpus = None;
+                }
             }
         }
         Ok(summary)
