@@ -681,6 +681,13 @@ struct CachedLog {
     seen: u64,
 }
 
+impl CachedLog {
+    /// Whether this is what the cache knows of the file at this length and mtime (its key).
+    fn is_at(&self, len: u64, modified: SystemTime) -> bool {
+        self.len == len && self.modified == modified
+    }
+}
+
 /// The persisted sessions as of one scan.
 struct Corpus {
     /// One record per id (`merge_records` over every readable log, nothing live yet), or why
@@ -740,7 +747,7 @@ impl StoreSource {
             }
             let logs = cache.logs.entry(project.name.clone()).or_default();
             for f in &project.logs {
-                if let Some(log) = logs.get_mut(&f.session).filter(|c| c.len == f.len && c.modified == f.modified) {
+                if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(f.len, f.modified)) {
                     log.seen = generation;
                     continue;
                 }
@@ -823,7 +830,7 @@ impl SessionSource for StoreSource {
             .logs
             .get(project)
             .and_then(|logs| logs.get(session))
-            .filter(|c| c.len == len && c.modified == modified)
+            .filter(|c| c.is_at(len, modified))
             .and_then(|c| c.summary.clone());
         if let Some(summary) = cached {
             return Ok(summary);
@@ -835,7 +842,7 @@ impl SessionSource for StoreSource {
         let mut cache = self.cache();
         let logs = cache.logs.entry(project.to_owned()).or_default();
         match logs.get_mut(session) {
-            Some(c) if c.len == len && c.modified == modified && c.header.is_ok() => c.summary = Some(summary.clone()),
+            Some(c) if c.is_at(len, modified) && c.header.is_ok() => c.summary = Some(summary.clone()),
             _ => {
                 let header = Ok(Arc::new(log.header));
                 let entry = CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0 };
