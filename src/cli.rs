@@ -7,8 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::Overrides;
 use crate::permission::PermissionMode;
 
+/// `kin --version`: the crate version and the git commit it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KIN_GIT_COMMIT"), ")");
+
 #[derive(Debug, Parser)]
-#[command(name = "kin", version, about = "An ACP agent daemon with durable, continuable child agents")]
+#[command(name = "kin", version = VERSION, about = "An ACP agent daemon with durable, continuable child agents")]
 pub struct Cli {
     #[command(flatten)]
     pub common: Common,
