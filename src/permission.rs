@@ -472,7 +472,7 @@ fn title(tool: &str, arguments: &Value, scope: &Scope) -> String {
 }
 
 /// The first `max` characters of `text`, with `…` when cut.
-fn shorten(text: &str, max: usize) -> String {
+pub(crate) fn shorten(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),

@@ -153,11 +153,12 @@ pub fn call_title(name: &str, args: &Value) -> String {
         "read" => format!("Read {}", arg("file_path")),
         "write" => format!("Write {}", arg("file_path")),
         "edit" => format!("Edit {}", arg("file_path")),
-        "bash" => match args["description"].as_str() {
-            Some(d) if !d.is_empty() => d.to_string(),
-            _ => arg("command"),
+        // What runs, not the model's description of it: the dialog shows the same title.
+        "bash" => format!("Run `{}`", crate::permission::shorten(&arg("command"), 200)),
+        "glob" | "grep" => match args["path"].as_str() {
+            Some(path) => format!("{name} {} in {path}", arg("pattern")),
+            None => format!("{name} {}", arg("pattern")),
         },
-        "glob" | "grep" => format!("{name} {}", arg("pattern")),
         "todo_write" => "Update plan".into(),
         // A delegation to an external agent (`delegate_NAME`) says what it delegates.
         other => match args["description"].as_str().filter(|d| !d.trim().is_empty()) {
