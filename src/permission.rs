@@ -3,38 +3,41 @@
 //! answers the user gave; `admit` decides each call before it is dispatched, asking the editor
 //! through a `PermissionPrompt` when the mode says so.
 //!
-//! The decision table (paths resolve against the session cwd; `..` is settled lexically and
-//! every existing symlink is followed, as the file tools do, so neither can hide an outside path):
+//! The gate knows no tool by name: it decides on what the call's tool declares it touches
+//! (`tools::Access`), in one exhaustive `match` of access and mode with no default arm (`verdict`).
+//! Paths resolve against the session cwd; `..` is settled lexically and every existing symlink is
+//! followed, as the file tools do, so neither can hide an outside path.
 //!
-//! | call | ask | accept-edits | read-only | bypass |
+//! | access | ask | accept-edits | read-only | bypass |
 //! |---|---|---|---|---|
-//! | `read`, `glob`, `grep`, `todo_write` inside the workspace | allow | allow | allow | allow |
-//! | `write`, `edit` inside the workspace | ask | allow | refuse | allow |
-//! | `bash` | ask | ask | refuse | allow |
+//! | `Read`, `Search` inside the workspace (`read`, `glob`, `grep`) | allow | allow | allow | allow |
+//! | `Plan` (`todo_write`), `Delegate` (`subagent`, `send_message`, …) | allow | allow | allow | allow |
+//! | `Edit`, `Delete`, `Move` inside the workspace (`write`, `edit`) | ask | allow | refuse | allow |
+//! | `Execute` (`bash`), `Fetch`, `External` (a tool kin cannot see into) | ask | ask | refuse | allow |
 //! | any path outside the workspace (`read` too) | ask | ask | refuse | allow |
-//! | other tools (`subagent`, …) | allow | allow | allow | allow |
 //!
-//! Remembered answers ("allow always" / "reject always") replace a question, never a refusal of
-//! read-only mode: inside the workspace they are kept per tool name; outside it per tool and
-//! directory (the real directory of the path, or the path itself when it is a directory), and
-//! they cover everything under that directory. A dismissed, failed or cancelled request counts as
-//! a rejection. A rejected call never runs: the model reads `Error: the user rejected this <tool>
-//! call` (code `PERMISSION_REJECTED`); a call read-only mode refuses reads `Error: <tool> is not
-//! allowed in read-only mode` (code `PERMISSION_DENIED`).
+//! A call whose tool refuses its arguments before touching anything (`Tool::check`) is not asked
+//! about: that refusal is its result. Remembered answers ("allow always" / "reject always")
+//! replace a question, never a refusal of read-only mode: inside the workspace they are kept per
+//! tool name; outside it per tool and directory (the real directory of the path, or the path
+//! itself when it is a directory), and they cover everything under that directory. A dismissed,
+//! failed or cancelled request counts as a rejection. A rejected call never runs: the model reads
+//! `Error: the user rejected this <tool> call` (code `PERMISSION_REJECTED`); a call read-only
+//! mode refuses reads `Error: <tool> is not allowed in read-only mode` (code `PERMISSION_DENIED`).
 //!
-//! A session without `Permissions` (subagent children, tests) runs every call, and the file
-//! tools keep refusing paths outside the workspace themselves (`ToolContext::allow_outside`
-//! stays false; only the gate sets it, for a call it let touch an outside path).
+//! A session without `Permissions` (tests) runs every call, and the file tools keep refusing
+//! paths outside the workspace themselves (`ToolContext::allow_outside` stays false; only the gate
+//! sets it, for a call it let touch an outside path).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::future::BoxFuture;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::tools::paths;
-use crate::tools::{ToolContext, ToolError};
+use crate::tools::{Access, ToolContext, ToolError, ToolRegistry, parse_arguments, unknown_tool};
 
 /// How much a session may do without asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -128,12 +131,16 @@ pub enum PermissionAnswer {
 pub struct PermissionRequest {
     pub session_id: String,
     pub call_id: String,
-    /// The tool name.
+    /// The tool name (for a question an external child forwards: its call's ACP kind).
     pub tool: String,
     /// What the call would do, for the dialog.
     pub title: String,
     /// The call's arguments (parsed JSON).
     pub raw_input: Value,
+    /// What the call touches, as its tool declared it.
+    pub access: Access,
+    /// The directory the call's relative paths resolve against (empty: the process directory).
+    pub cwd: PathBuf,
     /// Every path the call names is known to lie in the workspace (a forwarded question is
     /// answered by the mode alone only for such a read or edit).
     pub in_workspace: bool,
@@ -143,11 +150,12 @@ pub struct PermissionRequest {
     pub on_behalf_of: Option<CallShown>,
 }
 
-/// How the editor shows a call: its title and the tool that makes it.
+/// How the editor shows a call: its title, the tool that makes it and what it touches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallShown {
     pub title: String,
     pub tool: String,
+    pub access: Access,
 }
 
 /// Asks the user (through the editor) whether a tool call may run.
@@ -172,15 +180,63 @@ pub enum Decision {
 pub struct Question {
     pub tool: String,
     pub scope: Scope,
-    pub title: String,
+}
+
+impl Question {
+    /// The dialog's title: the call's own, and where it reaches outside the workspace.
+    pub fn title(&self, call_title: &str) -> String {
+        match &self.scope {
+            Scope::Workspace => call_title.to_string(),
+            Scope::Outside(paths) => {
+                let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                format!("{call_title} (outside the workspace: {})", shown.join(", "))
+            }
+        }
+    }
 }
 
 /// Where a call acts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
     Workspace,
-    /// The real path outside the workspace the call names.
-    Outside(PathBuf),
+    /// The real paths outside the workspace the call names.
+    Outside(Vec<PathBuf>),
+}
+
+/// What the mode makes of a declared access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Allow,
+    Ask,
+    /// Read-only mode refuses it.
+    Refuse,
+}
+
+/// The gate's table: what `mode` does with `access`, where `outside` says that a path the call
+/// names lies outside the workspace (or, for a forwarded call, is not known to lie in it). No arm
+/// allows by default: every access kind is named in every mode.
+fn verdict(access: &Access, mode: PermissionMode, outside: bool) -> Verdict {
+    use Access::{Delegate, Delete, Edit, Execute, External, Fetch, Move, Plan, Read, Search};
+    use PermissionMode::{AcceptEdits, Ask, Bypass, ReadOnly};
+    match (access, mode, outside) {
+        // An in-process child's own calls pass this same gate; the plan is the agent's own.
+        (Delegate | Plan, Ask | AcceptEdits | ReadOnly | Bypass, _) => Verdict::Allow,
+        (Read { .. } | Search { .. }, Ask | AcceptEdits | ReadOnly, false) => Verdict::Allow,
+        (Read { .. } | Search { .. }, Ask | AcceptEdits, true) => Verdict::Ask,
+        (Edit { .. } | Delete { .. } | Move { .. }, AcceptEdits, false) => Verdict::Allow,
+        (Edit { .. } | Delete { .. } | Move { .. }, Ask, _)
+        | (Edit { .. } | Delete { .. } | Move { .. }, AcceptEdits, true) => Verdict::Ask,
+        (Execute { .. } | Fetch | External, Ask | AcceptEdits, _) => Verdict::Ask,
+        (Read { .. } | Search { .. }, ReadOnly, true)
+        | (Edit { .. } | Delete { .. } | Move { .. } | Execute { .. } | Fetch | External, ReadOnly, _) => {
+            Verdict::Refuse
+        }
+        (
+            Read { .. } | Search { .. } | Edit { .. } | Delete { .. } | Move { .. } | Execute { .. } | Fetch | External,
+            Bypass,
+            _,
+        ) => Verdict::Allow,
+    }
 }
 
 /// A remembered "always" answer.
@@ -193,35 +249,15 @@ struct Rule {
 }
 
 impl Rule {
-    fn covers(&self, tool: &str, scope: &Scope) -> bool {
+    /// Whether this rule answers for `tool` at `place` (`None`: inside the workspace; `Some`: a
+    /// real path outside it).
+    fn covers(&self, tool: &str, place: Option<&Path>) -> bool {
         self.tool == tool
-            && match (&self.under, scope) {
-                (None, Scope::Workspace) => true,
-                (Some(dir), Scope::Outside(path)) => path.starts_with(dir),
-                _ => false,
+            && match (&self.under, place) {
+                (None, None) => true,
+                (Some(dir), Some(path)) => path.starts_with(dir),
+                (None, Some(_)) | (Some(_), None) => false,
             }
-    }
-}
-
-/// What the tools do, as far as permissions care.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// Reads and searches (and the plan), which only ask for outside paths.
-    Read,
-    /// File writes and edits.
-    Edit,
-    /// Shell commands.
-    Exec,
-    /// Everything else (delegation, structured output, unknown names): never gated.
-    Other,
-}
-
-fn class_of(tool: &str) -> Class {
-    match tool {
-        "read" | "glob" | "grep" | "todo_write" => Class::Read,
-        "write" | "edit" => Class::Edit,
-        "bash" => Class::Exec,
-        _ => Class::Other,
     }
 }
 
@@ -249,75 +285,38 @@ impl Permissions {
         *lock(&self.mode) = mode;
     }
 
-    /// Decides a call of `tool` with `arguments` (parsed) in the workspace `cwd` (empty: the
+    /// Decides a call of `tool` that touches `access`, in the workspace `cwd` (empty: the
     /// process directory).
-    pub fn decide(&self, tool: &str, arguments: &Value, cwd: &Path) -> Decision {
-        let class = class_of(tool);
-        if class == Class::Other {
-            return Decision::Allow { outside: false };
-        }
-        let mode = self.mode();
-        let outside = outside_target(tool, arguments, cwd);
-        match mode {
-            PermissionMode::Bypass => {
-                return Decision::Allow { outside: outside.is_some() };
-            }
-            PermissionMode::ReadOnly => {
-                if matches!(class, Class::Edit | Class::Exec) {
-                    return Decision::Refuse(not_in_read_only(tool));
+    pub fn decide(&self, tool: &str, access: &Access, cwd: &Path) -> Decision {
+        let outside = outside_paths(access, cwd);
+        match verdict(access, self.mode(), !outside.is_empty()) {
+            Verdict::Allow => Decision::Allow { outside: !outside.is_empty() },
+            Verdict::Refuse => match (access, outside.first()) {
+                (Access::Read { .. } | Access::Search { .. }, Some(path)) => {
+                    Decision::Refuse(outside_in_read_only(tool, path))
                 }
-                return match outside {
-                    Some(path) => Decision::Refuse(outside_in_read_only(tool, &path)),
-                    None => Decision::Allow { outside: false },
-                };
+                _ => Decision::Refuse(not_in_read_only(tool)),
+            },
+            Verdict::Ask => {
+                let scope = if outside.is_empty() { Scope::Workspace } else { Scope::Outside(outside) };
+                match self.remembered(tool, &scope) {
+                    Some(true) => Decision::Allow { outside: matches!(scope, Scope::Outside(_)) },
+                    Some(false) => Decision::Refuse(rejected(tool)),
+                    None => Decision::Ask(Question { tool: tool.to_string(), scope }),
+                }
             }
-            PermissionMode::Ask | PermissionMode::AcceptEdits => {}
-        }
-        // A call missing its required arguments fails in the tool before it touches anything
-        // (and the tool still checks the workspace itself): no need to ask about it.
-        if !well_formed(tool, arguments) {
-            return Decision::Allow { outside: false };
-        }
-        let needs_answer = outside.is_some()
-            || match class {
-                Class::Edit => mode == PermissionMode::Ask,
-                Class::Exec => true,
-                Class::Read | Class::Other => false,
-            };
-        if !needs_answer {
-            return Decision::Allow { outside: false };
-        }
-        let scope = match outside {
-            Some(path) => Scope::Outside(path),
-            None => Scope::Workspace,
-        };
-        match self.remembered(tool, &scope) {
-            Some(true) => Decision::Allow { outside: matches!(scope, Scope::Outside(_)) },
-            Some(false) => Decision::Refuse(rejected(tool)),
-            None => Decision::Ask(Question { tool: tool.to_string(), title: title(tool, arguments, &scope), scope }),
         }
     }
 
-    /// The mode's answer to a question an external ACP child forwards, by the ACP tool kind of
-    /// the child's call and whether its paths are known to lie in the workspace, or `None` when
-    /// the user must be asked. The table is the one for kin's own calls: thinking is always
-    /// allowed; reads and searches in the workspace too, elsewhere they ask (and `read-only`
-    /// refuses them); edits (`edit`, `delete`, `move`) in the workspace run in `accept-edits`;
-    /// `read-only` refuses every edit and command; `bypass` allows everything.
-    pub fn decide_forwarded(&self, kind: &str, in_workspace: bool) -> Option<PermissionAnswer> {
-        let class = match kind {
-            "think" => Class::Other,
-            "read" | "search" => Class::Read,
-            "edit" | "delete" | "move" => Class::Edit,
-            _ => Class::Exec,
-        };
-        let allow = Some(PermissionAnswer::AllowOnce);
-        match (self.mode(), class) {
-            (PermissionMode::Bypass, _) | (_, Class::Other) => allow,
-            (_, Class::Read) if in_workspace => allow,
-            (PermissionMode::ReadOnly, _) => Some(PermissionAnswer::RejectOnce),
-            (PermissionMode::AcceptEdits, Class::Edit) if in_workspace => allow,
-            (PermissionMode::Ask | PermissionMode::AcceptEdits, Class::Read | Class::Edit | Class::Exec) => None,
+    /// The mode's answer to a question an external ACP child forwards, by what the child's call
+    /// touches (its ACP kind, `acp::forwarded_access`) and whether its paths are known to lie in
+    /// the workspace, or `None` when the user must be asked. The table is the one for kin's own
+    /// calls (`verdict`); remembered answers are not consulted.
+    pub fn decide_forwarded(&self, access: &Access, in_workspace: bool) -> Option<PermissionAnswer> {
+        match verdict(access, self.mode(), !in_workspace) {
+            Verdict::Allow => Some(PermissionAnswer::AllowOnce),
+            Verdict::Refuse => Some(PermissionAnswer::RejectOnce),
+            Verdict::Ask => None,
         }
     }
 
@@ -338,21 +337,42 @@ impl Permissions {
         }
     }
 
-    /// The latest remembered answer covering a call, if any.
+    /// The remembered answer covering a call, if any: the latest rule for each place it acts;
+    /// a rejection of any place rejects the call, and it is allowed only when every place is.
     fn remembered(&self, tool: &str, scope: &Scope) -> Option<bool> {
-        lock(&self.rules).iter().rev().find(|rule| rule.covers(tool, scope)).map(|rule| rule.allow)
+        let rules = lock(&self.rules);
+        let latest = |place: Option<&Path>| rules.iter().rev().find(|rule| rule.covers(tool, place)).map(|r| r.allow);
+        match scope {
+            Scope::Workspace => latest(None),
+            Scope::Outside(paths) => {
+                let answers: Vec<Option<bool>> = paths.iter().map(|p| latest(Some(p))).collect();
+                if answers.contains(&Some(false)) {
+                    Some(false)
+                } else if answers.iter().all(|a| *a == Some(true)) {
+                    Some(true)
+                } else {
+                    None
+                }
+            }
+        }
     }
 
     fn remember(&self, question: &Question, allow: bool) {
-        let under = match &question.scope {
-            Scope::Workspace => None,
-            Scope::Outside(path) => Some(if path.is_dir() {
-                path.clone()
-            } else {
-                path.parent().map_or_else(|| path.clone(), Path::to_path_buf)
-            }),
-        };
-        lock(&self.rules).push(Rule { tool: question.tool.clone(), under, allow });
+        let tool = question.tool.clone();
+        let mut rules = lock(&self.rules);
+        match &question.scope {
+            Scope::Workspace => rules.push(Rule { tool, under: None, allow }),
+            Scope::Outside(paths) => {
+                for path in paths {
+                    let dir = if path.is_dir() {
+                        path.clone()
+                    } else {
+                        path.parent().map_or_else(|| path.clone(), Path::to_path_buf)
+                    };
+                    rules.push(Rule { tool: tool.clone(), under: Some(dir), allow });
+                }
+            }
+        }
     }
 }
 
@@ -360,13 +380,26 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The gate in front of one tool call: returns the context to run it with (`allow_outside` set
-/// when the user or the mode let it touch an outside path), or the error that is its result.
-/// Without `permissions` every call runs (and the tools keep their own workspace check). While
-/// a question is open, the call's cancellation dismisses it.
+/// The real paths outside the workspace `cwd` that `access` names (a search that names none
+/// searches the workspace; a blank path is the workspace too).
+fn outside_paths(access: &Access, cwd: &Path) -> Vec<PathBuf> {
+    let workspace = [cwd.to_path_buf()];
+    let named = access.paths().iter().filter(|p| !p.as_os_str().to_string_lossy().trim().is_empty());
+    named
+        .map(|raw| paths::resolve(cwd, &raw.to_string_lossy()))
+        .filter(|path| !paths::inside_workspace(&workspace, path))
+        .map(|path| paths::real_path(&path).unwrap_or(path))
+        .collect()
+}
+
+/// The gate in front of one call of `tool` from `tools`: returns the context to run it with
+/// (`allow_outside` set when the user or the mode let it touch an outside path), or the error that
+/// is its result. Without `permissions` every call runs (and the tools keep their own workspace
+/// check). While a question is open, the call's cancellation dismisses it.
 pub async fn admit(
     permissions: Option<Arc<Permissions>>,
     prompt: Option<Arc<dyn PermissionPrompt>>,
+    tools: &ToolRegistry,
     tool: &str,
     raw_arguments: &str,
     mut ctx: ToolContext,
@@ -374,10 +407,17 @@ pub async fn admit(
     let Some(permissions) = permissions else {
         return Ok(ctx);
     };
-    let arguments = parse_arguments(raw_arguments);
+    let Some(handler) = tools.get(tool).cloned() else {
+        return Err(unknown_tool(tool));
+    };
+    let parsed = parse_arguments(tool, raw_arguments);
+    let arguments = parsed.clone().unwrap_or(Value::Null);
+    let access = handler.access(&arguments);
     let cwd = ctx.cwd.clone().unwrap_or_default();
-    let mut decision = permissions.decide(tool, &arguments, &cwd);
+    let mut decision = permissions.decide(tool, &access, &cwd);
     if let Decision::Ask(_) = decision {
+        // A call that fails before it touches anything gets that failure, not a question.
+        parsed.and_then(|arguments| handler.check(&arguments))?;
         let Some(prompt) = prompt else {
             // Nobody to ask: fail closed.
             return Err(rejected(tool));
@@ -387,14 +427,16 @@ pub async fn admit(
             () = ctx.cancel.cancelled() => return Err(rejected(tool)),
         };
         // The mode or the remembered answers may have changed while this call waited.
-        decision = permissions.decide(tool, &arguments, &cwd);
+        decision = permissions.decide(tool, &access, &cwd);
         if let Decision::Ask(question) = decision {
             let request = PermissionRequest {
                 session_id: ctx.session_id.clone(),
                 call_id: ctx.call_id.clone(),
                 tool: tool.to_string(),
-                title: question.title.clone(),
-                raw_input: arguments.clone(),
+                title: question.title(&handler.title(&arguments)),
+                raw_input: arguments,
+                access,
+                cwd,
                 in_workspace: question.scope == Scope::Workspace,
                 on_behalf_of: None,
             };
@@ -412,70 +454,6 @@ pub async fn admit(
         }
         Decision::Refuse(error) => Err(error),
         Decision::Ask(_) => Err(rejected(tool)),
-    }
-}
-
-/// The call's arguments as JSON (`{}` when blank, `null` when not JSON: the tool reports that).
-fn parse_arguments(raw: &str) -> Value {
-    if raw.trim().is_empty() {
-        return json!({});
-    }
-    serde_json::from_str(raw).unwrap_or(Value::Null)
-}
-
-/// True when the arguments the tool needs before touching anything are strings.
-fn well_formed(tool: &str, arguments: &Value) -> bool {
-    let is_str = |key: &str| arguments.get(key).is_some_and(Value::is_string);
-    match tool {
-        "read" => is_str("file_path"),
-        "write" => is_str("file_path") && is_str("content"),
-        "edit" => is_str("file_path") && is_str("old_string") && is_str("new_string"),
-        "bash" => arguments["command"].as_str().is_some_and(|c| !c.trim().is_empty()),
-        "glob" | "grep" => is_str("pattern"),
-        _ => true,
-    }
-}
-
-/// The real path outside the workspace a call names, if any: `file_path` of the file tools, the
-/// search `path` (default: the workspace) of glob and grep. Bash is gated as a whole.
-fn outside_target(tool: &str, arguments: &Value, cwd: &Path) -> Option<PathBuf> {
-    let raw = match tool {
-        "read" | "write" | "edit" => arguments["file_path"].as_str()?,
-        "glob" | "grep" => arguments["path"].as_str().filter(|p| !p.trim().is_empty()).unwrap_or("."),
-        _ => return None,
-    };
-    let path = paths::resolve(cwd, raw);
-    if paths::inside_workspace(&[cwd.to_path_buf()], &path) {
-        return None;
-    }
-    Some(paths::real_path(&path).unwrap_or(path))
-}
-
-/// What the dialog shows.
-fn title(tool: &str, arguments: &Value, scope: &Scope) -> String {
-    let arg = |key: &str| arguments[key].as_str().unwrap_or_default().to_string();
-    let base = match tool {
-        "bash" => format!("Run `{}`", shorten(&arg("command"), 200)),
-        "write" => format!("Write {}", arg("file_path")),
-        "edit" => format!("Edit {}", arg("file_path")),
-        "read" => format!("Read {}", arg("file_path")),
-        "glob" | "grep" => {
-            let path = arguments["path"].as_str().unwrap_or(".");
-            format!("{tool} {} in {path}", arg("pattern"))
-        }
-        other => other.to_string(),
-    };
-    match scope {
-        Scope::Workspace => base,
-        Scope::Outside(path) => format!("{base} (outside the workspace: {})", path.display()),
-    }
-}
-
-/// The first `max` characters of `text`, with `…` when cut.
-pub(crate) fn shorten(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
     }
 }
 
@@ -505,19 +483,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn forwarded_questions_follow_the_mode_by_kind_and_workspace() {
+    fn forwarded_questions_follow_the_mode_by_access_and_workspace() {
         use PermissionAnswer::{AllowOnce, RejectOnce};
         let (allow, reject) = (Some(AllowOnce), Some(RejectOnce));
-        // (kind, in the workspace): think; search in / outside; delete in / outside; execute; an
-        // unknown kind.
+        let execute = Access::Execute { command: String::new(), workdir: None };
+        // (access, in the workspace): the plan; search in / outside; delete in / outside; execute;
+        // a kind kin has no word for.
         let calls = [
-            ("think", false),
-            ("search", true),
-            ("search", false),
-            ("delete", true),
-            ("delete", false),
-            ("execute", true),
-            ("fetch", true),
+            (Access::Plan, false),
+            (Access::Search { paths: Vec::new() }, true),
+            (Access::Search { paths: Vec::new() }, false),
+            (Access::Delete { paths: Vec::new() }, true),
+            (Access::Delete { paths: Vec::new() }, false),
+            (execute, true),
+            (Access::External, true),
         ];
         let cases: [(PermissionMode, [Option<PermissionAnswer>; 7]); 4] = [
             (PermissionMode::Ask, [allow, allow, None, None, None, None, None]),
@@ -527,17 +506,22 @@ mod tests {
         ];
         for (mode, expected) in cases {
             let permissions = Permissions::new(mode);
-            let got = calls.map(|(kind, inside)| permissions.decide_forwarded(kind, inside));
+            let got = calls.clone().map(|(access, inside)| permissions.decide_forwarded(&access, inside));
             assert_eq!(got, expected, "{mode:?}");
         }
     }
+
     use std::os::unix::fs::symlink;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use futures::FutureExt;
+    use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
     use super::PermissionMode::{AcceptEdits, Ask, Bypass, ReadOnly};
+    use crate::tools::ToolOutput;
+    use crate::tools::builtin::register_coding_tools;
+    use crate::tools::fs::FileState;
 
     /// A temp dir holding `ws/` (the workspace, with `a.txt`) and `outside/` (with `secret.txt`).
     struct Layout {
@@ -558,7 +542,7 @@ mod tests {
     }
 
     /// What the table says, as a word: allow, allow-outside, ask, denied or rejected.
-    fn verdict(decision: &Decision) -> &'static str {
+    fn word(decision: &Decision) -> &'static str {
         match decision {
             Decision::Allow { outside: false } => "allow",
             Decision::Allow { outside: true } => "allow-outside",
@@ -569,9 +553,43 @@ mod tests {
         }
     }
 
+    /// Delegates, as `subagent` does.
+    struct Delegating;
+
+    impl crate::tools::Tool for Delegating {
+        fn name(&self) -> &str {
+            "subagent"
+        }
+        fn description(&self) -> String {
+            String::new()
+        }
+        fn parameters(&self) -> Value {
+            json!({"type": "object"})
+        }
+        fn access(&self, _arguments: &Value) -> Access {
+            Access::Delegate
+        }
+        fn execute(&self, _arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+            async { Ok(ToolOutput::text("delegated")) }.boxed()
+        }
+    }
+
+    /// The coding tools and a delegating one.
+    fn tools() -> ToolRegistry {
+        let mut tools = ToolRegistry::new();
+        register_coding_tools(&mut tools, FileState::default());
+        tools.register(Arc::new(Delegating));
+        tools
+    }
+
+    /// What the call of `tool` with `args` declares it touches.
+    fn access(tool: &str, args: &Value) -> Access {
+        tools().get(tool).expect("a known tool").access(args)
+    }
+
     fn decide(mode: PermissionMode, ws: &Path, tool: &str, args: Value) -> &'static str {
         let permissions = Permissions::new(mode);
-        verdict(&permissions.decide(tool, &args, ws))
+        word(&permissions.decide(tool, &access(tool, &args), ws))
     }
 
     #[test]
@@ -643,15 +661,12 @@ mod tests {
         let write = json!({"file_path": "link/planted.txt", "content": "x"});
         assert_eq!(decide(AcceptEdits, &l.ws, "write", write), "ask");
         let permissions = Permissions::new(Ask);
-        match permissions.decide("read", &args, &l.ws) {
+        match permissions.decide("read", &access("read", &args), &l.ws) {
             Decision::Ask(question) => {
                 let real = l.outside.canonicalize().unwrap().join("secret.txt");
-                assert_eq!(question.scope, Scope::Outside(real));
-                assert!(
-                    question.title.starts_with("Read link/secret.txt (outside the workspace: "),
-                    "{}",
-                    question.title
-                );
+                assert_eq!(question.scope, Scope::Outside(vec![real.clone()]));
+                let title = question.title(&tools().get("read").unwrap().title(&args));
+                assert_eq!(title, format!("Read link/secret.txt (outside the workspace: {})", real.display()));
             }
             other => panic!("expected a question, got {other:?}"),
         }
@@ -662,7 +677,7 @@ mod tests {
         let l = layout();
         let permissions = Permissions::new(ReadOnly);
         let bash = json!({"command": "rm -rf /", "description": "oops"});
-        match permissions.decide("bash", &bash, &l.ws) {
+        match permissions.decide("bash", &access("bash", &bash), &l.ws) {
             Decision::Refuse(e) => {
                 assert_eq!(e.code, "PERMISSION_DENIED");
                 assert_eq!(e.message, "bash is not allowed in read-only mode");
@@ -670,7 +685,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let outside = json!({"file_path": "../outside/secret.txt"});
-        match permissions.decide("read", &outside, &l.ws) {
+        match permissions.decide("read", &access("read", &outside), &l.ws) {
             Decision::Refuse(e) => {
                 assert_eq!(e.code, "PERMISSION_DENIED");
                 assert!(e.message.contains("read-only"), "{}", e.message);
@@ -682,14 +697,30 @@ mod tests {
         assert_eq!(rejected("write").code, "PERMISSION_REJECTED");
     }
 
-    #[test]
-    fn malformed_calls_are_left_to_the_tool() {
+    #[tokio::test]
+    async fn malformed_calls_get_the_tools_refusal_instead_of_a_question() {
         let l = layout();
-        assert_eq!(decide(Ask, &l.ws, "write", json!({"file_path": 3})), "allow");
-        assert_eq!(decide(Ask, &l.ws, "bash", json!({"command": " "})), "allow");
-        assert_eq!(decide(Ask, &l.ws, "bash", Value::Null), "allow");
-        // Read-only refuses before looking at the arguments.
-        assert_eq!(decide(ReadOnly, &l.ws, "bash", Value::Null), "denied");
+        let tools = tools();
+        let prompt = Scripted::new(&[PermissionAnswer::AllowOnce]);
+        let dyn_prompt: Arc<dyn PermissionPrompt> = prompt.clone();
+        let admit_in = |mode: PermissionMode, tool: &'static str, args: &'static str| {
+            let (tools, prompt, ctx) = (tools.clone(), dyn_prompt.clone(), ctx(&l.ws));
+            async move { admit(Some(Arc::new(Permissions::new(mode))), Some(prompt), &tools, tool, args, ctx).await }
+        };
+        let err = admit_in(Ask, "write", r#"{"file_path": 3}"#).await.unwrap_err();
+        assert_eq!(err.message, "write: `file_path` must be a string, got 3");
+        let err = admit_in(Ask, "bash", r#"{"command": " "}"#).await.unwrap_err();
+        assert_eq!(err.message, "bash: `command` is empty; pass the shell command to run");
+        let err = admit_in(AcceptEdits, "bash", "not json").await.unwrap_err();
+        assert!(err.message.starts_with("arguments for bash are not valid JSON"), "{}", err.message);
+        // Read-only refuses by what the tool touches, before looking at the arguments.
+        let err = admit_in(ReadOnly, "bash", "not json").await.unwrap_err();
+        assert_eq!(err.code, "PERMISSION_DENIED");
+        // A call that needs no question is left to the tool, which gives the same refusal.
+        assert!(admit_in(Ask, "read", r#"{"file_path": 3}"#).await.is_ok());
+        assert_eq!(prompt.count.load(Ordering::SeqCst), 0, "nobody was asked");
+        let err = admit_in(Ask, "no_such_tool", "{}").await.unwrap_err();
+        assert_eq!(err.code, "UNKNOWN_TOOL");
     }
 
     #[test]
@@ -697,12 +728,12 @@ mod tests {
         let l = layout();
         let permissions = Permissions::new(Ask);
         let edit = json!({"file_path": "a.txt", "old_string": "a", "new_string": "b"});
-        assert_eq!(verdict(&permissions.decide("edit", &edit, &l.ws)), "ask");
+        assert_eq!(word(&permissions.decide("edit", &access("edit", &edit), &l.ws)), "ask");
         permissions.set_mode(AcceptEdits);
         assert_eq!(permissions.mode(), AcceptEdits);
-        assert_eq!(verdict(&permissions.decide("edit", &edit, &l.ws)), "allow");
+        assert_eq!(word(&permissions.decide("edit", &access("edit", &edit), &l.ws)), "allow");
         permissions.set_mode(Bypass);
-        assert_eq!(verdict(&permissions.decide("edit", &edit, &l.ws)), "allow");
+        assert_eq!(word(&permissions.decide("edit", &access("edit", &edit), &l.ws)), "allow");
     }
 
     fn question_of(decision: Decision) -> Question {
@@ -717,24 +748,24 @@ mod tests {
         let l = layout();
         let permissions = Permissions::new(Ask);
         let bash = |c: &str| json!({"command": c, "description": "d"});
-        let q = question_of(permissions.decide("bash", &bash("ls"), &l.ws));
-        assert_eq!(q.title, "Run `ls`");
-        assert_eq!(verdict(&permissions.answer(&q, PermissionAnswer::AllowOnce)), "allow");
+        let q = question_of(permissions.decide("bash", &access("bash", &bash("ls")), &l.ws));
+        assert_eq!(q.title(&tools().get("bash").unwrap().title(&bash("ls"))), "Run `ls`");
+        assert_eq!(word(&permissions.answer(&q, PermissionAnswer::AllowOnce)), "allow");
         // Once is not remembered.
-        let q = question_of(permissions.decide("bash", &bash("pwd"), &l.ws));
-        assert_eq!(verdict(&permissions.answer(&q, PermissionAnswer::AllowAlways)), "allow");
-        assert_eq!(verdict(&permissions.decide("bash", &bash("make"), &l.ws)), "allow");
+        let q = question_of(permissions.decide("bash", &access("bash", &bash("pwd")), &l.ws));
+        assert_eq!(word(&permissions.answer(&q, PermissionAnswer::AllowAlways)), "allow");
+        assert_eq!(word(&permissions.decide("bash", &access("bash", &bash("make")), &l.ws)), "allow");
         // Per tool: writes still ask.
         let write = json!({"file_path": "w.txt", "content": "w"});
-        let q = question_of(permissions.decide("write", &write, &l.ws));
-        assert_eq!(verdict(&permissions.answer(&q, PermissionAnswer::RejectAlways)), "rejected");
-        assert_eq!(verdict(&permissions.decide("write", &write, &l.ws)), "rejected");
+        let q = question_of(permissions.decide("write", &access("write", &write), &l.ws));
+        assert_eq!(word(&permissions.answer(&q, PermissionAnswer::RejectAlways)), "rejected");
+        assert_eq!(word(&permissions.decide("write", &access("write", &write), &l.ws)), "rejected");
         // An allow-always inside the workspace does not cover outside paths.
         let outside = json!({"file_path": "../outside/x.txt", "content": "x"});
-        assert_eq!(verdict(&permissions.decide("write", &outside, &l.ws)), "ask");
+        assert_eq!(word(&permissions.decide("write", &access("write", &outside), &l.ws)), "ask");
         // Read-only refusals are not overridden by remembered answers.
         permissions.set_mode(ReadOnly);
-        assert_eq!(verdict(&permissions.decide("bash", &bash("make"), &l.ws)), "denied");
+        assert_eq!(word(&permissions.decide("bash", &access("bash", &bash("make")), &l.ws)), "denied");
     }
 
     #[test]
@@ -746,16 +777,16 @@ mod tests {
         std::fs::create_dir(&other).unwrap();
         let permissions = Permissions::new(Ask);
         let read = |p: &Path| json!({"file_path": p.to_str().unwrap()});
-        let q = question_of(permissions.decide("read", &read(&l.outside.join("secret.txt")), &l.ws));
+        let q = question_of(permissions.decide("read", &access("read", &read(&l.outside.join("secret.txt"))), &l.ws));
         permissions.answer(&q, PermissionAnswer::AllowAlways);
         assert_eq!(
-            verdict(&permissions.decide("read", &read(&l.outside.join("sub/deep.txt")), &l.ws)),
+            word(&permissions.decide("read", &access("read", &read(&l.outside.join("sub/deep.txt"))), &l.ws)),
             "allow-outside"
         );
-        assert_eq!(verdict(&permissions.decide("read", &read(&other.join("x.txt")), &l.ws)), "ask");
+        assert_eq!(word(&permissions.decide("read", &access("read", &read(&other.join("x.txt"))), &l.ws)), "ask");
         // Another tool on the same directory still asks.
         let write = json!({"file_path": l.outside.join("n.txt").to_str().unwrap(), "content": "n"});
-        assert_eq!(verdict(&permissions.decide("write", &write, &l.ws)), "ask");
+        assert_eq!(word(&permissions.decide("write", &access("write", &write), &l.ws)), "ask");
     }
 
     /// Answers questions from a list (then `Dismissed`) and records them.
@@ -808,8 +839,9 @@ mod tests {
         let prompt = Scripted::new(&[PermissionAnswer::AllowOnce, PermissionAnswer::RejectOnce]);
         let dyn_prompt: Arc<dyn PermissionPrompt> = prompt.clone();
         let args = r#"{"command": "echo hi", "description": "Say hi"}"#;
-        let admitted =
-            admit(Some(permissions.clone()), Some(dyn_prompt.clone()), "bash", args, ctx(&l.ws)).await.unwrap();
+        let admitted = admit(Some(permissions.clone()), Some(dyn_prompt.clone()), &tools(), "bash", args, ctx(&l.ws))
+            .await
+            .unwrap();
         assert!(!admitted.allow_outside);
         let asked = lock(&prompt.asked).clone();
         assert_eq!(asked.len(), 1);
@@ -818,12 +850,13 @@ mod tests {
         assert_eq!(asked[0].tool, "bash");
         assert_eq!(asked[0].title, "Run `echo hi`");
         assert_eq!(asked[0].raw_input["command"], "echo hi");
-        let err =
-            admit(Some(permissions.clone()), Some(dyn_prompt.clone()), "bash", args, ctx(&l.ws)).await.unwrap_err();
+        let err = admit(Some(permissions.clone()), Some(dyn_prompt.clone()), &tools(), "bash", args, ctx(&l.ws))
+            .await
+            .unwrap_err();
         assert_eq!(err.code, "PERMISSION_REJECTED");
         assert_eq!(err.message, "the user rejected this bash call");
         // The list is exhausted: the next question is dismissed, which is a rejection.
-        let err = admit(Some(permissions), Some(dyn_prompt), "bash", args, ctx(&l.ws)).await.unwrap_err();
+        let err = admit(Some(permissions), Some(dyn_prompt), &tools(), "bash", args, ctx(&l.ws)).await.unwrap_err();
         assert_eq!(err.code, "PERMISSION_REJECTED");
     }
 
@@ -833,10 +866,12 @@ mod tests {
         let permissions = Arc::new(Permissions::new(Ask));
         let prompt: Arc<dyn PermissionPrompt> = Scripted::new(&[PermissionAnswer::AllowOnce]);
         let args = r#"{"file_path": "../outside/secret.txt"}"#;
-        let admitted = admit(Some(permissions.clone()), Some(prompt.clone()), "read", args, ctx(&l.ws)).await.unwrap();
+        let admitted =
+            admit(Some(permissions.clone()), Some(prompt.clone()), &tools(), "read", args, ctx(&l.ws)).await.unwrap();
         assert!(admitted.allow_outside);
-        let inside =
-            admit(Some(permissions), Some(prompt), "read", r#"{"file_path": "a.txt"}"#, ctx(&l.ws)).await.unwrap();
+        let inside = admit(Some(permissions), Some(prompt), &tools(), "read", r#"{"file_path": "a.txt"}"#, ctx(&l.ws))
+            .await
+            .unwrap();
         assert!(!inside.allow_outside);
     }
 
@@ -844,7 +879,7 @@ mod tests {
     async fn admit_without_permissions_runs_everything_inside_the_tool_checks() {
         let l = layout();
         let admitted =
-            admit(None, None, "read", r#"{"file_path": "../outside/secret.txt"}"#, ctx(&l.ws)).await.unwrap();
+            admit(None, None, &tools(), "read", r#"{"file_path": "../outside/secret.txt"}"#, ctx(&l.ws)).await.unwrap();
         assert!(!admitted.allow_outside, "the tool keeps refusing outside paths");
     }
 
@@ -853,12 +888,13 @@ mod tests {
         let l = layout();
         let permissions = Arc::new(Permissions::new(Ask));
         let args = r#"{"file_path": "n.txt", "content": "n"}"#;
-        let err = admit(Some(permissions.clone()), None, "write", args, ctx(&l.ws)).await.unwrap_err();
+        let err = admit(Some(permissions.clone()), None, &tools(), "write", args, ctx(&l.ws)).await.unwrap_err();
         assert_eq!(err.code, "PERMISSION_REJECTED");
         let context = ctx(&l.ws);
         let cancel = context.cancel.clone();
         let silent: Arc<dyn PermissionPrompt> = Arc::new(Silent);
-        let pending = tokio::spawn(async move { admit(Some(permissions), Some(silent), "write", args, context).await });
+        let pending =
+            tokio::spawn(async move { admit(Some(permissions), Some(silent), &tools(), "write", args, context).await });
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         cancel.cancel();
         let err = pending.await.unwrap().unwrap_err();
@@ -876,7 +912,7 @@ mod tests {
             let context = ctx(&l.ws);
             async move {
                 let args = format!(r#"{{"file_path": "../outside/f{i}.txt"}}"#);
-                admit(Some(permissions), Some(prompt), "read", &args, context).await
+                admit(Some(permissions), Some(prompt), &tools(), "read", &args, context).await
             }
         });
         let results = futures::future::join_all(calls).await;
@@ -893,6 +929,7 @@ mod tests {
         let err = admit(
             Some(permissions),
             Some(dyn_prompt),
+            &tools(),
             "bash",
             r#"{"command": "ls", "description": "List"}"#,
             ctx(&l.ws),

@@ -30,8 +30,8 @@ pub struct PromptSettings<'a> {
     /// The workspace (session cwd).
     pub cwd: Option<&'a Path>,
     pub mode: PermissionMode,
-    /// The names of the tools the agent has.
-    pub tools: &'a [String],
+    /// The advice of the tools the agent has, as `(tool name, advice)` (`ToolRegistry::guidance`).
+    pub guidance: &'a [(String, &'static str)],
     /// A `# Persona` section.
     pub persona: Option<&'a str>,
     /// Replaces the built prompt (the persona section is still added).
@@ -97,15 +97,10 @@ fn built(settings: &PromptSettings<'_>) -> String {
         "\n\nA tool call the user rejects returns `Error: the user rejected this <tool> call`. \
          Do not retry it unchanged: take another approach or ask the user how to proceed.",
     );
-    let guidance: Vec<&str> = TOOL_GUIDANCE
-        .iter()
-        .filter(|(name, _)| settings.tools.iter().any(|t| t.as_str() == *name))
-        .map(|(_, text)| *text)
-        .collect();
-    if !guidance.is_empty() {
+    if !settings.guidance.is_empty() {
         out.push_str("\n\n# Using the tools\n");
-        for line in guidance {
-            let _ = write!(out, "\n- {line}");
+        for (name, advice) in settings.guidance {
+            let _ = write!(out, "\n- {name}: {advice}");
         }
     }
     if let Some(cwd) = settings.cwd {
@@ -121,47 +116,6 @@ fn built(settings: &PromptSettings<'_>) -> String {
     }
     out
 }
-
-/// Short advice per tool, in the order shown.
-const TOOL_GUIDANCE: [(&str, &str); 9] = [
-    (
-        "read",
-        "read: read a file before you edit it; use `offset`/`limit` for long files, and read \
-         several files in one step when you need them.",
-    ),
-    ("glob", "glob: find files by name (`**/*.rs`); prefer it to `find` or `ls -R`."),
-    (
-        "grep",
-        "grep: search file contents by regex (`include` narrows by file name); prefer it to \
-         running grep or rg in bash.",
-    ),
-    (
-        "edit",
-        "edit: replace an exact, unique piece of text; copy `old_string` from a read result \
-         without the line-number prefix, and include enough context to make it unique.",
-    ),
-    (
-        "write",
-        "write: create a new file or replace one completely; prefer edit for changes to \
-         existing files.",
-    ),
-    (
-        "bash",
-        "bash: run builds, tests, git and other commands; each call is a fresh shell, so pass \
-         `workdir` instead of `cd`, and give a short `description`.",
-    ),
-    (
-        "todo_write",
-        "todo_write: for work with several steps, keep a task list (the whole list each call, \
-         at most one item in progress) and update it as you go.",
-    ),
-    (
-        "subagent",
-        "subagent: delegate a self-contained task to a fresh child agent with a complete \
-         prompt; it returns the child's final answer.",
-    ),
-    ("subagent_fork", "subagent_fork: delegate to a child that starts from this conversation's history."),
-];
 
 /// The text of an instruction file, cut at `MAX_INSTRUCTION_BYTES`; `None` when absent or empty.
 fn instructions(path: &Path) -> Option<String> {
@@ -182,11 +136,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn settings<'a>(cwd: &'a Path, tools: &'a [String]) -> PromptSettings<'a> {
+    fn settings<'a>(cwd: &'a Path, guidance: &'a [(String, &'static str)]) -> PromptSettings<'a> {
         PromptSettings {
             cwd: Some(cwd),
             mode: PermissionMode::AcceptEdits,
-            tools,
+            guidance,
             persona: None,
             system_prompt_file: None,
             date: "2026-12-01",
@@ -196,8 +150,10 @@ mod tests {
     #[test]
     fn the_built_prompt_names_the_environment_and_the_tools() {
         let dir = tempfile::tempdir().unwrap();
-        let tools = vec!["read".to_string(), "bash".to_string()];
-        let text = build(&settings(dir.path(), &tools)).unwrap();
+        let mut registry = crate::tools::ToolRegistry::new();
+        crate::tools::builtin::register_coding_tools(&mut registry, crate::tools::fs::FileState::default());
+        let guidance = registry.filtered(|name| name == "read" || name == "bash").guidance();
+        let text = build(&settings(dir.path(), &guidance)).unwrap();
         assert!(text.contains(&dir.path().display().to_string()), "{text}");
         assert!(text.contains("Date: 2026-12-01"), "{text}");
         assert!(text.contains("Permission mode: accept-edits"), "{text}");
@@ -205,6 +161,7 @@ mod tests {
         assert!(text.contains("- read: "), "{text}");
         assert!(text.contains("- bash: "), "{text}");
         assert!(!text.contains("- edit: "), "only the tools the agent has: {text}");
+        assert!(text.find("- read: ").unwrap() < text.find("- bash: ").unwrap(), "in registration order: {text}");
         assert!(!text.contains("# Persona"), "{text}");
         assert!(!text.contains("Project instructions"), "{text}");
     }

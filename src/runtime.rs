@@ -78,7 +78,7 @@ impl PermissionPrompt for ForwardPrompt {
         };
         let decided = rt
             .root_permissions(Some(&request.session_id))
-            .and_then(|p| p.decide_forwarded(&request.tool, request.in_workspace));
+            .and_then(|p| p.decide_forwarded(&request.access, request.in_workspace));
         match (decided, rt.client().prompt) {
             (Some(answer), _) => async move { answer }.boxed(),
             (None, Some(prompt)) => prompt.ask(request),
@@ -150,6 +150,7 @@ fn delegate_config(config: &Config, tool_name: &str, provider: &str) -> Delegate
         route: s.model.clone(),
         output_schema: s.output_schema.clone(),
         note: None,
+        external: false,
     }
 }
 
@@ -165,6 +166,7 @@ fn acp_delegate_config(agent: &crate::subagent::acp_provider::AcpAgentConfig) ->
         route: None,
         output_schema: None,
         note: Some(agent.tool_note()),
+        external: true,
     }
 }
 
@@ -224,11 +226,11 @@ impl ChildFactory for Runtime {
             .root_permissions(session.header.parent_session.as_deref())
             .unwrap_or_else(|| Arc::new(Permissions::new(self.config.permission_mode)));
         let client = self.client();
-        let system =
-            self.build_prompt(cwd.as_deref().map(Path::new), &tools.names(), persona.as_deref()).unwrap_or_else(|e| {
-                tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
-                persona.clone().unwrap_or_default()
-            });
+        let system = self.build_prompt(cwd.as_deref().map(Path::new), &tools, persona.as_deref()).unwrap_or_else(|e| {
+            tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
+            persona.clone().unwrap_or_default()
+        });
+        let reporter = progress.map(|progress| ReportToolCalls { progress, tools: tools.clone() });
         let deps = AgentDeps {
             model: self.model.clone(),
             tools,
@@ -246,8 +248,8 @@ impl ChildFactory for Runtime {
             let observer = observers.child_observer(&session, &display);
             session.add_observer(observer);
         }
-        if let Some(progress) = progress {
-            session.add_observer(Arc::new(ReportToolCalls(progress)));
+        if let Some(reporter) = reporter {
+            session.add_observer(Arc::new(reporter));
         }
         let parent = session.header.parent_session.clone();
         let handle = spawn_agent(session, deps);
@@ -380,6 +382,11 @@ impl Runtime {
 
     pub fn store(&self) -> &SessionStore {
         &self.store
+    }
+
+    /// Every tool an agent of this runtime may have (how the editor titles and kinds its calls).
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.tools
     }
 
     /// What a top-level session's agent runs with.
@@ -528,19 +535,19 @@ impl Runtime {
             return Ok((text.replace("{{cwd}}", &cwd.display().to_string()), true));
         }
         let built = self
-            .build_prompt(Some(cwd), &self.tools.names(), self.config.persona.as_deref())
+            .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref())
             .map_err(RuntimeError::Internal)?;
         Ok((built, pinned.is_none()))
     }
 
     /// The built system prompt for a workspace and tools, with a persona section when one is
     /// given.
-    fn build_prompt(&self, cwd: Option<&Path>, tools: &[String], persona: Option<&str>) -> Result<String, String> {
+    fn build_prompt(&self, cwd: Option<&Path>, tools: &ToolRegistry, persona: Option<&str>) -> Result<String, String> {
         let date = prompt::today();
         prompt::build(&PromptSettings {
             cwd,
             mode: self.config.permission_mode,
-            tools,
+            guidance: &tools.guidance(),
             persona,
             system_prompt_file: self.config.system_prompt_file.as_deref(),
             date: &date,
@@ -632,8 +639,7 @@ impl Runtime {
             Some(text) => text,
             None => {
                 let cwd = session.header.cwd.as_deref().map(Path::new);
-                let tools = self.tools.names();
-                self.build_prompt(cwd, &tools, self.config.persona.as_deref()).map_err(RuntimeError::Internal)?
+                self.build_prompt(cwd, &self.tools, self.config.persona.as_deref()).map_err(RuntimeError::Internal)?
             }
         };
         // A model chosen in the editor before the restart stays chosen.
@@ -745,7 +751,7 @@ impl Runtime {
         let system = match prompt::recorded(&seed) {
             Some(text) => text,
             None => self
-                .build_prompt(Some(cwd), &self.tools.names(), self.config.persona.as_deref())
+                .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref())
                 .map_err(RuntimeError::Internal)?,
         };
         let id = self.mint_session_id();

@@ -11,7 +11,7 @@ use kin::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
 use kin::model::script::{ReplayEntry, ScriptedModel};
 use kin::model::{Model, ModelRoute, text_response, tool_call_response};
 use kin::session::{Event, SessionHeader, SessionStore};
-use kin::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use kin::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use serde_json::{Value, json};
 
 /// Echoes its `text` argument after `delay_ms`, counting concurrent calls.
@@ -31,6 +31,10 @@ impl Tool for Echo {
     }
     fn parameters(&self) -> Value {
         json!({"type": "object", "properties": {"text": {"type": "string"}}})
+    }
+    fn access(&self, _arguments: &Value) -> Access {
+        // It touches nothing; these sessions have no permission gate anyway.
+        Access::Plan
     }
     fn parallel_safe(&self) -> bool {
         self.parallel

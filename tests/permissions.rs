@@ -12,9 +12,9 @@ use kin::model::script::{ReplayEntry, ScriptedModel};
 use kin::model::{Model, ModelRoute, text_response, tool_call_response};
 use kin::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
 use kin::session::{Event, SessionHeader, SessionStore};
-use kin::tools::ToolRegistry;
 use kin::tools::builtin::register_coding_tools;
 use kin::tools::fs::FileState;
+use kin::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use serde_json::{Value, json};
 
 /// Answers from a list (then dismisses), recording what it was asked.
@@ -47,6 +47,16 @@ struct Fixture {
 /// A session in `ws/` (holding `notes.txt`) beside `outside/` (holding `secret.txt`), whose model
 /// makes one tool call and then answers "done".
 fn start(mode: PermissionMode, call: (&str, Value), answers: &[PermissionAnswer]) -> Fixture {
+    start_with(mode, call, answers, None)
+}
+
+/// `start`, with one more tool registered beside the coding tools.
+fn start_with(
+    mode: PermissionMode,
+    call: (&str, Value),
+    answers: &[PermissionAnswer],
+    extra: Option<Arc<dyn Tool>>,
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     let outside = dir.path().join("outside");
@@ -64,6 +74,9 @@ fn start(mode: PermissionMode, call: (&str, Value), answers: &[PermissionAnswer]
     ]));
     let mut tools = ToolRegistry::new();
     register_coding_tools(&mut tools, FileState::new());
+    if let Some(tool) = extra {
+        tools.register(tool);
+    }
     let editor = Arc::new(Editor { answers: Mutex::new(answers.to_vec()), asked: Mutex::new(Vec::new()) });
     let permissions = Arc::new(Permissions::new(mode));
     let deps = AgentDeps {
@@ -210,4 +223,64 @@ async fn an_outside_read_asks_and_runs_once_allowed() {
     f.run().await;
     assert!(f.asked().is_empty());
     assert_eq!(f.permissions.mode(), PermissionMode::Ask);
+}
+
+/// A tool kin has never heard of, as an MCP server would offer one: it says only that it does
+/// something kin cannot see into, and counts how often it ran.
+struct Unheard {
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Tool for Unheard {
+    fn name(&self) -> &str {
+        "launch_rockets"
+    }
+    fn description(&self) -> String {
+        "Does something kin cannot see into.".into()
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": {"count": {"type": "number"}}})
+    }
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::External
+    }
+    fn execute(&self, _arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { Ok(ToolOutput::text("launched")) }.boxed()
+    }
+}
+
+#[tokio::test]
+async fn a_new_tool_that_declares_external_access_is_asked_about_or_refused_and_never_runs_unallowed() {
+    use PermissionAnswer::{AllowOnce, RejectOnce};
+    // mode, the editor's answer, then: asked, ran, the result's error code.
+    let cases = [
+        (PermissionMode::ReadOnly, None, false, false, Some("PERMISSION_DENIED")),
+        (PermissionMode::Ask, Some(RejectOnce), true, false, Some("PERMISSION_REJECTED")),
+        (PermissionMode::Ask, Some(AllowOnce), true, true, None),
+        (PermissionMode::AcceptEdits, Some(RejectOnce), true, false, Some("PERMISSION_REJECTED")),
+        (PermissionMode::Bypass, None, false, true, None),
+    ];
+    for (mode, answer, asked, ran, code) in cases {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tool: Arc<dyn Tool> = Arc::new(Unheard { runs: runs.clone() });
+        let answers: Vec<PermissionAnswer> = answer.into_iter().collect();
+        let f = start_with(mode, ("launch_rockets", json!({"count": 3})), &answers, Some(tool));
+        let result = f.run().await;
+        assert_eq!(result.data["error"]["code"].as_str(), code, "{mode:?}: {}", result_text(&result));
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), usize::from(ran), "{mode:?}: ran");
+        let questions = f.asked();
+        assert_eq!(questions.len(), usize::from(asked), "{mode:?}: asked");
+        if let Some(question) = questions.first() {
+            assert_eq!((question.tool.as_str(), question.title.as_str()), ("launch_rockets", "launch_rockets"));
+            assert_eq!(question.access, Access::External);
+        }
+    }
+    let f = start_with(
+        PermissionMode::ReadOnly,
+        ("launch_rockets", json!({})),
+        &[],
+        Some(Arc::new(Unheard { runs: Default::default() })),
+    );
+    assert_eq!(result_text(&f.run().await), "Error: launch_rockets is not allowed in read-only mode");
 }

@@ -93,7 +93,7 @@ impl PermissionPrompt for EditorPrompt {
             }
             let fields = ToolCallUpdateFields::new()
                 .title(request.title)
-                .kind(convert::tool_kind(&request.tool))
+                .kind(convert::tool_kind(&request.access))
                 .raw_input(request.raw_input);
             let ask = RequestPermissionRequest::new(
                 request.session_id,
@@ -111,7 +111,7 @@ impl PermissionPrompt for EditorPrompt {
                 super::tree::waiting_on_user(&cx, parent, &child, false);
             }
             if let Some(call) = restore {
-                let fields = ToolCallUpdateFields::new().title(call.title).kind(convert::tool_kind(&call.tool));
+                let fields = ToolCallUpdateFields::new().title(call.title).kind(convert::tool_kind(&call.access));
                 super::tree::notify(&cx, &child, SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call_id, fields)));
             }
             answer

@@ -1,4 +1,7 @@
-//! Conversions between ACP types and kin's session events and messages.
+//! Conversions between ACP types and kin's session events and messages, and between ACP tool
+//! kinds and what a call touches (`Access`).
+
+use std::path::PathBuf;
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, ContentChunk, Diff, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, StopReason,
@@ -9,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::agent::TurnEnd;
 use crate::session::Event;
+use crate::tools::{Access, ToolRegistry};
 
 /// Prompt blocks → one dsh text block (text concatenated; a resource link becomes
 /// `\n[resource_link name=<json> uri=<json>]\n`). Errors name what is unsupported.
@@ -35,10 +39,11 @@ fn text_chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
 }
 
-/// The live update an appended event produces, if any: streamed text and reasoning deltas.
-pub fn live_update(event: &Event) -> Option<SessionUpdate> {
+/// The live update an appended event produces, if any: streamed text and reasoning deltas; a
+/// tool call is shown as its tool among `tools` says.
+pub fn live_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate> {
     if event.kind == "tool/call" || event.kind == "tool/result" {
-        return tool_update(event);
+        return tool_update(event, tools);
     }
     if event.kind == "llm/retry" {
         let d = &event.data;
@@ -70,8 +75,8 @@ pub fn live_update(event: &Event) -> Option<SessionUpdate> {
 }
 
 /// The updates that replay a stored event to a client loading the session: user prompts,
-/// committed assistant text and reasoning.
-pub fn replay_updates(event: &Event) -> Vec<SessionUpdate> {
+/// committed assistant text and reasoning, tool calls (as their tools among `tools` show them).
+pub fn replay_updates(event: &Event, tools: &ToolRegistry) -> Vec<SessionUpdate> {
     match event.kind.as_str() {
         "user/message" if event.data["source"]["kind"] == "user" => blocks(&event.data["content"])
             .filter(|b| b["type"] == "text")
@@ -88,34 +93,29 @@ pub fn replay_updates(event: &Event) -> Vec<SessionUpdate> {
                 }
             })
             .collect(),
-        "tool/call" | "tool/result" => tool_update(event).into_iter().collect(),
+        "tool/call" | "tool/result" => tool_update(event, tools).into_iter().collect(),
         "todo/write" => vec![plan_update(event)],
         _ => Vec::new(),
     }
 }
 
-/// `tool/call` → a `tool_call` (in progress, with title, kind, locations and raw input);
-/// `tool/result` → a `tool_call_update` (completed or failed, with the result text, or the diff
-/// a successful write or edit recorded in `data.meta.diff`).
-fn tool_update(event: &Event) -> Option<SessionUpdate> {
+/// `tool/call` → a `tool_call` (in progress, with the tool's title, the kind and locations of
+/// what it touches, and the raw input); `tool/result` → a `tool_call_update` (completed or failed,
+/// with the result text, or the diff a successful write or edit recorded in `data.meta.diff`).
+fn tool_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate> {
     let data = &event.data;
     if event.kind == "tool/call" {
         let id = data["callId"].as_str()?;
         let name = data["name"].as_str().unwrap_or("tool");
         let raw = data["arguments"].as_str().unwrap_or("");
         let args: Value = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-        let mut call = ToolCall::new(id.to_string(), crate::tools::call_title(name, &args))
-            .kind(tool_kind(name))
-            .status(ToolCallStatus::InProgress)
-            .raw_input(args.clone());
-        if let Some(path) = args["file_path"].as_str().or(args["path"].as_str()) {
-            let mut location = ToolCallLocation::new(path);
-            if let Some(line) = args["offset"].as_u64() {
-                location = location.line(u32::try_from(line).ok());
-            }
-            call = call.locations(vec![location]);
+        let (title, access) = tools.shown(name, &args);
+        let mut call = ToolCall::new(id.to_string(), title).kind(tool_kind(&access)).status(ToolCallStatus::InProgress);
+        let locations = locations(&access);
+        if !locations.is_empty() {
+            call = call.locations(locations);
         }
-        return Some(SessionUpdate::ToolCall(call));
+        return Some(SessionUpdate::ToolCall(call.raw_input(args)));
     }
     let block = &data["message"]["content"][0];
     let id = block["toolCallId"].as_str()?;
@@ -162,19 +162,60 @@ fn plan_update(event: &Event) -> SessionUpdate {
     SessionUpdate::Plan(Plan::new(entries))
 }
 
-/// The kind of one of kin's tools, or of an ACP kind already (a question an external child
-/// forwards names its call's kind).
-pub(super) fn tool_kind(name: &str) -> ToolKind {
-    match name {
-        "read" => ToolKind::Read,
-        "write" | "edit" => ToolKind::Edit,
-        "bash" | "execute" => ToolKind::Execute,
-        "glob" | "grep" | "search" => ToolKind::Search,
-        "todo_write" | "think" => ToolKind::Think,
-        "delete" => ToolKind::Delete,
-        "move" => ToolKind::Move,
-        "fetch" => ToolKind::Fetch,
-        _ => ToolKind::Other,
+/// The ACP kind of what a call touches.
+pub(super) fn tool_kind(access: &Access) -> ToolKind {
+    match access {
+        Access::Read { .. } => ToolKind::Read,
+        Access::Search { .. } => ToolKind::Search,
+        Access::Edit { .. } => ToolKind::Edit,
+        Access::Delete { .. } => ToolKind::Delete,
+        Access::Move { .. } => ToolKind::Move,
+        Access::Execute { .. } => ToolKind::Execute,
+        Access::Fetch => ToolKind::Fetch,
+        Access::Plan => ToolKind::Think,
+        Access::Delegate | Access::External => ToolKind::Other,
+    }
+}
+
+/// The paths a call names as ACP locations (a read's with the line it starts at).
+fn locations(access: &Access) -> Vec<ToolCallLocation> {
+    let line = match access {
+        Access::Read { line, .. } => line.and_then(|l| u32::try_from(l).ok()),
+        Access::Search { .. }
+        | Access::Edit { .. }
+        | Access::Delete { .. }
+        | Access::Move { .. }
+        | Access::Execute { .. }
+        | Access::Fetch
+        | Access::Delegate
+        | Access::Plan
+        | Access::External => None,
+    };
+    access.paths().iter().map(|path| ToolCallLocation::new(path.clone()).line(line)).collect()
+}
+
+/// What a call of an external ACP agent touches, by its ACP kind as it appears on the wire
+/// (`"read"`, `"edit"`, …; anything else is `other`) and the paths it names: the one place a
+/// forwarded question's kind becomes an `Access` for the gate (`Permissions::decide_forwarded`).
+pub fn forwarded_access(kind: &str, paths: Vec<PathBuf>) -> Access {
+    let kind = serde_json::from_value(Value::String(kind.to_string())).unwrap_or(ToolKind::Other);
+    access_of_kind(kind, paths)
+}
+
+/// What a call of `kind` touches. A kind kin has no word for asks (and read-only refuses it).
+pub fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
+    match kind {
+        ToolKind::Read => Access::Read { paths, line: None },
+        ToolKind::Search => Access::Search { paths },
+        ToolKind::Edit => Access::Edit { paths },
+        ToolKind::Delete => Access::Delete { paths },
+        ToolKind::Move => Access::Move { paths },
+        ToolKind::Execute => Access::Execute { command: String::new(), workdir: None },
+        ToolKind::Fetch => Access::Fetch,
+        ToolKind::Think => Access::Plan,
+        ToolKind::SwitchMode | ToolKind::Other => Access::External,
+        // `ToolKind` is non-exhaustive: a kind added to ACP later is not known here.
+        _ => Access::External,
     }
 }
 
@@ -221,7 +262,7 @@ mod tests {
     fn progress_is_the_running_calls_content() {
         let progress =
             event("tool/progress", json!({"turn": 1, "step": 1, "callId": "c1", "text": "acp:x: Run tests"}));
-        let update = serde_json::to_value(live_update(&progress).unwrap()).unwrap();
+        let update = serde_json::to_value(live_update(&progress, &ToolRegistry::new()).unwrap()).unwrap();
         assert_eq!(update["sessionUpdate"], "tool_call_update");
         assert_eq!(update["toolCallId"], "c1");
         assert!(update.get("status").is_none(), "{update}");
@@ -229,34 +270,86 @@ mod tests {
             update["content"],
             json!([{"type": "content", "content": {"type": "text", "text": "acp:x: Run tests"}}])
         );
-        assert!(replay_updates(&progress).is_empty(), "not replayed on load");
+        assert!(replay_updates(&progress, &ToolRegistry::new()).is_empty(), "not replayed on load");
     }
 
     #[test]
     fn a_write_result_with_a_diff_shows_the_diff() {
         let meta = json!({"diff": {"path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}});
-        let update = live_update(&result(false, Some(meta))).unwrap();
+        let update = live_update(&result(false, Some(meta)), &ToolRegistry::new()).unwrap();
         let wire = serde_json::to_value(&update).unwrap();
         assert_eq!(wire["sessionUpdate"], "tool_call_update");
         assert_eq!(wire["status"], "completed");
         assert_eq!(wire["content"], json!([{"type": "diff", "path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}]));
         let created = json!({"diff": {"path": "/w/n.txt", "oldText": null, "newText": "n\n"}});
-        let wire = serde_json::to_value(live_update(&result(false, Some(created))).unwrap()).unwrap();
+        let wire =
+            serde_json::to_value(live_update(&result(false, Some(created)), &ToolRegistry::new()).unwrap()).unwrap();
         assert_eq!(wire["content"][0]["type"], "diff");
         assert!(wire["content"][0].get("oldText").is_none_or(Value::is_null));
     }
 
     #[test]
     fn other_results_show_their_text() {
-        let wire = serde_json::to_value(live_update(&result(false, None)).unwrap()).unwrap();
+        let wire = serde_json::to_value(live_update(&result(false, None), &ToolRegistry::new()).unwrap()).unwrap();
         assert_eq!(
             wire["content"],
             json!([{"type": "content", "content": {"type": "text", "text": "Edited /w/a.txt"}}])
         );
         let meta = json!({"diff": {"path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}});
-        let wire = serde_json::to_value(live_update(&result(true, Some(meta))).unwrap()).unwrap();
+        let wire = serde_json::to_value(live_update(&result(true, Some(meta)), &ToolRegistry::new()).unwrap()).unwrap();
         assert_eq!(wire["status"], "failed");
         assert_eq!(wire["content"][0]["type"], "content");
+    }
+
+    fn call(name: &str, arguments: Value) -> Value {
+        let mut tools = ToolRegistry::new();
+        crate::tools::builtin::register_coding_tools(&mut tools, crate::tools::fs::FileState::default());
+        let data = json!({"turn": 1, "step": 1, "callId": "c1", "name": name, "arguments": arguments.to_string()});
+        serde_json::to_value(live_update(&event("tool/call", data), &tools).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_tool_call_shows_its_tools_title_kind_and_locations() {
+        let read = call("read", json!({"file_path": "src/a.rs", "offset": 12}));
+        assert_eq!(read["title"], "Read src/a.rs");
+        assert_eq!(read["kind"], "read");
+        assert_eq!(read["locations"], json!([{"path": "src/a.rs", "line": 12}]));
+        assert_eq!(read["rawInput"], json!({"file_path": "src/a.rs", "offset": 12}));
+        let grep = call("grep", json!({"pattern": "fn", "path": "src"}));
+        assert_eq!((&grep["title"], &grep["kind"]), (&json!("grep fn in src"), &json!("search")));
+        assert_eq!(grep["locations"], json!([{"path": "src"}]));
+        let bash = call("bash", json!({"command": "ls", "description": "List"}));
+        assert_eq!((&bash["title"], &bash["kind"]), (&json!("Run `ls`"), &json!("execute")));
+        assert!(bash.get("locations").is_none(), "{bash}");
+        assert_eq!(call("todo_write", json!({"todos": []}))["kind"], "think");
+        let unknown = call("mcp_tool", json!({"path": "x"}));
+        assert_eq!(unknown["title"], "mcp_tool");
+        assert!(unknown.get("kind").is_none(), "`other`, the default kind, is left out: {unknown}");
+        assert!(unknown.get("locations").is_none(), "{unknown}");
+    }
+
+    #[test]
+    fn forwarded_kinds_map_to_access_and_back() {
+        let paths = || vec![PathBuf::from("/w/a")];
+        for (kind, access) in [
+            ("read", Access::Read { paths: paths(), line: None }),
+            ("search", Access::Search { paths: paths() }),
+            ("edit", Access::Edit { paths: paths() }),
+            ("delete", Access::Delete { paths: paths() }),
+            ("move", Access::Move { paths: paths() }),
+            ("execute", Access::Execute { command: String::new(), workdir: None }),
+            ("fetch", Access::Fetch),
+            ("think", Access::Plan),
+            ("switch_mode", Access::External),
+            ("other", Access::External),
+            ("teleport", Access::External),
+        ] {
+            assert_eq!(forwarded_access(kind, paths()), access, "{kind}");
+        }
+        for kind in ["read", "search", "edit", "delete", "move", "execute", "fetch", "think", "other"] {
+            let shown = serde_json::to_value(tool_kind(&forwarded_access(kind, Vec::new()))).unwrap();
+            assert_eq!(shown, kind, "a forwarded question keeps its kind");
+        }
     }
 
     #[test]
@@ -266,7 +359,8 @@ mod tests {
             {"content": "Fix", "status": "in_progress"},
             {"content": "Test", "status": "pending"}
         ]});
-        let wire = serde_json::to_value(live_update(&event("todo/write", todos)).unwrap()).unwrap();
+        let wire =
+            serde_json::to_value(live_update(&event("todo/write", todos), &ToolRegistry::new()).unwrap()).unwrap();
         assert_eq!(wire["sessionUpdate"], "plan");
         let statuses: Vec<&str> =
             wire["entries"].as_array().unwrap().iter().map(|e| e["status"].as_str().unwrap()).collect();

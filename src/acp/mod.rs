@@ -26,6 +26,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
 
 use crate::runtime::{ChildObservers, Runtime, RuntimeError};
+pub use convert::forwarded_access;
 use tree::{ChildForwarders, Forwarder, Tree};
 
 fn invalid_params(message: impl std::fmt::Display) -> Error {
@@ -118,7 +119,8 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file, parent_of);
                 tree_init.set_enabled(subagents);
                 if subagents {
-                    let children = ChildForwarders { cx: cx.clone(), tree: tree_init.clone() };
+                    let tools = rt_init.tools().clone();
+                    let children = ChildForwarders { cx: cx.clone(), tree: tree_init.clone(), tools };
                     link.children = Some(Arc::new(children) as Arc<dyn ChildObservers>);
                 }
                 rt_init.connect_client(link);
@@ -148,7 +150,9 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 ) {
                     return responder.respond_with_error(e);
                 }
-                match rt_new.new_session(&req.cwd, Arc::new(Forwarder::new(cx, tree_new.clone()))) {
+                match rt_new
+                    .new_session(&req.cwd, Arc::new(Forwarder::new(cx, tree_new.clone(), rt_new.tools().clone())))
+                {
                     Ok(id) => {
                         let mode = rt_new.permission_mode(&id).unwrap_or_default();
                         let options = model_options(&rt_new, &id);
@@ -197,7 +201,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 }
                 let runtime = rt_load.clone();
                 let agents = tree_load.clone();
-                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone()));
+                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone(), runtime.tools().clone()));
                 cx.spawn({
                     let cx = cx.clone();
                     async move {
@@ -205,14 +209,15 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                         match runtime.load_session(&id, forwarder.clone()).await {
                             Ok(events) => {
                                 forwarder.count(&events);
-                                for update in events.iter().flat_map(convert::replay_updates) {
+                                let tools = runtime.tools();
+                                for update in events.iter().flat_map(|event| convert::replay_updates(event, tools)) {
                                     tree::notify(&cx, &id, update);
                                 }
                                 // The agent tree: children replayed before the response, the
                                 // continuing ones re-announced after it.
                                 let children =
                                     if agents.enabled() { tree::stored_tree(&runtime, &id) } else { Vec::new() };
-                                tree::replay(&cx, &children);
+                                tree::replay(&cx, tools, &children);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
                                 let options = model_options(&runtime, &id);
                                 let _ = responder.respond(
@@ -291,7 +296,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 }
                 let runtime = rt_resume.clone();
                 let agents = tree_resume.clone();
-                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone()));
+                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone(), runtime.tools().clone()));
                 cx.spawn({
                     let cx = cx.clone();
                     async move {
@@ -343,7 +348,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                 ) {
                     return responder.respond_with_error(e);
                 }
-                let forwarder = Arc::new(Forwarder::new(cx, tree_fork.clone()));
+                let forwarder = Arc::new(Forwarder::new(cx, tree_fork.clone(), rt_fork.tools().clone()));
                 match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder) {
                     Ok(id) => {
                         let mode = rt_fork.permission_mode(&id).unwrap_or_default();

@@ -34,6 +34,7 @@ use crate::runtime::{ChildObservers, ChildRecord, Runtime};
 use crate::session::{Event, Session, SessionHeader, SessionObserver};
 use crate::subagent::Descriptor;
 use crate::subagent::inprocess::{ChildDisplay, describe};
+use crate::tools::ToolRegistry;
 
 /// How deep a reloaded parent's stored children are followed.
 const MAX_DEPTH: usize = 32;
@@ -131,15 +132,17 @@ struct State {
 pub struct Forwarder {
     cx: ConnectionTo<Client>,
     tree: Arc<Tree>,
+    /// How the session's tool calls are shown.
+    tools: ToolRegistry,
     /// The parent of a child session.
     parent: Option<String>,
     state: Mutex<State>,
 }
 
 impl Forwarder {
-    /// The forwarder of a top-level session.
-    pub fn new(cx: ConnectionTo<Client>, tree: Arc<Tree>) -> Self {
-        Forwarder { cx, tree, parent: None, state: Mutex::default() }
+    /// The forwarder of a top-level session whose tool calls are shown as `tools` says.
+    pub fn new(cx: ConnectionTo<Client>, tree: Arc<Tree>, tools: ToolRegistry) -> Self {
+        Forwarder { cx, tree, tools, parent: None, state: Mutex::default() }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -231,7 +234,7 @@ impl SessionObserver for Forwarder {
         let shown_as_child = tree
             && event.kind == "tool/progress"
             && event.data["callId"].as_str().is_some_and(|call| self.tree.linked(&header.id, call));
-        if let Some(mut update) = convert::live_update(event).filter(|_| !shown_as_child) {
+        if let Some(mut update) = convert::live_update(event, &self.tools).filter(|_| !shown_as_child) {
             if tree {
                 self.link_result(&header.id, &mut update);
             }
@@ -268,6 +271,8 @@ impl SessionObserver for Forwarder {
 pub struct ChildForwarders {
     pub cx: ConnectionTo<Client>,
     pub tree: Arc<Tree>,
+    /// How the children's tool calls are shown.
+    pub tools: ToolRegistry,
 }
 
 impl ChildObservers for ChildForwarders {
@@ -276,6 +281,7 @@ impl ChildObservers for ChildForwarders {
         let forwarder = Forwarder {
             cx: self.cx.clone(),
             tree: self.tree.clone(),
+            tools: self.tools.clone(),
             parent: header.parent_session.clone(),
             state: Mutex::new(State { running: true, ..State::default() }),
         };
@@ -407,13 +413,13 @@ fn announce(cx: &ConnectionTo<Client>, node: &Node) {
 
 /// The best-effort replay of a reloaded parent's children, before the load response, parent
 /// first: each child is announced on its parent, then its own history is replayed under its id.
-pub fn replay(cx: &ConnectionTo<Client>, nodes: &[Node]) {
+pub fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
     for node in nodes {
         announce(cx, node);
-        for update in node.record.events.iter().flat_map(convert::replay_updates) {
+        for update in node.record.events.iter().flat_map(|event| convert::replay_updates(event, tools)) {
             notify(cx, &node.record.header.id, update);
         }
-        replay(cx, &node.children);
+        replay(cx, tools, &node.children);
     }
 }
 

@@ -274,7 +274,7 @@ async fn run_tools(
                     let (permissions, prompt) = (deps.permissions.clone(), deps.prompt.clone());
                     async move {
                         // The gate runs first: a refused call gets its error without running.
-                        let ctx = admit(permissions, prompt, &name, &arguments, ctx).await?;
+                        let ctx = admit(permissions, prompt, &tools, &name, &arguments, ctx).await?;
                         tools.call(&name, &arguments, ctx).await
                     }
                     .boxed()

@@ -40,13 +40,14 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::tools::external_title;
 use super::{
     Capabilities, ErrorCode, RemoteRun, ResolvedStart, StartRequest, StopReason, SubagentError, SubagentProvider,
     SubagentResult, SubagentRun,
 };
 use crate::permission::{CallShown, PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::session::SessionHeader;
-use crate::tools::{Progress, call_title};
+use crate::tools::{Access, Progress};
 
 /// The ACP protocol version kin speaks as a client.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -239,8 +240,9 @@ impl SubagentProvider for AcpProvider {
                 session_id: request.parent.header.id.clone(),
                 call_id: request.call_id.clone().unwrap_or_else(|| format!("{}-run", config.tool_name)),
                 call: CallShown {
-                    title: call_title(&config.tool_name, &json!({"description": request.label})),
+                    title: external_title(&config.tool_name, request.label.as_deref()),
                     tool: config.tool_name.clone(),
+                    access: Access::Delegate,
                 },
                 cancel: request.cancel.clone(),
             }),
@@ -936,7 +938,9 @@ async fn forward_permission(shared: &Shared, forward: &Forward, params: &Value) 
     let title = call["title"].as_str().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
     let raw_input = call.get("rawInput").cloned().unwrap_or(Value::Null);
     let in_workspace = names_only_workspace_paths(&shared.root, call);
-    let Some(answer) = ask_editor(shared, forward, kind, title, raw_input, in_workspace).await else {
+    let access = crate::acp::forwarded_access(kind, named_paths(&shared.root, call));
+    let asked = Asked { kind, title, raw_input, access, in_workspace };
+    let Some(answer) = ask_editor(shared, forward, asked).await else {
         return json!({"outcome": {"outcome": "cancelled"}});
     };
     let allowed: &[&str] = match answer {
@@ -956,33 +960,44 @@ async fn forward_permission(shared: &Shared, forward: &Forward, params: &Value) 
     select_option(params, allowed)
 }
 
-/// Whether the child's tool call names paths (its `locations`, or a `path` / `file_path` /
-/// `filePath` of its raw input) and all of them lie in the working directory.
-fn names_only_workspace_paths(root: &Path, call: &Value) -> bool {
+/// The paths the child's tool call names (its `locations`, and a `path` / `file_path` /
+/// `filePath` of its raw input), resolved against the working directory.
+fn named_paths(root: &Path, call: &Value) -> Vec<PathBuf> {
     let located = call["locations"].as_array().into_iter().flatten().filter_map(|l| l["path"].as_str());
     let input = &call["rawInput"];
     let named = ["path", "file_path", "filePath"].into_iter().filter_map(|key| input[key].as_str());
-    let paths: Vec<PathBuf> = located.chain(named).map(|p| crate::tools::paths::resolve(root, p)).collect();
+    located.chain(named).map(|p| crate::tools::paths::resolve(root, p)).collect()
+}
+
+/// Whether the child's tool call names paths and all of them lie in the working directory.
+fn names_only_workspace_paths(root: &Path, call: &Value) -> bool {
+    let paths = named_paths(root, call);
     !paths.is_empty() && paths.iter().all(|p| crate::tools::paths::inside_workspace(&[root.to_path_buf()], p))
+}
+
+/// What the child asks about.
+struct Asked<'a> {
+    /// Its call's ACP kind.
+    kind: &'a str,
+    title: &'a str,
+    raw_input: Value,
+    access: Access,
+    /// Every path it names lies in the working directory (and it names some).
+    in_workspace: bool,
 }
 
 /// One question to the editor, titled with the provider's name; `None` when the run was
 /// cancelled first.
-async fn ask_editor(
-    shared: &Shared,
-    forward: &Forward,
-    kind: &str,
-    title: &str,
-    raw_input: Value,
-    in_workspace: bool,
-) -> Option<PermissionAnswer> {
+async fn ask_editor(shared: &Shared, forward: &Forward, asked: Asked<'_>) -> Option<PermissionAnswer> {
     let request = PermissionRequest {
         session_id: forward.session_id.clone(),
         call_id: forward.call_id.clone(),
-        tool: kind.to_string(),
-        title: format!("{}: {title}", shared.provider),
-        raw_input,
-        in_workspace,
+        tool: asked.kind.to_string(),
+        title: format!("{}: {}", shared.provider, asked.title),
+        raw_input: asked.raw_input,
+        access: asked.access,
+        cwd: shared.root.clone(),
+        in_workspace: asked.in_workspace,
         on_behalf_of: Some(forward.call.clone()),
     };
     tokio::select! {
@@ -1019,8 +1034,10 @@ async fn write_text_file(shared: &Shared, params: &Value) -> Result<Value, (i64,
         granted
     };
     if !granted {
-        let raw_input = json!({"path": path});
-        let answer = ask_editor(shared, forward, "edit", &format!("Write {path}"), raw_input, true).await;
+        let title = format!("Write {path}");
+        let access = Access::Edit { paths: vec![target.clone()] };
+        let asked = Asked { kind: "edit", title: &title, raw_input: json!({"path": path}), access, in_workspace: true };
+        let answer = ask_editor(shared, forward, asked).await;
         match answer {
             Some(PermissionAnswer::AllowOnce) => {}
             Some(PermissionAnswer::AllowAlways) => shared.lock().writes_always = true,
@@ -1209,7 +1226,7 @@ mod tests {
             editor,
             session_id: "p".into(),
             call_id: "c".into(),
-            call: CallShown { title: "delegate_t: task".into(), tool: "delegate_t".into() },
+            call: CallShown { title: "delegate_t: task".into(), tool: "delegate_t".into(), access: Access::Delegate },
             cancel: CancellationToken::new(),
         };
         (Shared { forward: Some(forward), ..shared(AcpPermission::Forward, root) }, asked)

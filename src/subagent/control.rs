@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::continuation::ContinuationManager;
-use crate::tools::{Caller, Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Access, Caller, Tool, ToolContext, ToolError, ToolOutput};
 
 fn caller(ctx: &ToolContext, tool: &str) -> Result<Arc<Caller>, ToolError> {
     ctx.caller.clone().ok_or_else(|| {
@@ -30,6 +30,10 @@ pub struct SendMessageTool(pub Arc<ContinuationManager>);
 impl Tool for SendMessageTool {
     fn name(&self) -> &str {
         "send_message"
+    }
+
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Delegate
     }
 
     fn description(&self) -> String {
@@ -76,6 +80,10 @@ impl Tool for ReportTool {
         "report"
     }
 
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Delegate
+    }
+
     fn description(&self) -> String {
         "Report selected content to the agent that started you. Call this zero or more times for progress, findings, or a final answer. Reporting does not end your turn or finish your work, and only your direct parent receives it. A failed call may still have arrived, so do not blindly repeat it.".into()
     }
@@ -109,6 +117,10 @@ pub struct InterruptTool(pub Arc<ContinuationManager>);
 impl Tool for InterruptTool {
     fn name(&self) -> &str {
         "interrupt_agent"
+    }
+
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Delegate
     }
 
     fn description(&self) -> String {

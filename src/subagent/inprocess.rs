@@ -17,7 +17,7 @@ use super::{
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
 use crate::session::{Event, Session, SessionHeader, SessionObserver, now_ms};
-use crate::tools::{Progress, Tool, ToolContext, ToolError, ToolOutput, call_title};
+use crate::tools::{Access, Progress, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
 /// How a child agent is composed on top of the runtime's base.
 pub struct ChildSetup {
@@ -33,8 +33,12 @@ pub struct ChildSetup {
     pub progress: Option<Progress>,
 }
 
-/// Reports each tool call of a child session as progress on the parent's delegating call.
-pub struct ReportToolCalls(pub Progress);
+/// Reports each tool call of a child session (by its title among the child's `tools`) as
+/// progress on the parent's delegating call.
+pub struct ReportToolCalls {
+    pub progress: Progress,
+    pub tools: ToolRegistry,
+}
 
 impl SessionObserver for ReportToolCalls {
     fn on_event(&self, _: &SessionHeader, event: &Event) {
@@ -42,7 +46,7 @@ impl SessionObserver for ReportToolCalls {
             let name = event.data["name"].as_str().unwrap_or("tool");
             let raw = event.data["arguments"].as_str().unwrap_or("");
             let args: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
-            self.0.report(call_title(name, &args));
+            self.progress.report(self.tools.shown(name, &args).0);
         }
     }
 }
@@ -281,6 +285,10 @@ struct StructuredOutput {
 impl Tool for StructuredOutput {
     fn name(&self) -> &str {
         "structured_output"
+    }
+
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Delegate
     }
 
     fn description(&self) -> String {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::catalog::{Activity, ListEntry, Mode, list_children};
 use super::error::ErrorCode;
 use crate::session::query::QueryService;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 /// The tool description (seed era), verbatim.
 pub const DESCRIPTION: &str = "List your continuable background subagents by durable id and label. Status is a snapshot of the stored record: running means the subagent session is currently live in this process, complete means it exists only in storage and a `send_message` starts a new turn on the same conversation. The snapshot is not a delivery promise — `send_message` performs the authoritative check and may still fail. Children that could not be read are reported as diagnostics instead of being silently dropped.";
@@ -48,6 +48,10 @@ pub fn render(entries: &[ListEntry]) -> String {
 impl Tool for ListAgentsTool {
     fn name(&self) -> &str {
         "list_agents"
+    }
+
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Delegate
     }
 
     fn description(&self) -> String {

@@ -14,7 +14,7 @@ use super::{
     ErrorCode, REMOTE_RUN_EVENT, StartRequest, StopReason, SubagentError, SubagentResult, SubagentService, ToolFilter,
 };
 use crate::model::ModelRoute;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Configuration of one delegation tool.
 #[derive(Debug, Clone)]
@@ -28,6 +28,18 @@ pub struct DelegateConfig {
     pub output_schema: Option<Value>,
     /// A sentence added to the description (e.g. which external agent the child is).
     pub note: Option<String>,
+    /// The child is an external agent: a call is titled by the tool's name and its description
+    /// (`delegate_codex: review`), and the system prompt gives no advice on it.
+    pub external: bool,
+}
+
+/// The title of a call delegating to an external agent: `<tool>: <description>`, or the tool's
+/// name without a description.
+pub fn external_title(tool_name: &str, description: Option<&str>) -> String {
+    match description.filter(|d| !d.trim().is_empty()) {
+        Some(description) => format!("{tool_name}: {description}"),
+        None => tool_name.to_string(),
+    }
 }
 
 /// A delegation tool bound to one provider.
@@ -71,6 +83,31 @@ pub fn stop_reason_error(reason: StopReason) -> &'static str {
 impl Tool for DelegateTool {
     fn name(&self) -> &str {
         &self.config.tool_name
+    }
+
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Delegate
+    }
+
+    /// An in-process child is shown as its own session: the call says what it delegates.
+    fn title(&self, arguments: &Value) -> String {
+        let description = arguments["description"].as_str();
+        if self.config.external {
+            external_title(&self.config.tool_name, description)
+        } else {
+            description.unwrap_or_default().to_string()
+        }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        match (self.config.external, self.inherits_parent_context) {
+            (true, _) => None,
+            (false, false) => Some(
+                "delegate a self-contained task to a fresh child agent with a complete prompt; it \
+                 returns the child's final answer.",
+            ),
+            (false, true) => Some("delegate to a child that starts from this conversation's history."),
+        }
     }
 
     fn description(&self) -> String {

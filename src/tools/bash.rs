@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::builtin::{aborted, call_cwd, invalid_args, optional_str, optional_u64, required_str};
 use super::paths;
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 const MAX_TIMEOUT_MS: u64 = 600_000;
@@ -60,6 +60,28 @@ impl BashRequest {
 impl Tool for BashTool {
     fn name(&self) -> &str {
         "bash"
+    }
+
+    fn access(&self, arguments: &Value) -> Access {
+        Access::Execute {
+            command: arguments["command"].as_str().unwrap_or_default().to_string(),
+            workdir: arguments["workdir"].as_str().filter(|w| !w.trim().is_empty()).map(PathBuf::from),
+        }
+    }
+
+    fn title(&self, arguments: &Value) -> String {
+        format!("Run `{}`", shorten(arguments["command"].as_str().unwrap_or_default(), 200))
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "run builds, tests, git and other commands; each call is a fresh shell, so pass \
+             `workdir` instead of `cd`, and give a short `description`.",
+        )
+    }
+
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        BashRequest::parse(arguments).map(drop)
     }
 
     fn description(&self) -> String {
@@ -108,6 +130,14 @@ impl Tool for BashTool {
             Ok(ToolOutput::text(text))
         }
         .boxed()
+    }
+}
+
+/// The first `max` characters of `text`, with `…` when cut.
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
 

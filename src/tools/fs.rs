@@ -18,10 +18,11 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use super::access::named_path;
 use super::builtin::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
 use super::files::FileAccess;
 use super::paths;
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Lines `read` returns when no `limit` is given.
 const DEFAULT_READ_LIMIT: u64 = 2000;
@@ -174,6 +175,25 @@ impl ReadRequest {
 impl Tool for ReadTool {
     fn name(&self) -> &str {
         "read"
+    }
+
+    fn access(&self, arguments: &Value) -> Access {
+        Access::Read { paths: named_path(arguments, "file_path"), line: arguments["offset"].as_u64() }
+    }
+
+    fn title(&self, arguments: &Value) -> String {
+        format!("Read {}", arguments["file_path"].as_str().unwrap_or_default())
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "read a file before you edit it; use `offset`/`limit` for long files, and read several \
+             files in one step when you need them.",
+        )
+    }
+
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        ReadRequest::parse(arguments).map(drop)
     }
 
     fn description(&self) -> String {
@@ -360,6 +380,23 @@ impl Tool for WriteTool {
         "write"
     }
 
+    fn access(&self, arguments: &Value) -> Access {
+        Access::Edit { paths: named_path(arguments, "file_path") }
+    }
+
+    fn title(&self, arguments: &Value) -> String {
+        format!("Write {}", arguments["file_path"].as_str().unwrap_or_default())
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some("create a new file or replace one completely; prefer edit for changes to existing files.")
+    }
+
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        required_str(arguments, "file_path", "write")?;
+        required_str(arguments, "content", "write").map(drop)
+    }
+
     fn description(&self) -> String {
         "Create a UTF-8 text file, or completely replace an existing file's content with \
          `content`. Parent directories are created as needed. Overwriting an existing file \
@@ -544,6 +581,25 @@ impl EditRequest {
 impl Tool for EditTool {
     fn name(&self) -> &str {
         "edit"
+    }
+
+    fn access(&self, arguments: &Value) -> Access {
+        Access::Edit { paths: named_path(arguments, "file_path") }
+    }
+
+    fn title(&self, arguments: &Value) -> String {
+        format!("Edit {}", arguments["file_path"].as_str().unwrap_or_default())
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "replace an exact, unique piece of text; copy `old_string` from a read result without \
+             the line-number prefix, and include enough context to make it unique.",
+        )
+    }
+
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        EditRequest::parse(arguments).map(drop)
     }
 
     fn description(&self) -> String {

@@ -1,7 +1,9 @@
-//! The tool seam: `trait Tool` (name, description, JSON schema, parallel-safe flag, async execute
-//! with cancellation) and the registry the agent loop dispatches through. Errors reach the model
-//! as `Error: <message>` with `isError: true`; an unknown name is an error result, not a crash.
+//! The tool seam: `trait Tool` (name, description, JSON schema, what a call touches, its title
+//! and prompt advice, parallel-safe flag, async execute with cancellation) and the registry the
+//! agent loop dispatches through. Errors reach the model as `Error: <message>` with
+//! `isError: true`; an unknown name is an error result, not a crash.
 
+pub mod access;
 pub mod bash;
 pub mod builtin;
 pub mod files;
@@ -17,6 +19,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+pub use access::Access;
 
 use crate::model::{ModelRoute, ToolSchema};
 use crate::session::{Event, SessionHeader};
@@ -145,35 +149,32 @@ impl ToolError {
     }
 }
 
-/// What a call does, in a few words: the title editors show for it, and a child's progress.
-pub fn call_title(name: &str, args: &Value) -> String {
-    let arg = |k: &str| args[k].as_str().unwrap_or_default().to_string();
-    match name {
-        "subagent" | "subagent_fork" => arg("description"),
-        "read" => format!("Read {}", arg("file_path")),
-        "write" => format!("Write {}", arg("file_path")),
-        "edit" => format!("Edit {}", arg("file_path")),
-        // What runs, not the model's description of it: the dialog shows the same title.
-        "bash" => format!("Run `{}`", crate::permission::shorten(&arg("command"), 200)),
-        "glob" | "grep" => match args["path"].as_str() {
-            Some(path) => format!("{name} {} in {path}", arg("pattern")),
-            None => format!("{name} {}", arg("pattern")),
-        },
-        "todo_write" => "Update plan".into(),
-        // A delegation to an external agent (`delegate_NAME`) says what it delegates.
-        other => match args["description"].as_str().filter(|d| !d.trim().is_empty()) {
-            Some(description) => format!("{other}: {description}"),
-            None => other.to_string(),
-        },
-    }
-}
-
-/// A capability the model can call.
+/// A capability the model can call. Besides running, a tool says what a call touches (`access`,
+/// which the permission gate decides on), how the call is titled and what the system prompt
+/// advises about it: nothing elsewhere knows a tool by its name.
 pub trait Tool: Send + Sync {
     fn name(&self) -> &str;
     fn description(&self) -> String;
     /// JSON Schema of the arguments object.
     fn parameters(&self) -> Value;
+    /// What a call with these arguments touches (`Null` when they are not JSON). No default:
+    /// every tool says, and anything not declared a read in the workspace is asked about.
+    fn access(&self, arguments: &Value) -> Access;
+    /// What a call does, in a few words: its one title, shown by the editor on the call, in its
+    /// permission dialog and as a parent's progress.
+    fn title(&self, _arguments: &Value) -> String {
+        self.name().to_string()
+    }
+    /// Advice for the system prompt's "Using the tools" list (after `<name>: `).
+    fn guidance(&self) -> Option<&'static str> {
+        None
+    }
+    /// The error a call with these arguments fails with before it touches anything, if it does:
+    /// the gate returns it rather than ask the user about a call that cannot run. By default
+    /// nothing is refused here, so such a call is asked about like any other.
+    fn check(&self, _arguments: &Value) -> Result<(), ToolError> {
+        Ok(())
+    }
     /// True when calls may run concurrently with other parallel-safe calls of the same step.
     fn parallel_safe(&self) -> bool {
         false
@@ -185,10 +186,12 @@ pub trait Tool: Send + Sync {
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
-/// The tools of one agent, by name (sorted, so the model sees a stable list).
+/// The tools of one agent, by name (sorted, so the model sees a stable list), remembering the
+/// order they were registered in (the order of their advice in the system prompt).
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    order: Vec<String>,
 }
 
 impl ToolRegistry {
@@ -196,8 +199,12 @@ impl ToolRegistry {
         Self::default()
     }
 
+    /// Adds `tool`; one of the same name is replaced (and keeps its place in the order).
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
-        self.tools.insert(tool.name().to_string(), tool);
+        let name = tool.name().to_string();
+        if self.tools.insert(name.clone(), tool).is_none() {
+            self.order.push(name);
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
@@ -218,7 +225,23 @@ impl ToolRegistry {
     /// A copy holding only the tools `keep` accepts.
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> ToolRegistry {
         let tools = self.tools.iter().filter(|(name, _)| keep(name)).map(|(n, t)| (n.clone(), t.clone())).collect();
-        ToolRegistry { tools }
+        let order = self.order.iter().filter(|name| keep(name)).cloned().collect();
+        ToolRegistry { tools, order }
+    }
+
+    /// How a call of `name` is shown: its title and what it touches. A name this registry does
+    /// not hold (a call recorded by a tool since removed, a child's own tool) is titled by its
+    /// name and touches something kin cannot see into.
+    pub fn shown(&self, name: &str, arguments: &Value) -> (String, Access) {
+        match self.get(name) {
+            Some(tool) => (tool.title(arguments), tool.access(arguments)),
+            None => (name.to_string(), Access::External),
+        }
+    }
+
+    /// Each tool's prompt advice as `(name, advice)`, in registration order.
+    pub fn guidance(&self) -> Vec<(String, &'static str)> {
+        self.order.iter().filter_map(|name| Some((name.clone(), self.tools.get(name)?.guidance()?))).collect()
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -233,15 +256,9 @@ impl ToolRegistry {
     /// Runs one call; every failure becomes a `ToolError` (unknown tool, bad JSON, the tool's own).
     pub async fn call(&self, name: &str, raw_arguments: &str, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let Some(tool) = self.get(name).cloned() else {
-            return Err(ToolError::new("UNKNOWN_TOOL", format!("unknown tool \"{name}\"")));
+            return Err(unknown_tool(name));
         };
-        let arguments: Value = if raw_arguments.trim().is_empty() {
-            json!({})
-        } else {
-            serde_json::from_str(raw_arguments).map_err(|e| {
-                ToolError::new("INVALID_ARGUMENTS", format!("arguments for {name} are not valid JSON: {e}"))
-            })?
-        };
+        let arguments = parse_arguments(name, raw_arguments)?;
         let cancel = ctx.cancel.clone();
         let run = tool.execute(arguments, ctx);
         tokio::pin!(run);
@@ -259,17 +276,67 @@ impl ToolRegistry {
     }
 }
 
+/// The error of a call naming a tool the agent does not have.
+pub fn unknown_tool(name: &str) -> ToolError {
+    ToolError::new("UNKNOWN_TOOL", format!("unknown tool \"{name}\""))
+}
+
+/// A call's arguments as JSON (`{}` when blank); not JSON is the call's error.
+pub fn parse_arguments(name: &str, raw: &str) -> Result<Value, ToolError> {
+    if raw.trim().is_empty() {
+        return Ok(json!({}));
+    }
+    serde_json::from_str(raw)
+        .map_err(|e| ToolError::new("INVALID_ARGUMENTS", format!("arguments for {name} are not valid JSON: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A tool that only says what it is.
+    struct Named(&'static str, Option<&'static str>);
+
+    impl Tool for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn description(&self) -> String {
+            String::new()
+        }
+        fn parameters(&self) -> Value {
+            json!({"type": "object"})
+        }
+        fn access(&self, _arguments: &Value) -> Access {
+            Access::External
+        }
+        fn guidance(&self) -> Option<&'static str> {
+            self.1
+        }
+        fn execute(&self, _arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+            Box::pin(async { Ok(ToolOutput::text("")) })
+        }
+    }
+
     #[test]
-    fn titles_say_what_a_call_does() {
-        let title = |name: &str, args: Value| call_title(name, &args);
-        assert_eq!(title("subagent", json!({"description": "scan the repo"})), "scan the repo");
-        assert_eq!(title("delegate_codex", json!({"description": "review", "prompt": "…"})), "delegate_codex: review");
-        assert_eq!(title("delegate_codex", json!({"description": " "})), "delegate_codex");
-        assert_eq!(title("list_agents", json!({})), "list_agents");
-        assert_eq!(title("write", json!({"file_path": "a.md"})), "Write a.md");
+    fn advice_keeps_the_registration_order_and_the_schemas_stay_sorted() {
+        let mut registry = ToolRegistry::new();
+        registry.register(Arc::new(Named("zeta", Some("last name, first advice"))));
+        registry.register(Arc::new(Named("alpha", None)));
+        registry.register(Arc::new(Named("mid", Some("second"))));
+        registry.register(Arc::new(Named("zeta", Some("replaced in place"))));
+        let names: Vec<String> = registry.schemas().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["alpha", "mid", "zeta"]);
+        assert_eq!(registry.guidance(), [("zeta".to_string(), "replaced in place"), ("mid".to_string(), "second")]);
+        let filtered = registry.filtered(|name| name != "zeta");
+        assert_eq!(filtered.guidance(), [("mid".to_string(), "second")]);
+    }
+
+    #[test]
+    fn a_name_the_registry_does_not_hold_is_shown_by_name_and_touches_the_unknown() {
+        let registry = ToolRegistry::new();
+        assert_eq!(registry.shown("report", &json!({"message": "m"})), ("report".to_string(), Access::External));
+        assert_eq!(parse_arguments("t", " ").unwrap(), json!({}));
+        assert_eq!(parse_arguments("t", "{").unwrap_err().code, "INVALID_ARGUMENTS");
     }
 }

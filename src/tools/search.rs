@@ -17,15 +17,25 @@ use ignore::{DirEntry, Walk, WalkBuilder};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::access::named_path;
 use super::builtin::{aborted, call_cwd, optional_str, required_str, run_blocking};
 use super::fs::{check_access, truncate_line};
 use super::paths;
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Paths `glob` lists at most.
 const MAX_GLOB_RESULTS: usize = 100;
 /// Matching lines `grep` lists at most.
 const MAX_GREP_MATCHES: usize = 250;
+
+/// `glob <pattern>` or `grep <pattern>`, with ` in <path>` when the call names one.
+fn search_title(tool: &str, arguments: &Value) -> String {
+    let pattern = arguments["pattern"].as_str().unwrap_or_default();
+    match arguments["path"].as_str() {
+        Some(path) => format!("{tool} {pattern} in {path}"),
+        None => format!("{tool} {pattern}"),
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // glob
@@ -37,6 +47,23 @@ pub struct GlobTool;
 impl Tool for GlobTool {
     fn name(&self) -> &str {
         "glob"
+    }
+
+    fn access(&self, arguments: &Value) -> Access {
+        Access::Search { paths: named_path(arguments, "path") }
+    }
+
+    fn title(&self, arguments: &Value) -> String {
+        search_title("glob", arguments)
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some("find files by name (`**/*.rs`); prefer it to `find` or `ls -R`.")
+    }
+
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        required_str(arguments, "pattern", "glob")?;
+        optional_str(arguments, "path", "glob").map(drop)
     }
 
     fn description(&self) -> String {
@@ -161,6 +188,27 @@ struct GrepRequest {
 impl Tool for GrepTool {
     fn name(&self) -> &str {
         "grep"
+    }
+
+    fn access(&self, arguments: &Value) -> Access {
+        Access::Search { paths: named_path(arguments, "path") }
+    }
+
+    fn title(&self, arguments: &Value) -> String {
+        search_title("grep", arguments)
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "search file contents by regex (`include` narrows by file name); prefer it to running \
+             grep or rg in bash.",
+        )
+    }
+
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        required_str(arguments, "pattern", "grep")?;
+        optional_str(arguments, "path", "grep")?;
+        optional_str(arguments, "include", "grep").map(drop)
     }
 
     fn description(&self) -> String {

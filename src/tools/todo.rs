@@ -8,7 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 /// The state of one todo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +117,21 @@ pub struct TodoWriteTool;
 impl Tool for TodoWriteTool {
     fn name(&self) -> &str {
         "todo_write"
+    }
+
+    fn access(&self, _arguments: &Value) -> Access {
+        Access::Plan
+    }
+
+    fn title(&self, _arguments: &Value) -> String {
+        "Update plan".into()
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "for work with several steps, keep a task list (the whole list each call, at most one \
+             item in progress) and update it as you go.",
+        )
     }
 
     fn description(&self) -> String {
