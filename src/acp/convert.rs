@@ -1,7 +1,7 @@
 //! Conversions between ACP types and kin's session events and messages, and between ACP tool
 //! kinds and what a call touches (`Access`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
     ContentBlock, ContentChunk, Diff, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, StopReason,
@@ -175,6 +175,36 @@ pub(super) fn tool_kind(access: &Access) -> ToolKind {
         Access::Plan => ToolKind::Think,
         Access::Delegate | Access::External => ToolKind::Other,
     }
+}
+
+/// What a permission request shows besides its title, which is cut: for a command, the whole
+/// command and the directory it runs in (`workdir` resolved against `cwd`, the session's).
+pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallContent> {
+    let text = match access {
+        Access::Execute { command, workdir } if !command.is_empty() => {
+            let dir = match workdir {
+                Some(dir) => crate::tools::paths::resolve(cwd, &dir.to_string_lossy()),
+                None => cwd.to_path_buf(),
+            };
+            let dir =
+                if dir.as_os_str().is_empty() { "the process directory".into() } else { dir.display().to_string() };
+            // A fence longer than any run of backticks in the command, so the command cannot end it.
+            let longest = command.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+            let fence = "`".repeat(longest.max(2) + 1);
+            format!("Working directory: {dir}\n\n{fence}sh\n{command}\n{fence}")
+        }
+        Access::Execute { .. }
+        | Access::Read { .. }
+        | Access::Search { .. }
+        | Access::Edit { .. }
+        | Access::Delete { .. }
+        | Access::Move { .. }
+        | Access::Fetch
+        | Access::Delegate
+        | Access::Plan
+        | Access::External => return None,
+    };
+    Some(ToolCallContent::from(ContentBlock::Text(TextContent::new(text))))
 }
 
 /// The paths a call names as ACP locations (a read's with the line it starts at).
