@@ -34,6 +34,8 @@ pub struct Common {
 pub enum Command {
     /// Serve the Agent Client Protocol on stdin/stdout.
     Acp(AcpArgs),
+    /// Run one turn headless: the reply on stdout, progress on stderr (for scripts and CI).
+    Run(RunArgs),
     /// Run recorded scenarios.
     Scenario {
         #[command(subcommand)]
@@ -76,6 +78,56 @@ pub struct AcpArgs {
     /// $KIN_PERMISSION_MODE, the config file, ask).
     #[arg(long, value_name = "MODE", value_parser = PermissionMode::parse_arg)]
     pub permission_mode: Option<PermissionMode>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The prompt; `-` or absent reads it from stdin (when stdin is not a terminal).
+    pub prompt: Option<String>,
+    /// The session's working directory (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// text: the reply as it streams; json: one object at the end; stream-json: one object per update.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputArg,
+    /// Add the turn to this stored session.
+    #[arg(long, value_name = "ID", conflicts_with = "continue_")]
+    pub resume: Option<String>,
+    /// Add the turn to the newest top-level session of the working directory.
+    #[arg(long = "continue")]
+    pub continue_: bool,
+    /// Model route, provider/model (default: $KIN_MODEL, the config file, deepseek/deepseek-v4-flash).
+    #[arg(long, value_name = "ROUTE")]
+    pub model: Option<String>,
+    /// Permission mode of the turn (default: read-only; nobody can be asked, so `ask` refuses).
+    #[arg(long, value_name = "MODE", value_parser = PermissionMode::parse_arg)]
+    pub permission_mode: Option<PermissionMode>,
+    /// Model calls the turn may make before it stops (default: agent.max_steps, 50).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_steps: Option<u32>,
+    /// Keyless mode: serve model calls from the recorded logs of this scenario directory.
+    #[arg(long, value_name = "DIR")]
+    pub replay: Option<PathBuf>,
+    /// Write logs to this file instead of stderr.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OutputArg {
+    Text,
+    Json,
+    StreamJson,
+}
+
+impl From<OutputArg> for crate::acp::run::Output {
+    fn from(o: OutputArg) -> Self {
+        match o {
+            OutputArg::Text => crate::acp::run::Output::Text,
+            OutputArg::Json => crate::acp::run::Output::Json,
+            OutputArg::StreamJson => crate::acp::run::Output::StreamJson,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -136,6 +188,13 @@ impl Cli {
             o.log_file = acp.log_file.clone();
             o.replay = acp.replay.clone();
             o.permission_mode = acp.permission_mode;
+        }
+        if let Command::Run(run) = &self.command {
+            o.model = run.model.clone();
+            o.log_file = run.log_file.clone();
+            o.replay = run.replay.clone();
+            o.permission_mode = Some(run.permission_mode.unwrap_or(PermissionMode::ReadOnly));
+            o.max_steps = run.max_steps;
         }
         o
     }

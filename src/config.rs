@@ -26,6 +26,8 @@ pub struct Overrides {
     pub log_file: Option<PathBuf>,
     pub replay: Option<PathBuf>,
     pub permission_mode: Option<PermissionMode>,
+    /// `kin run --max-steps`.
+    pub max_steps: Option<u32>,
 }
 
 /// Everything kin runs with.
@@ -213,7 +215,7 @@ impl Config {
             (None, None, None) => (DEFAULT_MODEL.to_string(), "default".to_string()),
         };
         let model = ModelRoute::parse(&model_text).map_err(|e| anyhow::anyhow!("{model_origin}: {e}"))?;
-        let max_steps = file.agent.max_steps.unwrap_or(50);
+        let max_steps = flags.max_steps.or(file.agent.max_steps).unwrap_or(50);
         if max_steps == 0 {
             anyhow::bail!("{}: key `agent.max_steps` must be a positive integer", where_());
         }

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use kin::acp::run::{RunRequest, Target};
 use kin::cli::{Cli, Command, ScenarioCommand, SessionsCommand};
 use kin::config::{Config, process_env};
 use kin::scenario::RunOptions;
@@ -18,7 +19,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _guard = init_logging(&config);
+    // `kin run` keeps stderr for its own progress lines: only warnings unless RUST_LOG says more.
+    let default_level = if matches!(cli.command, Command::Run(_)) { "warn" } else { "info" };
+    let _guard = init_logging(&config, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -36,8 +39,37 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::WorkerGuard> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// The runtime `kin acp` and `kin run` serve: the configured model and the coding tools.
+fn build_runtime(config: Config) -> anyhow::Result<std::sync::Arc<kin::runtime::Runtime>> {
+    let model = kin::runtime::model_for(&config)?;
+    let mut tools = kin::tools::ToolRegistry::new();
+    kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
+    kin::runtime::Runtime::new(config, model, tools)
+}
+
+/// `kin run`'s prompt: the argument, or stdin for `-` or no argument when stdin is not a
+/// terminal; `None` when there is none (or it is blank).
+fn run_prompt(arg: Option<&str>) -> anyhow::Result<Option<String>> {
+    use std::io::{IsTerminal, Read};
+    let text = match arg {
+        Some("-") => None,
+        Some(text) => Some(text.to_string()),
+        None if std::io::stdin().is_terminal() => return Ok(None),
+        None => None,
+    };
+    let text = match text {
+        Some(text) => text,
+        None => {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text)?;
+            text
+        }
+    };
+    Ok(Some(text).filter(|t| !t.trim().is_empty()))
+}
+
+fn init_logging(config: &Config, default_level: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let (writer, guard) = match &config.log_file {
         Some(path) => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -53,16 +85,33 @@ fn init_logging(config: &Config) -> Option<tracing_appender::non_blocking::Worke
 async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Acp(_) => {
-            let model = kin::runtime::model_for(&config)?;
-            let mut tools = kin::tools::ToolRegistry::new();
-            kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
-            let runtime = kin::runtime::Runtime::new(config, model, tools)?;
+            let runtime = build_runtime(config)?;
             kin::acp::serve_stdio(runtime.clone()).await?;
             if let Err(unused) = runtime.check_model_consumed() {
                 tracing::error!("replay incomplete: {unused}");
                 return Ok(ExitCode::from(3));
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => {
+            let Some(prompt) = run_prompt(args.prompt.as_deref())? else {
+                eprintln!("kin run: no prompt: pass it as an argument, or pipe it on stdin (`-` reads stdin)");
+                return Ok(ExitCode::from(2));
+            };
+            let cwd = match args.cwd.clone() {
+                Some(dir) => std::path::absolute(&dir)?,
+                None => std::env::current_dir()?,
+            };
+            let target = match (&args.resume, args.continue_) {
+                (Some(id), _) => Target::Resume(id.clone()),
+                (None, true) => Target::Continue,
+                (None, false) => Target::New,
+            };
+            let mode = config.permission_mode;
+            let runtime = build_runtime(config)?;
+            let request = RunRequest { prompt, cwd, output: args.output.into(), target, mode };
+            let exit = kin::acp::run::run(runtime, request).await?;
+            Ok(ExitCode::from(exit.code()))
         }
         Command::Scenario { command: ScenarioCommand::Run { update, compare, out, dirs } } => {
             let exe = std::env::current_exe()?;

@@ -35,6 +35,9 @@ pub fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, String> {
     Ok(vec![json!({"type": "text", "text": text})])
 }
 
+/// How the thought that shows a model retry begins (`kin run` picks retries out by it).
+pub(crate) const RETRY_THOUGHT_PREFIX: &str = "Model request failed ";
+
 fn text_chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
 }
@@ -49,7 +52,7 @@ pub fn live_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate>
         let d = &event.data;
         let delay = d["delayMs"].as_u64().unwrap_or(0) as f64 / 1000.0;
         let text = format!(
-            "Model request failed ({}); retrying in {delay:.1} s (attempt {} of {}).\n",
+            "{RETRY_THOUGHT_PREFIX}({}); retrying in {delay:.1} s (attempt {} of {}).\n",
             d["reason"].as_str().unwrap_or("unknown error"),
             d["attempt"],
             d["maxAttempts"]

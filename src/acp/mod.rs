@@ -8,6 +8,7 @@
 mod client;
 mod convert;
 mod modes;
+pub mod run;
 mod tree;
 
 use std::sync::Arc;
@@ -23,7 +24,9 @@ use agent_client_protocol::v1::schema::{
     SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
     SetSessionModeRequest, SetSessionModeResponse,
 };
-use agent_client_protocol::{Agent, Client, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request};
+use agent_client_protocol::{
+    Agent, Client, ConnectTo, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request,
+};
 
 use crate::runtime::{ChildObservers, Runtime, RuntimeError};
 pub use convert::forwarded_access;
@@ -89,6 +92,11 @@ fn model_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption
 
 /// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down.
 pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
+    serve(runtime, Stdio::new()).await
+}
+
+/// Serves ACP over `transport` until it closes, then shuts the runtime down.
+async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyhow::Result<()> {
     let rt_init = runtime.clone();
     let rt_new = runtime.clone();
     let rt_prompt = runtime.clone();
@@ -359,7 +367,7 @@ pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
             },
             on_receive_request!(),
         )
-        .connect_to(Stdio::new())
+        .connect_to(transport)
         .await;
     runtime.shutdown().await;
     result.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))

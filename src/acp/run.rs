@@ -1,0 +1,445 @@
+//! `kin run`: one headless turn for scripts and CI. The run is an ACP client of kin's own server
+//! (`serve`) over an in-process channel, so it goes through exactly the runtime, agent loop,
+//! permission gate and session log an editor gets, and `--output stream-json` prints the very
+//! `session/update`s an editor would see. Nobody is there to answer a permission question: the
+//! run refuses each one and says so on stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ClientCapabilities, ContentBlock, InitializeRequest, ListSessionsRequest, NewSessionRequest,
+    PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    ResumeSessionRequest, SelectedPermissionOutcome, SessionModeId, SessionNotification, SessionUpdate,
+    SetSessionModeRequest, StateUpdate, StopReason, SubagentCapabilities, TextContent, ToolCallStatus,
+};
+use agent_client_protocol::{Agent, Channel, Client, on_receive_notification, on_receive_request};
+use serde_json::{Value, json};
+
+use super::convert::RETRY_THOUGHT_PREFIX;
+use crate::permission::PermissionMode;
+use crate::runtime::Runtime;
+
+/// What `kin run` prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// The reply text as it streams; progress on stderr.
+    Text,
+    /// One JSON object at the end (text, stop reason, session id, usage).
+    Json,
+    /// One JSON object per line: every `session/update`, refused permission requests, then the result.
+    StreamJson,
+}
+
+/// Which session the turn goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    New,
+    /// A stored session by id.
+    Resume(String),
+    /// The newest top-level session whose cwd is the run's cwd.
+    Continue,
+}
+
+/// One `kin run`.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub prompt: String,
+    pub cwd: PathBuf,
+    pub output: Output,
+    pub target: Target,
+    pub mode: PermissionMode,
+}
+
+/// How a run ended; each has its own exit code (documented in README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// The turn ended with `end_turn`.
+    Completed,
+    /// The turn failed (model, persistence or tool infrastructure), or the session could not be opened.
+    Failed,
+    /// The model was stopped: it ran out of tokens or steps, or refused.
+    Refused,
+    /// The turn was cancelled (SIGINT).
+    Cancelled,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Completed => 0,
+            Exit::Failed => 1,
+            Exit::Refused => 4,
+            Exit::Cancelled => 130,
+        }
+    }
+}
+
+/// Runs one turn and prints it; returns how it ended.
+pub async fn run(runtime: Arc<Runtime>, request: RunRequest) -> anyhow::Result<Exit> {
+    let (agent_end, client_end) = Channel::duplex();
+    let server = tokio::spawn(super::serve(runtime, agent_end));
+    let printer = Arc::new(Printer::new(request.output));
+    let (on_update, on_permission) = (printer.clone(), printer.clone());
+    let outcome = Client
+        .v1()
+        .name("kin-run")
+        .on_receive_notification(
+            async move |n: SessionNotification, _cx| {
+                on_update.update(&n);
+                Ok(())
+            },
+            on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |req: RequestPermissionRequest, responder, _cx| {
+                on_permission.refused(&req);
+                let reject = req.options.iter().find(|o| o.kind == PermissionOptionKind::RejectOnce);
+                let outcome = match reject {
+                    Some(option) => {
+                        RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(option.option_id.clone()))
+                    }
+                    None => RequestPermissionOutcome::Cancelled,
+                };
+                responder.respond(RequestPermissionResponse::new(outcome))
+            },
+            on_receive_request!(),
+        )
+        .connect_with(client_end, {
+            let printer = printer.clone();
+            async move |cx: ConnectionTo<Agent>| Ok(turn(&cx, &request, &printer).await)
+        })
+        .await;
+    // The connection is closed: the server shuts the runtime down (flushing every log).
+    if let Err(e) = server.await {
+        tracing::error!("the in-process ACP server failed: {e}");
+    }
+    let outcome = outcome.map_err(|e| anyhow::anyhow!("kin run: {e}"))?;
+    let exit = match outcome {
+        Ok((session, result)) => printer.finish(&session, result),
+        Err(message) => {
+            printer.failed_to_start(&message);
+            Exit::Failed
+        }
+    };
+    Ok(exit)
+}
+
+/// What the prompt answered: a stop reason, or the turn's error message.
+type TurnResult = Result<StopReason, String>;
+
+/// Opens the session and runs the turn; an error is a failure to open the session.
+async fn turn(
+    cx: &ConnectionTo<Agent>,
+    request: &RunRequest,
+    printer: &Printer,
+) -> Result<(String, TurnResult), String> {
+    // Announced subagents show children's progress and give each turn a usage update.
+    let capabilities = ClientCapabilities::new().subagents(SubagentCapabilities::new());
+    cx.send_request(InitializeRequest::new(ProtocolVersion::V1).client_capabilities(capabilities))
+        .block_task()
+        .await
+        .map_err(|e| e.to_string())?;
+    let session = open(cx, request).await?;
+    printer.set_session(&session);
+    // A stored session keeps its recorded mode unless the run says otherwise; the run's mode wins.
+    cx.send_request(SetSessionModeRequest::new(session.clone(), SessionModeId::new(request.mode.id())))
+        .block_task()
+        .await
+        .map_err(|e| e.to_string())?;
+    let prompt =
+        PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(request.prompt.clone()))]);
+    let answer = cx.send_request(prompt).block_task();
+    tokio::pin!(answer);
+    let mut interrupted = false;
+    let result = loop {
+        tokio::select! {
+            answer = &mut answer => break answer.map(|r| r.stop_reason).map_err(|e| e.message),
+            signal = tokio::signal::ctrl_c(), if !interrupted => {
+                if signal.is_err() {
+                    continue;
+                }
+                interrupted = true;
+                printer.note("interrupted: cancelling the turn (press Ctrl-C again to exit now)");
+                if let Err(e) = cx.send_notification(CancelNotification::new(session.clone())) {
+                    tracing::debug!("cancel not delivered: {e}");
+                }
+                // A second SIGINT exits at once; the log keeps what was already written.
+                tokio::spawn(async {
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        std::process::exit(i32::from(Exit::Cancelled.code()));
+                    }
+                });
+            }
+        }
+    };
+    Ok((session, result))
+}
+
+/// The session id the turn goes to: a new one, or a stored one resumed.
+async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, String> {
+    let id = match &request.target {
+        Target::New => {
+            let created = cx.send_request(NewSessionRequest::new(request.cwd.clone())).block_task().await;
+            return created.map(|r| r.session_id.0.to_string()).map_err(|e| e.message);
+        }
+        Target::Resume(id) => id.clone(),
+        Target::Continue => {
+            let listed = cx
+                .send_request(ListSessionsRequest::new().cwd(request.cwd.clone()))
+                .block_task()
+                .await
+                .map_err(|e| e.message)?;
+            let newest = listed.sessions.into_iter().next().ok_or_else(|| {
+                format!(
+                    "no stored session in {} to continue; run without --continue to start one",
+                    request.cwd.display()
+                )
+            })?;
+            newest.session_id.0.to_string()
+        }
+    };
+    cx.send_request(ResumeSessionRequest::new(id.clone(), request.cwd.clone()))
+        .block_task()
+        .await
+        .map_err(|e| e.message)?;
+    Ok(id)
+}
+
+/// Prints what the run sees, in the chosen output.
+struct Printer {
+    output: Output,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The top-level session, once known.
+    session: Option<String>,
+    /// The reply text so far.
+    text: String,
+    /// The last usage totals the server reported (`usage_update._meta.kin`).
+    usage: Option<Value>,
+    /// Children announced on the agent tree: id → (title, still running).
+    children: Vec<(String, String, bool)>,
+    /// Tool call titles by id, to name a call when it fails.
+    titles: Vec<(String, String)>,
+}
+
+impl Printer {
+    fn new(output: Output) -> Self {
+        Printer { output, state: Mutex::new(State::default()) }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_session(&self, id: &str) {
+        self.state().session = Some(id.to_string());
+    }
+
+    /// One short progress line on stderr (text and json output; stream-json carries everything on stdout).
+    fn note(&self, line: &str) {
+        if self.output != Output::StreamJson {
+            eprintln!("kin: {line}");
+        }
+    }
+
+    fn json_line(&self, value: &Value) {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{value}");
+        let _ = out.flush();
+    }
+
+    fn update(&self, n: &SessionNotification) {
+        if self.output == Output::StreamJson {
+            self.json_line(&json!({"type": "session_update", "sessionId": n.session_id, "update": n.update}));
+        }
+        let id = n.session_id.0.to_string();
+        let mut state = self.state();
+        let top = state.session.as_deref() == Some(id.as_str());
+        match &n.update {
+            SessionUpdate::AgentMessageChunk(chunk) if top => {
+                if let ContentBlock::Text(text) = &chunk.content {
+                    state.text.push_str(&text.text);
+                    if self.output == Output::Text {
+                        let mut out = std::io::stdout().lock();
+                        let _ = out.write_all(text.text.as_bytes());
+                        let _ = out.flush();
+                    }
+                }
+            }
+            SessionUpdate::AgentThoughtChunk(chunk) => {
+                if let ContentBlock::Text(text) = &chunk.content
+                    && text.text.starts_with(RETRY_THOUGHT_PREFIX)
+                {
+                    drop(state);
+                    self.note(text.text.trim_end());
+                }
+            }
+            SessionUpdate::ToolCall(call) => {
+                state.titles.push((call.tool_call_id.0.to_string(), call.title.clone()));
+                let label = child_label(&state, &id, top);
+                drop(state);
+                self.note(&format!("{label}{}", call.title));
+            }
+            SessionUpdate::ToolCallUpdate(update) if update.fields.status == Some(ToolCallStatus::Failed) => {
+                let call = update.tool_call_id.0.to_string();
+                let title = update
+                    .fields
+                    .title
+                    .clone()
+                    .or_else(|| state.titles.iter().rev().find(|(c, _)| *c == call).map(|(_, t)| t.clone()));
+                let content = serde_json::to_value(&update.fields.content).unwrap_or_default();
+                let reason = first_text(&content).unwrap_or_default();
+                let label = child_label(&state, &id, top);
+                drop(state);
+                self.note(&format!("{label}failed: {}: {reason}", title.unwrap_or(call)));
+            }
+            SessionUpdate::UsageUpdate(usage) if top => {
+                state.usage = usage.meta.as_ref().and_then(|m| m.get("kin")).cloned();
+            }
+            SessionUpdate::SubagentUpdate(child) => {
+                let child_id = child.session_id.0.to_string();
+                let running = match child.state.value() {
+                    Some(StateUpdate::Idle(_)) => Some(false),
+                    Some(_) => Some(true),
+                    None => None,
+                };
+                let title = child.title.value().cloned();
+                let known = state.children.iter().position(|(c, _, _)| *c == child_id);
+                match known {
+                    Some(i) => {
+                        if let Some(title) = title {
+                            state.children[i].1 = title;
+                        }
+                        if let Some(running) = running {
+                            state.children[i].2 = running;
+                        }
+                    }
+                    None => {
+                        let title = title.unwrap_or_else(|| child_id.clone());
+                        state.children.push((child_id, title.clone(), running.unwrap_or(true)));
+                        drop(state);
+                        self.note(&format!("child started: {title}"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn refused(&self, req: &RequestPermissionRequest) {
+        if self.output == Output::StreamJson {
+            self.json_line(
+                &json!({"type": "permission_refused", "sessionId": req.session_id, "toolCall": req.tool_call}),
+            );
+        }
+        let title = req.tool_call.fields.title.clone().unwrap_or_else(|| req.tool_call.tool_call_id.0.to_string());
+        self.note(&format!(
+            "refused: {title}: kin run cannot ask for permission (run with --permission-mode accept-edits or bypass to allow it)"
+        ));
+    }
+
+    fn failed_to_start(&self, message: &str) {
+        match self.output {
+            Output::Text => eprintln!("kin: {message}"),
+            Output::Json | Output::StreamJson => {
+                self.json_line(&json!({"type": "result", "stopReason": null, "error": message, "sessionId": null}))
+            }
+        }
+    }
+
+    /// Prints the end of the run and maps it to an exit.
+    fn finish(&self, session: &str, result: TurnResult) -> Exit {
+        let state = self.state();
+        let exit = match &result {
+            Ok(StopReason::EndTurn) => Exit::Completed,
+            Ok(StopReason::Cancelled) => Exit::Cancelled,
+            Ok(_) => Exit::Refused,
+            Err(_) => Exit::Failed,
+        };
+        let running: Vec<&(String, String, bool)> = state.children.iter().filter(|c| c.2).collect();
+        match self.output {
+            Output::Text => {
+                if !state.text.is_empty() && !state.text.ends_with('\n') {
+                    println!();
+                }
+                match &result {
+                    Ok(StopReason::EndTurn) => {}
+                    Ok(reason) => eprintln!("kin: the turn stopped: {}", stop_reason_id(*reason)),
+                    Err(message) => eprintln!("kin: {message}"),
+                }
+                for (id, title, _) in &running {
+                    eprintln!("kin: background child {id} ({title}) was still running; its log keeps its work");
+                }
+                eprintln!("kin: session {session}");
+            }
+            Output::Json | Output::StreamJson => {
+                let (reason, error) = match &result {
+                    Ok(reason) => (json!(stop_reason_id(*reason)), Value::Null),
+                    Err(message) => (Value::Null, json!(message)),
+                };
+                let running: Vec<Value> =
+                    running.iter().map(|(id, title, _)| json!({"sessionId": id, "title": title})).collect();
+                self.json_line(&json!({
+                    "type": "result",
+                    "text": state.text,
+                    "stopReason": reason,
+                    "error": error,
+                    "sessionId": session,
+                    "usage": state.usage.clone().unwrap_or(Value::Null),
+                    "runningChildren": running,
+                }));
+            }
+        }
+        exit
+    }
+}
+
+/// How a child's progress line starts ("" for the top-level session).
+fn child_label(state: &State, session: &str, top: bool) -> String {
+    if top {
+        return String::new();
+    }
+    let title = state.children.iter().find(|(c, _, _)| c == session).map_or(session, |(_, t, _)| t.as_str());
+    format!("[{title}] ")
+}
+
+/// The first line of text in a tool call's content (what the model read as the result).
+fn first_text(content: &Value) -> Option<String> {
+    match content {
+        Value::Array(items) => items.iter().find_map(first_text),
+        Value::Object(map) => match map.get("text") {
+            Some(Value::String(text)) => Some(text.lines().next().unwrap_or_default().to_string()),
+            _ => map.values().find_map(first_text),
+        },
+        _ => None,
+    }
+}
+
+/// The ACP wire name of a stop reason.
+fn stop_reason_id(reason: StopReason) -> String {
+    serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_reasons_use_their_wire_names() {
+        assert_eq!(stop_reason_id(StopReason::EndTurn), "end_turn");
+        assert_eq!(stop_reason_id(StopReason::MaxTokens), "max_tokens");
+    }
+
+    #[test]
+    fn the_first_text_of_a_raw_output_names_the_failure() {
+        let content = json!([{"type": "content", "content": {"type": "text", "text": "Error: denied\nmore"}}]);
+        assert_eq!(first_text(&content).as_deref(), Some("Error: denied"));
+    }
+}
