@@ -5,11 +5,13 @@
 //! binary detection).
 
 use std::fmt;
-use std::io;
+use std::io::{self, Read};
 use std::path::Path;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+
+use super::fs::MAX_WHOLE_FILE_BYTES;
 
 /// Reads and writes whole UTF-8 text files for a session.
 pub trait FileAccess: Send + Sync + fmt::Debug {
@@ -25,14 +27,37 @@ pub trait FileAccess: Send + Sync + fmt::Debug {
 pub struct DiskFiles;
 
 impl FileAccess for DiskFiles {
+    /// Only a regular file is read (a FIFO or device is refused without blocking), and at most
+    /// `MAX_WHOLE_FILE_BYTES` of it.
     fn read_text(&self, _session_id: &str, path: &Path) -> BoxFuture<'static, io::Result<String>> {
         let path = path.to_path_buf();
-        async move { tokio::fs::read_to_string(path).await }.boxed()
+        async move {
+            let read = move || {
+                let file = super::regular::open_regular(&path)?;
+                let mut bytes = Vec::new();
+                file.take(MAX_WHOLE_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+                if bytes.len() as u64 > MAX_WHOLE_FILE_BYTES {
+                    return Err(io::Error::new(
+                        io::ErrorKind::FileTooLarge,
+                        format!("{} is larger than {} MiB", path.display(), MAX_WHOLE_FILE_BYTES >> 20),
+                    ));
+                }
+                String::from_utf8(bytes).map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("{} is not valid UTF-8", path.display()))
+                })
+            };
+            tokio::task::spawn_blocking(read).await.map_err(io::Error::other)?
+        }
+        .boxed()
     }
 
     fn write_text(&self, _session_id: &str, path: &Path, content: String) -> BoxFuture<'static, io::Result<()>> {
         let path = path.to_path_buf();
-        async move { tokio::fs::write(path, content).await }.boxed()
+        async move {
+            let write = move || super::regular::write_regular(&path, content.as_bytes());
+            tokio::task::spawn_blocking(write).await.map_err(io::Error::other)?
+        }
+        .boxed()
     }
 }
 

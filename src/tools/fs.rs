@@ -4,8 +4,11 @@
 //! (`<path>…</path>`, `<type>file</type>`, `<content>` with `N: text` lines and a footer);
 //! `edit` and overwriting `write`s require the file to have been read first in the session
 //! (`FileState`). Text goes through the editor when the call has a `FileAccess` (ACP `fs/*`),
-//! else to the disk, where all IO runs on the blocking pool. Successful writes and edits carry
-//! a diff for the editor in the result's meta (`{"diff": {path, oldText, newText}}`).
+//! else to the disk, where all IO runs on the blocking pool. Only regular files are opened
+//! (`regular`: a FIFO or device is refused, never blocked on). Memory is bounded for any file:
+//! `read` keeps at most `MAX_LINE_BYTES` of a line and 50 KB of a page, `edit` holds at most
+//! 64 MiB. Successful writes and edits carry a diff for the editor in the result's meta
+//! (`{"diff": {path, oldText, newText}}`).
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -21,13 +24,19 @@ use serde_json::{Value, json};
 use super::access::named_path;
 use super::builtin::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
 use super::files::FileAccess;
-use super::paths;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
+use super::{paths, regular};
 
 /// Lines `read` returns when no `limit` is given.
 const DEFAULT_READ_LIMIT: u64 = 2000;
 /// Characters kept of one line in `read` (and `grep`) output.
 pub(crate) const MAX_LINE_CHARS: usize = 2000;
+/// Bytes kept of one line while reading it: enough for `MAX_LINE_CHARS` characters of any UTF-8
+/// text (a character is at most 4 bytes, an invalid byte becomes one character), so the cut by
+/// characters always falls inside what was kept, however long the line is.
+pub(crate) const MAX_LINE_BYTES: usize = MAX_LINE_CHARS * 4 + 4;
+/// Bytes `edit` (and a disk read of a whole text file) holds at most.
+pub(crate) const MAX_WHOLE_FILE_BYTES: u64 = 64 * 1024 * 1024;
 /// Bytes of numbered lines one `read` returns at most; the footer tells where to continue.
 const MAX_READ_BYTES: usize = 50 * 1024;
 /// Bytes inspected for a NUL to tell binary files from text.
@@ -98,11 +107,69 @@ pub(crate) fn check_access(cwd: &Path, path: &Path, allow_outside: bool) -> Resu
     check_workspace(cwd, path)
 }
 
-/// The first `MAX_LINE_CHARS` characters of `line`, with a note when it was longer.
-pub(crate) fn truncate_line(line: &str) -> String {
+/// One line as shown: the first `MAX_LINE_CHARS` characters of `kept` (the line's first bytes,
+/// without its line ending), with a note when it was longer; `full_bytes` is the whole line's
+/// length without the line ending.
+pub(crate) fn shown_line(kept: &[u8], full_bytes: u64) -> Shown {
+    let line = String::from_utf8_lossy(kept);
     match line.char_indices().nth(MAX_LINE_CHARS) {
-        Some((cut, _)) => format!("{}... (line truncated to {MAX_LINE_CHARS} chars)", &line[..cut]),
-        None => line.to_string(),
+        Some((cut, _)) => Shown {
+            text: format!(
+                "{}... (line truncated to {MAX_LINE_CHARS} chars; it is {full_bytes} bytes long)",
+                &line[..cut]
+            ),
+            cut: true,
+        },
+        None => Shown { text: line.into_owned(), cut: false },
+    }
+}
+
+/// A line ready for output, and whether it was cut.
+pub(crate) struct Shown {
+    pub text: String,
+    pub cut: bool,
+}
+
+/// The length of one line read by [`read_line_capped`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LineLength {
+    /// Bytes read, the line ending included (0 at the end of the input).
+    pub read: u64,
+    /// Bytes of the line without its `\n` or `\r\n`.
+    pub text: u64,
+}
+
+/// Reads one line (through its `\n`), keeping at most `keep` of its bytes in `buf`. Memory stays
+/// bounded however long the line is: the rest of it is read and dropped.
+pub(crate) fn read_line_capped(reader: &mut impl BufRead, keep: usize, buf: &mut Vec<u8>) -> io::Result<LineLength> {
+    buf.clear();
+    let mut read = 0u64;
+    let mut last = None;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(available) => available,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok(LineLength { read, text: read });
+        }
+        let newline = available.iter().position(|&b| b == b'\n');
+        let used = newline.map_or(available.len(), |end| end + 1);
+        let before_newline = match newline {
+            Some(0) => last,
+            Some(end) => Some(available[end - 1]),
+            None => None,
+        };
+        last = available[..used].last().copied();
+        let room = keep.saturating_sub(buf.len()).min(used);
+        buf.extend_from_slice(&available[..room]);
+        reader.consume(used);
+        read += used as u64;
+        if newline.is_some() {
+            let ending = if before_newline == Some(b'\r') { 2 } else { 1 };
+            return Ok(LineLength { read, text: read - ending });
+        }
     }
 }
 
@@ -254,6 +321,8 @@ struct Page {
     total_lines: u64,
     /// True when the byte cap stopped the page before `limit` lines.
     capped: bool,
+    /// The first shown line that was cut at `MAX_LINE_CHARS`.
+    first_cut: Option<u64>,
 }
 
 fn read_file(cwd: &Path, request: &ReadRequest, files: &FileState, allow_outside: bool) -> Result<String, ToolError> {
@@ -276,9 +345,9 @@ async fn read_via(
 ) -> Result<String, ToolError> {
     let path = paths::resolve(cwd, &request.file_path);
     check_access(cwd, &path, allow_outside)?;
-    if tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
-        return Err(is_a_directory(&path));
-    }
+    // The editor may hold an unsaved buffer of a file not on disk yet; what is on disk must be a
+    // regular file.
+    existing_regular(&path)?;
     let text = editor_read(access, session_id, &path, READ_HINT).await?;
     finish_read(&path, Cursor::new(text.as_bytes()), request, files)
 }
@@ -308,38 +377,43 @@ fn finish_read(
 
 /// Reads the numbered lines `offset..offset+limit` (capped at `MAX_READ_BYTES` of output) and
 /// counts all lines of the file.
+/// Lines longer than `MAX_LINE_BYTES` are kept only that far (the rest is read and dropped), so
+/// memory stays bounded for any file, a single huge line included.
 fn read_page(mut reader: impl BufRead, offset: u64, limit: u64) -> io::Result<Page> {
     let mut page = Page::default();
     let mut bytes = 0usize;
     let mut buf = Vec::new();
     let mut number = 0u64;
     loop {
-        buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
+        let wanted = number + 1 >= offset && (page.lines.len() as u64) < limit && !page.capped;
+        let length = read_line_capped(&mut reader, if wanted { MAX_LINE_BYTES } else { 0 }, &mut buf)?;
+        if length.read == 0 {
             break;
         }
         number += 1;
-        let wanted = number >= offset && (page.lines.len() as u64) < limit && !page.capped;
         if !wanted {
             continue;
         }
-        let line = display_line(&buf);
-        bytes += line.len() + number.to_string().len() + 3;
+        let line = display_line(&buf, length);
+        bytes += line.text.len() + number.to_string().len() + 3;
         if bytes > MAX_READ_BYTES && !page.lines.is_empty() {
             page.capped = true;
             continue;
         }
-        page.lines.push((number, line));
+        if line.cut && page.first_cut.is_none() {
+            page.first_cut = Some(number);
+        }
+        page.lines.push((number, line.text));
     }
     page.total_lines = number;
     Ok(page)
 }
 
-/// One raw line as shown: without its line ending, lossily decoded, truncated.
-fn display_line(raw: &[u8]) -> String {
-    let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
-    let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-    truncate_line(&String::from_utf8_lossy(raw))
+/// One raw line as shown: without its line ending, lossily decoded, truncated. `kept` is the
+/// start of the line.
+fn display_line(kept: &[u8], length: LineLength) -> Shown {
+    let text = &kept[..kept.len().min(length.text as usize)];
+    shown_line(text, length.text)
 }
 
 /// dsh's read format: header, `N: text` lines, a blank line, then the footer.
@@ -356,7 +430,18 @@ fn render_page(path: &Path, page: &Page, offset: u64) -> String {
     } else {
         format!("(End of file - total {total} lines)")
     };
-    let _ = write!(out, "\n{footer}\n</content>");
+    let _ = write!(out, "\n{footer}");
+    if let Some(line) = page.first_cut {
+        let _ = write!(
+            out,
+            "\n(Lines longer than {MAX_LINE_CHARS} characters were cut. To see more of one, use bash, \
+             e.g. `sed -n '{line}p' {} | cut -c {}-{}`.)",
+            path.display(),
+            MAX_LINE_CHARS + 1,
+            MAX_LINE_CHARS * 3
+        );
+    }
+    out.push_str("\n</content>");
     out
 }
 
@@ -455,26 +540,29 @@ fn write_file(
 ) -> Result<Written, ToolError> {
     let path = paths::resolve(cwd, file_path);
     check_access(cwd, &path, allow_outside)?;
-    let before = match std::fs::metadata(&path) {
-        Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
-        Ok(meta) => {
+    let before = match existing_regular(&path)? {
+        Some(meta) => {
             require_read(files, &path)?;
             if meta.len() as usize > MAX_DIFF_BYTES {
                 Before::Unknown
             } else {
-                std::fs::read(&path)
+                let mut bytes = Vec::new();
+                regular::open_regular(&path)
+                    .and_then(|mut file| file.read_to_end(&mut bytes))
                     .ok()
-                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .and_then(|_| String::from_utf8(bytes).ok())
                     .map_or(Before::Unknown, Before::Text)
             }
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Before::Missing,
-        Err(e) => return Err(io_error("inspect", &path, &e)),
+        None => Before::Missing,
     };
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| io_error("create directory", parent, &e))?;
     }
-    std::fs::write(&path, content).map_err(|e| io_error("write", &path, &e))?;
+    regular::write_regular(&path, content.as_bytes()).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidInput | io::ErrorKind::IsADirectory => open_error(&path, &e, ""),
+        _ => io_error("write", &path, &e),
+    })?;
     files.mark_read(&path);
     Ok(wrote(&path, content, before))
 }
@@ -491,9 +579,8 @@ async fn write_via(
     let (cwd, file_path) = target;
     let path = paths::resolve(cwd, file_path);
     check_access(cwd, &path, allow_outside)?;
-    let before = match tokio::fs::metadata(&path).await {
-        Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
-        Ok(meta) => {
+    let before = match existing_regular(&path)? {
+        Some(meta) => {
             require_read(files, &path)?;
             if meta.len() as usize > MAX_DIFF_BYTES {
                 Before::Unknown
@@ -501,8 +588,7 @@ async fn write_via(
                 access.read_text(session_id, &path).await.map_or(Before::Unknown, Before::Text)
             }
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Before::Missing,
-        Err(e) => return Err(io_error("inspect", &path, &e)),
+        None => Before::Missing,
     };
     if let Some(parent) = path.parent() {
         tokio::fs::create_dir_all(parent).await.map_err(|e| io_error("create directory", parent, &e))?;
@@ -665,7 +751,7 @@ fn edit_file(cwd: &Path, request: &EditRequest, files: &FileState, allow_outside
     require_read(files, &path)?;
     let content = read_text(file, &path)?;
     let (updated, count) = apply_edit(&path, &content, request)?;
-    std::fs::write(&path, &updated).map_err(|e| io_error("write", &path, &e))?;
+    regular::write_regular(&path, updated.as_bytes()).map_err(|e| io_error("write", &path, &e))?;
     files.mark_read(&path);
     Ok(edited(&path, count, &content, &updated, request))
 }
@@ -681,12 +767,7 @@ async fn edit_via(
 ) -> Result<Written, ToolError> {
     let path = paths::resolve(cwd, &request.file_path);
     check_access(cwd, &path, allow_outside)?;
-    match tokio::fs::metadata(&path).await {
-        Ok(meta) if meta.is_dir() => return Err(is_a_directory(&path)),
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_found(&path, EDIT_HINT)),
-        Err(e) => return Err(io_error("open", &path, &e)),
-    }
+    regular::regular(&path).map_err(|e| open_error(&path, &e, EDIT_HINT))?;
     require_read(files, &path)?;
     let content = editor_read(access, session_id, &path, EDIT_HINT).await?;
     let (updated, count) = apply_edit(&path, &content, request)?;
@@ -762,17 +843,30 @@ fn diff_meta(path: &Path, old: Option<&str>, new: &str) -> Option<Value> {
 // ---------------------------------------------------------------------------------------------
 // shared file helpers
 
-/// Opens an existing regular file; `hint` follows the not-found message.
+/// Opens an existing regular file (never blocking on a FIFO or device); `hint` follows the
+/// not-found message.
 fn open_existing(path: &Path, hint: &str) -> Result<File, ToolError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_found(path, hint)),
-        Err(e) => return Err(io_error("open", path, &e)),
-    };
-    if meta.is_dir() {
-        return Err(is_a_directory(path));
+    regular::open_regular(path).map_err(|e| open_error(path, &e, hint))
+}
+
+/// The metadata of `path` when it is an existing regular file, `None` when nothing is there.
+fn existing_regular(path: &Path) -> Result<Option<std::fs::Metadata>, ToolError> {
+    match regular::regular(path) {
+        Ok(meta) => Ok(Some(meta)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(open_error(path, &e, "")),
     }
-    File::open(path).map_err(|e| io_error("open", path, &e))
+}
+
+/// Why `path` cannot be opened: missing (`hint` follows), a directory, not a regular file
+/// (a FIFO, socket or device), or another IO error.
+fn open_error(path: &Path, error: &io::Error, hint: &str) -> ToolError {
+    match error.kind() {
+        io::ErrorKind::NotFound => not_found(path, hint),
+        io::ErrorKind::IsADirectory => is_a_directory(path),
+        io::ErrorKind::InvalidInput => ToolError::new("NOT_A_REGULAR_FILE", error.to_string()),
+        _ => io_error("open", path, error),
+    }
 }
 
 fn not_found(path: &Path, hint: &str) -> ToolError {
@@ -813,10 +907,21 @@ async fn editor_read(access: &dyn FileAccess, session_id: &str, path: &Path, hin
     Ok(text)
 }
 
-/// The whole content of a text file as UTF-8.
+/// The whole content of a text file as UTF-8 (at most `MAX_WHOLE_FILE_BYTES`).
 fn read_text(mut file: File, path: &Path) -> Result<String, ToolError> {
     let mut bytes = sniff_text(&mut file, path)?;
-    file.read_to_end(&mut bytes).map_err(|e| io_error("read", path, &e))?;
+    file.by_ref().take(MAX_WHOLE_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| io_error("read", path, &e))?;
+    if bytes.len() as u64 > MAX_WHOLE_FILE_BYTES {
+        return Err(ToolError::new(
+            "FILE_TOO_LARGE",
+            format!(
+                "{} is larger than {} MiB, more than edit holds in memory; change it with bash \
+                 (e.g. `sed -i`) instead",
+                path.display(),
+                MAX_WHOLE_FILE_BYTES >> 20
+            ),
+        ));
+    }
     String::from_utf8(bytes).map_err(|_| {
         ToolError::new(
             "NOT_UTF8",
@@ -967,8 +1072,61 @@ mod tests {
         let long = "x".repeat(2500);
         std::fs::write(f.ws.join("long.txt"), format!("{long}\nshort\n")).unwrap();
         let out = f.read(json!({"file_path": "long.txt"})).await.unwrap();
-        let expected = format!("1: {}... (line truncated to 2000 chars)\n2: short\n", "x".repeat(2000));
+        let expected =
+            format!("1: {}... (line truncated to 2000 chars; it is 2500 bytes long)\n2: short\n", "x".repeat(2000));
         assert!(out.contains(&expected), "{out}");
+        assert!(out.contains("(Lines longer than 2000 characters were cut. To see more of one, use bash"), "{out}");
+        assert!(out.contains("sed -n '1p'"), "{out}");
+    }
+
+    #[test]
+    fn a_line_is_kept_only_up_to_the_cap_however_long() {
+        // 3 MB of one line with no newline, then a CRLF line: only the cap is kept of the first.
+        let mut text = "é".repeat(1_500_000).into_bytes();
+        text.extend_from_slice(b"\nnext\r\n");
+        let mut reader = BufReader::with_capacity(64, Cursor::new(&text));
+        let mut buf = Vec::new();
+        let first = read_line_capped(&mut reader, MAX_LINE_BYTES, &mut buf).unwrap();
+        assert_eq!(first, LineLength { read: 3_000_001, text: 3_000_000 });
+        assert_eq!(buf.len(), MAX_LINE_BYTES);
+        assert!(buf.capacity() < 2 * MAX_LINE_BYTES, "{}", buf.capacity());
+        let shown = display_line(&buf, first);
+        assert!(shown.cut);
+        assert_eq!(
+            shown.text,
+            format!("{}... (line truncated to 2000 chars; it is 3000000 bytes long)", "é".repeat(2000))
+        );
+        let second = read_line_capped(&mut reader, MAX_LINE_BYTES, &mut buf).unwrap();
+        assert_eq!((second, buf.as_slice()), (LineLength { read: 6, text: 4 }, &b"next\r\n"[..]));
+        assert_eq!(display_line(&buf, second).text, "next");
+        // A CR split from its LF by the reader's buffer still counts as the line ending.
+        let mut reader = BufReader::with_capacity(3, Cursor::new(b"ab\r\nc"));
+        assert_eq!(read_line_capped(&mut reader, 0, &mut buf).unwrap(), LineLength { read: 4, text: 2 });
+        assert_eq!(read_line_capped(&mut reader, 0, &mut buf).unwrap(), LineLength { read: 1, text: 1 });
+        assert_eq!(read_line_capped(&mut reader, 0, &mut buf).unwrap().read, 0);
+    }
+
+    #[tokio::test]
+    async fn fifos_and_devices_are_refused_not_blocked_on() {
+        let f = fixture();
+        let fifo = f.ws.join("pipe");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let err = f.read(json!({"file_path": "pipe"})).await.unwrap_err();
+        assert_eq!(err.code, "NOT_A_REGULAR_FILE");
+        assert!(err.message.contains("pipe is a FIFO (named pipe), not a regular file"), "{}", err.message);
+        // Writing and editing a FIFO the session "read" are refused the same way.
+        f.files.mark_read(&fifo);
+        let err = f.write(json!({"file_path": "pipe", "content": "x"})).await.unwrap_err();
+        assert_eq!(err.code, "NOT_A_REGULAR_FILE");
+        let err = f.edit(json!({"file_path": "pipe", "old_string": "a", "new_string": "b"})).await.unwrap_err();
+        assert_eq!(err.code, "NOT_A_REGULAR_FILE");
+        // Through an editor too: nothing on disk that is not a regular file is handed to it.
+        let mut ctx = f.ctx();
+        ctx.file_access = Some(Arc::new(Buffers::default()) as Arc<dyn FileAccess>);
+        let err = ReadTool::new(f.files.clone()).execute(json!({"file_path": "pipe"}), ctx).await.unwrap_err();
+        assert_eq!(err.code, "NOT_A_REGULAR_FILE");
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ pub mod builtin;
 pub mod files;
 pub mod fs;
 pub mod paths;
+pub mod regular;
 pub mod search;
 pub mod todo;
 

@@ -1,7 +1,8 @@
 //! The search tools `glob` (files by name) and `grep` (file contents by regex). Both walk the
 //! tree with `ignore::WalkBuilder`, honouring `.gitignore` even outside a git repository and
-//! skipping `.git`, on the blocking pool; results are capped (100 paths, 250 matches) with a
-//! note of what was left out.
+//! skipping `.git`, on the blocking pool; results are capped (100 paths; 250 matches and 50 KB;
+//! 2000 characters of a line; lines of at most 8 MiB are searched) with a note of what was left
+//! out.
 
 use std::ffi::OsStr;
 use std::io;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::access::named_path;
 use super::builtin::{aborted, call_cwd, optional_str, required_str, run_blocking};
-use super::fs::{check_access, truncate_line};
+use super::fs::{MAX_LINE_BYTES, check_access, shown_line};
 use super::paths;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
@@ -27,6 +28,13 @@ use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 const MAX_GLOB_RESULTS: usize = 100;
 /// Matching lines `grep` lists at most.
 const MAX_GREP_MATCHES: usize = 250;
+/// Bytes of matching lines one `grep` result holds at most; the note tells what was left out.
+const MAX_GREP_BYTES: usize = 50 * 1024;
+/// The longest line `grep` searches: the searcher's buffer never grows beyond this, and a file
+/// with a longer line is reported as not (fully) searched.
+const MAX_GREP_LINE_BYTES: usize = 8 * 1024 * 1024;
+/// Files named in the note about files that could not be searched.
+const MAX_NAMED_SKIPS: usize = 5;
 
 /// `glob <pattern>` or `grep <pattern>`, with ` in <path>` when the call names one.
 fn search_title(tool: &str, arguments: &Value) -> String {
@@ -265,11 +273,17 @@ impl Tool for GrepTool {
     }
 }
 
-/// The first `MAX_GREP_MATCHES` matching lines, and how many there were in all.
+/// The first `MAX_GREP_MATCHES` matching lines (at most `MAX_GREP_BYTES` of them), how many
+/// there were in all, and the files that could not be searched to the end.
 #[derive(Debug, Default)]
 struct Hits {
     lines: Vec<String>,
+    bytes: usize,
+    /// True when `MAX_GREP_BYTES` stopped the listing.
+    capped: bool,
     total: usize,
+    /// `path: why` of each file whose search failed (its matches so far are kept).
+    skipped: Vec<String>,
 }
 
 impl Hits {
@@ -279,9 +293,17 @@ impl Hits {
             return;
         }
         self.total += found.count;
-        let room = MAX_GREP_MATCHES.saturating_sub(self.lines.len());
-        for (number, text) in found.lines.into_iter().take(room) {
-            self.lines.push(format!("{shown}:{number}: {text}"));
+        for (number, text) in found.lines {
+            if self.lines.len() >= MAX_GREP_MATCHES || self.capped {
+                break;
+            }
+            let line = format!("{shown}:{number}: {text}");
+            if self.bytes + line.len() > MAX_GREP_BYTES && !self.lines.is_empty() {
+                self.capped = true;
+                break;
+            }
+            self.bytes += line.len() + 1;
+            self.lines.push(line);
         }
     }
 }
@@ -302,8 +324,11 @@ impl Sink for FileMatches {
     fn matched(&mut self, _searcher: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, io::Error> {
         self.count += 1;
         if self.lines.len() < MAX_GREP_MATCHES {
-            let line = String::from_utf8_lossy(mat.bytes());
-            let text = truncate_line(line.trim_end_matches(['\n', '\r']));
+            // Only the start of the line is decoded: a match may be one huge line.
+            let raw = mat.bytes();
+            let raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            let text = shown_line(&raw[..raw.len().min(MAX_LINE_BYTES)], raw.len() as u64).text;
             self.lines.push((mat.line_number().unwrap_or(0), text));
         }
         Ok(true)
@@ -335,7 +360,11 @@ fn grep_files(
     let include = request.include.as_deref().map(|glob| NameFilter::new(glob, "include glob")).transpose()?;
     let root = search_root(cwd, request.path.as_deref(), allow_outside)?;
     let base = if root.is_dir() { root.clone() } else { root.parent().map(Path::to_path_buf).unwrap_or_default() };
-    let mut searcher = SearcherBuilder::new().binary_detection(BinaryDetection::quit(0)).line_number(true).build();
+    let mut searcher = SearcherBuilder::new()
+        .binary_detection(BinaryDetection::quit(0))
+        .line_number(true)
+        .heap_limit(Some(MAX_GREP_LINE_BYTES))
+        .build();
     let mut hits = Hits::default();
     for entry in walker(&root).flatten() {
         if cancel.is_cancelled() {
@@ -346,12 +375,18 @@ fn grep_files(
             continue;
         }
         let mut found = FileMatches::default();
-        match searcher.search_path(&matcher, entry.path(), &mut found) {
-            Ok(()) => hits.add_file(&relative_display(entry.path(), &base), found),
-            Err(error) => {
-                tracing::debug!(path = %entry.path().display(), %error, "grep skipped a file");
-            }
+        let shown = relative_display(entry.path(), &base);
+        let searched = searcher.search_path(&matcher, entry.path(), &mut found);
+        if let Err(error) = searched {
+            tracing::debug!(path = %entry.path().display(), %error, "grep could not search a whole file");
+            let why = if error.to_string().contains("allocation limit") {
+                format!("a line is longer than {} MiB", MAX_GREP_LINE_BYTES >> 20)
+            } else {
+                error.to_string()
+            };
+            hits.skipped.push(format!("{shown}: {why}"));
         }
+        hits.add_file(&shown, found);
     }
     if cancel.is_cancelled() {
         return Err(aborted());
@@ -360,16 +395,29 @@ fn grep_files(
 }
 
 fn render_grep(pattern: &str, root: &Path, hits: &Hits) -> String {
-    if hits.lines.is_empty() {
-        return format!("No matches for `{pattern}` in {}", root.display());
-    }
-    let mut text = hits.lines.join("\n");
+    let mut text = if hits.lines.is_empty() {
+        format!("No matches for `{pattern}` in {}", root.display())
+    } else {
+        hits.lines.join("\n")
+    };
     if hits.total > hits.lines.len() {
+        let why = if hits.capped { "Output capped at 50 KB. " } else { "" };
         text.push_str(&format!(
-            "\n\n(Showing the first {} of {} matches. Use a more specific pattern, path or \
+            "\n\n({why}Showing the first {} of {} matches. Use a more specific pattern, path or \
              include to see the rest.)",
             hits.lines.len(),
             hits.total
+        ));
+    }
+    if !hits.skipped.is_empty() {
+        let named: Vec<&str> = hits.skipped.iter().take(MAX_NAMED_SKIPS).map(String::as_str).collect();
+        let more = hits.skipped.len() - named.len();
+        let more = if more > 0 { format!("; and {more} more") } else { String::new() };
+        text.push_str(&format!(
+            "\n\n({} file(s) could not be searched to the end, so matches in them may be missing: {}{more}. \
+             Use bash (e.g. `grep -o` with a bounded pattern) for those.)",
+            hits.skipped.len(),
+            named.join("; ")
         ));
     }
     text
@@ -567,6 +615,37 @@ mod tests {
         let out = grep(dir.path(), json!({"pattern": "^match"})).await.unwrap();
         assert_eq!(out.lines().filter(|l| l.starts_with("many.txt:")).count(), 250);
         assert!(out.contains("Showing the first 250 of 300 matches"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn grep_caps_a_line_a_match_and_the_result() {
+        let dir = tempfile::tempdir().unwrap();
+        // One match on a 3 MB line: the shown line is cut and says how long it is.
+        std::fs::write(dir.path().join("long.txt"), format!("needle{}\n", "x".repeat(3_000_000))).unwrap();
+        let out = grep(dir.path(), json!({"pattern": "needle"})).await.unwrap();
+        let expected = format!(
+            "long.txt:1: needle{}... (line truncated to 2000 chars; it is 3000006 bytes long)",
+            "x".repeat(1994)
+        );
+        assert_eq!(out, expected);
+        // A line longer than the searcher's limit: the file is named as not searched to the end.
+        std::fs::write(dir.path().join("huge.txt"), "y".repeat(MAX_GREP_LINE_BYTES + 10)).unwrap();
+        let out = grep(dir.path(), json!({"pattern": "needle|y{3}"})).await.unwrap();
+        assert!(out.starts_with("long.txt:1: needle"), "{}", &out[..200]);
+        assert!(out.contains("(1 file(s) could not be searched to the end"), "{out:.3000}");
+        assert!(out.contains("huge.txt: a line is longer than 8 MiB"), "{out:.3000}");
+        // 250 lines of 1000 characters exceed 50 KB: the listing stops at the byte cap and says so.
+        let body: String = (0..250).map(|i| format!("hit {i} {}\n", "z".repeat(1000))).collect();
+        let many = tempfile::tempdir().unwrap();
+        std::fs::write(many.path().join("many.txt"), body).unwrap();
+        let out = grep(many.path(), json!({"pattern": "^hit"})).await.unwrap();
+        assert!(out.len() < 52 * 1024, "{}", out.len());
+        let shown = out.lines().filter(|l| l.starts_with("many.txt:")).count();
+        assert!(shown < 60, "{shown}");
+        assert!(
+            out.contains(&format!("(Output capped at 50 KB. Showing the first {shown} of 250 matches.")),
+            "{out:.200}"
+        );
     }
 
     #[tokio::test]
