@@ -141,6 +141,8 @@ struct ModelSection {
     max_attempts: Option<u32>,
     retry_base_delay_ms: Option<u64>,
     retry_max_delay_ms: Option<u64>,
+    /// The longest `Retry-After` honoured; a longer one is capped to this.
+    max_retry_after_secs: Option<f64>,
     idle_timeout_secs: Option<u64>,
     /// Routes offered to the editor's model selector.
     choices: Option<Vec<String>>,
@@ -289,6 +291,10 @@ fn resolve_models(
     }
     settings.retry.base_delay_ms = section.retry_base_delay_ms.unwrap_or(settings.retry.base_delay_ms);
     settings.retry.max_delay_ms = section.retry_max_delay_ms.unwrap_or(settings.retry.max_delay_ms);
+    if let Some(secs) = section.max_retry_after_secs {
+        let cap = seconds(secs, false, &format!("{origin}: key `model_settings.max_retry_after_secs`"))?;
+        settings.retry.max_retry_after_ms = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX);
+    }
     settings.idle_timeout_secs = section.idle_timeout_secs.unwrap_or(settings.idle_timeout_secs);
     for (name, p) in providers {
         let kind = match p.kind.as_deref() {
@@ -550,6 +556,21 @@ mod tests {
             let err = Config::resolve(&flags, &home).unwrap_err().to_string();
             assert!(err.contains(key), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn retry_after_cap_is_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let c = Config::resolve(&Overrides::default(), &home).unwrap();
+        assert_eq!(c.models.retry.max_retry_after_ms, 60_000);
+        std::fs::write(&file, "[model_settings]\nmax_retry_after_secs = 2.5\n").unwrap();
+        assert_eq!(Config::resolve(&flags, &home).unwrap().models.retry.max_retry_after_ms, 2_500);
+        std::fs::write(&file, "[model_settings]\nmax_retry_after_secs = -1\n").unwrap();
+        let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+        assert!(err.contains("model_settings.max_retry_after_secs") && err.contains("non-negative"), "{err}");
     }
 
     #[test]

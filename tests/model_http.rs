@@ -35,7 +35,7 @@ fn deepseek_env(server: &MockServer) -> impl Fn(&str) -> Option<String> {
 
 fn fast_settings() -> ModelSettings {
     ModelSettings {
-        retry: RetryPolicy { max_attempts: 3, base_delay_ms: 1, max_delay_ms: 5 },
+        retry: RetryPolicy { max_attempts: 3, base_delay_ms: 1, max_delay_ms: 5, ..RetryPolicy::default() },
         ..ModelSettings::default()
     }
 }
@@ -450,6 +450,36 @@ async fn rate_limit_honours_retry_after_then_succeeds() {
 }
 
 #[tokio::test]
+async fn a_long_retry_after_is_capped_and_the_notice_says_so() {
+    let server = MockServer::start().await;
+    once(
+        &server,
+        CHAT,
+        ResponseTemplate::new(429)
+            .insert_header("retry-after", "3600")
+            .set_body_json(json!({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}})),
+    )
+    .await;
+    once(&server, CHAT, sse(text_answer("hello"))).await;
+    let mut settings = fast_settings();
+    settings.retry.max_retry_after_ms = 300;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &settings, &deepseek_env(&server));
+    // The call ends well before the hour the server asked for (the stream is collected within 20 s).
+    answered_hello(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    let retries = retries.lock().unwrap().clone();
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert_eq!((retries[0].delay_ms, retries[0].requested_delay_ms), (300, Some(3_600_000)));
+    // A wait within the cap is honoured as given and not reported as capped.
+    let server = MockServer::start().await;
+    once(&server, CHAT, ResponseTemplate::new(429).insert_header("retry-after-ms", "20")).await;
+    once(&server, CHAT, sse(text_answer("hello"))).await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &settings, &deepseek_env(&server));
+    answered_hello(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    let retries = retries.lock().unwrap().clone();
+    assert_eq!((retries[0].delay_ms, retries[0].requested_delay_ms), (20, None));
+}
+
+#[tokio::test]
 async fn server_error_then_success() {
     let server = MockServer::start().await;
     once(&server, CHAT, ResponseTemplate::new(500).set_body_string("upstream exploded")).await;
@@ -500,7 +530,7 @@ async fn disconnect_after_chunks_finishes_with_an_error_and_no_retry() {
 fn stalling_model(server: &MockServer, max_attempts: u32) -> (OpenAiModel, Arc<Mutex<Vec<RetryInfo>>>) {
     let mut endpoint = Server::new(server.uri(), Some("DEEPSEEK_API_KEY"));
     endpoint.api_key = Some(KEY.into());
-    endpoint.retry = RetryPolicy { max_attempts, base_delay_ms: 1, max_delay_ms: 5 };
+    endpoint.retry = RetryPolicy { max_attempts, base_delay_ms: 1, max_delay_ms: 5, ..RetryPolicy::default() };
     endpoint.idle_timeout = Duration::from_millis(300);
     let config = OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) };
     let (notice, seen) = recorder();
@@ -537,7 +567,7 @@ async fn an_empty_completion_is_retried_then_reported() {
     let empty = chat_sse(&[delta(json!({"role": "assistant", "content": ""})), finish_reason("stop")]);
     always(&server, CHAT, sse(empty)).await;
     let settings = ModelSettings {
-        retry: RetryPolicy { max_attempts: 2, base_delay_ms: 1, max_delay_ms: 5 },
+        retry: RetryPolicy { max_attempts: 2, base_delay_ms: 1, max_delay_ms: 5, ..RetryPolicy::default() },
         ..ModelSettings::default()
     };
     let (model, retries) = routed("deepseek/deepseek-v4-flash", &settings, &deepseek_env(&server));

@@ -51,8 +51,15 @@ pub fn live_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate>
     if event.kind == "llm/retry" {
         let d = &event.data;
         let delay = d["delayMs"].as_u64().unwrap_or(0) as f64 / 1000.0;
+        let capped = match d["requestedDelayMs"].as_u64() {
+            Some(asked) => format!(
+                "; the server asked to wait {:.1} s, capped at {delay:.1} s (model_settings.max_retry_after_secs)",
+                asked as f64 / 1000.0
+            ),
+            None => String::new(),
+        };
         let text = format!(
-            "{RETRY_THOUGHT_PREFIX}({}); retrying in {delay:.1} s (attempt {} of {}).\n",
+            "{RETRY_THOUGHT_PREFIX}({}); retrying in {delay:.1} s (attempt {} of {}{capped}).\n",
             d["reason"].as_str().unwrap_or("unknown error"),
             d["attempt"],
             d["maxAttempts"]
@@ -304,6 +311,27 @@ mod tests {
             json!([{"type": "content", "content": {"type": "text", "text": "acp:x: Run tests"}}])
         );
         assert!(replay_updates(&progress, &ToolRegistry::new()).is_empty(), "not replayed on load");
+    }
+
+    #[test]
+    fn a_retry_notice_says_when_the_servers_wait_was_capped() {
+        let text = |data: Value| {
+            let wire =
+                serde_json::to_value(live_update(&event("llm/retry", data), &ToolRegistry::new()).unwrap()).unwrap();
+            wire["content"]["text"].as_str().unwrap().to_string()
+        };
+        let retry = json!({"attempt": 2, "maxAttempts": 4, "delayMs": 60000, "reason": "rate limited (HTTP 429)"});
+        assert_eq!(
+            text(retry.clone()),
+            "Model request failed (rate limited (HTTP 429)); retrying in 60.0 s (attempt 2 of 4).\n"
+        );
+        let mut capped = retry;
+        capped["requestedDelayMs"] = json!(3_600_000);
+        assert_eq!(
+            text(capped),
+            "Model request failed (rate limited (HTTP 429)); retrying in 60.0 s (attempt 2 of 4; the server \
+             asked to wait 3600.0 s, capped at 60.0 s (model_settings.max_retry_after_secs)).\n"
+        );
     }
 
     #[test]

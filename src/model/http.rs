@@ -3,7 +3,7 @@
 //! on a background task that posts the request, decodes the SSE stream into dsh `StreamChunk`s and
 //! forwards them to the channel. It retries retryable failures (connect errors, 429, 5xx, a stream
 //! that ends without a finish, an empty completion, an idle stream) with exponential backoff and
-//! jitter, honouring `Retry-After`, but only while nothing of the failed attempt reached the
+//! jitter, honouring `Retry-After` up to a cap, but only while nothing of the failed attempt reached the
 //! channel. Errors the user must act on (missing or rejected key, unknown model, context overflow)
 //! are terminal and say what to do. The API key never appears in a message or a log line.
 
@@ -61,23 +61,34 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     /// The backoff before the first retry; it doubles for each further retry.
     pub base_delay_ms: u64,
-    /// The backoff never grows beyond this (a server's `Retry-After` is honoured as given).
+    /// The backoff never grows beyond this.
     pub max_delay_ms: u64,
+    /// A server's `Retry-After` is honoured up to this; a longer one waits this long (and the
+    /// retry notice says the wait was capped).
+    pub max_retry_after_ms: u64,
 }
+
+/// The default cap on a server's `Retry-After`.
+pub const DEFAULT_MAX_RETRY_AFTER_MS: u64 = 60_000;
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 4, base_delay_ms: 500, max_delay_ms: 30_000 }
+        RetryPolicy {
+            max_attempts: 4,
+            base_delay_ms: 500,
+            max_delay_ms: 30_000,
+            max_retry_after_ms: DEFAULT_MAX_RETRY_AFTER_MS,
+        }
     }
 }
 
 impl RetryPolicy {
     /// The wait before retry number `retry` (1 = the first retry): the server's `Retry-After`
-    /// when it sent one, else `base_delay_ms * 2^(retry-1)` capped at `max_delay_ms`, with
-    /// jitter taking it down to as little as half.
+    /// when it sent one (at most `max_retry_after_ms`), else `base_delay_ms * 2^(retry-1)` capped
+    /// at `max_delay_ms`, with jitter taking it down to as little as half.
     pub fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
         if let Some(after) = retry_after {
-            return after;
+            return after.min(Duration::from_millis(self.max_retry_after_ms));
         }
         let backoff =
             self.base_delay_ms.saturating_mul(2u64.saturating_pow(retry.saturating_sub(1))).min(self.max_delay_ms);
@@ -101,6 +112,9 @@ pub struct RetryInfo {
     pub code: String,
     /// The failure message of the failed attempt (never contains the API key).
     pub reason: String,
+    /// The server's `Retry-After` when it asked for longer than `max_retry_after_ms`: the wait
+    /// (`delay_ms`) was capped.
+    pub requested_delay_ms: Option<u64>,
 }
 
 /// Called for every retry (the integrator turns it into an `llm/retry` event and a notice).
@@ -471,12 +485,17 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
         }
         let delay = call.retry.delay(attempt, error.retry_after);
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        let requested_delay_ms = error
+            .retry_after
+            .filter(|after| *after > delay)
+            .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
         attempt += 1;
         tracing::warn!(
             route = %call.request.route,
             attempt,
             max_attempts,
             delay_ms,
+            requested_delay_ms,
             code = %failure.code,
             "model call failed, retrying: {}",
             failure.message
@@ -491,6 +510,7 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
                 delay_ms,
                 code: failure.code,
                 reason: failure.message,
+                requested_delay_ms,
             });
         }
         tokio::time::sleep(delay).await;
@@ -742,7 +762,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_caps_and_honours_retry_after() {
-        let policy = RetryPolicy { max_attempts: 5, base_delay_ms: 100, max_delay_ms: 300 };
+        let policy = RetryPolicy { max_attempts: 5, base_delay_ms: 100, max_delay_ms: 300, max_retry_after_ms: 9_000 };
         for _ in 0..20 {
             let first = policy.delay(1, None).as_millis();
             let second = policy.delay(2, None).as_millis();
@@ -752,6 +772,15 @@ mod tests {
             assert!((150..=300).contains(&capped), "{capped}");
         }
         assert_eq!(policy.delay(1, Some(Duration::from_secs(7))), Duration::from_secs(7));
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(3600))), Duration::from_secs(9));
+    }
+
+    #[test]
+    fn retry_after_is_capped_at_a_minute_by_default() {
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.max_retry_after_ms, 60_000);
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(86_400))), Duration::from_secs(60));
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(59))), Duration::from_secs(59));
     }
 
     #[test]

@@ -24,7 +24,7 @@ impl RetryLog {
         let log = self.clone();
         Arc::new(move |info: RetryInfo| {
             tracing::warn!(session = %info.session_id, attempt = info.attempt, delay_ms = info.delay_ms, code = %info.code, "retrying a model request: {}", info.reason);
-            let event = json!({
+            let mut event = json!({
                 "turn": info.turn,
                 "step": info.step,
                 "attempt": info.attempt,
@@ -33,6 +33,10 @@ impl RetryLog {
                 "code": info.code,
                 "reason": info.reason,
             });
+            if let Some(requested) = info.requested_delay_ms {
+                // The server asked for a longer wait than the cap allows.
+                event["requestedDelayMs"] = requested.into();
+            }
             if let Ok(mut pending) = log.pending.lock() {
                 pending.entry(info.session_id).or_default().push(event);
             }
