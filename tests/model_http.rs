@@ -561,6 +561,170 @@ async fn a_stalled_stream_times_out_and_is_retried() {
     assert!(failure.message.contains("idle timeout"), "{}", failure.message);
 }
 
+/// A loopback HTTP server that answers every request with an event stream made by `body`: it
+/// writes the response head, then whatever `body` writes, until the client goes away.
+async fn raw_sse_server<F, Fut>(body: F) -> String
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let body = Arc::new(body);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                if socket.write_all(head.as_bytes()).await.is_ok() {
+                    body(socket).await;
+                }
+            });
+        }
+    });
+    format!("http://{address}")
+}
+
+fn raw_model(base_url: String, idle: Duration) -> Arc<dyn Model> {
+    let mut endpoint = Server::new(base_url, Some("DEEPSEEK_API_KEY"));
+    endpoint.api_key = Some(KEY.into());
+    endpoint.retry = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
+    endpoint.idle_timeout = idle;
+    Arc::new(OpenAiModel::new(OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) }).unwrap())
+}
+
+#[tokio::test]
+async fn keep_alive_comments_do_not_stop_the_idle_timeout() {
+    use tokio::io::AsyncWriteExt;
+    // A server that only ever sends keep-alive comments.
+    let silent = raw_sse_server(|mut socket| async move {
+        while socket.write_all(b": keep-alive\n\n").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let model = raw_model(silent, Duration::from_millis(400));
+    let results = call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await;
+    let failure = thrown(&results);
+    assert_eq!(failure.code, "TIMEOUT");
+    assert!(failure.message.contains("keep-alive comments do not count"), "{}", failure.message);
+    // Model data rearms the watchdog: text every 150 ms among keep-alives outlasts the timeout.
+    let talking = raw_sse_server(|mut socket| async move {
+        for piece in ["he", "l", "l", "o"] {
+            let event = format!(": keep-alive\n\ndata: {}\n\n", delta(json!({"content": piece})));
+            if socket.write_all(event.as_bytes()).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let end = format!("data: {}\n\ndata: [DONE]\n\n", finish_reason("stop"));
+        let _ = socket.write_all(end.as_bytes()).await;
+    })
+    .await;
+    let model = raw_model(talking, Duration::from_millis(400));
+    let got = chunks(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(got[2..].first(), Some(&text_delta(0, "l")), "{got:?}");
+    assert_eq!(got.last(), Some(&finish(FinishReason::Stop)));
+}
+
+#[tokio::test]
+async fn an_endless_event_is_cut_off_not_buffered() {
+    use tokio::io::AsyncWriteExt;
+    // One `data:` line that never ends: kin stops at 16 MiB instead of buffering it all.
+    let endless = raw_sse_server(|mut socket| async move {
+        if socket.write_all(b"data: ").await.is_err() {
+            return;
+        }
+        let block = vec![b'x'; 1 << 20];
+        while socket.write_all(&block).await.is_ok() {}
+    })
+    .await;
+    let model = raw_model(endless, Duration::from_secs(10));
+    let failure = thrown(&call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(failure.code, "PROVIDER_ERROR");
+    assert!(failure.message.contains("an event larger than 16 MiB"), "{}", failure.message);
+}
+
+#[tokio::test]
+async fn an_emoji_split_into_lone_surrogate_escapes_is_joined() {
+    let server = MockServer::start().await;
+    // Raw event text: the JSON escapes are the provider's, not serde's.
+    let body = [
+        r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"ok \ud83d"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"\ude00 done"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":", lone \udc00 and \ud83d"}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"write","arguments":"{\"t\":\"\ud83d"}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\ude00\"}"}}]}}]}"#,
+        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        "[DONE]",
+    ]
+    .iter()
+    .map(|data| format!("data: {data}\n\n"))
+    .collect::<String>();
+    once(&server, CHAT, sse(body)).await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    let got = chunks(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(
+        got,
+        vec![
+            start(0, "text"),
+            text_delta(0, "ok "),
+            text_delta(0, "😀 done"),
+            text_delta(0, ", lone \u{FFFD} and "),
+            // The high half that never got its low half ends the block as U+FFFD.
+            text_delta(0, "\u{FFFD}"),
+            end(0, json!({"type": "text", "text": "ok 😀 done, lone \u{FFFD} and \u{FFFD}"})),
+            start(1, "tool-call"),
+            call_delta(1, "c1", Some("write"), "{\"t\":\""),
+            call_delta(1, "c1", None, "😀\"}"),
+            end(1, json!({"type": "tool-call", "id": "c1", "name": "write", "arguments": "{\"t\":\"😀\"}"})),
+            finish(FinishReason::ToolCalls),
+        ]
+    );
+    assert!(retries.lock().unwrap().is_empty());
+
+    let server = MockServer::start().await;
+    let events = [
+        ("message_start", message_start(3).to_string()),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.into(),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi \ud83d"}}"#.into(),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\ude00"}}"#.into(),
+        ),
+        ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.into()),
+        (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#.into(),
+        ),
+        ("message_stop", r#"{"type":"message_stop"}"#.into()),
+    ];
+    let body: String = events.iter().map(|(kind, data)| format!("event: {kind}\ndata: {data}\n\n")).collect();
+    once(&server, MESSAGES, sse(body)).await;
+    let (model, _) = routed("anthropic/claude-test", &fast_settings(), &anthropic_env(&server));
+    let got = chunks(call(&model, request("anthropic/claude-test", vec![user("Hi")])).await);
+    assert_eq!(
+        got[..4],
+        [start(0, "text"), text_delta(0, "hi "), text_delta(0, "😀"), end(0, json!({"type": "text", "text": "hi 😀"}))]
+    );
+    assert_eq!(got.last(), Some(&finish(FinishReason::Stop)));
+}
+
 #[tokio::test]
 async fn an_empty_completion_is_retried_then_reported() {
     let server = MockServer::start().await;

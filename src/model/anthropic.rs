@@ -12,6 +12,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use super::http::{self, Api, AttemptError, Decoder, HttpModel, Server};
+use super::utf16::{self, Joiner};
 use super::{Failure, FinishReason, ModelRequest, StreamChunk};
 
 /// The `anthropic-version` header kin speaks.
@@ -237,9 +238,42 @@ pub struct MessagesDecoder {
     output_tokens: u64,
     cache_read: Option<u64>,
     cache_write: Option<u64>,
+    /// Surrogate halves held across events, per block index.
+    joins: BTreeMap<u64, Joiner>,
+    /// The event being decoded used surrogate stand-ins (see `utf16::parse_event`).
+    marked: bool,
 }
 
 impl MessagesDecoder {
+    /// A streamed piece of block `index`, its surrogate halves joined across events.
+    fn joined(&mut self, index: u64, piece: &str) -> String {
+        self.joins.entry(index).or_default().piece(piece, self.marked).into_owned()
+    }
+
+    /// Ends block `index`'s pieces: a high surrogate half never completed becomes U+FFFD, added
+    /// to the block and streamed.
+    fn end_pieces(&mut self, index: u64, out: &mut Vec<StreamChunk>) {
+        let Some(tail) = self.joins.remove(&index).and_then(|mut joiner| joiner.finish()) else {
+            return;
+        };
+        let tail = tail.to_string();
+        match self.open.get_mut(&index) {
+            Some(OpenBlock::Text(text)) => {
+                text.push_str(&tail);
+                out.push(StreamChunk::TextDelta { index, text: tail });
+            }
+            Some(OpenBlock::Thinking { text, .. }) => {
+                text.push_str(&tail);
+                out.push(StreamChunk::ReasoningDelta { index, text: tail });
+            }
+            Some(OpenBlock::ToolUse { id, json, .. }) => {
+                json.push_str(&tail);
+                out.push(StreamChunk::ToolCallDelta { index, id: id.clone(), name: None, arguments_delta: tail });
+            }
+            Some(OpenBlock::Redacted(_) | OpenBlock::Ignored) | None => {}
+        }
+    }
+
     /// Usage fields are running totals: the latest value of each wins.
     fn usage(&mut self, usage: &Value) {
         if !usage.is_object() {
@@ -261,7 +295,8 @@ impl MessagesDecoder {
     }
 
     fn block_start(&mut self, index: u64, block: &Value, out: &mut Vec<StreamChunk>) {
-        let text = |key: &str| block[key].as_str().unwrap_or_default().to_string();
+        let marked = self.marked;
+        let text = |key: &str| Joiner::whole(block[key].as_str().unwrap_or_default(), marked).into_owned();
         let kind = match block["type"].as_str() {
             Some("text") => "text",
             Some("thinking" | "redacted_thinking") => "reasoning",
@@ -310,23 +345,33 @@ impl MessagesDecoder {
     }
 
     fn block_delta(&mut self, index: u64, delta: &Value, out: &mut Vec<StreamChunk>) {
-        let piece = |key: &str| delta[key].as_str().unwrap_or_default().to_string();
-        match (self.open.get_mut(&index), delta["type"].as_str()) {
+        let raw = |key: &str| delta[key].as_str().unwrap_or_default();
+        let kind = delta["type"].as_str();
+        let key = match kind {
+            Some("text_delta") => "text",
+            Some("thinking_delta") => "thinking",
+            Some("signature_delta") => "signature",
+            Some("input_json_delta") => "partial_json",
+            _ => return,
+        };
+        let piece = if key == "signature" { raw(key).to_string() } else { self.joined(index, raw(key)) };
+        match (self.open.get_mut(&index), kind) {
             (Some(OpenBlock::Text(text)), Some("text_delta")) => {
-                let piece = piece("text");
                 text.push_str(&piece);
-                out.push(StreamChunk::TextDelta { index, text: piece });
+                if !piece.is_empty() {
+                    out.push(StreamChunk::TextDelta { index, text: piece });
+                }
             }
             (Some(OpenBlock::Thinking { text, .. }), Some("thinking_delta")) => {
-                let piece = piece("thinking");
                 text.push_str(&piece);
-                out.push(StreamChunk::ReasoningDelta { index, text: piece });
+                if !piece.is_empty() {
+                    out.push(StreamChunk::ReasoningDelta { index, text: piece });
+                }
             }
             (Some(OpenBlock::Thinking { signature, .. }), Some("signature_delta")) => {
-                signature.push_str(&piece("signature"));
+                signature.push_str(&piece);
             }
             (Some(OpenBlock::ToolUse { id, json, .. }), Some("input_json_delta")) => {
-                let piece = piece("partial_json");
                 json.push_str(&piece);
                 if !piece.is_empty() {
                     out.push(StreamChunk::ToolCallDelta { index, id: id.clone(), name: None, arguments_delta: piece });
@@ -337,6 +382,7 @@ impl MessagesDecoder {
     }
 
     fn block_stop(&mut self, index: u64, out: &mut Vec<StreamChunk>) {
+        self.end_pieces(index, out);
         if let Some(block) = self.open.remove(&index).and_then(OpenBlock::finish) {
             out.push(StreamChunk::BlockEnd { index, block });
         }
@@ -347,6 +393,10 @@ impl MessagesDecoder {
         let reason = self.stop_reason.take().unwrap_or_default();
         if self.started == 0 && reason != "max_tokens" {
             return Err(http::empty_response());
+        }
+        let held: Vec<u64> = self.joins.keys().copied().collect();
+        for index in held {
+            self.end_pieces(index, out);
         }
         for (index, open) in std::mem::take(&mut self.open) {
             if let Some(block) = open.finish() {
@@ -385,7 +435,8 @@ impl Decoder for MessagesDecoder {
         if data.is_empty() {
             return Ok(false);
         }
-        let value: Value = serde_json::from_str(data).map_err(|e| http::unreadable(data, &e))?;
+        let (value, marked) = utf16::parse_event(data).map_err(|e| http::unreadable(data, &e))?;
+        self.marked = marked;
         let kind = value["type"].as_str().unwrap_or(event.event.as_str());
         let index = value["index"].as_u64().unwrap_or(0);
         match kind {

@@ -8,6 +8,7 @@
 //! are terminal and say what to do. The API key never appears in a message or a log line.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use eventsource_stream::{Event, EventStreamError, Eventsource};
@@ -39,7 +40,7 @@ pub const RATE_LIMITED: &str = "RATE_LIMITED";
 pub const SERVER_ERROR: &str = "SERVER_ERROR";
 /// The server could not be reached (retryable).
 pub const CONNECTION_FAILED: &str = "CONNECTION_FAILED";
-/// No bytes for the idle timeout (retryable).
+/// No model data for the idle timeout (retryable).
 pub const TIMEOUT: &str = "TIMEOUT";
 /// The stream ended or broke before the response finished (retryable).
 pub const STREAM_INCOMPLETE: &str = "STREAM_INCOMPLETE";
@@ -238,7 +239,8 @@ pub struct Server {
     /// Extra headers sent with every request (after the client's own, so they may override them).
     pub extra_headers: Vec<(String, String)>,
     pub retry: RetryPolicy,
-    /// A call whose stream delivers no bytes for this long fails with `TIMEOUT` (retryable).
+    /// A call whose stream delivers no model data for this long fails with `TIMEOUT`
+    /// (retryable); keep-alive comments do not count.
     pub idle_timeout: Duration,
 }
 
@@ -517,10 +519,55 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
     }
 }
 
+/// Bytes one stream event may take (its data lines together); a longer one fails the attempt
+/// instead of growing the event buffer without bound.
+const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
 /// Why the byte stream stopped delivering.
 enum ByteError {
     Transport(reqwest::Error),
-    Idle,
+    /// More than `MAX_EVENT_BYTES` arrived since the last complete event.
+    Oversize,
+}
+
+/// The response bytes re-cut at line ends: the event parser rescans an incomplete line on every
+/// piece it gets, so it only ever gets whole lines (the partial one is held here, its end
+/// searched only in new bytes), which keeps parsing linear. `pending` counts the bytes since the
+/// last complete event (the parser resets it); more than `MAX_EVENT_BYTES` ends the stream with
+/// `ByteError::Oversize`.
+fn whole_lines<B: AsRef<[u8]>>(
+    bytes: impl futures::Stream<Item = reqwest::Result<B>> + Send + 'static,
+    pending: Arc<AtomicUsize>,
+) -> impl futures::Stream<Item = Result<Vec<u8>, ByteError>> + Send {
+    let state = (Box::pin(bytes), Vec::new(), false);
+    futures::stream::unfold(state, move |(mut bytes, mut partial, ended)| {
+        let pending = pending.clone();
+        async move {
+            if ended {
+                return None;
+            }
+            loop {
+                let piece = match bytes.next().await {
+                    Some(Ok(piece)) => piece,
+                    Some(Err(e)) => return Some((Err(ByteError::Transport(e)), (bytes, partial, true))),
+                    None if partial.is_empty() => return None,
+                    None => return Some((Ok(partial), (bytes, Vec::new(), true))),
+                };
+                let piece = piece.as_ref();
+                if pending.fetch_add(piece.len(), Ordering::Relaxed) + piece.len() > MAX_EVENT_BYTES {
+                    return Some((Err(ByteError::Oversize), (bytes, Vec::new(), true)));
+                }
+                let Some(end) = piece.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
+                    partial.extend_from_slice(piece);
+                    continue;
+                };
+                let mut lines = std::mem::take(&mut partial);
+                lines.extend_from_slice(&piece[..=end]);
+                partial.extend_from_slice(&piece[end + 1..]);
+                return Some((Ok(lines), (bytes, partial, false)));
+            }
+        }
+    })
 }
 
 /// One attempt. `Ok` means the call is over (finished, or the consumer went away);
@@ -548,28 +595,37 @@ async fn attempt_once<D: Decoder + Default>(
         error.retry_after = retry_after;
         return Err(error);
     }
-    // The watchdog sits on the bytes, so SSE comments (keep-alives) count as activity.
-    let bytes = response.bytes_stream().boxed();
-    let guarded = futures::stream::unfold(bytes, move |mut bytes| async move {
-        match tokio::time::timeout(idle, bytes.next()).await {
-            Ok(Some(Ok(piece))) => Some((Ok(piece), bytes)),
-            Ok(Some(Err(e))) => Some((Err(ByteError::Transport(e)), bytes)),
-            Ok(None) => None,
-            Err(_) => Some((Err(ByteError::Idle), bytes)),
-        }
-    });
-    let mut events = Box::pin(guarded).eventsource();
+    // Bytes since the last complete event: the event parser buffers them, so they are capped.
+    let pending = Arc::new(AtomicUsize::new(0));
+    let mut events = Box::pin(whole_lines(response.bytes_stream(), pending.clone())).eventsource();
     let mut decoder = D::default();
     let mut out = Vec::new();
+    // The idle watchdog counts model data: it is rearmed when an event yields chunks, so SSE
+    // comments (keep-alives) and events without content do not keep a silent model alive.
+    let mut deadline = tokio::time::Instant::now() + idle;
     loop {
-        let done = match events.next().await {
+        let next = match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(next) => next,
+            Err(_) => return Err(idle_error(call)),
+        };
+        let done = match next {
             None => {
                 decoder.end(&mut out)?;
                 true
             }
-            Some(Ok(event)) => decoder.event(&event, &mut out)?,
-            Some(Err(EventStreamError::Transport(ByteError::Idle))) => {
-                return Err(idle_error(call));
+            Some(Ok(event)) => {
+                pending.store(0, Ordering::Relaxed);
+                decoder.event(&event, &mut out)?
+            }
+            Some(Err(EventStreamError::Transport(ByteError::Oversize))) => {
+                return Err(AttemptError::new(
+                    PROVIDER_ERROR,
+                    format!(
+                        "the response stream from {} sent an event larger than {} MiB; kin does not buffer more",
+                        call.base_url,
+                        MAX_EVENT_BYTES >> 20
+                    ),
+                ));
             }
             Some(Err(EventStreamError::Transport(ByteError::Transport(e)))) => {
                 return Err(AttemptError::new(
@@ -590,6 +646,9 @@ async fn attempt_once<D: Decoder + Default>(
                 ));
             }
         };
+        if !out.is_empty() {
+            deadline = tokio::time::Instant::now() + idle;
+        }
         for chunk in out.drain(..) {
             if tx.send(Ok(chunk)).await.is_err() {
                 return Ok(());
@@ -606,7 +665,7 @@ fn idle_error(call: &HttpCall) -> AttemptError {
     AttemptError::new(
         TIMEOUT,
         format!(
-            "no data from {} for {:?} while calling {} (idle timeout)",
+            "no model data from {} for {:?} while calling {} (idle timeout; keep-alive comments do not count)",
             call.base_url, call.idle_timeout, call.request.route
         ),
     )

@@ -10,6 +10,7 @@ pub mod replay;
 pub mod retry_log;
 pub mod router;
 pub mod script;
+mod utf16;
 
 use std::path::PathBuf;
 

@@ -9,6 +9,7 @@ use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use super::http::{self, Api, AttemptError, Decoder, HttpModel, Server};
+use super::utf16::{self, Joiner};
 use super::{Failure, FinishReason, ModelRequest, StreamChunk};
 
 /// How to reach one OpenAI-compatible endpoint.
@@ -184,6 +185,8 @@ struct OpenBlock {
     index: u64,
     reasoning: bool,
     text: String,
+    /// Surrogate halves held across events.
+    join: Joiner,
 }
 
 /// A tool call being assembled from its deltas.
@@ -195,6 +198,8 @@ struct PendingCall {
     id: String,
     name: String,
     arguments: String,
+    /// Surrogate halves of the arguments held across events.
+    join: Joiner,
 }
 
 /// Chat Completions SSE → dsh chunks.
@@ -206,11 +211,22 @@ pub struct ChatDecoder {
     calls: Vec<PendingCall>,
     finish_reason: Option<String>,
     usage: Option<Value>,
+    /// The event being decoded used surrogate stand-ins (see `utf16::parse_event`).
+    marked: bool,
+}
+
+/// The text delta of a block.
+fn text_delta(reasoning: bool, index: u64, text: String) -> StreamChunk {
+    if reasoning { StreamChunk::ReasoningDelta { index, text } } else { StreamChunk::TextDelta { index, text } }
 }
 
 impl ChatDecoder {
     fn close_open(&mut self, out: &mut Vec<StreamChunk>) {
-        if let Some(block) = self.open.take() {
+        if let Some(mut block) = self.open.take() {
+            if let Some(tail) = block.join.finish() {
+                block.text.push(tail);
+                out.push(text_delta(block.reasoning, block.index, tail.to_string()));
+            }
             let kind = if block.reasoning { "reasoning" } else { "text" };
             out.push(StreamChunk::BlockEnd { index: block.index, block: json!({"type": kind, "text": block.text}) });
         }
@@ -231,28 +247,30 @@ impl ChatDecoder {
             let index = self.new_index();
             let kind = if reasoning { "reasoning" } else { "text" };
             out.push(StreamChunk::BlockStart { index, block_type: kind.into() });
-            self.open = Some(OpenBlock { index, reasoning, text: String::new() });
+            self.open = Some(OpenBlock { index, reasoning, text: String::new(), join: Joiner::default() });
         }
         if let Some(block) = &mut self.open {
-            block.text.push_str(piece);
-            let (index, text) = (block.index, piece.to_string());
-            out.push(if reasoning {
-                StreamChunk::ReasoningDelta { index, text }
-            } else {
-                StreamChunk::TextDelta { index, text }
-            });
+            let piece = block.join.piece(piece, self.marked);
+            if piece.is_empty() {
+                // Only a surrogate half, held for the next event.
+                return;
+            }
+            block.text.push_str(&piece);
+            out.push(text_delta(reasoning, block.index, piece.into_owned()));
         }
     }
 
     fn tool_call(&mut self, position: usize, delta: &Value, out: &mut Vec<StreamChunk>) {
         let key = delta["index"].as_u64().unwrap_or(position as u64);
-        let name_piece = delta["function"]["name"].as_str().unwrap_or_default();
-        let arguments_piece = match &delta["function"]["arguments"] {
+        let name_piece = Joiner::whole(delta["function"]["name"].as_str().unwrap_or_default(), self.marked);
+        let raw_arguments = match &delta["function"]["arguments"] {
             Value::String(text) => text.clone(),
             Value::Null => String::new(),
             other => other.to_string(),
         };
+        let marked = self.marked;
         if let Some(call) = self.calls.iter_mut().find(|c| c.key == key) {
+            let arguments_piece = call.join.piece(&raw_arguments, marked).into_owned();
             call.arguments.push_str(&arguments_piece);
             // Some servers repeat the name on every delta: only the first one counts.
             let name = (call.name.is_empty() && !name_piece.is_empty()).then(|| {
@@ -271,10 +289,12 @@ impl ChatDecoder {
         }
         self.close_open(out);
         let index = self.new_index();
-        let id = delta["id"]
-            .as_str()
-            .filter(|id| !id.is_empty())
-            .map_or_else(|| format!("call_{}", uuid::Uuid::new_v4().simple()), str::to_string);
+        let id = delta["id"].as_str().filter(|id| !id.is_empty()).map_or_else(
+            || format!("call_{}", uuid::Uuid::new_v4().simple()),
+            |id| Joiner::whole(id, marked).into_owned(),
+        );
+        let mut join = Joiner::default();
+        let arguments_piece = join.piece(&raw_arguments, marked).into_owned();
         out.push(StreamChunk::BlockStart { index, block_type: "tool-call".into() });
         out.push(StreamChunk::ToolCallDelta {
             index,
@@ -282,7 +302,14 @@ impl ChatDecoder {
             name: Some(name_piece.to_string()),
             arguments_delta: arguments_piece.clone(),
         });
-        self.calls.push(PendingCall { key, index, id, name: name_piece.to_string(), arguments: arguments_piece });
+        self.calls.push(PendingCall {
+            key,
+            index,
+            id,
+            name: name_piece.into_owned(),
+            arguments: arguments_piece,
+            join,
+        });
     }
 
     /// Closes the blocks and appends usage and the finish.
@@ -299,7 +326,17 @@ impl ChatDecoder {
         }
         self.close_open(out);
         let has_calls = !self.calls.is_empty();
-        for call in self.calls.drain(..) {
+        for mut call in self.calls.drain(..) {
+            if let Some(tail) = call.join.finish() {
+                call.arguments.push(tail);
+                let id = call.id.clone();
+                out.push(StreamChunk::ToolCallDelta {
+                    index: call.index,
+                    id,
+                    name: None,
+                    arguments_delta: tail.into(),
+                });
+            }
             let arguments = if call.arguments.trim().is_empty() { "{}".to_string() } else { call.arguments };
             out.push(StreamChunk::BlockEnd {
                 index: call.index,
@@ -349,7 +386,8 @@ impl Decoder for ChatDecoder {
         if data.is_empty() {
             return Ok(false);
         }
-        let value: Value = serde_json::from_str(data).map_err(|e| http::unreadable(data, &e))?;
+        let (value, marked) = utf16::parse_event(data).map_err(|e| http::unreadable(data, &e))?;
+        self.marked = marked;
         if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
             return Err(http::stream_error(error));
         }
