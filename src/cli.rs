@@ -78,6 +78,10 @@ pub struct AcpArgs {
     /// $KIN_PERMISSION_MODE, the config file, ask).
     #[arg(long, value_name = "MODE", value_parser = PermissionMode::parse_arg)]
     pub permission_mode: Option<PermissionMode>,
+    /// The longest JSON-RPC frame (one line on stdin) kin reads, in bytes; a longer one is
+    /// answered with an error and dropped (default: the config file, 67108864 = 64 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_frame_bytes: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -188,6 +192,7 @@ impl Cli {
             o.log_file = acp.log_file.clone();
             o.replay = acp.replay.clone();
             o.permission_mode = acp.permission_mode;
+            o.max_frame_bytes = acp.max_frame_bytes;
         }
         if let Command::Run(run) = &self.command {
             o.model = run.model.clone();

@@ -28,6 +28,7 @@ pub struct Overrides {
     pub permission_mode: Option<PermissionMode>,
     /// `kin run --max-steps`.
     pub max_steps: Option<u32>,
+    pub max_frame_bytes: Option<usize>,
 }
 
 /// Everything kin runs with.
@@ -56,6 +57,8 @@ pub struct Config {
     pub model_choices: Vec<ModelRoute>,
     /// `[acp_agents.NAME]`: external ACP agents offered as subagent providers `acp:NAME`.
     pub acp_agents: Vec<AcpAgentConfig>,
+    /// The longest JSON-RPC frame `kin acp` reads from its client, in bytes.
+    pub max_frame_bytes: usize,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -101,6 +104,7 @@ struct FileConfig {
     permission_mode: Option<String>,
     persona: Option<String>,
     system_prompt_file: Option<PathBuf>,
+    max_frame_bytes: Option<usize>,
     #[serde(default)]
     agent: AgentSection,
     #[serde(default)]
@@ -254,9 +258,15 @@ impl Config {
                 model_choices.push(route);
             }
         }
+        let max_frame_bytes = match (flags.max_frame_bytes, file.max_frame_bytes) {
+            (Some(bytes), _) => frame_limit(bytes, "--max-frame-bytes")?,
+            (None, Some(bytes)) => frame_limit(bytes, &format!("{}: key `max_frame_bytes`", where_()))?,
+            (None, None) => crate::acp::DEFAULT_MAX_FRAME_BYTES,
+        };
         let models = resolve_models(file.model_settings, file.providers, &where_())?;
         let acp_agents = resolve_acp_agents(file.acp_agents, &where_())?;
         Ok(Config {
+            max_frame_bytes,
             model_choices,
             acp_agents,
             models,
@@ -425,6 +435,15 @@ fn resolve_acp_agents(
     Ok(agents)
 }
 
+/// A maximum frame size: at least `MIN_MAX_FRAME_BYTES`, so that the handshake fits.
+fn frame_limit(bytes: usize, origin: &str) -> Result<usize> {
+    let min = crate::acp::MIN_MAX_FRAME_BYTES;
+    if bytes < min {
+        anyhow::bail!("{origin} must be at least {min} bytes (64 KiB), not {bytes}");
+    }
+    Ok(bytes)
+}
+
 /// A number of seconds from the config file (positive, or non-negative when `positive` is false).
 fn seconds(value: f64, positive: bool, key: &str) -> Result<Duration> {
     let in_range = value.is_finite() && value <= 1e9 && if positive { value > 0.0 } else { value >= 0.0 };
@@ -571,6 +590,25 @@ mod tests {
         std::fs::write(&file, "[model_settings]\nmax_retry_after_secs = -1\n").unwrap();
         let err = Config::resolve(&flags, &home).unwrap_err().to_string();
         assert!(err.contains("model_settings.max_retry_after_secs") && err.contains("non-negative"), "{err}");
+    }
+
+    #[test]
+    fn the_frame_limit_comes_from_the_flag_or_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let home = env_of(&[("HOME", "/h")]);
+        assert_eq!(Config::resolve(&Overrides::default(), &home).unwrap().max_frame_bytes, 64 << 20);
+        std::fs::write(&file, "max_frame_bytes = 1048576\n").unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        assert_eq!(Config::resolve(&flags, &home).unwrap().max_frame_bytes, 1 << 20);
+        let flagged = Overrides { max_frame_bytes: Some(2 << 20), ..flags.clone() };
+        assert_eq!(Config::resolve(&flagged, &home).unwrap().max_frame_bytes, 2 << 20);
+        let tiny = Overrides { max_frame_bytes: Some(100), ..flags.clone() };
+        let err = Config::resolve(&tiny, &home).unwrap_err().to_string();
+        assert!(err.contains("--max-frame-bytes must be at least 65536"), "{err}");
+        std::fs::write(&file, "max_frame_bytes = 10\n").unwrap();
+        let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+        assert!(err.contains("key `max_frame_bytes` must be at least"), "{err}");
     }
 
     #[test]

@@ -85,8 +85,9 @@ fn init_logging(config: &Config, default_level: &str) -> Option<tracing_appender
 async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Acp(_) => {
+            let max_frame_bytes = config.max_frame_bytes;
             let runtime = build_runtime(config)?;
-            kin::acp::serve_stdio(runtime.clone()).await?;
+            kin::acp::serve_stdio(runtime.clone(), max_frame_bytes).await?;
             if let Err(unused) = runtime.check_model_consumed() {
                 tracing::error!("replay incomplete: {unused}");
                 return Ok(ExitCode::from(3));

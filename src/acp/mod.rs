@@ -1,5 +1,5 @@
 //! The ACP boundary: the only module that knows agent-client-protocol types. It serves ACP v1
-//! over stdio with the SDK's builder, hands every request to the runtime and returns at once;
+//! over stdio (`transport`: frames of bounded size) with the SDK's builder, hands every request to the runtime and returns at once;
 //! prompt turns are awaited on spawned tasks so the dispatch loop never blocks. Permission and
 //! file requests to the client (`client`) are sent from the agents' tasks. Session events reach
 //! the client through `tree::Forwarder`, which also shows the agent tree (subagent sessions) to
@@ -9,6 +9,7 @@ mod client;
 mod convert;
 mod modes;
 pub mod run;
+mod transport;
 mod tree;
 
 use std::sync::Arc;
@@ -24,9 +25,7 @@ use agent_client_protocol::v1::schema::{
     SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
     SetSessionModeRequest, SetSessionModeResponse,
 };
-use agent_client_protocol::{
-    Agent, Client, ConnectTo, Error, ErrorCode, Stdio, on_receive_notification, on_receive_request,
-};
+use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
 use crate::runtime::{ChildObservers, Runtime, RuntimeError};
 pub use convert::forwarded_access;
@@ -90,9 +89,12 @@ fn model_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption
     ]
 }
 
-/// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down.
-pub async fn serve_stdio(runtime: Arc<Runtime>) -> anyhow::Result<()> {
-    serve(runtime, Stdio::new()).await
+pub use transport::{DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
+
+/// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down. A frame longer
+/// than `max_frame_bytes` is answered with an error and dropped (see `transport`).
+pub async fn serve_stdio(runtime: Arc<Runtime>, max_frame_bytes: usize) -> anyhow::Result<()> {
+    serve(runtime, transport::stdio(max_frame_bytes)).await
 }
 
 /// Serves ACP over `transport` until it closes, then shuts the runtime down.

@@ -1,0 +1,359 @@
+//! kin's stdio transport: newline-delimited JSON-RPC frames, each at most `max_frame_bytes` long
+//! (`--max-frame-bytes`, `max_frame_bytes`; default 64 MiB, room for prompts with pasted files
+//! and images). It replaces the SDK's `Stdio`, which reads a line whole however long it is.
+//!
+//! A longer frame is never held: its first `ID_PREFIX_BYTES` are kept to recover the id cheaply,
+//! the rest is read and dropped. A request (or anything that is not a response) is answered with
+//! a JSON-RPC error (-32600, with the id if the prefix holds it, else null) written here, between
+//! the SDK's lines; an oversize *response* to one of kin's own requests reaches the SDK as an
+//! error response for that id, so the request fails instead of waiting forever. A frame that is
+//! not UTF-8 is answered the same way with -32700. Either way kin keeps serving.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use agent_client_protocol::Lines;
+use futures::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use futures::lock::Mutex;
+use futures::{Sink, Stream};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde_json::{Value, json};
+
+/// The default maximum frame size.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// The smallest maximum frame size accepted (an `initialize` must fit).
+pub const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
+/// Bytes of an oversize frame kept to recover its id.
+const ID_PREFIX_BYTES: usize = 64 * 1024;
+
+type Writer = Arc<Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
+
+/// The SDK transport over kin's stdin and stdout.
+pub(crate) fn stdio(
+    max_frame_bytes: usize,
+) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
+    framed(blocking::Unblock::new(std::io::stdin()), blocking::Unblock::new(std::io::stdout()), max_frame_bytes)
+}
+
+/// The transport over any byte streams: frames of `input` (each at most `max_frame_bytes`) in,
+/// lines to `output` out; the answers to refused frames are written to `output` too, never in the
+/// middle of another line.
+pub(crate) fn framed(
+    input: impl AsyncRead + Send + 'static,
+    output: impl AsyncWrite + Send + 'static,
+    max_frame_bytes: usize,
+) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
+    let writer: Writer = Arc::new(Mutex::new(Box::pin(output)));
+    let outgoing = futures::sink::unfold(writer.clone(), |writer: Writer, line: String| async move {
+        write_line(&writer, line).await?;
+        Ok::<_, std::io::Error>(writer)
+    });
+    Lines::new(outgoing, incoming(input, writer, max_frame_bytes))
+}
+
+/// The frames of `input` for the SDK; refused ones are answered on `writer` (or, for responses
+/// to kin's own requests, handed on as an error response).
+fn incoming(
+    input: impl AsyncRead + Send + 'static,
+    writer: Writer,
+    max_frame_bytes: usize,
+) -> impl Stream<Item = std::io::Result<String>> + Send {
+    let reader = Box::pin(BufReader::with_capacity(64 * 1024, input));
+    futures::stream::unfold((reader, writer), move |(mut reader, writer)| async move {
+        loop {
+            let frame = match next_frame(&mut reader, max_frame_bytes).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return None,
+                Err(e) => return Some((Err(e), (reader, writer))),
+            };
+            let refused = match frame {
+                Frame::Line(line) => return Some((Ok(line), (reader, writer))),
+                Frame::Oversize { bytes, prefix } => Refused::oversize(bytes, max_frame_bytes, &prefix),
+                Frame::NotUtf8 { prefix } => Refused::not_utf8(&prefix),
+            };
+            tracing::warn!(code = refused.code, id = %refused.id, "refused an incoming frame: {}", refused.message);
+            if refused.answer {
+                // A response to a request of kin's: the SDK fails that request with the error.
+                return Some((Ok(refused.line()), (reader, writer)));
+            }
+            if let Err(e) = write_line(&writer, refused.line()).await {
+                return Some((Err(e), (reader, writer)));
+            }
+        }
+    })
+}
+
+async fn write_line(writer: &Writer, line: String) -> std::io::Result<()> {
+    let mut bytes = line.into_bytes();
+    bytes.push(b'\n');
+    let mut writer = writer.lock().await;
+    writer.write_all(&bytes).await?;
+    writer.flush().await
+}
+
+/// One frame read from the input.
+#[derive(Debug, PartialEq)]
+enum Frame {
+    /// A frame within the limit, without its line ending.
+    Line(String),
+    /// A frame of `bytes` bytes, more than the limit; `prefix` is its start.
+    Oversize { bytes: u64, prefix: Vec<u8> },
+    /// A frame within the limit that is not UTF-8; `prefix` is its start.
+    NotUtf8 { prefix: Vec<u8> },
+}
+
+/// Reads one newline-terminated frame, holding at most `max` bytes of it; `None` at the end of
+/// the input.
+async fn next_frame<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> std::io::Result<Option<Frame>> {
+    let mut buf = Vec::new();
+    let mut bytes = 0u64;
+    let mut oversize = false;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            if bytes == 0 {
+                return Ok(None);
+            }
+            break;
+        }
+        let newline = available.iter().position(|&b| b == b'\n');
+        let part = &available[..newline.unwrap_or(available.len())];
+        if !oversize && buf.len() + part.len() > max {
+            oversize = true;
+            let room = ID_PREFIX_BYTES.saturating_sub(buf.len()).min(part.len());
+            buf.extend_from_slice(&part[..room]);
+            buf.truncate(ID_PREFIX_BYTES);
+            buf.shrink_to_fit();
+        } else if !oversize {
+            buf.extend_from_slice(part);
+        }
+        bytes += part.len() as u64;
+        let used = newline.map_or(available.len(), |end| end + 1);
+        reader.consume_unpin(used);
+        if newline.is_some() {
+            break;
+        }
+    }
+    if oversize {
+        return Ok(Some(Frame::Oversize { bytes, prefix: buf }));
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    match String::from_utf8(buf) {
+        Ok(line) => Ok(Some(Frame::Line(line))),
+        Err(e) => {
+            let mut prefix = e.into_bytes();
+            prefix.truncate(ID_PREFIX_BYTES);
+            Ok(Some(Frame::NotUtf8 { prefix }))
+        }
+    }
+}
+
+/// The answer to a frame kin refused.
+struct Refused {
+    id: Value,
+    code: i64,
+    message: String,
+    data: Value,
+    /// The frame was a response (to a request of kin's), not a request.
+    answer: bool,
+}
+
+impl Refused {
+    fn oversize(bytes: u64, max: usize, prefix: &[u8]) -> Self {
+        let shape = Shape::of(prefix);
+        Refused {
+            answer: shape.is_response(),
+            id: shape.id(),
+            code: -32600,
+            message: format!(
+                "Invalid request: the frame is {bytes} bytes, more than kin's maximum frame size of {max} \
+                 bytes, and was discarded; send less (a smaller prompt or file), or raise the limit with \
+                 --max-frame-bytes or max_frame_bytes in the config file"
+            ),
+            data: json!({"frameBytes": bytes, "maxFrameBytes": max}),
+        }
+    }
+
+    fn not_utf8(prefix: &[u8]) -> Self {
+        let shape = Shape::of(prefix);
+        Refused {
+            answer: shape.is_response(),
+            id: shape.id(),
+            code: -32700,
+            message: "Parse error: the frame is not valid UTF-8; JSON-RPC frames must be UTF-8 JSON".into(),
+            data: Value::Null,
+        }
+    }
+
+    fn line(&self) -> String {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if !self.data.is_null() {
+            error["data"] = self.data.clone();
+        }
+        json!({"jsonrpc": "2.0", "id": self.id, "error": error}).to_string()
+    }
+}
+
+/// What the start of a frame says about it: the top-level keys seen before the start ends.
+#[derive(Debug, Default, PartialEq)]
+struct Shape {
+    id: Option<Value>,
+    method: bool,
+    result_or_error: bool,
+}
+
+impl Shape {
+    /// Reads the top-level members of a (possibly cut) JSON object; stops quietly where the
+    /// text stops or turns invalid.
+    fn of(prefix: &[u8]) -> Shape {
+        let mut shape = Shape::default();
+        let mut parser = serde_json::Deserializer::from_slice(prefix);
+        let _ = serde::Deserializer::deserialize_map(&mut parser, Seek(&mut shape));
+        shape
+    }
+
+    /// The id to answer with: the frame's, when it is a valid JSON-RPC id, else null.
+    fn id(&self) -> Value {
+        match &self.id {
+            Some(id @ Value::String(_)) => id.clone(),
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
+            _ => Value::Null,
+        }
+    }
+
+    /// A response to a request of kin's: an id, a result or error, no method.
+    fn is_response(&self) -> bool {
+        self.result_or_error && !self.method && !self.id().is_null()
+    }
+}
+
+struct Seek<'a>(&'a mut Shape);
+
+impl<'de> Visitor<'de> for Seek<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON-RPC object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "id" => self.0.id = Some(map.next_value::<Value>()?),
+                "method" => {
+                    self.0.method = true;
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "result" | "error" => {
+                    self.0.result_or_error = true;
+                    map.next_value::<IgnoredAny>()?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn frames(input: &[u8], max: usize) -> Vec<Frame> {
+        futures::executor::block_on(async {
+            let mut reader = BufReader::with_capacity(16, input);
+            let mut out = Vec::new();
+            while let Some(frame) = next_frame(&mut reader, max).await.unwrap() {
+                out.push(frame);
+            }
+            out
+        })
+    }
+
+    #[test]
+    fn frames_within_the_limit_pass_and_longer_ones_keep_only_a_prefix() {
+        let long = format!("{{\"id\":7,\"method\":\"m\",\"params\":\"{}\"}}", "x".repeat(200_000));
+        let input = format!("{{\"a\":1}}\r\n\n{long}\nlast");
+        let got = frames(input.as_bytes(), 100_000);
+        assert_eq!(got[0], Frame::Line("{\"a\":1}".into()));
+        assert_eq!(got[1], Frame::Line(String::new()));
+        let Frame::Oversize { bytes, prefix } = &got[2] else { panic!("{:?}", got[2]) };
+        assert_eq!((*bytes, prefix.len()), (long.len() as u64, ID_PREFIX_BYTES));
+        assert!(prefix.capacity() <= ID_PREFIX_BYTES, "{}", prefix.capacity());
+        assert_eq!(got[3], Frame::Line("last".into()));
+        assert_eq!(got.len(), 4);
+        let got = frames(b"\xff\xfe{}\n{}\n", 100);
+        assert!(matches!(&got[0], Frame::NotUtf8 { .. }), "{got:?}");
+        assert_eq!(got[1], Frame::Line("{}".into()));
+    }
+
+    #[test]
+    fn the_id_is_recovered_from_the_start_of_a_frame() {
+        let shape = |text: &str| Shape::of(text.as_bytes());
+        let request =
+            shape(r#"{"jsonrpc":"2.0","id":"a-1","method":"session/prompt","params":{"prompt":[{"text":"xxxx"#);
+        assert_eq!((request.id(), request.is_response()), (json!("a-1"), false));
+        let late = shape(r#"{"jsonrpc":"2.0","method":"session/prompt","params":{"prompt":"xxxx"#);
+        assert_eq!((late.id(), late.method), (Value::Null, true));
+        let response = shape(r#"{"jsonrpc":"2.0","id":3,"result":{"content":"xxxx"#);
+        assert_eq!((response.id(), response.is_response()), (json!(3), true));
+        let odd = shape(r#"{"id":1.5,"result":{"#);
+        assert_eq!((odd.id(), odd.is_response()), (Value::Null, false));
+        assert_eq!(shape("[1,2").id(), Value::Null);
+        assert_eq!(shape("not json").id(), Value::Null);
+    }
+
+    #[test]
+    fn a_refused_frame_is_answered_between_lines_and_serving_goes_on() {
+        let big = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"x\",\"params\":\"{}\"}}", "y".repeat(300_000));
+        let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{{\"content\":\"{}\"}}}}", "z".repeat(300_000));
+        let input = format!("{{\"first\":1}}\n{big}\n{answer}\n{{\"second\":2}}\n");
+        let output = Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl AsyncWrite for Shared {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                std::task::Poll::Ready(Ok(buf.len()))
+            }
+            fn poll_flush(
+                self: Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn poll_close(
+                self: Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        let writer: Writer = Arc::new(Mutex::new(Box::pin(Shared(output.clone()))));
+        let input = futures::io::Cursor::new(input.into_bytes());
+        let lines: Vec<String> =
+            futures::executor::block_on(incoming(input, writer, 100_000).map(|line| line.unwrap()).collect::<Vec<_>>());
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert_eq!(lines[0], "{\"first\":1}");
+        let failed: Value = serde_json::from_str(&lines[1]).unwrap();
+        assert_eq!((failed["id"].clone(), failed["error"]["code"].clone()), (json!(4), json!(-32600)));
+        assert_eq!(lines[2], "{\"second\":2}");
+        let written: Value = serde_json::from_slice(output.lock().unwrap().strip_suffix(b"\n").unwrap()).unwrap();
+        assert_eq!(written["id"], 9);
+        assert_eq!(written["error"]["code"], -32600);
+        assert_eq!(written["error"]["data"], json!({"frameBytes": big.len(), "maxFrameBytes": 100_000}));
+        let message = written["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("maximum frame size of 100000 bytes") && message.contains("--max-frame-bytes"),
+            "{message}"
+        );
+    }
+}

