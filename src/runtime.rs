@@ -132,6 +132,9 @@ pub struct Runtime {
     /// Live child agents (subagents), by session id.
     children: Mutex<HashMap<String, Child>>,
     client: Mutex<ClientLink>,
+    /// One gate per session being loaded or resumed: a second load or resume of the same
+    /// session waits for the first instead of racing it for the log.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -356,6 +359,7 @@ impl Runtime {
                 live: Mutex::new(HashMap::new()),
                 children: Mutex::new(HashMap::new()),
                 client: Mutex::new(ClientLink::default()),
+                loading: Mutex::new(HashMap::new()),
             }
         });
         if runtime.config.replay.is_some() {
@@ -603,12 +607,39 @@ impl Runtime {
     }
 
     /// Loads a stored session (repairing a crash-interrupted turn), returns its events for
-    /// replay to the client, and makes it live. A live idle session is flushed and reloaded.
+    /// replay to the client, and makes it live. A live idle session is flushed and reloaded. A
+    /// load or resume of the same session already under way is waited for first.
     pub async fn load_session(
         &self,
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
     ) -> Result<Vec<Event>, RuntimeError> {
+        let gate = self.load_gate(session_id);
+        let loaded = {
+            let _turn = gate.lock().await;
+            self.load_now(session_id, observer).await
+        };
+        self.release_load_gate(session_id, gate);
+        loaded
+    }
+
+    /// The gate of `session_id`'s loads and resumes.
+    fn load_gate(&self, session_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut loading = self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loading.entry(session_id.to_string()).or_default().clone()
+    }
+
+    /// Drops a gate; the last holder removes it (holders clone it under the same lock).
+    fn release_load_gate(&self, session_id: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut loading = self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(gate);
+        if loading.get(session_id).is_some_and(|g| Arc::strong_count(g) == 1) {
+            loading.remove(session_id);
+        }
+    }
+
+    /// `load_session` with the session's gate held.
+    async fn load_now(&self, session_id: &str, observer: Arc<dyn SessionObserver>) -> Result<Vec<Event>, RuntimeError> {
         self.reject_child(session_id)?;
         let existing = {
             let mut live = self.live();
@@ -696,18 +727,25 @@ impl Runtime {
 
     /// Reattaches a session without replay (`session/resume`): a live session stays as it is
     /// (its observer keeps forwarding), a stored one is loaded and made live with `observer`.
-    /// Returns the events of a session it loaded (none for a live one).
+    /// Returns the events of a session it loaded (none for a live one). A load or resume of the
+    /// same session already under way is waited for first (and then usually finds it live).
     pub async fn resume_session(
         &self,
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
     ) -> Result<Vec<Event>, RuntimeError> {
         self.reject_child(session_id)?;
-        let live = self.live().contains_key(session_id);
-        if live {
-            return Ok(Vec::new());
-        }
-        self.load_session(session_id, observer).await
+        let gate = self.load_gate(session_id);
+        let resumed = {
+            let _turn = gate.lock().await;
+            if self.live().contains_key(session_id) {
+                Ok(Vec::new())
+            } else {
+                self.load_now(session_id, observer).await
+            }
+        };
+        self.release_load_gate(session_id, gate);
+        resumed
     }
 
     /// Closes a live top-level session (`session/close`): drains its continuable children through

@@ -107,3 +107,33 @@ fn a_huge_frame_never_costs_its_size_in_memory() {
     kin.close_stdin();
     assert!(kin.child.wait().unwrap().success());
 }
+
+#[test]
+fn concurrent_loads_and_resumes_of_one_session_all_succeed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let sessions = tmp.path().join("sessions");
+    // A stored session, written by an earlier kin.
+    let mut first = initialized(&mut common::acp(&sessions, None));
+    let created = first.call("session/new", json!({"cwd": cwd, "mcpServers": []}), TIMEOUT);
+    let id = created["result"]["sessionId"].as_str().unwrap().to_string();
+    first.close_stdin();
+    assert!(first.child.wait().unwrap().success());
+    // Eight loads and resumes at once, then eight more while the session is live.
+    let mut kin = initialized(&mut common::acp(&sessions, None));
+    for round in 0..2 {
+        let calls: Vec<u64> = (0..8)
+            .map(|i| {
+                let method = if i % 2 == 0 { "session/load" } else { "session/resume" };
+                kin.request(method, json!({"sessionId": id, "cwd": cwd, "mcpServers": []}))
+            })
+            .collect();
+        for call in calls {
+            let answered = answer(&kin, json!(call));
+            assert!(answered["result"].is_object(), "round {round}, request {call}: {answered}");
+        }
+    }
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
