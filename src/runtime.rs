@@ -213,6 +213,14 @@ impl ChildFactory for Runtime {
         Ok(session)
     }
 
+    fn stored_header(&self, id: &str) -> Option<SessionHeader> {
+        Runtime::stored_header(self, id)
+    }
+
+    fn stored_events(&self, id: &str) -> Result<Vec<Event>, String> {
+        self.store.inspect(id).map(|scanned| scanned.events).map_err(|e| e.to_string())
+    }
+
     fn start_agent(&self, mut session: Session, setup: ChildSetup) -> AgentHandle {
         let ChildSetup { route, persona, tool_filter, extra_tools, display, progress } = setup;
         let mut tools = match &tool_filter {
@@ -482,12 +490,7 @@ impl Runtime {
 
     /// The header line of a stored session, if it can be read.
     fn stored_header(&self, id: &str) -> Option<SessionHeader> {
-        let path = self.store.locate(id).ok()??;
-        let file = std::fs::File::open(path).ok()?;
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(std::io::Read::take(file, 1 << 20)), &mut line)
-            .ok()?;
-        SessionHeader::parse(line.trim_end_matches('\n')).ok()
+        self.store.header(id).ok()
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {

@@ -105,6 +105,22 @@ impl SessionStore {
         Ok(None)
     }
 
+    /// The header of a stored session, read from its first line only (never blocking on a
+    /// FIFO, never following a symlink): what authorization needs without loading anything.
+    pub fn header(&self, id: &str) -> Result<SessionHeader, StoreError> {
+        let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let stored = read_header(&path).map_err(|e| StoreError::Io(anyhow::anyhow!("{}: {e}", path.display())))?;
+        let header = stored.ok_or_else(|| StoreError::NotFound(id.to_string()))?.header;
+        if header.id != id {
+            return Err(StoreError::Scan(ScanError::Corrupt {
+                path,
+                line: 1,
+                reason: format!("header names session {:?}, not {id:?}", header.id),
+            }));
+        }
+        Ok(header)
+    }
+
     /// Non-mutating read of the valid stored prefix: no truncation, no closers, no writes.
     pub fn inspect(&self, id: &str) -> Result<Scanned, StoreError> {
         let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;

@@ -188,6 +188,24 @@ fn inspect_child(
     Ok(Some(ListEntry::Child { id: id.to_string(), mode, label, activity }))
 }
 
+/// The descriptor in a stored child's own events (seq >= `seed_length`), judged as a listing
+/// judges it: `Ok(None)` without one, `Err(Corrupt)` for more than one or a malformed one,
+/// `Err(Unsupported)` for another version. `send_message` resumes only what lists as a child.
+pub(crate) fn own_descriptor(events: &[crate::session::Event], seed_length: u64) -> Result<Option<Descriptor>, Reason> {
+    let mut own = events.iter().filter(|e| e.seq >= seed_length && e.kind == DESCRIPTOR_EVENT);
+    let Some(first) = own.next() else {
+        return Ok(None);
+    };
+    if own.next().is_some() {
+        return Err(Reason::Corrupt);
+    }
+    match Descriptor::parse(&first.data) {
+        Ok(Some(descriptor)) => Ok(Some(descriptor)),
+        Ok(None) => Err(Reason::Unsupported),
+        Err(_) => Err(Reason::Corrupt),
+    }
+}
+
 fn diagnostic(id: &str, reason: Reason) -> ListEntry {
     ListEntry::Diagnostic { id: id.to_string(), reason }
 }

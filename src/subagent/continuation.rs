@@ -82,6 +82,32 @@ fn err(code: ErrorCode, message: String) -> SubagentError {
     SubagentError::new(code, message)
 }
 
+/// How far below the caller a control call's target may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// `send_message`: only the caller's own children.
+    Child,
+    /// `interrupt_agent`: any descendant.
+    Descendant,
+}
+
+/// Parent links followed from a stored target towards its caller.
+const MAX_ANCESTRY: usize = 64;
+
+fn another_parent(id: &str) -> SubagentError {
+    err(ErrorCode::Unauthorized, format!("subagent \"{id}\" belongs to another parent session"))
+}
+
+fn unavailable(id: &str) -> SubagentError {
+    err(ErrorCode::NotResumable, format!("subagent \"{id}\" is unavailable"))
+}
+
+/// A control call's target must be a session id before it is looked up anywhere.
+fn valid_target(id: &str) -> Result<(), SubagentError> {
+    crate::session::layout::validate_session_id(id)
+        .map_err(|reason| err(ErrorCode::NotResumable, format!("subagent \"{id}\" is unavailable ({reason})")))
+}
+
 impl ContinuationManager {
     pub fn new(
         service: Arc<SubagentService>,
@@ -391,16 +417,14 @@ impl ContinuationManager {
         content: Vec<Value>,
         source: Value,
     ) -> Result<String, SubagentError> {
+        valid_target(child_id)?;
         loop {
             self.assert_admitting()?;
             let transitioning = {
                 let state = self.state();
                 if let Some(act) = state.activations.get(child_id) {
                     if act.parent_id != caller.header.id {
-                        return Err(err(
-                            ErrorCode::Unauthorized,
-                            format!("subagent \"{child_id}\" belongs to another parent session"),
-                        ));
+                        return Err(another_parent(child_id));
                     }
                     false
                 } else {
@@ -421,6 +445,64 @@ impl ContinuationManager {
         }
     }
 
+    /// The checks of a control call on a target without an Activation, from what is known
+    /// without loading it: a live agent that is not a continuable child is refused (unless
+    /// `settling`: a continuable child between its Activation and its release), and so is a
+    /// stored session not below `caller_id` (its child, or with `Reach::Descendant` any
+    /// descendant). Only headers are read, so a refused call writes nothing anywhere.
+    fn authorize_stored(
+        factory: &dyn ChildFactory,
+        caller_id: &str,
+        target: &str,
+        reach: Reach,
+        settling: bool,
+    ) -> Result<crate::session::SessionHeader, SubagentError> {
+        if !settling && factory.live_agent(target).is_some() {
+            return Err(err(
+                ErrorCode::Unauthorized,
+                format!("subagent \"{target}\" is live but not a continuable child of this agent"),
+            ));
+        }
+        let header = factory.stored_header(target).ok_or_else(|| unavailable(target))?;
+        let mut parent = header.parent_session.clone();
+        for _ in 0..MAX_ANCESTRY {
+            match parent {
+                Some(id) if id == caller_id => return Ok(header),
+                Some(id) if reach == Reach::Descendant => {
+                    parent = factory.stored_header(&id).and_then(|h| h.parent_session);
+                }
+                _ => break,
+            }
+        }
+        Err(another_parent(target))
+    }
+
+    /// The continuation state of a stored child of the caller, read without repairing its log:
+    /// a child the catalog lists as corrupt or unsupported is refused with that reason.
+    fn continuation_state(
+        factory: &dyn ChildFactory,
+        header: &crate::session::SessionHeader,
+    ) -> Result<Descriptor, SubagentError> {
+        let id = header.id.as_str();
+        let events = factory.stored_events(id).map_err(|_| unavailable(id))?;
+        match super::catalog::own_descriptor(&events, header.seed_length.unwrap_or(0)) {
+            Ok(Some(descriptor @ Descriptor::Continuable { .. })) => Ok(descriptor),
+            Ok(Some(Descriptor::OneShot { .. }) | None) => Err(err(
+                ErrorCode::NotResumable,
+                format!(
+                    "subagent \"{id}\" has no supported continuation state and cannot be resumed; do not retry send_message with this id"
+                ),
+            )),
+            Err(reason) => Err(err(
+                ErrorCode::NotResumable,
+                format!(
+                    "subagent \"{id}\" is {} (its subagent descriptor cannot be used) and cannot be resumed; do not retry send_message with this id",
+                    reason.as_str()
+                ),
+            )),
+        }
+    }
+
     /// Resumes a settled child from its log (no provider involved) and submits the message.
     async fn cold_resume(
         self: &Arc<Self>,
@@ -429,7 +511,6 @@ impl ContinuationManager {
         content: Vec<Value>,
         source: Value,
     ) -> Result<String, SubagentError> {
-        let unavailable = || err(ErrorCode::NotResumable, format!("subagent \"{child_id}\" is unavailable"));
         let factory = self.factory()?;
         {
             let mut state = self.state();
@@ -441,31 +522,15 @@ impl ContinuationManager {
             }
         }
         let result = (|| {
-            if factory.live_agent(child_id).is_some() {
-                return Err(err(
-                    ErrorCode::Unauthorized,
-                    format!("subagent \"{child_id}\" is live but not a continuable child of this agent"),
-                ));
-            }
-            let session = factory.load_session(child_id).map_err(|_| unavailable())?;
-            if session.header.parent_session.as_deref() != Some(caller.header.id.as_str()) {
-                return Err(err(
-                    ErrorCode::Unauthorized,
-                    format!("subagent \"{child_id}\" belongs to another parent session"),
-                ));
-            }
-            let own = session.header.seed_length.unwrap_or(0) as usize;
-            let descriptor = Descriptor::fold(session.events().iter().skip(own)).ok().flatten();
-            let Some(Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter }) =
+            // Authorized from the header and the stored descriptor before the repairing load.
+            let header = Self::authorize_stored(&*factory, &caller.header.id, child_id, Reach::Child, false)?;
+            let descriptor = Self::continuation_state(&*factory, &header)?;
+            let Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter } =
                 descriptor
             else {
-                return Err(err(
-                    ErrorCode::NotResumable,
-                    format!(
-                        "subagent \"{child_id}\" has no supported continuation state and cannot be resumed; do not retry send_message with this id"
-                    ),
-                ));
+                return Err(unavailable(child_id));
             };
+            let session = factory.load_session(child_id).map_err(|_| unavailable(child_id))?;
             let route = match (agent_provider, agent_model) {
                 (Some(provider), Some(model)) => ModelRoute { provider, model },
                 _ => caller.route.clone(),
@@ -510,25 +575,31 @@ impl ContinuationManager {
         self.deliver(&parent_id, content, source, self.settings.report_delivery == ReportDelivery::Wakeup)
     }
 
-    /// `interrupt_agent`: an ancestor cancels a descendant's current turn (its queue stays).
-    /// An absent or settled target is an accepted no-op.
+    /// `interrupt_agent`: an ancestor cancels a descendant's current turn (its queue stays). A
+    /// settled descendant is an accepted no-op; everything else is refused exactly as
+    /// `send_message` refuses it (an invalid or unknown id, a live agent that is not a
+    /// continuable child — the caller itself included — and another tree's session).
     pub fn interrupt(&self, caller_id: &str, target: &str) -> Result<(), SubagentError> {
-        let state = self.state();
-        let Some(act) = state.activations.get(target) else {
-            return Ok(());
-        };
-        let mut ancestor = Some(act.parent_id.as_str());
-        while let Some(id) = ancestor {
-            if id == caller_id {
-                act.handle.cancel();
-                return Ok(());
+        valid_target(target)?;
+        let settling = {
+            let state = self.state();
+            if let Some(act) = state.activations.get(target) {
+                let mut ancestor = Some(act.parent_id.as_str());
+                for _ in 0..=state.activations.len() {
+                    match ancestor {
+                        Some(id) if id == caller_id => {
+                            act.handle.cancel();
+                            return Ok(());
+                        }
+                        Some(id) => ancestor = state.activations.get(id).map(|a| a.parent_id.as_str()),
+                        None => break,
+                    }
+                }
+                return Err(another_parent(target));
             }
-            ancestor = state.activations.get(id).map(|a| a.parent_id.as_str());
-        }
-        Err(err(
-            ErrorCode::Unauthorized,
-            format!("agent \"{caller_id}\" is not an ancestor of \"{target}\" and cannot interrupt it"),
-        ))
+            state.transitions.contains(target)
+        };
+        Self::authorize_stored(&*self.factory()?, caller_id, target, Reach::Descendant, settling).map(|_| ())
     }
 
     /// Shutdown: closes admission, cancels every Activation and disposes them child-first

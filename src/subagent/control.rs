@@ -57,9 +57,6 @@ impl Tool for SendMessageTool {
         async move {
             let parent = caller(&ctx, "send_message")?;
             let (id, message) = (string_arg(&arguments, "subagent_id")?, string_arg(&arguments, "message")?);
-            if let Err(reason) = crate::session::layout::validate_session_id(&id) {
-                return Err(ToolError::new("NOT_RESUMABLE", format!("subagent \"{id}\" is unavailable ({reason})")));
-            }
             let source = json!({"kind": "coordinator", "senderSessionId": parent.header.id});
             let deliver = manager.followup(&parent, &id, vec![json!({"type": "text", "text": message})], source);
             tokio::select! {

@@ -94,6 +94,10 @@ pub trait ChildFactory: Send + Sync {
     fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<Session, SubagentError>;
     /// The repairing load of a stored session (cold resume).
     fn load_session(&self, id: &str) -> Result<Session, String>;
+    /// The header of a stored session, read without loading (or repairing) it.
+    fn stored_header(&self, id: &str) -> Option<SessionHeader>;
+    /// The events of a stored session, read without repairing it.
+    fn stored_events(&self, id: &str) -> Result<Vec<Event>, String>;
     /// Starts an agent on a child session and registers it as live.
     fn start_agent(&self, session: Session, setup: ChildSetup) -> AgentHandle;
     /// The live agent of a session, top-level or child.
