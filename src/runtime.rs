@@ -203,7 +203,11 @@ impl ChildFactory for Runtime {
     fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<Session, SubagentError> {
         let infra = |e: String| SubagentError::new(ErrorCode::Infrastructure, e);
         let mut session = self.store.create_seeded(header, seed).map_err(|e| infra(e.to_string()))?;
-        session.flush().map_err(|e| infra(format!("cannot create the child session log: {e:#}")))?;
+        if let Err(e) = session.flush() {
+            // Never published: nothing of it may stay on disk.
+            session.discard();
+            return Err(infra(format!("cannot create the child session log: {e:#}")));
+        }
         Ok(session)
     }
 
@@ -510,7 +514,10 @@ impl Runtime {
             session.append(prompt::EVENT, json!({ "text": system }));
         }
         // The session exists on disk before the client learns its id.
-        session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
+        if let Err(e) = session.flush() {
+            session.discard();
+            return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
+        }
         session.add_observer(observer);
         self.start(session, system);
         Ok(id)
@@ -799,7 +806,10 @@ impl Runtime {
         let mut header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
         header.seed_length = (!seed.is_empty()).then_some(seed.len() as u64);
         let mut session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        session.flush().map_err(|e| RuntimeError::Internal(format!("cannot create the session log: {e:#}")))?;
+        if let Err(e) = session.flush() {
+            session.discard();
+            return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
+        }
         session.add_observer(observer);
         self.start(session, system);
         Ok(id)

@@ -84,6 +84,12 @@ impl Session {
         self.writer.flush()
     }
 
+    /// Removes a new session's log whose creation failed before the session was handed out
+    /// (see `LogWriter::discard`).
+    pub fn discard(self) {
+        self.writer.discard();
+    }
+
     /// Writes queued events to the OS without `fsync` (see `LogWriter::write_eager`).
     pub fn write_eager(&mut self) {
         self.writer.write_eager();

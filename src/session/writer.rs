@@ -2,7 +2,8 @@
 //! written in batches; `flush` writes and `fsync`s. The first flush materializes the file through
 //! a temporary file, `fsync`, a no-overwrite hard link and a directory `fsync`, so a log either
 //! exists with its header or not at all. A failed write truncates the file back to its last
-//! committed length, so a half line is never followed by another record.
+//! committed length, so a half line is never followed by another record. A creation that fails
+//! (in `materialize`, or later through `discard`) leaves neither the file nor its directory.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -26,6 +27,14 @@ pub struct LogWriter {
     pending: Vec<u8>,
     /// True when bytes were written since the last `fsync`.
     unsynced: bool,
+    /// This writer published the file (and, if it had to, its directory): `discard` removes them.
+    created: Option<Created>,
+}
+
+/// What `materialize` created.
+#[derive(Debug, Clone, Copy)]
+struct Created {
+    dir: bool,
 }
 
 impl LogWriter {
@@ -42,6 +51,7 @@ impl LogWriter {
             committed: 0,
             pending: Vec::new(),
             unsynced: false,
+            created: None,
         })
     }
 
@@ -59,7 +69,15 @@ impl LogWriter {
             file.set_len(committed).with_context(|| format!("truncating the torn tail of {}", path.display()))?;
             file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
         }
-        Ok(LogWriter { path, file: Some(file), header_line: None, committed, pending: Vec::new(), unsynced: false })
+        Ok(LogWriter {
+            path,
+            file: Some(file),
+            header_line: None,
+            committed,
+            pending: Vec::new(),
+            unsynced: false,
+            created: None,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -132,32 +150,73 @@ impl LogWriter {
         Ok(())
     }
 
+    /// Publishes the header. A failure at any step (out of file descriptors, a full disk)
+    /// leaves nothing behind: the published link and a directory created for it are removed.
     fn materialize(&mut self) -> Result<()> {
         let Some(header_line) = self.header_line.clone() else {
             return Ok(());
         };
-        let dir = self.path.parent().context("session log path has no parent directory")?;
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
-        let publish = || -> Result<()> {
-            let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-            f.write_all(header_line.as_bytes())?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::hard_link(&tmp, &self.path)
-                .with_context(|| format!("publishing {} (does it already exist?)", self.path.display()))?;
-            File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))?;
-            Ok(())
+        let dir = self.path.parent().context("session log path has no parent directory")?.to_path_buf();
+        let created = Created { dir: !dir.exists() };
+        let mut linked = false;
+        let mut publish = || -> Result<File> {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
+            let written = (|| -> Result<()> {
+                let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+                f.write_all(header_line.as_bytes())?;
+                f.write_all(b"\n")?;
+                f.sync_all()?;
+                std::fs::hard_link(&tmp, &self.path)
+                    .with_context(|| format!("publishing {} (does it already exist?)", self.path.display()))?;
+                linked = true;
+                File::open(&dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))
+            })();
+            let _ = std::fs::remove_file(&tmp);
+            written?;
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&self.path)
+                .with_context(|| format!("opening {}", self.path.display()))?;
+            lock_exclusive(&file, &self.path)?;
+            Ok(file)
         };
-        let result = publish();
-        let _ = std::fs::remove_file(&tmp);
-        result?;
-        let file = OpenOptions::new().append(true).open(&self.path)?;
-        lock_exclusive(&file, &self.path)?;
-        self.committed = header_line.len() as u64 + 1;
-        self.file = Some(file);
-        self.header_line = None;
-        Ok(())
+        match publish() {
+            Ok(file) => {
+                self.committed = header_line.len() as u64 + 1;
+                self.file = Some(file);
+                self.header_line = None;
+                self.created = Some(created);
+                Ok(())
+            }
+            Err(e) => {
+                remove_published(&self.path, linked, created);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the log of a session that was never handed out (its creation failed after the
+    /// file was published): the file, and its directory when this writer created it. A writer
+    /// that did not publish its file (a reopened log) removes nothing.
+    pub fn discard(mut self) {
+        self.file = None;
+        if let Some(created) = self.created.take() {
+            remove_published(&self.path, true, created);
+        }
+    }
+}
+
+/// Undoes a publication: the log file (when `linked`) and the directory `materialize` created
+/// for it (only if nothing else is in it).
+fn remove_published(path: &Path, linked: bool, created: Created) {
+    if linked && let Err(e) = std::fs::remove_file(path) {
+        tracing::warn!(path = %path.display(), "cannot remove a session log whose creation failed: {e}");
+    }
+    if created.dir
+        && let Some(dir) = path.parent()
+    {
+        let _ = std::fs::remove_dir(dir);
     }
 }
 
@@ -216,6 +275,25 @@ mod tests {
         assert!(err.contains("being written by another kin process"), "{err}");
         drop(first);
         LogWriter::reopen(path, committed).expect("the lock is released with the writer");
+    }
+
+    #[test]
+    fn a_discarded_log_leaves_neither_file_nor_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("project/a/session.jsonl");
+        let mut w = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        w.flush().unwrap();
+        assert!(path.exists());
+        w.discard();
+        assert!(!path.parent().unwrap().exists(), "the session directory is gone");
+        assert!(dir.path().join("project").exists(), "the shared project directory stays");
+        // A reopened log is never discarded.
+        let mut w = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        w.flush().unwrap();
+        let committed = std::fs::metadata(&path).unwrap().len();
+        drop(w);
+        LogWriter::reopen(path.clone(), committed).unwrap().discard();
+        assert!(path.exists());
     }
 
     #[test]
