@@ -101,6 +101,7 @@ fn texts(content: &Value) -> String {
         .filter_map(|b| match b["type"].as_str() {
             Some("text") => b["text"].as_str().map(str::to_string),
             Some("reasoning") => b["text"].as_str().map(|t| format!("(thinking) {t}")),
+            Some("image") => Some(format!("[image {}]", b["mediaType"].as_str().unwrap_or("?"))),
             Some("tool-call") => {
                 Some(format!("[call {} {}]", b["name"].as_str().unwrap_or("?"), b["arguments"].as_str().unwrap_or("")))
             }
@@ -121,6 +122,18 @@ fn describe(event: &Event) -> Option<String> {
         "user/message" => format!("user: {}", texts(&d["content"])),
         "assistant/message" => format!("assistant: {}", texts(&d["message"]["content"])),
         "tool/result" => format!("tool: {}", texts(&d["message"]["content"])),
+        "mcp/servers" => {
+            let servers: Vec<String> = d["servers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    let text = |key: &str| s[key].as_str().unwrap_or("?").to_string();
+                    format!("{} ({}, {})", text("name"), text("kind"), text("origin"))
+                })
+                .collect();
+            format!("mcp servers: {}", if servers.is_empty() { "none".into() } else { servers.join(", ") })
+        }
         "subagent/remote-run" => {
             let text = |key: &str| d[key].as_str().unwrap_or("?").to_string();
             let error = d["error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();

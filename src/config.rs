@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
+use crate::mcp::{Defaults as McpDefaults, Origin, ServerSpec, Settings, Transport, Trust};
 use crate::model::ModelRoute;
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
@@ -59,6 +60,11 @@ pub struct Config {
     pub acp_agents: Vec<AcpAgentConfig>,
     /// The longest JSON-RPC frame `kin acp` reads from its client, in bytes.
     pub max_frame_bytes: usize,
+    /// `[mcp_servers.NAME]`: MCP servers every top-level session gets (an editor's server of
+    /// the same name replaces one for that session).
+    pub mcp_servers: Vec<ServerSpec>,
+    /// `[mcp]`: the timeouts of servers that set none.
+    pub mcp: McpDefaults,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -115,6 +121,38 @@ struct FileConfig {
     providers: std::collections::BTreeMap<String, ProviderSection>,
     #[serde(default)]
     acp_agents: std::collections::BTreeMap<String, AcpAgentSection>,
+    #[serde(default)]
+    mcp: McpSection,
+    #[serde(default)]
+    mcp_servers: std::collections::BTreeMap<String, McpServerSection>,
+}
+
+/// `[mcp]`: defaults for every MCP server.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpSection {
+    startup_timeout_secs: Option<f64>,
+    tool_timeout_secs: Option<f64>,
+}
+
+/// `[mcp_servers.NAME]`: an MCP server (`command` for stdio, or `url` for streamable HTTP).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpServerSection {
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    url: Option<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    startup_timeout_secs: Option<f64>,
+    tool_timeout_secs: Option<f64>,
+    enabled_tools: Option<Vec<String>>,
+    #[serde(default)]
+    disabled_tools: Vec<String>,
+    trust: Option<String>,
 }
 
 /// `[acp_agents.NAME]`: an external ACP agent started as a child (`acp:NAME`).
@@ -265,8 +303,12 @@ impl Config {
         };
         let models = resolve_models(file.model_settings, file.providers, &where_())?;
         let acp_agents = resolve_acp_agents(file.acp_agents, &where_())?;
+        let mcp = resolve_mcp_defaults(&file.mcp, &where_())?;
+        let mcp_servers = resolve_mcp_servers(file.mcp_servers, &where_())?;
         Ok(Config {
             max_frame_bytes,
+            mcp,
+            mcp_servers,
             model_choices,
             acp_agents,
             models,
@@ -444,6 +486,79 @@ fn frame_limit(bytes: usize, origin: &str) -> Result<usize> {
     Ok(bytes)
 }
 
+fn resolve_mcp_defaults(section: &McpSection, origin: &str) -> Result<McpDefaults> {
+    let mut defaults = McpDefaults::default();
+    if let Some(v) = section.startup_timeout_secs {
+        defaults.startup_timeout = seconds(v, true, &format!("{origin}: key `mcp.startup_timeout_secs`"))?;
+    }
+    if let Some(v) = section.tool_timeout_secs {
+        defaults.tool_timeout = seconds(v, true, &format!("{origin}: key `mcp.tool_timeout_secs`"))?;
+    }
+    Ok(defaults)
+}
+
+fn resolve_mcp_servers(
+    sections: std::collections::BTreeMap<String, McpServerSection>,
+    origin: &str,
+) -> Result<Vec<ServerSpec>> {
+    let mut servers = Vec::new();
+    for (name, section) in sections {
+        let key = |k: &str| format!("{origin}: key `mcp_servers.{name}.{k}`");
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-')) {
+            anyhow::bail!("{origin}: table `mcp_servers.{name}`: the name must be letters, digits, `_` or `-`");
+        }
+        let pairs = |map: std::collections::BTreeMap<String, String>| map.into_iter().collect::<Vec<_>>();
+        let transport = match (section.command, section.url) {
+            (Some(command), None) => {
+                if command.trim().is_empty() {
+                    anyhow::bail!("{} must name the program to run", key("command"));
+                }
+                if !section.headers.is_empty() {
+                    anyhow::bail!("{} applies to `url` servers only", key("headers"));
+                }
+                Transport::Stdio { command, args: section.args, env: pairs(section.env) }
+            }
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    anyhow::bail!("{} must be an http(s) URL", key("url"));
+                }
+                if !section.args.is_empty() || !section.env.is_empty() {
+                    anyhow::bail!(
+                        "{origin}: table `mcp_servers.{name}`: `args` and `env` apply to `command` servers only"
+                    );
+                }
+                Transport::Http { url, headers: pairs(section.headers) }
+            }
+            (Some(_), Some(_)) => {
+                anyhow::bail!(
+                    "{origin}: table `mcp_servers.{name}`: give either `command` (stdio) or `url` (HTTP), not both"
+                )
+            }
+            (None, None) => {
+                anyhow::bail!("{origin}: table `mcp_servers.{name}` needs `command` (stdio) or `url` (HTTP)")
+            }
+        };
+        let trust = match section.trust.as_deref() {
+            None => Trust::None,
+            Some(text) => Trust::parse(text).ok_or_else(|| {
+                anyhow::anyhow!("{} must be \"none\" or \"read-only-hints\", not {text:?}", key("trust"))
+            })?,
+        };
+        let settings = Settings {
+            startup_timeout: section
+                .startup_timeout_secs
+                .map(|v| seconds(v, true, &key("startup_timeout_secs")))
+                .transpose()?,
+            tool_timeout: section.tool_timeout_secs.map(|v| seconds(v, true, &key("tool_timeout_secs"))).transpose()?,
+            enabled_tools: section.enabled_tools,
+            disabled_tools: section.disabled_tools,
+            trust,
+        };
+        servers.push(ServerSpec { name, transport, settings, origin: Origin::Config });
+    }
+    Ok(servers)
+}
+
 /// A number of seconds from the config file (positive, or non-negative when `positive` is false).
 fn seconds(value: f64, positive: bool, key: &str) -> Result<Duration> {
     let in_range = value.is_finite() && value <= 1e9 && if positive { value > 0.0 } else { value >= 0.0 };
@@ -609,6 +724,61 @@ mod tests {
         std::fs::write(&file, "max_frame_bytes = 10\n").unwrap();
         let err = Config::resolve(&flags, &home).unwrap_err().to_string();
         assert!(err.contains("key `max_frame_bytes` must be at least"), "{err}");
+    }
+
+    #[test]
+    fn mcp_servers_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[mcp]\nstartup_timeout_secs = 5\n\
+             [mcp_servers.fs]\ncommand = \"npx\"\nargs = [\"-y\", \"server-fs\"]\nenv = { ROOT = \"/w\" }\n\
+             tool_timeout_secs = 9\nenabled_tools = [\"read\"]\ndisabled_tools = [\"write\"]\ntrust = \"read-only-hints\"\n\
+             [mcp_servers.api]\nurl = \"https://example.test/mcp\"\nheaders = { Authorization = \"Bearer t\" }\n",
+        )
+        .unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let c = Config::resolve(&flags, &home).unwrap();
+        assert_eq!(c.mcp.startup_timeout, Duration::from_secs(5));
+        assert_eq!(c.mcp.tool_timeout, McpDefaults::default().tool_timeout);
+        let [api, fs] = &c.mcp_servers[..] else { panic!("{:?}", c.mcp_servers) };
+        assert_eq!(
+            api.transport,
+            Transport::Http {
+                url: "https://example.test/mcp".into(),
+                headers: vec![("Authorization".into(), "Bearer t".into())]
+            }
+        );
+        assert_eq!(api.settings, Settings::default());
+        assert_eq!(
+            fs.transport,
+            Transport::Stdio {
+                command: "npx".into(),
+                args: vec!["-y".into(), "server-fs".into()],
+                env: vec![("ROOT".into(), "/w".into())]
+            }
+        );
+        assert_eq!(fs.settings.tool_timeout, Some(Duration::from_secs(9)));
+        assert_eq!(fs.settings.enabled_tools, Some(vec!["read".to_string()]));
+        assert_eq!(fs.settings.disabled_tools, ["write"]);
+        assert_eq!((fs.settings.trust, fs.origin), (Trust::ReadOnlyHints, Origin::Config));
+        for (text, key) in [
+            ("[mcp_servers.a]\n", "mcp_servers.a"),
+            ("[mcp_servers.a]\ncommand = \"x\"\nurl = \"http://h\"\n", "mcp_servers.a"),
+            ("[mcp_servers.a]\nurl = \"ftp://h\"\n", "mcp_servers.a.url"),
+            ("[mcp_servers.a]\ncommand = \"x\"\ntrust = \"all\"\n", "mcp_servers.a.trust"),
+            ("[mcp_servers.a]\ncommand = \"x\"\nstartup_timeout_secs = 0\n", "mcp_servers.a.startup_timeout_secs"),
+            ("[mcp_servers.a]\ncommand = \"x\"\nheaders = { A = \"b\" }\n", "mcp_servers.a.headers"),
+            ("[mcp_servers.\"a b\"]\ncommand = \"x\"\n", "mcp_servers.a b"),
+            ("[mcp_servers.a]\ncommand = \"x\"\ncomand = \"y\"\n", "comand"),
+            ("[mcp]\ntool_timeout_secs = -1\n", "mcp.tool_timeout_secs"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod mcp;
 pub mod model;
 pub mod permission;
 pub mod prompt;

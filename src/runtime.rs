@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
 use crate::config::Config;
+use crate::mcp::{McpNotice, McpSession, ServerSpec};
 use crate::model::Model;
 use crate::model::replay::ReplayModel;
 use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
@@ -53,6 +54,8 @@ struct Live {
     permissions: Arc<Permissions>,
     /// The model route the session's next turn uses.
     model: Mutex<crate::model::ModelRoute>,
+    /// The session's MCP servers (its children use them too).
+    mcp: Arc<McpSession>,
 }
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
@@ -135,6 +138,8 @@ pub struct Runtime {
     /// One gate per session being loaded or resumed: a second load or resume of the same
     /// session waits for the first instead of racing it for the log.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Replay: the recorded MCP results that stand in for the servers.
+    mcp_recording: Option<Arc<crate::mcp::Recording>>,
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -182,12 +187,17 @@ impl Runtime {
     }
 
     fn root_permissions(&self, parent: Option<&str>) -> Option<Arc<Permissions>> {
+        self.root(parent).map(|(permissions, _)| permissions)
+    }
+
+    /// The permissions and MCP servers of the live top-level session above `parent`.
+    fn root(&self, parent: Option<&str>) -> Option<(Arc<Permissions>, Arc<McpSession>)> {
         let children = self.children();
         let live = self.live();
         let mut cursor = parent.map(str::to_string);
         while let Some(id) = cursor {
             if let Some(entry) = live.get(&id) {
-                return Some(entry.permissions.clone());
+                return Some((entry.permissions.clone(), entry.mcp.clone()));
             }
             cursor = children.get(&id).and_then(|c| c.parent.clone());
         }
@@ -237,9 +247,14 @@ impl ChildFactory for Runtime {
         // Children share their top-level ancestor's permissions (its mode and remembered answers)
         // and ask the same editor, with their own session id; their prompt is built fresh.
         let cwd = session.header.cwd.clone();
-        let permissions = self
-            .root_permissions(session.header.parent_session.as_deref())
-            .unwrap_or_else(|| Arc::new(Permissions::new(self.config.permission_mode)));
+        let root = self.root(session.header.parent_session.as_deref());
+        // The root's MCP servers, under the child's tool filter.
+        if let Some((_, mcp)) = &root {
+            let keep = tool_filter.clone().map(|f| Arc::new(move |name: &str| f.permits(name)) as Arc<_>);
+            tools.add_source(mcp.clone(), keep);
+        }
+        let permissions =
+            root.map(|(p, _)| p).unwrap_or_else(|| Arc::new(Permissions::new(self.config.permission_mode)));
         let client = self.client();
         let system = self.build_prompt(cwd.as_deref().map(Path::new), &tools, persona.as_deref()).unwrap_or_else(|e| {
             tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
@@ -299,6 +314,7 @@ impl Runtime {
     /// create children through this runtime) and the delegation tools on top of `tools`.
     pub fn new(config: Config, model: Arc<dyn Model>, tools: ToolRegistry) -> Result<Arc<Self>> {
         let subagents = Arc::new(SubagentService::new());
+        let mcp_recording = config.replay.as_deref().map(|dir| Arc::new(crate::mcp::Recording::from_dir(dir)));
         let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
             let factory: std::sync::Weak<dyn ChildFactory> = weak.clone();
             let report_tool: ChildTools = Arc::new(|m| vec![Arc::new(ReportTool(m.clone())) as Arc<dyn Tool>]);
@@ -372,6 +388,7 @@ impl Runtime {
                 children: Mutex::new(HashMap::new()),
                 client: Mutex::new(ClientLink::default()),
                 loading: Mutex::new(HashMap::new()),
+                mcp_recording,
             }
         });
         if runtime.config.replay.is_some() {
@@ -406,11 +423,13 @@ impl Runtime {
     }
 
     /// What a top-level session's agent runs with.
-    fn deps(&self, permissions: &Arc<Permissions>, system: String) -> AgentDeps {
+    fn deps(&self, permissions: &Arc<Permissions>, mcp: &Arc<McpSession>, system: String) -> AgentDeps {
         let client = self.client();
+        let mut tools = self.tools.clone();
+        tools.add_source(mcp.clone(), None);
         AgentDeps {
             model: self.model.clone(),
-            tools: self.tools.clone(),
+            tools,
             route: self.config.model.clone(),
             system,
             max_steps: self.config.max_steps,
@@ -501,8 +520,19 @@ impl Runtime {
         self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Creates a top-level session in `cwd` (absolute) and starts its agent.
+    /// Creates a top-level session in `cwd` (absolute) with the config's MCP servers and starts
+    /// its agent.
     pub fn new_session(&self, cwd: &Path, observer: Arc<dyn SessionObserver>) -> Result<String, RuntimeError> {
+        self.new_session_with(cwd, observer, Vec::new())
+    }
+
+    /// `new_session` with the editor's MCP servers (which replace config servers of the same name).
+    pub fn new_session_with(
+        &self,
+        cwd: &Path,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<String, RuntimeError> {
         if !cwd.is_absolute() {
             return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
         }
@@ -513,18 +543,36 @@ impl Runtime {
         if record {
             session.append(prompt::EVENT, json!({ "text": system }));
         }
+        let mcp = self.mcp_for(&mut session, servers);
         // The session exists on disk before the client learns its id.
         if let Err(e) = session.flush() {
             session.discard();
             return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
         }
         session.add_observer(observer);
-        self.start(session, system);
+        self.start(session, system, mcp);
         Ok(id)
     }
 
+    /// Starts a session's MCP servers (the config's, each replaced by the editor's server of the
+    /// same name), and records which ones it has when it has any or had some.
+    fn mcp_for(&self, session: &mut Session, editor: Vec<ServerSpec>) -> Arc<McpSession> {
+        let specs = crate::mcp::merge(&self.config.mcp_servers, editor);
+        let had = session.events().iter().any(|e| e.kind == crate::mcp::SERVERS_EVENT);
+        if !specs.is_empty() || had {
+            session.append(crate::mcp::SERVERS_EVENT, McpSession::describe(&specs));
+        }
+        let cwd = session.header.cwd.clone().map(Into::into);
+        McpSession::start(specs, cwd, self.config.mcp, self.mcp_recording.clone())
+    }
+
+    /// The notices of a live session's MCP servers (once: whoever tells the user takes them).
+    pub fn take_mcp_notices(&self, session_id: &str) -> Option<tokio::sync::mpsc::UnboundedReceiver<McpNotice>> {
+        self.live().get(session_id).and_then(|l| l.mcp.take_notices())
+    }
+
     /// Starts the agent of a top-level session in the configured permission mode.
-    fn start(&self, session: crate::session::Session, system: String) {
+    fn start(&self, session: crate::session::Session, system: String, mcp: Arc<McpSession>) {
         let id = session.id().to_string();
         // A mode chosen with `session/set_mode` before a restart stays chosen.
         let mode = session
@@ -535,9 +583,10 @@ impl Runtime {
             .and_then(|e| e.data["mode"].as_str().and_then(PermissionMode::parse))
             .unwrap_or(self.config.permission_mode);
         let permissions = Arc::new(Permissions::new(mode));
-        let handle = spawn_agent(session, self.deps(&permissions, system));
+        let handle = spawn_agent(session, self.deps(&permissions, &mcp, system));
         let model = Mutex::new(self.config.model.clone());
-        self.live().insert(id, Live { handle, prompt_in_flight: Arc::new(AtomicBool::new(false)), permissions, model });
+        let prompt_in_flight = Arc::new(AtomicBool::new(false));
+        self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp });
     }
 
     /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
@@ -623,11 +672,12 @@ impl Runtime {
         &self,
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
     ) -> Result<Vec<Event>, RuntimeError> {
         let gate = self.load_gate(session_id);
         let loaded = {
             let _turn = gate.lock().await;
-            self.load_now(session_id, observer).await
+            self.load_now(session_id, observer, servers).await
         };
         self.release_load_gate(session_id, gate);
         loaded
@@ -649,7 +699,12 @@ impl Runtime {
     }
 
     /// `load_session` with the session's gate held.
-    async fn load_now(&self, session_id: &str, observer: Arc<dyn SessionObserver>) -> Result<Vec<Event>, RuntimeError> {
+    async fn load_now(
+        &self,
+        session_id: &str,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<Vec<Event>, RuntimeError> {
         self.reject_child(session_id)?;
         let existing = {
             let mut live = self.live();
@@ -665,6 +720,7 @@ impl Runtime {
         };
         if let Some(entry) = existing {
             entry.handle.shutdown().await;
+            entry.mcp.close().await;
         }
         let mut session = self.store.load(session_id).map_err(|e| match e {
             StoreError::InvalidId(_) | StoreError::NotFound(_) => RuntimeError::InvalidParams(e.to_string()),
@@ -690,8 +746,9 @@ impl Runtime {
                 model: e.data["model"].as_str()?.into(),
             })
         });
+        let mcp = self.mcp_for(&mut session, servers);
         session.add_observer(observer);
-        self.start(session, system);
+        self.start(session, system, mcp);
         if let Some(route) = route
             && let Some(entry) = self.live().get(session_id)
         {
@@ -743,15 +800,26 @@ impl Runtime {
         &self,
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
     ) -> Result<Vec<Event>, RuntimeError> {
         self.reject_child(session_id)?;
+        let live = self.live().get(session_id).map(|l| (l.mcp.clone(), l.handle.clone()));
+        if let Some((mcp, handle)) = live {
+            // The servers named now replace other ones (the agent keeps running).
+            let specs = crate::mcp::merge(&self.config.mcp_servers, servers);
+            if specs != mcp.specs() {
+                let _ = handle.inject_log(crate::mcp::SERVERS_EVENT, McpSession::describe(&specs));
+                mcp.replace(specs).await;
+            }
+            return Ok(Vec::new());
+        }
         let gate = self.load_gate(session_id);
         let resumed = {
             let _turn = gate.lock().await;
             if self.live().contains_key(session_id) {
                 Ok(Vec::new())
             } else {
-                self.load_now(session_id, observer).await
+                self.load_now(session_id, observer, servers).await
             }
         };
         self.release_load_gate(session_id, gate);
@@ -775,6 +843,7 @@ impl Runtime {
             self.children().remove(&id);
         }
         entry.handle.shutdown().await;
+        entry.mcp.close().await;
         Ok(())
     }
 
@@ -786,6 +855,7 @@ impl Runtime {
         source_id: &str,
         cwd: &Path,
         observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
     ) -> Result<String, RuntimeError> {
         self.reject_child(source_id)?;
         if !cwd.is_absolute() {
@@ -806,12 +876,13 @@ impl Runtime {
         let mut header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
         header.seed_length = (!seed.is_empty()).then_some(seed.len() as u64);
         let mut session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        let mcp = self.mcp_for(&mut session, servers);
         if let Err(e) = session.flush() {
             session.discard();
             return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
         }
         session.add_observer(observer);
-        self.start(session, system);
+        self.start(session, system, mcp);
         Ok(id)
     }
 
@@ -858,8 +929,10 @@ impl Runtime {
         self.continuation.drain().await;
         let children: Vec<AgentHandle> = self.children().drain().map(|(_, c)| c.handle).collect();
         futures::future::join_all(children.iter().map(AgentHandle::shutdown)).await;
-        let handles: Vec<AgentHandle> = self.live().drain().map(|(_, l)| l.handle).collect();
-        futures::future::join_all(handles.iter().map(AgentHandle::shutdown)).await;
+        let live: Vec<Live> = self.live().drain().map(|(_, l)| l).collect();
+        futures::future::join_all(live.iter().map(|l| l.handle.shutdown())).await;
+        // The MCP servers go last: an agent winding down may still call them.
+        futures::future::join_all(live.iter().map(|l| l.mcp.close())).await;
     }
 
     /// Checks that the model served everything it expected (replay).

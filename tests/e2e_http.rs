@@ -10,17 +10,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 #[allow(dead_code)]
 mod common;
-use common::{KIN, Peer};
-
-fn chat_sse(events: &[Value]) -> String {
-    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
-    body.push_str("data: [DONE]\n\n");
-    body
-}
-
-fn chunk(delta: Value, finish: Option<&str>) -> Value {
-    json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-}
+use common::{KIN, Peer, chat_sse, chunk};
 
 fn sse(body: String) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")

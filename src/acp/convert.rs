@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Diff, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, StopReason,
-    TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
-    ToolKind,
+    ContentBlock, ContentChunk, Diff, ImageContent, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate,
+    StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate,
+    ToolCallUpdateFields, ToolKind,
 };
 use serde_json::{Value, json};
 
@@ -131,11 +131,17 @@ fn tool_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate> {
     let id = block["toolCallId"].as_str()?;
     let text: String = blocks(&block["content"]).filter_map(|b| b["text"].as_str()).collect();
     let status = if block["isError"] == true { ToolCallStatus::Failed } else { ToolCallStatus::Completed };
-    let content = match diff_content(&data["meta"]["diff"]) {
+    let mut content = vec![match diff_content(&data["meta"]["diff"]) {
         Some(diff) if status == ToolCallStatus::Completed => diff,
         _ => ToolCallContent::from(ContentBlock::Text(TextContent::new(text))),
-    };
-    let fields = ToolCallUpdateFields::new().status(status).content(vec![content]);
+    }];
+    // Images of a result (an MCP tool's) are shown too.
+    for image in blocks(&block["content"]).filter(|b| b["type"] == "image") {
+        let (data, media) =
+            (image["data"].as_str().unwrap_or_default(), image["mediaType"].as_str().unwrap_or_default());
+        content.push(ToolCallContent::from(ContentBlock::Image(ImageContent::new(data, media))));
+    }
+    let fields = ToolCallUpdateFields::new().status(status).content(content);
     Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
 }
 

@@ -7,6 +7,7 @@
 
 mod client;
 mod convert;
+mod mcp;
 mod modes;
 pub mod run;
 mod transport;
@@ -18,12 +19,12 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, CurrentModeUpdate,
     ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
-    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
-    SessionCapabilities, SessionCloseCapabilities, SessionConfigOption, SessionConfigOptionCategory,
-    SessionConfigSelectOption, SessionForkCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
-    SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
-    SetSessionModeRequest, SetSessionModeResponse,
+    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
+    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest,
+    ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionConfigOption,
+    SessionConfigOptionCategory, SessionConfigSelectOption, SessionForkCapabilities, SessionInfo,
+    SessionListCapabilities, SessionNotification, SessionResumeCapabilities, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
@@ -40,10 +41,9 @@ fn internal(message: impl std::fmt::Display) -> Error {
 }
 
 /// The first session parameter kin does not support, as the -32602 that names it.
-fn unsupported_params(additional_directories: bool, mcp_servers: bool, system_prompt: bool) -> Option<Error> {
+fn unsupported_params(additional_directories: bool, system_prompt: bool) -> Option<Error> {
     [
         (additional_directories, "additionalDirectories is not supported"),
-        (mcp_servers, "mcpServers is not supported"),
         (system_prompt, "systemPrompt is not supported"),
     ]
     .into_iter()
@@ -89,6 +89,14 @@ fn model_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption
     ]
 }
 
+/// After a session's response: tells the user about its MCP servers from now on (sent after the
+/// response, so the client knows the session id).
+fn forward_notices(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_notices: &std::sync::atomic::AtomicBool) {
+    if let Some(notices) = runtime.take_mcp_notices(id) {
+        mcp::forward(cx, id.to_string(), notices, as_notices.load(std::sync::atomic::Ordering::SeqCst));
+    }
+}
+
 pub use transport::{DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 
 /// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down. A frame longer
@@ -113,6 +121,10 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
     let agents = Arc::new(Tree::default());
     let (tree_init, tree_new, tree_load) = (agents.clone(), agents.clone(), agents.clone());
     let (tree_resume, tree_fork) = (agents.clone(), agents);
+    // Whether the client shows `notice` updates (`clientCapabilities.session.notices`).
+    let notices = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (notices_init, notices_new, notices_load) = (notices.clone(), notices.clone(), notices.clone());
+    let (notices_resume, notices_fork) = (notices.clone(), notices);
     let result = Agent
         .v1()
         .name("kin")
@@ -134,6 +146,8 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                     link.children = Some(Arc::new(children) as Arc<dyn ChildObservers>);
                 }
                 rt_init.connect_client(link);
+                let takes_notices = req.client_capabilities.session.as_ref().is_some_and(|s| s.notices.is_some());
+                notices_init.store(takes_notices, std::sync::atomic::Ordering::SeqCst);
                 let sessions = SessionCapabilities::new()
                     .list(SessionListCapabilities::new())
                     .fork(SessionForkCapabilities::new())
@@ -141,6 +155,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                     .close(SessionCloseCapabilities::new());
                 let capabilities = AgentCapabilities::new()
                     .load_session(true)
+                    .mcp_capabilities(McpCapabilities::new().http(crate::mcp::HTTP_SUPPORTED))
                     .prompt_capabilities(PromptCapabilities::new())
                     .session_capabilities(sessions);
                 responder.respond(
@@ -153,20 +168,20 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
         )
         .on_receive_request(
             async move |req: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) = unsupported_params(
-                    !req.additional_directories.is_empty(),
-                    !req.mcp_servers.is_empty(),
-                    req.system_prompt.is_some(),
-                ) {
+                if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some())
+                {
                     return responder.respond_with_error(e);
                 }
-                match rt_new
-                    .new_session(&req.cwd, Arc::new(Forwarder::new(cx, tree_new.clone(), rt_new.tools().clone())))
-                {
+                let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_new.clone(), rt_new.tools().clone()));
+                match rt_new.new_session_with(&req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
                     Ok(id) => {
                         let mode = rt_new.permission_mode(&id).unwrap_or_default();
                         let options = model_options(&rt_new, &id);
-                        responder.respond(NewSessionResponse::new(id).modes(modes::state(mode)).config_options(options))
+                        let sent = responder.respond(
+                            NewSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
+                        );
+                        forward_notices(&cx, &rt_new, &id, &notices_new);
+                        sent
                     }
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }
@@ -206,17 +221,15 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
         )
         .on_receive_request(
             async move |req: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) = unsupported_params(false, !req.mcp_servers.is_empty(), false) {
-                    return responder.respond_with_error(e);
-                }
                 let runtime = rt_load.clone();
+                let notices = notices_load.clone();
                 let agents = tree_load.clone();
                 let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone(), runtime.tools().clone()));
                 cx.spawn({
                     let cx = cx.clone();
                     async move {
                         let id = req.session_id.0.to_string();
-                        match runtime.load_session(&id, forwarder.clone()).await {
+                        match runtime.load_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
                             Ok(events) => {
                                 forwarder.count(&events);
                                 let tools = runtime.tools();
@@ -233,6 +246,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 let _ = responder.respond(
                                     LoadSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
+                                forward_notices(&cx, &runtime, &id, &notices);
                                 tree::reannounce(&cx, &children);
                             }
                             Err(e) => {
@@ -299,19 +313,18 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
         )
         .on_receive_request(
             async move |req: ResumeSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) =
-                    unsupported_params(!req.additional_directories.is_empty(), !req.mcp_servers.is_empty(), false)
-                {
+                if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), false) {
                     return responder.respond_with_error(e);
                 }
                 let runtime = rt_resume.clone();
+                let notices = notices_resume.clone();
                 let agents = tree_resume.clone();
                 let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone(), runtime.tools().clone()));
                 cx.spawn({
                     let cx = cx.clone();
                     async move {
                         let id = req.session_id.0.to_string();
-                        match runtime.resume_session(&id, forwarder.clone()).await {
+                        match runtime.resume_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
                             Ok(events) => {
                                 forwarder.count(&events);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
@@ -319,6 +332,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 let _ = responder.respond(
                                     ResumeSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
+                                forward_notices(&cx, &runtime, &id, &notices);
                                 if agents.enabled() {
                                     tree::reannounce(&cx, &tree::stored_tree(&runtime, &id));
                                 }
@@ -351,18 +365,17 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
         )
         .on_receive_request(
             async move |req: ForkSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) = unsupported_params(
-                    !req.additional_directories.is_empty(),
-                    !req.mcp_servers.is_empty(),
-                    req.system_prompt.is_some(),
-                ) {
+                if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some())
+                {
                     return responder.respond_with_error(e);
                 }
-                let forwarder = Arc::new(Forwarder::new(cx, tree_fork.clone(), rt_fork.tools().clone()));
-                match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder) {
+                let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_fork.clone(), rt_fork.tools().clone()));
+                match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
                     Ok(id) => {
                         let mode = rt_fork.permission_mode(&id).unwrap_or_default();
-                        responder.respond(ForkSessionResponse::new(id).modes(modes::state(mode)))
+                        let sent = responder.respond(ForkSessionResponse::new(id.clone()).modes(modes::state(mode)));
+                        forward_notices(&cx, &rt_fork, &id, &notices_fork);
+                        sent
                     }
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }

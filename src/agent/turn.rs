@@ -15,7 +15,7 @@ use super::{AgentDeps, Staged, TurnEnd};
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::permission::admit;
 use crate::session::Session;
-use crate::tools::{Caller, Progress, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Caller, Progress, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
 /// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
 /// it never ends inside an open turn or on a dangling tool call.
@@ -128,6 +128,8 @@ async fn run_step(
     cancel: &CancellationToken,
     disposing: &AtomicBool,
 ) -> StepEnd {
+    // The tools of this step: a source's (MCP) changes show from the next step on.
+    let tools = deps.tools.snapshot(cancel).await;
     let request = ModelRequest {
         session_id: session.id().to_string(),
         turn,
@@ -136,7 +138,7 @@ async fn run_step(
         route: deps.route.clone(),
         system: deps.system.clone(),
         messages: session.messages(),
-        tools: deps.tools.schemas(),
+        tools: tools.schemas(),
     };
     let mut stream = deps.model.stream(request, cancel.child_token());
     let mut chunk_seqs = Vec::new();
@@ -211,7 +213,7 @@ async fn run_step(
     if calls.is_empty() {
         return StepEnd::Done;
     }
-    run_tools(session, deps, turn, step, calls, cancel).await;
+    run_tools(session, deps, &tools, turn, step, calls, cancel).await;
     StepEnd::Continue
 }
 
@@ -221,6 +223,7 @@ async fn run_step(
 async fn run_tools(
     session: &mut Session,
     deps: &AgentDeps,
+    tools: &ToolRegistry,
     turn: u64,
     step: u64,
     calls: Vec<(String, String, String)>,
@@ -228,9 +231,9 @@ async fn run_tools(
 ) {
     let mut batches: Vec<Vec<(String, String, String)>> = Vec::new();
     for call in calls {
-        let parallel = deps.tools.is_parallel_safe(&call.1);
+        let parallel = tools.is_parallel_safe(&call.1);
         match batches.last_mut() {
-            Some(batch) if parallel && batch.iter().all(|c| deps.tools.is_parallel_safe(&c.1)) => batch.push(call),
+            Some(batch) if parallel && batch.iter().all(|c| tools.is_parallel_safe(&c.1)) => batch.push(call),
             _ => batches.push(vec![call]),
         }
     }
@@ -244,7 +247,7 @@ async fn run_tools(
         }
         // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
         session.write_eager();
-        let needs_history = batch.iter().any(|(_, name, _)| deps.tools.get(name).is_some_and(|t| t.needs_history()));
+        let needs_history = batch.iter().any(|(_, name, _)| tools.get(name).is_some_and(|t| t.needs_history()));
         let caller = Arc::new(Caller {
             header: session.header.clone(),
             depth: session.header.delegation_depth.max(deps.depth),
@@ -270,7 +273,7 @@ async fn run_tools(
                         file_access: deps.file_access.clone(),
                         progress: Some(Progress::new(id, progress_tx.clone())),
                     };
-                    let (tools, name, arguments) = (deps.tools.clone(), name.clone(), arguments.clone());
+                    let (tools, name, arguments) = (tools.clone(), name.clone(), arguments.clone());
                     let (permissions, prompt) = (deps.permissions.clone(), deps.prompt.clone());
                     async move {
                         // The gate runs first: a refused call gets its error without running.

@@ -102,14 +102,18 @@ fn thinking_budget(effort: Option<&str>, max_tokens: u32) -> Option<u32> {
     (budget >= 1024).then_some(budget)
 }
 
-/// The non-empty text blocks of a dsh block list, as Anthropic text blocks.
-fn text_blocks(blocks: &[Value]) -> Vec<Value> {
+/// A tool result's blocks as Anthropic takes them: its text, and its images (an MCP tool's).
+fn result_blocks(blocks: &[Value]) -> Vec<Value> {
     blocks
         .iter()
-        .filter(|b| b["type"] == "text")
-        .filter_map(|b| b["text"].as_str())
-        .filter(|t| !t.is_empty())
-        .map(|t| json!({"type": "text", "text": t}))
+        .filter_map(|b| match b["type"].as_str() {
+            Some("text") => b["text"].as_str().filter(|t| !t.is_empty()).map(|t| json!({"type": "text", "text": t})),
+            Some("image") => Some(json!({
+                "type": "image",
+                "source": {"type": "base64", "media_type": b["mediaType"], "data": b["data"]},
+            })),
+            _ => None,
+        })
         .collect()
 }
 
@@ -119,7 +123,7 @@ fn anthropic_block(block: &Value, assistant: bool) -> Option<Value> {
     match block["type"].as_str()? {
         "text" if !text("text").is_empty() => Some(json!({"type": "text", "text": text("text")})),
         "tool-result" if !assistant => {
-            let content = text_blocks(block["content"].as_array().map(Vec::as_slice).unwrap_or_default());
+            let content = result_blocks(block["content"].as_array().map(Vec::as_slice).unwrap_or_default());
             let mut result = json!({
                 "type": "tool_result",
                 "tool_use_id": block["toolCallId"],

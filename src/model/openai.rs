@@ -116,6 +116,23 @@ fn arguments_text(arguments: &Value) -> String {
     }
 }
 
+/// A tool result as the text a `tool` message carries: its text blocks, and a placeholder for
+/// each image (Chat Completions tool messages take no images).
+fn tool_result_text(blocks: &[Value]) -> String {
+    blocks
+        .iter()
+        .filter_map(|b| match b["type"].as_str() {
+            Some("text") => b["text"].as_str().filter(|t| !t.is_empty()).map(str::to_string),
+            Some("image") => Some(format!(
+                "[image {}: not shown, this model API takes no images in tool results]",
+                b["mediaType"].as_str().unwrap_or("image")
+            )),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// dsh messages as Chat Completions messages.
 fn chat_messages(request: &ModelRequest, deepseek: bool) -> Vec<Value> {
     let mut out = Vec::new();
@@ -163,7 +180,7 @@ fn chat_messages(request: &ModelRequest, deepseek: bool) -> Vec<Value> {
             }
             _ => {
                 for result in blocks.iter().filter(|b| b["type"] == "tool-result") {
-                    let content = joined(blocks_of(result), "text", "\n");
+                    let content = tool_result_text(blocks_of(result));
                     out.push(json!({
                         "role": "tool",
                         "tool_call_id": result["toolCallId"],

@@ -26,6 +26,9 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
         }
         "newSession" | "newSessionExpectError" => {
             let mut params = json!({"cwd": run.cwd.display().to_string(), "mcpServers": []});
+            if let Some(servers) = step.get("mcpServers") {
+                params["mcpServers"] = servers.clone();
+            }
             if let Some(dirs) = step.get("additionalDirectories") {
                 params["additionalDirectories"] = dirs.clone();
             }
@@ -112,9 +115,9 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
         }
         "loadSession" => {
             let sid = run.session_id.clone().context("no session to load")?;
-            let id = run
-                .send("session/load", json!({"sessionId": sid, "cwd": run.cwd.display().to_string(), "mcpServers": []}))
-                .await?;
+            let servers = step.get("mcpServers").cloned().unwrap_or_else(|| json!([]));
+            let params = json!({"sessionId": sid, "cwd": run.cwd.display().to_string(), "mcpServers": servers});
+            let id = run.send("session/load", params).await?;
             run.response(id).await?;
         }
         "listSessions" => {

@@ -187,12 +187,25 @@ pub trait Tool: Send + Sync {
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
+/// Tools that come and go while a session lives (an MCP server's): each step takes them as they
+/// are when it starts (`ToolRegistry::snapshot`).
+pub trait ToolSource: Send + Sync {
+    /// The tools offered now. May wait (bounded) until they are known; stops waiting when
+    /// `cancel` fires.
+    fn tools(&self, cancel: CancellationToken) -> BoxFuture<'static, Vec<Arc<dyn Tool>>>;
+}
+
+/// Which names a source's tools may have in one agent (a child's tool filter).
+pub type Keep = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// The tools of one agent, by name (sorted, so the model sees a stable list), remembering the
-/// order they were registered in (the order of their advice in the system prompt).
+/// order they were registered in (the order of their advice in the system prompt), and the
+/// sources whose tools join them at each step.
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     order: Vec<String>,
+    sources: Vec<(Arc<dyn ToolSource>, Option<Keep>)>,
 }
 
 impl ToolRegistry {
@@ -206,6 +219,32 @@ impl ToolRegistry {
         if self.tools.insert(name.clone(), tool).is_none() {
             self.order.push(name);
         }
+    }
+
+    /// Adds a source whose tools join at each step; `keep` limits them by name.
+    pub fn add_source(&mut self, source: Arc<dyn ToolSource>, keep: Option<Keep>) {
+        self.sources.push((source, keep));
+    }
+
+    /// The tools for one step: these, plus each source's current tools that its filter keeps
+    /// and whose names are free (a name already taken keeps its first tool).
+    pub async fn snapshot(&self, cancel: &CancellationToken) -> ToolRegistry {
+        let mut step = ToolRegistry { tools: self.tools.clone(), order: self.order.clone(), sources: Vec::new() };
+        for (source, keep) in &self.sources {
+            for tool in source.tools(cancel.clone()).await {
+                let name = tool.name().to_string();
+                if keep.as_ref().is_some_and(|keep| !keep(&name)) {
+                    continue;
+                }
+                if step.tools.contains_key(&name) {
+                    tracing::warn!(tool = %name, "a tool of that name exists already; the new one is left out");
+                    continue;
+                }
+                step.order.push(name.clone());
+                step.tools.insert(name, tool);
+            }
+        }
+        step
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
@@ -223,20 +262,22 @@ impl ToolRegistry {
             .collect()
     }
 
-    /// A copy holding only the tools `keep` accepts.
+    /// A copy holding only the tools `keep` accepts, without sources (add them again with their
+    /// own filter).
     pub fn filtered(&self, keep: impl Fn(&str) -> bool) -> ToolRegistry {
         let tools = self.tools.iter().filter(|(name, _)| keep(name)).map(|(n, t)| (n.clone(), t.clone())).collect();
         let order = self.order.iter().filter(|name| keep(name)).cloned().collect();
-        ToolRegistry { tools, order }
+        ToolRegistry { tools, order, sources: Vec::new() }
     }
 
     /// How a call of `name` is shown: its title and what it touches. A name this registry does
-    /// not hold (a call recorded by a tool since removed, a child's own tool) is titled by its
-    /// name and touches something kin cannot see into.
+    /// not hold (a call recorded by a tool since removed, a child's own tool, a session's MCP
+    /// tool) is titled by its name (an MCP tool's names its server and tool) and touches
+    /// something kin cannot see into.
     pub fn shown(&self, name: &str, arguments: &Value) -> (String, Access) {
         match self.get(name) {
             Some(tool) => (tool.title(arguments), tool.access(arguments)),
-            None => (name.to_string(), Access::External),
+            None => (crate::mcp::call_title(name, arguments).unwrap_or_else(|| name.to_string()), Access::External),
         }
     }
 
@@ -245,6 +286,7 @@ impl ToolRegistry {
         self.order.iter().filter_map(|name| Some((name.clone(), self.tools.get(name)?.guidance()?))).collect()
     }
 
+    /// The names of the tools held now (a source's tools are known only in a step's snapshot).
     pub fn names(&self) -> Vec<String> {
         self.tools.keys().cloned().collect()
     }

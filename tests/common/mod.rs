@@ -206,3 +206,15 @@ pub fn start_request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
         progress: None,
     }
 }
+
+/// A Chat Completions SSE body of `events` (each a `chat.completion.chunk`), then `[DONE]`.
+pub fn chat_sse(events: &[Value]) -> String {
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    body
+}
+
+/// One `chat.completion.chunk` with `delta` (and a finish reason).
+pub fn chunk(delta: Value, finish: Option<&str>) -> Value {
+    json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}

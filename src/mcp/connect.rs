@@ -1,0 +1,345 @@
+//! Starting one MCP server and the handshake, under the server's startup timeout.
+//!
+//! A stdio server runs exactly the given command and arguments in the session cwd, in its own
+//! process group, with a cleared environment: only `PATH` and `HOME` (kin's own, so a bare
+//! `npx` is found) and the given variables, so kin's API keys never reach it. Its stderr goes to
+//! kin's log at debug level (lines cut at 4 KiB, 1 MiB per server, then only a note), and its
+//! last lines are kept for the notice of a failure. Closing gives the server a grace to exit
+//! (stdin closed, then SIGTERM), then kills its whole process group.
+//!
+//! An HTTP server is reached over streamable HTTP with the given headers (the ones the transport
+//! owns — `Accept`, `Mcp-Session-Id`, `Last-Event-Id` — are dropped with a warning).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
+use tokio::io::AsyncReadExt;
+
+use super::spec::Transport;
+
+/// How long a closing server may take to exit before its process group is killed.
+pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest stderr line logged (the rest of the line is dropped).
+const MAX_LINE: usize = 4096;
+/// How much of a server's stderr is logged at most.
+const MAX_LOGGED: usize = 1024 * 1024;
+/// How many stderr lines a failure notice quotes.
+const TAIL_LINES: usize = 8;
+
+/// The `PATH` a server gets when kin itself has none.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// kin as an MCP client: no sampling, roots or elicitation; the handshake pinned to the last
+/// protocol revision that has one (servers negotiate down from it); tool-list changes raise
+/// `tools_changed`.
+#[derive(Clone)]
+pub(super) struct Handler {
+    pub tools_changed: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("kin", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.tools_changed.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The last lines a server wrote to stderr.
+#[derive(Default)]
+pub(super) struct StderrTail(Mutex<VecDeque<String>>);
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        let mut lines = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.len() == TAIL_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The kept lines, oldest first.
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+    }
+}
+
+/// A live connection to one server.
+pub(super) struct Connection {
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, Handler>>>,
+    pub peer: Peer<RoleClient>,
+    /// The process group of a stdio server.
+    pgid: Option<i32>,
+    pub tools_changed: Arc<AtomicBool>,
+}
+
+impl Connection {
+    /// Whether the connection has ended (the server exited or hung up).
+    pub fn is_closed(&self) -> bool {
+        self.peer.is_transport_closed()
+    }
+
+    /// Closes the connection: a grace to exit, then the process group is killed.
+    pub async fn close(&self) {
+        if let Some(mut service) = self.service.lock().await.take()
+            && let Ok(None) = service.close_with_timeout(CLOSE_GRACE).await
+        {
+            tracing::debug!("an MCP server did not exit within the grace; killing its process group");
+        }
+        kill_group(self.pgid);
+    }
+}
+
+/// Kills a process group when dropped, unless disarmed: a start abandoned midway (its future
+/// dropped when the session closes) leaves no process behind.
+struct GroupGuard(Option<i32>);
+
+impl GroupGuard {
+    fn disarm(mut self) -> Option<i32> {
+        self.0.take()
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        kill_group(self.0);
+    }
+}
+
+/// Kills a process group (nothing when there is none or it is gone).
+fn kill_group(pgid: Option<i32>) {
+    if let Some(pgid) = pgid.filter(|p| *p > 1) {
+        // SAFETY: killpg only sends a signal; a stale or missing group gives ESRCH, ignored.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Why a server could not be used.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct StartError {
+    pub reason: String,
+    pub stderr: Vec<String>,
+}
+
+/// Starts the server and runs the handshake within `timeout`. `tail` collects its stderr.
+pub(super) async fn connect(
+    name: &str,
+    transport: &Transport,
+    cwd: Option<&Path>,
+    timeout: Duration,
+    tail: Arc<StderrTail>,
+) -> Result<Connection, StartError> {
+    let fail = |reason: String, tail: &StderrTail| StartError { reason, stderr: tail.lines() };
+    let handler = Handler { tools_changed: Arc::new(AtomicBool::new(false)) };
+    let tools_changed = handler.tools_changed.clone();
+    let timed_out = || {
+        format!(
+            "it did not complete the MCP handshake within {} s (raise startup_timeout_secs if it needs longer)",
+            timeout.as_secs_f64()
+        )
+    };
+    match transport {
+        Transport::Stdio { command, args, env } => {
+            let mut cmd = tokio::process::Command::new(command);
+            cmd.args(args).env_clear().envs(child_env(env)).process_group(0).kill_on_drop(true);
+            if let Some(cwd) = cwd.filter(|c| c.is_dir()) {
+                cmd.current_dir(cwd);
+            }
+            let (child, stderr) =
+                TokioChildProcess::builder(cmd).stderr(Stdio::piped()).spawn().map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => fail(format!("the command `{command}` was not found"), &tail),
+                    std::io::ErrorKind::PermissionDenied => {
+                        fail(format!("the command `{command}` is not executable"), &tail)
+                    }
+                    _ => fail(format!("the command `{command}` could not be started: {e}"), &tail),
+                })?;
+            let group = GroupGuard(child.id().and_then(|pid| i32::try_from(pid).ok()));
+            let reader = stderr.map(|stderr| tokio::spawn(read_stderr(name.to_string(), stderr, tail.clone())));
+            let started = tokio::time::timeout(timeout, handler.serve(child)).await;
+            let service = match started {
+                Ok(Ok(service)) => service,
+                Ok(Err(e)) => {
+                    drop(group);
+                    // The last words of a server that exited are worth waiting a moment for.
+                    if let Some(reader) = reader {
+                        let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
+                    }
+                    return Err(fail(handshake_error(&e.to_string()), &tail));
+                }
+                Err(_) => {
+                    drop(group);
+                    return Err(fail(timed_out(), &tail));
+                }
+            };
+            let peer = service.peer().clone();
+            let pgid = group.disarm();
+            Ok(Connection { service: tokio::sync::Mutex::new(Some(service)), peer, pgid, tools_changed })
+        }
+        Transport::Http { url, headers } => {
+            install_crypto_provider();
+            let headers = http_headers(headers).map_err(|reason| fail(reason, &tail))?;
+            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+            let client = StreamableHttpClientTransport::from_config(config);
+            let service = match tokio::time::timeout(timeout, handler.serve(client)).await {
+                Ok(Ok(service)) => service,
+                Ok(Err(e)) => return Err(fail(handshake_error(&e.to_string()), &tail)),
+                Err(_) => return Err(fail(timed_out(), &tail)),
+            };
+            let peer = service.peer().clone();
+            Ok(Connection { service: tokio::sync::Mutex::new(Some(service)), peer, pgid: None, tools_changed })
+        }
+        Transport::Unsupported { kind } => Err(fail(format!("the `{kind}` transport is not supported"), &tail)),
+    }
+}
+
+/// A handshake failure in words.
+fn handshake_error(error: &str) -> String {
+    if error.starts_with("connection closed") {
+        "it closed the connection before completing the MCP handshake (did it exit?)".into()
+    } else {
+        format!("the MCP handshake failed: {error}")
+    }
+}
+
+/// The child's environment: `PATH` and `HOME` from kin's, then the given variables.
+fn child_env(given: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env = vec![("PATH".to_string(), std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into()))];
+    if let Ok(home) = std::env::var("HOME") {
+        env.push(("HOME".into(), home));
+    }
+    for (key, value) in given {
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
+    env
+}
+
+/// Headers for the HTTP transport; the ones it owns are dropped.
+fn http_headers(
+    headers: &[(String, String)],
+) -> Result<HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>, String> {
+    let mut map = HashMap::new();
+    for (name, value) in headers {
+        let lower = name.to_ascii_lowercase();
+        if matches!(lower.as_str(), "accept" | "mcp-session-id" | "last-event-id") {
+            tracing::warn!(header = %name, "dropping an MCP server header the HTTP transport sets itself");
+            continue;
+        }
+        let header = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("the header name {name:?} is not a valid HTTP header name"))?;
+        let value = reqwest::header::HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of header {name:?} is not a valid HTTP header value"))?;
+        map.insert(header, value);
+    }
+    Ok(map)
+}
+
+/// rmcp's HTTP client has no crypto provider of its own: ring (kin's model client already
+/// uses it) becomes the process default, once.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// Logs a server's stderr at debug level, line by line, within the caps; keeps the tail.
+async fn read_stderr(name: String, mut stderr: tokio::process::ChildStderr, tail: Arc<StderrTail>) {
+    let mut logged = 0usize;
+    let mut line: Vec<u8> = Vec::new();
+    let mut cut = false;
+    let mut buf = [0u8; 4096];
+    let mut emit = |line: &mut Vec<u8>, cut: &mut bool| {
+        let mut text = String::from_utf8_lossy(line).trim_end().to_string();
+        if *cut {
+            text.push('…');
+        }
+        line.clear();
+        *cut = false;
+        if logged < MAX_LOGGED {
+            logged += text.len() + 1;
+            tracing::debug!(server = %name, "MCP server stderr: {text}");
+            if logged >= MAX_LOGGED {
+                tracing::debug!(server = %name, "MCP server stderr: 1 MiB logged; the rest is not logged");
+            }
+        }
+        tail.push(text);
+    };
+    loop {
+        let n = match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for &byte in &buf[..n] {
+            if byte == b'\n' {
+                emit(&mut line, &mut cut);
+            } else if line.len() < MAX_LINE {
+                line.push(byte);
+            } else {
+                cut = true;
+            }
+        }
+    }
+    if !line.is_empty() {
+        emit(&mut line, &mut cut);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_child_environment_is_path_home_and_the_given_variables() {
+        let env = child_env(&[("API_KEY".into(), "k".into()), ("PATH".into(), "/only/here".into())]);
+        let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(keys.iter().all(|k| ["PATH", "HOME", "API_KEY"].contains(k)), "{keys:?}");
+        assert!(env.contains(&("PATH".into(), "/only/here".into())));
+        assert!(env.contains(&("API_KEY".into(), "k".into())));
+    }
+
+    #[test]
+    fn transport_owned_and_invalid_headers() {
+        let map = http_headers(&[("Authorization".into(), "Bearer t".into()), ("Accept".into(), "x".into())]).unwrap();
+        assert_eq!(map.len(), 1);
+        assert_eq!(map[&reqwest::header::AUTHORIZATION], "Bearer t");
+        let err = http_headers(&[("bad name".into(), "v".into())]).unwrap_err();
+        assert!(err.contains("\"bad name\""), "{err}");
+        let err = http_headers(&[("X-Ok".into(), "line\nbreak".into())]).unwrap_err();
+        assert!(err.contains("X-Ok"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn stderr_lines_are_cut_and_the_tail_kept() {
+        let tail = Arc::new(StderrTail::default());
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 12 ]; do echo line$i >&2; i=$((i+1)); done; head -c 5000 /dev/zero | tr '\\0' x >&2"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        read_stderr("t".into(), stderr, tail.clone()).await;
+        child.wait().await.unwrap();
+        let lines = tail.lines();
+        assert_eq!(lines.len(), TAIL_LINES);
+        assert_eq!(lines[0], "line5");
+        let last = lines.last().unwrap();
+        assert_eq!(last.len(), MAX_LINE + '…'.len_utf8());
+        assert!(last.ends_with('…'));
+    }
+}

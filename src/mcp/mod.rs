@@ -1,0 +1,39 @@
+//! MCP servers: the tools an editor (`mcpServers` of `session/new`, `session/load`,
+//! `session/resume`, `session/fork`) or the config file (`[mcp_servers.NAME]`) provides, offered
+//! to the model behind the tool trait. This module is the only one that knows MCP (the `rmcp`
+//! crate); the rest of kin sees a [`ServerSpec`] going in, a [`ToolSource`] of ordinary tools
+//! coming out, and [`McpNotice`]s for the user.
+//!
+//! - `spec`: what a server is (kin's own type; `acp/` and `config` convert into it).
+//! - `connect`: starting one server (a stdio child in its own process group with a cleared
+//!   environment, or streamable HTTP), the handshake under a timeout, stderr to the log.
+//! - `server`: one server of a session: its connection, tools, death and one restart.
+//! - `session`: every server of one top-level session: concurrent start, notices, the tools of a
+//!   step, shutdown.
+//! - `names`, `schema`, `result`: model-visible names, input schemas and results.
+//! - `tool`: an MCP tool as a kin `Tool`.
+//! - `replay`: keyless replay: servers answered from the recorded session logs.
+//!
+//! [`ToolSource`]: crate::tools::ToolSource
+
+mod connect;
+mod names;
+mod replay;
+mod result;
+mod schema;
+mod server;
+mod session;
+mod spec;
+mod tool;
+
+pub use names::{PREFIX, call_title, is_mcp_tool};
+pub use replay::Recording;
+pub use session::{McpNotice, McpSession};
+pub use spec::{Defaults, Origin, ServerSpec, Settings, Transport, Trust, merge};
+
+/// The log-only event that records which servers a session was given (name, transport kind and
+/// where it came from; never env values, headers or URLs).
+pub const SERVERS_EVENT: &str = "mcp/servers";
+
+/// Whether kin connects to streamable HTTP servers (ACP `mcpCapabilities.http`).
+pub const HTTP_SUPPORTED: bool = true;

@@ -1,0 +1,374 @@
+//! One MCP server of a session: its start (once), its tools, its calls, its death (restarted
+//! once, at the next step), and its close. Every failure is one notice for the user; none fails
+//! the session.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rmcp::ServiceError;
+use rmcp::model::CallToolRequestParams;
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::connect::{self, Connection, StartError, StderrTail};
+use super::result;
+use super::session::McpNotice;
+use super::spec::{ServerSpec, Trust};
+use crate::tools::{ToolError, ToolOutput, builtin};
+
+/// The most tools taken from one server (the rest are dropped, and the log says so).
+const MAX_TOOLS: usize = 256;
+
+/// A tool a server lists, as kin keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Listed {
+    pub name: String,
+    pub title: Option<String>,
+    pub description: Option<String>,
+    pub input_schema: Value,
+    /// The server says the tool only reads (`readOnlyHint: true`); counts only under trust.
+    pub read_only_hint: bool,
+}
+
+impl Listed {
+    fn from_rmcp(tool: &rmcp::model::Tool) -> Self {
+        let annotations = tool.annotations.as_ref();
+        Listed {
+            name: tool.name.to_string(),
+            title: tool.title.clone().or_else(|| annotations.and_then(|a| a.title.clone())),
+            description: tool.description.as_ref().map(ToString::to_string),
+            input_schema: Value::Object((*tool.input_schema).clone()),
+            read_only_hint: annotations.and_then(|a| a.read_only_hint) == Some(true),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Ready,
+    /// Could not start (or restart); its tools are gone for the session.
+    Failed,
+    /// Its connection ended; restarted at the next step if it was not restarted before.
+    Lost,
+    Closed,
+}
+
+struct State {
+    phase: Phase,
+    connection: Option<Arc<Connection>>,
+    tools: Vec<Listed>,
+    restarted: bool,
+}
+
+pub(super) struct Server {
+    pub spec: ServerSpec,
+    cwd: Option<PathBuf>,
+    startup_timeout: Duration,
+    tool_timeout: Duration,
+    state: Mutex<State>,
+    /// Cancelled once the first start has finished, however it ended.
+    settled: CancellationToken,
+    /// Cancelled when the server is closed: a start still running is abandoned.
+    closing: CancellationToken,
+    /// One refresh (re-list or restart) at a time: parent and child agents share the server.
+    refreshing: tokio::sync::Mutex<()>,
+    notices: UnboundedSender<McpNotice>,
+    tail: Arc<StderrTail>,
+}
+
+impl Server {
+    pub fn new(
+        spec: ServerSpec,
+        cwd: Option<PathBuf>,
+        startup_timeout: Duration,
+        tool_timeout: Duration,
+        notices: UnboundedSender<McpNotice>,
+    ) -> Arc<Self> {
+        Arc::new(Server {
+            spec,
+            cwd,
+            startup_timeout,
+            tool_timeout,
+            state: Mutex::new(State { phase: Phase::Starting, connection: None, tools: Vec::new(), restarted: false }),
+            settled: CancellationToken::new(),
+            closing: CancellationToken::new(),
+            refreshing: tokio::sync::Mutex::new(()),
+            notices,
+            tail: Arc::new(StderrTail::default()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Starts the server in the background; `settled` resolves when the start has finished.
+    pub fn start(self: &Arc<Self>) {
+        let server = self.clone();
+        tokio::spawn(async move {
+            match server.open_unless_closed().await {
+                Some(Ok((connection, tools))) => server.ready(connection, tools).await,
+                Some(Err(e)) => {
+                    server.state().phase = Phase::Failed;
+                    server.notify(format!("MCP server `{}` failed to start", server.name()), &e);
+                }
+                None => {}
+            }
+            server.settled.cancel();
+        });
+    }
+
+    /// Marks a server that is never started (a transport kin does not support) as failed.
+    pub fn fail_unstarted(&self) {
+        self.state().phase = Phase::Failed;
+        self.settled.cancel();
+    }
+
+    /// Waits until the first start has finished.
+    pub async fn settled(&self) {
+        self.settled.cancelled().await;
+    }
+
+    /// `open`, abandoned (`None`, its process group killed) when the server is closed meanwhile.
+    async fn open_unless_closed(&self) -> Option<Result<(Arc<Connection>, Vec<Listed>), StartError>> {
+        tokio::select! {
+            opened = self.open() => Some(opened),
+            () = self.closing.cancelled() => None,
+        }
+    }
+
+    /// Connects and lists the tools, all within the startup timeout.
+    async fn open(&self) -> Result<(Arc<Connection>, Vec<Listed>), StartError> {
+        let started = tokio::time::Instant::now();
+        let cwd = self.cwd.as_deref();
+        let connection = Arc::new(
+            connect::connect(self.name(), &self.spec.transport, cwd, self.startup_timeout, self.tail.clone()).await?,
+        );
+        let left = self.startup_timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
+        match list(&connection, left).await {
+            Ok(tools) => Ok((connection, tools)),
+            Err(reason) => {
+                connection.close().await;
+                Err(StartError { reason, stderr: self.tail.lines() })
+            }
+        }
+    }
+
+    /// Takes a started connection, unless the server was closed meanwhile.
+    async fn ready(&self, connection: Arc<Connection>, tools: Vec<Listed>) {
+        let closed = {
+            let mut state = self.state();
+            if state.phase == Phase::Closed {
+                true
+            } else {
+                state.phase = Phase::Ready;
+                state.connection = Some(connection.clone());
+                state.tools = tools;
+                false
+            }
+        };
+        if closed {
+            connection.close().await;
+        } else {
+            tracing::info!(server = %self.name(), kind = self.spec.transport.kind(), "MCP server ready");
+        }
+    }
+
+    fn notify(&self, title: String, error: &StartError) {
+        tracing::warn!(server = %self.name(), "{title}: {}", error.reason);
+        let _ = self.notices.send(McpNotice::new(self.name(), title, &error.reason, &error.stderr));
+    }
+
+    /// Brings the server up to date for a step: a lost server is restarted (once), a changed
+    /// tool list is listed again. Never fails: what goes wrong is a notice.
+    pub async fn refresh(&self) {
+        let _one = self.refreshing.lock().await;
+        let (phase, connection, restarted) = {
+            let state = self.state();
+            (state.phase, state.connection.clone(), state.restarted)
+        };
+        match (phase, connection) {
+            (Phase::Ready, Some(connection)) if connection.is_closed() => {
+                self.lose(&connection).await;
+                self.restart_if_allowed(restarted).await;
+            }
+            (Phase::Ready, Some(connection)) if connection.tools_changed.swap(false, Ordering::SeqCst) => {
+                match list(&connection, self.startup_timeout).await {
+                    Ok(tools) => self.state().tools = tools,
+                    Err(reason) => tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}"),
+                }
+            }
+            (Phase::Lost, _) => self.restart_if_allowed(restarted).await,
+            _ => {}
+        }
+    }
+
+    /// Marks the server lost (its connection ended) and closes what is left of it.
+    async fn lose(&self, connection: &Arc<Connection>) {
+        {
+            let mut state = self.state();
+            if state.phase != Phase::Ready || !state.connection.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+                return;
+            }
+            state.phase = Phase::Lost;
+            state.connection = None;
+            state.tools.clear();
+        }
+        tracing::warn!(server = %self.name(), "MCP server stopped");
+        connection.close().await;
+    }
+
+    async fn restart_if_allowed(&self, restarted: bool) {
+        if self.state().phase != Phase::Lost {
+            return;
+        }
+        if restarted {
+            self.state().phase = Phase::Failed;
+            let error = StartError {
+                reason: "it was restarted once already, so it is not started again".into(),
+                stderr: self.tail.lines(),
+            };
+            self.notify(format!("MCP server `{}` stopped again", self.name()), &error);
+            return;
+        }
+        self.state().restarted = true;
+        match self.open_unless_closed().await {
+            Some(Ok((connection, tools))) => {
+                tracing::info!(server = %self.name(), "MCP server restarted");
+                self.ready(connection, tools).await;
+            }
+            Some(Err(e)) => {
+                self.state().phase = Phase::Failed;
+                self.notify(format!("MCP server `{}` stopped and could not be restarted", self.name()), &e);
+            }
+            None => {}
+        }
+    }
+
+    /// The tools offered now (after the server's tool filters).
+    pub fn tools(&self) -> Vec<Listed> {
+        let state = self.state();
+        if state.phase != Phase::Ready {
+            return Vec::new();
+        }
+        state.tools.iter().filter(|t| self.spec.settings.offers(&t.name)).cloned().collect()
+    }
+
+    /// Whether the server's `readOnlyHint` counts (config `trust = "read-only-hints"`).
+    pub fn trusts_hints(&self) -> bool {
+        self.spec.settings.trust == Trust::ReadOnlyHints
+    }
+
+    /// Calls `tool` with `arguments` (a JSON object), within the tool timeout; cancelling drops
+    /// the request, which sends MCP `notifications/cancelled`.
+    pub async fn call(&self, tool: &str, arguments: Value, cancel: CancellationToken) -> Result<ToolOutput, ToolError> {
+        let connection = {
+            let state = self.state();
+            match (&state.phase, &state.connection) {
+                (Phase::Ready, Some(connection)) => connection.clone(),
+                _ => return Err(gone(self.name(), "it is not running")),
+            }
+        };
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        match arguments {
+            Value::Object(map) => params = params.with_arguments(map),
+            Value::Null => {}
+            other => {
+                return Err(ToolError::new(
+                    "INVALID_ARGUMENTS",
+                    format!("arguments for {tool} must be a JSON object, not {other}"),
+                ));
+            }
+        }
+        let request = tokio::time::timeout(self.tool_timeout, connection.peer.call_tool(params));
+        let answer = tokio::select! {
+            answer = request => answer,
+            () = cancel.cancelled() => return Err(builtin::aborted()),
+        };
+        match answer {
+            Ok(Ok(value)) => {
+                let value = serde_json::to_value(&value).unwrap_or(Value::Null);
+                result::map(&value, self.name(), tool)
+            }
+            Ok(Err(ServiceError::McpError(e))) => Err(ToolError::named(
+                "McpError",
+                "MCP_ERROR",
+                format!("MCP server {} answered {tool} with error {}: {}", self.name(), e.code.0, e.message),
+            )),
+            Ok(Err(ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
+                self.lose(&connection).await;
+                Err(gone(self.name(), "it stopped during the call; kin restarts it once before the next step"))
+            }
+            Ok(Err(e)) => Err(ToolError::named("McpError", "MCP_ERROR", format!("MCP server {}: {e}", self.name()))),
+            Err(_) => Err(ToolError::named(
+                "McpError",
+                "MCP_TIMEOUT",
+                format!(
+                    "the MCP tool {}/{tool} did not answer within {} s; the call was cancelled (raise tool_timeout_secs if it needs longer)",
+                    self.name(),
+                    self.tool_timeout.as_secs_f64()
+                ),
+            )),
+        }
+    }
+
+    /// Closes the server (a grace, then its process group is killed); it stays closed. A start
+    /// or restart still running is abandoned first.
+    pub async fn close(&self) {
+        self.closing.cancel();
+        let _no_refresh = self.refreshing.lock().await;
+        self.settled().await;
+        let connection = {
+            let mut state = self.state();
+            state.phase = Phase::Closed;
+            state.tools.clear();
+            state.connection.take()
+        };
+        if let Some(connection) = connection {
+            connection.close().await;
+        }
+    }
+}
+
+fn gone(server: &str, why: &str) -> ToolError {
+    ToolError::named("McpError", "MCP_SERVER_GONE", format!("MCP server {server} is unavailable: {why}"))
+}
+
+/// The most pages of `tools/list` followed.
+const MAX_PAGES: usize = 16;
+
+/// The tools the server lists (following up to 16 pages), within `timeout`, capped at 256.
+async fn list(connection: &Connection, timeout: Duration) -> Result<Vec<Listed>, String> {
+    let pages = async {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = cursor.take().map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+            let page = connection.peer.list_tools(params).await?;
+            tools.extend(page.tools.iter().map(Listed::from_rmcp));
+            match page.next_cursor {
+                Some(next) if tools.len() < MAX_TOOLS => cursor = Some(next),
+                _ => break,
+            }
+        }
+        Ok::<_, ServiceError>(tools)
+    };
+    let mut tools = match tokio::time::timeout(timeout, pages).await {
+        Ok(Ok(tools)) => tools,
+        Ok(Err(e)) => return Err(format!("listing its tools failed: {e}")),
+        Err(_) => return Err(format!("listing its tools took longer than {} s", timeout.as_secs_f64())),
+    };
+    if tools.len() > MAX_TOOLS {
+        tracing::warn!(count = tools.len(), "an MCP server lists more than {MAX_TOOLS} tools; the rest are dropped");
+        tools.truncate(MAX_TOOLS);
+    }
+    Ok(tools)
+}

@@ -1,0 +1,217 @@
+//! What an MCP server is, as kin knows it: a name, a transport and the settings kin applies.
+//! `acp/` converts the editor's `McpServer` entries into it, `config` the `[mcp_servers.NAME]`
+//! tables. Env values and header values may be secrets: `Debug` never shows them, and the log
+//! records only the name, the kind and the origin.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// How kin reaches a server.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// A child process speaking MCP on stdin/stdout.
+    Stdio { command: String, args: Vec<String>, env: Vec<(String, String)> },
+    /// Streamable HTTP at `url`, with extra request headers.
+    Http { url: String, headers: Vec<(String, String)> },
+    /// A transport kin does not connect to (`sse`, or a kind the SDK adds): skipped with a notice.
+    Unsupported { kind: String },
+}
+
+impl Transport {
+    /// `stdio`, `http` or the unsupported kind.
+    pub fn kind(&self) -> &str {
+        match self {
+            Transport::Stdio { .. } => "stdio",
+            Transport::Http { .. } => "http",
+            Transport::Unsupported { kind } => kind,
+        }
+    }
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = |pairs: &[(String, String)]| pairs.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        match self {
+            Transport::Stdio { command, args, env } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", &args.len())
+                .field("env", &names(env))
+                .finish(),
+            Transport::Http { headers, .. } => f.debug_struct("Http").field("headers", &names(headers)).finish(),
+            Transport::Unsupported { kind } => f.debug_struct("Unsupported").field("kind", kind).finish(),
+        }
+    }
+}
+
+/// Whether a server's tool annotations may loosen the permission gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Trust {
+    /// Annotations are display hints only (the default, and always for editor servers).
+    #[default]
+    None,
+    /// `readOnlyHint: true` lets a call run like a workspace read (config `trust = "read-only-hints"`).
+    ReadOnlyHints,
+}
+
+impl Trust {
+    /// The config value: `none` or `read-only-hints`.
+    pub fn parse(text: &str) -> Option<Trust> {
+        match text {
+            "none" => Some(Trust::None),
+            "read-only-hints" => Some(Trust::ReadOnlyHints),
+            _ => None,
+        }
+    }
+}
+
+/// Where a server came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Editor,
+    Config,
+}
+
+impl Origin {
+    fn id(self) -> &'static str {
+        match self {
+            Origin::Editor => "editor",
+            Origin::Config => "config",
+        }
+    }
+}
+
+/// What kin applies to a server's startup and calls.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Settings {
+    /// How long the start and the handshake may take (`None`: the `[mcp]` default).
+    pub startup_timeout: Option<Duration>,
+    /// How long one call may take (`None`: the `[mcp]` default).
+    pub tool_timeout: Option<Duration>,
+    /// Only these tools (by the server's names) are offered, when given.
+    pub enabled_tools: Option<Vec<String>>,
+    /// These tools are never offered.
+    pub disabled_tools: Vec<String>,
+    pub trust: Trust,
+}
+
+impl Settings {
+    /// Whether the server's tool `name` passes the filters.
+    pub fn offers(&self, name: &str) -> bool {
+        let enabled = self.enabled_tools.as_ref().is_none_or(|list| list.iter().any(|t| t == name));
+        enabled && !self.disabled_tools.iter().any(|t| t == name)
+    }
+}
+
+/// The `[mcp]` defaults for servers that set no timeout of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Defaults {
+    pub startup_timeout: Duration,
+    pub tool_timeout: Duration,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        // First runs of `npx` servers download packages: give them time.
+        Defaults { startup_timeout: Duration::from_secs(30), tool_timeout: Duration::from_secs(120) }
+    }
+}
+
+/// One MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    pub name: String,
+    pub transport: Transport,
+    pub settings: Settings,
+    pub origin: Origin,
+}
+
+impl ServerSpec {
+    /// A server from the editor: default settings, never trusted.
+    pub fn from_editor(name: impl Into<String>, transport: Transport) -> Self {
+        ServerSpec { name: name.into(), transport, settings: Settings::default(), origin: Origin::Editor }
+    }
+
+    /// What the log records: name, kind and origin (nothing that may hold a secret).
+    pub fn describe(&self) -> Value {
+        json!({"name": self.name, "kind": self.transport.kind(), "origin": self.origin.id()})
+    }
+}
+
+/// A session's servers: the config's, each replaced by the editor's server of the same name,
+/// then the editor's other servers in the order given (a repeated editor name: the last wins).
+pub fn merge(config: &[ServerSpec], editor: Vec<ServerSpec>) -> Vec<ServerSpec> {
+    let mut editor_last: Vec<ServerSpec> = Vec::new();
+    for spec in editor {
+        editor_last.retain(|s| s.name != spec.name);
+        editor_last.push(spec);
+    }
+    let mut merged: Vec<ServerSpec> =
+        config.iter().filter(|c| !editor_last.iter().any(|e| e.name == c.name)).cloned().collect();
+    merged.extend(editor_last);
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stdio(name: &str, command: &str, origin: Origin) -> ServerSpec {
+        let transport = Transport::Stdio { command: command.into(), args: vec![], env: vec![] };
+        ServerSpec { name: name.into(), transport, settings: Settings::default(), origin }
+    }
+
+    #[test]
+    fn editor_servers_replace_config_servers_of_the_same_name() {
+        let config = [stdio("a", "config-a", Origin::Config), stdio("b", "config-b", Origin::Config)];
+        let editor = vec![
+            stdio("b", "editor-b", Origin::Editor),
+            stdio("c", "c1", Origin::Editor),
+            stdio("c", "c2", Origin::Editor),
+        ];
+        let merged = merge(&config, editor);
+        let got: Vec<(&str, &str)> = merged
+            .iter()
+            .map(|s| match &s.transport {
+                Transport::Stdio { command, .. } => (s.name.as_str(), command.as_str()),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(got, [("a", "config-a"), ("b", "editor-b"), ("c", "c2")]);
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_and_the_log() {
+        let transport = Transport::Http {
+            url: "https://u:pw@example.test/mcp".into(),
+            headers: vec![("Authorization".into(), "Bearer s3cret".into())],
+        };
+        let spec = ServerSpec::from_editor("api", transport);
+        let shown = format!("{spec:?}");
+        assert!(!shown.contains("s3cret") && !shown.contains("pw@"), "{shown}");
+        assert!(shown.contains("Authorization"), "{shown}");
+        assert_eq!(spec.describe(), json!({"name": "api", "kind": "http", "origin": "editor"}));
+        let env = Transport::Stdio {
+            command: "x".into(),
+            args: vec!["--token=t0k".into()],
+            env: vec![("K".into(), "v4lue".into())],
+        };
+        let shown = format!("{env:?}");
+        assert!(!shown.contains("v4lue") && !shown.contains("t0k"), "{shown}");
+    }
+
+    #[test]
+    fn tool_filters() {
+        let mut settings = Settings::default();
+        assert!(settings.offers("x"));
+        settings.enabled_tools = Some(vec!["a".into(), "b".into()]);
+        settings.disabled_tools = vec!["b".into()];
+        assert!(settings.offers("a"));
+        assert!(!settings.offers("b"));
+        assert!(!settings.offers("x"));
+        assert_eq!(Trust::parse("read-only-hints"), Some(Trust::ReadOnlyHints));
+        assert_eq!(Trust::parse("all"), None);
+    }
+}
