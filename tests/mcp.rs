@@ -335,13 +335,13 @@ async fn mcp_tools_reach_the_model_and_their_results_come_back() {
     assert!(vars.iter().all(|v| ["FIXTURE_LOG", "HOME", "PATH", "SECRET_TOKEN"].contains(v)), "{env}");
     assert!(vars.contains(&"PATH") && vars.contains(&"SECRET_TOKEN"), "{env}");
 
-    // The editor sees each call titled `server: tool`, and the image on the call.
+    // The editor sees each call titled `server: tool {arguments}`, and the image on the call.
     let updates = kin.updates();
     let call = updates.iter().find(|u| u["sessionUpdate"] == "tool_call" && u["toolCallId"] == "c1").unwrap();
     // Kind `other` (ACP's default, so not written).
     assert_eq!(
         (call["title"].as_str(), call["kind"].as_str().unwrap_or("other")),
-        (Some("fx: echo"), "other"),
+        (Some("fx: echo {\"text\":\"hi\"}"), "other"),
         "{call}"
     );
     let shown = updates.iter().find(|u| u["sessionUpdate"] == "tool_call_update" && u["toolCallId"] == "c2").unwrap();
@@ -731,4 +731,35 @@ async fn resume_close_and_load_start_and_stop_the_servers() {
     assert_eq!(recorded.len(), 3, "new, the resume that changed them, load: {recorded:?}");
     assert!(recorded[1].contains(r#""name":"fy""#) && recorded[2].contains(r#""name":"fx""#));
     drop(tmp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_servers_read_only_hints_count_and_no_one_elses() {
+    let trusted_log = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let config = format!(
+        "permission_mode = \"read-only\"\n[mcp_servers.trusted]\ncommand = {:?}\nenv = {{ FIXTURE_LOG = {:?} }}\n\
+         trust = \"read-only-hints\"\n",
+        fixture().display().to_string(),
+        trusted_log.display().to_string()
+    );
+    let mut kin = Kin::start(&config, json!({})).await;
+    let log = kin.path("fixture.log");
+    kin.new_session(json!([fixture_entry("fx", &log, &[])]));
+    // `echo` is annotated readOnlyHint: it runs in read-only mode from the trusted server only.
+    kin.script
+        .calls(&[
+            ("h1", "mcp__trusted__echo", json!({"text": "trusted"})),
+            ("h2", "mcp__trusted__image", json!({})),
+            ("h3", "mcp__fx__echo", json!({"text": "untrusted"})),
+        ])
+        .text("done");
+    assert_eq!(kin.prompt("hints"), "end_turn");
+    let requests = kin.model_requests().await;
+    assert_eq!(tool_result(&requests[1], "h1"), "echo: trusted");
+    assert!(tool_result(&requests[1], "h2").contains("read-only"), "{}", tool_result(&requests[1], "h2"));
+    assert!(tool_result(&requests[1], "h3").contains("read-only"), "{}", tool_result(&requests[1], "h3"));
+    assert_eq!(count(&trusted_log, "call echo"), 1);
+    assert_eq!(count(&trusted_log, "call image"), 0);
+    assert_eq!(count(&log, "call echo"), 0, "an editor server is never trusted");
+    kin.stop();
 }

@@ -13,7 +13,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVers
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
+use rmcp::{ClientCacheConfig, ClientHandler, MAX_CLIENT_CACHE_TTL, Peer, RoleClient, ServiceExt};
 use tokio::io::AsyncReadExt;
 
 use super::spec::Transport;
@@ -40,12 +39,9 @@ const TAIL_LINES: usize = 8;
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// kin as an MCP client: no sampling, roots or elicitation; the handshake pinned to the last
-/// protocol revision that has one (servers negotiate down from it); tool-list changes raise
-/// `tools_changed`.
+/// protocol revision that has one (servers negotiate down from it).
 #[derive(Clone)]
-pub(super) struct Handler {
-    pub tools_changed: Arc<AtomicBool>,
-}
+pub(super) struct Handler;
 
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
@@ -54,7 +50,7 @@ impl ClientHandler for Handler {
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.tools_changed.store(true, Ordering::SeqCst);
+        tracing::debug!("an MCP server's tool list changed");
     }
 }
 
@@ -83,10 +79,18 @@ pub(super) struct Connection {
     pub peer: Peer<RoleClient>,
     /// The process group of a stdio server.
     pgid: Option<i32>,
-    pub tools_changed: Arc<AtomicBool>,
 }
 
 impl Connection {
+    /// A started connection. Its `tools/list` answers are kept until the server says its tool
+    /// list changed (rmcp drops them when the notification arrives, in order with the results
+    /// after it), so listing at every step asks the server only after a change.
+    async fn new(service: RunningService<RoleClient, Handler>, pgid: Option<i32>) -> Connection {
+        let peer = service.peer().clone();
+        peer.set_response_cache_config(ClientCacheConfig::default().with_default_ttl(MAX_CLIENT_CACHE_TTL)).await;
+        Connection { service: tokio::sync::Mutex::new(Some(service)), peer, pgid }
+    }
+
     /// Whether the connection has ended (the server exited or hung up).
     pub fn is_closed(&self) -> bool {
         self.peer.is_transport_closed()
@@ -145,8 +149,7 @@ pub(super) async fn connect(
     tail: Arc<StderrTail>,
 ) -> Result<Connection, StartError> {
     let fail = |reason: String, tail: &StderrTail| StartError { reason, stderr: tail.lines() };
-    let handler = Handler { tools_changed: Arc::new(AtomicBool::new(false)) };
-    let tools_changed = handler.tools_changed.clone();
+    let handler = Handler;
     let timed_out = || {
         format!(
             "it did not complete the MCP handshake within {} s (raise startup_timeout_secs if it needs longer)",
@@ -186,9 +189,8 @@ pub(super) async fn connect(
                     return Err(fail(timed_out(), &tail));
                 }
             };
-            let peer = service.peer().clone();
             let pgid = group.disarm();
-            Ok(Connection { service: tokio::sync::Mutex::new(Some(service)), peer, pgid, tools_changed })
+            Ok(Connection::new(service, pgid).await)
         }
         Transport::Http { url, headers } => {
             install_crypto_provider();
@@ -200,8 +202,7 @@ pub(super) async fn connect(
                 Ok(Err(e)) => return Err(fail(handshake_error(&e.to_string()), &tail)),
                 Err(_) => return Err(fail(timed_out(), &tail)),
             };
-            let peer = service.peer().clone();
-            Ok(Connection { service: tokio::sync::Mutex::new(Some(service)), peer, pgid: None, tools_changed })
+            Ok(Connection::new(service, None).await)
         }
         Transport::Unsupported { kind } => Err(fail(format!("the `{kind}` transport is not supported"), &tail)),
     }

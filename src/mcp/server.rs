@@ -3,7 +3,6 @@
 //! the session.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -187,8 +186,9 @@ impl Server {
         let _ = self.notices.send(McpNotice::new(self.name(), title, &error.reason, &error.stderr));
     }
 
-    /// Brings the server up to date for a step: a lost server is restarted (once), a changed
-    /// tool list is listed again. Never fails: what goes wrong is a notice.
+    /// Brings the server up to date for a step: a lost server is restarted (once), the tools are
+    /// listed (answered from the connection's cache unless the server said its list changed).
+    /// Never fails: what goes wrong is a notice or a warning.
     pub async fn refresh(&self) {
         let _one = self.refreshing.lock().await;
         let (phase, connection, restarted) = {
@@ -200,12 +200,10 @@ impl Server {
                 self.lose(&connection).await;
                 self.restart_if_allowed(restarted).await;
             }
-            (Phase::Ready, Some(connection)) if connection.tools_changed.swap(false, Ordering::SeqCst) => {
-                match list(&connection, self.startup_timeout).await {
-                    Ok(tools) => self.state().tools = tools,
-                    Err(reason) => tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}"),
-                }
-            }
+            (Phase::Ready, Some(connection)) => match list(&connection, self.startup_timeout).await {
+                Ok(tools) => self.state().tools = tools,
+                Err(reason) => tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}"),
+            },
             (Phase::Lost, _) => self.restart_if_allowed(restarted).await,
             _ => {}
         }
