@@ -69,7 +69,9 @@ fn run_prompt(arg: Option<&str>) -> anyhow::Result<Option<String>> {
 }
 
 fn init_logging(config: &Config, default_level: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // The MCP client crate logs every server notification and handshake at info: warnings only.
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rmcp=warn")));
     let (writer, guard) = match &config.log_file {
         Some(path) => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
