@@ -721,6 +721,13 @@ async fn resume_close_and_load_start_and_stop_the_servers() {
     );
     assert!(loaded.get("result").is_some(), "{loaded}");
     wait_for("the server of the loaded session", || pids(&first).len() == 2);
+    // A fork gets the servers its request names.
+    let forked = kin.call(
+        "session/fork",
+        json!({"sessionId": id, "cwd": kin.cwd, "mcpServers": [fixture_entry("fy", &second, &[])]}),
+    );
+    assert!(forked["result"]["sessionId"].is_string(), "{forked}");
+    wait_for("the fork's server", || pids(&second).len() == 2);
     let last = pids(&first)[1];
     let store = kin::session::SessionStore::new(kin.path("sessions"));
     let path = store.locate(&id).unwrap().unwrap();
