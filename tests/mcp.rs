@@ -770,3 +770,48 @@ async fn a_trusted_servers_read_only_hints_count_and_no_one_elses() {
     assert_eq!(count(&log, "call echo"), 0, "an editor server is never trusted");
     kin.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kin_run_uses_the_config_servers_and_notes_the_unusable_ones_on_stderr() {
+    let server = MockServer::start().await;
+    let script = Script::default();
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(script.clone()).mount(&server).await;
+    script.calls(&[("k1", "mcp__fx__echo", json!({"text": "headless"}))]).text("ANSWER");
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("fixture.log");
+    let config = tmp.path().join("config.toml");
+    let text = format!(
+        "[mcp_servers.fx]\ncommand = {:?}\nenv = {{ FIXTURE_LOG = {:?} }}\n\
+         [mcp_servers.missing]\ncommand = \"/nonexistent/mcp-server\"\n",
+        fixture().display().to_string(),
+        log.display().to_string()
+    );
+    std::fs::write(&config, text).unwrap();
+    let run = Command::new(KIN)
+        .args(["run", "--permission-mode", "bypass", "Use the fixture."])
+        .arg("--config")
+        .arg(&config)
+        .arg("--sessions")
+        .arg(tmp.path().join("sessions"))
+        .current_dir(tmp.path())
+        .env("DEEPSEEK_BASE_URL", server.uri())
+        .env("DEEPSEEK_API_KEY", "sk-run")
+        .env_remove("KIN_MODEL")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "ANSWER", "the answer alone on stdout");
+    assert!(
+        stderr.contains(
+            "kin: MCP server `missing` failed to start: The command `/nonexistent/mcp-server` was not found."
+        ),
+        "{stderr}"
+    );
+    assert_eq!(count(&log, "call echo"), 1, "{:?}", noted(&log));
+    let requests = server.received_requests().await.unwrap();
+    let second: Value = serde_json::from_slice(&requests[1].body).unwrap();
+    assert_eq!(tool_result(&second, "k1"), "echo: headless");
+}

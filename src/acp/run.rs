@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ClientCapabilities, ContentBlock, InitializeRequest, ListSessionsRequest, NewSessionRequest,
-    PermissionOptionKind, PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    ResumeSessionRequest, SelectedPermissionOutcome, SessionModeId, SessionNotification, SessionUpdate,
-    SetSessionModeRequest, StateUpdate, StopReason, SubagentCapabilities, TextContent, ToolCallStatus,
+    CancelNotification, ClientCapabilities, ClientSessionCapabilities, ContentBlock, InitializeRequest,
+    ListSessionsRequest, NewSessionRequest, NoticeCapabilities, PermissionOptionKind, PromptRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse, ResumeSessionRequest,
+    SelectedPermissionOutcome, SessionModeId, SessionNotification, SessionUpdate, SetSessionModeRequest, StateUpdate,
+    StopReason, SubagentCapabilities, TextContent, ToolCallStatus,
 };
 use agent_client_protocol::{Agent, Channel, Client, on_receive_notification, on_receive_request};
 use serde_json::{Value, json};
@@ -137,8 +138,11 @@ async fn turn(
     request: &RunRequest,
     printer: &Printer,
 ) -> Result<(String, TurnResult), String> {
-    // Announced subagents show children's progress and give each turn a usage update.
-    let capabilities = ClientCapabilities::new().subagents(SubagentCapabilities::new());
+    // Announced subagents show children's progress and give each turn a usage update; notices
+    // (an MCP server that cannot be used) are notes, never part of the answer.
+    let capabilities = ClientCapabilities::new()
+        .subagents(SubagentCapabilities::new())
+        .session(ClientSessionCapabilities::new().notices(NoticeCapabilities::new()));
     cx.send_request(InitializeRequest::new(ProtocolVersion::V1).client_capabilities(capabilities))
         .block_task()
         .await
@@ -280,6 +284,11 @@ impl Printer {
                     drop(state);
                     self.note(text.text.trim_end());
                 }
+            }
+            SessionUpdate::Notice(notice) => {
+                drop(state);
+                let detail = notice.description.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                self.note(&format!("{}{detail}", notice.title));
             }
             SessionUpdate::ToolCall(call) => {
                 state.titles.push((call.tool_call_id.0.to_string(), call.title.clone()));
