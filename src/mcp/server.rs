@@ -205,7 +205,8 @@ impl Server {
                 Err(reason) => tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}"),
             },
             (Phase::Lost, _) => self.restart_if_allowed(restarted).await,
-            _ => {}
+            // Still starting (the step waited for the first start), given up, or closed.
+            (Phase::Ready, None) | (Phase::Starting | Phase::Failed | Phase::Closed, _) => {}
         }
     }
 
@@ -272,7 +273,9 @@ impl Server {
             let state = self.state();
             match (&state.phase, &state.connection) {
                 (Phase::Ready, Some(connection)) => connection.clone(),
-                _ => return Err(gone(self.name(), "it is not running")),
+                (Phase::Ready, None) | (Phase::Starting | Phase::Failed | Phase::Lost | Phase::Closed, _) => {
+                    return Err(gone(self.name(), "it is not running"));
+                }
             }
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
