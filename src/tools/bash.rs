@@ -3,32 +3,29 @@
 //! it started. The result is stdout followed by stderr, capped to its head and tail, with an
 //! `[exit code: N]` line for non-zero exits.
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::builtin::{aborted, call_cwd, invalid_args, optional_str, optional_u64, required_str};
+use super::capture::{Capture, Limits, render, snapshot, spawn_reader};
 use super::paths;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
 const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 const MAX_TIMEOUT_MS: u64 = 600_000;
-/// Output longer than this keeps only its first `HEAD_BYTES` and last `TAIL_BYTES`.
-const MAX_OUTPUT_BYTES: usize = HEAD_BYTES + TAIL_BYTES;
-const HEAD_BYTES: usize = 15_000;
-const TAIL_BYTES: usize = 15_000;
+/// Output longer than `LIMITS.total()` keeps only its first 15 000 and last 15 000 bytes.
+const LIMITS: Limits = Limits { head: 15_000, tail: 15_000 };
 /// How long the output pipes may stay open after the shell exited (background jobs holding
 /// them) before the group is killed, and again after a kill before reading is abandoned.
 const PIPE_GRACE: Duration = Duration::from_millis(500);
@@ -210,8 +207,8 @@ enum Ending {
 async fn run_command(request: &BashRequest, dir: &Path, cancel: &CancellationToken) -> Result<String, ToolError> {
     let mut child = spawn_shell(&request.command, dir)?;
     let group = ProcessGroup::of(&child);
-    let stdout = Arc::new(Mutex::new(Capture::default()));
-    let stderr = Arc::new(Mutex::new(Capture::default()));
+    let stdout = Arc::new(Mutex::new(Capture::new(LIMITS)));
+    let stderr = Arc::new(Mutex::new(Capture::new(LIMITS)));
     let mut readers = [
         spawn_reader(child.stdout.take(), Arc::clone(&stdout)),
         spawn_reader(child.stderr.take(), Arc::clone(&stderr)),
@@ -230,14 +227,14 @@ async fn run_command(request: &BashRequest, dir: &Path, cancel: &CancellationTok
         Ending::TimedOut => {
             group.kill();
             drain(&mut readers, &group).await;
-            let output = render_output(&[&snapshot(&stdout), &snapshot(&stderr)]);
+            let output = render(&[&snapshot(&stdout), &snapshot(&stderr)], LIMITS);
             Err(timed_out(request.timeout_ms, &output))
         }
         Ending::Exited(status) => {
             let status =
                 status.map_err(|e| ToolError::new("IO_ERROR", format!("waiting for the command failed: {e}")))?;
             drain(&mut readers, &group).await;
-            let output = render_output(&[&snapshot(&stdout), &snapshot(&stderr)]);
+            let output = render(&[&snapshot(&stdout), &snapshot(&stderr)], LIMITS);
             Ok(with_exit_code(output, exit_code(status)))
         }
     }
@@ -335,60 +332,7 @@ impl Drop for ProcessGroup {
 }
 
 // ---------------------------------------------------------------------------------------------
-// output capture
-
-/// One stream's output, bounded: its first `HEAD_BYTES`, its last `TAIL_BYTES`, and its length.
-#[derive(Debug, Clone, Default)]
-struct Capture {
-    head: Vec<u8>,
-    tail: VecDeque<u8>,
-    total: usize,
-}
-
-impl Capture {
-    fn push(&mut self, data: &[u8]) {
-        self.total += data.len();
-        let room = HEAD_BYTES.saturating_sub(self.head.len());
-        let (into_head, rest) = data.split_at(room.min(data.len()));
-        self.head.extend_from_slice(into_head);
-        self.tail.extend(rest.iter().copied());
-        let excess = self.tail.len().saturating_sub(TAIL_BYTES);
-        self.tail.drain(..excess);
-    }
-
-    /// Bytes dropped between head and tail.
-    fn omitted(&self) -> usize {
-        self.total - self.head.len() - self.tail.len()
-    }
-}
-
-fn lock(capture: &Mutex<Capture>) -> MutexGuard<'_, Capture> {
-    capture.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn snapshot(capture: &Mutex<Capture>) -> Capture {
-    lock(capture).clone()
-}
-
-/// Copies a pipe into `capture` until end of file.
-fn spawn_reader<R>(pipe: Option<R>, capture: Arc<Mutex<Capture>>) -> JoinHandle<()>
-where
-    R: AsyncRead + Unpin + Send + 'static,
-{
-    tokio::spawn(async move {
-        let Some(mut pipe) = pipe else {
-            return;
-        };
-        let mut buf = vec![0u8; 8192];
-        loop {
-            let n = match pipe.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            lock(&capture).push(&buf[..n]);
-        }
-    })
-}
+// output pipes
 
 /// Waits for the readers to reach end of file. Pipes still open after the grace period are
 /// held by background processes: the group is killed; pipes held even then (by a process that
@@ -413,77 +357,6 @@ async fn wait_readers(readers: &mut [JoinHandle<()>], limit: Duration) -> bool {
         }
     };
     tokio::time::timeout(limit, all).await.is_ok()
-}
-
-/// stdout then stderr as text; over `MAX_OUTPUT_BYTES`, only the first `HEAD_BYTES` and the
-/// last `TAIL_BYTES` (on character boundaries) with a note of how much was left out.
-fn render_output(parts: &[&Capture]) -> String {
-    let total: usize = parts.iter().map(|part| part.total).sum();
-    if total <= MAX_OUTPUT_BYTES {
-        let mut all = Vec::with_capacity(total);
-        for part in parts {
-            all.extend_from_slice(&part.head);
-            all.extend(part.tail.iter());
-        }
-        return String::from_utf8_lossy(&all).into_owned();
-    }
-    let head = leading_bytes(parts, HEAD_BYTES);
-    let tail = trailing_bytes(parts, TAIL_BYTES);
-    let head = &head[..utf8_prefix_len(&head)];
-    let tail = &tail[utf8_start(&tail)..];
-    let omitted = total - head.len() - tail.len();
-    format!("{}\n[... {omitted} bytes omitted ...]\n{}", String::from_utf8_lossy(head), String::from_utf8_lossy(tail))
-}
-
-/// The first `limit` bytes of the streams concatenated. Each stream keeps its first
-/// `HEAD_BYTES >= limit`, so they are always known.
-fn leading_bytes(parts: &[&Capture], limit: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(limit);
-    for part in parts {
-        out.extend_from_slice(&part.head);
-        if part.omitted() > 0 || out.len() >= limit {
-            break;
-        }
-        out.extend(part.tail.iter());
-        if out.len() >= limit {
-            break;
-        }
-    }
-    out.truncate(limit);
-    out
-}
-
-/// The last `limit` bytes of the streams concatenated (each keeps its last `TAIL_BYTES >= limit`).
-fn trailing_bytes(parts: &[&Capture], limit: usize) -> Vec<u8> {
-    let mut pieces: Vec<Vec<u8>> = Vec::new();
-    let mut len = 0;
-    for part in parts.iter().rev() {
-        let gap = part.omitted() > 0;
-        let mut piece = if gap { Vec::new() } else { part.head.clone() };
-        piece.extend(part.tail.iter());
-        len += piece.len();
-        pieces.push(piece);
-        if gap || len >= limit {
-            break;
-        }
-    }
-    let mut out: Vec<u8> = pieces.into_iter().rev().flatten().collect();
-    let excess = out.len().saturating_sub(limit);
-    out.drain(..excess);
-    out
-}
-
-/// Length of `bytes` without a character cut off at the end.
-fn utf8_prefix_len(bytes: &[u8]) -> usize {
-    match std::str::from_utf8(bytes) {
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        _ => bytes.len(),
-    }
-}
-
-/// Offset of the first character start in `bytes` (skipping the rest of a cut character).
-fn utf8_start(bytes: &[u8]) -> usize {
-    bytes.iter().take(3).take_while(|byte| (**byte & 0xC0) == 0x80).count()
 }
 
 #[cfg(test)]
@@ -630,36 +503,6 @@ mod tests {
         assert!(out.starts_with("1\n2\n3\n"), "{}", &out[..20]);
         assert!(out.ends_with("29999\n30000\n"), "{}", &out[out.len() - 20..]);
         assert!(out.contains(" bytes omitted ...]"));
-        assert!(out.len() <= MAX_OUTPUT_BYTES + 64, "{} bytes", out.len());
-    }
-
-    #[test]
-    fn capping_respects_character_boundaries_and_counts_omitted_bytes() {
-        let mut stdout = Capture::default();
-        let text = format!("a{}", "€".repeat(12_000));
-        for chunk in text.as_bytes().chunks(7) {
-            stdout.push(chunk);
-        }
-        let mut stderr = Capture::default();
-        stderr.push(b"tail-end");
-        let out = render_output(&[&stdout, &stderr]);
-        assert!(!out.contains('\u{FFFD}'), "a character was cut");
-        assert!(out.starts_with("a€€"));
-        assert!(out.ends_with("€€tail-end"));
-        let (head, rest) = out.split_once("\n[... ").unwrap();
-        let (count, tail) = rest.split_once(" bytes omitted ...]\n").unwrap();
-        let omitted: usize = count.parse().unwrap();
-        assert_eq!(head.len() + tail.len() + omitted, text.len() + "tail-end".len());
-    }
-
-    #[test]
-    fn small_output_is_kept_whole() {
-        let mut stdout = Capture::default();
-        stdout.push(b"x".repeat(20_000).as_slice());
-        let mut stderr = Capture::default();
-        stderr.push(b"y".repeat(10_000).as_slice());
-        let out = render_output(&[&stdout, &stderr]);
-        assert_eq!(out.len(), 30_000);
-        assert!(out.starts_with('x') && out.ends_with('y'));
+        assert!(out.len() <= LIMITS.total() + 64, "{} bytes", out.len());
     }
 }

@@ -6,6 +6,7 @@
 pub mod access;
 pub mod bash;
 pub mod builtin;
+pub(crate) mod capture;
 pub mod files;
 pub mod fs;
 pub mod paths;

@@ -1,0 +1,194 @@
+//! Bounded capture of a stream: its first and last bytes and its length, however much passes
+//! through, and the head-and-tail rendering with a note of how much was left out. `bash` keeps
+//! its command output this way; an external agent's text and stderr are kept the same way.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::task::JoinHandle;
+
+/// How much of a stream is kept: its first `head` and its last `tail` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub(crate) head: usize,
+    pub(crate) tail: usize,
+}
+
+impl Limits {
+    /// Output up to this length is kept whole.
+    pub(crate) const fn total(self) -> usize {
+        self.head + self.tail
+    }
+}
+
+/// One stream's output, bounded: its first `limits.head` bytes, its last `limits.tail`, and its
+/// length.
+#[derive(Debug, Clone)]
+pub(crate) struct Capture {
+    limits: Limits,
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    total: usize,
+}
+
+impl Capture {
+    pub(crate) fn new(limits: Limits) -> Self {
+        Capture { limits, head: Vec::new(), tail: VecDeque::new(), total: 0 }
+    }
+
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        self.total += data.len();
+        let room = self.limits.head.saturating_sub(self.head.len());
+        let (into_head, rest) = data.split_at(room.min(data.len()));
+        self.head.extend_from_slice(into_head);
+        // Only the last `tail` bytes of a large push can stay.
+        let rest = &rest[rest.len().saturating_sub(self.limits.tail)..];
+        self.tail.extend(rest.iter().copied());
+        let excess = self.tail.len().saturating_sub(self.limits.tail);
+        self.tail.drain(..excess);
+    }
+
+    /// Bytes dropped between head and tail.
+    pub(crate) fn omitted(&self) -> usize {
+        self.total - self.head.len() - self.tail.len()
+    }
+
+}
+
+pub(crate) fn lock(capture: &Mutex<Capture>) -> MutexGuard<'_, Capture> {
+    capture.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn snapshot(capture: &Mutex<Capture>) -> Capture {
+    lock(capture).clone()
+}
+
+/// Copies a pipe into `capture` until end of file (or a read error).
+pub(crate) fn spawn_reader<R>(pipe: Option<R>, capture: Arc<Mutex<Capture>>) -> JoinHandle<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let Some(mut pipe) = pipe else {
+            return;
+        };
+        let mut buf = vec![0u8; 8192];
+        loop {
+            let n = match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            lock(&capture).push(&buf[..n]);
+        }
+    })
+}
+
+/// The streams concatenated as text; over `limits.total()`, only the first `limits.head` and
+/// the last `limits.tail` bytes (on character boundaries) with a note of how much was left out.
+/// Every part must keep at least `limits` (captured with limits as large or larger).
+pub(crate) fn render(parts: &[&Capture], limits: Limits) -> String {
+    let total: usize = parts.iter().map(|part| part.total).sum();
+    if total <= limits.total() {
+        let mut all = Vec::with_capacity(total);
+        for part in parts {
+            all.extend_from_slice(&part.head);
+            all.extend(part.tail.iter());
+        }
+        return String::from_utf8_lossy(&all).into_owned();
+    }
+    let head = leading_bytes(parts, limits.head);
+    let tail = trailing_bytes(parts, limits.tail);
+    let head = &head[..utf8_prefix_len(&head)];
+    let tail = &tail[utf8_start(&tail)..];
+    let omitted = total - head.len() - tail.len();
+    format!("{}\n[... {omitted} bytes omitted ...]\n{}", String::from_utf8_lossy(head), String::from_utf8_lossy(tail))
+}
+
+/// The first `limit` bytes of the streams concatenated. Each stream keeps its first
+/// `head >= limit` bytes, so they are always known.
+fn leading_bytes(parts: &[&Capture], limit: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(limit);
+    for part in parts {
+        out.extend_from_slice(&part.head);
+        if part.omitted() > 0 || out.len() >= limit {
+            break;
+        }
+        out.extend(part.tail.iter());
+        if out.len() >= limit {
+            break;
+        }
+    }
+    out.truncate(limit);
+    out
+}
+
+/// The last `limit` bytes of the streams concatenated (each keeps its last `tail >= limit`).
+fn trailing_bytes(parts: &[&Capture], limit: usize) -> Vec<u8> {
+    let mut pieces: Vec<Vec<u8>> = Vec::new();
+    let mut len = 0;
+    for part in parts.iter().rev() {
+        let gap = part.omitted() > 0;
+        let mut piece = if gap { Vec::new() } else { part.head.clone() };
+        piece.extend(part.tail.iter());
+        len += piece.len();
+        pieces.push(piece);
+        if gap || len >= limit {
+            break;
+        }
+    }
+    let mut out: Vec<u8> = pieces.into_iter().rev().flatten().collect();
+    let excess = out.len().saturating_sub(limit);
+    out.drain(..excess);
+    out
+}
+
+/// Length of `bytes` without a character cut off at the end.
+fn utf8_prefix_len(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        _ => bytes.len(),
+    }
+}
+
+/// Offset of the first character start in `bytes` (skipping the rest of a cut character).
+fn utf8_start(bytes: &[u8]) -> usize {
+    bytes.iter().take(3).take_while(|byte| (**byte & 0xC0) == 0x80).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits { head: 15_000, tail: 15_000 };
+
+    #[test]
+    fn capping_respects_character_boundaries_and_counts_omitted_bytes() {
+        let mut stdout = Capture::new(LIMITS);
+        let text = format!("a{}", "€".repeat(12_000));
+        for chunk in text.as_bytes().chunks(7) {
+            stdout.push(chunk);
+        }
+        let mut stderr = Capture::new(LIMITS);
+        stderr.push(b"tail-end");
+        let out = render(&[&stdout, &stderr], LIMITS);
+        assert!(!out.contains('\u{FFFD}'), "a character was cut");
+        assert!(out.starts_with("a€€"));
+        assert!(out.ends_with("€€tail-end"));
+        let (head, rest) = out.split_once("\n[... ").unwrap();
+        let (count, tail) = rest.split_once(" bytes omitted ...]\n").unwrap();
+        let omitted: usize = count.parse().unwrap();
+        assert_eq!(head.len() + tail.len() + omitted, text.len() + "tail-end".len());
+    }
+
+    #[test]
+    fn small_output_is_kept_whole() {
+        let mut stdout = Capture::new(LIMITS);
+        stdout.push(b"x".repeat(20_000).as_slice());
+        let mut stderr = Capture::new(LIMITS);
+        stderr.push(b"y".repeat(10_000).as_slice());
+        let out = render(&[&stdout, &stderr], LIMITS);
+        assert_eq!(out.len(), 30_000);
+        assert!(out.starts_with('x') && out.ends_with('y'));
+    }
+}
