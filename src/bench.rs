@@ -3,15 +3,16 @@
 //! the real fsync policy, `load` time of large sessions, and subagent listing (the catalog) under
 //! a large corpus.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 
+use crate::acp::peer::{ChooseOption, Driver, numbering};
 use crate::agent::{AgentDeps, TurnEnd, spawn_agent};
 use crate::model::script::ScriptedModel;
 use crate::model::{Model, ModelRoute, text_response};
@@ -93,7 +94,7 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
     let mut report = Report { out, metrics: serde_json::Map::new(), baseline: baseline_figures };
     if options.runs(Section::Startup) {
         let starts = if quick { 10 } else { 30 };
-        let (times, rss) = cold_start(tmp.path(), starts)?;
+        let (times, rss) = cold_start(tmp.path(), starts).await?;
         report.metric(
             "cold_start_median_ms",
             millis(median(&times)),
@@ -393,31 +394,32 @@ fn p99(v: &[Duration]) -> Duration {
     v.get((v.len() * 99 / 100).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
 }
 
-fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
+async fn cold_start(tmp: &Path, n: usize) -> Result<(Vec<Duration>, u64)> {
     let exe = std::env::current_exe()?;
     let mut times = Vec::new();
     let mut rss = 0;
     for _ in 0..n {
         let started = Instant::now();
-        let mut child = Command::new(&exe)
+        let mut child = tokio::process::Command::new(&exe)
             .args(["acp", "--config", "/dev/null", "--sessions"])
             .arg(tmp.join("cold"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
+            .kill_on_drop(true)
             .spawn()?;
-        let mut stdin = child.stdin.take().context("stdin")?;
-        writeln!(
-            stdin,
-            "{}",
-            json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}})
-        )?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let no_questions: ChooseOption = Arc::new(|_| None);
+        let kin = Driver::connect("bench", stdin, stdout, None, no_questions, numbering())
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let params = json!({"protocolVersion": 1, "clientCapabilities": {}});
+        kin.request("initialize", params).await.map_err(anyhow::Error::msg)?;
         times.push(started.elapsed());
-        rss = rss_kib(child.id()).unwrap_or(0);
-        drop(stdin);
-        child.wait()?;
+        rss = child.id().and_then(rss_kib).unwrap_or(0);
+        kin.close().await;
+        child.wait().await?;
     }
     Ok((times, rss))
 }

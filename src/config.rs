@@ -12,8 +12,8 @@ use crate::mcp::{Defaults as McpDefaults, Origin, ServerSpec, Settings, Transpor
 use crate::model::ModelRoute;
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
-use crate::subagent::acp_provider::{AcpAgentConfig, AcpPermission};
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
+use crate::subagent::external::{AcpPermission, ExternalAgentConfig};
 
 /// The default model route.
 pub const DEFAULT_MODEL: &str = "deepseek/deepseek-v4-flash";
@@ -57,7 +57,7 @@ pub struct Config {
     /// The routes an editor may switch a session to (the default route first).
     pub model_choices: Vec<ModelRoute>,
     /// `[acp_agents.NAME]`: external ACP agents offered as subagent providers `acp:NAME`.
-    pub acp_agents: Vec<AcpAgentConfig>,
+    pub acp_agents: Vec<ExternalAgentConfig>,
     /// The longest JSON-RPC frame `kin acp` reads from its client, in bytes.
     pub max_frame_bytes: usize,
     /// `[mcp_servers.NAME]`: MCP servers every top-level session gets (an editor's server of
@@ -416,8 +416,8 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
 fn resolve_acp_agents(
     sections: std::collections::BTreeMap<String, AcpAgentSection>,
     origin: &str,
-) -> Result<Vec<AcpAgentConfig>> {
-    let mut agents: Vec<AcpAgentConfig> = Vec::new();
+) -> Result<Vec<ExternalAgentConfig>> {
+    let mut agents: Vec<ExternalAgentConfig> = Vec::new();
     for (name, section) in sections {
         let key = |k: &str| format!("{origin}: key `acp_agents.{name}.{k}`");
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
@@ -426,7 +426,7 @@ fn resolve_acp_agents(
         if section.command.trim().is_empty() {
             anyhow::bail!("{} must name the program to run", key("command"));
         }
-        let mut agent = AcpAgentConfig::new(&name, section.command);
+        let mut agent = ExternalAgentConfig::new(&name, section.command);
         agent.args = section.args;
         agent.env = section.env.into_iter().collect();
         if let Some(cwd) = section.cwd {

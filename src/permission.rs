@@ -309,7 +309,7 @@ impl Permissions {
     }
 
     /// The mode's answer to a question an external ACP child forwards, by what the child's call
-    /// touches (its ACP kind, `acp::forwarded_access`) and whether its paths are known to lie in
+    /// touches (its ACP kind, mapped in `acp::child`) and whether its paths are known to lie in
     /// the workspace, or `None` when the user must be asked. The table is the one for kin's own
     /// calls (`verdict`); remembered answers are not consulted.
     pub fn decide_forwarded(&self, access: &Access, in_workspace: bool) -> Option<PermissionAnswer> {

@@ -21,9 +21,9 @@ use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, Perm
 use crate::prompt::{self, PromptSettings};
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
-use crate::subagent::acp_provider::AcpProvider;
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
+use crate::subagent::external::AcpProvider;
 use crate::subagent::inprocess::{ChildDisplay, ChildFactory, ChildSetup, InProcessProvider, ReportToolCalls};
 use crate::subagent::list_agents::ListAgentsTool;
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
@@ -164,7 +164,7 @@ fn delegate_config(config: &Config, tool_name: &str, provider: &str) -> Delegate
 
 /// The delegation tool of an external ACP agent: none of the start-time capabilities, no
 /// background mode.
-fn acp_delegate_config(agent: &crate::subagent::acp_provider::AcpAgentConfig) -> DelegateConfig {
+fn acp_delegate_config(agent: &crate::subagent::external::ExternalAgentConfig) -> DelegateConfig {
     DelegateConfig {
         tool_name: agent.tool_name.clone(),
         provider: agent.name.clone(),
@@ -348,7 +348,8 @@ impl Runtime {
             // `[acp_agents.NAME]`: provider `acp:NAME` and its delegation tool.
             for agent in &config.acp_agents {
                 if let Err(e) = subagents.register_provider(Arc::new(
-                    AcpProvider::new(agent.clone()).forwarding_to(Arc::new(ForwardPrompt(weak.clone()))),
+                    AcpProvider::new(agent.clone(), crate::acp::external_agents())
+                        .forwarding_to(Arc::new(ForwardPrompt(weak.clone()))),
                 )) {
                     problems.push(e.to_string());
                     continue;

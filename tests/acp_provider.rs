@@ -12,7 +12,7 @@ use kin::agent::TurnEnd;
 use kin::model::script::ReplayEntry;
 use kin::model::{ModelRoute, text_response, tool_call_response};
 use kin::session::{Event, SessionHeader, SessionStore};
-use kin::subagent::acp_provider::{AcpAgentConfig, AcpProvider};
+use kin::subagent::external::{AcpProvider, ExternalAgentConfig};
 use kin::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
 use kin::tools::Caller;
 use serde_json::{Value, json};
@@ -195,8 +195,8 @@ async fn a_parent_turn_delegates_to_kin_and_records_the_remote_run() {
 }
 
 /// An agent run by `sh -c SCRIPT` that first records its pid (`exec` keeps it).
-fn sh_agent(key: &str, script: &str, pid_file: &Path) -> AcpAgentConfig {
-    let mut agent = AcpAgentConfig::new(key, "sh");
+fn sh_agent(key: &str, script: &str, pid_file: &Path) -> ExternalAgentConfig {
+    let mut agent = ExternalAgentConfig::new(key, "sh");
     agent.args = vec!["-c".into(), format!("echo $$ > '{}'; {script}", pid_file.display())];
     agent.startup_timeout = Duration::from_secs(2);
     agent.cancel_grace = Duration::from_millis(500);
@@ -205,10 +205,10 @@ fn sh_agent(key: &str, script: &str, pid_file: &Path) -> AcpAgentConfig {
 }
 
 /// Starts a run that must fail; returns the error and how long it took.
-async fn failed_start(dir: &Path, agent: AcpAgentConfig) -> (SubagentError, Duration) {
+async fn failed_start(dir: &Path, agent: ExternalAgentConfig) -> (SubagentError, Duration) {
     let (rt, _) = runtime(dir, vec![], "");
     let name = agent.name.clone();
-    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent))).unwrap();
+    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent, kin::acp::external_agents()))).unwrap();
     let started = Instant::now();
     let err = rt.subagents().start(&name, request(&workspace(dir))).await.err().expect("the start fails");
     let took = started.elapsed();
@@ -230,7 +230,7 @@ fn answer_first_request(result: &str) -> String {
 #[tokio::test]
 async fn a_missing_command_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = AcpAgentConfig::new("missing", "/nonexistent/kin-acp-agent");
+    let agent = ExternalAgentConfig::new("missing", "/nonexistent/kin-acp-agent");
     let (err, _) = failed_start(dir.path(), agent).await;
     assert_eq!(err.code, ErrorCode::StartFailed);
     assert!(err.message.starts_with("subagent provider \"acp:missing\": cannot start the command"), "{}", err.message);

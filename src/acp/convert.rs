@@ -240,15 +240,9 @@ fn locations(access: &Access) -> Vec<ToolCallLocation> {
     access.paths().iter().map(|path| ToolCallLocation::new(path.clone()).line(line)).collect()
 }
 
-/// What a call of an external ACP agent touches, by its ACP kind as it appears on the wire
-/// (`"read"`, `"edit"`, …; anything else is `other`) and the paths it names: the one place a
-/// forwarded question's kind becomes an `Access` for the gate (`Permissions::decide_forwarded`).
-pub fn forwarded_access(kind: &str, paths: Vec<PathBuf>) -> Access {
-    let kind = serde_json::from_value(Value::String(kind.to_string())).unwrap_or(ToolKind::Other);
-    access_of_kind(kind, paths)
-}
-
-/// What a call of `kind` touches. A kind kin has no word for asks (and read-only refuses it).
+/// What a call of `kind` touches, with the paths it names. A kind kin has no word for asks (and
+/// read-only refuses it). This is also the one place a question an external agent forwards gets
+/// its `Access` for the gate (`Permissions::decide_forwarded`, through `acp::child`).
 pub fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
     match kind {
         ToolKind::Read => Access::Read { paths, line: None },
@@ -398,6 +392,10 @@ mod tests {
     #[test]
     fn forwarded_kinds_map_to_access_and_back() {
         let paths = || vec![PathBuf::from("/w/a")];
+        // As a kind arrives on the wire (`other` for one this schema does not know).
+        let forwarded_access = |kind: &str, paths| {
+            access_of_kind(serde_json::from_value(json!(kind)).expect("ToolKind reads any string"), paths)
+        };
         for (kind, access) in [
             ("read", Access::Read { paths: paths(), line: None }),
             ("search", Access::Search { paths: paths() }),

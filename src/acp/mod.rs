@@ -5,13 +5,16 @@
 //! the client through `tree::Forwarder`, which also shows the agent tree (subagent sessions) to
 //! clients that advertised `clientCapabilities.subagents`.
 
+mod child;
 mod client;
 mod convert;
 mod mcp;
 mod modes;
+pub(crate) mod peer;
 pub mod run;
 mod transport;
 mod tree;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 
@@ -29,7 +32,6 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
 use crate::runtime::{ChildObservers, Runtime, RuntimeError};
-pub use convert::forwarded_access;
 use tree::{ChildForwarders, Forwarder, Tree};
 
 fn invalid_params(message: impl std::fmt::Display) -> Error {
@@ -57,6 +59,14 @@ fn to_acp(error: RuntimeError) -> Error {
         RuntimeError::Internal(m) => internal(m),
     }
 }
+
+/// The ACP client external agents (`[acp_agents.*]`) are spoken to with.
+pub fn external_agents() -> Arc<dyn crate::subagent::external::port::RemoteAgent> {
+    Arc::new(child::ExternalAgents)
+}
+
+pub use child::MAX_FRAME as MAX_CHILD_FRAME;
+pub use peer::request_frame;
 
 /// Fuzzing entry (see `fuzz/`): runs kin's own checks on a value as `session/new`,
 /// `session/prompt` and `session/load` params. Never panics.

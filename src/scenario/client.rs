@@ -1,17 +1,20 @@
-//! A scripted ACP client driving the real `kin acp` binary over pipes: it sends requests,
-//! records every frame kin writes to stdout, and answers kin's own requests (permission
-//! requests from the scenario's `permissionAnswers`, anything else with method-not-found).
+//! The real `kin acp` binary under a scenario, over pipes: kin's ACP client connection
+//! (`acp::peer::Driver`) sends the steps' requests, records every line kin writes to stdout
+//! (the transcript, read before the client sees it), and answers kin's permission requests from
+//! the scenario's `permissionAnswers` (anything else kin asks is method-not-found).
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::Notify;
+use tokio::process::{Child, Command};
+
+use crate::acp::peer::{Answer, ChooseOption, Driver};
 
 /// How one kin process is launched.
 #[derive(Debug, Clone)]
@@ -23,13 +26,10 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
 }
 
-/// Frames kin wrote, shared with the reader task.
+/// Frames kin wrote, across restarts.
 #[derive(Default)]
 pub struct Transcript {
     pub frames: Mutex<Vec<Value>>,
-    pub changed: Notify,
-    /// Set when kin's stdout closes (it exited or crashed).
-    pub closed: std::sync::atomic::AtomicBool,
 }
 
 impl Transcript {
@@ -37,23 +37,28 @@ impl Transcript {
         self.frames.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
-    fn push(&self, frame: Value) {
+    fn push(&self, line: &str) {
+        let frame: Value = serde_json::from_str(line).unwrap_or_else(|_| json!({"nonJsonStdout": line}));
         if let Ok(mut frames) = self.frames.lock() {
             frames.push(frame);
         }
-        self.changed.notify_waiters();
     }
 }
 
 /// One running kin process.
 pub struct Client {
     child: Child,
-    stdin: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
-    reader: tokio::task::JoinHandle<()>,
+    driver: Driver,
 }
 
 impl Client {
-    pub fn start(launch: &Launch, transcript: Arc<Transcript>, answers: Arc<Mutex<Vec<String>>>) -> Result<Client> {
+    /// Starts kin; `ids` numbers the requests of the whole scenario (restarts continue it).
+    pub async fn start(
+        launch: &Launch,
+        transcript: Arc<Transcript>,
+        answers: Arc<Mutex<Vec<String>>>,
+        ids: Arc<AtomicI64>,
+    ) -> Result<Client> {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -74,41 +79,32 @@ impl Client {
             command.env(k, v);
         }
         let mut child = command.spawn().with_context(|| format!("starting {}", launch.exe.display()))?;
-        transcript.closed.store(false, std::sync::atomic::Ordering::SeqCst);
         let stdout = child.stdout.take().context("kin stdout")?;
-        let stdin = Arc::new(tokio::sync::Mutex::new(child.stdin.take()));
-        let writer = stdin.clone();
-        let reader = tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let frame: Value = serde_json::from_str(&line).unwrap_or_else(|_| json!({"nonJsonStdout": line}));
-                if let (Some(method), Some(id)) = (frame.get("method").and_then(Value::as_str), frame.get("id")) {
-                    let reply = answer(method, id, &frame, &answers);
-                    if let Some(stdin) = writer.lock().await.as_mut() {
-                        let _ = stdin.write_all(format!("{reply}\n").as_bytes()).await;
-                        let _ = stdin.flush().await;
-                    }
-                }
-                transcript.push(frame);
-            }
-            transcript.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        });
-        Ok(Client { child, stdin, reader })
+        let stdin = child.stdin.take().context("kin stdin")?;
+        let tap = Arc::new(move |line: &str| transcript.push(line));
+        let driver = Driver::connect("scenario", stdin, stdout, Some(tap), choose_from(answers), ids)
+            .await
+            .map_err(|e| anyhow::anyhow!("connecting to kin: {e}"))?;
+        Ok(Client { child, driver })
+    }
+
+    /// Sends a request; resolves with kin's answer (`Err`: kin's output ended without one).
+    pub fn request(&self, method: &str, params: Value) -> impl Future<Output = Result<Answer, String>> + 'static {
+        self.driver.request(method, params)
+    }
+
+    pub async fn notify(&self, method: &str, params: Value) -> Result<()> {
+        Ok(self.driver.notify(method, params).await?)
     }
 
     /// Writes one raw line to kin's stdin.
     pub async fn write_line(&self, line: &str) -> Result<()> {
-        let mut guard = self.stdin.lock().await;
-        let stdin = guard.as_mut().context("kin's stdin is closed")?;
-        stdin.write_all(line.as_bytes()).await?;
-        stdin.write_all(b"\n").await?;
-        stdin.flush().await?;
-        Ok(())
+        Ok(self.driver.send_line(line).await?)
     }
 
     /// Closes stdin and waits for kin to exit (killing it after `grace`); returns the exit code.
     pub async fn close(mut self, grace: Duration) -> Result<Option<i32>> {
-        self.stdin.lock().await.take();
+        self.driver.close().await;
         let status = match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(status) => status?,
             Err(_) => {
@@ -116,34 +112,29 @@ impl Client {
                 anyhow::bail!("kin did not exit within {grace:?} after stdin closed");
             }
         };
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.reader).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.driver.output_ended()).await;
         Ok(status.code())
     }
 
     /// Kills kin with SIGKILL (a crash).
     pub async fn kill(mut self) -> Result<()> {
         self.child.kill().await?;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.reader).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.driver.output_ended()).await;
         Ok(())
     }
 }
 
-fn answer(method: &str, id: &Value, frame: &Value, answers: &Mutex<Vec<String>>) -> Value {
-    if method == "session/request_permission" {
+/// Answers each permission request with the next of `answers` (an option kind; `reject_once`
+/// when they ran out): the offered option of that kind, else `cancelled`.
+fn choose_from(answers: Arc<Mutex<Vec<String>>>) -> ChooseOption {
+    Arc::new(move |offered: &[(String, &'static str)]| {
         let kind = answers
             .lock()
             .ok()
             .and_then(|mut a| (!a.is_empty()).then(|| a.remove(0)))
             .unwrap_or_else(|| "reject_once".into());
-        let options = frame["params"]["options"].as_array().cloned().unwrap_or_default();
-        let chosen = options.iter().find(|o| o["kind"] == kind.as_str()).and_then(|o| o["optionId"].as_str());
-        let outcome = match chosen {
-            Some(option_id) => json!({"outcome": "selected", "optionId": option_id}),
-            None => json!({"outcome": "cancelled"}),
-        };
-        return json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}});
-    }
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": format!("Method not found: {method}")}})
+        offered.iter().find(|(_, k)| *k == kind).map(|(id, _)| id.clone())
+    })
 }
 
 /// Polls `check` until it is true or `timeout` passes.

@@ -59,6 +59,10 @@ pub async fn run(dir: &Path, opts: &RunOptions) -> Outcome {
     }
 }
 
+/// kin's answer to a request still awaited.
+pub(crate) type PendingAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<crate::acp::peer::Answer, String>> + Send>>;
+
 /// Shared state of a running scenario.
 pub(crate) struct Run {
     pub cwd: PathBuf,
@@ -67,9 +71,11 @@ pub(crate) struct Run {
     pub transcript: Arc<Transcript>,
     pub answers: Arc<Mutex<Vec<String>>>,
     pub client: Option<Client>,
-    pub next_id: u64,
+    /// Numbers the runner's requests across restarts.
+    pub ids: Arc<std::sync::atomic::AtomicI64>,
     pub session_id: Option<String>,
-    pub pending_prompt: Option<u64>,
+    /// The answer to a prompt sent by `promptAndWaitForAgentMessage`, awaited by `cancel`.
+    pub pending_prompt: Option<PendingAnswer>,
     pub exit_codes: Vec<Option<i32>>,
 }
 
@@ -133,12 +139,12 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
         answers: Arc::new(Mutex::new(answers)),
         client: None,
         launch,
-        next_id: 0,
+        ids: crate::acp::peer::numbering(),
         session_id: None,
         pending_prompt: None,
         exit_codes: Vec::new(),
     };
-    run.start()?;
+    run.start().await?;
     let steps = input["steps"].as_array().cloned().unwrap_or_default();
     for (i, step) in steps.iter().enumerate() {
         steps::run_step(&mut run, step).await.with_context(|| format!("step {} ({})", i + 1, step["op"]))?;
@@ -209,8 +215,9 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
 }
 
 impl Run {
-    pub(crate) fn start(&mut self) -> Result<()> {
-        self.client = Some(Client::start(&self.launch, self.transcript.clone(), self.answers.clone())?);
+    pub(crate) async fn start(&mut self) -> Result<()> {
+        self.client =
+            Some(Client::start(&self.launch, self.transcript.clone(), self.answers.clone(), self.ids.clone()).await?);
         Ok(())
     }
 

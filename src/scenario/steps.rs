@@ -1,6 +1,7 @@
 //! The client steps of `input.json`: dsh's ops (initialize, newSession, prompt, waits, cancel…)
 //! plus kin's own (`restart`, `loadSession`, `listSessions`, `request`, `raw`).
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::client::{exists, wait_for};
 use super::{Run, read_log};
+use crate::acp::peer::Answer;
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const RESPONSE_WAIT: Duration = Duration::from_secs(60);
@@ -21,8 +23,7 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
     let op = step["op"].as_str().context("step has no \"op\"")?;
     match op {
         "initialize" => {
-            let id = run.send("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})).await?;
-            run.response(id).await?;
+            run.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})).await?;
         }
         "newSession" | "newSessionExpectError" => {
             let mut params = json!({"cwd": run.cwd.display().to_string(), "mcpServers": []});
@@ -32,22 +33,23 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             if let Some(dirs) = step.get("additionalDirectories") {
                 params["additionalDirectories"] = dirs.clone();
             }
-            let id = run.send("session/new", params).await?;
-            let response = run.response(id).await?;
+            let answer = run.call("session/new", params).await?;
             if op == "newSession" {
-                let sid = response["result"]["sessionId"].as_str().context("session/new returned no sessionId")?;
-                run.session_id = Some(sid.to_string());
+                let sid = match &answer {
+                    Answer::Result(result) => result["sessionId"].as_str(),
+                    Answer::Error { .. } => None,
+                };
+                run.session_id = Some(sid.context("session/new returned no sessionId")?.to_string());
             }
         }
         "prompt" | "promptExpectError" => {
-            let id = run.prompt(step).await?;
-            run.response(id).await?;
+            let answer = run.prompt(step)?;
+            response(answer).await?;
         }
         "promptAndWaitForAgentMessage" => {
             let want = step["waitForText"].as_str().context("waitForText")?.to_string();
             let start = run.transcript.snapshot().len();
-            let id = run.prompt(step).await?;
-            run.pending_prompt = Some(id);
+            run.pending_prompt = Some(Box::pin(run.prompt(step)?));
             let transcript = run.transcript.clone();
             wait_for(&format!("agent text {want:?}"), timeout_of(step).max(RESPONSE_WAIT), || {
                 agent_text(&transcript.snapshot()[start..]).contains(&want)
@@ -55,16 +57,16 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             .await?;
         }
         "promptAndCancel" => {
-            let id = run.prompt(step).await?;
+            let answer = run.prompt(step)?;
             run.wait_file(&step["waitForFile"]).await?;
             run.cancel().await?;
-            run.response(id).await?;
+            response(answer).await?;
         }
         "cancel" => {
             run.wait_file(&step["waitForFile"]).await?;
             run.cancel().await?;
-            if let Some(id) = run.pending_prompt.take() {
-                run.response(id).await?;
+            if let Some(answer) = run.pending_prompt.take() {
+                response(answer).await?;
             }
         }
         "waitForFile" => run.wait_file(step).await?,
@@ -111,24 +113,21 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             } else {
                 run.stop().await?;
             }
-            run.start()?;
+            run.start().await?;
         }
         "loadSession" => {
             let sid = run.session_id.clone().context("no session to load")?;
             let servers = step.get("mcpServers").cloned().unwrap_or_else(|| json!([]));
             let params = json!({"sessionId": sid, "cwd": run.cwd.display().to_string(), "mcpServers": servers});
-            let id = run.send("session/load", params).await?;
-            run.response(id).await?;
+            run.call("session/load", params).await?;
         }
         "listSessions" => {
-            let id = run.send("session/list", json!({})).await?;
-            run.response(id).await?;
+            run.call("session/list", json!({})).await?;
         }
         "request" => {
             let method = step["method"].as_str().context("request needs a method")?;
             let params = run.substitute(step.get("params").cloned().unwrap_or(Value::Null));
-            let id = run.send(method, params).await?;
-            run.response(id).await?;
+            run.call(method, params).await?;
         }
         "raw" => {
             let line = step["line"].as_str().context("raw needs a line")?;
@@ -145,6 +144,15 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
         other => anyhow::bail!("unknown step op {other:?}"),
     }
     Ok(())
+}
+
+/// kin's answer to a request, waited for up to `RESPONSE_WAIT`.
+async fn response(answer: impl Future<Output = Result<Answer, String>>) -> Result<Answer> {
+    match tokio::time::timeout(RESPONSE_WAIT, answer).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => anyhow::bail!("kin gave no answer: {e}"),
+        Err(_) => anyhow::bail!("timed out after {RESPONSE_WAIT:?} waiting for kin's answer"),
+    }
 }
 
 fn agent_text(frames: &[Value]) -> String {
@@ -186,31 +194,22 @@ impl Run {
         serde_json::from_str(&text).unwrap_or(value)
     }
 
-    async fn send(&mut self, method: &str, params: Value) -> Result<u64> {
-        self.next_id += 1;
-        let id = self.next_id;
-        let frame = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        self.client()?.write_line(&frame.to_string()).await?;
-        Ok(id)
+    /// Sends a request and waits for kin's answer (a result or an error).
+    async fn call(&self, method: &str, params: Value) -> Result<Answer> {
+        response(self.client()?.request(method, params)).await
     }
 
-    async fn prompt(&mut self, step: &Value) -> Result<u64> {
+    /// Sends the step's prompt; the answer is awaited later.
+    fn prompt(&self, step: &Value) -> Result<impl Future<Output = Result<Answer, String>> + Send + 'static> {
         let text = step["text"].as_str().context("prompt needs text")?;
         let sid = self.session_id.clone().context("prompt before newSession")?;
-        self.send("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]})).await
+        let params = json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]});
+        Ok(self.client()?.request("session/prompt", params))
     }
 
-    async fn cancel(&mut self) -> Result<()> {
+    async fn cancel(&self) -> Result<()> {
         let sid = self.session_id.clone().context("cancel before newSession")?;
-        let frame = json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}});
-        self.client()?.write_line(&frame.to_string()).await
-    }
-
-    async fn response(&self, id: u64) -> Result<Value> {
-        let transcript = self.transcript.clone();
-        let find = || transcript.snapshot().into_iter().find(|f| f.get("method").is_none() && f["id"] == json!(id));
-        wait_for(&format!("the response to request {id}"), RESPONSE_WAIT, || find().is_some()).await?;
-        find().context("response vanished")
+        self.client()?.notify("session/cancel", json!({"sessionId": sid})).await
     }
 
     async fn wait_file(&self, spec: &Value) -> Result<()> {

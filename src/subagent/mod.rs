@@ -3,12 +3,12 @@
 //! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
-pub mod acp_provider;
 pub mod catalog;
 pub mod continuation;
 pub mod control;
 pub mod descriptor;
 pub mod error;
+pub mod external;
 pub mod inprocess;
 pub mod list_agents;
 pub mod tools;

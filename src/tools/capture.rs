@@ -49,11 +49,25 @@ impl Capture {
         self.tail.drain(..excess);
     }
 
+    /// Bytes pushed so far.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
     /// Bytes dropped between head and tail.
     pub(crate) fn omitted(&self) -> usize {
         self.total - self.head.len() - self.tail.len()
     }
 
+    /// The kept bytes after the head (the whole stream when nothing was dropped).
+    pub(crate) fn tail_bytes(&self) -> Vec<u8> {
+        self.tail.iter().copied().collect()
+    }
+
+    /// This stream alone as text, rendered like [`render`].
+    pub(crate) fn render(&self) -> String {
+        render(&[self], self.limits)
+    }
 }
 
 pub(crate) fn lock(capture: &Mutex<Capture>) -> MutexGuard<'_, Capture> {
@@ -152,7 +166,7 @@ fn utf8_prefix_len(bytes: &[u8]) -> usize {
 }
 
 /// Offset of the first character start in `bytes` (skipping the rest of a cut character).
-fn utf8_start(bytes: &[u8]) -> usize {
+pub(crate) fn utf8_start(bytes: &[u8]) -> usize {
     bytes.iter().take(3).take_while(|byte| (**byte & 0xC0) == 0x80).count()
 }
 
@@ -190,5 +204,18 @@ mod tests {
         let out = render(&[&stdout, &stderr], LIMITS);
         assert_eq!(out.len(), 30_000);
         assert!(out.starts_with('x') && out.ends_with('y'));
+    }
+
+    #[test]
+    fn one_huge_push_keeps_only_its_ends() {
+        let limits = Limits { head: 4, tail: 3 };
+        let mut capture = Capture::new(limits);
+        capture.push(b"0123456789");
+        capture.push(b"abcdef");
+        assert_eq!((capture.total(), capture.omitted(), capture.tail_bytes()), (16, 9, b"def".to_vec()));
+        assert_eq!(capture.render(), "0123\n[... 9 bytes omitted ...]\ndef");
+        let mut tail_only = Capture::new(Limits { head: 0, tail: 2 });
+        tail_only.push(b"xyz");
+        assert_eq!(tail_only.tail_bytes(), b"yz".to_vec());
     }
 }

@@ -41,9 +41,9 @@ pub fn acp(sessions: &Path, replay: Option<&Path>) -> Command {
     command
 }
 
-/// A JSON-RPC 2.0 request frame.
+/// A JSON-RPC 2.0 request frame (built by kin's ACP client module).
 pub fn request(id: u64, method: &str, params: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+    kin::acp::request_frame(id, method, params).unwrap()
 }
 
 /// Whether `frame` is the response to request `id` (not a request from kin with the same id).

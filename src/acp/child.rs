@@ -1,0 +1,300 @@
+//! ACP for external agents run as children (`subagent::external`): the provider's `RemoteAgent`
+//! port on kin's client connection (`peer`). The handshake (`initialize` with the file methods
+//! the policy serves, the protocol version checked, then `session/new`), the prompt and its stop
+//! reason, `session/cancel`; the agent's updates of its own session become answer text and tool
+//! calls, and its permission and `fs/*` requests are mapped to the provider's terms and back.
+//! Frames from the agent are capped at `MAX_FRAME` bytes: a longer line ends the run's connection.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation, InitializeRequest,
+    NewSessionRequest, NewSessionResponse, PermissionOptionKind, PromptRequest, PromptResponse, ReadTextFileRequest,
+    ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, ToolKind, WriteTextFileRequest,
+};
+use agent_client_protocol::{Error, ErrorCode};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::time::Instant;
+
+use super::peer::{AgentPeer, ClientSide};
+use super::wire::{WireOptions, excerpt, numbering};
+use crate::subagent::external::port::{
+    Failure, FileOffer, OfferKind, PermissionAsk, PermissionChoice, PermissionOffer, Refusal, RefusalKind, RemoteAgent,
+    RemoteAnswers, RemoteSession, RemoteStop, StartFailure,
+};
+
+/// The ACP protocol version kin speaks as a client.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The longest line an external agent may write: one JSON-RPC frame, 16 MiB.
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// The `RemoteAgent` of `[acp_agents.*]`.
+pub(crate) struct ExternalAgents;
+
+impl RemoteAgent for ExternalAgents {
+    fn connect(
+        &self,
+        provider: &str,
+        root: &Path,
+        stdin: ChildStdin,
+        stdout: ChildStdout,
+        answers: Arc<dyn RemoteAnswers>,
+    ) -> BoxFuture<'static, Result<Box<dyn RemoteSession>, String>> {
+        let provider = provider.to_string();
+        let root = root.to_path_buf();
+        async move {
+            let side = Arc::new(Side { answers, root, session: Mutex::new(None) });
+            let options = WireOptions { max_frame: MAX_FRAME, tap: None, strict: true, numbering: numbering() };
+            let peer = AgentPeer::connect(&provider, stdin, stdout, side.clone(), options).await?;
+            Ok(Box::new(Child { peer: Arc::new(peer), side }) as Box<dyn RemoteSession>)
+        }
+        .boxed()
+    }
+}
+
+/// What the agent's requests and updates reach.
+struct Side {
+    answers: Arc<dyn RemoteAnswers>,
+    /// The run's working directory: relative paths the agent names resolve against it.
+    root: PathBuf,
+    /// The run's session (set after `session/new`): only its updates count.
+    session: Mutex<Option<String>>,
+}
+
+/// One run's connection.
+struct Child {
+    peer: Arc<AgentPeer>,
+    side: Arc<Side>,
+}
+
+impl RemoteSession for Child {
+    fn start(
+        &self,
+        cwd: &Path,
+        offer: FileOffer,
+        deadline: Instant,
+    ) -> BoxFuture<'static, Result<String, StartFailure>> {
+        let (peer, side, cwd) = (self.peer.clone(), self.side.clone(), cwd.to_path_buf());
+        async move {
+            let fs = FileSystemCapabilities::new().read_text_file(offer.read).write_text_file(offer.write);
+            let init = InitializeRequest::new(ProtocolVersion::from(PROTOCOL_VERSION))
+                .client_capabilities(ClientCapabilities::new().fs(fs).terminal(false))
+                .client_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")));
+            let answer = step(&peer, "initialize", &init, deadline).await?;
+            match answer.get("protocolVersion").and_then(Value::as_u64) {
+                Some(version) if version == u64::from(PROTOCOL_VERSION) => {}
+                Some(other) => {
+                    return Err(StartFailure::Other(format!(
+                        "the child agent speaks ACP protocol version {other}; kin speaks version {PROTOCOL_VERSION}"
+                    )));
+                }
+                None => {
+                    return Err(StartFailure::Other(format!(
+                        "the child agent's initialize answer has no protocolVersion: {}",
+                        excerpt(&answer.to_string())
+                    )));
+                }
+            }
+            let answer = step(&peer, "session/new", &NewSessionRequest::new(cwd), deadline).await?;
+            let Ok(created) = serde_json::from_value::<NewSessionResponse>(answer.clone()) else {
+                return Err(StartFailure::Other(format!(
+                    "the child agent's session/new answer has no sessionId: {}",
+                    excerpt(&answer.to_string())
+                )));
+            };
+            let id = created.session_id.0.to_string();
+            *side.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(id.clone());
+            Ok(id)
+        }
+        .boxed()
+    }
+
+    fn prompt(&self, session_id: &str, prompt: Vec<Value>) -> BoxFuture<'static, Result<RemoteStop, Failure>> {
+        let peer = self.peer.clone();
+        let session_id = session_id.to_string();
+        async move {
+            let content: Vec<ContentBlock> = serde_json::from_value(Value::Array(prompt))
+                .map_err(|e| Failure::Invalid(format!("the prompt is not ACP content: {e}")))?;
+            let answer = peer.call(&PromptRequest::new(session_id, content)).await.map_err(|e| failure(&peer, e))?;
+            stop_of(&answer)
+        }
+        .boxed()
+    }
+
+    fn cancel(&self, session_id: &str) -> BoxFuture<'static, ()> {
+        let peer = self.peer.clone();
+        let notification = CancelNotification::new(session_id.to_string());
+        async move {
+            if let Err(e) = peer.notify(&notification).await {
+                tracing::debug!("cannot cancel the child agent's turn: {e}");
+            }
+        }
+        .boxed()
+    }
+
+    fn close(&self) -> BoxFuture<'static, ()> {
+        let peer = self.peer.clone();
+        async move { peer.close().await }.boxed()
+    }
+}
+
+/// One handshake request under the startup deadline.
+async fn step<Req: agent_client_protocol::JsonRpcRequest>(
+    peer: &AgentPeer,
+    method: &'static str,
+    request: &Req,
+    deadline: Instant,
+) -> Result<Value, StartFailure> {
+    match tokio::time::timeout_at(deadline, peer.call(request)).await {
+        Err(_) => Err(StartFailure::Timeout(method)),
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(match failure(peer, e) {
+            Failure::Rpc { code, message } => StartFailure::Refused { method, code, message },
+            Failure::Broken(reason) => StartFailure::Broken(reason),
+            Failure::Invalid(cause) => StartFailure::Other(cause),
+        }),
+    }
+}
+
+/// A request's error: the connection's end when it broke, else the agent's answer.
+fn failure(peer: &AgentPeer, error: Error) -> Failure {
+    match peer.broken() {
+        Some(reason) => Failure::Broken(reason),
+        None if agent_client_protocol::is_incoming_transport_closed(&error) => {
+            Failure::Broken("closed the connection".into())
+        }
+        None => Failure::Rpc { code: i64::from(i32::from(error.code)), message: error.message },
+    }
+}
+
+/// The stop reason of a `session/prompt` answer.
+fn stop_of(answer: &Value) -> Result<RemoteStop, Failure> {
+    match serde_json::from_value::<PromptResponse>(answer.clone()) {
+        Ok(response) => Ok(match response.stop_reason {
+            StopReason::EndTurn => RemoteStop::EndTurn,
+            StopReason::MaxTokens => RemoteStop::MaxTokens,
+            StopReason::Refusal => RemoteStop::Refusal,
+            StopReason::Cancelled => RemoteStop::Cancelled,
+            StopReason::MaxTurnRequests => RemoteStop::Other("max_turn_requests".into()),
+            other => RemoteStop::Other(format!("{other:?}")),
+        }),
+        Err(_) => match answer.get("stopReason").and_then(Value::as_str) {
+            Some(other) => Ok(RemoteStop::Other(other.to_string())),
+            None => Err(Failure::Invalid("the child agent's session/prompt answer has no stopReason".into())),
+        },
+    }
+}
+
+impl ClientSide for Side {
+    fn permission(&self, request: RequestPermissionRequest) -> BoxFuture<'_, Result<RequestPermissionResponse, Error>> {
+        async move {
+            let fields = request.tool_call.fields;
+            let raw_input = fields.raw_input.unwrap_or(Value::Null);
+            let located = fields.locations.into_iter().flatten().map(|l| l.path);
+            let named = ["path", "file_path", "filePath"].into_iter().filter_map(|key| raw_input[key].as_str());
+            let paths: Vec<PathBuf> = located
+                .chain(named.map(PathBuf::from))
+                .map(|p| crate::tools::paths::resolve(&self.root, &p.to_string_lossy()))
+                .collect();
+            let kind = fields.kind.unwrap_or_default();
+            let options = request
+                .options
+                .into_iter()
+                .filter_map(|o| Some(PermissionOffer { id: o.option_id.0.to_string(), kind: offer_kind(o.kind)? }))
+                .collect();
+            let ask = PermissionAsk {
+                kind: kind_name(kind),
+                access: super::convert::access_of_kind(kind, paths.clone()),
+                title: fields.title,
+                raw_input,
+                paths,
+                options,
+            };
+            let outcome = match self.answers.permission(ask).await {
+                PermissionChoice::Selected(id) => {
+                    RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id))
+                }
+                PermissionChoice::Cancelled => RequestPermissionOutcome::Cancelled,
+            };
+            Ok(RequestPermissionResponse::new(outcome))
+        }
+        .boxed()
+    }
+
+    fn read_text_file(&self, request: ReadTextFileRequest) -> BoxFuture<'_, Result<ReadTextFileResponse, Error>> {
+        async move {
+            let text = self.answers.read_text_file(request.path, request.line, request.limit).await;
+            text.map(ReadTextFileResponse::new).map_err(refusal)
+        }
+        .boxed()
+    }
+
+    fn write_text_file(&self, request: WriteTextFileRequest) -> BoxFuture<'_, Result<(), Error>> {
+        async move {
+            let path: PathBuf = request.path;
+            self.answers.write_text_file(path, request.content).await.map_err(refusal)
+        }
+        .boxed()
+    }
+
+    fn update(&self, notification: SessionNotification) {
+        let ours = self.session.lock().unwrap_or_else(PoisonError::into_inner).as_deref()
+            == Some(notification.session_id.0.as_ref());
+        if !ours {
+            return;
+        }
+        match notification.update {
+            SessionUpdate::AgentMessageChunk(chunk) => {
+                if let ContentBlock::Text(text) = chunk.content {
+                    self.answers.text(&text.text);
+                }
+            }
+            SessionUpdate::ToolCall(call) => self.answers.tool_call(&call.title),
+            _ => {}
+        }
+    }
+}
+
+/// The agent's name for a tool call's kind.
+fn kind_name(kind: ToolKind) -> &'static str {
+    match kind {
+        ToolKind::Read => "read",
+        ToolKind::Edit => "edit",
+        ToolKind::Delete => "delete",
+        ToolKind::Move => "move",
+        ToolKind::Search => "search",
+        ToolKind::Execute => "execute",
+        ToolKind::Think => "think",
+        ToolKind::Fetch => "fetch",
+        ToolKind::SwitchMode => "switch_mode",
+        // `other`, and kinds newer than this schema.
+        _ => "other",
+    }
+}
+
+/// An option kind kin can choose; kinds newer than this schema are never chosen.
+fn offer_kind(kind: PermissionOptionKind) -> Option<OfferKind> {
+    match kind {
+        PermissionOptionKind::AllowOnce => Some(OfferKind::AllowOnce),
+        PermissionOptionKind::AllowAlways => Some(OfferKind::AllowAlways),
+        PermissionOptionKind::RejectOnce => Some(OfferKind::RejectOnce),
+        PermissionOptionKind::RejectAlways => Some(OfferKind::RejectAlways),
+        _ => None,
+    }
+}
+
+/// A refused file request as the JSON-RPC error the agent gets.
+fn refusal(refusal: Refusal) -> Error {
+    let code = match refusal.kind {
+        RefusalKind::InvalidParams => -32602,
+        RefusalKind::NotFound => -32002,
+        RefusalKind::Internal => -32603,
+    };
+    Error::new(ErrorCode::from(code), refusal.message)
+}

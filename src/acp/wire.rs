@@ -1,0 +1,369 @@
+//! The line transport of kin's ACP client connections (`peer`): newline-delimited JSON-RPC over a
+//! process's pipes, between the process and the SDK's connection, which sees it as a `Channel`
+//! of frames.
+//!
+//! - Every line read is capped (`max_frame`): a longer one ends the connection instead of
+//!   growing a buffer. Each line is shown to the tap (the scenario runner's transcript) before
+//!   anything else sees it, then parsed once; a line that is not JSON-RPC ends the connection
+//!   or, for a tapped kin under test, is passed over.
+//! - The SDK names its requests with UUIDs; on the wire they are numbered 1, 2, 3 as kin's
+//!   client always numbered them (agents and scripts that expect numbers keep working), and the
+//!   answers are renamed back.
+//! - Lines kin sends itself (notifications, raw lines of a scenario) and the end of stdin go
+//!   through one queue, so a `session/cancel` is on the wire before stdin closes.
+//! - Why the connection broke is kept, in words completing "the child agent …".
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use agent_client_protocol::{Channel, RawJsonRpcId, RawJsonRpcMessage, RawJsonRpcResponse, TransportFrame};
+use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Sees every line the process writes, as read.
+pub(crate) type Tap = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How a connection reads.
+#[derive(Clone)]
+pub(crate) struct WireOptions {
+    /// The longest line (frame) read, in bytes.
+    pub(crate) max_frame: usize,
+    pub(crate) tap: Option<Tap>,
+    /// Whether a line that is not JSON-RPC ends the connection (else it is passed over).
+    pub(crate) strict: bool,
+    /// The next wire number of kin's requests (shared by successive connections of one
+    /// conversation, such as a scenario across restarts).
+    pub(crate) numbering: Arc<AtomicI64>,
+}
+
+/// Numbering from 1.
+pub(crate) fn numbering() -> Arc<AtomicI64> {
+    Arc::new(AtomicI64::new(1))
+}
+
+/// What kin writes itself, in order.
+enum Out {
+    Line(String, oneshot::Sender<std::io::Result<()>>),
+    Close(oneshot::Sender<()>),
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Wire number → the SDK's id of each request still unanswered.
+    pending: HashMap<i64, RawJsonRpcId>,
+    broken: Option<String>,
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Records why the connection broke (the first reason wins).
+fn break_with(shared: &Mutex<Shared>, reason: String) {
+    lock(shared).broken.get_or_insert(reason);
+}
+
+/// The kin side of one connection's transport; dropping it stops reading and writing.
+pub(crate) struct Wire {
+    out: mpsc::UnboundedSender<Out>,
+    shared: Arc<Mutex<Shared>>,
+    /// Cancelled when the reader stopped (end of output, a broken protocol, or `stop`).
+    read_done: CancellationToken,
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+impl Wire {
+    /// Starts the reader and writer over `input` (the process's stdin) and `output` (its
+    /// stdout); returns the SDK's end of the transport too.
+    pub(crate) fn open<W, R>(input: W, output: R, options: WireOptions) -> (Channel, Wire)
+    where
+        W: AsyncWrite + Unpin + Send + 'static,
+        R: AsyncRead + Unpin + Send + 'static,
+    {
+        let (sdk, ours) = Channel::duplex();
+        let Channel { rx: from_sdk, tx: to_sdk, .. } = ours;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let stop = CancellationToken::new();
+        let (out, queue) = mpsc::unbounded_channel();
+        let read_done = CancellationToken::new();
+        let numbering = options.numbering.clone();
+        let reading = read(output, to_sdk, shared.clone(), options, stop.clone());
+        let done = read_done.clone();
+        let reader = tokio::spawn(async move {
+            reading.await;
+            done.cancel();
+        });
+        let writer = tokio::spawn(write(input, from_sdk, queue, shared.clone(), numbering, stop));
+        (sdk, Wire { out, shared, read_done, reader, writer })
+    }
+
+    /// Writes `line` after what kin queued before; waits until it is written.
+    pub(crate) async fn send_line(&self, line: String) -> std::io::Result<()> {
+        let (done, written) = oneshot::channel();
+        if self.out.send(Out::Line(line, done)).is_err() {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        written.await.unwrap_or_else(|_| Err(std::io::ErrorKind::BrokenPipe.into()))
+    }
+
+    /// Closes the process's stdin after what kin queued before; waits until it is closed.
+    pub(crate) async fn close(&self) {
+        let (done, closed) = oneshot::channel();
+        if self.out.send(Out::Close(done)).is_ok() {
+            let _ = closed.await;
+        }
+    }
+
+    /// Resolves once every line the process wrote was read (or reading stopped).
+    pub(crate) async fn read_ended(&self) {
+        self.read_done.cancelled().await;
+    }
+
+    /// Why the connection broke, if it did.
+    pub(crate) fn broken(&self) -> Option<String> {
+        lock(&self.shared).broken.clone()
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+/// Why a line could not be read.
+enum LineError {
+    TooLong,
+    Io(std::io::Error),
+}
+
+/// The next line without its end (`\n` or `\r\n`), at most `max` bytes; `None` at the end of
+/// the stream. A longer line is an error, read no further than `max` bytes.
+async fn read_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> Result<Option<Vec<u8>>, LineError> {
+    let mut line = Vec::new();
+    loop {
+        let buf = reader.fill_buf().await.map_err(LineError::Io)?;
+        if buf.is_empty() {
+            return Ok((!line.is_empty()).then_some(line));
+        }
+        let (take, end) = match buf.iter().position(|b| *b == b'\n') {
+            Some(at) => (at, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > max {
+            return Err(LineError::TooLong);
+        }
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(take + usize::from(end));
+        if end {
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Ok(Some(line));
+        }
+    }
+}
+
+/// Reads the process's stdout into the SDK until it ends, breaks the protocol or `stop`.
+async fn read<R: AsyncRead + Unpin>(
+    output: R,
+    to_sdk: UnboundedSender<TransportFrame>,
+    shared: Arc<Mutex<Shared>>,
+    options: WireOptions,
+    stop: CancellationToken,
+) {
+    let mut reader = BufReader::new(output);
+    loop {
+        let next = tokio::select! {
+            next = read_line(&mut reader, options.max_frame) => next,
+            () = stop.cancelled() => break,
+        };
+        let bytes = match next {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                break_with(&shared, "closed its stdout".into());
+                break;
+            }
+            Err(LineError::TooLong) => {
+                let max = options.max_frame;
+                break_with(&shared, format!("wrote a line longer than {max} bytes, the most kin reads as one frame"));
+                break;
+            }
+            Err(LineError::Io(e)) => {
+                break_with(&shared, format!("wrote unreadable output ({e})"));
+                break;
+            }
+        };
+        let Ok(line) = String::from_utf8(bytes) else {
+            break_with(&shared, "wrote unreadable output (a line that is not UTF-8)".into());
+            break;
+        };
+        if let Some(tap) = &options.tap {
+            tap(&line);
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let message = match serde_json::from_str::<RawJsonRpcMessage>(&line) {
+            Ok(message) => message,
+            Err(_) if options.strict => {
+                break_with(&shared, format!("wrote a line that is not JSON-RPC: {}", excerpt(&line)));
+                break;
+            }
+            Err(_) => continue,
+        };
+        drop(line);
+        if to_sdk.unbounded_send(TransportFrame::Single(answer_renamed(&shared, message))).is_err() {
+            break;
+        }
+    }
+    // Dropping `to_sdk` tells the SDK its input ended: requests still waiting fail.
+}
+
+/// An answer to one of kin's numbered requests, with the SDK's id back.
+fn answer_renamed(shared: &Mutex<Shared>, message: RawJsonRpcMessage) -> RawJsonRpcMessage {
+    let RawJsonRpcMessage::Response(response) = message else {
+        return message;
+    };
+    let original = match response.id() {
+        RawJsonRpcId::Number(n) => lock(shared).pending.remove(n),
+        RawJsonRpcId::Null | RawJsonRpcId::Str(_) => None,
+    };
+    let response = match (original, response) {
+        (Some(id), RawJsonRpcResponse::Result { result, .. }) => RawJsonRpcResponse::Result { id, result },
+        (Some(id), RawJsonRpcResponse::Error { error, .. }) => RawJsonRpcResponse::Error { id, error },
+        (None, response) => response,
+    };
+    RawJsonRpcMessage::Response(response)
+}
+
+/// A request of the SDK numbered for the wire.
+fn request_numbered(shared: &Mutex<Shared>, numbering: &AtomicI64, message: RawJsonRpcMessage) -> RawJsonRpcMessage {
+    let RawJsonRpcMessage::Request(mut request) = message else {
+        return message;
+    };
+    let number = numbering.fetch_add(1, Ordering::Relaxed);
+    lock(shared).pending.insert(number, std::mem::replace(&mut request.id, RawJsonRpcId::Number(number)));
+    RawJsonRpcMessage::Request(request)
+}
+
+/// Writes the SDK's frames and kin's own lines to the process's stdin until both end; a failed
+/// write breaks the connection (and stops the reader, so waiting requests fail).
+async fn write<W: AsyncWrite + Unpin>(
+    input: W,
+    mut from_sdk: UnboundedReceiver<TransportFrame>,
+    mut queue: mpsc::UnboundedReceiver<Out>,
+    shared: Arc<Mutex<Shared>>,
+    numbering: Arc<AtomicI64>,
+    stop: CancellationToken,
+) {
+    let mut input = Some(input);
+    let mut sdk_open = true;
+    loop {
+        let line = tokio::select! {
+            frame = from_sdk.next(), if sdk_open => match frame {
+                Some(TransportFrame::Single(message)) => match serde_json::to_string(&request_numbered(&shared, &numbering, message)) {
+                    Ok(line) => Some((line, None)),
+                    Err(e) => {
+                        tracing::debug!("dropping a frame that does not serialize: {e}");
+                        None
+                    }
+                },
+                Some(other) => other.to_json().ok().map(|line| (line, None)),
+                None => {
+                    // The SDK's connection ended: so does the process's input.
+                    sdk_open = false;
+                    input = None;
+                    None
+                }
+            },
+            out = queue.recv() => match out {
+                Some(Out::Line(line, done)) => Some((line, Some(done))),
+                Some(Out::Close(done)) => {
+                    input = None;
+                    let _ = done.send(());
+                    None
+                }
+                None => break,
+            },
+        };
+        let Some((line, done)) = line else { continue };
+        let written = match input.as_mut() {
+            Some(stdin) => write_line(stdin, &line).await,
+            None => Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin is closed")),
+        };
+        if let Err(e) = &written
+            && input.is_some()
+        {
+            break_with(&shared, format!("could not be written to ({e})"));
+            input = None;
+            stop.cancel();
+        }
+        match done {
+            Some(done) => {
+                let _ = done.send(written);
+            }
+            None if written.is_err() => tracing::debug!("a frame to a closed stdin is dropped"),
+            None => {}
+        }
+    }
+}
+
+async fn write_line<W: AsyncWrite + Unpin>(input: &mut W, line: &str) -> std::io::Result<()> {
+    input.write_all(line.as_bytes()).await?;
+    input.write_all(b"\n").await?;
+    input.flush().await
+}
+
+/// The start of `text`, quoted, for error messages.
+pub(crate) fn excerpt(text: &str) -> String {
+    const MAX: usize = 200;
+    let mut cut: String = text.chars().take(MAX).collect();
+    if text.chars().nth(MAX).is_some() {
+        cut.push('…');
+    }
+    format!("{cut:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_capped_and_split_on_newlines() {
+        let data: &[u8] = b"one\r\ntwo\n\nlast";
+        let mut reader = BufReader::with_capacity(3, data);
+        let mut lines = Vec::new();
+        while let Ok(Some(line)) = read_line(&mut reader, 4).await {
+            lines.push(String::from_utf8(line).unwrap());
+        }
+        assert_eq!(lines, ["one", "two", "", "last"]);
+        let long: &[u8] = b"12345\n";
+        assert!(matches!(read_line(&mut BufReader::new(long), 4).await, Err(LineError::TooLong)));
+        assert!(matches!(read_line(&mut BufReader::new(long), 5).await, Ok(Some(_))));
+    }
+
+    #[test]
+    fn requests_are_numbered_and_their_answers_renamed_back() {
+        let shared = Mutex::new(Shared::default());
+        let sdk_id = RawJsonRpcId::Str("uuid-a".into());
+        let request = RawJsonRpcMessage::request("m".into(), serde_json::json!({}), sdk_id.clone()).unwrap();
+        let wire = serde_json::to_value(request_numbered(&shared, &numbering(), request)).unwrap();
+        assert_eq!(wire["id"], 1);
+        let answer: RawJsonRpcMessage =
+            serde_json::from_str(r#"{"jsonrpc":"2.0","id":1,"result":{"ok":true}}"#).unwrap();
+        let RawJsonRpcMessage::Response(back) = answer_renamed(&shared, answer) else { panic!("a response") };
+        assert_eq!(back.id(), &sdk_id);
+        // An answer to no numbered request keeps its id.
+        let stray: RawJsonRpcMessage = serde_json::from_str(r#"{"jsonrpc":"2.0","id":1,"result":null}"#).unwrap();
+        let RawJsonRpcMessage::Response(kept) = answer_renamed(&shared, stray) else { panic!("a response") };
+        assert_eq!(kept.id(), &RawJsonRpcId::Number(1));
+    }
+}

@@ -1,0 +1,534 @@
+//! How kin answers an external agent during one run, under the configured policy: its permission
+//! requests (by policy, or forwarded to the parent's editor), its `fs/read_text_file` and
+//! `fs/write_text_file` requests (served inside the run's working directory only, regular files
+//! only through `tools::regular`, never blocking on a FIFO), and what it streams: its answer text, kept bounded (head and
+//! tail, like `bash`), and its tool calls, reported as progress on the delegating call.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::AcpPermission;
+use super::port::{OfferKind, PermissionAsk, PermissionChoice, Refusal, RefusalKind, RemoteAnswers};
+use crate::permission::{CallShown, PermissionAnswer, PermissionPrompt, PermissionRequest};
+use crate::tools::capture::{Capture, Limits};
+use crate::tools::regular::{open_regular, write_regular};
+use crate::tools::{Access, Progress};
+
+/// The agent's answer text keeps its first and last 40 000 bytes.
+pub(crate) const OUTPUT_LIMITS: Limits = Limits { head: 40_000, tail: 40_000 };
+/// The largest file served to the agent (`fs/read_text_file`), about the size of a frame it may send.
+pub const MAX_SERVED_FILE: u64 = 16 << 20;
+
+/// Where `forward` asks: the parent's editor, on the parent's session and the delegating tool
+/// call; the run's cancellation withdraws an open question.
+pub(crate) struct Forward {
+    pub(crate) editor: std::sync::Arc<dyn PermissionPrompt>,
+    pub(crate) session_id: String,
+    pub(crate) call_id: String,
+    /// How the editor shows the delegating call, shown again once a question was answered.
+    pub(crate) call: CallShown,
+    pub(crate) cancel: CancellationToken,
+}
+
+struct State {
+    output: Capture,
+    /// Writes the editor allowed through `forward` and the agent has not made yet.
+    write_grants: u32,
+    /// The editor allowed the agent's edits always.
+    writes_always: bool,
+}
+
+/// What the agent asks about.
+struct Asked<'a> {
+    /// Its call's ACP kind.
+    kind: &'a str,
+    title: &'a str,
+    raw_input: Value,
+    access: Access,
+    /// Every path it names lies in the working directory (and it names some).
+    in_workspace: bool,
+}
+
+/// The answers of one run.
+pub(crate) struct Answers {
+    provider: String,
+    policy: AcpPermission,
+    /// Set for `forward` when there is an editor to ask.
+    forward: Option<Forward>,
+    /// The delegating call's progress: each tool call the agent starts is reported there.
+    progress: Option<Progress>,
+    /// The real working directory: file requests must stay inside it.
+    root: PathBuf,
+    state: Mutex<State>,
+}
+
+impl Answers {
+    pub(crate) fn new(
+        provider: &str,
+        policy: AcpPermission,
+        forward: Option<Forward>,
+        progress: Option<Progress>,
+        root: PathBuf,
+    ) -> Self {
+        let state = State { output: Capture::new(OUTPUT_LIMITS), write_grants: 0, writes_always: false };
+        Answers { provider: provider.to_string(), policy, forward, progress, root, state: Mutex::new(state) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether kin serves writes (only `forward` with an editor asks about them).
+    pub(crate) fn serves_writes(&self) -> bool {
+        self.forward.is_some()
+    }
+
+    /// The agent's answer text so far, head and tail when it is longer than `OUTPUT_LIMITS`.
+    pub(crate) fn output(&self) -> String {
+        self.lock().output.render()
+    }
+
+    /// `forward`: asks the editor about the agent's tool call and passes the answer on as the
+    /// agent's option of the same kind. An allowed edit lets the agent write once (always, for
+    /// "allow always"); a run cancelled while the question is open answers `cancelled`.
+    async fn forward_permission(&self, forward: &Forward, ask: PermissionAsk) -> PermissionChoice {
+        let title = ask.title.as_deref().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
+        let in_workspace = names_only_workspace_paths(&self.root, &ask.paths);
+        let asked =
+            Asked { kind: ask.kind, title, raw_input: ask.raw_input.clone(), access: ask.access.clone(), in_workspace };
+        let Some(answer) = self.ask_editor(forward, asked).await else {
+            return PermissionChoice::Cancelled;
+        };
+        let allowed: &[OfferKind] = match answer {
+            PermissionAnswer::AllowOnce => &[OfferKind::AllowOnce, OfferKind::AllowAlways],
+            PermissionAnswer::AllowAlways => &[OfferKind::AllowAlways, OfferKind::AllowOnce],
+            PermissionAnswer::RejectOnce | PermissionAnswer::Dismissed => {
+                &[OfferKind::RejectOnce, OfferKind::RejectAlways]
+            }
+            PermissionAnswer::RejectAlways => &[OfferKind::RejectAlways, OfferKind::RejectOnce],
+        };
+        if ask.kind == "edit" {
+            let mut state = self.lock();
+            match answer {
+                PermissionAnswer::AllowOnce => state.write_grants += 1,
+                PermissionAnswer::AllowAlways => state.writes_always = true,
+                PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed => {}
+            }
+        }
+        select_option(&ask, allowed)
+    }
+
+    /// One question to the editor, titled with the provider's name; `None` when the run was
+    /// cancelled first.
+    async fn ask_editor(&self, forward: &Forward, asked: Asked<'_>) -> Option<PermissionAnswer> {
+        let request = PermissionRequest {
+            session_id: forward.session_id.clone(),
+            call_id: forward.call_id.clone(),
+            tool: asked.kind.to_string(),
+            title: format!("{}: {}", self.provider, asked.title),
+            raw_input: asked.raw_input,
+            access: asked.access,
+            cwd: self.root.clone(),
+            in_workspace: asked.in_workspace,
+            on_behalf_of: Some(forward.call.clone()),
+        };
+        tokio::select! {
+            answer = forward.editor.ask(request) => Some(answer),
+            () = forward.cancel.cancelled() => None,
+        }
+    }
+
+    fn refused(&self, what: &str, why: &str) -> Refusal {
+        let message = format!(
+            "{what} is refused: subagent provider \"{}\" has permission \"{}\"{why}",
+            self.provider,
+            self.policy.id()
+        );
+        Refusal::new(RefusalKind::Internal, message)
+    }
+
+    /// `fs/write_text_file` inside the working directory, under `forward` only: served when the
+    /// editor allowed the agent's edit just before (or always), else after the editor allows
+    /// this write.
+    async fn write(&self, path: PathBuf, content: String) -> Result<(), Refusal> {
+        let Some(forward) = &self.forward else {
+            return Err(self.refused("writing files", ", which allows no writes"));
+        };
+        let target = confined_new(&self.root, &path).await?;
+        let granted = {
+            let mut state = self.lock();
+            let granted = state.writes_always || state.write_grants > 0;
+            state.write_grants = state.write_grants.saturating_sub(1);
+            granted
+        };
+        let shown = path.display().to_string();
+        if !granted {
+            let title = format!("Write {shown}");
+            let access = Access::Edit { paths: vec![target.clone()] };
+            let asked =
+                Asked { kind: "edit", title: &title, raw_input: json!({"path": shown}), access, in_workspace: true };
+            match self.ask_editor(forward, asked).await {
+                Some(PermissionAnswer::AllowOnce) => {}
+                Some(PermissionAnswer::AllowAlways) => self.lock().writes_always = true,
+                Some(PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed)
+                | None => {
+                    return Err(Refusal::new(RefusalKind::Internal, format!("the user rejected writing {shown}")));
+                }
+            }
+        }
+        let written = tokio::task::spawn_blocking(move || write_regular(&target, content.as_bytes())).await;
+        match written {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                Err(Refusal::new(RefusalKind::Internal, e.to_string()))
+            }
+            Ok(Err(e)) => Err(Refusal::new(RefusalKind::Internal, format!("cannot write {shown}: {e}"))),
+            Err(e) => Err(Refusal::new(RefusalKind::Internal, format!("cannot write {shown}: {e}"))),
+        }
+    }
+
+    /// `fs/read_text_file` inside the working directory: a regular file of at most
+    /// `MAX_SERVED_FILE` bytes, whole or the window of `limit` lines from 1-based `line`.
+    async fn read(&self, path: PathBuf, line: Option<u32>, limit: Option<u32>) -> Result<String, Refusal> {
+        if !self.policy.allows_reads() {
+            return Err(self.refused("reading files", ""));
+        }
+        let real = confined(&self.root, &path).await?;
+        let shown = path.display().to_string();
+        let text = tokio::task::spawn_blocking(move || read_regular_text(&real, &shown))
+            .await
+            .map_err(|e| Refusal::new(RefusalKind::Internal, format!("the read failed: {e}")))??;
+        Ok(match (line, limit) {
+            (None, None) => text,
+            _ => {
+                let skip = usize::try_from(line.unwrap_or(1).saturating_sub(1)).unwrap_or(usize::MAX);
+                let take = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+                text.split_inclusive('\n').skip(skip).take(take).collect()
+            }
+        })
+    }
+}
+
+impl RemoteAnswers for Answers {
+    fn permission(&self, ask: PermissionAsk) -> BoxFuture<'_, PermissionChoice> {
+        async move {
+            match &self.forward {
+                Some(forward) => self.forward_permission(forward, ask).await,
+                None => permission_answer(self.policy, &ask),
+            }
+        }
+        .boxed()
+    }
+
+    fn read_text_file(
+        &self,
+        path: PathBuf,
+        line: Option<u32>,
+        limit: Option<u32>,
+    ) -> BoxFuture<'_, Result<String, Refusal>> {
+        self.read(path, line, limit).boxed()
+    }
+
+    fn write_text_file(&self, path: PathBuf, content: String) -> BoxFuture<'_, Result<(), Refusal>> {
+        self.write(path, content).boxed()
+    }
+
+    fn text(&self, text: &str) {
+        self.lock().output.push(text.as_bytes());
+    }
+
+    fn tool_call(&self, title: &str) {
+        if let Some(progress) = &self.progress
+            && !title.trim().is_empty()
+        {
+            progress.report(format!("{}: {title}", self.provider));
+        }
+    }
+}
+
+/// The answer to a permission request without an editor: an allow option for a read or a
+/// search when the policy allows reads, else a reject option, else `cancelled`.
+fn permission_answer(policy: AcpPermission, ask: &PermissionAsk) -> PermissionChoice {
+    let allow = policy.allows_reads() && matches!(ask.kind, "read" | "search");
+    let preferred: &[OfferKind] = if allow {
+        &[OfferKind::AllowOnce, OfferKind::AllowAlways]
+    } else {
+        &[OfferKind::RejectOnce, OfferKind::RejectAlways]
+    };
+    select_option(ask, preferred)
+}
+
+/// The first offered option whose kind is in `preferred` (in that order), else `cancelled`.
+fn select_option(ask: &PermissionAsk, preferred: &[OfferKind]) -> PermissionChoice {
+    preferred
+        .iter()
+        .find_map(|want| ask.options.iter().find(|o| o.kind == *want))
+        .map_or(PermissionChoice::Cancelled, |o| PermissionChoice::Selected(o.id.clone()))
+}
+
+/// Whether the call names paths and all of them lie in the working directory.
+fn names_only_workspace_paths(root: &Path, paths: &[PathBuf]) -> bool {
+    !paths.is_empty() && paths.iter().all(|p| crate::tools::paths::inside_workspace(&[root.to_path_buf()], p))
+}
+
+/// The text of the regular file at `real` (`shown` names it in errors), refusing anything else
+/// (a FIFO, a socket, a device) without blocking, and files over `MAX_SERVED_FILE`.
+fn read_regular_text(real: &Path, shown: &str) -> Result<String, Refusal> {
+    let internal = |message: String| Refusal::new(RefusalKind::Internal, message);
+    let mut file = open_regular(real).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Refusal::new(RefusalKind::NotFound, format!("Resource not found: {shown}")),
+        // The refusal names the path and what it is.
+        std::io::ErrorKind::InvalidInput => internal(e.to_string()),
+        _ => internal(format!("cannot read {shown}: {e}")),
+    })?;
+    let size = file.metadata().map_err(|e| internal(format!("cannot read {shown}: {e}")))?.len();
+    if size > MAX_SERVED_FILE {
+        return Err(internal(format!(
+            "cannot read {shown}: it is {size} bytes; kin serves files of at most {MAX_SERVED_FILE} bytes to an \
+             external agent"
+        )));
+    }
+    let mut bytes = Vec::new();
+    // A file that grew after the check is still read only up to the cap.
+    file.by_ref()
+        .take(MAX_SERVED_FILE)
+        .read_to_end(&mut bytes)
+        .map_err(|e| internal(format!("cannot read {shown}: {e}")))?;
+    String::from_utf8(bytes).map_err(|_| internal(format!("cannot read {shown}: it is not UTF-8 text")))
+}
+
+/// The real path of `path` when it is absolute and, symlinks resolved, inside `root` (itself
+/// resolved).
+async fn confined(root: &Path, path: &Path) -> Result<PathBuf, Refusal> {
+    if !path.is_absolute() {
+        return Err(Refusal::new(RefusalKind::InvalidParams, format!("the path must be absolute: {}", path.display())));
+    }
+    match tokio::fs::canonicalize(path).await {
+        Ok(real) if real.starts_with(root) => Ok(real),
+        Ok(_) => Err(Refusal::new(
+            RefusalKind::Internal,
+            format!("{} is outside the working directory {} of this subagent run", path.display(), root.display()),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Refusal::new(RefusalKind::NotFound, format!("Resource not found: {}", path.display())))
+        }
+        Err(e) => Err(Refusal::new(RefusalKind::Internal, format!("cannot resolve {}: {e}", path.display()))),
+    }
+}
+
+/// Where a write to `path` lands: its directory resolved (symlinks included) must be inside
+/// `root`, and an existing file there must not be a symlink.
+async fn confined_new(root: &Path, path: &Path) -> Result<PathBuf, Refusal> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Refusal::new(RefusalKind::InvalidParams, format!("not a file path: {}", path.display())));
+    };
+    let target = confined(root, dir).await?.join(name);
+    match tokio::fs::symlink_metadata(&target).await {
+        Ok(meta) if meta.file_type().is_symlink() => Err(Refusal::new(
+            RefusalKind::Internal,
+            format!("{} is a symbolic link; kin does not write through it", path.display()),
+        )),
+        _ => Ok(target),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    fn ask(kind: &'static str, paths: &[&str]) -> PermissionAsk {
+        let paths: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+        PermissionAsk {
+            kind,
+            access: Access::Edit { paths: paths.clone() },
+            title: Some(format!("{kind} something")),
+            raw_input: Value::Null,
+            paths,
+            options: vec![
+                super::super::port::PermissionOffer { id: "a1".into(), kind: OfferKind::AllowOnce },
+                super::super::port::PermissionOffer { id: "r1".into(), kind: OfferKind::RejectOnce },
+            ],
+        }
+    }
+
+    fn answers(policy: AcpPermission, root: &Path) -> Answers {
+        Answers::new("acp:t", policy, None, None, root.to_path_buf())
+    }
+
+    #[test]
+    fn permission_requests_follow_the_policy() {
+        let selected = |id: &str| PermissionChoice::Selected(id.into());
+        assert_eq!(permission_answer(AcpPermission::Reject, &ask("read", &[])), selected("r1"));
+        assert_eq!(permission_answer(AcpPermission::AllowReads, &ask("read", &[])), selected("a1"));
+        assert_eq!(permission_answer(AcpPermission::Forward, &ask("search", &[])), selected("a1"));
+        assert_eq!(permission_answer(AcpPermission::AllowReads, &ask("edit", &[])), selected("r1"));
+        let bare = PermissionAsk { options: Vec::new(), ..ask("other", &[]) };
+        assert_eq!(permission_answer(AcpPermission::Reject, &bare), PermissionChoice::Cancelled);
+    }
+
+    /// An editor that answers every question with `answer` and counts them.
+    struct Editor(PermissionAnswer, Arc<AtomicU64>);
+
+    impl PermissionPrompt for Editor {
+        fn ask(&self, _: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            let answer = self.0;
+            async move { answer }.boxed()
+        }
+    }
+
+    fn forwarding(root: &Path, answer: PermissionAnswer) -> (Answers, Arc<AtomicU64>) {
+        let asked = Arc::new(AtomicU64::new(0));
+        let forward = Forward {
+            editor: Arc::new(Editor(answer, asked.clone())),
+            session_id: "p".into(),
+            call_id: "c".into(),
+            call: CallShown { title: "delegate_t: task".into(), tool: "delegate_t".into(), access: Access::Delegate },
+            cancel: CancellationToken::new(),
+        };
+        (Answers::new("acp:t", AcpPermission::Forward, Some(forward), None, root.to_path_buf()), asked)
+    }
+
+    /// `dir/ws` (the working directory, resolved) and `dir` itself.
+    fn workspace(dir: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let root = base.join("ws");
+        std::fs::create_dir(&root).unwrap();
+        (root, base)
+    }
+
+    #[test]
+    fn a_call_is_in_the_workspace_only_when_every_path_it_names_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        std::os::unix::fs::symlink("/etc", root.join("etc")).unwrap();
+        let named =
+            |paths: &[&str]| -> Vec<PathBuf> { paths.iter().map(|p| crate::tools::paths::resolve(&root, p)).collect() };
+        let inside = root.join("a.txt").display().to_string();
+        assert!(names_only_workspace_paths(&root, &named(&[&inside])));
+        assert!(names_only_workspace_paths(&root, &named(&["src/new.rs"])));
+        assert!(!names_only_workspace_paths(&root, &[]), "no path named");
+        assert!(!names_only_workspace_paths(&root, &named(&[&inside, "/etc/passwd"])));
+        assert!(!names_only_workspace_paths(&root, &named(&["../x"])));
+        assert!(!names_only_workspace_paths(&root, &named(&["etc/passwd"])), "a symlink out");
+    }
+
+    #[tokio::test]
+    async fn an_allowed_edit_lets_the_agent_write_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        let (allows, asked) = forwarding(&root, PermissionAnswer::AllowOnce);
+        let inside = root.join("a.txt").display().to_string();
+        assert_eq!(allows.permission(ask("edit", &[&inside])).await, PermissionChoice::Selected("a1".into()));
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+        allows.write_text_file(root.join("a.txt"), "x".into()).await.unwrap();
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "the write rode on the allowed edit");
+        allows.write_text_file(root.join("a.txt"), "y".into()).await.unwrap();
+        assert_eq!(asked.load(Ordering::Relaxed), 2, "the second write is asked about");
+    }
+
+    #[tokio::test]
+    async fn forwarded_writes_stay_inside_the_working_directory_and_follow_the_editor() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, base) = workspace(&dir);
+        std::fs::write(base.join("secret.txt"), "s").unwrap();
+        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        let (allows, asked) = forwarding(&root, PermissionAnswer::AllowOnce);
+        for escape in [base.join("new.txt"), root.join("../new.txt"), root.join("link.txt")] {
+            let refused = allows.write_text_file(escape, "x".into()).await.unwrap_err();
+            assert!(
+                refused.message.contains("outside the working directory") || refused.message.contains("symbolic link"),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(std::fs::read_to_string(base.join("secret.txt")).unwrap(), "s");
+        assert!(!base.join("new.txt").exists());
+        let relative = allows.write_text_file("a.txt".into(), "x".into()).await.unwrap_err();
+        assert_eq!(relative.kind, RefusalKind::InvalidParams);
+        assert_eq!(asked.load(Ordering::Relaxed), 0, "nothing refused was asked about");
+        for n in 1..=2 {
+            allows.write_text_file(root.join("a.txt"), "x".into()).await.unwrap();
+            assert_eq!(asked.load(Ordering::Relaxed), n);
+        }
+        assert_eq!(std::fs::read_to_string(root.join("a.txt")).unwrap(), "x");
+        let (always, asked) = forwarding(&root, PermissionAnswer::AllowAlways);
+        for _ in 0..3 {
+            always.write_text_file(root.join("b.txt"), "x".into()).await.unwrap();
+        }
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "\"allow always\" is asked once");
+        let (rejects, _) = forwarding(&root, PermissionAnswer::Dismissed);
+        let refused = rejects.write_text_file(root.join("c.txt"), "x".into()).await.unwrap_err();
+        assert!(refused.message.contains("the user rejected writing"), "{refused:?}");
+        assert!(!root.join("c.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn file_reads_stay_inside_the_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, base) = workspace(&dir);
+        std::fs::write(root.join("a.txt"), "one\ntwo\nthree\n").unwrap();
+        std::fs::write(base.join("secret.txt"), "s").unwrap();
+        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        let reads = answers(AcpPermission::AllowReads, &root);
+        assert_eq!(reads.read_text_file(root.join("a.txt"), None, None).await.unwrap(), "one\ntwo\nthree\n");
+        assert_eq!(reads.read_text_file(root.join("a.txt"), Some(2), Some(1)).await.unwrap(), "two\n");
+        for escape in [base.join("secret.txt"), root.join("../secret.txt"), root.join("link.txt")] {
+            let refused = reads.read_text_file(escape, None, None).await.unwrap_err();
+            assert!(refused.message.contains("outside the working directory"), "{refused:?}");
+        }
+        let relative = reads.read_text_file("a.txt".into(), None, None).await.unwrap_err();
+        assert_eq!(relative.kind, RefusalKind::InvalidParams);
+        let missing = reads.read_text_file(root.join("nope.txt"), None, None).await.unwrap_err();
+        assert_eq!(missing.kind, RefusalKind::NotFound);
+        let write = reads.write_text_file(root.join("a.txt"), "x".into()).await.unwrap_err();
+        assert!(write.message.contains("writing files is refused"), "{write:?}");
+        let rejects = answers(AcpPermission::Reject, &root);
+        let refused = rejects.read_text_file(root.join("a.txt"), None, None).await.unwrap_err();
+        assert!(refused.message.contains("reading files is refused"), "{refused:?}");
+    }
+
+    #[tokio::test]
+    async fn fifos_and_oversized_files_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        let fifo = root.join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let reads = answers(AcpPermission::AllowReads, &root);
+        // No writer ever opens the FIFO: a blocking open would never return.
+        let refused = reads.read_text_file(fifo.clone(), None, None).await.unwrap_err();
+        let named = format!("{} is a FIFO (named pipe), not a regular file", fifo.display());
+        assert!(refused.message.starts_with(&named), "{refused:?}");
+        let (writes, _) = forwarding(&root, PermissionAnswer::AllowAlways);
+        let refused = writes.write_text_file(fifo.clone(), "x".into()).await.unwrap_err();
+        assert!(refused.message.starts_with(&named), "{refused:?}");
+        let big = root.join("big.txt");
+        std::fs::File::create(&big).unwrap().set_len(MAX_SERVED_FILE + 1).unwrap();
+        let refused = reads.read_text_file(big, None, None).await.unwrap_err();
+        assert!(refused.message.contains("kin serves files of at most 16777216 bytes"), "{refused:?}");
+    }
+
+    #[test]
+    fn the_answer_text_keeps_its_head_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = answers(AcpPermission::Reject, dir.path());
+        run.text("START ");
+        for _ in 0..10_000 {
+            run.text(&"x".repeat(1000));
+        }
+        run.text(" END");
+        let output = run.output();
+        assert!(output.len() <= OUTPUT_LIMITS.total() + 64, "{} bytes", output.len());
+        assert!(output.starts_with("START ") && output.ends_with(" END"));
+        assert!(output.contains(&format!("[... {} bytes omitted ...]", 10_000_010 - OUTPUT_LIMITS.total())));
+    }
+}
