@@ -157,6 +157,7 @@ async fn step<Req: agent_client_protocol::JsonRpcRequest>(
         Ok(Err(e)) => Err(match failure(peer, e) {
             Failure::Rpc { code, message } => StartFailure::Refused { method, code, message },
             Failure::Broken(reason) => StartFailure::Broken(reason),
+            Failure::Violated(reason) => StartFailure::Violated(reason),
             Failure::Invalid(cause) => StartFailure::Other(cause),
         }),
     }
@@ -165,7 +166,8 @@ async fn step<Req: agent_client_protocol::JsonRpcRequest>(
 /// A request's error: the connection's end when it broke, else the agent's answer.
 fn failure(peer: &AgentPeer, error: Error) -> Failure {
     match peer.broken() {
-        Some(reason) => Failure::Broken(reason),
+        Some(broken) if broken.violation => Failure::Violated(broken.reason),
+        Some(broken) => Failure::Broken(broken.reason),
         None if agent_client_protocol::is_incoming_transport_closed(&error) => {
             Failure::Broken("closed the connection".into())
         }
@@ -297,4 +299,111 @@ fn refusal(refusal: Refusal) -> Error {
         RefusalKind::Internal => -32603,
     };
     Error::new(ErrorCode::from(code), refusal.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::Access;
+
+    #[test]
+    fn stop_reasons_read_from_the_answer() {
+        let of = |answer: Value| stop_of(&answer);
+        assert_eq!(of(serde_json::json!({"stopReason": "end_turn"})), Ok(RemoteStop::EndTurn));
+        assert_eq!(of(serde_json::json!({"stopReason": "cancelled"})), Ok(RemoteStop::Cancelled));
+        assert_eq!(
+            of(serde_json::json!({"stopReason": "max_turn_requests"})),
+            Ok(RemoteStop::Other("max_turn_requests".into()))
+        );
+        assert_eq!(of(serde_json::json!({"stopReason": "napping"})), Ok(RemoteStop::Other("napping".into())));
+        assert!(matches!(of(serde_json::json!({})), Err(Failure::Invalid(_))));
+    }
+
+    /// Keeps the last permission question and answers it with its first offer.
+    #[derive(Default)]
+    struct Asked(Mutex<Option<PermissionAsk>>);
+
+    impl RemoteAnswers for Asked {
+        fn permission(&self, ask: PermissionAsk) -> BoxFuture<'_, PermissionChoice> {
+            let choice =
+                ask.options.first().map_or(PermissionChoice::Cancelled, |o| PermissionChoice::Selected(o.id.clone()));
+            *self.0.lock().unwrap() = Some(ask);
+            async move { choice }.boxed()
+        }
+        fn read_text_file(&self, _: PathBuf, _: Option<u32>, _: Option<u32>) -> BoxFuture<'_, Result<String, Refusal>> {
+            async { Ok(String::new()) }.boxed()
+        }
+        fn write_text_file(&self, _: PathBuf, _: String) -> BoxFuture<'_, Result<(), Refusal>> {
+            async { Ok(()) }.boxed()
+        }
+        fn text(&self, _: &str) {}
+        fn tool_call(&self, _: &str) {}
+    }
+
+    #[tokio::test]
+    async fn a_permission_request_becomes_a_question_in_kins_terms() {
+        let asked = Arc::new(Asked::default());
+        let side = Side { answers: asked.clone(), root: PathBuf::from("/ws"), session: Mutex::new(None) };
+        let request: RequestPermissionRequest = serde_json::from_value(serde_json::json!({
+            "sessionId": "s",
+            "toolCall": {"toolCallId": "t", "kind": "edit", "title": "Edit two files",
+                "locations": [{"path": "/ws/a.rs"}], "rawInput": {"file_path": "src/b.rs"}},
+            "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"},
+                        {"optionId": "no", "name": "Reject", "kind": "reject_always"}],
+        }))
+        .unwrap();
+        let answer = side.permission(request).await.unwrap();
+        assert_eq!(
+            serde_json::to_value(answer).unwrap(),
+            serde_json::json!({"outcome": {"outcome": "selected", "optionId": "ok"}})
+        );
+        let ask = asked.0.lock().unwrap().clone().unwrap();
+        let paths = vec![PathBuf::from("/ws/a.rs"), PathBuf::from("/ws/src/b.rs")];
+        assert_eq!((ask.kind, &ask.access, &ask.paths), ("edit", &Access::Edit { paths: paths.clone() }, &paths));
+        assert_eq!(ask.title.as_deref(), Some("Edit two files"));
+        let offered: Vec<(&str, OfferKind)> = ask.options.iter().map(|o| (o.id.as_str(), o.kind)).collect();
+        assert_eq!(offered, [("ok", OfferKind::AllowOnce), ("no", OfferKind::RejectAlways)]);
+    }
+
+    #[test]
+    fn only_the_runs_own_session_counts() {
+        /// Collects the answer text and the tool calls.
+        struct Texts(Mutex<String>);
+        let texts = Arc::new(Texts(Mutex::new(String::new())));
+        impl RemoteAnswers for Texts {
+            fn permission(&self, _: PermissionAsk) -> BoxFuture<'_, PermissionChoice> {
+                async { PermissionChoice::Cancelled }.boxed()
+            }
+            fn read_text_file(
+                &self,
+                _: PathBuf,
+                _: Option<u32>,
+                _: Option<u32>,
+            ) -> BoxFuture<'_, Result<String, Refusal>> {
+                async { Ok(String::new()) }.boxed()
+            }
+            fn write_text_file(&self, _: PathBuf, _: String) -> BoxFuture<'_, Result<(), Refusal>> {
+                async { Ok(()) }.boxed()
+            }
+            fn text(&self, text: &str) {
+                self.0.lock().unwrap().push_str(text);
+            }
+            fn tool_call(&self, title: &str) {
+                self.0.lock().unwrap().push_str(&format!("[{title}]"));
+            }
+        }
+        let side = Side { answers: texts.clone(), root: PathBuf::from("/ws"), session: Mutex::new(None) };
+        let update = |session: &str, update: Value| -> SessionNotification {
+            serde_json::from_value(serde_json::json!({"sessionId": session, "update": update})).unwrap()
+        };
+        let chunk =
+            serde_json::json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}});
+        let call = serde_json::json!({"sessionUpdate": "tool_call", "toolCallId": "t", "title": "Run tests"});
+        side.update(update("s1", chunk.clone()));
+        *side.session.lock().unwrap() = Some("s1".into());
+        side.update(update("s1", chunk.clone()));
+        side.update(update("s1", call));
+        side.update(update("other", chunk));
+        assert_eq!(*texts.0.lock().unwrap(), "hi[Run tests]");
+    }
 }

@@ -7,8 +7,9 @@
 //! because kin checks `initialize` itself (to name a mismatch in its own words) and the scenario
 //! runner must send exactly what a scenario says. Requests run on their own tasks, so dropping a
 //! caller's future never withdraws one (the SDK would send `$/cancel_request`). The agent's
-//! requests go to a `ClientSide`; those that may wait (a permission question) are answered from
-//! spawned tasks, never on the dispatch loop.
+//! requests go to a `ClientSide` and are answered in turn on the dispatch loop (a question to
+//! the user holds the agent's later frames until it is answered, as it always did); the wire
+//! reads no further ahead of that loop than its flow allows.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,8 +21,8 @@ use agent_client_protocol::v1::schema::{
     WriteTextFileRequest,
 };
 use agent_client_protocol::{
-    Agent, Builder, Client, ConnectionTo, Error, JsonRpcNotification, JsonRpcRequest, RawJsonRpcMessage,
-    UntypedMessage, on_receive_notification, on_receive_request,
+    Agent, Builder, Client, ConnectionTo, Dispatch, Error, Handled, JsonRpcNotification, JsonRpcRequest,
+    RawJsonRpcMessage, UntypedMessage, on_receive_dispatch, on_receive_notification, on_receive_request,
 };
 use futures::future::BoxFuture;
 use serde_json::Value;
@@ -81,36 +82,37 @@ impl AgentPeer {
         let (cx_tx, cx_rx) = oneshot::channel();
         let (done, finished) = oneshot::channel::<()>();
         let (s_permission, s_read, s_write, s_update) = (side.clone(), side.clone(), side.clone(), side);
+        let flow = wire.flow();
         let builder = Builder::new(Client)
             .name(name)
+            // First in the chain: each message's dispatch frees its room in the wire.
+            .on_receive_dispatch(
+                async move |dispatch: Dispatch, _cx| {
+                    flow.dispatched();
+                    Ok(Handled::No { message: dispatch, retry: false })
+                },
+                on_receive_dispatch!(),
+            )
+            // The agent's requests are answered in turn, on the dispatch loop, as kin always
+            // answered them: one at a time, the next frame read once this one is answered.
             .on_receive_request(
-                async move |request: RequestPermissionRequest, responder, cx: ConnectionTo<Agent>| {
-                    let side = s_permission.clone();
-                    cx.spawn(async move {
-                        let _ = responder.respond_with_result(side.permission(request).await);
-                        Ok(())
-                    })
+                async move |request: RequestPermissionRequest, responder, _cx| {
+                    let answer = s_permission.permission(request).await;
+                    responder.respond_with_result(answer)
                 },
                 on_receive_request!(),
             )
             .on_receive_request(
-                async move |request: ReadTextFileRequest, responder, cx: ConnectionTo<Agent>| {
-                    let side = s_read.clone();
-                    cx.spawn(async move {
-                        let _ = responder.respond_with_result(side.read_text_file(request).await);
-                        Ok(())
-                    })
+                async move |request: ReadTextFileRequest, responder, _cx| {
+                    let answer = s_read.read_text_file(request).await;
+                    responder.respond_with_result(answer)
                 },
                 on_receive_request!(),
             )
             .on_receive_request(
-                async move |request: WriteAnsweredNull, responder, cx: ConnectionTo<Agent>| {
-                    let side = s_write.clone();
-                    cx.spawn(async move {
-                        let written = side.write_text_file(request.0).await.map(|()| Value::Null);
-                        let _ = responder.respond_with_result(written);
-                        Ok(())
-                    })
+                async move |request: WriteAnsweredNull, responder, _cx| {
+                    let written = s_write.write_text_file(request.0).await.map(|()| Value::Null);
+                    responder.respond_with_result(written)
                 },
                 on_receive_request!(),
             )
@@ -183,8 +185,8 @@ impl AgentPeer {
         self.wire.close().await;
     }
 
-    /// Why the connection broke, completing "the agent …".
-    pub(crate) fn broken(&self) -> Option<String> {
+    /// Why the connection broke.
+    pub(crate) fn broken(&self) -> Option<super::wire::Broken> {
         self.wire.broken()
     }
 
@@ -311,4 +313,83 @@ pub fn request_frame(id: u64, method: &str, params: Value) -> Result<Value, Stri
     let id = i64::try_from(id).map_err(|e| e.to_string())?;
     let frame = RawJsonRpcMessage::request(method.to_string(), params, id).map_err(|e| e.to_string())?;
     serde_json::to_value(frame).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    use super::*;
+
+    /// Records what the agent sent; allows every permission request by its first option.
+    #[derive(Default)]
+    struct Recorder {
+        updates: Mutex<usize>,
+        asked: Mutex<usize>,
+    }
+
+    impl ClientSide for Recorder {
+        fn permission(
+            &self,
+            request: RequestPermissionRequest,
+        ) -> BoxFuture<'_, Result<RequestPermissionResponse, Error>> {
+            *self.asked.lock().unwrap() += 1;
+            let id = request.options[0].option_id.clone();
+            Box::pin(async move {
+                Ok(RequestPermissionResponse::new(RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(
+                    id,
+                ))))
+            })
+        }
+
+        fn update(&self, _: SessionNotification) {
+            *self.updates.lock().unwrap() += 1;
+        }
+    }
+
+    #[tokio::test]
+    async fn every_frame_passed_on_frees_its_room_and_ids_are_numbers_on_the_wire() {
+        let (kin_in, agent_in) = tokio::io::duplex(1 << 16);
+        let (agent_out, kin_out) = tokio::io::duplex(1 << 16);
+        let side = Arc::new(Recorder::default());
+        let options = WireOptions { max_frame: 4096, tap: None, strict: true, numbering: numbering() };
+        let peer = AgentPeer::connect("test", kin_in, kin_out, side.clone(), options).await.unwrap();
+        let agent = tokio::spawn(async move {
+            let mut out = agent_out;
+            let update = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"x"}}}}"#;
+            for _ in 0..500 {
+                out.write_all(format!("{update}\n").as_bytes()).await.unwrap();
+            }
+            let ask = r#"{"jsonrpc":"2.0","id":"p","method":"session/request_permission","params":{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"ok","name":"Allow","kind":"allow_once"}]}}"#;
+            out.write_all(format!("{ask}\n").as_bytes()).await.unwrap();
+            // Answers kin's request (and passes over kin's answer to its own), echoing the id.
+            let mut lines = BufReader::new(agent_in).lines();
+            let mut seen = Vec::new();
+            while let Some(line) = lines.next_line().await.unwrap() {
+                let frame: Value = serde_json::from_str(&line).unwrap();
+                seen.push(frame.clone());
+                if frame.get("method").is_some() {
+                    let answer = serde_json::json!({"jsonrpc": "2.0", "id": frame["id"], "result": {"ok": true}});
+                    out.write_all(format!("{answer}\n").as_bytes()).await.unwrap();
+                    // And a stray answer to nothing kin asked.
+                    out.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":99,\"result\":null}\n").await.unwrap();
+                }
+                if seen.len() == 2 {
+                    return seen;
+                }
+            }
+            seen
+        });
+        let answer = peer.send(UntypedMessage::new("kin/test", serde_json::json!({}))).await.unwrap();
+        assert_eq!(answer, serde_json::json!({"ok": true}));
+        let seen = agent.await.unwrap();
+        let request = seen.iter().find(|f| f.get("method").is_some()).unwrap();
+        assert_eq!(request["id"], 1, "kin's first request is number 1 on the wire");
+        let allowed = seen.iter().find(|f| f["id"] == "p").unwrap();
+        assert_eq!(allowed["result"]["outcome"], serde_json::json!({"outcome": "selected", "optionId": "ok"}));
+        assert_eq!((*side.updates.lock().unwrap(), *side.asked.lock().unwrap()), (500, 1));
+        assert_eq!(peer.wire.flow().queued(), 0, "every frame passed on was dispatched");
+    }
 }

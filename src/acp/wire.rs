@@ -11,9 +11,13 @@
 //!   answers are renamed back.
 //! - Lines kin sends itself (notifications, raw lines of a scenario) and the end of stdin go
 //!   through one queue, so a `session/cancel` is on the wire before stdin closes.
+//! - The reader runs at most `MAX_AHEAD` frames and `max_frame` bytes ahead of the SDK's
+//!   dispatch loop (`Flow`): the SDK's queues are unbounded, so without this a flooding process would fill
+//!   them faster than the handlers drain them. Answers to no request of kin's are dropped here
+//!   (the SDK would ignore them).
 //! - Why the connection broke is kept, in words completing "the child agent …".
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -21,7 +25,7 @@ use agent_client_protocol::{Channel, RawJsonRpcId, RawJsonRpcMessage, RawJsonRpc
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -56,16 +60,82 @@ enum Out {
 struct Shared {
     /// Wire number → the SDK's id of each request still unanswered.
     pending: HashMap<i64, RawJsonRpcId>,
-    broken: Option<String>,
+    broken: Option<Broken>,
+}
+
+/// Why a connection broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Broken {
+    /// Completes "the child agent …".
+    pub(crate) reason: String,
+    /// The process broke the protocol (a line that is not JSON-RPC, too long, not UTF-8), as
+    /// opposed to ending the connection (closing its stdout, its stdin failing).
+    pub(crate) violation: bool,
 }
 
 fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Records why the connection broke (the first reason wins).
+/// Records that the connection ended (the first reason wins).
 fn break_with(shared: &Mutex<Shared>, reason: String) {
-    lock(shared).broken.get_or_insert(reason);
+    lock(shared).broken.get_or_insert(Broken { reason, violation: false });
+}
+
+/// Records that the process broke the protocol (the first reason wins).
+fn violated(shared: &Mutex<Shared>, reason: String) {
+    lock(shared).broken.get_or_insert(Broken { reason, violation: true });
+}
+
+/// Frames the reader may pass to the SDK ahead of its dispatch loop.
+const MAX_AHEAD: usize = 64;
+
+/// The frames the reader passed to the SDK that its dispatch loop has not reached yet, bounded
+/// in number and bytes: the reader waits for room before passing a frame on, and the first
+/// handler of the connection (`peer`) frees each frame's room as its dispatch starts, in order.
+pub(crate) struct Flow {
+    frames: Semaphore,
+    bytes: Semaphore,
+    budget: usize,
+    sizes: Mutex<VecDeque<u32>>,
+}
+
+impl Flow {
+    fn new(budget: usize) -> Self {
+        let budget = budget.clamp(1, u32::MAX as usize);
+        Flow {
+            frames: Semaphore::new(MAX_AHEAD),
+            bytes: Semaphore::new(budget),
+            budget,
+            sizes: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Waits until a frame of `size` bytes fits.
+    async fn admit(&self, size: usize) {
+        // A frame larger than the budget (it cannot be: frames are capped at it) takes it all.
+        let size = u32::try_from(size.clamp(1, self.budget)).unwrap_or(u32::MAX);
+        let (Ok(frame), Ok(bytes)) = (self.frames.acquire().await, self.bytes.acquire_many(size).await) else {
+            return;
+        };
+        frame.forget();
+        bytes.forget();
+        self.sizes.lock().unwrap_or_else(PoisonError::into_inner).push_back(size);
+    }
+
+    /// Frames passed on whose dispatch has not started.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.sizes.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// The dispatch of the oldest frame passed on started: its room is free again.
+    pub(crate) fn dispatched(&self) {
+        if let Some(size) = self.sizes.lock().unwrap_or_else(PoisonError::into_inner).pop_front() {
+            self.frames.add_permits(1);
+            self.bytes.add_permits(size as usize);
+        }
+    }
 }
 
 /// The kin side of one connection's transport; dropping it stops reading and writing.
@@ -74,6 +144,7 @@ pub(crate) struct Wire {
     shared: Arc<Mutex<Shared>>,
     /// Cancelled when the reader stopped (end of output, a broken protocol, or `stop`).
     read_done: CancellationToken,
+    flow: Arc<Flow>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
 }
@@ -93,14 +164,15 @@ impl Wire {
         let (out, queue) = mpsc::unbounded_channel();
         let read_done = CancellationToken::new();
         let numbering = options.numbering.clone();
-        let reading = read(output, to_sdk, shared.clone(), options, stop.clone());
+        let flow = Arc::new(Flow::new(options.max_frame));
+        let reading = read(output, to_sdk, shared.clone(), flow.clone(), options, stop.clone());
         let done = read_done.clone();
         let reader = tokio::spawn(async move {
             reading.await;
             done.cancel();
         });
         let writer = tokio::spawn(write(input, from_sdk, queue, shared.clone(), numbering, stop));
-        (sdk, Wire { out, shared, read_done, reader, writer })
+        (sdk, Wire { out, shared, read_done, flow, reader, writer })
     }
 
     /// Writes `line` after what kin queued before; waits until it is written.
@@ -120,13 +192,18 @@ impl Wire {
         }
     }
 
+    /// The room of frames between the reader and the SDK's dispatch.
+    pub(crate) fn flow(&self) -> Arc<Flow> {
+        self.flow.clone()
+    }
+
     /// Resolves once every line the process wrote was read (or reading stopped).
     pub(crate) async fn read_ended(&self) {
         self.read_done.cancelled().await;
     }
 
     /// Why the connection broke, if it did.
-    pub(crate) fn broken(&self) -> Option<String> {
+    pub(crate) fn broken(&self) -> Option<Broken> {
         lock(&self.shared).broken.clone()
     }
 }
@@ -176,6 +253,7 @@ async fn read<R: AsyncRead + Unpin>(
     output: R,
     to_sdk: UnboundedSender<TransportFrame>,
     shared: Arc<Mutex<Shared>>,
+    flow: Arc<Flow>,
     options: WireOptions,
     stop: CancellationToken,
 ) {
@@ -193,16 +271,16 @@ async fn read<R: AsyncRead + Unpin>(
             }
             Err(LineError::TooLong) => {
                 let max = options.max_frame;
-                break_with(&shared, format!("wrote a line longer than {max} bytes, the most kin reads as one frame"));
+                violated(&shared, format!("wrote a line longer than {max} bytes, the most kin reads as one frame"));
                 break;
             }
             Err(LineError::Io(e)) => {
-                break_with(&shared, format!("wrote unreadable output ({e})"));
+                violated(&shared, format!("wrote unreadable output ({e})"));
                 break;
             }
         };
         let Ok(line) = String::from_utf8(bytes) else {
-            break_with(&shared, "wrote unreadable output (a line that is not UTF-8)".into());
+            violated(&shared, "wrote unreadable output (a line that is not UTF-8)".into());
             break;
         };
         if let Some(tap) = &options.tap {
@@ -214,34 +292,43 @@ async fn read<R: AsyncRead + Unpin>(
         let message = match serde_json::from_str::<RawJsonRpcMessage>(&line) {
             Ok(message) => message,
             Err(_) if options.strict => {
-                break_with(&shared, format!("wrote a line that is not JSON-RPC: {}", excerpt(&line)));
+                violated(&shared, format!("wrote a line that is not JSON-RPC: {}", excerpt(&line)));
                 break;
             }
             Err(_) => continue,
         };
+        let size = line.len();
         drop(line);
-        if to_sdk.unbounded_send(TransportFrame::Single(answer_renamed(&shared, message))).is_err() {
+        let Some(message) = answer_renamed(&shared, message) else {
+            tracing::debug!("dropping an answer to no request of kin's");
+            continue;
+        };
+        tokio::select! {
+            () = flow.admit(size) => {}
+            () = stop.cancelled() => break,
+        }
+        if to_sdk.unbounded_send(TransportFrame::Single(message)).is_err() {
             break;
         }
     }
     // Dropping `to_sdk` tells the SDK its input ended: requests still waiting fail.
 }
 
-/// An answer to one of kin's numbered requests, with the SDK's id back.
-fn answer_renamed(shared: &Mutex<Shared>, message: RawJsonRpcMessage) -> RawJsonRpcMessage {
+/// An answer to one of kin's numbered requests with the SDK's id back; `None` for an answer to
+/// no request of kin's. Requests and notifications pass as they are.
+fn answer_renamed(shared: &Mutex<Shared>, message: RawJsonRpcMessage) -> Option<RawJsonRpcMessage> {
     let RawJsonRpcMessage::Response(response) = message else {
-        return message;
+        return Some(message);
     };
     let original = match response.id() {
         RawJsonRpcId::Number(n) => lock(shared).pending.remove(n),
         RawJsonRpcId::Null | RawJsonRpcId::Str(_) => None,
+    }?;
+    let response = match response {
+        RawJsonRpcResponse::Result { result, .. } => RawJsonRpcResponse::Result { id: original, result },
+        RawJsonRpcResponse::Error { error, .. } => RawJsonRpcResponse::Error { id: original, error },
     };
-    let response = match (original, response) {
-        (Some(id), RawJsonRpcResponse::Result { result, .. }) => RawJsonRpcResponse::Result { id, result },
-        (Some(id), RawJsonRpcResponse::Error { error, .. }) => RawJsonRpcResponse::Error { id, error },
-        (None, response) => response,
-    };
-    RawJsonRpcMessage::Response(response)
+    Some(RawJsonRpcMessage::Response(response))
 }
 
 /// A request of the SDK numbered for the wire.
@@ -359,11 +446,10 @@ mod tests {
         assert_eq!(wire["id"], 1);
         let answer: RawJsonRpcMessage =
             serde_json::from_str(r#"{"jsonrpc":"2.0","id":1,"result":{"ok":true}}"#).unwrap();
-        let RawJsonRpcMessage::Response(back) = answer_renamed(&shared, answer) else { panic!("a response") };
+        let Some(RawJsonRpcMessage::Response(back)) = answer_renamed(&shared, answer) else { panic!("a response") };
         assert_eq!(back.id(), &sdk_id);
-        // An answer to no numbered request keeps its id.
+        // A second answer to the same number answers no request.
         let stray: RawJsonRpcMessage = serde_json::from_str(r#"{"jsonrpc":"2.0","id":1,"result":null}"#).unwrap();
-        let RawJsonRpcMessage::Response(kept) = answer_renamed(&shared, stray) else { panic!("a response") };
-        assert_eq!(kept.id(), &RawJsonRpcId::Number(1));
+        assert_eq!(answer_renamed(&shared, stray), None);
     }
 }

@@ -414,6 +414,7 @@ impl Connection {
                 format!("the child agent answered {method} with error {code}: {message}")
             }
             Some(StartFailure::Other(cause)) => cause,
+            Some(StartFailure::Violated(reason)) => format!("the child agent {reason} during the handshake"),
             Some(StartFailure::Broken(reason)) => match self.process.exit_within(EXIT_PROBE).await {
                 Some(status) => format!("the child agent exited ({}) during the handshake", describe_status(status)),
                 None => format!("the child agent {reason} during the handshake"),
@@ -431,6 +432,10 @@ impl Connection {
                 Some(format!("the child agent answered session/prompt with error {code}: {message}")),
             ),
             Ending::Answered(Err(Failure::Invalid(cause))) => (StopReason::Error, Some(cause)),
+            Ending::Answered(Err(Failure::Violated(reason))) => {
+                let cause = format!("the child agent {reason} during its turn");
+                (StopReason::Error, Some(self.process.with_stderr(cause)))
+            }
             Ending::Answered(Err(Failure::Broken(reason))) => {
                 let cause = match self.process.exit_within(EXIT_PROBE).await {
                     Some(status) => format!("the child agent exited ({}) during its turn", describe_status(status)),

@@ -40,9 +40,8 @@ pub trait RemoteSession: Send + Sync {
         deadline: Instant,
     ) -> BoxFuture<'static, Result<String, StartFailure>>;
 
-    /// Sends the prompt and waits for its end (or for the connection to break: the reason then
-    /// completes "the child agent …", e.g. "closed its stdout", "wrote a line longer than …").
-    /// Dropping the future does not withdraw the prompt.
+    /// Sends the prompt and waits for its end (or for the connection to break). Dropping the
+    /// future does not withdraw the prompt.
     fn prompt(&self, session_id: &str, prompt: Vec<Value>) -> BoxFuture<'static, Result<RemoteStop, Failure>>;
 
     /// Asks the agent to cancel the session's turn; it is on the wire before a later `close`.
@@ -62,8 +61,10 @@ pub struct FileOffer {
 /// Why the handshake failed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StartFailure {
-    /// The connection broke; the text completes "the child agent …".
+    /// The connection ended; the text completes "the child agent …".
     Broken(String),
+    /// The agent broke the protocol; the text completes "the child agent …".
+    Violated(String),
     /// The agent answered `method` with a JSON-RPC error.
     Refused { method: &'static str, code: i64, message: String },
     /// No answer to `method` before the deadline.
@@ -77,8 +78,12 @@ pub enum StartFailure {
 pub enum Failure {
     /// A JSON-RPC error answer.
     Rpc { code: i64, message: String },
-    /// The connection broke; the text completes "the child agent …".
+    /// The connection ended (the agent closed its stdout, its stdin failed); the text completes
+    /// "the child agent …".
     Broken(String),
+    /// The agent broke the protocol (a line that is not JSON-RPC, one over the frame cap); the
+    /// text completes "the child agent …".
+    Violated(String),
     /// The answer is not what the protocol allows; the whole cause.
     Invalid(String),
 }
