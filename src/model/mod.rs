@@ -18,7 +18,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use chunk::{Failure, FinishReason, StreamChunk, text_response, tool_call_response};
+pub use crate::session::chunk::{Failure, FinishReason, StreamChunk};
+pub use chunk::{text_response, tool_call_response};
 
 /// A model route: `provider/model`, e.g. `deepseek/deepseek-v4-flash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
