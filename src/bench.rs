@@ -506,7 +506,7 @@ impl FirstChunk {
 
 impl crate::session::SessionObserver for FirstChunk {
     fn on_event(&self, _: &SessionHeader, event: &crate::session::Event) {
-        if event.kind == "assistant/chunk"
+        if event.kind == crate::session::Kind::AssistantChunk
             && event.data["chunk"]["type"] == "text-delta"
             && let Ok(mut at) = self.0.lock()
             && at.is_none()

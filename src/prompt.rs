@@ -62,7 +62,12 @@ pub fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
 
 /// The text of the last `system/prompt` event of a log.
 pub fn recorded(events: &[Event]) -> Option<String> {
-    events.iter().rev().find(|e| e.kind == EVENT).and_then(|e| e.data["text"].as_str()).map(str::to_string)
+    events
+        .iter()
+        .rev()
+        .find(|e| e.kind == crate::session::Kind::SystemPrompt)
+        .and_then(|e| e.data["text"].as_str())
+        .map(str::to_string)
 }
 
 /// The prompt a scenario directory pins: the last `system/prompt` of its `session.jsonl`.

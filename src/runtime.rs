@@ -580,7 +580,7 @@ impl Runtime {
             .events()
             .iter()
             .rev()
-            .find(|e| e.kind == "session/mode")
+            .find(|e| e.kind == crate::session::Kind::SessionMode)
             .and_then(|e| e.data["mode"].as_str().and_then(PermissionMode::parse))
             .unwrap_or(self.config.permission_mode);
         let permissions = Arc::new(Permissions::new(mode));
@@ -741,7 +741,7 @@ impl Runtime {
             }
         };
         // A model chosen in the editor before the restart stays chosen.
-        let route = events.iter().rev().find(|e| e.kind == "session/model").and_then(|e| {
+        let route = events.iter().rev().find(|e| e.kind == crate::session::Kind::SessionModel).and_then(|e| {
             Some(crate::model::ModelRoute {
                 provider: e.data["provider"].as_str()?.into(),
                 model: e.data["model"].as_str()?.into(),

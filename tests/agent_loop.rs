@@ -268,7 +268,7 @@ async fn parallel_safe_calls_overlap_and_exclusive_calls_do_not() {
     let events = f.events().await;
     let order: Vec<&str> = events
         .iter()
-        .filter(|e| e.kind.starts_with("tool/"))
+        .filter(|e| e.kind.as_str().starts_with("tool/"))
         .map(|e| e.data["callId"].as_str().or(e.data["message"]["source"]["callId"].as_str()).unwrap())
         .collect();
     assert_eq!(order, ["a", "b", "a", "b"], "results come back in call order");

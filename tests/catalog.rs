@@ -16,7 +16,7 @@ use kin::session::query::{
     EventRecord, Lineage, QueryError, QueryFault, QueryService, ReadRequest, SessionLog, SessionQuery, SessionRecord,
     SessionSource, StoreSource, Surface, Trace, Window, merge_records, sibling_order,
 };
-use kin::session::{Event, Session, SessionHeader, SessionStore};
+use kin::session::{Event, Kind, Session, SessionHeader, SessionStore};
 use kin::subagent::catalog::{Activity, ListEntry, Mode, QUERY_UNAVAILABLE, Reason, list_children};
 use kin::subagent::control::SendMessageTool;
 use kin::subagent::descriptor::{DESCRIPTOR_EVENT, Descriptor};
@@ -280,7 +280,7 @@ impl QueryService for Faulty {
         self.inner.list_events(id).map_err(QueryFault::Query)
     }
 
-    fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
+    fn event_seqs(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryFault> {
         self.record(format!("events {id}"));
         if let Some(fault) = self.seqs.as_ref().and_then(|h| h(id, None)) {
             return Err(fault);
@@ -1030,14 +1030,14 @@ fn a_log_first_read_exactly_still_joins_the_corpus() {
     assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C)]);
     let d = "child-d";
     continuable_child(&store, d, P, 4, &format!("label {d}"));
-    assert_eq!(warm.event_seqs(d, DESCRIPTOR_EVENT).unwrap(), [0]);
+    assert_eq!(warm.event_seqs(d, &Kind::SubagentDescriptor).unwrap(), [0]);
     assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C), healthy(d)]);
     // A child that only grew keeps its place, and its new state is read.
     let mut session = store.load(d).unwrap();
     session.append(DESCRIPTOR_EVENT, continuable("again").to_value());
     session.flush().unwrap();
     drop(session);
-    assert_eq!(warm.event_seqs(d, DESCRIPTOR_EVENT).unwrap().len(), 2);
+    assert_eq!(warm.event_seqs(d, &Kind::SubagentDescriptor).unwrap().len(), 2);
     assert_eq!(list(&warm, P).unwrap(), [healthy(A), healthy(B), healthy(C), diag(d, Reason::Corrupt)]);
 }
 

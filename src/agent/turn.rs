@@ -20,7 +20,7 @@ use crate::tools::{Caller, Progress, ToolContext, ToolError, ToolOutput, ToolReg
 /// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
 /// it never ends inside an open turn or on a dangling tool call.
 pub fn completed_prefix(events: &[crate::session::Event]) -> &[crate::session::Event] {
-    let end = events.iter().rposition(|e| e.kind == "turn/end").map_or(0, |i| i + 1);
+    let end = events.iter().rposition(|e| e.kind == crate::session::Kind::TurnEnd).map_or(0, |i| i + 1);
     &events[..end]
 }
 

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::script::{ReplayEntry, play};
 use super::{ChunkStream, Model, ModelRequest, StreamChunk};
+use crate::session::Kind;
 use crate::session::layout::validate_session_id;
 use crate::session::scan::scan_file;
 
@@ -95,10 +96,10 @@ impl ReplayModel {
             let prompt = scanned
                 .events
                 .iter()
-                .find(|e| e.seq >= seed_length && e.kind == "user/message" && e.data["source"]["kind"] == "user")
+                .find(|e| e.seq >= seed_length && e.kind == Kind::UserMessage && e.data["source"]["kind"] == "user")
                 .map(|e| message_text(&e.data));
             let entries =
-                derive_entries(scanned.events.iter().filter(|e| e.kind == "assistant/chunk").map(|e| &e.data));
+                derive_entries(scanned.events.iter().filter(|e| e.kind == Kind::AssistantChunk).map(|e| &e.data));
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
             state.scripts.push(Script { id: minted, name, prompt, bound: false, recorded: entries.len(), entries });
         }
@@ -236,7 +237,7 @@ impl Model for ReplayModel {
         state.scripts[i].bound = true;
         let done: std::collections::HashSet<(u64, u64)> = events
             .iter()
-            .filter(|e| e.kind == "assistant/chunk")
+            .filter(|e| e.kind == Kind::AssistantChunk)
             .map(|e| (e.data["turn"].as_u64().unwrap_or(0), e.data["step"].as_u64().unwrap_or(0)))
             .collect();
         state.scripts[i].entries.retain(|(key, _)| key.is_none_or(|k| !done.contains(&k)));

@@ -339,7 +339,7 @@ fn tool_results(log: &str, scrubber: &Scrubber) -> Vec<String> {
     log.lines()
         .filter_map(|line| Record::parse(line).ok())
         .flat_map(Record::into_events)
-        .filter(|e| e.kind == "tool/result")
+        .filter(|e| e.kind == crate::session::Kind::ToolResult)
         .flat_map(|e| e.data["message"]["content"].as_array().cloned().unwrap_or_default())
         .map(|block| {
             let text: String =

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::client::{exists, wait_for};
 use super::{Run, read_log};
 use crate::acp::peer::Answer;
+use crate::session::Kind;
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const RESPONSE_WAIT: Duration = Duration::from_secs(60);
@@ -83,7 +84,7 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             let log = run.parent_log().context("no session yet")?;
             wait_for(&format!("turn {minimum} to start"), timeout_of(step), || {
                 read_log(&log).is_some_and(|(_, ev)| {
-                    ev.iter().any(|e| e.kind == "turn/start" && e.data["turn"].as_u64() >= Some(minimum))
+                    ev.iter().any(|e| e.kind == Kind::TurnStart && e.data["turn"].as_u64() >= Some(minimum))
                 })
             })
             .await?;
@@ -164,8 +165,8 @@ fn agent_text(frames: &[Value]) -> String {
 }
 
 fn turn_closed(events: &[crate::session::Event]) -> bool {
-    let starts = events.iter().filter(|e| e.kind == "turn/start").count();
-    let ends = events.iter().filter(|e| e.kind == "turn/end").count();
+    let starts = events.iter().filter(|e| e.kind == Kind::TurnStart).count();
+    let ends = events.iter().filter(|e| e.kind == Kind::TurnEnd).count();
     ends > 0 && ends >= starts
 }
 

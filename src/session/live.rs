@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::record::{Event, SURFACE_TYPES, SessionHeader};
+use super::event::{EventBody, Kind};
+use super::record::{Event, SessionHeader};
 use super::repair::Closer;
 use super::writer::LogWriter;
 
@@ -50,29 +51,47 @@ impl Session {
         self.observers.push(observer);
     }
 
-    /// Appends a log-only event.
-    pub fn append(&mut self, kind: &str, data: Value) -> u64 {
-        self.push(kind, data, None, None)
+    /// Appends a typed event: a surface kind with `surfaceOp: "append"`, any other kind
+    /// log-only.
+    pub fn push(&mut self, body: impl Into<EventBody>) -> u64 {
+        self.push_body(body.into(), None)
     }
 
-    /// Appends a surface event (`surfaceOp: "append"`), optionally naming its source events.
+    /// `push`, naming the events this one was built from (`sourceEventSeqs`).
+    pub fn push_from(&mut self, body: impl Into<EventBody>, sources: Vec<u64>) -> u64 {
+        self.push_body(body.into(), Some(sources))
+    }
+
+    fn push_body(&mut self, body: EventBody, sources: Option<Vec<u64>>) -> u64 {
+        let (kind, data) = body.into_parts();
+        let surface_op = kind.is_surface().then(|| json!("append"));
+        self.push_event(kind, data, sources, surface_op)
+    }
+
+    /// Appends a log-only event of any kind, its payload as given (tests, recorded lines).
+    pub fn append(&mut self, kind: &str, data: Value) -> u64 {
+        self.push_event(Kind::parse(kind), data, None, None)
+    }
+
+    /// Appends a surface event of any kind (`surfaceOp: "append"`), its payload as given,
+    /// optionally naming its source events.
     pub fn append_surface(&mut self, kind: &str, data: Value, sources: Option<Vec<u64>>) -> u64 {
-        self.push(kind, data, sources, Some(json!("append")))
+        self.push_event(Kind::parse(kind), data, sources, Some(json!("append")))
     }
 
     pub(super) fn append_closer(&mut self, closer: Closer) -> u64 {
         let surface = closer.surface.then(|| json!("append"));
-        self.push(closer.kind, closer.data, closer.source_event_seqs, surface)
+        self.push_event(Kind::parse(closer.kind), closer.data, closer.source_event_seqs, surface)
     }
 
-    fn push(&mut self, kind: &str, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
+    fn push_event(&mut self, kind: Kind, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
         let seq = self.events.len() as u64;
-        let event = Event { kind: kind.to_string(), seq, time: now_ms(), data, source_event_seqs: sources, surface_op };
+        let event = Event { kind, seq, time: now_ms(), data, source_event_seqs: sources, surface_op };
         self.writer.append(&event);
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }
-        if SURFACE_TYPES.contains(&event.kind.as_str()) {
+        if event.kind.is_surface() {
             fold_surface(Arc::make_mut(&mut self.messages), &event);
         }
         self.events.push(event);
@@ -105,7 +124,7 @@ impl Session {
         self.events
             .iter()
             .rev()
-            .find(|e| e.kind == "turn/start")
+            .find(|e| e.kind == Kind::TurnStart)
             .and_then(|e| e.data["turn"].as_u64())
             .map_or(1, |t| t + 1)
     }
@@ -123,14 +142,14 @@ pub fn derive_messages(events: &[Event]) -> Vec<Value> {
 
 /// Applies one event to a surface fold (a no-op for log-only events).
 fn fold_surface(messages: &mut Vec<Value>, event: &Event) {
-    if !SURFACE_TYPES.contains(&event.kind.as_str()) {
+    if !event.kind.is_surface() {
         return;
     }
-    let message = match event.kind.as_str() {
-        "user/message" => event.data.clone(),
+    let message = match event.kind {
+        Kind::UserMessage => event.data.clone(),
         _ => event.data["message"].clone(),
     };
-    if event.kind == "assistant/message" && message["content"].as_array().is_none_or(Vec::is_empty) {
+    if event.kind == Kind::AssistantMessage && message["content"].as_array().is_none_or(Vec::is_empty) {
         return;
     }
     match &event.surface_op {

@@ -2,6 +2,7 @@
 //! and the in-memory live session the agent loop appends to.
 
 pub mod chunk;
+pub mod event;
 pub mod layout;
 pub mod live;
 pub mod query;
@@ -11,6 +12,7 @@ pub mod scan;
 pub mod store;
 pub mod writer;
 
+pub use event::{EventBody, Kind, Payload};
 pub use live::{Session, SessionObserver, derive_messages, now_ms};
 pub use record::{Event, Record, SessionHeader};
 pub use scan::{ScanError, Scanned, TornTail};

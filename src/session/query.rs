@@ -29,16 +29,14 @@ use std::time::SystemTime;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::event::Kind;
 use super::layout::LOG_FILE;
-use super::record::{Event, SURFACE_TYPES, SessionHeader};
+use super::record::{Event, SessionHeader};
 use super::scan::scan_file;
 use super::store::{SessionStore, StoreError};
 
 /// The largest `before` / `after` of a `read_event` window (dsh `readWindowMax`).
 pub const READ_WINDOW_MAX: u64 = 50;
-
-/// The event kind a `LogSummary` keeps whole (the one kind the subagent catalog asks for).
-pub const INDEXED_KIND: &str = "subagent/descriptor";
 
 /// Why a query failed; `code()` is the stable dsh `SessionQueryErrorCode`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +184,7 @@ impl Surface {
 pub struct EventRecord {
     pub session_id: String,
     pub seq: u64,
-    pub kind: String,
+    pub kind: Kind,
     pub time: u64,
     pub surface: Surface,
 }
@@ -232,7 +230,8 @@ pub struct SessionLog {
 pub struct LogSummary {
     pub header: SessionHeader,
     pub event_count: u64,
-    /// Every event of kind `INDEXED_KIND`, whole, in seq order.
+    /// Every `subagent/descriptor` event (the one kind the subagent catalog asks for), whole,
+    /// in seq order.
     pub indexed: Vec<Event>,
     /// The surface fold's verdict (`Err` holds the violation).
     pub surface: Result<(), String>,
@@ -243,7 +242,7 @@ impl LogSummary {
         LogSummary {
             header: log.header.clone(),
             event_count: log.events.len() as u64,
-            indexed: log.events.iter().filter(|e| e.kind == INDEXED_KIND).cloned().collect(),
+            indexed: log.events.iter().filter(|e| e.kind == Kind::SubagentDescriptor).cloned().collect(),
             surface: fold_surface(&log.events).map(|_| ()),
         }
     }
@@ -281,8 +280,8 @@ pub trait QueryService: Send + Sync {
 
     /// `list_events` reduced to the seqs of the events of `kind`, with the same validation and
     /// errors; a backend may answer it from a derived summary.
-    fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
-        Ok(self.list_events(id)?.into_iter().filter(|r| r.kind == kind).map(|r| r.seq).collect())
+    fn event_seqs(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryFault> {
+        Ok(self.list_events(id)?.into_iter().filter(|r| r.kind == *kind).map(|r| r.seq).collect())
     }
 
     /// A hint that these sessions are about to be read (`event_seqs`, exact reads): a backend
@@ -375,7 +374,7 @@ pub fn fold_surface(events: &[Event]) -> Result<Vec<Surface>, String> {
                 return Err(format!("event {seq} ({}) names a source {later} that is not earlier", event.kind));
             }
         }
-        if !SURFACE_TYPES.contains(&event.kind.as_str()) {
+        if !event.kind.is_surface() {
             if event.surface_op.is_some() || event.source_event_seqs.is_some() {
                 return Err(format!("log-only event {seq} ({}) carries surfaceOp or sourceEventSeqs", event.kind));
             }
@@ -406,7 +405,8 @@ pub fn fold_surface(events: &[Event]) -> Result<Vec<Surface>, String> {
             other => return Err(format!("surface event {seq} has an invalid surfaceOp {other}")),
         };
         surfaces.push(Surface::Current);
-        if event.kind == "assistant/message" && event.data["message"]["content"].as_array().is_none_or(Vec::is_empty) {
+        if event.kind == Kind::AssistantMessage && event.data["message"]["content"].as_array().is_none_or(Vec::is_empty)
+        {
             continue;
         }
         match replace {
@@ -446,8 +446,8 @@ impl<S: SessionSource> SessionQuery<S> {
     }
 
     /// The seqs of the session's events of `kind` (`list_events`, filtered; answered from the
-    /// source's summary for `INDEXED_KIND`).
-    pub fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryError> {
+    /// source's summary for `subagent/descriptor`).
+    pub fn event_seqs(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryError> {
         self.event_seqs_impl(id, kind)
     }
 
@@ -484,9 +484,9 @@ impl<S: SessionSource> SessionQuery<S> {
             .collect())
     }
 
-    fn event_seqs_impl(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryError> {
-        if kind != INDEXED_KIND {
-            return Ok(self.list_events_impl(id)?.into_iter().filter(|r| r.kind == kind).map(|r| r.seq).collect());
+    fn event_seqs_impl(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryError> {
+        if *kind != Kind::SubagentDescriptor {
+            return Ok(self.list_events_impl(id)?.into_iter().filter(|r| r.kind == *kind).map(|r| r.seq).collect());
         }
         let summary = self.source.summary(id)?;
         if let Err(e) = &summary.surface {
@@ -554,7 +554,7 @@ impl<S: SessionSource> QueryService for SessionQuery<S> {
         self.read_event_impl(request, cancel).map_err(QueryFault::Query)
     }
 
-    fn event_seqs(&self, id: &str, kind: &str) -> Result<Vec<u64>, QueryFault> {
+    fn event_seqs(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryFault> {
         self.event_seqs_impl(id, kind).map_err(QueryFault::Query)
     }
 

@@ -1,8 +1,10 @@
 //! Session log records: the header line, the event envelope and packed chunk rows of the
-//! dsh-compatible JSONL format (`protocol/session-log.md`). These are the only serde types for disk.
+//! dsh-compatible JSONL format (`protocol/session-log.md`). The event bodies are `event`'s.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+
+use super::event::Kind;
 
 /// The only header version readers accept (dsh `SESSION_FORMAT_VERSION`).
 pub const SESSION_FORMAT_VERSION: u64 = 0;
@@ -65,7 +67,7 @@ impl SessionHeader {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Event {
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: Kind,
     pub seq: u64,
     pub time: u64,
     pub data: Value,
@@ -74,9 +76,6 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub surface_op: Option<Value>,
 }
-
-/// The event types whose `surfaceOp` puts a message into the model history.
-pub const SURFACE_TYPES: [&str; 4] = ["user/message", "assistant/message", "tool/result", "steering/message"];
 
 /// A packed run of `assistant/chunk` delta events (`text-chunks`, `reasoning-chunks`,
 /// `tool-call-chunks`). Member `i` has seq `seq0 + i` and time `time0 + sum(dt[..i])`.
@@ -225,7 +224,7 @@ impl PackedRow {
                 }
             };
             out.push(Event {
-                kind: "assistant/chunk".into(),
+                kind: Kind::AssistantChunk,
                 seq: self.seq0 + i as u64,
                 time,
                 data: json!({"turn": turn, "step": step, "chunk": chunk}),

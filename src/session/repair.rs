@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use super::event::Kind;
 use super::record::Event;
 
 /// Text of the synthetic result for a call whose `tool/call` was recorded but not its result.
@@ -22,10 +23,10 @@ pub struct Closer {
 
 /// The events that close the last turn of `events` if it is still open; empty when balanced.
 pub fn closers(events: &[Event]) -> Vec<Closer> {
-    let Some(open) = events.iter().rposition(|e| e.kind == "turn/start") else {
+    let Some(open) = events.iter().rposition(|e| e.kind == Kind::TurnStart) else {
         return Vec::new();
     };
-    if events[open..].iter().any(|e| e.kind == "turn/end") {
+    if events[open..].iter().any(|e| e.kind == Kind::TurnEnd) {
         return Vec::new();
     }
     let turn = events[open].data.get("turn").cloned().unwrap_or(json!(0));
@@ -35,21 +36,21 @@ pub fn closers(events: &[Event]) -> Vec<Closer> {
     let mut called: Vec<(String, u64)> = Vec::new();
     let mut answered: Vec<String> = Vec::new();
     for e in &events[open..] {
-        match e.kind.as_str() {
-            "step/start" => {
+        match e.kind {
+            Kind::StepStart => {
                 step = e.data.get("step").cloned();
                 requested.clear();
                 called.clear();
                 answered.clear();
             }
-            "step/end" => step = None,
-            "assistant/message" => requested.extend(tool_call_ids(&e.data["message"])),
-            "tool/call" => {
+            Kind::StepEnd => step = None,
+            Kind::AssistantMessage => requested.extend(tool_call_ids(&e.data["message"])),
+            Kind::ToolCall => {
                 if let Some(id) = e.data.get("callId").and_then(Value::as_str) {
                     called.push((id.to_string(), e.seq));
                 }
             }
-            "tool/result" => {
+            Kind::ToolResult => {
                 if let Some(id) = e.data["message"]["content"][0]["toolCallId"].as_str() {
                     answered.push(id.to_string());
                 }

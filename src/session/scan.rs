@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::event::Kind;
 use super::record::{Event, Record, SessionHeader};
 
 /// A log read up to its last valid line.
@@ -163,7 +164,7 @@ fn is_turn_end(raw: &[u8]) -> bool {
     std::str::from_utf8(raw)
         .ok()
         .and_then(|t| Record::parse(t).ok())
-        .is_some_and(|r| matches!(r, Record::Event(e) if e.kind == "turn/end"))
+        .is_some_and(|r| matches!(r, Record::Event(e) if e.kind == Kind::TurnEnd))
 }
 
 #[cfg(test)]

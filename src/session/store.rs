@@ -84,7 +84,7 @@ impl SessionStore {
         let seeded = !seed.is_empty();
         let mut session = Session::new(header, seed, writer);
         if seeded {
-            session.append("session/end-seed", serde_json::json!({}));
+            session.push(super::event::EndSeed {});
         }
         Ok(session)
     }

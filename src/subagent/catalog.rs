@@ -11,8 +11,9 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::descriptor::{DESCRIPTOR_EVENT, Descriptor};
+use super::descriptor::Descriptor;
 use super::error::{ErrorCode, SubagentError};
+use crate::session::Kind;
 use crate::session::query::{
     QueryError, QueryFault, QueryService, ReadRequest, SessionRecord, assert_headers_compatible,
 };
@@ -153,7 +154,7 @@ fn inspect_child(
 ) -> Result<Option<ListEntry>, SubagentError> {
     let id = candidate.header.id.as_str();
     let seed_length = candidate.header.seed_length.unwrap_or(0);
-    let seqs = match query.event_seqs(id, DESCRIPTOR_EVENT) {
+    let seqs = match query.event_seqs(id, &Kind::SubagentDescriptor) {
         Ok(seqs) => seqs,
         Err(fault) => return diagnose(id, fault, cancel),
     };
@@ -171,7 +172,7 @@ fn inspect_child(
     check(cancel)?;
     let same_session = assert_headers_compatible(&window.session, &candidate.header).is_ok()
         && window.session.parent_session.as_deref() == Some(parent_id);
-    let same_target = window.target.kind == DESCRIPTOR_EVENT && window.target.seq == seq;
+    let same_target = window.target.kind == Kind::SubagentDescriptor && window.target.seq == seq;
     if !same_session || !same_target {
         return Ok(Some(diagnostic(id, Reason::Corrupt)));
     }
@@ -192,7 +193,7 @@ fn inspect_child(
 /// judges it: `Ok(None)` without one, `Err(Corrupt)` for more than one or a malformed one,
 /// `Err(Unsupported)` for another version. `send_message` resumes only what lists as a child.
 pub(crate) fn own_descriptor(events: &[crate::session::Event], seed_length: u64) -> Result<Option<Descriptor>, Reason> {
-    let mut own = events.iter().filter(|e| e.seq >= seed_length && e.kind == DESCRIPTOR_EVENT);
+    let mut own = events.iter().filter(|e| e.seq >= seed_length && e.kind == Kind::SubagentDescriptor);
     let Some(first) = own.next() else {
         return Ok(None);
     };

@@ -136,7 +136,7 @@ impl Descriptor {
 
     /// Folds the first descriptor event among `events` (none → `Ok(None)`).
     pub fn fold<'a>(mut events: impl Iterator<Item = &'a crate::session::Event>) -> Result<Option<Descriptor>, String> {
-        match events.find(|e| e.kind == DESCRIPTOR_EVENT) {
+        match events.find(|e| e.kind == crate::session::Kind::SubagentDescriptor) {
             Some(event) => Descriptor::parse(&event.data),
             None => Ok(None),
         }

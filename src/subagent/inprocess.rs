@@ -16,7 +16,7 @@ use super::{
 };
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
-use crate::session::{Event, Session, SessionHeader, SessionObserver, now_ms};
+use crate::session::{Event, Kind, Session, SessionHeader, SessionObserver, now_ms};
 use crate::tools::{Access, Progress, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
 /// How a child agent is composed on top of the runtime's base.
@@ -42,7 +42,7 @@ pub struct ReportToolCalls {
 
 impl SessionObserver for ReportToolCalls {
     fn on_event(&self, _: &SessionHeader, event: &Event) {
-        if event.kind == "tool/call" {
+        if event.kind == Kind::ToolCall {
             let name = event.data["name"].as_str().unwrap_or("tool");
             let raw = event.data["arguments"].as_str().unwrap_or("");
             let args: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
@@ -258,7 +258,7 @@ async fn drive(
 
 /// The seq after a lineage seed (`session/end-seed`), or 0.
 fn first_live_seq(events: &[Event]) -> u64 {
-    events.iter().find(|e| e.kind == "session/end-seed").map_or(0, |e| e.seq + 1)
+    events.iter().find(|e| e.kind == Kind::SessionEndSeed).map_or(0, |e| e.seq + 1)
 }
 
 /// The text of the last assistant message at or after `from`.
@@ -267,7 +267,7 @@ pub fn last_assistant_text(events: &[Event], from: u64) -> String {
         .iter()
         .rev()
         .take_while(|e| e.seq >= from)
-        .find(|e| e.kind == "assistant/message")
+        .find(|e| e.kind == Kind::AssistantMessage)
         .map(|e| {
             e.data["message"]["content"]
                 .as_array()

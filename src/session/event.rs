@@ -1,0 +1,620 @@
+//! The event bodies kin writes and reads, declared once (the table at the end of this file):
+//! `Kind` names every event type kin knows, and any other type by name (`Kind::Other`);
+//! `EventBody` is the closed enum of their payloads, one typed struct per kind, plus `Unknown`.
+//!
+//! Producers build typed payloads and append them (`Session::push`); `session/` turns them into
+//! the wire `data`. Readers ask an event for its typed body (`Event::body`, exhaustive) or for
+//! one payload (`Event::get`). An event keeps its `data` exactly as it was read or written, so a
+//! log round-trips line for line whatever it holds: fields kin does not model, shapes it does
+//! not expect and kinds it does not know are never lost. A typed read is lenient: fields kin
+//! does not need default when absent, extra fields are ignored, and a payload whose needed fields
+//! do not fit reads as `EventBody::Unknown` (kin ignores it, as it ignores an unknown kind).
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use super::chunk::{Failure, StreamChunk};
+use super::record::Event;
+
+/// A typed payload: the `data` of one kind of event.
+pub trait Payload: Serialize + DeserializeOwned + Into<EventBody> {
+    const KIND: Kind;
+}
+
+impl Event {
+    /// The typed body of this event (`Unknown` for a kind kin does not know or a payload that
+    /// does not fit its kind).
+    pub fn body(&self) -> EventBody {
+        EventBody::read(&self.kind, &self.data)
+    }
+
+    /// The payload of an event of `T`'s kind; `None` for another kind or a payload that does not
+    /// fit.
+    pub fn get<T: Payload>(&self) -> Option<T> {
+        if self.kind != T::KIND {
+            return None;
+        }
+        T::deserialize(&self.data).ok()
+    }
+
+    /// The message a surface event puts into the model history (`data` for `user/message`,
+    /// `data.message` for the other surface kinds); `None` for log-only events.
+    pub fn surface_message(&self) -> Option<&Value> {
+        match self.kind {
+            Kind::UserMessage => Some(&self.data),
+            Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage => Some(&self.data["message"]),
+            _ => None,
+        }
+    }
+}
+
+impl Kind {
+    /// True for the four surface kinds, whose `surfaceOp` puts a message into the model history.
+    pub fn is_surface(&self) -> bool {
+        matches!(self, Kind::UserMessage | Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for Kind {
+    fn from(name: &str) -> Self {
+        Kind::parse(name)
+    }
+}
+
+impl PartialEq<&str> for Kind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<str> for Kind {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Kind;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an event type name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Kind, E> {
+                Ok(Kind::parse(name))
+            }
+        }
+        deserializer.deserialize_str(Name)
+    }
+}
+
+fn to_data(payload: &impl Serialize) -> Value {
+    // The payloads are plain structs of strings, numbers and JSON values: this cannot fail.
+    serde_json::to_value(payload).unwrap_or_else(|e| {
+        tracing::error!("serializing an event payload failed: {e}");
+        Value::Null
+    })
+}
+
+fn user_role() -> String {
+    "user".into()
+}
+
+fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// `turn/start`: a turn begins (turns are numbered from 1 across the whole log).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnStart {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub trigger: Trigger,
+}
+
+/// What started a turn: `{kind: "message", source}` for a queued message.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trigger {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub source: Value,
+}
+
+impl Trigger {
+    /// The trigger of a turn run for a message from `source`.
+    pub fn message(source: Value) -> Self {
+        Trigger { kind: "message".into(), source }
+    }
+}
+
+/// `user/message` (surface; the data is the message itself): a dsh `UserMessage`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserMessage {
+    #[serde(default)]
+    pub content: Vec<Value>,
+    /// Who sent it: `{kind: "user"}` for a prompt, other kinds for messages between sessions.
+    #[serde(default)]
+    pub source: Value,
+    #[serde(default = "user_role")]
+    pub role: String,
+    #[serde(default)]
+    pub id: String,
+}
+
+impl UserMessage {
+    /// A new message with a fresh id.
+    pub fn new(content: Vec<Value>, source: Value) -> Self {
+        UserMessage { content, source, role: user_role(), id: new_id() }
+    }
+
+    /// True when the user (the editor's prompt) sent it.
+    pub fn from_user(&self) -> bool {
+        self.source["kind"] == "user"
+    }
+}
+
+/// `steering/message` (surface, dsh's): read for the model history only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SteeringMessage {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub message: Value,
+}
+
+/// `step/start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepStart {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+}
+
+/// `step/end`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepEnd {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+}
+
+/// `assistant/chunk`: one streamed chunk, exactly as the model produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantChunk {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+    pub chunk: StreamChunk,
+}
+
+/// `assistant/message` (surface; `sourceEventSeqs` are the step's chunks): the finished answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+    pub message: ModelMessage,
+    /// The provider's token counts (`inputTokens`, `outputTokens`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Value>,
+}
+
+/// The message of an `assistant/message`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelMessage {
+    #[serde(default)]
+    pub role: String,
+    /// The finished blocks in index order: `text`, `reasoning`, `tool-call`.
+    #[serde(default)]
+    pub content: Vec<Value>,
+    #[serde(default)]
+    pub source: ModelSource,
+    #[serde(default)]
+    pub id: String,
+}
+
+/// `{kind: "model", provider, model}`: which model wrote a message.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelSource {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default)]
+    pub model: String,
+}
+
+/// A `tool-call` block of an assistant message: what the model asked to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallBlock {
+    pub id: String,
+    pub name: String,
+    /// The raw JSON text of the arguments, as the model wrote it.
+    pub arguments: String,
+}
+
+impl ModelMessage {
+    /// A new message of `provider`/`model` with a fresh id.
+    pub fn new(content: Vec<Value>, provider: &str, model: &str) -> Self {
+        let source = ModelSource { kind: "model".into(), provider: provider.into(), model: model.into() };
+        ModelMessage { role: "assistant".into(), content, source, id: new_id() }
+    }
+
+    /// The `tool-call` blocks, in order (a block without an id is skipped).
+    pub fn tool_calls(&self) -> Vec<ToolCallBlock> {
+        self.content
+            .iter()
+            .filter(|b| b["type"] == "tool-call")
+            .filter_map(|b| {
+                let text = |k: &str| b[k].as_str().unwrap_or_default().to_string();
+                b["id"].as_str().map(|id| ToolCallBlock {
+                    id: id.to_string(),
+                    name: text("name"),
+                    arguments: text("arguments"),
+                })
+            })
+            .collect()
+    }
+
+    /// True when the message has no content (it takes no place in the model history).
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty()
+    }
+}
+
+/// `tool/call` (log-only): a call about to run. All calls of a batch are written first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+    pub call_id: String,
+    #[serde(default)]
+    pub name: String,
+    /// The raw JSON text of the arguments.
+    #[serde(default)]
+    pub arguments: String,
+}
+
+/// `tool/progress` (log-only, kin's own): what a running call is doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolProgress {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+    pub call_id: String,
+    pub text: String,
+}
+
+/// `tool/result` (surface; `sourceEventSeqs` is the `tool/call`): a call's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+    pub message: ToolResultMessage,
+    /// Why a failed call failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ToolFailure>,
+    /// What only the editor sees (dsh's field): `{diff: {path, oldText, newText}}` of a write or edit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Value>,
+}
+
+/// The message of a `tool/result`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResultMessage {
+    #[serde(default)]
+    pub source: ToolSource,
+    pub content: Vec<ToolResultPart>,
+    #[serde(default = "user_role")]
+    pub role: String,
+    #[serde(default)]
+    pub id: String,
+}
+
+/// `{kind: "tool", callId}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSource {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub call_id: String,
+}
+
+/// One `tool-result` part: the result blocks of one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResultPart {
+    #[serde(rename = "type", default)]
+    pub part_type: String,
+    pub tool_call_id: String,
+    #[serde(default)]
+    pub content: Vec<Value>,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// `{name, code}` of a failed call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolFailure {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub code: String,
+}
+
+impl ToolResult {
+    /// The result of call `call_id`: its blocks, whether it failed (and why) and its editor-only
+    /// `meta`; a fresh message id.
+    pub fn new(
+        turn: u64,
+        step: u64,
+        call_id: &str,
+        content: Vec<Value>,
+        error: Option<ToolFailure>,
+        meta: Option<Value>,
+    ) -> Self {
+        let part = ToolResultPart {
+            part_type: "tool-result".into(),
+            tool_call_id: call_id.into(),
+            content,
+            is_error: error.is_some(),
+        };
+        let message = ToolResultMessage {
+            source: ToolSource { kind: "tool".into(), call_id: call_id.into() },
+            content: vec![part],
+            role: user_role(),
+            id: new_id(),
+        };
+        ToolResult { turn, step, message, error, meta }
+    }
+
+    /// The call this result answers (its first part's `toolCallId`).
+    pub fn call_id(&self) -> Option<&str> {
+        self.message.content.first().map(|p| p.tool_call_id.as_str())
+    }
+}
+
+/// `turn/end`: how a turn ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnEnd {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub reason: TurnEndReason,
+}
+
+/// dsh `TurnEndReason`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TurnEndReason {
+    /// The model answered without asking for tools.
+    Completed,
+    /// The stream finished with `max-tokens`.
+    MaxTokens,
+    /// Cancelled by the user or a parent.
+    Aborted,
+    /// The agent was shut down during the turn.
+    Disposed,
+    /// The model failed, or the turn ran out of steps (`STEP_LIMIT`). dsh may write
+    /// `message`/`code` instead of `failure`; kin always writes `step` and `failure`.
+    Error {
+        #[serde(default)]
+        step: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failure: Option<Failure>,
+    },
+    /// Written only by crash repair.
+    Interrupted,
+    /// A reason kin does not know (read only; never written).
+    #[default]
+    #[serde(other, skip_serializing)]
+    Unrecognized,
+}
+
+/// `llm/retry` (log-only, kin's own): a failed model request about to be retried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LlmRetry {
+    #[serde(default)]
+    pub turn: u64,
+    #[serde(default)]
+    pub step: u64,
+    /// The attempt about to start (2 for the first retry).
+    #[serde(default)]
+    pub attempt: u32,
+    #[serde(default)]
+    pub max_attempts: u32,
+    #[serde(default)]
+    pub delay_ms: u64,
+    #[serde(default)]
+    pub code: String,
+    /// The failed attempt's message.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// `system/prompt` (log-only): the session's system prompt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemPrompt {
+    pub text: String,
+}
+
+/// `todo/write` (log-only): the model's task list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TodoWrite {
+    #[serde(default)]
+    pub todos: Vec<Todo>,
+}
+
+/// One entry of a task list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Todo {
+    #[serde(default)]
+    pub content: String,
+    /// `pending`, `in_progress` or `completed`.
+    #[serde(default)]
+    pub status: String,
+}
+
+/// `session/mode` (log-only): the permission mode chosen with `session/set_mode`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionMode {
+    pub mode: String,
+}
+
+/// `session/model` (log-only): the model route chosen in the editor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionModel {
+    pub provider: String,
+    pub model: String,
+}
+
+/// `session/end-seed` (log-only marker): everything before it came from a seed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndSeed {}
+
+/// `subagent/descriptor`: a child's durable identity. The payload is kept as written; its
+/// versioned, strict reading is `subagent::Descriptor::parse`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DescriptorPayload(pub Value);
+
+/// `subagent/remote-run` (log-only, kin's own): a run of an external ACP agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteRun {
+    pub run_id: String,
+    pub provider: String,
+    /// The program name only (no arguments or environment).
+    pub command: String,
+    pub child_session_id: String,
+    pub output: String,
+    pub stop_reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+macro_rules! event_kinds {
+    ($($(#[$meta:meta])* $variant:ident($payload:ty) = $name:literal;)*) => {
+        /// The type of an event: one of the kinds kin writes or reads, or another one by name.
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub enum Kind {
+            $($(#[$meta])* $variant,)*
+            /// A type kin does not know (dsh's plugin events such as `session/title`), kept by name.
+            Other(Box<str>),
+        }
+
+        impl Kind {
+            /// The wire name (the envelope's `type`).
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(Kind::$variant => $name,)*
+                    Kind::Other(name) => name,
+                }
+            }
+
+            /// The kind a wire name stands for.
+            pub fn parse(name: &str) -> Kind {
+                match name {
+                    $($name => Kind::$variant,)*
+                    other => Kind::Other(other.into()),
+                }
+            }
+        }
+
+        /// The body of an event: its kind and typed payload.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum EventBody {
+            $($(#[$meta])* $variant($payload),)*
+            /// A kind kin does not know, or a payload that does not fit its kind: kept as it is.
+            Unknown { kind: String, data: Value },
+        }
+
+        impl EventBody {
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $(EventBody::$variant(_) => Kind::$variant,)*
+                    EventBody::Unknown { kind, .. } => Kind::parse(kind),
+                }
+            }
+
+            /// The envelope's `type` and `data`.
+            pub(super) fn into_parts(self) -> (Kind, Value) {
+                match self {
+                    $(EventBody::$variant(payload) => (Kind::$variant, to_data(&payload)),)*
+                    EventBody::Unknown { kind, data } => (Kind::parse(&kind), data),
+                }
+            }
+
+            fn read(kind: &Kind, data: &Value) -> EventBody {
+                let typed = match kind {
+                    $(Kind::$variant => <$payload>::deserialize(data).ok().map(EventBody::$variant),)*
+                    Kind::Other(_) => None,
+                };
+                typed.unwrap_or_else(|| EventBody::Unknown { kind: kind.as_str().to_string(), data: data.clone() })
+            }
+        }
+
+        $(
+            impl Payload for $payload {
+                const KIND: Kind = Kind::$variant;
+            }
+
+            impl From<$payload> for EventBody {
+                fn from(payload: $payload) -> Self {
+                    EventBody::$variant(payload)
+                }
+            }
+        )*
+    };
+}
+
+event_kinds! {
+    TurnStart(TurnStart) = "turn/start";
+    UserMessage(UserMessage) = "user/message";
+    SteeringMessage(SteeringMessage) = "steering/message";
+    StepStart(StepStart) = "step/start";
+    AssistantChunk(AssistantChunk) = "assistant/chunk";
+    AssistantMessage(AssistantMessage) = "assistant/message";
+    ToolCall(ToolCall) = "tool/call";
+    ToolProgress(ToolProgress) = "tool/progress";
+    ToolResult(ToolResult) = "tool/result";
+    StepEnd(StepEnd) = "step/end";
+    TurnEnd(TurnEnd) = "turn/end";
+    LlmRetry(LlmRetry) = "llm/retry";
+    SystemPrompt(SystemPrompt) = "system/prompt";
+    TodoWrite(TodoWrite) = "todo/write";
+    SessionMode(SessionMode) = "session/mode";
+    SessionModel(SessionModel) = "session/model";
+    SessionEndSeed(EndSeed) = "session/end-seed";
+    SubagentDescriptor(DescriptorPayload) = "subagent/descriptor";
+    SubagentRemoteRun(RemoteRun) = "subagent/remote-run";
+}
