@@ -15,8 +15,9 @@ use serde_json::json;
 use crate::acp::peer::{ChooseOption, Driver, numbering};
 use crate::agent::{AgentDeps, TurnEnd, spawn_agent};
 use crate::model::script::ScriptedModel;
-use crate::model::{Model, ModelRoute, text_response};
-use crate::session::{SessionHeader, SessionStore};
+use crate::model::{Model, ModelRoute, StreamChunk, text_response};
+use crate::session::event::{self, TurnEndReason};
+use crate::session::{Event, EventBody, Kind, Record, SessionHeader, SessionStore};
 use crate::tools::ToolRegistry;
 
 /// Collects figures, prints them, and compares them with a baseline file when there is one.
@@ -324,38 +325,34 @@ fn write_log(root: &Path, header: &SessionHeader, events: usize, child_bytes: us
     let mut text = serde_json::to_string(header)?;
     text.push('\n');
     let mut seq = 0u64;
-    let mut line =
-        |text: &mut String, kind: &str, data: serde_json::Value, extra: Option<(&str, serde_json::Value)>| {
-            let mut event = json!({"type": kind, "seq": seq, "time": 0, "data": data});
-            if let Some((key, value)) = extra {
-                event[key] = value;
-            }
-            text.push_str(&event.to_string());
-            text.push('\n');
-            seq += 1;
-        };
+    let mut line = |text: &mut String, body: EventBody| {
+        text.push_str(&Record::Event(Event::new(seq, 0, body, None)).to_line());
+        text.push('\n');
+        seq += 1;
+    };
     for _ in 0..events {
-        line(&mut text, "session/title", json!({"title": "bench"}), None);
+        line(&mut text, EventBody::Unknown { kind: "session/title".into(), data: json!({"title": "bench"}) });
     }
     if child_bytes > 0 {
-        let descriptor = json!({"version": 2, "mode": "continuable", "provider": "spawn", "label": "bench child", "agentProvider": "bench", "agentModel": "m"});
-        line(&mut text, "subagent/descriptor", descriptor, None);
-        line(&mut text, "session/end-seed", json!({}), None);
-        line(
-            &mut text,
-            "turn/start",
-            json!({"turn": 1, "trigger": {"kind": "message", "source": {"kind": "user"}}}),
-            None,
-        );
-        let prompt = json!({"role": "user", "content": [{"type": "text", "text": "work"}], "source": {"kind": "user"}, "id": "u"});
-        line(&mut text, "user/message", prompt, Some(("surfaceOp", json!("append"))));
+        let descriptor = crate::subagent::Descriptor::Continuable {
+            provider: "spawn".into(),
+            label: "bench child".into(),
+            agent_provider: Some("bench".into()),
+            agent_model: Some("m".into()),
+            persona: None,
+            tool_filter: None,
+        };
+        line(&mut text, descriptor.event());
+        line(&mut text, event::EndSeed {}.into());
+        line(&mut text, event::TurnStart { turn: 1, trigger: event::Trigger::message(json!({"kind": "user"})) }.into());
+        let prompt = event::UserMessage::new(vec![json!({"type": "text", "text": "work"})], json!({"kind": "user"}));
+        line(&mut text, prompt.into());
         while text.len() < child_bytes {
-            let chunk = json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "some streamed text of a busy child, long enough to fill its log"}});
-            line(&mut text, "assistant/chunk", chunk, None);
+            line(&mut text, text_chunk(1, "some streamed text of a busy child, long enough to fill its log").into());
         }
-        let message = json!({"turn": 1, "step": 1, "message": {"role": "assistant", "content": [{"type": "text", "text": "done"}]}});
-        line(&mut text, "assistant/message", message, Some(("surfaceOp", json!("append"))));
-        line(&mut text, "turn/end", json!({"turn": 1, "reason": {"kind": "completed"}}), None);
+        let message = event::ModelMessage::new(vec![json!({"type": "text", "text": "done"})], "bench", "m");
+        line(&mut text, event::AssistantMessage { turn: 1, step: 1, message, usage: None }.into());
+        line(&mut text, event::TurnEnd { turn: 1, reason: TurnEndReason::Completed }.into());
     }
     let path = crate::session::layout::log_path(root, header.cwd.as_deref(), &header.id);
     if let Some(dir) = path.parent() {
@@ -488,6 +485,11 @@ fn scripted_route() -> Result<ModelRoute> {
     ModelRoute::parse("bench/scripted").map_err(anyhow::Error::msg)
 }
 
+/// An `assistant/chunk` of step 1 of `turn` carrying one text delta.
+fn text_chunk(turn: u64, text: &str) -> event::AssistantChunk {
+    event::AssistantChunk { turn, step: 1, chunk: StreamChunk::TextDelta { index: 0, text: text.into() } }
+}
+
 /// Records when the first text delta of a turn was appended (what an editor would see first).
 #[derive(Default)]
 struct FirstChunk(std::sync::Mutex<Option<Instant>>);
@@ -506,8 +508,8 @@ impl FirstChunk {
 
 impl crate::session::SessionObserver for FirstChunk {
     fn on_event(&self, _: &SessionHeader, event: &crate::session::Event) {
-        if event.kind == crate::session::Kind::AssistantChunk
-            && event.data["chunk"]["type"] == "text-delta"
+        if event.kind == Kind::AssistantChunk
+            && matches!(event.get::<event::AssistantChunk>(), Some(c) if matches!(c.chunk, StreamChunk::TextDelta { .. }))
             && let Ok(mut at) = self.0.lock()
             && at.is_none()
         {
@@ -570,10 +572,7 @@ fn append_throughput(tmp: &Path, n: usize) -> Result<(usize, Duration)> {
     let mut session = store.create(SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench".into())))?;
     let started = Instant::now();
     for i in 0..n {
-        session.append(
-            "assistant/chunk",
-            json!({"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token "}}),
-        );
+        session.push(text_chunk(1, "token "));
         if i % 100 == 99 {
             session.flush()?;
         }
@@ -590,14 +589,11 @@ fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64, u64)> {
     for i in 0..n {
         if i % 10 == 0 {
             turn += 1;
-            session.append(
-                "turn/start",
-                json!({"turn": turn, "trigger": {"kind": "message", "source": {"kind": "user"}}}),
-            );
+            session.push(event::TurnStart { turn, trigger: event::Trigger::message(json!({"kind": "user"})) });
         } else if i % 10 == 9 {
-            session.append("turn/end", json!({"turn": turn, "reason": {"kind": "completed"}}));
+            session.push(event::TurnEnd { turn, reason: TurnEndReason::Completed });
         } else {
-            session.append("assistant/chunk", json!({"turn": turn, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "some streamed text"}}));
+            session.push(text_chunk(turn, "some streamed text"));
         }
     }
     session.flush()?;

@@ -10,13 +10,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::Value;
-
 use crate::permission::PermissionMode;
-use crate::session::Event;
-
-/// The log-only event holding a session's system prompt.
-pub const EVENT: &str = "system/prompt";
+use crate::session::event::{SystemPrompt, last};
+use crate::session::{Event, Record};
 
 /// Project instruction files read from the workspace root, in this order.
 const INSTRUCTION_FILES: [&str; 2] = ["AGENTS.md", "CLAUDE.md"];
@@ -62,22 +58,15 @@ pub fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
 
 /// The text of the last `system/prompt` event of a log.
 pub fn recorded(events: &[Event]) -> Option<String> {
-    events
-        .iter()
-        .rev()
-        .find(|e| e.kind == crate::session::Kind::SystemPrompt)
-        .and_then(|e| e.data["text"].as_str())
-        .map(str::to_string)
+    last::<SystemPrompt>(events).map(|p| p.text)
 }
 
 /// The prompt a scenario directory pins: the last `system/prompt` of its `session.jsonl`.
 pub fn pinned(scenario_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(scenario_dir.join("session.jsonl")).ok()?;
-    text.lines()
-        .rev()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["type"] == EVENT)
-        .and_then(|line| line["data"]["text"].as_str().map(str::to_string))
+    let events: Vec<Event> =
+        text.lines().filter_map(|line| Record::parse(line).ok()).flat_map(Record::into_events).collect();
+    recorded(&events)
 }
 
 fn built(settings: &PromptSettings<'_>) -> String {
@@ -219,7 +208,8 @@ mod tests {
             source_event_seqs: None,
             surface_op: None,
         };
-        let events = vec![event(0, EVENT, "first"), event(1, "turn/start", "x"), event(2, EVENT, "second")];
+        let prompt = "system/prompt";
+        let events = vec![event(0, prompt, "first"), event(1, "turn/start", "x"), event(2, prompt, "second")];
         assert_eq!(recorded(&events).as_deref(), Some("second"));
         assert_eq!(recorded(&events[1..2]), None);
         let dir = tempfile::tempdir().unwrap();

@@ -19,6 +19,7 @@ use crate::model::Model;
 use crate::model::replay::ReplayModel;
 use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
 use crate::prompt::{self, PromptSettings};
+use crate::session::event;
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
@@ -466,7 +467,7 @@ impl Runtime {
                 // Recorded so that a later `session/load` keeps the mode.
                 entry
                     .handle
-                    .inject_log("session/mode", json!({"mode": mode.id()}))
+                    .inject_log(event::SessionMode { mode: mode.id().to_string() })
                     .map_err(|e| RuntimeError::Internal(e.to_string()))?;
                 Ok(())
             }
@@ -542,7 +543,7 @@ impl Runtime {
         let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
         let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
         if record {
-            session.append(prompt::EVENT, json!({ "text": system }));
+            session.push(event::SystemPrompt { text: system.clone() });
         }
         let mcp = self.mcp_for(&mut session, servers);
         // The session exists on disk before the client learns its id.
@@ -559,9 +560,9 @@ impl Runtime {
     /// same name), and records which ones it has when it has any or had some.
     fn mcp_for(&self, session: &mut Session, editor: Vec<ServerSpec>) -> Arc<McpSession> {
         let specs = crate::mcp::merge(&self.config.mcp_servers, editor);
-        let had = session.events().iter().any(|e| e.kind == crate::mcp::SERVERS_EVENT);
+        let had = session.events().iter().any(|e| e.kind == crate::session::Kind::McpServers);
         if !specs.is_empty() || had {
-            session.append(crate::mcp::SERVERS_EVENT, McpSession::describe(&specs));
+            session.push(McpSession::describe(&specs));
         }
         let cwd = session.header.cwd.clone().map(Into::into);
         McpSession::start(specs, cwd, self.config.mcp, self.mcp_recording.clone())
@@ -576,12 +577,8 @@ impl Runtime {
     fn start(&self, session: crate::session::Session, system: String, mcp: Arc<McpSession>) {
         let id = session.id().to_string();
         // A mode chosen with `session/set_mode` before a restart stays chosen.
-        let mode = session
-            .events()
-            .iter()
-            .rev()
-            .find(|e| e.kind == crate::session::Kind::SessionMode)
-            .and_then(|e| e.data["mode"].as_str().and_then(PermissionMode::parse))
+        let mode = event::last::<event::SessionMode>(session.events())
+            .and_then(|m| PermissionMode::parse(&m.mode))
             .unwrap_or(self.config.permission_mode);
         let permissions = Arc::new(Permissions::new(mode));
         let handle = spawn_agent(session, self.deps(&permissions, &mcp, system));
@@ -741,12 +738,8 @@ impl Runtime {
             }
         };
         // A model chosen in the editor before the restart stays chosen.
-        let route = events.iter().rev().find(|e| e.kind == crate::session::Kind::SessionModel).and_then(|e| {
-            Some(crate::model::ModelRoute {
-                provider: e.data["provider"].as_str()?.into(),
-                model: e.data["model"].as_str()?.into(),
-            })
-        });
+        let route = event::last::<event::SessionModel>(&events)
+            .map(|m| crate::model::ModelRoute { provider: m.provider, model: m.model });
         let mcp = self.mcp_for(&mut session, servers);
         session.add_observer(observer);
         self.start(session, system, mcp);
@@ -788,7 +781,7 @@ impl Runtime {
         *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route.clone();
         entry
             .handle
-            .inject_log("session/model", serde_json::json!({"provider": route.provider, "model": route.model}))
+            .inject_log(event::SessionModel { provider: route.provider.clone(), model: route.model.clone() })
             .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         Ok(route)
     }
@@ -809,7 +802,7 @@ impl Runtime {
             // The servers named now replace other ones (the agent keeps running).
             let specs = crate::mcp::merge(&self.config.mcp_servers, servers);
             if specs != mcp.specs() {
-                let _ = handle.inject_log(crate::mcp::SERVERS_EVENT, McpSession::describe(&specs));
+                let _ = handle.inject_log(McpSession::describe(&specs));
                 mcp.replace(specs).await;
             }
             return Ok(Vec::new());

@@ -19,7 +19,7 @@ use kin::session::query::{
 use kin::session::{Event, Kind, Session, SessionHeader, SessionStore};
 use kin::subagent::catalog::{Activity, ListEntry, Mode, QUERY_UNAVAILABLE, Reason, list_children};
 use kin::subagent::control::SendMessageTool;
-use kin::subagent::descriptor::{DESCRIPTOR_EVENT, Descriptor};
+use kin::subagent::descriptor::Descriptor;
 use kin::subagent::inprocess::ChildFactory;
 use kin::subagent::list_agents::{DESCRIPTION, ListAgentsTool, render};
 use kin::subagent::{ErrorCode, SubagentError};
@@ -66,6 +66,9 @@ fn continuable(label: &str) -> Descriptor {
         tool_filter: None,
     }
 }
+
+/// The event type of a descriptor.
+const DESCRIPTOR_EVENT: &str = "subagent/descriptor";
 
 fn descriptor_event(seq: u64, payload: Value) -> Event {
     Event { kind: DESCRIPTOR_EVENT.into(), seq, time: 0, data: payload, source_event_seqs: None, surface_op: None }

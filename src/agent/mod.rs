@@ -11,17 +11,19 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{Model, ModelRoute};
 use crate::permission::{PermissionPrompt, Permissions};
-use crate::session::Session;
+use crate::session::event::{TurnEndReason, UserMessage};
+use crate::session::{EventBody, Session};
 use crate::tools::ToolRegistry;
 use crate::tools::files::FileAccess;
 
-/// How a turn ended (the durable `turn/end` reason, as kin acts on it).
+/// How a turn ended, as its caller hears it: the durable `turn/end` reason (`From`), or an
+/// error the log could not record (a failed turn-end sync).
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnEnd {
     Completed,
@@ -31,6 +33,22 @@ pub enum TurnEnd {
     /// The agent was shut down before or during the turn.
     Disposed,
     Error(String),
+}
+
+impl From<&TurnEndReason> for TurnEnd {
+    fn from(reason: &TurnEndReason) -> Self {
+        match reason {
+            TurnEndReason::Completed => TurnEnd::Completed,
+            TurnEndReason::MaxTokens => TurnEnd::MaxTokens,
+            TurnEndReason::Aborted => TurnEnd::Aborted,
+            TurnEndReason::Disposed => TurnEnd::Disposed,
+            TurnEndReason::Error { failure, .. } => {
+                TurnEnd::Error(failure.as_ref().map_or_else(|| "the turn failed".into(), |f| f.message.clone()))
+            }
+            TurnEndReason::Interrupted => TurnEnd::Error("the turn was interrupted: kin stopped during it".into()),
+            TurnEndReason::Unrecognized => TurnEnd::Error("the turn ended for a reason kin does not know".into()),
+        }
+    }
 }
 
 /// What every turn of one agent runs with.
@@ -55,9 +73,9 @@ pub struct AgentDeps {
 /// A message waiting for its own turn.
 struct Queued {
     /// The prebuilt user message (its id was returned to the sender).
-    message: Value,
+    message: UserMessage,
     /// Log-only events appended inside the turn, after the user message, before the first step.
-    preamble: Vec<(String, Value)>,
+    preamble: Vec<EventBody>,
     reply: Option<oneshot::Sender<TurnEnd>>,
 }
 
@@ -65,15 +83,15 @@ struct Queued {
 type Reader = Box<dyn FnOnce(&Session) + Send>;
 
 /// Messages staged for the next step of the running turn.
-type Staged = Arc<Mutex<Vec<Value>>>;
+type Staged = Arc<Mutex<Vec<UserMessage>>>;
 
 enum Command {
     Followup(Queued),
-    Inject { message: Value },
+    Inject { message: UserMessage },
     Flush { reply: oneshot::Sender<Result<(), String>> },
     Read(Reader),
     SetRoute(crate::model::ModelRoute),
-    Log { kind: String, data: Value },
+    Log(EventBody),
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -127,7 +145,7 @@ impl AgentHandle {
         &self,
         content: Vec<Value>,
         source: Value,
-        preamble: Vec<(String, Value)>,
+        preamble: Vec<EventBody>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         self.submit(content, source, preamble).map(|(_, rx)| rx)
     }
@@ -137,11 +155,11 @@ impl AgentHandle {
         &self,
         content: Vec<Value>,
         source: Value,
-        preamble: Vec<(String, Value)>,
+        preamble: Vec<EventBody>,
     ) -> Result<(String, oneshot::Receiver<TurnEnd>), AgentGone> {
         let (reply, rx) = oneshot::channel();
-        let message = user_message(content, source);
-        let id = message["id"].as_str().unwrap_or_default().to_string();
+        let message = UserMessage::new(content, source);
+        let id = message.id.clone();
         self.send(Command::Followup(Queued { message, preamble, reply: Some(reply) }))?;
         Ok((id, rx))
     }
@@ -164,15 +182,15 @@ impl AgentHandle {
     }
 
     /// Records a log-only event between turns (after the running turn, if any).
-    pub fn inject_log(&self, kind: &str, data: Value) -> Result<(), AgentGone> {
-        self.send(Command::Log { kind: kind.to_string(), data })
+    pub fn inject_log(&self, body: impl Into<EventBody>) -> Result<(), AgentGone> {
+        self.send(Command::Log(body.into()))
     }
 
     /// Adds a user message without running the model (between turns at once, or before the
     /// next step of a running turn); returns the message id.
     pub fn inject(&self, content: Vec<Value>, source: Value) -> Result<String, AgentGone> {
-        let message = user_message(content, source);
-        let id = message["id"].as_str().unwrap_or_default().to_string();
+        let message = UserMessage::new(content, source);
+        let id = message.id.clone();
         self.send(Command::Inject { message })?;
         Ok(id)
     }
@@ -262,7 +280,7 @@ impl Actor {
             Command::Followup(queued) => self.queue.push_back(queued),
             Command::Inject { message } => {
                 // An accepted message between turns is made durable at once.
-                self.session.append_surface("user/message", message, None);
+                self.session.push(message);
                 if let Err(e) = self.session.flush() {
                     tracing::error!(session = %self.session.id(), "flush after an injected message failed: {e:#}");
                 }
@@ -272,8 +290,8 @@ impl Actor {
             }
             Command::Read(reader) => reader(&self.session),
             Command::SetRoute(route) => self.deps.route = route,
-            Command::Log { kind, data } => {
-                self.session.append(&kind, data);
+            Command::Log(body) => {
+                self.session.push(body);
                 if let Err(e) = self.session.flush() {
                     tracing::error!(session = %self.session.id(), "flush after a log event failed: {e:#}");
                 }
@@ -324,7 +342,7 @@ impl Actor {
                         Some(Command::Flush { reply }) => flushes.push(reply),
                         Some(Command::Read(reader)) => readers.push(reader),
                         Some(Command::SetRoute(route)) => next_route = Some(route),
-                        Some(Command::Log { kind, data }) => late_logs.push((kind, data)),
+                        Some(Command::Log(body)) => late_logs.push(body),
                         Some(Command::Shutdown { reply }) => {
                             self.shared.disposing.store(true, Ordering::SeqCst);
                             cancel.cancel();
@@ -341,10 +359,10 @@ impl Actor {
         // Injects that arrived too late for a step land between turns.
         let late: Vec<_> = self.staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
         for message in late {
-            self.session.append_surface("user/message", message, None);
+            self.session.push(message);
         }
-        for (kind, data) in late_logs {
-            self.session.append(&kind, data);
+        for body in late_logs {
+            self.session.push(body);
         }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
         if let Err(e) = &flushed {
@@ -372,9 +390,4 @@ impl Actor {
         }
         end
     }
-}
-
-/// A dsh `UserMessage`: `{content, source, role, id}`.
-pub fn user_message(content: Vec<Value>, source: Value) -> Value {
-    json!({"content": content, "source": source, "role": "user", "id": uuid::Uuid::new_v4().to_string()})
 }

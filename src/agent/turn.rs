@@ -14,13 +14,14 @@ use tokio_util::sync::CancellationToken;
 use super::{AgentDeps, Staged, TurnEnd};
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::permission::admit;
-use crate::session::Session;
+use crate::session::event::{self, EventBody, ToolCallBlock, TurnEndReason};
+use crate::session::{Event, Kind, Session};
 use crate::tools::{Caller, Progress, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
 /// The balanced prefix of a log: every event through the last `turn/end` (empty if none), so
 /// it never ends inside an open turn or on a dangling tool call.
-pub fn completed_prefix(events: &[crate::session::Event]) -> &[crate::session::Event] {
-    let end = events.iter().rposition(|e| e.kind == crate::session::Kind::TurnEnd).map_or(0, |i| i + 1);
+pub fn completed_prefix(events: &[Event]) -> &[Event] {
+    let end = events.iter().rposition(|e| e.kind == Kind::TurnEnd).map_or(0, |i| i + 1);
     &events[..end]
 }
 
@@ -36,9 +37,8 @@ enum StepEnd {
 
 /// What starts a turn.
 pub(super) struct TurnInput {
-    /// The turn's user message (`{content, source, role, id}`).
-    pub message: Value,
-    pub preamble: Vec<(String, Value)>,
+    pub message: event::UserMessage,
+    pub preamble: Vec<EventBody>,
 }
 
 pub(super) async fn run_turn(
@@ -52,33 +52,29 @@ pub(super) async fn run_turn(
     let cancelled = || cancelled_end(disposing);
     let TurnInput { message, preamble } = input;
     let turn = session.next_turn();
-    session.append(
-        "turn/start",
-        json!({"turn": turn, "trigger": {"kind": "message", "source": message["source"].clone()}}),
-    );
-    session.append_surface("user/message", message, None);
-    for (kind, data) in preamble {
-        session.append(&kind, data);
+    session.push(event::TurnStart { turn, trigger: event::Trigger::message(message.source.clone()) });
+    session.push(message);
+    for body in preamble {
+        session.push(body);
     }
     // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
     session.write_eager();
     for step in 1..=u64::from(deps.max_steps) {
         let staged_now: Vec<_> = staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
         for message in staged_now {
-            session.append_surface("user/message", message, None);
+            session.push(message);
         }
-        session.append("step/start", json!({"turn": turn, "step": step}));
+        session.push(event::StepStart { turn, step });
         let end = run_step(session, deps, turn, step, &cancel, disposing).await;
         match end {
             StepEnd::Done => {
-                session.append("step/end", json!({"turn": turn, "step": step}));
-                return end_turn(session, turn, TurnEnd::Completed, json!({"kind": "completed"}));
+                session.push(event::StepEnd { turn, step });
+                return end_turn(session, turn, TurnEndReason::Completed);
             }
             StepEnd::Continue => {
-                session.append("step/end", json!({"turn": turn, "step": step}));
+                session.push(event::StepEnd { turn, step });
                 if cancel.is_cancelled() {
-                    let (end, reason) = cancelled();
-                    return end_turn(session, turn, end, reason);
+                    return end_turn(session, turn, cancelled());
                 }
             }
             StepEnd::Over(end) => return end,
@@ -91,33 +87,26 @@ pub(super) async fn run_turn(
         ),
         "STEP_LIMIT",
     );
-    let step = deps.max_steps;
-    end_turn(
-        session,
-        turn,
-        TurnEnd::Error(failure.message.clone()),
-        json!({"kind": "error", "step": step, "failure": failure}),
-    )
+    let step = u64::from(deps.max_steps);
+    end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) })
 }
 
 /// How a cancelled turn ends: `disposed` when the agent is shutting down, else `aborted`.
-fn cancelled_end(disposing: &AtomicBool) -> (TurnEnd, Value) {
-    if disposing.load(Ordering::SeqCst) {
-        (TurnEnd::Disposed, json!({"kind": "disposed"}))
-    } else {
-        (TurnEnd::Aborted, json!({"kind": "aborted"}))
-    }
+fn cancelled_end(disposing: &AtomicBool) -> TurnEndReason {
+    if disposing.load(Ordering::SeqCst) { TurnEndReason::Disposed } else { TurnEndReason::Aborted }
 }
 
-fn end_turn(session: &mut Session, turn: u64, end: TurnEnd, reason: Value) -> TurnEnd {
-    session.append("turn/end", json!({"turn": turn, "reason": reason}));
+/// Writes `turn/end` and returns what the turn's caller hears: the same reason.
+fn end_turn(session: &mut Session, turn: u64, reason: TurnEndReason) -> TurnEnd {
+    let end = TurnEnd::from(&reason);
+    session.push(event::TurnEnd { turn, reason });
     end
 }
 
 /// Ends the open step and the turn.
-fn abandon(session: &mut Session, turn: u64, step: u64, end: TurnEnd, reason: Value) -> StepEnd {
-    session.append("step/end", json!({"turn": turn, "step": step}));
-    StepEnd::Over(end_turn(session, turn, end, reason))
+fn abandon(session: &mut Session, turn: u64, step: u64, reason: TurnEndReason) -> StepEnd {
+    session.push(event::StepEnd { turn, step });
+    StepEnd::Over(end_turn(session, turn, reason))
 }
 
 async fn run_step(
@@ -152,19 +141,26 @@ async fn run_step(
             item = stream.recv() => item,
         };
         for retry in deps.model.take_retries(session.id()) {
-            session.append("llm/retry", retry);
+            session.push(retry);
         }
         match item {
             Some(Ok(chunk)) => {
-                let value = serde_json::to_value(&chunk).unwrap_or(Value::Null);
-                chunk_seqs.push(session.append("assistant/chunk", json!({"turn": turn, "step": step, "chunk": value})));
-                match chunk {
+                // What the step keeps of a chunk is taken before the chunk goes into the log.
+                let finish = match &chunk {
                     StreamChunk::BlockEnd { index, block } => {
-                        blocks.insert(index, block);
+                        blocks.insert(*index, block.clone());
+                        None
                     }
-                    StreamChunk::Usage { usage: u } => usage = Some(u),
-                    StreamChunk::Finish { reason, .. } => break Ok(reason),
-                    _ => {}
+                    StreamChunk::Usage { usage: u } => {
+                        usage = Some(u.clone());
+                        None
+                    }
+                    StreamChunk::Finish { reason, .. } => Some(reason.clone()),
+                    _ => None,
+                };
+                chunk_seqs.push(session.push(event::AssistantChunk { turn, step, chunk }));
+                if let Some(reason) = finish {
+                    break Ok(reason);
                 }
             }
             Some(Err(failure)) => break Err(failure),
@@ -174,42 +170,18 @@ async fn run_step(
         }
     };
     let finish = match outcome {
-        Ok(FinishReason::Aborted { .. }) => {
-            let (end, reason) = cancelled_end(disposing);
-            return abandon(session, turn, step, end, reason);
-        }
+        Ok(FinishReason::Aborted { .. }) => return abandon(session, turn, step, cancelled_end(disposing)),
         Ok(FinishReason::Error { failure }) | Err(failure) => {
-            let end = TurnEnd::Error(failure.message.clone());
-            return abandon(session, turn, step, end, json!({"kind": "error", "step": step, "failure": failure}));
+            return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
         }
         Ok(finish) => finish,
     };
-    let content: Vec<Value> = blocks.into_values().collect();
-    let mut data = json!({
-        "turn": turn,
-        "step": step,
-        "message": {
-            "role": "assistant",
-            "content": content,
-            "source": {"kind": "model", "provider": deps.route.provider, "model": deps.route.model},
-            "id": uuid::Uuid::new_v4().to_string(),
-        },
-    });
-    if let Some(usage) = usage {
-        data["usage"] = usage;
-    }
-    session.append_surface("assistant/message", data, Some(chunk_seqs));
+    let message = event::ModelMessage::new(blocks.into_values().collect(), &deps.route.provider, &deps.route.model);
+    let calls = message.tool_calls();
+    session.push_from(event::AssistantMessage { turn, step, message, usage }, chunk_seqs);
     if finish == FinishReason::MaxTokens {
-        return abandon(session, turn, step, TurnEnd::MaxTokens, json!({"kind": "max-tokens"}));
+        return abandon(session, turn, step, TurnEndReason::MaxTokens);
     }
-    let calls: Vec<(String, String, String)> = content
-        .iter()
-        .filter(|b| b["type"] == "tool-call")
-        .map(|b| {
-            let text = |k: &str| b[k].as_str().unwrap_or_default().to_string();
-            (text("id"), text("name"), text("arguments"))
-        })
-        .collect();
     if calls.is_empty() {
         return StepEnd::Done;
     }
@@ -226,28 +198,26 @@ async fn run_tools(
     tools: &ToolRegistry,
     turn: u64,
     step: u64,
-    calls: Vec<(String, String, String)>,
+    calls: Vec<ToolCallBlock>,
     cancel: &CancellationToken,
 ) {
-    let mut batches: Vec<Vec<(String, String, String)>> = Vec::new();
+    let mut batches: Vec<Vec<ToolCallBlock>> = Vec::new();
     for call in calls {
-        let parallel = tools.is_parallel_safe(&call.1);
+        let parallel = tools.is_parallel_safe(&call.name);
         match batches.last_mut() {
-            Some(batch) if parallel && batch.iter().all(|c| tools.is_parallel_safe(&c.1)) => batch.push(call),
+            Some(batch) if parallel && batch.iter().all(|c| tools.is_parallel_safe(&c.name)) => batch.push(call),
             _ => batches.push(vec![call]),
         }
     }
     for batch in batches {
         let mut seqs = Vec::new();
-        for (id, name, arguments) in &batch {
-            seqs.push(session.append(
-                "tool/call",
-                json!({"turn": turn, "step": step, "callId": id, "name": name, "arguments": arguments}),
-            ));
+        for call in &batch {
+            let (call_id, name, arguments) = (call.id.clone(), call.name.clone(), call.arguments.clone());
+            seqs.push(session.push(event::ToolCall { turn, step, call_id, name, arguments }));
         }
         // A crash while tools run must leave their `tool/call` on disk (outcome unknown, not lost).
         session.write_eager();
-        let needs_history = batch.iter().any(|(_, name, _)| tools.get(name).is_some_and(|t| t.needs_history()));
+        let needs_history = batch.iter().any(|c| tools.get(&c.name).is_some_and(|t| t.needs_history()));
         let caller = Arc::new(Caller {
             header: session.header.clone(),
             depth: session.header.delegation_depth.max(deps.depth),
@@ -262,7 +232,7 @@ async fn run_tools(
             let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel();
             let calls: Vec<BoxFuture<'static, Result<ToolOutput, ToolError>>> = batch
                 .iter()
-                .map(|(id, name, arguments)| {
+                .map(|ToolCallBlock { id, name, arguments }| {
                     let ctx = ToolContext {
                         session_id: session_id.clone(),
                         cwd: cwd.clone(),
@@ -299,15 +269,15 @@ async fn run_tools(
             }
             results
         };
-        for (((id, _, _), mut result), seq) in batch.iter().zip(results).zip(seqs) {
+        for ((call, mut result), seq) in batch.iter().zip(results).zip(seqs) {
             let events = match &mut result {
                 Ok(output) => &mut output.events,
                 Err(error) => &mut error.events,
             };
-            for (kind, data) in events.drain(..) {
-                session.append(&kind, data);
+            for body in events.drain(..) {
+                session.push(body);
             }
-            session.append_surface("tool/result", tool_result(turn, step, id, result), Some(vec![seq]));
+            session.push_from(tool_result(turn, step, &call.id, result), vec![seq]);
         }
     }
 }
@@ -315,7 +285,7 @@ async fn run_tools(
 /// A running call's progress report as a log-only `tool/progress` event, written at once (the
 /// turn goes back to waiting on its calls).
 fn record_progress(session: &mut Session, turn: u64, step: u64, call_id: &str, text: String) {
-    session.append("tool/progress", json!({"turn": turn, "step": step, "callId": call_id, "text": text}));
+    session.push(event::ToolProgress { turn, step, call_id: call_id.to_string(), text });
     session.write_eager();
 }
 
@@ -323,32 +293,15 @@ fn aborted(message: &str, code: &str) -> ToolError {
     ToolError::named("AbortError", code, message)
 }
 
-fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> Value {
-    let (content, is_error, error, meta) = match result {
-        Ok(output) => (output.content, false, None, output.meta),
-        Err(e) => (
-            vec![json!({"type": "text", "text": format!("Error: {}", e.message)})],
-            true,
-            Some(json!({"name": e.name, "code": e.code})),
-            None,
-        ),
-    };
-    let mut data = json!({
-        "turn": turn,
-        "step": step,
-        "message": {
-            "source": {"kind": "tool", "callId": call_id},
-            "content": [{"type": "tool-result", "toolCallId": call_id, "content": content, "isError": is_error}],
-            "role": "user",
-            "id": uuid::Uuid::new_v4().to_string(),
-        },
-    });
-    if let Some(error) = error {
-        data["error"] = error;
+/// A call's `tool/result`: its blocks, or `Error: <message>` with the error's name and code.
+/// Editor-only details (a write's diff) go into dsh's `meta`.
+fn tool_result(turn: u64, step: u64, call_id: &str, result: Result<ToolOutput, ToolError>) -> event::ToolResult {
+    match result {
+        Ok(output) => event::ToolResult::new(turn, step, call_id, output.content, None, output.meta),
+        Err(e) => {
+            let content = vec![json!({"type": "text", "text": format!("Error: {}", e.message)})];
+            let error = event::ToolFailure { name: e.name, code: e.code };
+            event::ToolResult::new(turn, step, call_id, content, Some(error), None)
+        }
     }
-    // Editor-only details (a write's diff): dsh's `tool/result` allows `meta`.
-    if let Some(meta) = meta {
-        data["meta"] = meta;
-    }
-    data
 }

@@ -31,9 +31,5 @@ pub use replay::Recording;
 pub use session::{McpNotice, McpSession};
 pub use spec::{Defaults, Origin, ServerSpec, Settings, Transport, Trust, merge};
 
-/// The log-only event that records which servers a session was given (name, transport kind and
-/// where it came from; never env values, headers or URLs).
-pub const SERVERS_EVENT: &str = "mcp/servers";
-
 /// Whether kin connects to streamable HTTP servers (ACP `mcpCapabilities.http`).
 pub const HTTP_SUPPORTED: bool = true;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, join_all};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +19,7 @@ use super::server::Server;
 use super::spec::{Defaults, ServerSpec, Transport};
 use super::tool::{Backend, McpTool};
 use super::{names, schema};
+use crate::session::event::McpServers;
 use crate::tools::{Tool, ToolSource};
 
 /// The most servers one session starts (the rest are skipped with a notice).
@@ -158,8 +159,8 @@ impl McpSession {
     }
 
     /// The log's `mcp/servers` data for `specs`.
-    pub fn describe(specs: &[ServerSpec]) -> Value {
-        json!({"servers": specs.iter().map(ServerSpec::describe).collect::<Vec<_>>()})
+    pub fn describe(specs: &[ServerSpec]) -> McpServers {
+        McpServers { servers: specs.iter().map(ServerSpec::describe).collect() }
     }
 }
 

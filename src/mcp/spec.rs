@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use crate::session::event::McpServer;
 
 /// How kin reaches a server.
 #[derive(Clone, PartialEq, Eq)]
@@ -135,8 +135,8 @@ impl ServerSpec {
     }
 
     /// What the log records: name, kind and origin (nothing that may hold a secret).
-    pub fn describe(&self) -> Value {
-        json!({"name": self.name, "kind": self.transport.kind(), "origin": self.origin.id()})
+    pub fn describe(&self) -> McpServer {
+        McpServer { name: self.name.clone(), kind: self.transport.kind().into(), origin: self.origin.id().into() }
     }
 }
 
@@ -192,7 +192,8 @@ mod tests {
         let shown = format!("{spec:?}");
         assert!(!shown.contains("s3cret") && !shown.contains("pw@"), "{shown}");
         assert!(shown.contains("Authorization"), "{shown}");
-        assert_eq!(spec.describe(), json!({"name": "api", "kind": "http", "origin": "editor"}));
+        let described = serde_json::to_value(spec.describe()).unwrap();
+        assert_eq!(described, serde_json::json!({"name": "api", "kind": "http", "origin": "editor"}));
         let env = Transport::Stdio {
             command: "x".into(),
             args: vec!["--token=t0k".into()],

@@ -88,9 +88,9 @@ pub trait Model: Send + Sync {
         Ok(())
     }
 
-    /// The `llm/retry` event payloads recorded for `session_id` since the last call (HTTP
-    /// clients report each retry; the agent loop writes them to the log).
-    fn take_retries(&self, _session_id: &str) -> Vec<Value> {
+    /// The `llm/retry` events recorded for `session_id` since the last call (HTTP clients
+    /// report each retry; the agent loop writes them to the log).
+    fn take_retries(&self, _session_id: &str) -> Vec<crate::session::event::LlmRetry> {
         Vec::new()
     }
 

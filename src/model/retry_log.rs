@@ -5,17 +5,17 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::http::{RetryInfo, RetryNotice};
 use super::router::{ModelSettings, model_for_route_with_notice};
 use super::{ChunkStream, Model, ModelRequest, ModelRoute};
+use crate::session::event::LlmRetry;
 
 /// Pending retry events by session.
 #[derive(Default)]
 pub struct RetryLog {
-    pending: Mutex<HashMap<String, Vec<Value>>>,
+    pending: Mutex<HashMap<String, Vec<LlmRetry>>>,
 }
 
 impl RetryLog {
@@ -24,26 +24,24 @@ impl RetryLog {
         let log = self.clone();
         Arc::new(move |info: RetryInfo| {
             tracing::warn!(session = %info.session_id, attempt = info.attempt, delay_ms = info.delay_ms, code = %info.code, "retrying a model request: {}", info.reason);
-            let mut event = json!({
-                "turn": info.turn,
-                "step": info.step,
-                "attempt": info.attempt,
-                "maxAttempts": info.max_attempts,
-                "delayMs": info.delay_ms,
-                "code": info.code,
-                "reason": info.reason,
-            });
-            if let Some(requested) = info.requested_delay_ms {
-                // The server asked for a longer wait than the cap allows.
-                event["requestedDelayMs"] = requested.into();
-            }
+            let event = LlmRetry {
+                turn: info.turn,
+                step: info.step,
+                attempt: info.attempt,
+                max_attempts: info.max_attempts,
+                delay_ms: info.delay_ms,
+                code: info.code,
+                reason: info.reason,
+                // Set when the server asked for a longer wait than the cap allows.
+                requested_delay_ms: info.requested_delay_ms,
+            };
             if let Ok(mut pending) = log.pending.lock() {
                 pending.entry(info.session_id).or_default().push(event);
             }
         })
     }
 
-    fn take(&self, session_id: &str) -> Vec<Value> {
+    fn take(&self, session_id: &str) -> Vec<LlmRetry> {
         self.pending.lock().ok().and_then(|mut p| p.remove(session_id)).unwrap_or_default()
     }
 }
@@ -89,7 +87,7 @@ impl Model for Routed {
         }
     }
 
-    fn take_retries(&self, session_id: &str) -> Vec<Value> {
+    fn take_retries(&self, session_id: &str) -> Vec<LlmRetry> {
         self.log.take(session_id)
     }
 }

@@ -23,6 +23,14 @@ pub trait Payload: Serialize + DeserializeOwned + Into<EventBody> {
 }
 
 impl Event {
+    /// A new event with this body: a surface kind with `surfaceOp: "append"`, any other kind
+    /// log-only; `sources` are the events it was built from (`sourceEventSeqs`).
+    pub fn new(seq: u64, time: u64, body: impl Into<EventBody>, sources: Option<Vec<u64>>) -> Event {
+        let (kind, data) = body.into().into_parts();
+        let surface_op = kind.is_surface().then(|| Value::from("append"));
+        Event { kind, seq, time, data, source_event_seqs: sources, surface_op }
+    }
+
     /// The typed body of this event (`Unknown` for a kind kin does not know or a payload that
     /// does not fit its kind).
     pub fn body(&self) -> EventBody {
@@ -47,6 +55,12 @@ impl Event {
             _ => None,
         }
     }
+}
+
+/// The payload of the last event of `T`'s kind (`None` when there is none, or when that one
+/// does not fit).
+pub fn last<T: Payload>(events: &[Event]) -> Option<T> {
+    events.iter().rev().find(|e| e.kind == T::KIND)?.get()
 }
 
 impl Kind {
@@ -260,18 +274,14 @@ impl ModelMessage {
         ModelMessage { role: "assistant".into(), content, source, id: new_id() }
     }
 
-    /// The `tool-call` blocks, in order (a block without an id is skipped).
+    /// The `tool-call` blocks, in order (a missing field reads as empty).
     pub fn tool_calls(&self) -> Vec<ToolCallBlock> {
         self.content
             .iter()
             .filter(|b| b["type"] == "tool-call")
-            .filter_map(|b| {
+            .map(|b| {
                 let text = |k: &str| b[k].as_str().unwrap_or_default().to_string();
-                b["id"].as_str().map(|id| ToolCallBlock {
-                    id: id.to_string(),
-                    name: text("name"),
-                    arguments: text("arguments"),
-                })
+                ToolCallBlock { id: text("id"), name: text("name"), arguments: text("arguments") }
             })
             .collect()
     }
@@ -459,6 +469,9 @@ pub struct LlmRetry {
     /// The failed attempt's message.
     #[serde(default)]
     pub reason: String,
+    /// The wait the server asked for, when it was longer than the cap allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_delay_ms: Option<u64>,
 }
 
 /// `system/prompt` (log-only): the session's system prompt.
@@ -495,6 +508,23 @@ pub struct SessionMode {
 pub struct SessionModel {
     pub provider: String,
     pub model: String,
+}
+
+/// `mcp/servers` (log-only, kin's own): the MCP servers a session was given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpServers {
+    #[serde(default)]
+    pub servers: Vec<McpServer>,
+}
+
+/// One MCP server as the log records it: never anything that may hold a secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpServer {
+    pub name: String,
+    /// `stdio`, `http`, or an unsupported kind (`sse`).
+    pub kind: String,
+    /// `editor` or `config`.
+    pub origin: String,
 }
 
 /// `session/end-seed` (log-only marker): everything before it came from a seed.
@@ -614,7 +644,180 @@ event_kinds! {
     TodoWrite(TodoWrite) = "todo/write";
     SessionMode(SessionMode) = "session/mode";
     SessionModel(SessionModel) = "session/model";
+    McpServers(McpServers) = "mcp/servers";
     SessionEndSeed(EndSeed) = "session/end-seed";
     SubagentDescriptor(DescriptorPayload) = "subagent/descriptor";
     SubagentRemoteRun(RemoteRun) = "subagent/remote-run";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The wire `data` of a typed body, as one line.
+    fn wire(body: impl Into<EventBody>) -> String {
+        serde_json::to_string(&body.into().into_parts().1).unwrap()
+    }
+
+    #[test]
+    fn every_kind_round_trips_its_name() {
+        for name in [
+            "turn/start",
+            "user/message",
+            "steering/message",
+            "step/start",
+            "assistant/chunk",
+            "assistant/message",
+            "tool/call",
+            "tool/progress",
+            "tool/result",
+            "step/end",
+            "turn/end",
+            "llm/retry",
+            "system/prompt",
+            "todo/write",
+            "session/mode",
+            "session/model",
+            "mcp/servers",
+            "session/end-seed",
+            "subagent/descriptor",
+            "subagent/remote-run",
+        ] {
+            let kind = Kind::parse(name);
+            assert!(!matches!(kind, Kind::Other(_)), "{name} is a known kind");
+            assert_eq!(kind.as_str(), name);
+        }
+        assert_eq!(Kind::parse("session/title"), Kind::Other("session/title".into()));
+        assert_eq!(Kind::parse("session/title").as_str(), "session/title");
+    }
+
+    #[test]
+    fn payloads_serialize_in_the_order_kin_writes() {
+        let user = json!({"kind": "user"});
+        assert_eq!(
+            wire(TurnStart { turn: 1, trigger: Trigger::message(user.clone()) }),
+            r#"{"turn":1,"trigger":{"kind":"message","source":{"kind":"user"}}}"#
+        );
+        let text = json!({"type": "text", "text": "hi"});
+        let message = UserMessage { id: "m".into(), ..UserMessage::new(vec![text.clone()], user) };
+        assert_eq!(
+            wire(message),
+            r#"{"content":[{"type":"text","text":"hi"}],"source":{"kind":"user"},"role":"user","id":"m"}"#
+        );
+        assert_eq!(wire(StepStart { turn: 1, step: 2 }), r#"{"turn":1,"step":2}"#);
+        let chunk = StreamChunk::TextDelta { index: 0, text: "Hi".into() };
+        assert_eq!(
+            wire(AssistantChunk { turn: 1, step: 1, chunk }),
+            r#"{"turn":1,"step":1,"chunk":{"type":"text-delta","index":0,"text":"Hi"}}"#
+        );
+        let reply = ModelMessage { id: "a".into(), ..ModelMessage::new(vec![text], "p", "m") };
+        let usage = Some(json!({"inputTokens": 1}));
+        assert_eq!(
+            wire(AssistantMessage { turn: 1, step: 1, message: reply.clone(), usage }),
+            r#"{"turn":1,"step":1,"message":{"role":"assistant","content":[{"type":"text","text":"hi"}],"source":{"kind":"model","provider":"p","model":"m"},"id":"a"},"usage":{"inputTokens":1}}"#
+        );
+        assert!(!wire(AssistantMessage { turn: 1, step: 1, message: reply, usage: None }).contains("usage"));
+        let call = ToolCall { turn: 1, step: 1, call_id: "c".into(), name: "read".into(), arguments: "{}".into() };
+        assert_eq!(wire(call), r#"{"turn":1,"step":1,"callId":"c","name":"read","arguments":"{}"}"#);
+        let progress = ToolProgress { turn: 1, step: 1, call_id: "c".into(), text: "Read a".into() };
+        assert_eq!(wire(progress), r#"{"turn":1,"step":1,"callId":"c","text":"Read a"}"#);
+        assert_eq!(
+            wire(TurnEnd { turn: 3, reason: TurnEndReason::MaxTokens }),
+            r#"{"turn":3,"reason":{"kind":"max-tokens"}}"#
+        );
+        let failure = Some(Failure::new("boom", "X"));
+        assert_eq!(
+            wire(TurnEnd { turn: 1, reason: TurnEndReason::Error { step: 2, failure } }),
+            r#"{"turn":1,"reason":{"kind":"error","step":2,"failure":{"message":"boom","code":"X"}}}"#
+        );
+        let retry = LlmRetry {
+            turn: 1,
+            step: 1,
+            attempt: 2,
+            max_attempts: 3,
+            delay_ms: 10,
+            code: "TIMEOUT".into(),
+            reason: "slow".into(),
+            requested_delay_ms: None,
+        };
+        assert_eq!(
+            wire(retry),
+            r#"{"turn":1,"step":1,"attempt":2,"maxAttempts":3,"delayMs":10,"code":"TIMEOUT","reason":"slow"}"#
+        );
+        let plan = TodoWrite { todos: vec![Todo { content: "a".into(), status: "pending".into() }] };
+        assert_eq!(wire(plan), r#"{"todos":[{"content":"a","status":"pending"}]}"#);
+        assert_eq!(wire(SessionMode { mode: "ask".into() }), r#"{"mode":"ask"}"#);
+        assert_eq!(wire(SessionModel { provider: "p".into(), model: "m".into() }), r#"{"provider":"p","model":"m"}"#);
+        assert_eq!(wire(EndSeed {}), "{}");
+        let run = RemoteRun {
+            run_id: "acp-1".into(),
+            provider: "acp:x".into(),
+            command: "sh".into(),
+            child_session_id: "s".into(),
+            output: "o".into(),
+            stop_reason: "error".into(),
+            error: Some("e".into()),
+        };
+        assert_eq!(
+            wire(run),
+            r#"{"runId":"acp-1","provider":"acp:x","command":"sh","childSessionId":"s","output":"o","stopReason":"error","error":"e"}"#
+        );
+    }
+
+    #[test]
+    fn a_tool_result_is_a_dsh_tool_result_message() {
+        let content = vec![json!({"type": "text", "text": "Error: no"})];
+        let failure = ToolFailure { name: "ToolError".into(), code: "X".into() };
+        let mut result = ToolResult::new(1, 2, "c1", content, Some(failure), None);
+        result.message.id = "r".into();
+        assert_eq!(
+            wire(result.clone()),
+            r#"{"turn":1,"step":2,"message":{"source":{"kind":"tool","callId":"c1"},"content":[{"type":"tool-result","toolCallId":"c1","content":[{"type":"text","text":"Error: no"}],"isError":true}],"role":"user","id":"r"},"error":{"name":"ToolError","code":"X"}}"#
+        );
+        assert_eq!(result.call_id(), Some("c1"));
+        let ok = ToolResult::new(1, 1, "c2", Vec::new(), None, Some(json!({"diff": {}})));
+        let line = wire(ok);
+        assert!(line.contains(r#""isError":false"#) && line.ends_with(r#""meta":{"diff":{}}}"#), "{line}");
+    }
+
+    #[test]
+    fn an_event_keeps_its_data_and_reads_leniently() {
+        let data = json!({"turn": 4, "reason": {"kind": "completed"}, "extra": [1]});
+        let event = Event {
+            kind: Kind::TurnEnd,
+            seq: 0,
+            time: 0,
+            data: data.clone(),
+            source_event_seqs: None,
+            surface_op: None,
+        };
+        assert_eq!(event.get::<TurnEnd>(), Some(TurnEnd { turn: 4, reason: TurnEndReason::Completed }));
+        assert_eq!(event.body(), EventBody::TurnEnd(TurnEnd { turn: 4, reason: TurnEndReason::Completed }));
+        assert_eq!(event.get::<TurnStart>(), None, "another kind");
+        // A reason kin does not know, and dsh's older error shape, still read as turn ends.
+        let odd = Event { data: json!({"turn": 1, "reason": {"kind": "later", "why": 1}}), ..event.clone() };
+        assert_eq!(odd.get::<TurnEnd>().map(|t| t.reason), Some(TurnEndReason::Unrecognized));
+        let dsh = Event {
+            data: json!({"turn": 1, "reason": {"kind": "error", "message": "m", "code": "C"}}),
+            ..event.clone()
+        };
+        assert_eq!(dsh.get::<TurnEnd>().map(|t| t.reason), Some(TurnEndReason::Error { step: 0, failure: None }));
+        // A payload whose needed fields do not fit is not understood, and kept as it is.
+        let bad = Event { kind: Kind::ToolCall, data: json!({"callId": 7}), ..event };
+        assert_eq!(bad.body(), EventBody::Unknown { kind: "tool/call".into(), data: json!({"callId": 7}) });
+        let unknown = Event { kind: Kind::parse("session/title"), data: json!({"title": "t"}), ..bad };
+        assert_eq!(unknown.body(), EventBody::Unknown { kind: "session/title".into(), data: json!({"title": "t"}) });
+        assert_eq!(Event::new(0, 0, unknown.body(), None), unknown, "an unknown body writes back what it read");
+    }
+
+    #[test]
+    fn surface_kinds_are_appended_to_the_history() {
+        let message = UserMessage::new(Vec::new(), json!({"kind": "user"}));
+        let event = Event::new(3, 9, message, None);
+        assert_eq!(event.surface_op, Some(json!("append")));
+        assert_eq!(event.surface_message(), Some(&event.data));
+        let step = Event::new(4, 9, StepEnd { turn: 1, step: 1 }, None);
+        assert_eq!((&step.surface_op, step.surface_message()), (&None, None));
+    }
 }

@@ -63,30 +63,32 @@ impl Session {
     }
 
     fn push_body(&mut self, body: EventBody, sources: Option<Vec<u64>>) -> u64 {
-        let (kind, data) = body.into_parts();
-        let surface_op = kind.is_surface().then(|| json!("append"));
-        self.push_event(kind, data, sources, surface_op)
+        let event = Event::new(self.events.len() as u64, now_ms(), body, sources);
+        self.push_event(event)
     }
 
     /// Appends a log-only event of any kind, its payload as given (tests, recorded lines).
     pub fn append(&mut self, kind: &str, data: Value) -> u64 {
-        self.push_event(Kind::parse(kind), data, None, None)
+        self.push_raw(Kind::parse(kind), data, None, None)
     }
 
     /// Appends a surface event of any kind (`surfaceOp: "append"`), its payload as given,
     /// optionally naming its source events.
     pub fn append_surface(&mut self, kind: &str, data: Value, sources: Option<Vec<u64>>) -> u64 {
-        self.push_event(Kind::parse(kind), data, sources, Some(json!("append")))
+        self.push_raw(Kind::parse(kind), data, sources, Some(json!("append")))
     }
 
     pub(super) fn append_closer(&mut self, closer: Closer) -> u64 {
-        let surface = closer.surface.then(|| json!("append"));
-        self.push_event(Kind::parse(closer.kind), closer.data, closer.source_event_seqs, surface)
+        self.push_body(closer.body, closer.source_event_seqs)
     }
 
-    fn push_event(&mut self, kind: Kind, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
+    fn push_raw(&mut self, kind: Kind, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
         let seq = self.events.len() as u64;
-        let event = Event { kind, seq, time: now_ms(), data, source_event_seqs: sources, surface_op };
+        self.push_event(Event { kind, seq, time: now_ms(), data, source_event_seqs: sources, surface_op })
+    }
+
+    fn push_event(&mut self, event: Event) -> u64 {
+        let seq = event.seq;
         self.writer.append(&event);
         for observer in &self.observers {
             observer.on_event(&self.header, &event);

@@ -1,9 +1,7 @@
 //! Crash repair: closing a turn that a crash left open (dsh `repair.ts`). Pending tool calls get
 //! synthetic results, an open step gets `step/end`, and the turn ends `interrupted`.
 
-use serde_json::{Value, json};
-
-use super::event::Kind;
+use super::event::{self, EventBody, Kind, TurnEndReason};
 use super::record::Event;
 
 /// Text of the synthetic result for a call whose `tool/call` was recorded but not its result.
@@ -15,10 +13,8 @@ pub const NOT_STARTED_TEXT: &str = "Error: kin stopped before this tool call sta
 /// What a closing event says, before seqs and times are assigned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Closer {
-    pub kind: &'static str,
-    pub data: Value,
+    pub body: EventBody,
     pub source_event_seqs: Option<Vec<u64>>,
-    pub surface: bool,
 }
 
 /// The events that close the last turn of `events` if it is still open; empty when balanced.
@@ -29,109 +25,64 @@ pub fn closers(events: &[Event]) -> Vec<Closer> {
     if events[open..].iter().any(|e| e.kind == Kind::TurnEnd) {
         return Vec::new();
     }
-    let turn = events[open].data.get("turn").cloned().unwrap_or(json!(0));
+    let turn = events[open].get::<event::TurnStart>().map_or(0, |t| t.turn);
     let mut out = Vec::new();
-    let mut step: Option<Value> = None;
+    let mut step: Option<u64> = None;
     let mut requested: Vec<String> = Vec::new();
     let mut called: Vec<(String, u64)> = Vec::new();
     let mut answered: Vec<String> = Vec::new();
     for e in &events[open..] {
-        match e.kind {
-            Kind::StepStart => {
-                step = e.data.get("step").cloned();
+        match e.body() {
+            EventBody::StepStart(start) => {
+                step = Some(start.step);
                 requested.clear();
                 called.clear();
                 answered.clear();
             }
-            Kind::StepEnd => step = None,
-            Kind::AssistantMessage => requested.extend(tool_call_ids(&e.data["message"])),
-            Kind::ToolCall => {
-                if let Some(id) = e.data.get("callId").and_then(Value::as_str) {
-                    called.push((id.to_string(), e.seq));
-                }
+            EventBody::StepEnd(_) => step = None,
+            EventBody::AssistantMessage(m) => {
+                requested.extend(m.message.tool_calls().into_iter().map(|c| c.id).filter(|id| !id.is_empty()));
             }
-            Kind::ToolResult => {
-                if let Some(id) = e.data["message"]["content"][0]["toolCallId"].as_str() {
-                    answered.push(id.to_string());
-                }
-            }
+            EventBody::ToolCall(call) => called.push((call.call_id, e.seq)),
+            EventBody::ToolResult(result) => answered.extend(result.call_id().map(str::to_string)),
             _ => {}
         }
     }
-    if let Some(step_value) = &step {
+    if let Some(step) = step {
         for (id, seq) in &called {
             if !answered.contains(id) {
-                let data = synthetic_result(
-                    &turn,
-                    step_value,
-                    id,
-                    OUTCOME_UNKNOWN_TEXT,
-                    "ToolOutcomeUnknownError",
-                    "TOOL_OUTCOME_UNKNOWN",
-                );
-                out.push(Closer { kind: "tool/result", data, source_event_seqs: Some(vec![*seq]), surface: true });
+                let failure = failure("ToolOutcomeUnknownError", "TOOL_OUTCOME_UNKNOWN");
+                let body = synthetic_result(turn, step, id, OUTCOME_UNKNOWN_TEXT, failure);
+                out.push(Closer { body, source_event_seqs: Some(vec![*seq]) });
             }
         }
         for id in &requested {
             if !answered.contains(id) && !called.iter().any(|(c, _)| c == id) {
-                let data = synthetic_result(
-                    &turn,
-                    step_value,
-                    id,
-                    NOT_STARTED_TEXT,
-                    "ToolNotStartedError",
-                    "TOOL_NOT_STARTED",
-                );
-                out.push(Closer { kind: "tool/result", data, source_event_seqs: None, surface: true });
+                let failure = failure("ToolNotStartedError", "TOOL_NOT_STARTED");
+                let body = synthetic_result(turn, step, id, NOT_STARTED_TEXT, failure);
+                out.push(Closer { body, source_event_seqs: None });
             }
         }
-        out.push(Closer {
-            kind: "step/end",
-            data: json!({"turn": turn, "step": step_value}),
-            source_event_seqs: None,
-            surface: false,
-        });
+        out.push(Closer { body: event::StepEnd { turn, step }.into(), source_event_seqs: None });
     }
-    out.push(Closer {
-        kind: "turn/end",
-        data: json!({"turn": turn, "reason": {"kind": "interrupted"}}),
-        source_event_seqs: None,
-        surface: false,
-    });
+    let end = event::TurnEnd { turn, reason: TurnEndReason::Interrupted };
+    out.push(Closer { body: end.into(), source_event_seqs: None });
     out
 }
 
-/// Ids of the `tool-call` blocks of an assistant message.
-pub fn tool_call_ids(message: &Value) -> Vec<String> {
-    message["content"]
-        .as_array()
-        .map(|blocks| {
-            blocks
-                .iter()
-                .filter(|b| b["type"] == "tool-call")
-                .filter_map(|b| b["id"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+fn failure(name: &str, code: &str) -> event::ToolFailure {
+    event::ToolFailure { name: name.into(), code: code.into() }
 }
 
-fn synthetic_result(turn: &Value, step: &Value, call_id: &str, text: &str, name: &str, code: &str) -> Value {
-    json!({
-        "turn": turn,
-        "step": step,
-        "message": {
-            "source": {"kind": "tool", "callId": call_id},
-            "content": [{"type": "tool-result", "toolCallId": call_id, "content": [{"type": "text", "text": text}], "isError": true}],
-            "role": "user",
-            "id": uuid::Uuid::new_v4().to_string(),
-        },
-        "error": {"name": name, "code": code},
-    })
+fn synthetic_result(turn: u64, step: u64, call_id: &str, text: &str, failure: event::ToolFailure) -> EventBody {
+    let content = vec![serde_json::json!({"type": "text", "text": text})];
+    event::ToolResult::new(turn, step, call_id, content, Some(failure), None).into()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
 
     fn ev(seq: u64, kind: &str, data: Value) -> Event {
         Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: None, surface_op: None }
@@ -153,13 +104,16 @@ mod tests {
             ev(3, "tool/call", json!({"turn":2,"step":1,"callId":"a","name":"x","arguments":"{}"})),
         ];
         let c = closers(&events);
-        let kinds: Vec<_> = c.iter().map(|c| c.kind).collect();
+        let kinds: Vec<_> = c.iter().map(|c| c.body.kind()).collect();
         assert_eq!(kinds, ["tool/result", "tool/result", "step/end", "turn/end"]);
-        assert_eq!(c[0].data["error"]["code"], "TOOL_OUTCOME_UNKNOWN");
+        let code = |c: &Closer| match &c.body {
+            EventBody::ToolResult(r) => r.error.as_ref().map(|e| e.code.clone()),
+            _ => None,
+        };
+        assert_eq!(code(&c[0]).as_deref(), Some("TOOL_OUTCOME_UNKNOWN"));
         assert_eq!(c[0].source_event_seqs, Some(vec![3]));
-        assert_eq!(c[1].data["error"]["code"], "TOOL_NOT_STARTED");
-        assert_eq!(c[3].data["reason"]["kind"], "interrupted");
-        assert_eq!(c[3].data["turn"], 2);
+        assert_eq!(code(&c[1]).as_deref(), Some("TOOL_NOT_STARTED"));
+        assert_eq!(c[3].body, event::TurnEnd { turn: 2, reason: TurnEndReason::Interrupted }.into());
     }
 
     #[test]
@@ -169,7 +123,7 @@ mod tests {
             ev(1, "step/start", json!({"turn":1,"step":1})),
             ev(2, "step/end", json!({"turn":1,"step":1})),
         ];
-        let kinds: Vec<_> = closers(&events).iter().map(|c| c.kind).collect();
+        let kinds: Vec<_> = closers(&events).iter().map(|c| c.body.kind()).collect();
         assert_eq!(kinds, ["turn/end"]);
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::descriptor::{DESCRIPTOR_EVENT, Descriptor, ToolFilter};
+use super::descriptor::{Descriptor, ToolFilter};
 use super::inprocess::{ChildDisplay, ChildFactory, ChildSetup, child_header, describe, last_assistant_text};
 use super::{ErrorCode, Lifecycle, StartRequest, StopReason, SubagentError, SubagentService, child_depth};
 use crate::agent::{AgentHandle, TurnEnd};
@@ -182,14 +182,7 @@ impl ContinuationManager {
             tool_filter: request.tool_filter.clone(),
         };
         let lineage = seed.len();
-        seed.push(Event {
-            kind: DESCRIPTOR_EVENT.into(),
-            seq: lineage as u64,
-            time: now_ms(),
-            data: descriptor.to_value(),
-            source_event_seqs: None,
-            surface_op: None,
-        });
+        seed.push(Event::new(lineage as u64, now_ms(), descriptor.event(), None));
         let header = child_header(factory.mint_id(), &request.parent.header, depth, lineage);
         let (child_id, cwd) = (header.id.clone(), header.cwd.clone());
         let session = factory.create_session(header, seed)?;

@@ -4,10 +4,11 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::session::event::{DescriptorPayload, EventBody};
+use crate::session::{Event, Kind};
+
 /// The only descriptor version this kin understands.
 pub const DESCRIPTOR_VERSION: u64 = 2;
-/// The event type.
-pub const DESCRIPTOR_EVENT: &str = "subagent/descriptor";
 
 /// Which tools a child may use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -65,6 +66,11 @@ impl Descriptor {
             Descriptor::OneShot { label, .. } => label.as_deref(),
             Descriptor::Continuable { label, .. } => Some(label),
         }
+    }
+
+    /// The `subagent/descriptor` event of this descriptor.
+    pub fn event(&self) -> EventBody {
+        EventBody::SubagentDescriptor(DescriptorPayload(self.to_value()))
     }
 
     /// The event payload; absent optional fields are omitted.
@@ -135,8 +141,8 @@ impl Descriptor {
     }
 
     /// Folds the first descriptor event among `events` (none → `Ok(None)`).
-    pub fn fold<'a>(mut events: impl Iterator<Item = &'a crate::session::Event>) -> Result<Option<Descriptor>, String> {
-        match events.find(|e| e.kind == crate::session::Kind::SubagentDescriptor) {
+    pub fn fold<'a>(mut events: impl Iterator<Item = &'a Event>) -> Result<Option<Descriptor>, String> {
+        match events.find(|e| e.kind == Kind::SubagentDescriptor) {
             Some(event) => Descriptor::parse(&event.data),
             None => Ok(None),
         }

@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use super::descriptor::{DESCRIPTOR_EVENT, ToolFilter};
+use super::descriptor::ToolFilter;
 use super::{
     Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult, SubagentRun,
 };
@@ -187,11 +187,7 @@ impl SubagentProvider for InProcessProvider {
             };
             let handle = factory.create_child(ChildSpec { header, seed, setup })?;
             let turn = handle
-                .followup_with(
-                    request.prompt.clone(),
-                    json!({"kind": "user"}),
-                    vec![(DESCRIPTOR_EVENT.into(), descriptor.to_value())],
-                )
+                .followup_with(request.prompt.clone(), json!({"kind": "user"}), vec![descriptor.event()])
                 .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
             let (tx, result) = oneshot::channel();
             let runner = handle.clone();

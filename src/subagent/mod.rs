@@ -16,7 +16,7 @@ pub mod tools;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -104,9 +104,6 @@ pub struct SubagentResult {
     pub remote: Option<RemoteRun>,
 }
 
-/// The log-only event a delegation tool records in the parent's log for a remote run.
-pub const REMOTE_RUN_EVENT: &str = "subagent/remote-run";
-
 /// A run of a child that has no local session (an external ACP agent).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RemoteRun {
@@ -120,20 +117,17 @@ pub struct RemoteRun {
 }
 
 impl RemoteRun {
-    /// The data of the parent's `subagent/remote-run` event.
-    pub fn event_data(&self, run_id: &str, output: &str, stop_reason: StopReason) -> Value {
-        let mut data = json!({
-            "runId": run_id,
-            "provider": self.provider,
-            "command": self.command,
-            "childSessionId": self.child_session_id,
-            "output": output,
-            "stopReason": stop_reason.as_str(),
-        });
-        if let Some(error) = &self.error {
-            data["error"] = json!(error);
+    /// The `subagent/remote-run` event a delegation tool records in the parent's log.
+    pub fn event(&self, run_id: &str, output: &str, stop_reason: StopReason) -> crate::session::event::RemoteRun {
+        crate::session::event::RemoteRun {
+            run_id: run_id.to_string(),
+            provider: self.provider.clone(),
+            command: self.command.clone(),
+            child_session_id: self.child_session_id.clone(),
+            output: output.to_string(),
+            stop_reason: stop_reason.as_str().to_string(),
+            error: self.error.clone(),
         }
-        data
     }
 }
 

@@ -10,9 +10,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::continuation::ContinuationManager;
-use super::{
-    ErrorCode, REMOTE_RUN_EVENT, StartRequest, StopReason, SubagentError, SubagentResult, SubagentService, ToolFilter,
-};
+use super::{ErrorCode, StartRequest, StopReason, SubagentError, SubagentResult, SubagentService, ToolFilter};
 use crate::model::ModelRoute;
 use crate::tools::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
@@ -200,7 +198,7 @@ impl Tool for DelegateTool {
                 .map_err(|_| ToolError::new(ErrorCode::Infrastructure.code(), "subagent run ended without a result"))?
                 .map_err(ToolError::from)?;
             // A remote run has no child session: the parent's log records it, however it ended.
-            let event = remote.as_ref().map(|r| r.event_data(&run_id, &output, stop_reason));
+            let event = remote.as_ref().map(|r| r.event(&run_id, &output, stop_reason));
             let result = match stop_reason {
                 StopReason::Completed => Ok(ToolOutput::text(match structured {
                     Some(structured) => structured.to_string(),
@@ -216,8 +214,8 @@ impl Tool for DelegateTool {
                 )),
             };
             match (result, event) {
-                (Ok(output), Some(data)) => Ok(output.with_event(REMOTE_RUN_EVENT, data)),
-                (Err(error), Some(data)) => Err(error.with_event(REMOTE_RUN_EVENT, data)),
+                (Ok(output), Some(run)) => Ok(output.with_event(run)),
+                (Err(error), Some(run)) => Err(error.with_event(run)),
                 (result, None) => result,
             }
         }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 pub use access::Access;
 
 use crate::model::{ModelRoute, ToolSchema};
-use crate::session::{Event, SessionHeader};
+use crate::session::{Event, EventBody, SessionHeader};
 
 /// How long a cancelled tool call may take to wind down (kill processes, cancel children)
 /// before its future is dropped.
@@ -102,7 +102,7 @@ impl ToolContext {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
     pub content: Vec<Value>,
-    pub events: Vec<(String, Value)>,
+    pub events: Vec<EventBody>,
     pub meta: Option<Value>,
 }
 
@@ -118,8 +118,8 @@ impl ToolOutput {
     }
 
     /// Adds a log-only event recorded with the result.
-    pub fn with_event(mut self, kind: &str, data: Value) -> Self {
-        self.events.push((kind.to_string(), data));
+    pub fn with_event(mut self, body: impl Into<EventBody>) -> Self {
+        self.events.push(body.into());
         self
     }
 }
@@ -131,7 +131,7 @@ pub struct ToolError {
     pub code: String,
     pub message: String,
     /// Log-only events recorded with the failed result (as `ToolOutput::events`).
-    pub events: Vec<(String, Value)>,
+    pub events: Vec<EventBody>,
 }
 
 impl ToolError {
@@ -145,8 +145,8 @@ impl ToolError {
     }
 
     /// Adds a log-only event recorded with the failed result.
-    pub fn with_event(mut self, kind: &str, data: Value) -> Self {
-        self.events.push((kind.to_string(), data));
+    pub fn with_event(mut self, body: impl Into<EventBody>) -> Self {
+        self.events.push(body.into());
         self
     }
 }

@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
+use crate::session::event;
 
 /// The state of one todo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,9 +179,13 @@ impl Tool for TodoWriteTool {
     fn execute(&self, arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let todos = parse_todos(&arguments)?;
-            let stored: Vec<Value> =
-                todos.iter().map(|t| serde_json::json!({"content": t.content, "status": t.status.as_str()})).collect();
-            Ok(ToolOutput::text(render_todos(&todos)).with_event("todo/write", serde_json::json!({"todos": stored})))
+            let todos_event = event::TodoWrite {
+                todos: todos
+                    .iter()
+                    .map(|t| event::Todo { content: t.content.clone(), status: t.status.as_str().into() })
+                    .collect(),
+            };
+            Ok(ToolOutput::text(render_todos(&todos)).with_event(todos_event))
         }
         .boxed()
     }
@@ -249,8 +254,10 @@ mod tests {
         let output = TodoWriteTool.execute(args, ctx()).await.unwrap();
         assert_eq!(output.content, ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests").content);
         assert_eq!(output.events.len(), 1, "the plan is recorded as a todo/write event");
-        assert_eq!(output.events[0].0, "todo/write");
-        assert_eq!(output.events[0].1["todos"][1], json!({"content": "Write the fix", "status": "in_progress"}));
+        let crate::session::EventBody::TodoWrite(plan) = &output.events[0] else {
+            panic!("not a todo/write: {:?}", output.events[0]);
+        };
+        assert_eq!(plan.todos[1], event::Todo { content: "Write the fix".into(), status: "in_progress".into() });
         let two = render_todos(&[
             Todo { content: "a".into(), status: TodoStatus::InProgress },
             Todo { content: "b".into(), status: TodoStatus::InProgress },
