@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::scenario::{self, Compare, RunOptions};
-use crate::session::{Event, SessionStore};
+use crate::session::event::ToolResultPart;
+use crate::session::{Event, EventBody, SessionStore};
 
 /// Runs scenarios; returns true when all passed.
 pub async fn scenario_run(dirs: &[PathBuf], opts: &RunOptions) -> Result<bool> {
@@ -93,11 +94,9 @@ pub fn sessions_show(config: &Config, id: &str) -> Result<()> {
     Ok(())
 }
 
-fn texts(content: &Value) -> String {
+fn texts(content: &[Value]) -> String {
     content
-        .as_array()
-        .into_iter()
-        .flatten()
+        .iter()
         .filter_map(|b| match b["type"].as_str() {
             Some("text") => b["text"].as_str().map(str::to_string),
             Some("reasoning") => b["text"].as_str().map(|t| format!("(thinking) {t}")),
@@ -105,48 +104,53 @@ fn texts(content: &Value) -> String {
             Some("tool-call") => {
                 Some(format!("[call {} {}]", b["name"].as_str().unwrap_or("?"), b["arguments"].as_str().unwrap_or("")))
             }
-            Some("tool-result") => {
-                Some(format!("[result{}] {}", if b["isError"] == true { " error" } else { "" }, texts(&b["content"])))
-            }
             _ => None,
         })
         .collect::<Vec<_>>()
         .join(" ")
 }
 
+fn results(parts: &[ToolResultPart]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("[result{}] {}", if p.is_error { " error" } else { "" }, texts(&p.content)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn describe(event: &Event) -> Option<String> {
-    let d = &event.data;
-    Some(match event.kind.as_str() {
-        "turn/start" => format!("── turn {} ──", d["turn"]),
-        "turn/end" => format!("── turn {} ended: {} ──", d["turn"], d["reason"]["kind"].as_str().unwrap_or("?")),
-        "user/message" => format!("user: {}", texts(&d["content"])),
-        "assistant/message" => format!("assistant: {}", texts(&d["message"]["content"])),
-        "tool/result" => format!("tool: {}", texts(&d["message"]["content"])),
-        "mcp/servers" => {
-            let servers: Vec<String> = d["servers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|s| {
-                    let text = |key: &str| s[key].as_str().unwrap_or("?").to_string();
-                    format!("{} ({}, {})", text("name"), text("kind"), text("origin"))
-                })
-                .collect();
+    Some(match event.body() {
+        EventBody::TurnStart(start) => format!("── turn {} ──", start.turn),
+        EventBody::TurnEnd(end) => format!("── turn {} ended: {} ──", end.turn, end.reason.name()),
+        EventBody::UserMessage(message) => format!("user: {}", texts(&message.content)),
+        EventBody::AssistantMessage(m) => format!("assistant: {}", texts(&m.message.content)),
+        EventBody::ToolResult(result) => format!("tool: {}", results(&result.message.content)),
+        EventBody::McpServers(mcp) => {
+            let servers: Vec<String> =
+                mcp.servers.iter().map(|s| format!("{} ({}, {})", s.name, s.kind, s.origin)).collect();
             format!("mcp servers: {}", if servers.is_empty() { "none".into() } else { servers.join(", ") })
         }
-        "subagent/remote-run" => {
-            let text = |key: &str| d[key].as_str().unwrap_or("?").to_string();
-            let error = d["error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();
+        EventBody::SubagentRemoteRun(run) => {
+            let error = run.error.map(|e| format!(" ({e})")).unwrap_or_default();
             format!(
                 "remote run {} by {} ({}), child session {}: {}{error}",
-                text("runId"),
-                text("provider"),
-                text("command"),
-                text("childSessionId"),
-                text("stopReason")
+                run.run_id, run.provider, run.command, run.child_session_id, run.stop_reason
             )
         }
-        _ => return None,
+        EventBody::SteeringMessage(_)
+        | EventBody::StepStart(_)
+        | EventBody::AssistantChunk(_)
+        | EventBody::ToolCall(_)
+        | EventBody::ToolProgress(_)
+        | EventBody::StepEnd(_)
+        | EventBody::LlmRetry(_)
+        | EventBody::SystemPrompt(_)
+        | EventBody::TodoWrite(_)
+        | EventBody::SessionMode(_)
+        | EventBody::SessionModel(_)
+        | EventBody::SessionEndSeed(_)
+        | EventBody::SubagentDescriptor(_)
+        | EventBody::Unknown { .. } => return None,
     })
 }
 

@@ -11,7 +11,9 @@ use agent_client_protocol::v1::schema::{
 use serde_json::{Value, json};
 
 use crate::agent::TurnEnd;
-use crate::session::Event;
+use crate::model::StreamChunk;
+use crate::session::EventBody;
+use crate::session::event;
 use crate::tools::{Access, ToolRegistry};
 
 /// Prompt blocks → one dsh text block (text concatenated; a resource link becomes
@@ -42,58 +44,46 @@ fn text_chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
 }
 
-/// The live update an appended event produces, if any: streamed text and reasoning deltas; a
-/// tool call is shown as its tool among `tools` says.
-pub fn live_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate> {
-    if event.kind == "tool/call" || event.kind == "tool/result" {
-        return tool_update(event, tools);
-    }
-    if event.kind == "llm/retry" {
-        let d = &event.data;
-        let delay = d["delayMs"].as_u64().unwrap_or(0) as f64 / 1000.0;
-        let capped = match d["requestedDelayMs"].as_u64() {
-            Some(asked) => format!(
-                "; the server asked to wait {:.1} s, capped at {delay:.1} s (model_settings.max_retry_after_secs)",
-                asked as f64 / 1000.0
-            ),
-            None => String::new(),
-        };
-        let text = format!(
-            "{RETRY_THOUGHT_PREFIX}({}); retrying in {delay:.1} s (attempt {} of {}{capped}).\n",
-            d["reason"].as_str().unwrap_or("unknown error"),
-            d["attempt"],
-            d["maxAttempts"]
-        );
-        return Some(SessionUpdate::AgentThoughtChunk(text_chunk(&text)));
-    }
-    if event.kind == "todo/write" {
-        return Some(plan_update(event));
-    }
-    if event.kind == "tool/progress" {
-        return progress_update(event);
-    }
-    if event.kind != "assistant/chunk" {
-        return None;
-    }
-    let chunk = &event.data["chunk"];
-    let text = chunk["text"].as_str().filter(|t| !t.is_empty())?;
-    match chunk["type"].as_str() {
-        Some("text-delta") => Some(SessionUpdate::AgentMessageChunk(text_chunk(text))),
-        Some("reasoning-delta") => Some(SessionUpdate::AgentThoughtChunk(text_chunk(text))),
-        _ => None,
+/// The live update an appended event produces, if any: streamed text and reasoning deltas,
+/// tool calls (shown as their tool among `tools` says) and their progress and results, plans,
+/// and retry notices.
+pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpdate> {
+    match body {
+        EventBody::AssistantChunk(c) => chunk_update(&c.chunk),
+        EventBody::ToolCall(call) => Some(tool_call_update(call, tools)),
+        EventBody::ToolResult(result) => tool_result_update(result),
+        EventBody::ToolProgress(progress) => Some(progress_update(progress)),
+        EventBody::TodoWrite(plan) => Some(plan_update(plan)),
+        EventBody::LlmRetry(retry) => Some(retry_update(retry)),
+        EventBody::TurnStart(_)
+        | EventBody::UserMessage(_)
+        | EventBody::SteeringMessage(_)
+        | EventBody::StepStart(_)
+        | EventBody::AssistantMessage(_)
+        | EventBody::StepEnd(_)
+        | EventBody::TurnEnd(_)
+        | EventBody::SystemPrompt(_)
+        | EventBody::SessionMode(_)
+        | EventBody::SessionModel(_)
+        | EventBody::McpServers(_)
+        | EventBody::SessionEndSeed(_)
+        | EventBody::SubagentDescriptor(_)
+        | EventBody::SubagentRemoteRun(_)
+        | EventBody::Unknown { .. } => None,
     }
 }
 
 /// The updates that replay a stored event to a client loading the session: user prompts,
-/// committed assistant text and reasoning, tool calls (as their tools among `tools` show them).
-pub fn replay_updates(event: &Event, tools: &ToolRegistry) -> Vec<SessionUpdate> {
-    match event.kind.as_str() {
-        "user/message" if event.data["source"]["kind"] == "user" => blocks(&event.data["content"])
+/// committed assistant text and reasoning, tool calls (as their tools among `tools` show them)
+/// and results, plans.
+pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpdate> {
+    match body {
+        EventBody::UserMessage(message) if message.from_user() => blocks(&message.content)
             .filter(|b| b["type"] == "text")
             .filter_map(|b| b["text"].as_str())
             .map(|t| SessionUpdate::UserMessageChunk(text_chunk(t)))
             .collect(),
-        "assistant/message" => blocks(&event.data["message"]["content"])
+        EventBody::AssistantMessage(m) => blocks(&m.message.content)
             .filter_map(|b| {
                 let text = b["text"].as_str().filter(|t| !t.is_empty())?;
                 match b["type"].as_str() {
@@ -103,56 +93,108 @@ pub fn replay_updates(event: &Event, tools: &ToolRegistry) -> Vec<SessionUpdate>
                 }
             })
             .collect(),
-        "tool/call" | "tool/result" => tool_update(event, tools).into_iter().collect(),
-        "todo/write" => vec![plan_update(event)],
-        _ => Vec::new(),
+        EventBody::ToolCall(call) => vec![tool_call_update(call, tools)],
+        EventBody::ToolResult(result) => tool_result_update(result).into_iter().collect(),
+        EventBody::TodoWrite(plan) => vec![plan_update(plan)],
+        EventBody::UserMessage(_)
+        | EventBody::TurnStart(_)
+        | EventBody::SteeringMessage(_)
+        | EventBody::StepStart(_)
+        | EventBody::AssistantChunk(_)
+        | EventBody::ToolProgress(_)
+        | EventBody::StepEnd(_)
+        | EventBody::TurnEnd(_)
+        | EventBody::LlmRetry(_)
+        | EventBody::SystemPrompt(_)
+        | EventBody::SessionMode(_)
+        | EventBody::SessionModel(_)
+        | EventBody::McpServers(_)
+        | EventBody::SessionEndSeed(_)
+        | EventBody::SubagentDescriptor(_)
+        | EventBody::SubagentRemoteRun(_)
+        | EventBody::Unknown { .. } => Vec::new(),
     }
 }
 
-/// `tool/call` → a `tool_call` (in progress, with the tool's title, the kind and locations of
-/// what it touches, and the raw input); `tool/result` → a `tool_call_update` (completed or failed,
-/// with the result text, or the diff a successful write or edit recorded in `data.meta.diff`).
-fn tool_update(event: &Event, tools: &ToolRegistry) -> Option<SessionUpdate> {
-    let data = &event.data;
-    if event.kind == "tool/call" {
-        let id = data["callId"].as_str()?;
-        let name = data["name"].as_str().unwrap_or("tool");
-        let raw = data["arguments"].as_str().unwrap_or("");
-        let args: Value = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
-        let (title, access) = tools.shown(name, &args);
-        let mut call = ToolCall::new(id.to_string(), title).kind(tool_kind(&access)).status(ToolCallStatus::InProgress);
-        let locations = locations(&access);
-        if !locations.is_empty() {
-            call = call.locations(locations);
+/// A streamed text or reasoning delta (an empty one shows nothing).
+fn chunk_update(chunk: &StreamChunk) -> Option<SessionUpdate> {
+    match chunk {
+        StreamChunk::TextDelta { text, .. } if !text.is_empty() => {
+            Some(SessionUpdate::AgentMessageChunk(text_chunk(text)))
         }
-        return Some(SessionUpdate::ToolCall(call.raw_input(args)));
+        StreamChunk::ReasoningDelta { text, .. } if !text.is_empty() => {
+            Some(SessionUpdate::AgentThoughtChunk(text_chunk(text)))
+        }
+        StreamChunk::TextDelta { .. }
+        | StreamChunk::ReasoningDelta { .. }
+        | StreamChunk::BlockStart { .. }
+        | StreamChunk::ToolCallDelta { .. }
+        | StreamChunk::BlockEnd { .. }
+        | StreamChunk::Usage { .. }
+        | StreamChunk::Finish { .. } => None,
     }
-    let block = &data["message"]["content"][0];
-    let id = block["toolCallId"].as_str()?;
-    let text: String = blocks(&block["content"]).filter_map(|b| b["text"].as_str()).collect();
-    let status = if block["isError"] == true { ToolCallStatus::Failed } else { ToolCallStatus::Completed };
-    let mut content = vec![match diff_content(&data["meta"]["diff"]) {
+}
+
+/// `llm/retry` → a thought saying what failed and when the next attempt starts (and, when the
+/// server asked for a longer wait, that it was capped).
+fn retry_update(retry: &event::LlmRetry) -> SessionUpdate {
+    let delay = retry.delay_ms as f64 / 1000.0;
+    let capped = match retry.requested_delay_ms {
+        Some(asked) => format!(
+            "; the server asked to wait {:.1} s, capped at {delay:.1} s (model_settings.max_retry_after_secs)",
+            asked as f64 / 1000.0
+        ),
+        None => String::new(),
+    };
+    let text = format!(
+        "{RETRY_THOUGHT_PREFIX}({}); retrying in {delay:.1} s (attempt {} of {}{capped}).\n",
+        retry.reason, retry.attempt, retry.max_attempts
+    );
+    SessionUpdate::AgentThoughtChunk(text_chunk(&text))
+}
+
+/// `tool/call` → a `tool_call` (in progress, with the tool's title, the kind and locations of
+/// what it touches, and the raw input).
+fn tool_call_update(call: &event::ToolCall, tools: &ToolRegistry) -> SessionUpdate {
+    let raw = call.arguments.as_str();
+    let args: Value = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
+    let (title, access) = tools.shown(&call.name, &args);
+    let mut update =
+        ToolCall::new(call.call_id.clone(), title).kind(tool_kind(&access)).status(ToolCallStatus::InProgress);
+    let locations = locations(&access);
+    if !locations.is_empty() {
+        update = update.locations(locations);
+    }
+    SessionUpdate::ToolCall(update.raw_input(args))
+}
+
+/// `tool/result` → a `tool_call_update` (completed or failed, with the result text, or the diff
+/// a successful write or edit recorded in `data.meta.diff`, and the result's images).
+fn tool_result_update(result: &event::ToolResult) -> Option<SessionUpdate> {
+    let part = result.message.content.first()?;
+    let text: String = blocks(&part.content).filter_map(|b| b["text"].as_str()).collect();
+    let status = if part.is_error { ToolCallStatus::Failed } else { ToolCallStatus::Completed };
+    let diff = result.meta.as_ref().and_then(|meta| diff_content(&meta["diff"]));
+    let mut content = vec![match diff {
         Some(diff) if status == ToolCallStatus::Completed => diff,
         _ => ToolCallContent::from(ContentBlock::Text(TextContent::new(text))),
     }];
     // Images of a result (an MCP tool's) are shown too.
-    for image in blocks(&block["content"]).filter(|b| b["type"] == "image") {
+    for image in blocks(&part.content).filter(|b| b["type"] == "image") {
         let (data, media) =
             (image["data"].as_str().unwrap_or_default(), image["mediaType"].as_str().unwrap_or_default());
         content.push(ToolCallContent::from(ContentBlock::Image(ImageContent::new(data, media))));
     }
     let fields = ToolCallUpdateFields::new().status(status).content(content);
-    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
+    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(part.tool_call_id.clone(), fields)))
 }
 
 /// `tool/progress` → the running call's content: what it is doing now (live only; a loaded
 /// session shows the call's result instead).
-fn progress_update(event: &Event) -> Option<SessionUpdate> {
-    let id = event.data["callId"].as_str()?;
-    let text = event.data["text"].as_str()?;
-    let content = ToolCallContent::from(ContentBlock::Text(TextContent::new(text)));
+fn progress_update(progress: &event::ToolProgress) -> SessionUpdate {
+    let content = ToolCallContent::from(ContentBlock::Text(TextContent::new(progress.text.as_str())));
     let fields = ToolCallUpdateFields::new().content(vec![content]);
-    Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields)))
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(progress.call_id.clone(), fields))
 }
 
 /// `{path, oldText, newText}` → diff content (`oldText` null: a new file).
@@ -164,15 +206,17 @@ fn diff_content(diff: &Value) -> Option<ToolCallContent> {
 }
 
 /// `todo/write` → the editor's plan.
-fn plan_update(event: &Event) -> SessionUpdate {
-    let entries = blocks(&event.data["todos"])
+fn plan_update(plan: &event::TodoWrite) -> SessionUpdate {
+    let entries = plan
+        .todos
+        .iter()
         .map(|t| {
-            let status = match t["status"].as_str() {
-                Some("completed") => PlanEntryStatus::Completed,
-                Some("in_progress") => PlanEntryStatus::InProgress,
+            let status = match t.status.as_str() {
+                "completed" => PlanEntryStatus::Completed,
+                "in_progress" => PlanEntryStatus::InProgress,
                 _ => PlanEntryStatus::Pending,
             };
-            PlanEntry::new(t["content"].as_str().unwrap_or_default(), PlanEntryPriority::Medium, status)
+            PlanEntry::new(t.content.as_str(), PlanEntryPriority::Medium, status)
         })
         .collect();
     SessionUpdate::Plan(Plan::new(entries))
@@ -259,8 +303,8 @@ pub fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
     }
 }
 
-fn blocks(value: &Value) -> impl Iterator<Item = &Value> {
-    value.as_array().into_iter().flatten()
+fn blocks(content: &[Value]) -> impl Iterator<Item = &Value> {
+    content.iter()
 }
 
 /// A turn's end as an ACP stop reason; `Err` carries the failure message of an error turn.
@@ -277,11 +321,20 @@ pub fn stop_reason(end: &TurnEnd) -> Result<StopReason, String> {
 mod tests {
     use super::*;
 
-    fn event(kind: &str, data: Value) -> Event {
-        Event { kind: kind.into(), seq: 0, time: 0, data, source_event_seqs: None, surface_op: None }
+    /// The typed body of an event read from the log.
+    fn event(kind: &str, data: Value) -> EventBody {
+        let event = crate::session::Event {
+            kind: kind.into(),
+            seq: 0,
+            time: 0,
+            data,
+            source_event_seqs: None,
+            surface_op: None,
+        };
+        event.body()
     }
 
-    fn result(is_error: bool, meta: Option<Value>) -> Event {
+    fn result(is_error: bool, meta: Option<Value>) -> EventBody {
         let mut data = json!({
             "turn": 1,
             "step": 1,
@@ -415,6 +468,16 @@ mod tests {
             let shown = serde_json::to_value(tool_kind(&forwarded_access(kind, Vec::new()))).unwrap();
             assert_eq!(shown, kind, "a forwarded question keeps its kind");
         }
+    }
+
+    #[test]
+    fn events_kin_does_not_understand_show_nothing() {
+        let tools = ToolRegistry::new();
+        let title = event("session/title", json!({"title": "t"}));
+        assert!(live_update(&title, &tools).is_none() && replay_updates(&title, &tools).is_empty());
+        let nameless = event("tool/call", json!({"turn": 1, "step": 1, "callId": 7}));
+        assert!(matches!(nameless, EventBody::Unknown { .. }), "a call id must be a string");
+        assert!(live_update(&nameless, &tools).is_none() && replay_updates(&nameless, &tools).is_empty());
     }
 
     #[test]

@@ -243,7 +243,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                             Ok(events) => {
                                 forwarder.count(&events);
                                 let tools = runtime.tools();
-                                for update in events.iter().flat_map(|event| convert::replay_updates(event, tools)) {
+                                for update in events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
                                     tree::notify(&cx, &id, update);
                                 }
                                 // The agent tree: children replayed before the response, the

@@ -31,7 +31,8 @@ use serde_json::{Value, json};
 
 use super::convert;
 use crate::runtime::{ChildObservers, ChildRecord, Runtime};
-use crate::session::{Event, Session, SessionHeader, SessionObserver};
+use crate::session::event::{self, TurnEndReason, UserMessage};
+use crate::session::{Event, EventBody, Kind, Session, SessionHeader, SessionObserver};
 use crate::subagent::Descriptor;
 use crate::subagent::inprocess::{ChildDisplay, describe};
 use crate::tools::ToolRegistry;
@@ -94,12 +95,11 @@ struct Usage {
 }
 
 impl Usage {
-    /// Adds the `usage` of an `assistant/message` event's data, if it has one.
-    fn add(&mut self, data: &Value) {
-        let usage = &data["usage"];
-        if !usage.is_object() {
+    /// Adds the `usage` of an `assistant/message`, if it has one.
+    fn add(&mut self, usage: Option<&Value>) {
+        let Some(usage) = usage.filter(|u| u.is_object()) else {
             return;
-        }
+        };
         let input = usage["inputTokens"].as_u64().unwrap_or(0);
         let output = usage["outputTokens"].as_u64().unwrap_or(0);
         self.input += input;
@@ -151,10 +151,10 @@ impl Forwarder {
 
     /// Counts the model usage a loaded log already holds (after any lineage seed).
     pub fn count(&self, events: &[Event]) {
-        let own = events.iter().position(|e| e.kind == "session/end-seed").map_or(0, |i| i + 1);
+        let own = events.iter().position(|e| e.kind == Kind::SessionEndSeed).map_or(0, |i| i + 1);
         let mut state = self.state();
-        for event in events[own..].iter().filter(|e| e.kind == "assistant/message") {
-            state.usage.add(&event.data);
+        for message in events[own..].iter().filter_map(Event::get::<event::AssistantMessage>) {
+            state.usage.add(message.usage.as_ref());
         }
     }
 
@@ -180,8 +180,8 @@ impl Forwarder {
     /// `report`, a settlement notice) as `session_message` in both transcripts: the incoming view
     /// here (message id = the user message's id), the outgoing view in the sender's
     /// (`<id>.sent`), each naming the other's id.
-    fn message(&self, header: &SessionHeader, data: &Value) {
-        let source = &data["source"];
+    fn message(&self, header: &SessionHeader, message: &UserMessage) {
+        let source = &message.source;
         let sender = match source["senderSessionId"].as_str() {
             Some(sender) => sender.to_string(),
             None if source["kind"] == "user" => match &self.parent {
@@ -190,11 +190,13 @@ impl Forwarder {
             },
             None => return,
         };
-        let Some(id) = data["id"].as_str() else { return };
-        let content: Vec<ContentBlock> = data["content"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        let id = message.id.as_str();
+        if id.is_empty() {
+            return;
+        }
+        let content: Vec<ContentBlock> = message
+            .content
+            .iter()
             .filter_map(|b| b["text"].as_str())
             .map(|t| ContentBlock::Text(TextContent::new(t)))
             .collect();
@@ -216,9 +218,10 @@ impl Forwarder {
 
 impl SessionObserver for Forwarder {
     fn on_event(&self, header: &SessionHeader, event: &Event) {
+        let body = event.body();
         let tree = self.tree.enabled();
         if tree
-            && event.kind == "turn/start"
+            && let EventBody::TurnStart(_) = &body
             && let Some(parent) = &self.parent
         {
             let was_running = {
@@ -231,10 +234,9 @@ impl SessionObserver for Forwarder {
             }
         }
         // A client that shows the child's own session needs no progress on the delegating call.
-        let shown_as_child = tree
-            && event.kind == "tool/progress"
-            && event.data["callId"].as_str().is_some_and(|call| self.tree.linked(&header.id, call));
-        if let Some(mut update) = convert::live_update(event, &self.tools).filter(|_| !shown_as_child) {
+        let shown_as_child =
+            tree && matches!(&body, EventBody::ToolProgress(p) if self.tree.linked(&header.id, &p.call_id));
+        if let Some(mut update) = convert::live_update(&body, &self.tools).filter(|_| !shown_as_child) {
             if tree {
                 self.link_result(&header.id, &mut update);
             }
@@ -243,13 +245,13 @@ impl SessionObserver for Forwarder {
         if !tree {
             return;
         }
-        match event.kind.as_str() {
-            "user/message" => self.message(header, &event.data),
-            "assistant/message" => {
+        match &body {
+            EventBody::UserMessage(message) => self.message(header, message),
+            EventBody::AssistantMessage(message) => {
                 let mut state = self.state();
-                state.usage.add(&event.data);
+                state.usage.add(message.usage.as_ref());
             }
-            "turn/end" => {
+            EventBody::TurnEnd(end) => {
                 let usage = {
                     let mut state = self.state();
                     state.running = false;
@@ -257,11 +259,28 @@ impl SessionObserver for Forwarder {
                 };
                 self.send(&header.id, usage);
                 if let Some(parent) = &self.parent {
-                    let update = SubagentUpdate::new(header.id.clone()).state(idle_after(&event.data["reason"]));
+                    let update = SubagentUpdate::new(header.id.clone()).state(idle_after(&end.reason));
                     self.send(parent, SessionUpdate::SubagentUpdate(update));
                 }
             }
-            _ => {}
+            EventBody::TurnStart(_)
+            | EventBody::SteeringMessage(_)
+            | EventBody::StepStart(_)
+            | EventBody::AssistantChunk(_)
+            | EventBody::ToolCall(_)
+            | EventBody::ToolProgress(_)
+            | EventBody::ToolResult(_)
+            | EventBody::StepEnd(_)
+            | EventBody::LlmRetry(_)
+            | EventBody::SystemPrompt(_)
+            | EventBody::TodoWrite(_)
+            | EventBody::SessionMode(_)
+            | EventBody::SessionModel(_)
+            | EventBody::McpServers(_)
+            | EventBody::SessionEndSeed(_)
+            | EventBody::SubagentDescriptor(_)
+            | EventBody::SubagentRemoteRun(_)
+            | EventBody::Unknown { .. } => {}
         }
     }
 }
@@ -337,18 +356,25 @@ fn idle(stop: Option<IdleStopReason>) -> StateUpdate {
 }
 
 /// The state after a live turn ended with this `turn/end` reason.
-fn idle_after(reason: &Value) -> StateUpdate {
-    let stop = match reason["kind"].as_str() {
-        Some("completed") => Some(IdleStopReason::EndTurn),
-        Some("max-tokens") => Some(IdleStopReason::MaxTokens),
-        Some("aborted" | "disposed") => Some(IdleStopReason::Cancelled),
-        Some("error") => {
-            let message = reason["failure"]["message"].as_str().unwrap_or("the turn failed");
+fn idle_after(reason: &TurnEndReason) -> StateUpdate {
+    let stop = match reason {
+        TurnEndReason::Error { failure, .. } => {
+            let message = failure.as_ref().map_or("the turn failed", |f| f.message.as_str());
             Some(IdleStopReason::Error(ErrorStopReason::new().error(SchemaError::new(-32603, message))))
         }
-        _ => None,
+        other => clean_stop(other),
     };
     idle(stop)
+}
+
+/// The stop reason of a turn that ended cleanly; `None` for a failed, interrupted or unknown end.
+fn clean_stop(reason: &TurnEndReason) -> Option<IdleStopReason> {
+    match reason {
+        TurnEndReason::Completed => Some(IdleStopReason::EndTurn),
+        TurnEndReason::MaxTokens => Some(IdleStopReason::MaxTokens),
+        TurnEndReason::Aborted | TurnEndReason::Disposed => Some(IdleStopReason::Cancelled),
+        TurnEndReason::Error { .. } | TurnEndReason::Interrupted | TurnEndReason::Unrecognized => None,
+    }
 }
 
 /// The state of a stored child: `running` while a turn of its live agent runs, else `idle`, with
@@ -360,15 +386,12 @@ fn stored_state(record: &ChildRecord) -> StateUpdate {
         return running();
     }
     let events = &record.events;
-    let start = events.iter().rposition(|e| e.kind == "turn/start");
-    let end = events.iter().rposition(|e| e.kind == "turn/end");
+    let start = events.iter().rposition(|e| e.kind == Kind::TurnStart);
+    let end = events.iter().rposition(|e| e.kind == Kind::TurnEnd);
     let stop = match (start, end) {
-        (Some(start), Some(end)) if end > start => match events[end].data["reason"]["kind"].as_str() {
-            Some("completed") => Some(IdleStopReason::EndTurn),
-            Some("max-tokens") => Some(IdleStopReason::MaxTokens),
-            Some("aborted" | "disposed") => Some(IdleStopReason::Cancelled),
-            _ => None,
-        },
+        (Some(start), Some(end)) if end > start => {
+            events[end].get::<event::TurnEnd>().and_then(|end| clean_stop(&end.reason))
+        }
         _ => None,
     };
     idle(stop)
@@ -405,8 +428,8 @@ fn nodes(runtime: &Runtime, parent: &str, depth: usize) -> Vec<Node> {
 fn announce(cx: &ConnectionTo<Client>, node: &Node) {
     let record = &node.record;
     let title = record.descriptor.as_ref().and_then(Descriptor::label).map(str::to_string);
-    let task = record.events.iter().find(|e| e.kind == "user/message" && e.data["source"]["kind"] == "user");
-    let description = task.and_then(|e| describe(e.data["content"].as_array().into_iter().flatten()));
+    let task = record.events.iter().filter_map(Event::get::<UserMessage>).find(UserMessage::from_user);
+    let description = task.and_then(|m| describe(&m.content));
     let update = announcement(&record.header, title, description, stored_state(record));
     notify(cx, &node.parent, SessionUpdate::SubagentUpdate(update));
 }
@@ -416,7 +439,7 @@ fn announce(cx: &ConnectionTo<Client>, node: &Node) {
 pub fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
     for node in nodes {
         announce(cx, node);
-        for update in node.record.events.iter().flat_map(|event| convert::replay_updates(event, tools)) {
+        for update in node.record.events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
             notify(cx, &node.record.header.id, update);
         }
         replay(cx, tools, &node.children);
@@ -448,15 +471,15 @@ mod tests {
 
     #[test]
     fn states_serialize_as_the_protocol_says() {
-        let wire = serde_json::to_value(idle_after(&json!({"kind": "completed"}))).unwrap();
+        let wire = serde_json::to_value(idle_after(&TurnEndReason::Completed)).unwrap();
         assert_eq!(wire, json!({"state": "idle", "stopReason": "end_turn"}));
-        let wire = serde_json::to_value(idle_after(&json!({"kind": "aborted"}))).unwrap();
+        let wire = serde_json::to_value(idle_after(&TurnEndReason::Aborted)).unwrap();
         assert_eq!(wire, json!({"state": "idle", "stopReason": "cancelled"}));
-        let failed = json!({"kind": "error", "failure": {"message": "boom", "code": "X"}});
-        let wire = serde_json::to_value(idle_after(&failed)).unwrap();
+        let failure = Some(crate::model::Failure::new("boom", "X"));
+        let wire = serde_json::to_value(idle_after(&TurnEndReason::Error { step: 1, failure })).unwrap();
         assert_eq!(wire["stopReason"], "error");
         assert_eq!(wire["error"]["message"], "boom");
-        let wire = serde_json::to_value(idle_after(&json!({"kind": "interrupted"}))).unwrap();
+        let wire = serde_json::to_value(idle_after(&TurnEndReason::Interrupted)).unwrap();
         assert_eq!(wire, json!({"state": "idle"}));
         assert_eq!(serde_json::to_value(running()).unwrap(), json!({"state": "running"}));
     }
@@ -483,9 +506,9 @@ mod tests {
     #[test]
     fn usage_counts_every_call_and_keeps_the_last_context() {
         let mut usage = Usage::default();
-        usage.add(&json!({"usage": {"inputTokens": 20, "outputTokens": 10}}));
-        usage.add(&json!({}));
-        usage.add(&json!({"usage": {"inputTokens": 30, "outputTokens": 2}}));
+        usage.add(Some(&json!({"inputTokens": 20, "outputTokens": 10})));
+        usage.add(None);
+        usage.add(Some(&json!({"inputTokens": 30, "outputTokens": 2})));
         let wire = serde_json::to_value(usage.update()).unwrap();
         assert_eq!(wire["sessionUpdate"], "usage_update");
         assert_eq!((wire["used"].as_u64(), wire["size"].as_u64()), (Some(32), Some(0)));

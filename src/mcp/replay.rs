@@ -8,9 +8,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
-use serde_json::{Value, json};
-
 use super::names;
+use crate::session::Kind;
+use crate::session::event::{ToolCall, ToolResult};
 use crate::tools::{ToolError, ToolOutput};
 
 /// The MCP calls and results of a scenario's recorded logs.
@@ -18,8 +18,8 @@ use crate::tools::{ToolError, ToolOutput};
 pub struct Recording {
     /// Every MCP tool name the logs called.
     names: BTreeSet<String>,
-    /// (tool name, call id) → the recorded `tool/result` data, in log order.
-    results: Mutex<HashMap<(String, String), VecDeque<Value>>>,
+    /// (tool name, call id) → the recorded `tool/result`s, in log order.
+    results: Mutex<HashMap<(String, String), VecDeque<ToolResult>>>,
 }
 
 impl Recording {
@@ -50,22 +50,19 @@ impl Recording {
             };
             let mut called: HashMap<String, String> = HashMap::new();
             for event in &scanned.events {
-                let id = event.data["callId"].as_str().unwrap_or_default().to_string();
-                match event.kind.as_str() {
-                    "tool/call" => {
-                        let name = event.data["name"].as_str().unwrap_or_default();
-                        if names::is_mcp_tool(name) {
-                            recording.names.insert(name.to_string());
-                            called.insert(id, name.to_string());
-                        }
+                if event.kind == Kind::ToolCall
+                    && let Some(call) = event.get::<ToolCall>()
+                    && names::is_mcp_tool(&call.name)
+                {
+                    recording.names.insert(call.name.clone());
+                    called.insert(call.call_id, call.name);
+                } else if event.kind == Kind::ToolResult
+                    && let Some(result) = event.get::<ToolResult>()
+                {
+                    let id = result.message.source.call_id.clone();
+                    if let Some(name) = called.remove(&id) {
+                        results.entry((name, id)).or_default().push_back(result);
                     }
-                    "tool/result" => {
-                        let id = event.data["message"]["source"]["callId"].as_str().unwrap_or_default();
-                        if let Some(name) = called.remove(id) {
-                            results.entry((name, id.to_string())).or_default().push_back(event.data.clone());
-                        }
-                    }
-                    _ => {}
                 }
             }
         }
@@ -86,29 +83,32 @@ impl Recording {
             .unwrap_or_else(PoisonError::into_inner)
             .get_mut(&(name.to_string(), call_id.to_string()))
             .and_then(VecDeque::pop_front);
-        let Some(data) = recorded else {
+        let Some(result) = recorded else {
             return Err(ToolError::named(
                 "McpError",
                 "MCP_NOT_RECORDED",
                 format!("replay: the recorded logs hold no result for {name} call {call_id}"),
             ));
         };
-        let block = &data["message"]["content"][0];
-        let content = block["content"].as_array().cloned().unwrap_or_default();
-        if block["isError"] == true {
+        let part = result.message.content.into_iter().next();
+        let is_error = part.as_ref().is_some_and(|p| p.is_error);
+        let content = part.map(|p| p.content).unwrap_or_default();
+        if is_error {
             let text = content.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("");
             let message = text.strip_prefix("Error: ").unwrap_or(&text).to_string();
-            let field = |key: &str, default: &str| data["error"][key].as_str().unwrap_or(default).to_string();
-            return Err(ToolError::named(&field("name", "McpError"), &field("code", "MCP_ERROR"), message));
+            let error =
+                result.error.unwrap_or(crate::session::event::ToolFailure { name: String::new(), code: String::new() });
+            let or = |value: String, default: &str| if value.is_empty() { default.to_string() } else { value };
+            return Err(ToolError::named(&or(error.name, "McpError"), &or(error.code, "MCP_ERROR"), message));
         }
-        let meta = data.get("meta").cloned().filter(|m| *m != json!(null));
-        Ok(ToolOutput { content, events: Vec::new(), meta })
+        Ok(ToolOutput { content, events: Vec::new(), meta: result.meta })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn recorded_results_answer_by_name_and_call_id() {

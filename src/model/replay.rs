@@ -15,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::script::{ReplayEntry, play};
 use super::{ChunkStream, Model, ModelRequest, StreamChunk};
-use crate::session::Kind;
+use crate::session::event::{AssistantChunk, UserMessage};
 use crate::session::layout::validate_session_id;
 use crate::session::scan::scan_file;
+use crate::session::{Event, Kind};
 
 /// One recorded session's calls.
 #[derive(Debug)]
@@ -54,7 +55,12 @@ pub(crate) fn prompt_of(messages: &[Value]) -> Option<String> {
 }
 
 fn message_text(message: &Value) -> String {
-    message["content"].as_array().into_iter().flatten().filter_map(|b| b["text"].as_str()).collect()
+    blocks_text(message["content"].as_array().map_or(&[], Vec::as_slice))
+}
+
+/// The text of a message's content blocks, concatenated.
+fn blocks_text(content: &[Value]) -> String {
+    content.iter().filter_map(|b| b["text"].as_str()).collect()
 }
 
 /// Serves recorded model calls.
@@ -96,10 +102,11 @@ impl ReplayModel {
             let prompt = scanned
                 .events
                 .iter()
-                .find(|e| e.seq >= seed_length && e.kind == Kind::UserMessage && e.data["source"]["kind"] == "user")
-                .map(|e| message_text(&e.data));
-            let entries =
-                derive_entries(scanned.events.iter().filter(|e| e.kind == Kind::AssistantChunk).map(|e| &e.data));
+                .filter(|e| e.seq >= seed_length)
+                .filter_map(Event::get::<UserMessage>)
+                .find(UserMessage::from_user)
+                .map(|m| blocks_text(&m.content));
+            let entries = derive_entries(scanned.events.iter().filter(|e| e.kind == Kind::AssistantChunk));
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
             state.scripts.push(Script { id: minted, name, prompt, bound: false, recorded: entries.len(), entries });
         }
@@ -120,14 +127,14 @@ pub fn is_uuid(s: &str) -> bool {
     uuid::Uuid::try_parse(s).is_ok() && s.len() == 36
 }
 
-fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Value>) -> VecDeque<(Option<(u64, u64)>, ReplayEntry)> {
+fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Event>) -> VecDeque<(Option<(u64, u64)>, ReplayEntry)> {
     let mut groups: Vec<((u64, u64), Vec<StreamChunk>)> = Vec::new();
-    for data in chunks {
-        let key = (data["turn"].as_u64().unwrap_or(0), data["step"].as_u64().unwrap_or(0));
-        let Ok(chunk) = serde_json::from_value::<StreamChunk>(data["chunk"].clone()) else {
-            tracing::warn!("skipping an unreadable recorded chunk: {}", data["chunk"]);
+    for event in chunks {
+        let Some(AssistantChunk { turn, step, chunk }) = event.get() else {
+            tracing::warn!("skipping an unreadable recorded chunk (seq {}): {}", event.seq, event.data);
             continue;
         };
+        let key = (turn, step);
         match groups.last_mut() {
             Some((k, group)) if *k == key => group.push(chunk),
             _ => groups.push((key, vec![chunk])),
@@ -235,11 +242,8 @@ impl Model for ReplayModel {
         let Some(i) = index else { return };
         state.bindings.insert(session_id.to_string(), i);
         state.scripts[i].bound = true;
-        let done: std::collections::HashSet<(u64, u64)> = events
-            .iter()
-            .filter(|e| e.kind == Kind::AssistantChunk)
-            .map(|e| (e.data["turn"].as_u64().unwrap_or(0), e.data["step"].as_u64().unwrap_or(0)))
-            .collect();
+        let done: std::collections::HashSet<(u64, u64)> =
+            events.iter().filter_map(Event::get::<AssistantChunk>).map(|c| (c.turn, c.step)).collect();
         state.scripts[i].entries.retain(|(key, _)| key.is_none_or(|k| !done.contains(&k)));
     }
 

@@ -339,12 +339,11 @@ fn tool_results(log: &str, scrubber: &Scrubber) -> Vec<String> {
     log.lines()
         .filter_map(|line| Record::parse(line).ok())
         .flat_map(Record::into_events)
-        .filter(|e| e.kind == crate::session::Kind::ToolResult)
-        .flat_map(|e| e.data["message"]["content"].as_array().cloned().unwrap_or_default())
-        .map(|block| {
-            let text: String =
-                block["content"].as_array().into_iter().flatten().filter_map(|c| c["text"].as_str()).collect();
-            let marker = if block["isError"] == true { "error" } else { "ok" };
+        .filter_map(|e| e.get::<crate::session::event::ToolResult>())
+        .flat_map(|result| result.message.content)
+        .map(|part| {
+            let text: String = part.content.iter().filter_map(|c| c["text"].as_str()).collect();
+            let marker = if part.is_error { "error" } else { "ok" };
             format!("{marker}: {}", scrubber.string(&text))
         })
         .collect()

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use super::client::{exists, wait_for};
 use super::{Run, read_log};
 use crate::acp::peer::Answer;
-use crate::session::Kind;
+use crate::session::event::TurnStart;
+use crate::session::{Event, Kind};
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 const RESPONSE_WAIT: Duration = Duration::from_secs(60);
@@ -84,7 +85,7 @@ pub(super) async fn run_step(run: &mut Run, step: &Value) -> Result<()> {
             let log = run.parent_log().context("no session yet")?;
             wait_for(&format!("turn {minimum} to start"), timeout_of(step), || {
                 read_log(&log).is_some_and(|(_, ev)| {
-                    ev.iter().any(|e| e.kind == Kind::TurnStart && e.data["turn"].as_u64() >= Some(minimum))
+                    ev.iter().filter_map(Event::get::<TurnStart>).any(|start| start.turn >= minimum)
                 })
             })
             .await?;

@@ -124,6 +124,10 @@ fn to_data(payload: &impl Serialize) -> Value {
     })
 }
 
+fn unknown_error() -> String {
+    "unknown error".into()
+}
+
 fn user_role() -> String {
     "user".into()
 }
@@ -301,11 +305,16 @@ pub struct ToolCall {
     #[serde(default)]
     pub step: u64,
     pub call_id: String,
-    #[serde(default)]
+    /// The tool's name (`tool` when a log has none).
+    #[serde(default = "unnamed_tool")]
     pub name: String,
     /// The raw JSON text of the arguments.
     #[serde(default)]
     pub arguments: String,
+}
+
+fn unnamed_tool() -> String {
+    "tool".into()
 }
 
 /// `tool/progress` (log-only, kin's own): what a running call is doing.
@@ -449,6 +458,21 @@ pub enum TurnEndReason {
     Unrecognized,
 }
 
+impl TurnEndReason {
+    /// The wire name of the reason (`?` for one kin does not know).
+    pub fn name(&self) -> &'static str {
+        match self {
+            TurnEndReason::Completed => "completed",
+            TurnEndReason::MaxTokens => "max-tokens",
+            TurnEndReason::Aborted => "aborted",
+            TurnEndReason::Disposed => "disposed",
+            TurnEndReason::Error { .. } => "error",
+            TurnEndReason::Interrupted => "interrupted",
+            TurnEndReason::Unrecognized => "?",
+        }
+    }
+}
+
 /// `llm/retry` (log-only, kin's own): a failed model request about to be retried.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -467,7 +491,7 @@ pub struct LlmRetry {
     #[serde(default)]
     pub code: String,
     /// The failed attempt's message.
-    #[serde(default)]
+    #[serde(default = "unknown_error")]
     pub reason: String,
     /// The wait the server asked for, when it was longer than the cap allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]

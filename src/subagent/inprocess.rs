@@ -16,6 +16,7 @@ use super::{
 };
 use crate::agent::{AgentHandle, TurnEnd};
 use crate::model::ModelRoute;
+use crate::session::event;
 use crate::session::{Event, Kind, Session, SessionHeader, SessionObserver, now_ms};
 use crate::tools::{Access, Progress, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
@@ -42,11 +43,9 @@ pub struct ReportToolCalls {
 
 impl SessionObserver for ReportToolCalls {
     fn on_event(&self, _: &SessionHeader, event: &Event) {
-        if event.kind == Kind::ToolCall {
-            let name = event.data["name"].as_str().unwrap_or("tool");
-            let raw = event.data["arguments"].as_str().unwrap_or("");
-            let args: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
-            self.progress.report(self.tools.shown(name, &args).0);
+        if let Some(call) = event.get::<event::ToolCall>() {
+            let args: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
+            self.progress.report(self.tools.shown(&call.name, &args).0);
         }
     }
 }
@@ -264,15 +263,8 @@ pub fn last_assistant_text(events: &[Event], from: u64) -> String {
         .rev()
         .take_while(|e| e.seq >= from)
         .find(|e| e.kind == Kind::AssistantMessage)
-        .map(|e| {
-            e.data["message"]["content"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|b| b["type"] == "text")
-                .filter_map(|b| b["text"].as_str())
-                .collect()
-        })
+        .and_then(Event::get::<event::AssistantMessage>)
+        .map(|m| m.message.content.iter().filter(|b| b["type"] == "text").filter_map(|b| b["text"].as_str()).collect())
         .unwrap_or_default()
 }
 
