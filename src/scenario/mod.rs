@@ -368,11 +368,8 @@ fn diff(what: &str, expected: &[String], actual: &[String]) -> String {
     out
 }
 
-/// Reads a log's header and events, tolerating a torn tail (for waits).
+/// Reads a log's header and events up to a torn tail (the store's read-only scan; for waits).
 pub(crate) fn read_log(path: &Path) -> Option<(SessionHeader, Vec<crate::session::Event>)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let mut lines = text.lines();
-    let header = SessionHeader::parse(lines.next()?).ok()?;
-    let events = lines.filter_map(|l| Record::parse(l).ok()).flat_map(Record::into_events).collect();
-    Some((header, events))
+    let scanned = crate::session::scan::scan_file(path).ok()?;
+    Some((scanned.header, scanned.events))
 }

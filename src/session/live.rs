@@ -7,9 +7,10 @@ use std::sync::Arc;
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use super::event::{EventBody, Kind};
+use super::event::{self, EventBody, Kind};
 use super::record::{Event, SessionHeader};
 use super::repair::Closer;
+use super::surface::{self, derive_messages};
 use super::writer::LogWriter;
 
 /// Sees every event appended to a session, in order, on the appending task.
@@ -93,8 +94,9 @@ impl Session {
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }
+        // Only a surface event may change the history (and only then is a shared one copied).
         if event.kind.is_surface() {
-            fold_surface(Arc::make_mut(&mut self.messages), &event);
+            surface::apply(Arc::make_mut(&mut self.messages), &event);
         }
         self.events.push(event);
         seq
@@ -123,44 +125,6 @@ impl Session {
 
     /// The number the next turn gets (continuing a fork seed's numbering).
     pub fn next_turn(&self) -> u64 {
-        self.events
-            .iter()
-            .rev()
-            .find(|e| e.kind == Kind::TurnStart)
-            .and_then(|e| e.data["turn"].as_u64())
-            .map_or(1, |t| t + 1)
-    }
-}
-
-/// Folds surface events into model messages: `append` pushes, `{op:"replace", start, end}`
-/// replaces the message range `[start, end)` (compaction). Empty assistant messages are skipped.
-pub fn derive_messages(events: &[Event]) -> Vec<Value> {
-    let mut messages: Vec<Value> = Vec::new();
-    for event in events {
-        fold_surface(&mut messages, event);
-    }
-    messages
-}
-
-/// Applies one event to a surface fold (a no-op for log-only events).
-fn fold_surface(messages: &mut Vec<Value>, event: &Event) {
-    if !event.kind.is_surface() {
-        return;
-    }
-    let message = match event.kind {
-        Kind::UserMessage => event.data.clone(),
-        _ => event.data["message"].clone(),
-    };
-    if event.kind == Kind::AssistantMessage && message["content"].as_array().is_none_or(Vec::is_empty) {
-        return;
-    }
-    match &event.surface_op {
-        Some(Value::Object(op)) if op.get("op") == Some(&json!("replace")) => {
-            let len = messages.len();
-            let start = op.get("start").and_then(Value::as_u64).map_or(len, |s| (s as usize).min(len));
-            let end = op.get("end").and_then(Value::as_u64).map_or(len, |e| (e as usize).min(len)).max(start);
-            messages.splice(start..end, [message]);
-        }
-        _ => messages.push(message),
+        event::last::<event::TurnStart>(&self.events).map_or(1, |start| start.turn + 1)
     }
 }

@@ -10,10 +10,12 @@ pub mod record;
 pub mod repair;
 pub mod scan;
 pub mod store;
+pub mod surface;
 pub mod writer;
 
 pub use event::{EventBody, Kind, Payload};
-pub use live::{Session, SessionObserver, derive_messages, now_ms};
+pub use live::{Session, SessionObserver, now_ms};
 pub use record::{Event, Record, SessionHeader};
 pub use scan::{ScanError, Scanned, TornTail};
 pub use store::{SessionStore, StoreError, StoredSession};
+pub use surface::derive_messages;

@@ -21,19 +21,19 @@
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::event::Kind;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::scan_file;
+use super::scan::{read_header, scan_file};
 use super::store::{SessionStore, StoreError};
+pub use super::surface::Surface;
+use super::surface::validate;
 
 /// The largest `before` / `after` of a `read_event` window (dsh `readWindowMax`).
 pub const READ_WINDOW_MAX: u64 = 50;
@@ -158,27 +158,6 @@ pub struct Trace {
     pub lineage: Lineage,
 }
 
-/// How an event stands in the model-visible surface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
-    /// A surface event whose message is in the current history.
-    Current,
-    /// A surface event whose message a later replacement (compaction) removed.
-    Shadowed,
-    /// Not a surface event.
-    LogOnly,
-}
-
-impl Surface {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Surface::Current => "current",
-            Surface::Shadowed => "shadowed",
-            Surface::LogOnly => "log-only",
-        }
-    }
-}
-
 /// One event as `list_events` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRecord {
@@ -243,7 +222,7 @@ impl LogSummary {
             header: log.header.clone(),
             event_count: log.events.len() as u64,
             indexed: log.events.iter().filter(|e| e.kind == Kind::SubagentDescriptor).cloned().collect(),
-            surface: fold_surface(&log.events).map(|_| ()),
+            surface: validate(&log.events).map(|_| ()),
         }
     }
 }
@@ -351,76 +330,6 @@ pub fn compare_ids(a: &str, b: &str) -> Ordering {
     })
 }
 
-/// The surface fold with validation: each event's surface status, or the first violation.
-/// Seqs must be contiguous from 0; the four surface types must carry `surfaceOp`, either
-/// `"append"` or `{op: "replace", start, end}` with `start <= end <=` the current message count;
-/// log-only events carry neither `surfaceOp` nor `sourceEventSeqs`; `sourceEventSeqs` is non-empty
-/// and names earlier events. Like `derive_messages`, an assistant message without content takes
-/// no place in the history (it stays `Current`).
-pub fn fold_surface(events: &[Event]) -> Result<Vec<Surface>, String> {
-    let mut surfaces = Vec::with_capacity(events.len());
-    // For each message of the current history, the index of the event that put it there.
-    let mut messages: Vec<usize> = Vec::new();
-    for (i, event) in events.iter().enumerate() {
-        let seq = event.seq;
-        if seq != i as u64 {
-            return Err(format!("seq {seq} where {i} was expected"));
-        }
-        if let Some(sources) = &event.source_event_seqs {
-            if sources.is_empty() {
-                return Err(format!("event {seq} ({}) has an empty sourceEventSeqs", event.kind));
-            }
-            if let Some(later) = sources.iter().find(|s| **s >= seq) {
-                return Err(format!("event {seq} ({}) names a source {later} that is not earlier", event.kind));
-            }
-        }
-        if !event.kind.is_surface() {
-            if event.surface_op.is_some() || event.source_event_seqs.is_some() {
-                return Err(format!("log-only event {seq} ({}) carries surfaceOp or sourceEventSeqs", event.kind));
-            }
-            surfaces.push(Surface::LogOnly);
-            continue;
-        }
-        let op = event
-            .surface_op
-            .as_ref()
-            .ok_or_else(|| format!("surface event {seq} ({}) has no surfaceOp", event.kind))?;
-        let replace = match op {
-            Value::String(s) if s == "append" => None,
-            Value::Object(map) if map.get("op").and_then(Value::as_str) == Some("replace") => {
-                let bound = |key: &str| {
-                    map.get(key)
-                        .and_then(Value::as_u64)
-                        .ok_or_else(|| format!("event {seq} has a replacement without a numeric {key}"))
-                };
-                let (start, end) = (bound("start")?, bound("end")?);
-                if start > end || end > messages.len() as u64 {
-                    return Err(format!(
-                        "event {seq} replaces messages {start}..{end} of a history of {}",
-                        messages.len()
-                    ));
-                }
-                Some((start as usize, end as usize))
-            }
-            other => return Err(format!("surface event {seq} has an invalid surfaceOp {other}")),
-        };
-        surfaces.push(Surface::Current);
-        if event.kind == Kind::AssistantMessage && event.data["message"]["content"].as_array().is_none_or(Vec::is_empty)
-        {
-            continue;
-        }
-        match replace {
-            None => messages.push(i),
-            Some((start, end)) => {
-                for shadowed in messages.splice(start..end, [i]) {
-                    surfaces[shadowed] = Surface::Shadowed;
-                }
-            }
-        }
-    }
-    Ok(surfaces)
-}
-
 /// The query service over one source.
 pub struct SessionQuery<S: SessionSource = StoreSource> {
     source: S,
@@ -469,7 +378,7 @@ impl<S: SessionSource> SessionQuery<S> {
 
     fn list_events_impl(&self, id: &str) -> Result<Vec<EventRecord>, QueryError> {
         let log = self.source.log(id)?;
-        let surfaces = fold_surface(&log.events).map_err(|e| invalid_surface(id, &e))?;
+        let surfaces = validate(&log.events).map_err(|e| invalid_surface(id, &e))?;
         Ok(log
             .events
             .into_iter()
@@ -525,7 +434,7 @@ impl<S: SessionSource> SessionQuery<S> {
             }
         }
         let log = self.source.log(id)?;
-        fold_surface(&log.events).map_err(|e| invalid_surface(id, &e))?;
+        validate(&log.events).map_err(|e| invalid_surface(id, &e))?;
         let found = usize::try_from(request.seq).ok().and_then(|i| log.events.get(i)).cloned();
         let Some(target) = found else {
             return Err(QueryError::EventNotFound { session_id: id.to_string(), seq: request.seq });
@@ -752,7 +661,7 @@ impl StoreSource {
                     continue;
                 }
                 let path = log_path(project, f);
-                let header = read_header(&path).map(Arc::new).inspect_err(|e| {
+                let header = read_header(&path).map(|(header, _)| Arc::new(header)).inspect_err(|e| {
                     tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}");
                 });
                 let log = CachedLog { len: f.len, modified: f.modified, header, summary: None, seen: generation };
@@ -995,17 +904,6 @@ fn read_log(path: &Path, id: &str) -> Result<SessionLog, QueryError> {
     Ok(SessionLog { header: scanned.header, events: scanned.events })
 }
 
-/// The header line of a log (at most 1 MiB).
-fn read_header(path: &Path) -> Result<SessionHeader, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    std::io::BufReader::new(file.take(1 << 20)).read_line(&mut line).map_err(|e| e.to_string())?;
-    if !line.ends_with('\n') {
-        return Err("header line is incomplete".into());
-    }
-    SessionHeader::parse(line.trim_end_matches('\n'))
-}
-
 /// `fstatat(dir, "<session>/<file>", AT_SYMLINK_NOFOLLOW)`: the length and modification time of
 /// a regular file, `None` for anything else (a symlink, a directory, a FIFO).
 fn stat_at(dir: &std::fs::File, session: &std::ffi::OsStr, file: &str) -> std::io::Result<Option<(u64, SystemTime)>> {
@@ -1036,17 +934,6 @@ fn stat_at(dir: &std::fs::File, session: &std::ffi::OsStr, file: &str) -> std::i
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn event(seq: u64, kind: &str, surface: Option<Value>, sources: Option<Vec<u64>>) -> Event {
-        let data = match kind {
-            "assistant/message" => {
-                json!({"message": {"role": "assistant", "content": [{"type": "text", "text": "a"}]}})
-            }
-            _ => json!({}),
-        };
-        Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: sources, surface_op: surface }
-    }
 
     #[test]
     fn ids_compare_case_insensitively_with_lowercase_first() {
@@ -1054,32 +941,5 @@ mod tests {
         assert_eq!(compare_ids("abc", "ABC"), Ordering::Less);
         assert_eq!(compare_ids("0001", "0002"), Ordering::Less);
         assert_eq!(compare_ids("same", "same"), Ordering::Equal);
-    }
-
-    #[test]
-    fn replacements_shadow_the_messages_they_cover() {
-        let append = || Some(json!("append"));
-        let events = vec![
-            event(0, "user/message", append(), None),
-            event(1, "assistant/message", append(), Some(vec![0])),
-            event(2, "compact/start", None, None),
-            event(3, "user/message", Some(json!({"op": "replace", "start": 0, "end": 2})), None),
-        ];
-        let surfaces = fold_surface(&events).unwrap();
-        assert_eq!(surfaces, [Surface::Shadowed, Surface::Shadowed, Surface::LogOnly, Surface::Current]);
-    }
-
-    #[test]
-    fn surface_violations_are_named() {
-        let missing = vec![event(0, "user/message", None, None)];
-        assert!(fold_surface(&missing).unwrap_err().contains("has no surfaceOp"));
-        let too_far = vec![event(0, "user/message", Some(json!({"op": "replace", "start": 0, "end": 1})), None)];
-        assert!(fold_surface(&too_far).unwrap_err().contains("replaces messages 0..1"));
-        let later = vec![event(0, "assistant/message", Some(json!("append")), Some(vec![0]))];
-        assert!(fold_surface(&later).unwrap_err().contains("not earlier"));
-        let log_only = vec![event(0, "turn/start", Some(json!("append")), None)];
-        assert!(fold_surface(&log_only).unwrap_err().contains("log-only"));
-        let gap = vec![event(1, "turn/start", None, None)];
-        assert!(fold_surface(&gap).unwrap_err().contains("seq 1 where 0"));
     }
 }

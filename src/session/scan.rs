@@ -53,6 +53,20 @@ impl std::error::Error for ScanError {}
 /// A header line longer than this is not a header.
 const HEADER_LIMIT: u64 = 1 << 20;
 
+/// Reads only the header line of the log at `path` (opened as `open_log` does; at most
+/// `HEADER_LIMIT` bytes, ending in a newline) and the log's modification time.
+pub fn read_header(path: &Path) -> Result<(SessionHeader, std::time::SystemTime), String> {
+    use std::io::BufRead;
+    let file = open_log(path).map_err(|e| e.to_string())?;
+    let modified = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    let mut line = String::new();
+    std::io::BufReader::new(std::io::Read::take(file, HEADER_LIMIT)).read_line(&mut line).map_err(|e| e.to_string())?;
+    let Some(line) = line.strip_suffix('\n') else {
+        return Err("header line is incomplete".into());
+    };
+    Ok((SessionHeader::parse(line)?, modified))
+}
+
 /// Reads and scans the log at `path`.
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
     use std::io::Read;
@@ -181,6 +195,19 @@ mod tests {
         r#"{"type":"turn/start","seq":2,"time":0,"data":{"turn":2}}"#,
         "\n",
     );
+
+    #[test]
+    fn read_header_reads_the_first_line_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("session.jsonl");
+        std::fs::write(&path, format!("{LOG}{{not json\n")).unwrap();
+        assert_eq!(read_header(&path).unwrap().0.id, "s", "the rest of the log is not read");
+        let header = LOG.lines().next().unwrap();
+        std::fs::write(&path, header).unwrap();
+        assert_eq!(read_header(&path).unwrap_err(), "header line is incomplete");
+        std::fs::write(&path, " ".repeat(HEADER_LIMIT as usize + 1) + "\n").unwrap();
+        assert_eq!(read_header(&path).unwrap_err(), "header line is incomplete", "a line past the cap");
+    }
 
     #[test]
     fn clean_log_scans_fully() {

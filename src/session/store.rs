@@ -1,7 +1,6 @@
 //! The JSONL session store: creating, locating, listing, loading (repairing) and inspecting
 //! (read-only) logs under one root directory.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -9,7 +8,7 @@ use super::layout::{LOG_FILE, encode_segment, log_path, validate_session_id};
 use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
-use super::scan::{ScanError, Scanned, scan_file};
+use super::scan::{ScanError, Scanned, read_header, scan_file};
 use super::writer::LogWriter;
 
 /// Why a session could not be opened.
@@ -109,7 +108,7 @@ impl SessionStore {
     /// FIFO, never following a symlink): what authorization needs without loading anything.
     pub fn header(&self, id: &str) -> Result<SessionHeader, StoreError> {
         let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let stored = read_header(&path).map_err(|e| StoreError::Io(anyhow::anyhow!("{}: {e}", path.display())))?;
+        let stored = stored_at(&path).map_err(|e| StoreError::Io(anyhow::anyhow!("{}: {e}", path.display())))?;
         let header = stored.ok_or_else(|| StoreError::NotFound(id.to_string()))?.header;
         if header.id != id {
             return Err(StoreError::Scan(ScanError::Corrupt {
@@ -168,7 +167,7 @@ impl SessionStore {
             };
             for session in sessions.flatten() {
                 let path = session.path().join(LOG_FILE);
-                match read_header(&path) {
+                match stored_at(&path) {
                     Ok(Some(stored)) => out.push(stored),
                     Ok(None) => {}
                     Err(e) => {
@@ -197,34 +196,11 @@ impl SessionStore {
     }
 }
 
-fn read_header(path: &Path) -> Result<Option<StoredSession>, String> {
+/// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
+fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
     if std::fs::symlink_metadata(path).is_err() {
         return Ok(None);
     }
-    let file = super::scan::open_log(path).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    std::io::BufReader::new(file).take_line(&mut line)?;
-    let header = SessionHeader::parse(line.trim_end_matches('\n'))?;
-    Ok(Some(StoredSession {
-        header,
-        path: path.to_path_buf(),
-        modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-    }))
-}
-
-/// Reads one line of at most 1 MiB (a header never comes near that).
-trait TakeLine {
-    fn take_line(self, out: &mut String) -> Result<(), String>;
-}
-
-impl<R: std::io::Read> TakeLine for std::io::BufReader<R> {
-    fn take_line(self, out: &mut String) -> Result<(), String> {
-        let mut limited = std::io::BufReader::new(std::io::Read::take(self, 1 << 20));
-        limited.read_line(out).map_err(|e| e.to_string())?;
-        if !out.ends_with('\n') {
-            return Err("header line is incomplete".into());
-        }
-        Ok(())
-    }
+    let (header, modified) = read_header(path)?;
+    Ok(Some(StoredSession { header, path: path.to_path_buf(), modified }))
 }
