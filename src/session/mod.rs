@@ -2,6 +2,7 @@
 //! and the in-memory live session the agent loop appends to.
 
 pub mod chunk;
+pub mod descriptor;
 pub mod event;
 pub mod layout;
 pub mod live;

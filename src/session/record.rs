@@ -2,9 +2,10 @@
 //! dsh-compatible JSONL format (`protocol/session-log.md`). The event bodies are `event`'s.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-use super::event::Kind;
+use super::chunk::StreamChunk;
+use super::event::{AssistantChunk, Kind};
 
 /// The only header version readers accept (dsh `SESSION_FORMAT_VERSION`).
 pub const SESSION_FORMAT_VERSION: u64 = 0;
@@ -205,32 +206,16 @@ impl PackedRow {
                 time += dt.get(i - 1).copied().unwrap_or(0);
             }
             let chunk = match self.kind.as_str() {
-                "text-chunks" => json!({"type": "text-delta", "index": index, "text": piece}),
-                "reasoning-chunks" => {
-                    json!({"type": "reasoning-delta", "index": index, "text": piece})
-                }
-                _ => {
-                    let mut c = Map::new();
-                    c.insert("type".into(), json!("tool-call-delta"));
-                    c.insert("index".into(), json!(index));
-                    c.insert("id".into(), json!(id.clone().unwrap_or_default()));
-                    if i == 0
-                        && let Some(name) = &name
-                    {
-                        c.insert("name".into(), json!(name));
-                    }
-                    c.insert("argumentsDelta".into(), json!(piece));
-                    Value::Object(c)
-                }
+                "text-chunks" => StreamChunk::TextDelta { index, text: piece },
+                "reasoning-chunks" => StreamChunk::ReasoningDelta { index, text: piece },
+                _ => StreamChunk::ToolCallDelta {
+                    index,
+                    id: id.clone().unwrap_or_default(),
+                    name: if i == 0 { name.clone() } else { None },
+                    arguments_delta: piece,
+                },
             };
-            out.push(Event {
-                kind: Kind::AssistantChunk,
-                seq: self.seq0 + i as u64,
-                time,
-                data: json!({"turn": turn, "step": step, "chunk": chunk}),
-                source_event_seqs: None,
-                surface_op: None,
-            });
+            out.push(Event::new(self.seq0 + i as u64, time, AssistantChunk { turn, step, chunk }, None));
         }
         out
     }
@@ -258,6 +243,8 @@ mod tests {
         assert_eq!(events[0].data["chunk"]["name"], "read");
         assert!(events[1].data["chunk"].get("name").is_none());
         assert_eq!(events[1].data["chunk"]["argumentsDelta"], "}");
+        let first = r#"{"type":"assistant/chunk","seq":5,"time":0,"data":{"turn":1,"step":1,"chunk":{"type":"tool-call-delta","index":1,"id":"c1","name":"read","argumentsDelta":"{"}}}"#;
+        assert_eq!(Record::Event(events[0].clone()).to_line(), first, "a member is the event it stands for");
     }
 
     #[test]

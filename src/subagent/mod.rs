@@ -6,7 +6,6 @@
 pub mod catalog;
 pub mod continuation;
 pub mod control;
-pub mod descriptor;
 pub mod error;
 pub mod external;
 pub mod inprocess;
@@ -21,6 +20,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::ModelRoute;
+/// The `subagent/descriptor` format (disk format, so it lives in `session/`).
+pub use crate::session::descriptor;
 use crate::tools::Caller;
 pub use descriptor::{Descriptor, ToolFilter};
 pub use error::{ErrorCode, SubagentError};

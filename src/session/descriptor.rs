@@ -1,11 +1,12 @@
 //! The `subagent/descriptor` event, format v2 (dsh-design.md §1.6.2): the durable identity of a
 //! session-backed subagent. Parsing is strict: a malformed current-version payload is corrupt,
-//! another version is unsupported.
+//! another version is unsupported. It is disk format, so it lives in `session/`; `subagent/`
+//! re-exports it as `subagent::descriptor`.
 
 use serde_json::{Map, Value, json};
 
-use crate::session::event::{DescriptorPayload, EventBody};
-use crate::session::{Event, Kind};
+use super::event::{DescriptorPayload, EventBody, Kind};
+use super::record::Event;
 
 /// The only descriptor version this kin understands.
 pub const DESCRIPTOR_VERSION: u64 = 2;
