@@ -158,6 +158,18 @@ impl Record {
     }
 }
 
+impl Event {
+    /// Appends the event's line (and its newline) to `out`, without copying the event.
+    pub(super) fn write_line(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        if let Err(e) = serde_json::to_writer(&mut *out, self) {
+            out.truncate(start);
+            out.extend_from_slice(unreachable_json(&e).as_bytes());
+        }
+        out.push(b'\n');
+    }
+}
+
 fn unreachable_json(e: &serde_json::Error) -> String {
     // Serializing plain structs of JSON values cannot fail; keep a visible trace if it ever does.
     tracing::error!("serializing a session record failed: {e}");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::record::{Event, Record, SessionHeader};
+use super::record::{Event, SessionHeader};
 
 /// Pending bytes above which an append writes through (without `fsync`).
 const WRITE_THROUGH_BYTES: usize = 1 << 20;
@@ -87,9 +87,7 @@ impl LogWriter {
     /// Queues one event. Writes through when the batch is large; never `fsync`s. A failed
     /// write-through keeps the batch (the file is rolled back) and surfaces at the next `flush`.
     pub fn append(&mut self, event: &Event) {
-        let line = Record::Event(event.clone()).to_line();
-        self.pending.extend_from_slice(line.as_bytes());
-        self.pending.push(b'\n');
+        event.write_line(&mut self.pending);
         if self.pending.len() >= WRITE_THROUGH_BYTES
             && let Err(e) = self.write_pending()
         {
