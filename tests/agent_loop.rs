@@ -297,7 +297,7 @@ async fn the_step_limit_ends_the_turn_with_a_clear_error() {
     let entries = (0..3).map(|i| chunks(tool_call_response(&format!("c{i}"), "echo", r#"{"text":"x"}"#))).collect();
     let f = start(entries, 3);
     let end = f.handle.followup(text("loop"), user()).unwrap().await.unwrap();
-    let TurnEnd::Error(message) = end else { panic!("expected an error, got {end:?}") };
+    let TurnEnd::StepLimit(message) = end else { panic!("expected the step limit, got {end:?}") };
     assert!(message.contains("all 3 steps") && message.contains("agent.max_steps"), "{message}");
     let events = f.events().await;
     assert_eq!(events.last().unwrap().data["reason"]["failure"]["code"], "STEP_LIMIT");

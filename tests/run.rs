@@ -258,6 +258,25 @@ async fn a_failed_turn_exits_one_and_max_tokens_exits_four() {
 }
 
 #[tokio::test]
+async fn the_step_limit_is_a_stop_with_exit_four() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(tool_call("read", json!({"file_path": "note.txt"})))
+        .mount(&server)
+        .await;
+    let home = Home::new();
+    std::fs::write(home.cwd().join("note.txt"), "hi\n").unwrap();
+    let out = home.run(&server, &["--max-steps", "1", "--output", "json", "read it forever"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let result: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(result["stopReason"], "max_turn_requests");
+    let text = home.run(&server, &["--max-steps", "1", "read it forever"]);
+    assert_eq!(text.status.code(), Some(4));
+    assert!(stderr(&text).contains("--max-steps"), "the stop says how to allow more: {}", stderr(&text));
+}
+
+#[tokio::test]
 async fn resume_and_continue_add_a_turn_to_the_right_session() {
     let server = server_answering("ok").await;
     let home = Home::new();

@@ -313,6 +313,7 @@ pub fn stop_reason(end: &TurnEnd) -> Result<StopReason, String> {
         TurnEnd::Completed => Ok(StopReason::EndTurn),
         TurnEnd::MaxTokens => Ok(StopReason::MaxTokens),
         TurnEnd::Aborted | TurnEnd::Disposed => Ok(StopReason::Cancelled),
+        TurnEnd::StepLimit(_) => Ok(StopReason::MaxTurnRequests),
         TurnEnd::Error(message) => Err(message.clone()),
     }
 }

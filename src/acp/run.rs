@@ -380,6 +380,9 @@ impl Printer {
                 }
                 match &result {
                     Ok(StopReason::EndTurn) => {}
+                    Ok(StopReason::MaxTurnRequests) => eprintln!(
+                        "kin: the turn stopped: max_turn_requests (the model used every step; raise --max-steps or agent.max_steps)"
+                    ),
                     Ok(reason) => eprintln!("kin: the turn stopped: {}", stop_reason_id(*reason)),
                     Err(message) => eprintln!("kin: {message}"),
                 }

@@ -32,8 +32,13 @@ pub enum TurnEnd {
     Aborted,
     /// The agent was shut down before or during the turn.
     Disposed,
+    /// The model used every step the turn allows (`agent.max_steps`) without a final answer.
+    StepLimit(String),
     Error(String),
 }
+
+/// The failure code of a turn that ran out of steps.
+pub const STEP_LIMIT: &str = "STEP_LIMIT";
 
 impl From<&TurnEndReason> for TurnEnd {
     fn from(reason: &TurnEndReason) -> Self {
@@ -42,6 +47,9 @@ impl From<&TurnEndReason> for TurnEnd {
             TurnEndReason::MaxTokens => TurnEnd::MaxTokens,
             TurnEndReason::Aborted => TurnEnd::Aborted,
             TurnEndReason::Disposed => TurnEnd::Disposed,
+            TurnEndReason::Error { failure: Some(failure), .. } if failure.code == STEP_LIMIT => {
+                TurnEnd::StepLimit(failure.message.clone())
+            }
             TurnEndReason::Error { failure, .. } => {
                 TurnEnd::Error(failure.as_ref().map_or_else(|| "the turn failed".into(), |f| f.message.clone()))
             }

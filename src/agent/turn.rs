@@ -85,7 +85,7 @@ pub(super) async fn run_turn(
             "the model used all {} steps of this turn without a final answer (raise agent.max_steps to allow more)",
             deps.max_steps
         ),
-        "STEP_LIMIT",
+        super::STEP_LIMIT,
     );
     let step = u64::from(deps.max_steps);
     end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) })

@@ -675,6 +675,6 @@ fn stop_reason(end: Option<&TurnEnd>) -> StopReason {
         Some(TurnEnd::Completed) => StopReason::Completed,
         Some(TurnEnd::MaxTokens) => StopReason::MaxTokens,
         Some(TurnEnd::Aborted) => StopReason::Aborted,
-        Some(TurnEnd::Disposed | TurnEnd::Error(_)) | None => StopReason::Error,
+        Some(TurnEnd::Disposed | TurnEnd::StepLimit(_) | TurnEnd::Error(_)) | None => StopReason::Error,
     }
 }

@@ -240,7 +240,7 @@ async fn drive(
         TurnEnd::Completed => StopReason::Completed,
         TurnEnd::MaxTokens => StopReason::MaxTokens,
         TurnEnd::Aborted => StopReason::Aborted,
-        TurnEnd::Disposed | TurnEnd::Error(_) => StopReason::Error,
+        TurnEnd::Disposed | TurnEnd::StepLimit(_) | TurnEnd::Error(_) => StopReason::Error,
     };
     if cancel.is_cancelled() && stop_reason != StopReason::Completed {
         stop_reason = StopReason::Aborted;
