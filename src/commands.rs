@@ -150,6 +150,7 @@ fn describe(event: &Event) -> Option<String> {
         | EventBody::SessionModel(_)
         | EventBody::SessionEndSeed(_)
         | EventBody::SubagentDescriptor(_)
+        | EventBody::AgentInboxSpliced(_)
         | EventBody::Unknown { .. } => return None,
     })
 }

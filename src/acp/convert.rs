@@ -69,6 +69,7 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
         | EventBody::SessionEndSeed(_)
         | EventBody::SubagentDescriptor(_)
         | EventBody::SubagentRemoteRun(_)
+        | EventBody::AgentInboxSpliced(_)
         | EventBody::Unknown { .. } => None,
     }
 }
@@ -112,6 +113,7 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         | EventBody::SessionEndSeed(_)
         | EventBody::SubagentDescriptor(_)
         | EventBody::SubagentRemoteRun(_)
+        | EventBody::AgentInboxSpliced(_)
         | EventBody::Unknown { .. } => Vec::new(),
     }
 }

@@ -280,6 +280,7 @@ impl SessionObserver for Forwarder {
             | EventBody::SessionEndSeed(_)
             | EventBody::SubagentDescriptor(_)
             | EventBody::SubagentRemoteRun(_)
+            | EventBody::AgentInboxSpliced(_)
             | EventBody::Unknown { .. } => {}
         }
     }

@@ -576,6 +576,48 @@ pub struct RemoteRun {
     pub error: Option<String>,
 }
 
+/// `agent/inbox/spliced` (log-only; dsh's later durable inbox): one change to a pending list of
+/// the receiving agent, written before the change takes effect. The lists and their fold are
+/// `session::inbox`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxSplice {
+    pub target: InboxTarget,
+    /// Where in the target list the change starts.
+    pub start: u64,
+    /// How many pending messages from `start` on it removes (written only when not 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub removed_count: u64,
+    /// The messages it inserts at `start`, in order.
+    #[serde(default)]
+    pub inserted: Vec<UserMessage>,
+    /// `canceled` when the removed messages are discarded; absent when a turn (or a step) took
+    /// them (a claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<InboxOutcome>,
+}
+
+/// Which pending list a splice changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InboxTarget {
+    /// Messages waiting for their own turn (a follow-up, a waking report), in FIFO order.
+    NextTurn,
+    /// Messages waiting for the next step of the running turn (a quiet report).
+    NextStep,
+}
+
+/// What became of removed messages that no turn took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InboxOutcome {
+    Canceled,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 macro_rules! event_kinds {
     ($($(#[$meta:meta])* $variant:ident($payload:ty) = $name:literal;)*) => {
         /// The type of an event: one of the kinds kin writes or reads, or another one by name.
@@ -672,6 +714,7 @@ event_kinds! {
     SessionEndSeed(EndSeed) = "session/end-seed";
     SubagentDescriptor(DescriptorPayload) = "subagent/descriptor";
     SubagentRemoteRun(RemoteRun) = "subagent/remote-run";
+    AgentInboxSpliced(InboxSplice) = "agent/inbox/spliced";
 }
 
 #[cfg(test)]
@@ -707,6 +750,7 @@ mod tests {
             "session/end-seed",
             "subagent/descriptor",
             "subagent/remote-run",
+            "agent/inbox/spliced",
         ] {
             let kind = Kind::parse(name);
             assert!(!matches!(kind, Kind::Other(_)), "{name} is a known kind");

@@ -4,6 +4,7 @@
 pub mod chunk;
 pub mod descriptor;
 pub mod event;
+pub mod inbox;
 pub mod layout;
 pub mod live;
 pub mod query;
