@@ -478,6 +478,7 @@ fn bench_deps(model: Arc<dyn Model>, route: ModelRoute, depth: u64) -> AgentDeps
         permissions: None,
         prompt: None,
         file_access: None,
+        retry: Default::default(),
     }
 }
 

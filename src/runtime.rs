@@ -273,6 +273,7 @@ impl ChildFactory for Runtime {
             permissions: Some(permissions),
             prompt: client.prompt.clone(),
             file_access: client.files.clone(),
+            retry: self.config.models.retry,
         };
         // An editor watching the agent tree sees the child from before its first event.
         if let Some(observers) = client.children {
@@ -440,6 +441,7 @@ impl Runtime {
             permissions: Some(permissions.clone()),
             prompt: client.prompt,
             file_access: client.files,
+            retry: self.config.models.retry,
         }
     }
 

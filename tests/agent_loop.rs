@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use kin::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
+use kin::model::http::RetryPolicy;
 use kin::model::script::{ReplayEntry, ScriptedModel};
 use kin::model::{Model, ModelRoute, text_response, tool_call_response};
 use kin::session::{Event, SessionHeader, SessionStore};
@@ -73,6 +74,10 @@ struct Fixture {
 }
 
 fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
+    start_with(entries, max_steps, RetryPolicy::default())
+}
+
+fn start_with(entries: Vec<ReplayEntry>, max_steps: u32, retry: RetryPolicy) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = SessionStore::new(dir.path());
     let id = "bbbbbbbb-0000-4000-8000-000000000001".to_string();
@@ -94,6 +99,7 @@ fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
         permissions: None,
         prompt: None,
         file_access: None,
+        retry,
     };
     let handle = spawn_agent(session, deps);
     Fixture { _dir: dir, store, handle, model, peak, id }
@@ -334,4 +340,55 @@ async fn shutdown_disposes_queued_turns_and_flushes() {
     let events = f.store.inspect(&f.id).unwrap().events;
     assert_eq!(events.last().unwrap().kind, "turn/end", "the log was flushed at shutdown");
     assert!(f.handle.followup(text("three"), user()).is_err());
+}
+
+/// A response that completes with no content: no block, only the finish.
+fn empty_response() -> ReplayEntry {
+    chunks(vec![kin::model::StreamChunk::Finish { reason: kin::model::FinishReason::Stop, replay_state: None }])
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_completion_is_retried_at_the_step_as_a_call_of_its_own() {
+    let f = start(vec![empty_response(), chunks(text_response(&["second try"]))], 5);
+    let end = f.handle.followup(text("hi"), user()).unwrap().await.unwrap();
+    assert_eq!(end, TurnEnd::Completed);
+    let events = f.events().await;
+    let retry = events.iter().find(|e| e.kind == "llm/retry").expect("the retry is in the log");
+    assert_eq!(
+        (&retry.data["turn"], &retry.data["step"], &retry.data["attempt"], &retry.data["code"]),
+        (&json!(1), &json!(1), &json!(2), &json!("EMPTY_RESPONSE"))
+    );
+    assert_eq!(retry.data["maxAttempts"], 4);
+    // Both attempts are recorded calls of the same step, the retry between them; only the
+    // second one wrote an answer.
+    let at = |kind: &str| events.iter().position(|e| e.kind == kind).unwrap();
+    let finishes: Vec<usize> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.kind == "assistant/chunk" && e.data["chunk"]["type"] == "finish")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(finishes.len(), 2, "{events:#?}");
+    assert!(finishes[0] < at("llm/retry") && at("llm/retry") < finishes[1]);
+    let messages: Vec<&Event> = events.iter().filter(|e| e.kind == "assistant/message").collect();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].data["message"]["content"], json!([{"type": "text", "text": "second try"}]));
+    assert_eq!(f.model.requests().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_completions_fail_the_turn_once_the_attempts_are_used_up() {
+    let retry = RetryPolicy { max_attempts: 2, ..RetryPolicy::default() };
+    let f = start_with(vec![empty_response(), empty_response()], 5, retry);
+    let end = f.handle.followup(text("hi"), user()).unwrap().await.unwrap();
+    let message =
+        "the model returned an empty completion (no text, reasoning or tool calls) (gave up after 2 attempts)";
+    assert_eq!(end, TurnEnd::Error(message.into()));
+    let events = f.events().await;
+    assert_eq!(events.iter().filter(|e| e.kind == "llm/retry").count(), 1);
+    assert!(events.iter().all(|e| e.kind != "assistant/message"));
+    let last = events.last().unwrap();
+    assert_eq!(last.data["reason"]["failure"]["code"], "EMPTY_RESPONSE");
+    assert_eq!(last.data["reason"]["failure"]["message"], message);
+    assert_eq!(f.model.requests().len(), 2);
 }

@@ -155,6 +155,61 @@ async fn a_recorded_scenario_replays_keyless() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_completion_is_recorded_as_its_own_call_and_the_recording_replays() {
+    // dsh turns a completed response with no content into the retryable EMPTY_RESPONSE and
+    // retries at the step, so its recorded log holds both calls; kin records and replays the same.
+    let server = MockServer::start().await;
+    let empty = chat_sse(&[chunk(json!({"role": "assistant", "content": ""}), Some("stop"))]);
+    let answer = chat_sse(&[
+        chunk(json!({"role": "assistant", "content": "AFTER_EMPTY"}), None),
+        chunk(json!({}), Some("stop")),
+    ]);
+    let route = || path("/chat/completions");
+    Mock::given(method("POST")).and(route()).respond_with(sse(empty)).up_to_n_times(1).mount(&server).await;
+    Mock::given(method("POST")).and(route()).respond_with(sse(answer)).mount(&server).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("recorded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = json!({"steps": [{"op": "initialize"}, {"op": "newSession"}, {"op": "prompt", "text": "Answer."}]});
+    std::fs::write(dir.join("input.json"), input.to_string()).unwrap();
+    // The retry waits no time, in the recording and in the replay.
+    std::fs::write(dir.join("kin.toml"), "[model_settings]\nretry_base_delay_ms = 0\n").unwrap();
+    let kin = env!("CARGO_BIN_EXE_kin");
+    let record = Command::new(kin)
+        .args(["scenario", "record"])
+        .arg(&dir)
+        .env("DEEPSEEK_BASE_URL", server.uri())
+        .env("DEEPSEEK_API_KEY", "sk-record-secret")
+        .env("XDG_CONFIG_HOME", tmp.path())
+        .output()
+        .unwrap();
+    assert!(record.status.success(), "{}", String::from_utf8_lossy(&record.stdout));
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+    let log = std::fs::read_to_string(dir.join("session.jsonl")).unwrap();
+    let events: Vec<Value> = log.lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e["type"].as_str()? {
+            "assistant/chunk" if e["data"]["chunk"]["type"] == "finish" => Some("finish".into()),
+            kind @ ("llm/retry" | "assistant/message" | "turn/end") => Some(kind.into()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["finish", "llm/retry", "finish", "assistant/message", "turn/end"], "{log}");
+    let retry = events.iter().find(|e| e["type"] == "llm/retry").unwrap();
+    assert_eq!((&retry["data"]["code"], &retry["data"]["step"]), (&json!("EMPTY_RESPONSE"), &json!(1)));
+    // Keyless replay serves the two recorded calls in order.
+    let replay = Command::new(kin)
+        .args(["scenario", "run"])
+        .arg(&dir)
+        .env_remove("DEEPSEEK_BASE_URL")
+        .env_remove("DEEPSEEK_API_KEY")
+        .output()
+        .unwrap();
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stdout));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_editor_switches_the_model_for_the_next_turn() {
     let server = MockServer::start().await;
     let answer =

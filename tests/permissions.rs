@@ -90,6 +90,7 @@ fn start_with(
         permissions: Some(permissions.clone()),
         prompt: Some(editor.clone() as Arc<dyn PermissionPrompt>),
         file_access: None,
+        retry: Default::default(),
     };
     let handle = spawn_agent(session, deps);
     Fixture { _dir: dir, ws, outside, store, handle, editor, permissions, id }

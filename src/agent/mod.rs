@@ -15,6 +15,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::model::http::RetryPolicy;
 use crate::model::{Model, ModelRoute};
 use crate::permission::{PermissionPrompt, Permissions};
 use crate::session::event::{TurnEndReason, UserMessage};
@@ -76,6 +77,9 @@ pub struct AgentDeps {
     pub prompt: Option<Arc<dyn PermissionPrompt>>,
     /// Where the file tools read and write text (the editor); `None`: the disk.
     pub file_access: Option<Arc<dyn FileAccess>>,
+    /// How a step retries a model call that completed with no content (`EMPTY_RESPONSE`),
+    /// whatever the model: each attempt is a call of its own in the log.
+    pub retry: RetryPolicy,
 }
 
 /// A message waiting for its own turn.

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{AgentDeps, Staged, TurnEnd};
+use crate::model::http::EMPTY_RESPONSE;
 use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::permission::admit;
 use crate::session::event::{self, EventBody, ToolCallBlock, TurnEndReason};
@@ -129,11 +130,88 @@ async fn run_step(
         messages: session.messages(),
         tools: tools.schemas(),
     };
+    // A call that completes with no content is retried here, whatever the model (dsh's
+    // retryable `EMPTY_RESPONSE`): each attempt's chunks are in the log, an `llm/retry` between.
+    let max_attempts = deps.retry.max_attempts.max(1);
+    let mut attempt = 1;
+    let (finish, call) = loop {
+        let call = call_model(session, deps, request.clone(), turn, step, cancel).await;
+        let finish = match call.outcome.clone() {
+            Ok(FinishReason::Aborted { .. }) => return abandon(session, turn, step, cancelled_end(disposing)),
+            Ok(FinishReason::Error { failure }) | Err(failure) => {
+                return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
+            }
+            Ok(finish) => finish,
+        };
+        if finish == FinishReason::MaxTokens || has_content(call.blocks.values()) {
+            break (finish, call);
+        }
+        let mut failure = empty_response();
+        if attempt >= max_attempts {
+            if attempt > 1 {
+                failure.message = format!("{} (gave up after {attempt} attempts)", failure.message);
+            }
+            tracing::warn!(session = %session.id(), turn, step, "model call failed: {}", failure.message);
+            return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
+        }
+        let delay = deps.retry.delay(attempt, None);
+        attempt += 1;
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        tracing::warn!(session = %session.id(), turn, step, attempt, delay_ms, "model call failed, retrying: {}", failure.message);
+        session.push(event::LlmRetry {
+            turn,
+            step,
+            attempt,
+            max_attempts,
+            delay_ms,
+            code: failure.code,
+            reason: failure.message,
+            requested_delay_ms: None,
+        });
+        session.write_eager();
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return abandon(session, turn, step, cancelled_end(disposing)),
+            () = tokio::time::sleep(delay) => {}
+        }
+    };
+    let Call { blocks, usage, chunk_seqs, .. } = call;
+    let message = event::ModelMessage::new(blocks.into_values().collect(), &deps.route.provider, &deps.route.model);
+    let calls = message.tool_calls();
+    session.push_from(event::AssistantMessage { turn, step, message, usage }, chunk_seqs);
+    if finish == FinishReason::MaxTokens {
+        return abandon(session, turn, step, TurnEndReason::MaxTokens);
+    }
+    if calls.is_empty() {
+        return StepEnd::Done;
+    }
+    run_tools(session, deps, &tools, turn, step, calls, cancel).await;
+    StepEnd::Continue
+}
+
+/// What one model call gave the step.
+struct Call {
+    outcome: Result<FinishReason, Failure>,
+    /// The finished blocks by index.
+    blocks: BTreeMap<u64, Value>,
+    usage: Option<Value>,
+    /// The seqs of the call's `assistant/chunk` events.
+    chunk_seqs: Vec<u64>,
+}
+
+/// One model call: every chunk goes into the log as it comes.
+async fn call_model(
+    session: &mut Session,
+    deps: &AgentDeps,
+    request: ModelRequest,
+    turn: u64,
+    step: u64,
+    cancel: &CancellationToken,
+) -> Call {
     let mut stream = deps.model.stream(request, cancel.child_token());
-    let mut chunk_seqs = Vec::new();
-    let mut blocks: BTreeMap<u64, Value> = BTreeMap::new();
-    let mut usage = None;
-    let outcome: Result<FinishReason, Failure> = loop {
+    let mut call =
+        Call { outcome: Ok(FinishReason::Stop), blocks: BTreeMap::new(), usage: None, chunk_seqs: Vec::new() };
+    call.outcome = loop {
         session.write_eager();
         let item = tokio::select! {
             biased;
@@ -148,17 +226,17 @@ async fn run_step(
                 // What the step keeps of a chunk is taken before the chunk goes into the log.
                 let finish = match &chunk {
                     StreamChunk::BlockEnd { index, block } => {
-                        blocks.insert(*index, block.clone());
+                        call.blocks.insert(*index, block.clone());
                         None
                     }
-                    StreamChunk::Usage { usage: u } => {
-                        usage = Some(u.clone());
+                    StreamChunk::Usage { usage } => {
+                        call.usage = Some(usage.clone());
                         None
                     }
                     StreamChunk::Finish { reason, .. } => Some(reason.clone()),
                     _ => None,
                 };
-                chunk_seqs.push(session.push(event::AssistantChunk { turn, step, chunk }));
+                call.chunk_seqs.push(session.push(event::AssistantChunk { turn, step, chunk }));
                 if let Some(reason) = finish {
                     break Ok(reason);
                 }
@@ -169,24 +247,22 @@ async fn run_step(
             }
         }
     };
-    let finish = match outcome {
-        Ok(FinishReason::Aborted { .. }) => return abandon(session, turn, step, cancelled_end(disposing)),
-        Ok(FinishReason::Error { failure }) | Err(failure) => {
-            return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
-        }
-        Ok(finish) => finish,
-    };
-    let message = event::ModelMessage::new(blocks.into_values().collect(), &deps.route.provider, &deps.route.model);
-    let calls = message.tool_calls();
-    session.push_from(event::AssistantMessage { turn, step, message, usage }, chunk_seqs);
-    if finish == FinishReason::MaxTokens {
-        return abandon(session, turn, step, TurnEndReason::MaxTokens);
-    }
-    if calls.is_empty() {
-        return StepEnd::Done;
-    }
-    run_tools(session, deps, &tools, turn, step, calls, cancel).await;
-    StepEnd::Continue
+    call
+}
+
+/// True when a finished response holds something: a text or reasoning block with text, or a
+/// tool call.
+fn has_content<'a>(blocks: impl IntoIterator<Item = &'a Value>) -> bool {
+    blocks.into_iter().any(|block| match block["type"].as_str() {
+        Some("text" | "reasoning") => block["text"].as_str().is_some_and(|t| !t.is_empty()),
+        Some("tool-call") => true,
+        _ => false,
+    })
+}
+
+/// The failure of a call that completed with no content.
+fn empty_response() -> Failure {
+    Failure::new("the model returned an empty completion (no text, reasoning or tool calls)", EMPTY_RESPONSE)
 }
 
 /// Runs the step's calls: runs of parallel-safe calls share a bounded pool, every other call is

@@ -233,8 +233,6 @@ impl OpenBlock {
 #[derive(Default)]
 pub struct MessagesDecoder {
     open: BTreeMap<u64, OpenBlock>,
-    /// Blocks surfaced so far (an attempt without any is an empty completion).
-    started: usize,
     tool_calls: bool,
     stop_reason: Option<String>,
     usage_seen: bool,
@@ -311,7 +309,6 @@ impl MessagesDecoder {
             }
         };
         out.push(StreamChunk::BlockStart { index, block_type: kind.into() });
-        self.started += 1;
         let open = match block["type"].as_str() {
             Some("text") => {
                 let initial = text("text");
@@ -395,9 +392,6 @@ impl MessagesDecoder {
     /// Closes what is still open and appends usage and the finish.
     fn finish(&mut self, out: &mut Vec<StreamChunk>) -> Result<(), AttemptError> {
         let reason = self.stop_reason.take().unwrap_or_default();
-        if self.started == 0 && reason != "max_tokens" {
-            return Err(http::empty_response());
-        }
         let held: Vec<u64> = self.joins.keys().copied().collect();
         for index in held {
             self.end_pieces(index, out);

@@ -2,9 +2,9 @@
 //! (`openai`'s Chat Completions, `anthropic`'s Messages), each reaching a `Server`. One call runs
 //! on a background task that posts the request, decodes the SSE stream into dsh `StreamChunk`s and
 //! forwards them to the channel. It retries retryable failures (connect errors, 429, 5xx, a stream
-//! that ends without a finish, an empty completion, an idle stream) with exponential backoff and
-//! jitter, honouring `Retry-After` up to a cap, but only while nothing of the failed attempt reached the
-//! channel. Errors the user must act on (missing or rejected key, unknown model, context overflow)
+//! that ends without a finish, an idle stream) with exponential backoff and jitter, honouring
+//! `Retry-After` up to a cap, but only while nothing of the failed attempt reached the channel. A
+//! completion with no content is passed on as it came: the agent's step retries it. Errors the user must act on (missing or rejected key, unknown model, context overflow)
 //! are terminal and say what to do. The API key never appears in a message or a log line.
 
 use std::sync::Arc;
@@ -44,7 +44,8 @@ pub const CONNECTION_FAILED: &str = "CONNECTION_FAILED";
 pub const TIMEOUT: &str = "TIMEOUT";
 /// The stream ended or broke before the response finished (retryable).
 pub const STREAM_INCOMPLETE: &str = "STREAM_INCOMPLETE";
-/// A completion with no text, reasoning or tool calls (retryable).
+/// A completion with no text, reasoning or tool calls (retryable). The client passes such a
+/// completion on as it came; the agent's step names it and retries it (every model's alike).
 pub const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
 
 /// The default idle-stream timeout of both HTTP clients (dsh `streamIdleTimeoutMs`).
@@ -395,11 +396,6 @@ impl AttemptError {
 /// The response ended before the model finished.
 pub(crate) fn incomplete() -> AttemptError {
     AttemptError::new(STREAM_INCOMPLETE, "the response stream ended before the model finished")
-}
-
-/// The model produced nothing.
-pub(crate) fn empty_response() -> AttemptError {
-    AttemptError::new(EMPTY_RESPONSE, "the model returned an empty completion (no text, reasoning or tool calls)")
 }
 
 /// A stream event that is not the JSON the provider documents.

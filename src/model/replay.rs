@@ -1,6 +1,7 @@
 //! Keyless replay of recorded scenarios (dsh `llm-replay`). Each recorded session log
 //! (`session.jsonl`, then `session.N.jsonl` by header `createdAt`) yields one script: its
-//! `assistant/chunk` events grouped by (turn, step), one model call per group. Live sessions bind
+//! `assistant/chunk` events grouped by (turn, step), one model call per group (a group ends at its
+//! `finish`, so a step that retried a call holds a group per attempt). Live sessions bind
 //! to scripts in first-call order. `replay.override.json` replaces the parent's script (a bare
 //! entry array) or patches it (`{patches:[{at, entry}]}`). Session ids are minted from the recorded
 //! headers in order, so recorded tool arguments naming a session id stay valid.
@@ -135,8 +136,11 @@ fn derive_entries<'a>(chunks: impl Iterator<Item = &'a Event>) -> VecDeque<(Opti
             continue;
         };
         let key = (turn, step);
+        // A group ends at its `finish`: a step that retried an empty completion holds a
+        // call per attempt.
+        let open = |group: &[StreamChunk]| !matches!(group.last(), Some(StreamChunk::Finish { .. }));
         match groups.last_mut() {
-            Some((k, group)) if *k == key => group.push(chunk),
+            Some((k, group)) if *k == key && open(group) => group.push(chunk),
             _ => groups.push((key, vec![chunk])),
         }
     }
