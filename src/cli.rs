@@ -61,6 +61,30 @@ pub enum Command {
         #[command(subcommand)]
         command: SessionsCommand,
     },
+    /// Store a provider's API key (checked first) in the OS credential store or a 0600 file.
+    Login(LoginArgs),
+    /// Remove the stored key of a provider, or of every provider.
+    Logout {
+        /// The provider (default: all).
+        provider: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// The provider (default: ask).
+    pub provider: Option<String>,
+    /// Store the key without the check call to the provider.
+    #[arg(long)]
+    pub no_check: bool,
+}
+
+/// `kin acp login`: what an editor runs for the terminal auth method (its agent command plus
+/// `login`).
+#[derive(Debug, Subcommand)]
+pub enum AcpCommand {
+    /// The same as `kin login`.
+    Login(LoginArgs),
 }
 
 #[derive(Debug, Args)]
@@ -82,6 +106,8 @@ pub struct AcpArgs {
     /// answered with an error and dropped (default: the config file, 67108864 = 64 MiB).
     #[arg(long, value_name = "BYTES")]
     pub max_frame_bytes: Option<usize>,
+    #[command(subcommand)]
+    pub command: Option<AcpCommand>,
 }
 
 #[derive(Debug, Args)]

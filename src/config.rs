@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
+use crate::keys::{Backend, KeyStore};
 use crate::mcp::{Defaults as McpDefaults, Origin, ServerSpec, Settings, Transport, Trust};
 use crate::model::ModelRoute;
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
@@ -65,6 +66,8 @@ pub struct Config {
     pub mcp_servers: Vec<ServerSpec>,
     /// `[mcp]`: the timeouts of servers that set none.
     pub mcp: McpDefaults,
+    /// Where `kin login` stores keys and kin looks for them after the environment.
+    pub keys: KeyStore,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -111,6 +114,7 @@ struct FileConfig {
     persona: Option<String>,
     system_prompt_file: Option<PathBuf>,
     max_frame_bytes: Option<usize>,
+    key_store: Option<String>,
     #[serde(default)]
     agent: AgentSection,
     #[serde(default)]
@@ -234,10 +238,11 @@ impl Config {
     /// Resolves flags > environment > config file > defaults.
     pub fn resolve(flags: &Overrides, env: Env<'_>) -> Result<Config> {
         let explicit = flags.config.clone().or_else(|| env("KIN_CONFIG").map(PathBuf::from));
-        let default_path = env("XDG_CONFIG_HOME")
+        let config_dir = env("XDG_CONFIG_HOME")
             .map(PathBuf::from)
             .or_else(|| env("HOME").map(|h| Path::new(&h).join(".config")))
-            .map(|base| base.join("kin/config.toml"));
+            .map(|base| base.join("kin"));
+        let default_path = config_dir.as_ref().map(|dir| dir.join("config.toml"));
         let (file, config_file) = match (&explicit, &default_path) {
             (Some(path), _) => (read_file(path)?, Some(path.clone())),
             (None, Some(path)) if path.exists() => (read_file(path)?, Some(path.clone())),
@@ -305,10 +310,19 @@ impl Config {
         let acp_agents = resolve_acp_agents(file.acp_agents, &where_())?;
         let mcp = resolve_mcp_defaults(&file.mcp, &where_())?;
         let mcp_servers = resolve_mcp_servers(file.mcp_servers, &where_())?;
+        let backend = match (env("KIN_KEY_STORE"), &file.key_store) {
+            (Some(text), _) => Backend::parse(&text).map_err(|e| anyhow::anyhow!("KIN_KEY_STORE: {e}"))?,
+            (None, Some(text)) => {
+                Backend::parse(text).map_err(|e| anyhow::anyhow!("{}: key `key_store`: {e}", where_()))?
+            }
+            (None, None) => Backend::Auto,
+        };
+        let keys = KeyStore { backend, file: config_dir.map(|dir| dir.join(crate::keys::FILE_NAME)) };
         Ok(Config {
             max_frame_bytes,
             mcp,
             mcp_servers,
+            keys,
             model_choices,
             acp_agents,
             models,
@@ -624,6 +638,27 @@ mod tests {
         let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
         assert!(err.contains(&file.display().to_string()), "{err}");
         assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn the_key_store_is_chosen_by_env_then_file_and_lives_in_the_config_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "key_store = \"keyring\"\n").unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let c = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.keys.backend, Backend::Keyring);
+        assert_eq!(c.keys.file, Some(PathBuf::from("/h/.config/kin/credentials.json")));
+        let env = env_of(&[("HOME", "/h"), ("XDG_CONFIG_HOME", "/x"), ("KIN_KEY_STORE", "file")]);
+        let c = Config::resolve(&flags, &env).unwrap();
+        assert_eq!((c.keys.backend, c.keys.file), (Backend::File, Some(PathBuf::from("/x/kin/credentials.json"))));
+        let defaults = Config::resolve(&Overrides::default(), &env_of(&[("HOME", "/h")])).unwrap();
+        assert_eq!(defaults.keys.backend, Backend::Auto);
+        let err = Config::resolve(&flags, &env_of(&[("KIN_KEY_STORE", "vault"), ("HOME", "/h")])).unwrap_err();
+        assert!(err.to_string().contains("KIN_KEY_STORE") && err.to_string().contains("\"vault\""), "{err}");
+        std::fs::write(&file, "key_store = \"vault\"\n").unwrap();
+        let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
+        assert!(err.contains("key_store"), "{err}");
     }
 
     #[test]

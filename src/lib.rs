@@ -10,6 +10,8 @@ pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod keys;
+pub mod login;
 pub mod mcp;
 pub mod model;
 pub mod permission;

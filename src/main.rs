@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kin::acp::run::{RunRequest, Target};
-use kin::cli::{Cli, Command, ScenarioCommand, SessionsCommand};
+use kin::cli::{AcpCommand, Cli, Command, LoginArgs, ScenarioCommand, SessionsCommand};
 use kin::config::{Config, process_env};
 use kin::scenario::RunOptions;
 use tracing_subscriber::EnvFilter;
@@ -20,7 +20,14 @@ fn main() -> ExitCode {
         }
     };
     // `kin run` keeps stderr for its own progress lines: only warnings unless RUST_LOG says more.
-    let default_level = if matches!(cli.command, Command::Run(_)) { "warn" } else { "info" };
+    let quiet = matches!(
+        cli.command,
+        Command::Run(_)
+            | Command::Login(_)
+            | Command::Logout { .. }
+            | Command::Acp(kin::cli::AcpArgs { command: Some(_), .. })
+    );
+    let default_level = if quiet { "warn" } else { "info" };
     let _guard = init_logging(&config, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -84,8 +91,29 @@ fn init_logging(config: &Config, default_level: &str) -> Option<tracing_appender
     Some(guard)
 }
 
+/// `kin login` (and `kin acp login`, the editor's terminal auth method): 0 when the key is stored.
+async fn login(config: &Config, args: &LoginArgs) -> ExitCode {
+    match kin::login::login(config, args.provider.as_deref(), !args.no_check).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kin login: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Acp(kin::cli::AcpArgs { command: Some(AcpCommand::Login(args)), .. }) | Command::Login(args) => {
+            Ok(login(&config, &args).await)
+        }
+        Command::Logout { provider } => Ok(match kin::login::logout(&config, provider.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("kin logout: {e}");
+                ExitCode::FAILURE
+            }
+        }),
         Command::Acp(_) => {
             let max_frame_bytes = config.max_frame_bytes;
             let runtime = build_runtime(config)?;

@@ -306,7 +306,10 @@ pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
     if let Some(dir) = &config.replay {
         return Ok(Arc::new(ReplayModel::from_dir(dir)?));
     }
-    let routed = crate::model::retry_log::Routed::new(&config.model, config.models.clone())
+    let store = config.keys.clone();
+    let stored: crate::model::retry_log::KeyLookup =
+        Arc::new(move |variable: &str| crate::keys::lookup(&|_| None, &store, variable));
+    let routed = crate::model::retry_log::Routed::new(&config.model, config.models.clone(), stored)
         .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
     Ok(Arc::new(routed))
 }
@@ -752,6 +755,12 @@ impl Runtime {
             *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route;
         }
         Ok(events)
+    }
+
+    /// The key a new session's route needs and nobody has given (neither the environment nor
+    /// `kin login`); never in replay, whose model needs none.
+    pub fn missing_key(&self) -> Option<crate::model::MissingKey> {
+        self.model.missing_key(&self.config.model)
     }
 
     /// The routes a session may switch to.

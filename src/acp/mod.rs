@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, CurrentModeUpdate,
-    ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
+    AgentCapabilities, AuthMethod, AuthMethodTerminal, CancelNotification, CloseSessionRequest, CloseSessionResponse,
+    CurrentModeUpdate, ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
     ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
     NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest,
     ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionConfigOption,
@@ -51,6 +51,30 @@ fn unsupported_params(additional_directories: bool, system_prompt: bool) -> Opti
     .into_iter()
     .find(|(given, _)| *given)
     .map(|(_, message)| invalid_params(message))
+}
+
+/// The terminal auth method: the editor runs its agent command plus `login` (`kin acp login`).
+const LOGIN_METHOD: &str = "kin-login";
+
+/// The auth methods offered: `kin login` in a terminal, to clients that can run one.
+fn auth_methods(terminal: bool) -> Vec<AuthMethod> {
+    if !terminal {
+        return Vec::new();
+    }
+    let login = AuthMethodTerminal::new(LOGIN_METHOD, "Log in with an API key")
+        .description("Runs `kin login`: pick a provider, paste its API key; kin checks it and stores it".to_string())
+        .args(vec!["login".to_string()]);
+    vec![AuthMethod::Terminal(login)]
+}
+
+/// `-32000` for a session whose route has no key: the editor then offers the login.
+fn auth_required(missing: &crate::model::MissingKey) -> Error {
+    let crate::model::MissingKey { provider, variable } = missing;
+    Error::new(
+        ErrorCode::AUTH_REQUIRED,
+        format!("Authentication required: no API key for {provider}: set {variable} or run `kin login {provider}`"),
+    )
+    .data(serde_json::json!({"provider": provider, "variable": variable}))
 }
 
 fn to_acp(error: RuntimeError) -> Error {
@@ -171,7 +195,8 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                 responder.respond(
                     InitializeResponse::new(agent_client_protocol::schema::ProtocolVersion::V1)
                         .agent_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")))
-                        .agent_capabilities(capabilities),
+                        .agent_capabilities(capabilities)
+                        .auth_methods(auth_methods(req.client_capabilities.auth.terminal)),
                 )
             },
             on_receive_request!(),
@@ -181,6 +206,9 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                 if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some())
                 {
                     return responder.respond_with_error(e);
+                }
+                if let Some(missing) = rt_new.missing_key() {
+                    return responder.respond_with_error(auth_required(&missing));
                 }
                 let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_new.clone(), rt_new.tools().clone()));
                 match rt_new.new_session_with(&req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {

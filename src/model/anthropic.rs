@@ -44,6 +44,7 @@ pub type AnthropicModel = HttpModel<AnthropicConfig>;
 impl Api for AnthropicConfig {
     type Decoder = MessagesDecoder;
     const PATH: &'static str = "/v1/messages";
+    const MODELS_PATH: &'static str = "/v1/models";
 
     fn server(&self) -> &Server {
         &self.server

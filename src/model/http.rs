@@ -142,7 +142,7 @@ pub(crate) fn resolve_key(
         (None, None) => Ok(None),
         (None, Some(env)) => Err(Failure::new(
             format!(
-                "no API key for {}: set the environment variable {env} (kin reads the key from it when a turn starts)",
+                "no API key for {}: set the environment variable {env} or run `kin login` (kin looks for the key when a turn starts)",
                 request.route
             ),
             MISSING_CREDENTIAL,
@@ -290,6 +290,9 @@ pub trait Api: Send + Sync + 'static {
     type Decoder: Decoder + Default + Send + 'static;
     /// The path under the base URL (`/chat/completions`, `/v1/messages`).
     const PATH: &'static str;
+    /// The model listing under the base URL (`/models`, `/v1/models`): `kin login`'s key check,
+    /// an authenticated call that costs no tokens.
+    const MODELS_PATH: &'static str;
 
     fn server(&self) -> &Server;
 
@@ -792,7 +795,7 @@ pub(crate) fn excerpt(body: &str) -> String {
 }
 
 /// Removes every occurrence of the key from a message.
-fn redact(message: &str, key: Option<&str>) -> String {
+pub(crate) fn redact(message: &str, key: Option<&str>) -> String {
     match key {
         Some(key) if !key.is_empty() => message.replace(key, "[redacted]"),
         _ => message.to_string(),
@@ -800,7 +803,7 @@ fn redact(message: &str, key: Option<&str>) -> String {
 }
 
 /// An error with its causes, `outer: inner: innermost`.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -5,6 +5,7 @@
 pub mod anthropic;
 pub mod chunk;
 pub mod http;
+pub mod keycheck;
 pub mod openai;
 pub mod replay;
 pub mod retry_log;
@@ -102,4 +103,18 @@ pub trait Model: Send + Sync {
     fn next_session_id(&self) -> Option<String> {
         None
     }
+
+    /// The API key a call on `route` would need and cannot find (HTTP models; replay and
+    /// scripted models need none), so a session can be refused before its first turn fails.
+    fn missing_key(&self, _route: &ModelRoute) -> Option<MissingKey> {
+        None
+    }
+}
+
+/// A provider's key that is neither in the environment nor stored by `kin login`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingKey {
+    pub provider: String,
+    /// The variable the key is read from (`DEEPSEEK_API_KEY`).
+    pub variable: String,
 }

@@ -39,6 +39,7 @@ pub type OpenAiModel = HttpModel<OpenAiConfig>;
 impl Api for OpenAiConfig {
     type Decoder = ChatDecoder;
     const PATH: &'static str = "/chat/completions";
+    const MODELS_PATH: &'static str = "/models";
 
     fn server(&self) -> &Server {
         &self.server

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
+use super::http::Server;
 use super::http::{RetryInfo, RetryNotice};
-use super::router::{ModelSettings, model_for_route_with_notice};
-use super::{ChunkStream, Model, ModelRequest, ModelRoute};
+use super::router::{ModelSettings, WireApi, client_for, endpoint, missing_key};
+use super::{ChunkStream, MissingKey, Model, ModelRequest, ModelRoute};
 use crate::session::event::LlmRetry;
 
 /// Pending retry events by session.
@@ -46,21 +47,38 @@ impl RetryLog {
     }
 }
 
+/// Where a key is looked up by variable name when the environment has none: `kin login`'s store.
+pub type KeyLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// The HTTP models of one process: a client per provider, built on first use for the route a
 /// request names (so a session can switch models between turns), with retries recorded in a
-/// `RetryLog`.
+/// `RetryLog`. Keys come from the environment, else from `stored`. A client is kept only once it
+/// has its key: a provider whose key was missing is looked up again on the next call, so a
+/// `kin login` while kin runs takes effect.
 pub struct Routed {
     settings: ModelSettings,
+    stored: KeyLookup,
     log: Arc<RetryLog>,
     clients: Mutex<HashMap<String, Arc<dyn Model>>>,
 }
 
 impl Routed {
     /// Checks that `default` can be served (an unknown provider is a startup error).
-    pub fn new(default: &ModelRoute, settings: ModelSettings) -> Result<Self, String> {
-        let routed = Routed { settings, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) };
+    pub fn new(default: &ModelRoute, settings: ModelSettings, stored: KeyLookup) -> Result<Self, String> {
+        let routed =
+            Routed { settings, stored, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) };
         routed.client(default)?;
         Ok(routed)
+    }
+
+    /// The provider's server with its key: the environment's, else the stored one.
+    fn server(&self, route: &ModelRoute) -> Result<(WireApi, Server), String> {
+        let (api, mut server) = endpoint(&route.provider, &self.settings, &crate::config::process_env)
+            .map_err(|e| format!("route {route}: {e}"))?;
+        if server.api_key.is_none() {
+            server.api_key = server.api_key_env.as_deref().and_then(|v| (self.stored)(v));
+        }
+        Ok((api, server))
     }
 
     fn client(&self, route: &ModelRoute) -> Result<Arc<dyn Model>, String> {
@@ -68,9 +86,12 @@ impl Routed {
         if let Some(client) = clients.get(&route.provider) {
             return Ok(client.clone());
         }
-        let client =
-            model_for_route_with_notice(route, &self.settings, &crate::config::process_env, Some(self.log.notice()))?;
-        clients.insert(route.provider.clone(), client.clone());
+        let (api, server) = self.server(route)?;
+        let keyed = missing_key(&route.provider, &server).is_none();
+        let client = client_for(api, server, &self.settings, Some(self.log.notice()))?;
+        if keyed {
+            clients.insert(route.provider.clone(), client.clone());
+        }
         Ok(client)
     }
 }
@@ -89,5 +110,13 @@ impl Model for Routed {
 
     fn take_retries(&self, session_id: &str) -> Vec<LlmRetry> {
         self.log.take(session_id)
+    }
+
+    fn missing_key(&self, route: &ModelRoute) -> Option<MissingKey> {
+        if self.clients.lock().is_ok_and(|c| c.contains_key(&route.provider)) {
+            return None;
+        }
+        let (_, server) = self.server(route).ok()?;
+        missing_key(&route.provider, &server)
     }
 }

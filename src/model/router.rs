@@ -1,7 +1,8 @@
 //! Picks the HTTP model client for a route's provider: the built-in `deepseek`, `openai` and
 //! `anthropic` routes, or a named compatible endpoint from the config file (which wins over a
-//! built-in of the same name). Keys are read from the environment here, but a missing key only
-//! fails the first model call, so `kin acp` starts without one.
+//! built-in of the same name). Keys are read through the `env` lookup the caller gives (the
+//! environment, then `kin login`'s store), but a missing key only fails the first model call, so
+//! `kin acp` starts without one; [`missing_key`] tells the protocol layer beforehand.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +63,7 @@ impl Default for ModelSettings {
     }
 }
 
-/// The client for `route`, without retry notices.
+/// The client for `route`, without retry notices; `env` gives base URLs and keys.
 pub fn model_for_route(
     route: &ModelRoute,
     settings: &ModelSettings,
@@ -78,47 +79,107 @@ pub fn model_for_route_with_notice(
     env: &dyn Fn(&str) -> Option<String>,
     notice: Option<RetryNotice>,
 ) -> Result<Arc<dyn Model>, String> {
-    /// Which API the server speaks.
-    enum Api {
-        OpenAi { deepseek: bool },
-        Anthropic,
+    let (api, server) = endpoint(&route.provider, settings, env).map_err(|e| format!("route {route}: {e}"))?;
+    client_for(api, server, settings, notice)
+}
+
+/// Which wire API a provider's server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireApi {
+    /// OpenAI-compatible Chat Completions; `deepseek` adds DeepSeek's extensions.
+    OpenAi {
+        deepseek: bool,
+    },
+    Anthropic,
+}
+
+/// A provider's server as configured: the API it speaks, its base URL (`$<PREFIX>_BASE_URL`
+/// for the built-ins, `base_url` for `[providers.NAME]`), the key variable and the key `env`
+/// gave, and extra headers. Retry and timeout settings are left at their defaults.
+pub fn endpoint(
+    provider: &str,
+    settings: &ModelSettings,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(WireApi, Server), String> {
+    if let Some(named) = settings.providers.iter().find(|p| p.name == provider) {
+        let mut server = Server::new(named.base_url.clone(), named.api_key_env.as_deref());
+        server.api_key = named.api_key_env.as_deref().and_then(env).filter(|v| !v.trim().is_empty());
+        server.extra_headers = named.headers.clone();
+        let api = match named.kind {
+            ProviderKind::OpenAi => WireApi::OpenAi { deepseek: named.base_url.contains("deepseek") },
+            ProviderKind::Anthropic => WireApi::Anthropic,
+        };
+        return Ok((api, server));
     }
-    let (api, mut server) = match settings.providers.iter().find(|p| p.name == route.provider) {
-        Some(named) => {
-            let mut server = Server::new(named.base_url.clone(), named.api_key_env.as_deref());
-            server.api_key = named.api_key_env.as_deref().and_then(env).filter(|v| !v.trim().is_empty());
-            server.extra_headers = named.headers.clone();
-            let api = match named.kind {
-                ProviderKind::OpenAi => Api::OpenAi { deepseek: named.base_url.contains("deepseek") },
-                ProviderKind::Anthropic => Api::Anthropic,
-            };
-            (api, server)
+    match provider {
+        "deepseek" => {
+            Ok((WireApi::OpenAi { deepseek: true }, Server::from_env("DEEPSEEK", "https://api.deepseek.com", env)))
         }
-        None => match route.provider.as_str() {
-            "deepseek" => {
-                (Api::OpenAi { deepseek: true }, Server::from_env("DEEPSEEK", "https://api.deepseek.com", env))
+        "openai" => {
+            Ok((WireApi::OpenAi { deepseek: false }, Server::from_env("OPENAI", "https://api.openai.com/v1", env)))
+        }
+        "anthropic" => Ok((WireApi::Anthropic, Server::from_env("ANTHROPIC", "https://api.anthropic.com", env))),
+        other => {
+            let mut all: Vec<&str> = BUILTIN_PROVIDERS.to_vec();
+            all.extend(settings.providers.iter().map(|p| p.name.as_str()).filter(|n| !BUILTIN_PROVIDERS.contains(n)));
+            Err(format!(
+                "unknown model provider {other:?}; known providers: {} (declare others under [providers.NAME] in the config file)",
+                all.join(", ")
+            ))
+        }
+    }
+}
+
+/// The providers that take a key, with the variable each reads it from: the built-ins (unless
+/// a `[providers.NAME]` of the same name replaces them) and each `[providers.NAME]` with an
+/// `api_key_env`, in that order.
+pub fn key_providers(settings: &ModelSettings) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in BUILTIN_PROVIDERS {
+        match settings.providers.iter().find(|p| p.name == name) {
+            Some(named) => {
+                if let Some(var) = &named.api_key_env {
+                    out.push((name.to_string(), var.clone()));
+                }
             }
-            "openai" => (Api::OpenAi { deepseek: false }, Server::from_env("OPENAI", "https://api.openai.com/v1", env)),
-            "anthropic" => (Api::Anthropic, Server::from_env("ANTHROPIC", "https://api.anthropic.com", env)),
-            other => {
-                let mut known: Vec<&str> = BUILTIN_PROVIDERS.to_vec();
-                known.extend(settings.providers.iter().map(|p| p.name.as_str()));
-                return Err(format!(
-                    "unknown model provider {other:?} in route {route}; known providers: {} (declare others under [[providers]] in the config file)",
-                    known.join(", ")
-                ));
-            }
-        },
-    };
+            None => out.push((name.to_string(), format!("{}_API_KEY", name.to_uppercase()))),
+        }
+    }
+    for named in settings.providers.iter().filter(|p| !BUILTIN_PROVIDERS.contains(&p.name.as_str())) {
+        if let Some(var) = &named.api_key_env {
+            out.push((named.name.clone(), var.clone()));
+        }
+    }
+    out
+}
+
+/// The key a server needs and does not have.
+pub fn missing_key(provider: &str, server: &Server) -> Option<super::MissingKey> {
+    match (&server.api_key, &server.api_key_env) {
+        (None, Some(variable)) => {
+            Some(super::MissingKey { provider: provider.to_string(), variable: variable.clone() })
+        }
+        _ => None,
+    }
+}
+
+/// The client for a provider's server (from [`endpoint`], its key filled in); `notice` hears
+/// about every retry of every call.
+pub fn client_for(
+    api: WireApi,
+    mut server: Server,
+    settings: &ModelSettings,
+    notice: Option<RetryNotice>,
+) -> Result<Arc<dyn Model>, String> {
     server.retry = settings.retry;
     server.idle_timeout = Duration::from_secs(settings.idle_timeout_secs.max(1));
     let reasoning_effort = settings.reasoning_effort.clone();
     let model: Arc<dyn Model> = match api {
-        Api::OpenAi { deepseek } => {
+        WireApi::OpenAi { deepseek } => {
             let config = OpenAiConfig { server, max_tokens: settings.max_tokens, reasoning_effort, deepseek };
             Arc::new(OpenAiModel::new(config)?.with_retry_notice(notice))
         }
-        Api::Anthropic => {
+        WireApi::Anthropic => {
             let max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
             Arc::new(
                 AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort })?

@@ -30,10 +30,13 @@ use tokio_util::sync::CancellationToken;
 pub const KIN: &str = env!("CARGO_BIN_EXE_kin");
 
 /// `kin acp --config /dev/null --sessions SESSIONS [--replay REPLAY]`, stderr discarded; add
-/// arguments, environment and a working directory before [`Peer::spawn`].
+/// arguments, environment and a working directory before [`Peer::spawn`]. A placeholder
+/// `DEEPSEEK_API_KEY` lets `session/new` through without replay (no test key store is read); a
+/// test that calls a model sets its own.
 pub fn acp(sessions: &Path, replay: Option<&Path>) -> Command {
     let mut command = Command::new(KIN);
     command.args(["acp", "--config", "/dev/null", "--sessions"]).arg(sessions);
+    command.env("DEEPSEEK_API_KEY", "sk-placeholder-never-sent");
     if let Some(replay) = replay {
         command.arg("--replay").arg(replay);
     }
