@@ -204,6 +204,8 @@ pub enum SessionsCommand {
     Show { id: String },
     /// Validate logs (all, or one); report torn tails and corruption by file and line. Changes nothing.
     Check { id: Option<String> },
+    /// Delete a top-level session and its subagent sessions (refused while a kin has it open).
+    Delete { id: String },
 }
 
 impl Cli {

@@ -1,4 +1,4 @@
-//! The non-protocol subcommands: `kin scenario run` and `kin sessions list|show|check`. These
+//! The non-protocol subcommands: `kin scenario run` and `kin sessions list|show|check|delete`. These
 //! print to stdout (only `kin acp` reserves stdout for the protocol).
 
 use std::io::Write;
@@ -153,6 +153,16 @@ fn describe(event: &Event) -> Option<String> {
         | EventBody::AgentInboxSpliced(_)
         | EventBody::Unknown { .. } => return None,
     })
+}
+
+/// Deletes a top-level session and its subagent sessions, with the store's refusals (a child
+/// id, a session a kin process has open).
+pub fn sessions_delete(config: &Config, id: &str) -> Result<()> {
+    let removed = SessionStore::new(config.sessions_dir.clone()).delete(id).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let children = removed.len().saturating_sub(1);
+    let plural = if children == 1 { "" } else { "s" };
+    writeln!(std::io::stdout().lock(), "deleted session {id} and {children} subagent session{plural}")?;
+    Ok(())
 }
 
 /// Validates logs; returns true when every checked log is clean.

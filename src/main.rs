@@ -167,6 +167,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                 kin::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS)
             }
             SessionsCommand::Show { id } => kin::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS),
+            SessionsCommand::Delete { id } => kin::commands::sessions_delete(&config, &id).map(|()| ExitCode::SUCCESS),
             SessionsCommand::Check { id } => {
                 let clean = kin::commands::sessions_check(&config, id.as_deref())?;
                 Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -79,6 +79,22 @@ impl PermissionMode {
             .ok_or_else(|| format!("unknown permission mode \"{id}\"; valid modes are {}", Self::valid_ids()))
     }
 
+    /// How much the mode lets run without asking: read-only < ask < accept-edits < bypass.
+    fn permissiveness(self) -> u8 {
+        match self {
+            PermissionMode::ReadOnly => 0,
+            PermissionMode::Ask => 1,
+            PermissionMode::AcceptEdits => 2,
+            PermissionMode::Bypass => 3,
+        }
+    }
+
+    /// This mode, or `ceiling` where this one is more permissive: what a restored session runs
+    /// in when kin was started in `ceiling`.
+    pub fn capped_at(self, ceiling: PermissionMode) -> PermissionMode {
+        if self.permissiveness() > ceiling.permissiveness() { ceiling } else { self }
+    }
+
     /// `ask, accept-edits, read-only, bypass`.
     pub fn valid_ids() -> String {
         Self::ALL.map(PermissionMode::id).join(", ")
@@ -481,6 +497,18 @@ fn outside_in_read_only(tool: &str, path: &Path) -> ToolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restored_mode_is_capped_at_the_start_mode() {
+        use PermissionMode::{AcceptEdits, Ask, Bypass, ReadOnly};
+        let order = [ReadOnly, Ask, AcceptEdits, Bypass];
+        for (i, recorded) in order.into_iter().enumerate() {
+            for (j, start) in order.into_iter().enumerate() {
+                let expected = if i > j { start } else { recorded };
+                assert_eq!(recorded.capped_at(start), expected, "{recorded:?} under {start:?}");
+            }
+        }
+    }
 
     #[test]
     fn forwarded_questions_follow_the_mode_by_access_and_workspace() {

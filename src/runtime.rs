@@ -32,10 +32,13 @@ use crate::subagent::{Descriptor, ErrorCode, Lifecycle, SubagentError, SubagentS
 use crate::tools::files::FileAccess;
 use crate::tools::{Tool, ToolRegistry};
 
-/// A request the caller got wrong (maps to invalid params) or a failure of kin itself.
+/// A request the caller got wrong (maps to invalid params), a session id that names no session
+/// (not stored, deleted, or not live where it must be), or a failure of kin itself.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RuntimeError {
     InvalidParams(String),
+    /// The session id.
+    NotFound(String),
     Internal(String),
 }
 
@@ -43,7 +46,18 @@ impl std::fmt::Display for RuntimeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RuntimeError::InvalidParams(m) | RuntimeError::Internal(m) => f.write_str(m),
+            RuntimeError::NotFound(id) => write!(f, "unknown session: {id}"),
         }
+    }
+}
+
+/// A store error as the runtime reports it: a bad id or a refusal is the caller's, a missing
+/// log is not found, anything else is kin's.
+fn store_error(e: StoreError) -> RuntimeError {
+    match e {
+        StoreError::NotFound(id) => RuntimeError::NotFound(id),
+        StoreError::InvalidId(_) | StoreError::Refused(_) => RuntimeError::InvalidParams(e.to_string()),
+        StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
     }
 }
 
@@ -476,7 +490,7 @@ impl Runtime {
                     .map_err(|e| RuntimeError::Internal(e.to_string()))?;
                 Ok(())
             }
-            None => Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}"))),
+            None => Err(RuntimeError::NotFound(session_id.to_string())),
         }
     }
 
@@ -578,16 +592,30 @@ impl Runtime {
         self.live().get(session_id).and_then(|l| l.mcp.take_notices())
     }
 
-    /// Starts the agent of a top-level session in the configured permission mode.
+    /// Starts the agent of a top-level session. A session whose log (or fork seed) records a
+    /// mode chosen with `session/set_mode` gets it back, but never one more permissive than the
+    /// mode kin was started in; one that records a model chosen in the editor gets that route.
     fn start(&self, session: crate::session::Session, system: String, mcp: Arc<McpSession>) {
         let id = session.id().to_string();
-        // A mode chosen with `session/set_mode` before a restart stays chosen.
-        let mode = event::last::<event::SessionMode>(session.events())
+        let ceiling = self.config.permission_mode;
+        let mode = match event::last::<event::SessionMode>(session.events())
             .and_then(|m| PermissionMode::parse(&m.mode))
-            .unwrap_or(self.config.permission_mode);
+        {
+            Some(mode) if mode.capped_at(ceiling) != mode => {
+                tracing::info!(session = %id, recorded = mode.id(), mode = ceiling.id(), "restoring the session in the mode kin was started in, not its more permissive recorded one");
+                ceiling
+            }
+            Some(mode) => mode,
+            None => ceiling,
+        };
+        let route = event::last::<event::SessionModel>(session.events())
+            .map(|m| crate::model::ModelRoute { provider: m.provider, model: m.model })
+            .unwrap_or_else(|| self.config.model.clone());
         let permissions = Arc::new(Permissions::new(mode));
-        let handle = spawn_agent(session, self.deps(&permissions, &mcp, system));
-        let model = Mutex::new(self.config.model.clone());
+        let mut deps = self.deps(&permissions, &mcp, system);
+        deps.route = route.clone();
+        let handle = spawn_agent(session, deps);
+        let model = Mutex::new(route);
         let prompt_in_flight = Arc::new(AtomicBool::new(false));
         self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp });
     }
@@ -635,7 +663,7 @@ impl Runtime {
         self.reject_child(session_id)?;
         let live = self.live();
         let Some(entry) = live.get(session_id) else {
-            return Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}")));
+            return Err(RuntimeError::NotFound(session_id.to_string()));
         };
         if entry.prompt_in_flight.swap(true, Ordering::SeqCst) {
             return Err(RuntimeError::InvalidParams("a prompt is already in flight for this session".into()));
@@ -725,10 +753,7 @@ impl Runtime {
             entry.handle.shutdown().await;
             entry.mcp.close().await;
         }
-        let mut session = self.store.load(session_id).map_err(|e| match e {
-            StoreError::InvalidId(_) | StoreError::NotFound(_) => RuntimeError::InvalidParams(e.to_string()),
-            StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
-        })?;
+        let mut session = self.store.load(session_id).map_err(store_error)?;
         if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
             return Err(subagent_only(session_id));
         }
@@ -742,18 +767,9 @@ impl Runtime {
                 self.build_prompt(cwd, &self.tools, self.config.persona.as_deref()).map_err(RuntimeError::Internal)?
             }
         };
-        // A model chosen in the editor before the restart stays chosen.
-        let route = event::last::<event::SessionModel>(&events)
-            .map(|m| crate::model::ModelRoute { provider: m.provider, model: m.model });
         let mcp = self.mcp_for(&mut session, servers);
         session.add_observer(observer);
         self.start(session, system, mcp);
-        if let Some(route) = route
-            && let Some(entry) = self.live().get(session_id)
-        {
-            let _ = entry.handle.set_route(route.clone());
-            *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route;
-        }
         Ok(events)
     }
 
@@ -776,6 +792,10 @@ impl Runtime {
     /// Switches a live session's model from its next turn on, and records the choice in its log
     /// (`session/model`) so a later `session/load` keeps it.
     pub fn set_model(&self, session_id: &str, route: &str) -> Result<crate::model::ModelRoute, RuntimeError> {
+        self.reject_child(session_id)?;
+        if !self.live().contains_key(session_id) {
+            return Err(RuntimeError::NotFound(session_id.to_string()));
+        }
         let route = crate::model::ModelRoute::parse(route).map_err(RuntimeError::InvalidParams)?;
         if !self.config.model_choices.contains(&route) {
             let valid: Vec<String> = self.config.model_choices.iter().map(ToString::to_string).collect();
@@ -785,9 +805,7 @@ impl Runtime {
             )));
         }
         let live = self.live();
-        let entry = live
-            .get(session_id)
-            .ok_or_else(|| RuntimeError::InvalidParams(format!("unknown session: {session_id}")))?;
+        let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
         entry.handle.set_route(route.clone()).map_err(|e| RuntimeError::Internal(e.to_string()))?;
         *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route.clone();
         entry
@@ -839,7 +857,7 @@ impl Runtime {
         self.reject_child(session_id)?;
         let removed = self.live().remove(session_id);
         let Some(entry) = removed else {
-            return Err(RuntimeError::InvalidParams(format!("unknown session: {session_id}")));
+            return Err(RuntimeError::NotFound(session_id.to_string()));
         };
         entry.handle.cancel();
         self.continuation.close_descendants(session_id).await;
@@ -854,7 +872,8 @@ impl Runtime {
 
     /// Forks a top-level session (`session/fork`): a new top-level session in `cwd` seeded with
     /// the source's completed turns as they are on disk (the prompt it was created with comes
-    /// along), started in the configured permission mode. Returns the new session's id.
+    /// along), in the source's recorded mode and model as `start` restores them. Returns the new
+    /// session's id.
     pub fn fork_session(
         &self,
         source_id: &str,
@@ -866,10 +885,7 @@ impl Runtime {
         if !cwd.is_absolute() {
             return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
         }
-        let source = self.store.inspect(source_id).map_err(|e| match e {
-            StoreError::InvalidId(_) | StoreError::NotFound(_) => RuntimeError::InvalidParams(e.to_string()),
-            StoreError::Scan(_) | StoreError::Io(_) => RuntimeError::Internal(e.to_string()),
-        })?;
+        let source = self.store.inspect(source_id).map_err(store_error)?;
         let seed = crate::agent::completed_prefix(&source.events).to_vec();
         let system = match prompt::recorded(&seed) {
             Some(text) => text,
@@ -889,6 +905,21 @@ impl Runtime {
         session.add_observer(observer);
         self.start(session, system, mcp);
         Ok(id)
+    }
+
+    /// Deletes a stored top-level session and its subagent sessions (`session/delete`): refused
+    /// for a child id, a session live here (close it first) and one whose log another kin writes.
+    /// The logs are gone from disk when it returns.
+    pub fn delete_session(&self, session_id: &str) -> Result<(), RuntimeError> {
+        self.reject_child(session_id)?;
+        if self.live().contains_key(session_id) {
+            return Err(RuntimeError::InvalidParams(format!(
+                "session {session_id} is open; close it (session/close) before deleting it"
+            )));
+        }
+        let removed = self.store.delete(session_id).map_err(store_error)?;
+        tracing::info!(session = %session_id, children = removed.len() - 1, "deleted a session");
+        Ok(())
     }
 
     /// The stored children of `parent_id` (sessions whose header names it as `parentSession`,

@@ -448,7 +448,7 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
     // Close frees the parent; resume reattaches it without replay and re-announces the child.
     assert_eq!(kin.call("session/close", json!({"sessionId": parent}))["result"], json!({}));
     let prompt = json!({"sessionId": parent, "prompt": [{"type": "text", "text": "hi"}]});
-    assert_eq!(kin.call("session/prompt", prompt)["error"]["code"], -32602);
+    assert_eq!(kin.call("session/prompt", prompt)["error"]["code"], -32002);
     let id = kin.request("session/resume", json!({"sessionId": parent, "cwd": cwd}));
     let resumed = kin.until_response(id);
     assert!(resumed.last().unwrap()["result"]["modes"].is_object(), "{resumed:#?}");

@@ -21,11 +21,12 @@ use std::sync::Arc;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, AuthMethod, AuthMethodTerminal, CancelNotification, CloseSessionRequest, CloseSessionResponse,
-    CurrentModeUpdate, ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
-    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
-    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest,
-    ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities, SessionConfigOption,
-    SessionConfigOptionCategory, SessionConfigSelectOption, SessionForkCapabilities, SessionInfo,
+    CurrentModeUpdate, DeleteSessionRequest, DeleteSessionResponse, ForkSessionRequest, ForkSessionResponse,
+    Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
+    LoadSessionRequest, LoadSessionResponse, McpCapabilities, NewSessionRequest, NewSessionResponse,
+    PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    SessionCapabilities, SessionCloseCapabilities, SessionConfigOption, SessionConfigOptionCategory,
+    SessionConfigSelectOption, SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo,
     SessionListCapabilities, SessionNotification, SessionResumeCapabilities, SessionUpdate,
     SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
 };
@@ -80,6 +81,10 @@ fn auth_required(missing: &crate::model::MissingKey) -> Error {
 fn to_acp(error: RuntimeError) -> Error {
     match error {
         RuntimeError::InvalidParams(m) => invalid_params(m),
+        RuntimeError::NotFound(id) => {
+            Error::new(ErrorCode::RESOURCE_NOT_FOUND, format!("Resource not found: unknown session: {id}"))
+                .data(serde_json::json!({"sessionId": id}))
+        }
         RuntimeError::Internal(m) => internal(m),
     }
 }
@@ -152,6 +157,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
     let rt_resume = runtime.clone();
     let rt_close = runtime.clone();
     let rt_fork = runtime.clone();
+    let rt_delete = runtime.clone();
     let agents = Arc::new(Tree::default());
     let (tree_init, tree_new, tree_load) = (agents.clone(), agents.clone(), agents.clone());
     let (tree_resume, tree_fork) = (agents.clone(), agents);
@@ -186,7 +192,8 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                     .list(SessionListCapabilities::new())
                     .fork(SessionForkCapabilities::new())
                     .resume(SessionResumeCapabilities::new())
-                    .close(SessionCloseCapabilities::new());
+                    .close(SessionCloseCapabilities::new())
+                    .delete(SessionDeleteCapabilities::new());
                 let capabilities = AgentCapabilities::new()
                     .load_session(true)
                     .mcp_capabilities(McpCapabilities::new().http(crate::mcp::HTTP_SUPPORTED))
@@ -411,12 +418,22 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                 match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
                     Ok(id) => {
                         let mode = rt_fork.permission_mode(&id).unwrap_or_default();
-                        let sent = responder.respond(ForkSessionResponse::new(id.clone()).modes(modes::state(mode)));
+                        let options = model_options(&rt_fork, &id);
+                        let sent = responder.respond(
+                            ForkSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
+                        );
                         forward_notices(&cx, &rt_fork, &id, &notices_fork);
                         sent
                     }
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }
+            },
+            on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: DeleteSessionRequest, responder, _cx| match rt_delete.delete_session(&req.session_id.0) {
+                Ok(()) => responder.respond(DeleteSessionResponse::new()),
+                Err(e) => responder.respond_with_error(to_acp(e)),
             },
             on_receive_request!(),
         )

@@ -137,7 +137,10 @@ async fn run_step(
     let (finish, call) = loop {
         let call = call_model(session, deps, request.clone(), turn, step, cancel).await;
         let finish = match call.outcome.clone() {
-            Ok(FinishReason::Aborted { .. }) => return abandon(session, turn, step, cancelled_end(disposing)),
+            Ok(FinishReason::Aborted { .. }) => {
+                keep_partial(session, deps, turn, step, call);
+                return abandon(session, turn, step, cancelled_end(disposing));
+            }
             Ok(FinishReason::Error { failure }) | Err(failure) => {
                 return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
             }
@@ -194,6 +197,8 @@ struct Call {
     outcome: Result<FinishReason, Failure>,
     /// The finished blocks by index.
     blocks: BTreeMap<u64, Value>,
+    /// The text streamed so far, by block: what the user saw if the stream is cut off.
+    texts: BTreeMap<u64, String>,
     usage: Option<Value>,
     /// The seqs of the call's `assistant/chunk` events.
     chunk_seqs: Vec<u64>,
@@ -209,8 +214,13 @@ async fn call_model(
     cancel: &CancellationToken,
 ) -> Call {
     let mut stream = deps.model.stream(request, cancel.child_token());
-    let mut call =
-        Call { outcome: Ok(FinishReason::Stop), blocks: BTreeMap::new(), usage: None, chunk_seqs: Vec::new() };
+    let mut call = Call {
+        outcome: Ok(FinishReason::Stop),
+        blocks: BTreeMap::new(),
+        texts: BTreeMap::new(),
+        usage: None,
+        chunk_seqs: Vec::new(),
+    };
     call.outcome = loop {
         session.write_eager();
         let item = tokio::select! {
@@ -227,6 +237,10 @@ async fn call_model(
                 let finish = match &chunk {
                     StreamChunk::BlockEnd { index, block } => {
                         call.blocks.insert(*index, block.clone());
+                        None
+                    }
+                    StreamChunk::TextDelta { index, text } => {
+                        call.texts.entry(*index).or_default().push_str(text);
                         None
                     }
                     StreamChunk::Usage { usage } => {
@@ -248,6 +262,26 @@ async fn call_model(
         }
     };
     call
+}
+
+/// A cancelled call's text stays in the log (and the history) as an `assistant/message`: its
+/// text blocks as far as they streamed (a finished one whole), without reasoning or half-streamed
+/// tool calls, and no usage. A call cut off before any text writes nothing.
+fn keep_partial(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64, call: Call) {
+    let Call { mut blocks, texts, chunk_seqs, .. } = call;
+    let partial: Vec<Value> = texts
+        .into_iter()
+        .filter(|(_, text)| !text.is_empty())
+        .map(|(index, text)| match blocks.remove(&index) {
+            Some(block) if block["type"] == "text" => block,
+            _ => json!({"type": "text", "text": text}),
+        })
+        .collect();
+    if partial.is_empty() {
+        return;
+    }
+    let message = event::ModelMessage::new(partial, &deps.route.provider, &deps.route.model);
+    session.push_from(event::AssistantMessage { turn, step, message, usage: None }, chunk_seqs);
 }
 
 /// True when a finished response holds something: a text or reasoning block with text, or a

@@ -1,5 +1,5 @@
-//! The JSONL session store: creating, locating, listing, loading (repairing) and inspecting
-//! (read-only) logs under one root directory.
+//! The JSONL session store: creating, locating, listing, loading (repairing), inspecting
+//! (read-only) and deleting logs under one root directory.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -16,6 +16,8 @@ use super::writer::LogWriter;
 pub enum StoreError {
     InvalidId(String),
     NotFound(String),
+    /// The operation is not allowed on this session; the message says why and what to do.
+    Refused(String),
     Scan(ScanError),
     Io(anyhow::Error),
 }
@@ -25,6 +27,7 @@ impl std::fmt::Display for StoreError {
         match self {
             StoreError::InvalidId(reason) => write!(f, "invalid session id: {reason}"),
             StoreError::NotFound(id) => write!(f, "unknown session: {id}"),
+            StoreError::Refused(reason) => f.write_str(reason),
             StoreError::Scan(e) => e.fmt(f),
             StoreError::Io(e) => write!(f, "{e:#}"),
         }
@@ -181,6 +184,62 @@ impl SessionStore {
 }
 
 impl SessionStore {
+    /// Deletes a top-level session and every subagent session below it (children, their
+    /// children, …; forks are sessions of their own and stay). A subagent child is refused (its
+    /// top-level session is what gets deleted), and so is the whole request when any of those
+    /// logs is open for writing in a kin process, this one or another (its writer holds the
+    /// log's lock). Every log is locked first, then removed deepest first, each directory synced,
+    /// so a crash midway leaves the session itself in place to delete again. Returns the ids
+    /// removed, the session last.
+    pub fn delete(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let header = match stored_at(&path) {
+            Ok(Some(stored)) => stored.header,
+            Ok(None) => return Err(StoreError::NotFound(id.to_string())),
+            Err(reason) => {
+                return Err(StoreError::Scan(ScanError::Corrupt { path, line: 1, reason }));
+            }
+        };
+        if header.parent_session.is_some() && header.origin.as_deref() == Some("subagent") {
+            return Err(StoreError::Refused(format!(
+                "{id} is a subagent session; delete its top-level session, which removes it too"
+            )));
+        }
+        // The tree, breadth first from the session: every stored subagent child of a member.
+        let stored = self.list();
+        let mut tree = vec![(id.to_string(), path)];
+        let mut next = 0;
+        while next < tree.len() {
+            let parent = tree[next].0.clone();
+            for s in &stored {
+                let child = s.header.parent_session.as_deref() == Some(parent.as_str())
+                    && s.header.origin.as_deref() == Some("subagent");
+                if child && !tree.iter().any(|(t, _)| *t == s.header.id) {
+                    tree.push((s.header.id.clone(), s.path.clone()));
+                }
+            }
+            next += 1;
+        }
+        let mut locks = Vec::with_capacity(tree.len());
+        for (sid, path) in &tree {
+            match super::writer::try_lock(path) {
+                Ok(Some(file)) => locks.push(file),
+                Ok(None) => {
+                    let whose = if sid == id { String::new() } else { format!(" (its subagent session {sid} is)") };
+                    return Err(StoreError::Refused(format!(
+                        "session {id} is open in a kin process{whose}; close it (session/close) before deleting it"
+                    )));
+                }
+                Err(e) => return Err(StoreError::Io(e)),
+            }
+        }
+        for (_, path) in tree.iter().rev() {
+            remove_log(path).map_err(StoreError::Io)?;
+        }
+        drop(locks);
+        Ok(tree.into_iter().rev().map(|(sid, _)| sid).collect())
+    }
+
     /// Top-level sessions (no `parentSession`: never subagent children or forks), newest first
     /// by modification time, optionally only those whose cwd is `cwd`.
     pub fn list_top_level(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
@@ -194,6 +253,25 @@ impl SessionStore {
         sessions.sort_by_key(|s| std::cmp::Reverse((s.modified, s.header.created_at)));
         sessions
     }
+}
+
+/// Removes one log, then its session directory when nothing else is in it, syncing each
+/// directory that changed.
+fn remove_log(path: &Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let sync = |dir: &Path| std::fs::File::open(dir).and_then(|d| d.sync_all());
+    std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+    let Some(dir) = path.parent() else { return Ok(()) };
+    sync(dir).with_context(|| format!("syncing {}", dir.display()))?;
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {
+            if let Some(project) = dir.parent() {
+                sync(project).with_context(|| format!("syncing {}", project.display()))?;
+            }
+        }
+        Err(e) => tracing::debug!(dir = %dir.display(), "keeping a session directory that holds other files: {e}"),
+    }
+    Ok(())
 }
 
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.

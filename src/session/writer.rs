@@ -218,24 +218,41 @@ fn remove_published(path: &Path, linked: bool, created: Created) {
     }
 }
 
-/// Takes the advisory exclusive lock (`flock`) that marks a log as written by this process; it
-/// is released when the file closes (also when the process dies). A log locked by another
-/// process is refused with an error that says so.
-fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
+/// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when another open file holds it.
+fn flock_nb(file: &File) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a file descriptor this `File` owns for the duration of the call.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc == 0 {
-        return Ok(());
+        return Ok(true);
     }
     let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        anyhow::bail!(
-            "session log {} is being written by another kin process; close the session there (or stop that kin) first",
-            path.display()
-        );
+    match err.raw_os_error() {
+        Some(libc::EWOULDBLOCK) => Ok(false),
+        _ => Err(err),
     }
-    Err(anyhow::Error::new(err).context(format!("locking {}", path.display())))
+}
+
+/// Takes the advisory exclusive lock (`flock`) that marks a log as written by this process; it
+/// is released when the file closes (also when the process dies). A log locked by another
+/// process is refused with an error that says so.
+fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
+    if flock_nb(file).with_context(|| format!("locking {}", path.display()))? {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "session log {} is being written by another kin process; close the session there (or stop that kin) first",
+        path.display()
+    )
+}
+
+/// Takes the writer's lock on an existing log without writing to it: `Some(file)` holds it (until
+/// the file is dropped), `None` means a writer — a live session, in this process or another —
+/// holds it.
+pub(super) fn try_lock(path: &Path) -> Result<Option<File>> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let taken = flock_nb(&file).with_context(|| format!("locking {}", path.display()))?;
+    Ok(taken.then_some(file))
 }
 
 #[cfg(test)]

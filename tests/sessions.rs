@@ -1,0 +1,351 @@
+//! Session lifecycle over pipes against the real binary: `session/delete` (and `kin sessions
+//! delete`) removes a closed top-level session with its children's logs and refuses a child id
+//! and a live session; unknown and deleted ids answer `-32002` on every request; `session/fork`
+//! and `session/resume` carry the model selector; a cancelled turn keeps its partial text for
+//! `session/load`; and a restored session never runs in a mode more permissive than kin's start
+//! mode.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+#[allow(dead_code)]
+mod common;
+use common::{KIN, Peer};
+
+/// A scratch directory with `cwd/`, `replay/` and the sessions root.
+struct Dirs {
+    tmp: tempfile::TempDir,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("cwd")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("replay")).unwrap();
+        Dirs { tmp }
+    }
+    fn cwd(&self) -> PathBuf {
+        self.tmp.path().join("cwd")
+    }
+    fn replay(&self) -> PathBuf {
+        self.tmp.path().join("replay")
+    }
+    fn sessions(&self) -> PathBuf {
+        self.tmp.path().join("sessions")
+    }
+    fn store(&self) -> kin::session::SessionStore {
+        kin::session::SessionStore::new(self.sessions())
+    }
+}
+
+/// A replay directory whose model plays `entries` in order (override entries).
+fn replay_of(dir: &Path, entries: Value) {
+    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
+    std::fs::write(dir.join("session.jsonl"), format!("{header}\n")).unwrap();
+    std::fs::write(dir.join("replay.override.json"), entries.to_string()).unwrap();
+}
+
+fn answer(text: &str) -> Value {
+    json!({"kind":"chunks","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":text},{"type":"block-end","index":0,"block":{"type":"text","text":text}},{"type":"finish","reason":{"kind":"stop"}}]})
+}
+
+/// `kin acp --replay REPLAY` in `mode`, in the cwd, without the caller's `KIN_*` settings.
+fn kin(dirs: &Dirs, replay: &Path, mode: &str) -> Peer {
+    let mut command = common::acp(&dirs.sessions(), Some(replay));
+    command.args(["--permission-mode", mode]).current_dir(dirs.cwd());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("KIN_") {
+            command.env_remove(key);
+        }
+    }
+    Peer::spawn(&mut command)
+}
+
+fn call(kin: &mut Peer, method: &str, params: Value) -> Value {
+    kin.call(method, params, Duration::from_secs(20))
+}
+
+fn open(kin: &mut Peer, cwd: &Path) -> String {
+    call(kin, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let created = call(kin, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+    created["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{created}")).to_string()
+}
+
+fn prompt(kin: &mut Peer, id: &str, text: &str) -> Value {
+    call(kin, "session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": text}]}))
+}
+
+/// Every session-scoped request kin answers, naming `id`.
+fn requests_naming(id: &str, cwd: &Path) -> Vec<(&'static str, Value)> {
+    vec![
+        ("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]})),
+        ("session/load", json!({"sessionId": id, "cwd": cwd, "mcpServers": []})),
+        ("session/resume", json!({"sessionId": id, "cwd": cwd})),
+        ("session/close", json!({"sessionId": id})),
+        ("session/fork", json!({"sessionId": id, "cwd": cwd, "mcpServers": []})),
+        ("session/set_mode", json!({"sessionId": id, "modeId": "ask"})),
+        (
+            "session/set_config_option",
+            json!({"sessionId": id, "configId": "model", "value": "deepseek/deepseek-v4-pro"}),
+        ),
+        ("session/delete", json!({"sessionId": id})),
+    ]
+}
+
+fn assert_not_found(kin: &mut Peer, id: &str, cwd: &Path) {
+    for (method, params) in requests_naming(id, cwd) {
+        let answer = call(kin, method, params);
+        assert_eq!(answer["error"]["code"], -32002, "{method}: {answer}");
+        assert_eq!(answer["error"]["data"], json!({"sessionId": id}), "{method}: {answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(id), "{method}: {answer}");
+    }
+}
+
+#[test]
+fn unknown_and_deleted_sessions_are_not_found_everywhere() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    assert_eq!(prompt(&mut kin, &id, "hello")["result"]["stopReason"], "end_turn");
+    assert_not_found(&mut kin, "no-such-session", &dirs.cwd());
+    // A malformed id is still a bad parameter, not a missing session.
+    let bad = call(&mut kin, "session/load", json!({"sessionId": "../../etc", "cwd": dirs.cwd(), "mcpServers": []}));
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+
+    // A live session is not deleted; once closed it is, and then it is gone for every request.
+    let live = call(&mut kin, "session/delete", json!({"sessionId": id}));
+    assert_eq!(live["error"]["code"], -32602, "{live}");
+    assert!(live["error"]["message"].as_str().unwrap().contains("session/close"), "{live}");
+    assert!(dirs.store().locate(&id).unwrap().is_some());
+    assert_eq!(call(&mut kin, "session/close", json!({"sessionId": id}))["result"], json!({}));
+    let deleted = call(&mut kin, "session/delete", json!({"sessionId": id}));
+    assert_eq!(deleted["result"], json!({}), "{deleted}");
+    assert!(dirs.store().locate(&id).unwrap().is_none(), "the log is gone when delete answers");
+    assert_not_found(&mut kin, &id, &dirs.cwd());
+    let listed = call(&mut kin, "session/list", json!({}));
+    assert_eq!(listed["result"]["sessions"], json!([]), "{listed}");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
+
+#[test]
+fn deleting_a_parent_removes_its_children_and_a_child_id_is_refused() {
+    let dirs = Dirs::new();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/subagent-spawn");
+    let mut kin = kin(&dirs, &scenario, "bypass");
+    let init = call(&mut kin, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    assert_eq!(init["result"]["agentCapabilities"]["sessionCapabilities"]["delete"], json!({}), "{init}");
+    let created = call(&mut kin, "session/new", json!({"cwd": dirs.cwd(), "mcpServers": []}));
+    let parent = created["result"]["sessionId"].as_str().unwrap().to_string();
+    let done = prompt(&mut kin, &parent, "Delegate: have a child reply CHILD_OK, then say PARENT_DONE.");
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    let children: Vec<String> = dirs
+        .store()
+        .list()
+        .into_iter()
+        .filter(|s| s.header.parent_session.as_deref() == Some(parent.as_str()))
+        .map(|s| s.header.id)
+        .collect();
+    assert_eq!(children.len(), 1, "the scenario made one child");
+    let child = &children[0];
+    let refused = call(&mut kin, "session/delete", json!({"sessionId": child}));
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("subagent session"), "{refused}");
+    assert_eq!(call(&mut kin, "session/close", json!({"sessionId": parent}))["result"], json!({}));
+
+    // `kin sessions delete` refuses a child id and a session another kin has open.
+    let sessions = |args: &[&str]| {
+        Command::new(KIN)
+            .args(["sessions", "--config", "/dev/null", "--sessions"])
+            .arg(dirs.sessions())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = sessions(&["delete", child]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("subagent session"));
+    let load = call(&mut kin, "session/load", json!({"sessionId": parent, "cwd": dirs.cwd(), "mcpServers": []}));
+    assert!(load["result"].is_object(), "{load}");
+    let out = sessions(&["delete", &parent]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success() && said.contains("open in a kin process"), "{said}");
+    assert!(dirs.store().locate(&parent).unwrap().is_some() && dirs.store().locate(child).unwrap().is_some());
+    kin.close_stdin();
+    let _ = kin.child.wait();
+
+    let out = sessions(&["delete", &parent]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 subagent session"), "{out:?}");
+    assert!(dirs.store().locate(&parent).unwrap().is_none());
+    assert!(dirs.store().locate(child).unwrap().is_none(), "the child's log went with its parent");
+    let out = sessions(&["delete", &parent]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown session"));
+}
+
+#[test]
+fn fork_and_resume_answer_with_the_model_selector() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    let set = call(
+        &mut kin,
+        "session/set_config_option",
+        json!({"sessionId": id, "configId": "model", "value": "deepseek/deepseek-v4-pro"}),
+    );
+    assert!(set["result"].is_object(), "{set}");
+    assert_eq!(prompt(&mut kin, &id, "hello")["result"]["stopReason"], "end_turn");
+    let model = |answer: &Value| answer["result"]["configOptions"][0].clone();
+    let forked = call(&mut kin, "session/fork", json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []}));
+    assert_eq!(model(&forked)["id"], "model", "{forked}");
+    assert_eq!(model(&forked)["currentValue"], "deepseek/deepseek-v4-pro", "the fork keeps the chosen model");
+    assert_eq!(call(&mut kin, "session/close", json!({"sessionId": id}))["result"], json!({}));
+    let resumed = call(&mut kin, "session/resume", json!({"sessionId": id, "cwd": dirs.cwd()}));
+    assert_eq!(model(&resumed)["currentValue"], "deepseek/deepseek-v4-pro", "{resumed}");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+#[test]
+fn a_cancelled_turn_keeps_its_partial_text_for_load() {
+    let dirs = Dirs::new();
+    let streamed = "half an answer, then";
+    replay_of(
+        &dirs.replay(),
+        json!([{"kind":"hang","readyFile":".ready","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":streamed}]}]),
+    );
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    let turn = kin.request("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dirs.cwd().join(".ready").exists() {
+        assert!(Instant::now() < deadline, "the turn never started streaming");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": id}}));
+    let cancelled = kin.response(turn, Duration::from_secs(20), |_| {});
+    assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
+    assert_eq!(call(&mut kin, "session/close", json!({"sessionId": id}))["result"], json!({}));
+    let load = kin.request("session/load", json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []}));
+    let mut replayed = String::new();
+    kin.response(load, Duration::from_secs(20), |frame| {
+        let update = &frame["params"]["update"];
+        if update["sessionUpdate"] == "agent_message_chunk" {
+            replayed.push_str(update["content"]["text"].as_str().unwrap_or(""));
+        }
+    });
+    assert_eq!(replayed, streamed, "load shows what the user saw");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+    // In the log: the partial message, then the step's end and the aborted turn.
+    let log = std::fs::read_to_string(dirs.store().locate(&id).unwrap().unwrap()).unwrap();
+    let kinds: Vec<String> = log
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["type"].as_str().unwrap().to_string())
+        .collect();
+    let end = kinds.iter().position(|k| k == "turn/end").unwrap();
+    assert_eq!(kinds[end - 2..=end], ["assistant/message", "step/end", "turn/end"], "{kinds:?}");
+    assert!(log.contains(r#""reason":{"kind":"aborted"}"#));
+}
+
+fn chat_sse(deltas: &[Value], finish: &str) -> ResponseTemplate {
+    let chunk = |delta: &Value, finish: Option<&str>| json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let mut body: String = deltas.iter().map(|d| format!("data: {}\n\n", chunk(d, None))).collect();
+    body.push_str(&format!("data: {}\n\ndata: [DONE]\n\n", chunk(&json!({}), Some(finish))));
+    ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")
+}
+
+/// `kin acp --permission-mode MODE` against the mock as DeepSeek.
+fn kin_http(dirs: &Dirs, server: &MockServer, mode: &str) -> Peer {
+    let mut command = Command::new(KIN);
+    command
+        .args(["acp", "--config", "/dev/null", "--permission-mode", mode, "--sessions"])
+        .arg(dirs.sessions())
+        .current_dir(dirs.cwd())
+        .env("DEEPSEEK_BASE_URL", server.uri())
+        .env("DEEPSEEK_API_KEY", "sk-modes")
+        .env_remove("KIN_MODEL")
+        .env_remove("KIN_PERMISSION_MODE")
+        .stderr(Stdio::null());
+    Peer::spawn(&mut command)
+}
+
+fn current_mode(answer: &Value) -> &str {
+    answer["result"]["modes"]["currentModeId"].as_str().unwrap_or_else(|| panic!("{answer}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_session_never_runs_in_a_mode_looser_than_the_start_mode() {
+    let server = MockServer::start().await;
+    let touch = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{\"command\": \"touch pwned\"}"}}]});
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(chat_sse(&[touch], "tool_calls"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(chat_sse(&[json!({"content": "done"})], "stop"))
+        .mount(&server)
+        .await;
+    let dirs = Dirs::new();
+
+    // A session set to bypass by its editor, in a kin started in ask.
+    let mut first = kin_http(&dirs, &server, "ask");
+    let id = open(&mut first, &dirs.cwd());
+    assert!(call(&mut first, "session/set_mode", json!({"sessionId": id, "modeId": "bypass"}))["result"].is_object());
+    let relaxed = open_then_set(&mut first, &dirs.cwd(), "read-only");
+    first.close_stdin();
+    assert!(first.child.wait().unwrap().success());
+
+    // A kin started read-only loads, resumes and forks it read-only, and bash is refused unasked.
+    let mut second = kin_http(&dirs, &server, "read-only");
+    call(&mut second, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let load = call(&mut second, "session/load", json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []}));
+    assert_eq!(current_mode(&load), "read-only");
+    let fork = call(&mut second, "session/fork", json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []}));
+    assert_eq!(current_mode(&fork), "read-only");
+    let turn = second.request("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]}));
+    let mut asked = false;
+    let mut refused = false;
+    let end = second.response(turn, Duration::from_secs(30), |frame| {
+        asked |= frame["method"] == "session/request_permission";
+        let update = &frame["params"]["update"];
+        refused |= update["status"] == "failed" && update.to_string().contains("not allowed in read-only mode");
+    });
+    assert_eq!(end["result"]["stopReason"], "end_turn", "{end}");
+    assert!(refused && !asked, "bash is refused by read-only mode, without a question");
+    assert!(!dirs.cwd().join("pwned").exists(), "bash never ran");
+    assert_eq!(call(&mut second, "session/close", json!({"sessionId": id}))["result"], json!({}));
+    let resume = call(&mut second, "session/resume", json!({"sessionId": id, "cwd": dirs.cwd()}));
+    assert_eq!(current_mode(&resume), "read-only");
+    second.close_stdin();
+    assert!(second.child.wait().unwrap().success());
+
+    // A recorded mode stricter than the start mode is kept.
+    let mut third = kin_http(&dirs, &server, "bypass");
+    call(&mut third, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let load = call(&mut third, "session/load", json!({"sessionId": relaxed, "cwd": dirs.cwd(), "mcpServers": []}));
+    assert_eq!(current_mode(&load), "read-only");
+    let load = call(&mut third, "session/load", json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []}));
+    assert_eq!(current_mode(&load), "bypass", "the recorded bypass comes back where kin allows it");
+    third.close_stdin();
+    assert!(third.child.wait().unwrap().success());
+}
+
+/// A second session (on an initialized peer) set to `mode`; returns its id.
+fn open_then_set(kin: &mut Peer, cwd: &Path, mode: &str) -> String {
+    let created = call(kin, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let id = created["result"]["sessionId"].as_str().unwrap().to_string();
+    assert!(call(kin, "session/set_mode", json!({"sessionId": id, "modeId": mode}))["result"].is_object());
+    id
+}
