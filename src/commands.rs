@@ -137,6 +137,21 @@ fn describe(event: &Event) -> Option<String> {
                 run.run_id, run.provider, run.command, run.child_session_id, run.stop_reason
             )
         }
+        EventBody::CompactStart(start) => match start.turn {
+            Some(turn) => format!("compaction started (turn {turn})"),
+            None => "compaction started (/compact)".into(),
+        },
+        EventBody::CompactSummary(summary) => format!(
+            "compaction summary by {}/{}: {} history items (~{} tokens)",
+            summary.provider,
+            summary.model,
+            summary.shadowed_seqs.len(),
+            summary.shadowed_token_count
+        ),
+        EventBody::CompactEnd(end) => match end.error {
+            Some(error) => format!("compaction failed: {error}"),
+            None => "compaction done".into(),
+        },
         EventBody::SteeringMessage(_)
         | EventBody::StepStart(_)
         | EventBody::AssistantChunk(_)

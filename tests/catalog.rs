@@ -690,12 +690,13 @@ fn conversation(label: &str, compacted: bool) -> Vec<Value> {
     ];
     if compacted {
         events.push(ev(7, "compact/start", json!({})));
+        // The checkpoint replaces the nodes from seq 3 through seq 5 and names them as sources.
         events.push(surface_ev(
             8,
             "user/message",
             user("summary"),
-            json!({"op": "replace", "start": 0, "end": 2}),
-            None,
+            json!({"op": "replace", "start": 3, "end": 5}),
+            Some(vec![7, 3, 5]),
         ));
         events.push(ev(9, "compact/end", json!({})));
     }

@@ -70,6 +70,9 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
         | EventBody::SubagentDescriptor(_)
         | EventBody::SubagentRemoteRun(_)
         | EventBody::AgentInboxSpliced(_)
+        | EventBody::CompactStart(_)
+        | EventBody::CompactSummary(_)
+        | EventBody::CompactEnd(_)
         | EventBody::Unknown { .. } => None,
     }
 }
@@ -114,6 +117,9 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         | EventBody::SubagentDescriptor(_)
         | EventBody::SubagentRemoteRun(_)
         | EventBody::AgentInboxSpliced(_)
+        | EventBody::CompactStart(_)
+        | EventBody::CompactSummary(_)
+        | EventBody::CompactEnd(_)
         | EventBody::Unknown { .. } => Vec::new(),
     }
 }

@@ -281,6 +281,9 @@ impl SessionObserver for Forwarder {
             | EventBody::SubagentDescriptor(_)
             | EventBody::SubagentRemoteRun(_)
             | EventBody::AgentInboxSpliced(_)
+            | EventBody::CompactStart(_)
+            | EventBody::CompactSummary(_)
+            | EventBody::CompactEnd(_)
             | EventBody::Unknown { .. } => {}
         }
     }

@@ -145,12 +145,13 @@ pub struct TurnStart {
     pub trigger: Trigger,
 }
 
-/// What started a turn: `{kind: "message", source}` for a queued message.
+/// What started a turn: `{kind: "message", source}` for a queued message, `{kind: "retry"}` for
+/// the turn that retries a turn the context window overflowed (after compaction).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trigger {
     #[serde(default)]
     pub kind: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub source: Value,
 }
 
@@ -158,6 +159,11 @@ impl Trigger {
     /// The trigger of a turn run for a message from `source`.
     pub fn message(source: Value) -> Self {
         Trigger { kind: "message".into(), source }
+    }
+
+    /// The trigger of a turn that retries the previous one.
+    pub fn retry() -> Self {
+        Trigger { kind: "retry".into(), source: Value::Null }
     }
 }
 
@@ -618,6 +624,61 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// `compact/start` (log-only, dsh's): a compaction begins. `turn` is the open turn it runs in
+/// (automatic: at a step's start, or after a context overflow), `None` (`null`) for `/compact`
+/// between turns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactStart {
+    #[serde(default)]
+    pub turn: Option<u64>,
+}
+
+/// The first and last shadowed node of a compaction (seqs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SeqRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// `compact/summary` (log-only, dsh's): the summary a compaction's model call produced, what it
+/// shadows, and which model wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactSummary {
+    /// The text blocks of the answer.
+    #[serde(default)]
+    pub summary: Vec<Value>,
+    /// Every block of the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_output: Option<Vec<Value>>,
+    #[serde(default)]
+    pub shadowed_range: SeqRange,
+    /// The seq of every shadowed node, in surface order (authoritative; the range is its ends).
+    #[serde(default)]
+    pub shadowed_seqs: Vec<u64>,
+    /// The estimated tokens of the shadowed nodes.
+    #[serde(default)]
+    pub shadowed_token_count: u64,
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Value>,
+}
+
+/// `compact/end` (log-only, dsh's): the compaction that started with the matching
+/// `compact/start` is over; `error` says why it failed (the surface is then unchanged).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompactEnd {
+    #[serde(default)]
+    pub turn: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 macro_rules! event_kinds {
     ($($(#[$meta:meta])* $variant:ident($payload:ty) = $name:literal;)*) => {
         /// The type of an event: one of the kinds kin writes or reads, or another one by name.
@@ -715,6 +776,9 @@ event_kinds! {
     SubagentDescriptor(DescriptorPayload) = "subagent/descriptor";
     SubagentRemoteRun(RemoteRun) = "subagent/remote-run";
     AgentInboxSpliced(InboxSplice) = "agent/inbox/spliced";
+    CompactStart(CompactStart) = "compact/start";
+    CompactSummary(CompactSummary) = "compact/summary";
+    CompactEnd(CompactEnd) = "compact/end";
 }
 
 #[cfg(test)]
@@ -751,6 +815,9 @@ mod tests {
             "subagent/descriptor",
             "subagent/remote-run",
             "agent/inbox/spliced",
+            "compact/start",
+            "compact/summary",
+            "compact/end",
         ] {
             let kind = Kind::parse(name);
             assert!(!matches!(kind, Kind::Other(_)), "{name} is a known kind");
@@ -766,6 +833,25 @@ mod tests {
         assert_eq!(
             wire(TurnStart { turn: 1, trigger: Trigger::message(user.clone()) }),
             r#"{"turn":1,"trigger":{"kind":"message","source":{"kind":"user"}}}"#
+        );
+        assert_eq!(wire(TurnStart { turn: 2, trigger: Trigger::retry() }), r#"{"turn":2,"trigger":{"kind":"retry"}}"#);
+        assert_eq!(wire(CompactStart { turn: None }), r#"{"turn":null}"#);
+        assert_eq!(wire(CompactEnd { turn: Some(3), error: None }), r#"{"turn":3}"#);
+        assert_eq!(wire(CompactEnd { turn: None, error: Some("boom".into()) }), r#"{"turn":null,"error":"boom"}"#);
+        let summary = CompactSummary {
+            summary: vec![json!({"type": "text", "text": "s"})],
+            raw_output: None,
+            shadowed_range: SeqRange { start: 1, end: 7 },
+            shadowed_seqs: vec![1, 4, 7],
+            shadowed_token_count: 90,
+            provider: "p".into(),
+            model: "m".into(),
+            max_tokens: Some(8192),
+            usage: Some(json!({"inputTokens": 5})),
+        };
+        assert_eq!(
+            wire(summary),
+            r#"{"summary":[{"type":"text","text":"s"}],"shadowedRange":{"start":1,"end":7},"shadowedSeqs":[1,4,7],"shadowedTokenCount":90,"provider":"p","model":"m","maxTokens":8192,"usage":{"inputTokens":5}}"#
         );
         let text = json!({"type": "text", "text": "hi"});
         let message = UserMessage { id: "m".into(), ..UserMessage::new(vec![text.clone()], user) };

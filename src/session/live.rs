@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::event::{self, EventBody, Kind};
 use super::record::{Event, SessionHeader};
 use super::repair::Closer;
-use super::surface::{self, derive_messages};
+use super::surface::{self, Nodes};
 use super::writer::LogWriter;
 
 /// Sees every event appended to a session, in order, on the appending task.
@@ -29,15 +29,17 @@ pub struct Session {
     events: Vec<Event>,
     writer: LogWriter,
     observers: Vec<Arc<dyn SessionObserver>>,
-    /// The surface fold of `events`, kept up to date on every append (O(1) per event) and
-    /// shared with model requests (copy on write).
+    /// The surface fold of `events`, kept up to date on every append (O(1) per appended event)
+    /// and shared with model requests (copy on write).
     messages: Arc<Vec<Value>>,
+    /// The seq of each message's node, in the same order.
+    nodes: Vec<u64>,
 }
 
 impl Session {
     pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
-        let messages = Arc::new(derive_messages(&events));
-        Session { header, events, writer, observers: Vec::new(), messages }
+        let Nodes { seqs, messages } = Nodes::of(&events);
+        Session { header, events, writer, observers: Vec::new(), messages: Arc::new(messages), nodes: seqs }
     }
 
     pub fn id(&self) -> &str {
@@ -68,6 +70,33 @@ impl Session {
         self.push_event(event)
     }
 
+    /// Appends a surface event whose message replaces the current nodes from seq `start` through
+    /// seq `end` (`surfaceOp: {op: "replace", start, end}`: a compaction's checkpoint), naming its
+    /// sources. Refused, with nothing written, unless both bounds are current nodes, `start` not
+    /// after `end`, and `sources` names every node it shadows (dsh's provenance rule).
+    pub fn push_replace(
+        &mut self,
+        body: impl Into<EventBody>,
+        start: u64,
+        end: u64,
+        sources: Vec<u64>,
+    ) -> Result<u64, String> {
+        let range = surface::resolve(&self.nodes, start, end)?;
+        surface::check_provenance(&self.nodes, range, &sources)?;
+        let body = body.into();
+        if !body.kind().is_surface() {
+            return Err(format!("a {} event cannot replace surface nodes", body.kind()));
+        }
+        let mut event = Event::new(self.events.len() as u64, now_ms(), body, Some(sources));
+        event.surface_op = Some(surface::replace_op(start, end));
+        Ok(self.push_event(event))
+    }
+
+    /// The seq of each node of the model history, in the order of `messages`.
+    pub fn surface_seqs(&self) -> &[u64] {
+        &self.nodes
+    }
+
     /// Appends a log-only event of any kind, its payload as given (tests, recorded lines).
     pub fn append(&mut self, kind: &str, data: Value) -> u64 {
         self.push_raw(Kind::parse(kind), data, None, None)
@@ -96,7 +125,7 @@ impl Session {
         }
         // Only a surface event may change the history (and only then is a shared one copied).
         if event.kind.is_surface() {
-            surface::apply(Arc::make_mut(&mut self.messages), &event);
+            surface::apply(&mut self.nodes, Arc::make_mut(&mut self.messages), &event);
         }
         self.events.push(event);
         seq
@@ -126,5 +155,42 @@ impl Session {
     /// The number the next turn gets (continuing a fork seed's numbering).
     pub fn next_turn(&self) -> u64 {
         event::last::<event::TurnStart>(&self.events).map_or(1, |start| start.turn + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::event::UserMessage;
+    use super::super::store::SessionStore;
+    use super::*;
+
+    fn message(text: &str) -> UserMessage {
+        UserMessage::new(vec![json!({"type": "text", "text": text})], json!({"kind": "user"}))
+    }
+
+    #[test]
+    fn a_replacement_is_refused_unless_its_bounds_and_sources_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        for text in ["a", "b", "c"] {
+            session.push(message(text));
+        }
+        let refused = [
+            session.push_replace(message("x"), 0, 9, vec![0]),
+            session.push_replace(message("x"), 1, 0, vec![0, 1]),
+            session.push_replace(message("x"), 0, 1, vec![0]),
+            session.push_replace(super::super::event::StepStart { turn: 1, step: 1 }, 0, 0, vec![0]),
+        ];
+        assert!(refused.iter().all(Result::is_err), "{refused:?}");
+        assert_eq!(session.events().len(), 3, "a refused replacement writes nothing");
+        let seq = session.push_replace(message("summary"), 0, 1, vec![0, 1]).unwrap();
+        assert_eq!(seq, 3);
+        assert_eq!(session.surface_seqs(), [3, 2]);
+        assert_eq!(session.messages()[0]["content"][0]["text"], "summary");
+        assert_eq!(session.events()[3].surface_op, Some(json!({"op": "replace", "start": 0, "end": 1})));
+        // A fresh fold of the same events agrees with the live one.
+        let again = Nodes::of(session.events());
+        assert_eq!((again.seqs.as_slice(), &again.messages), (session.surface_seqs(), &*session.messages()));
     }
 }

@@ -1,13 +1,18 @@
-//! The surface fold (dsh `deriveMessages`): how the four surface kinds build the model history.
-//! One set of rules (`place`) in two modes. `Lenient` is the live session's: an odd `surfaceOp`
-//! appends, a replacement range is clamped, nothing fails. `Validate` is the session query's:
-//! seqs must be contiguous from 0, a surface event needs `"append"` or `{op: "replace", start,
-//! end}` with `start <= end <=` the history's length, a log-only event carries neither
-//! `surfaceOp` nor `sourceEventSeqs`, and `sourceEventSeqs` is non-empty and names earlier
-//! events; the first violation is the error. In both modes an assistant message without content
-//! takes no place in the history.
+//! The surface fold (dsh `deriveMessages`): how the four surface kinds build the model history,
+//! a list of nodes (the seq of the event that put each message there, and the message). One set
+//! of rules (`place`) in two modes. `"append"` adds a node; `{op: "replace", start, end}`
+//! (compaction) names the seqs of the first and last node it shadows: both are looked up in the
+//! current nodes (`start` must not come after `end`) and that slice becomes the one new node, so
+//! a checkpoint at the head may carry `start > end` numerically. `Lenient` is the live session's:
+//! an odd `surfaceOp`, or a replacement whose bounds are not current nodes, appends; nothing
+//! fails. `Validate` is the session query's: seqs must be contiguous from 0, a surface event needs
+//! `"append"` or a replacement whose bounds resolve, a replacement's `sourceEventSeqs` must name
+//! every node it shadows (dsh's provenance rule), a log-only event carries neither `surfaceOp`
+//! nor `sourceEventSeqs`, and `sourceEventSeqs` is non-empty, without duplicates, and names
+//! earlier events; the first violation is the error. In both modes an appended assistant message
+//! without content takes no place in the history.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::event::Kind;
 use super::record::Event;
@@ -27,7 +32,7 @@ pub enum Placement {
     /// A surface event that takes no place (an assistant message without content).
     Skip,
     Append,
-    /// Replaces messages `start..end` with this event's message (compaction).
+    /// Replaces nodes `start..end` (indices into the current nodes) with this event's message.
     Replace {
         start: usize,
         end: usize,
@@ -55,9 +60,14 @@ impl Surface {
     }
 }
 
-/// What `event`, the `index`-th event of its log, does to a history of `len` messages. Only
-/// `Validate` fails.
-pub fn place(event: &Event, index: usize, len: usize, strictness: Strictness) -> Result<Placement, String> {
+/// The `surfaceOp` of a replacement of the nodes from seq `start` through seq `end`.
+pub fn replace_op(start: u64, end: u64) -> Value {
+    json!({"op": "replace", "start": start, "end": end})
+}
+
+/// What `event`, the `index`-th event of its log, does to the current nodes (`nodes` holds their
+/// seqs, in surface order). Only `Validate` fails.
+pub fn place(event: &Event, index: usize, nodes: &[u64], strictness: Strictness) -> Result<Placement, String> {
     if strictness == Strictness::Validate {
         check_envelope(event, index)?;
     }
@@ -65,11 +75,11 @@ pub fn place(event: &Event, index: usize, len: usize, strictness: Strictness) ->
         return Ok(Placement::LogOnly);
     }
     let placement = match strictness {
-        Strictness::Lenient => lenient_op(event.surface_op.as_ref(), len),
-        Strictness::Validate => strict_op(event, len)?,
+        Strictness::Lenient => lenient_op(event, nodes),
+        Strictness::Validate => strict_op(event, nodes)?,
     };
     let empty = || event.data["message"]["content"].as_array().is_none_or(Vec::is_empty);
-    if event.kind == Kind::AssistantMessage && empty() {
+    if placement == Placement::Append && event.kind == Kind::AssistantMessage && empty() {
         return Ok(Placement::Skip);
     }
     Ok(placement)
@@ -88,6 +98,11 @@ fn check_envelope(event: &Event, index: usize) -> Result<(), String> {
         if let Some(later) = sources.iter().find(|s| **s >= seq) {
             return Err(format!("event {seq} ({}) names a source {later} that is not earlier", event.kind));
         }
+        let mut sorted = sources.clone();
+        sorted.sort_unstable();
+        if let Some(twice) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("event {seq} ({}) names source {} twice", event.kind, twice[0]));
+        }
     }
     if !event.kind.is_surface() && (event.surface_op.is_some() || event.source_event_seqs.is_some()) {
         return Err(format!("log-only event {seq} ({}) carries surfaceOp or sourceEventSeqs", event.kind));
@@ -95,50 +110,108 @@ fn check_envelope(event: &Event, index: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// A replacement with its range clamped to the history (a missing bound is its end); any other
-/// op appends.
-fn lenient_op(op: Option<&Value>, len: usize) -> Placement {
+/// The `start` and `end` seqs of a replacement op, if `op` is one (each `None` when not a number).
+fn replace_bounds(op: Option<&Value>) -> Option<(Option<u64>, Option<u64>)> {
     match op {
-        Some(Value::Object(op)) if op.get("op").and_then(Value::as_str) == Some("replace") => {
-            let bound = |key: &str| op.get(key).and_then(Value::as_u64).map_or(len, |b| (b as usize).min(len));
-            let start = bound("start");
-            Placement::Replace { start, end: bound("end").max(start) }
+        Some(Value::Object(map)) if map.get("op").and_then(Value::as_str) == Some("replace") => {
+            Some((map.get("start").and_then(Value::as_u64), map.get("end").and_then(Value::as_u64)))
         }
+        _ => None,
+    }
+}
+
+/// Where the nodes from seq `start` through seq `end` are: their index range in `nodes`.
+pub fn resolve(nodes: &[u64], start: u64, end: u64) -> Result<(usize, usize), String> {
+    let find = |seq: u64| {
+        nodes.iter().position(|n| *n == seq).ok_or_else(|| format!("surface node {seq} is not in the current surface"))
+    };
+    let (first, last) = (find(start)?, find(end)?);
+    if first > last {
+        return Err(format!("surface node {start} comes after surface node {end}"));
+    }
+    Ok((first, last + 1))
+}
+
+/// Checks dsh's provenance rule for a replacement of `nodes[range]`: `sources` names every
+/// shadowed node.
+pub fn check_provenance(nodes: &[u64], range: (usize, usize), sources: &[u64]) -> Result<(), String> {
+    let missing: Vec<String> =
+        nodes[range.0..range.1].iter().filter(|n| !sources.contains(n)).map(u64::to_string).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "surface replace: sourceEventSeqs must include every shadowed surface node; missing {}",
+        missing.join(", ")
+    ))
+}
+
+/// A replacement whose bounds are current nodes; any other op appends.
+fn lenient_op(event: &Event, nodes: &[u64]) -> Placement {
+    match replace_bounds(event.surface_op.as_ref()) {
+        Some((Some(start), Some(end))) => match resolve(nodes, start, end) {
+            Ok((start, end)) => Placement::Replace { start, end },
+            Err(_) => Placement::Append,
+        },
         _ => Placement::Append,
     }
 }
 
-fn strict_op(event: &Event, len: usize) -> Result<Placement, String> {
+fn strict_op(event: &Event, nodes: &[u64]) -> Result<Placement, String> {
     let seq = event.seq;
     let op =
         event.surface_op.as_ref().ok_or_else(|| format!("surface event {seq} ({}) has no surfaceOp", event.kind))?;
-    match op {
-        Value::String(s) if s == "append" => Ok(Placement::Append),
-        Value::Object(map) if map.get("op").and_then(Value::as_str) == Some("replace") => {
-            let bound = |key: &str| {
-                map.get(key)
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| format!("event {seq} has a replacement without a numeric {key}"))
-            };
-            let (start, end) = (bound("start")?, bound("end")?);
-            if start > end || end > len as u64 {
-                return Err(format!("event {seq} replaces messages {start}..{end} of a history of {len}"));
-            }
-            Ok(Placement::Replace { start: start as usize, end: end as usize })
+    if *op == "append" {
+        return Ok(Placement::Append);
+    }
+    let Some((start, end)) = replace_bounds(Some(op)) else {
+        return Err(format!("surface event {seq} has an invalid surfaceOp {op}"));
+    };
+    let bound =
+        |b: Option<u64>, key: &str| b.ok_or_else(|| format!("event {seq} has a replacement without a numeric {key}"));
+    let (start, end) = (bound(start, "start")?, bound(end, "end")?);
+    let range = resolve(nodes, start, end).map_err(|e| format!("event {seq} replaces nodes {start}..{end}: {e}"))?;
+    check_provenance(nodes, range, event.source_event_seqs.as_deref().unwrap_or_default())
+        .map_err(|e| format!("event {seq}: {e}"))?;
+    Ok(Placement::Replace { start: range.0, end: range.1 })
+}
+
+/// The current surface of a log: each node's seq and message, in surface order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Nodes {
+    pub seqs: Vec<u64>,
+    pub messages: Vec<Value>,
+}
+
+impl Nodes {
+    /// Applies one event (the live fold; a no-op for log-only events).
+    pub fn apply(&mut self, event: &Event) {
+        apply(&mut self.seqs, &mut self.messages, event);
+    }
+
+    /// The surface of a whole log, folded leniently.
+    pub fn of(events: &[Event]) -> Nodes {
+        let mut nodes = Nodes::default();
+        for event in events {
+            nodes.apply(event);
         }
-        other => Err(format!("surface event {seq} has an invalid surfaceOp {other}")),
+        nodes
     }
 }
 
-/// Applies one event to a history of model messages (the live fold; a no-op for log-only events).
-pub fn apply(messages: &mut Vec<Value>, event: &Event) {
+/// Applies one event to the nodes' seqs and messages (the live fold; a no-op for log-only events).
+pub fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<Value>, event: &Event) {
     let Some(message) = event.surface_message() else {
         return;
     };
     // Lenient placement never fails.
-    match place(event, 0, messages.len(), Strictness::Lenient) {
-        Ok(Placement::Append) => messages.push(message.clone()),
+    match place(event, 0, seqs, Strictness::Lenient) {
+        Ok(Placement::Append) => {
+            seqs.push(event.seq);
+            messages.push(message.clone());
+        }
         Ok(Placement::Replace { start, end }) => {
+            seqs.splice(start..end, [event.seq]);
             messages.splice(start..end, [message.clone()]);
         }
         Ok(Placement::LogOnly | Placement::Skip) | Err(_) => {}
@@ -147,30 +220,26 @@ pub fn apply(messages: &mut Vec<Value>, event: &Event) {
 
 /// The model history of a log: its surface events folded leniently.
 pub fn derive_messages(events: &[Event]) -> Vec<Value> {
-    let mut messages = Vec::new();
-    for event in events {
-        apply(&mut messages, event);
-    }
-    messages
+    Nodes::of(events).messages
 }
 
 /// The validating fold: each event's surface status, or the first violation.
 pub fn validate(events: &[Event]) -> Result<Vec<Surface>, String> {
     let mut surfaces = Vec::with_capacity(events.len());
-    // For each message of the current history, the index of the event that put it there.
-    let mut messages: Vec<usize> = Vec::new();
+    // The seq of each current node (seqs are indices here: they are checked contiguous).
+    let mut nodes: Vec<u64> = Vec::new();
     for (i, event) in events.iter().enumerate() {
-        match place(event, i, messages.len(), Strictness::Validate)? {
+        match place(event, i, &nodes, Strictness::Validate)? {
             Placement::LogOnly => surfaces.push(Surface::LogOnly),
             Placement::Skip => surfaces.push(Surface::Current),
             Placement::Append => {
                 surfaces.push(Surface::Current);
-                messages.push(i);
+                nodes.push(event.seq);
             }
             Placement::Replace { start, end } => {
                 surfaces.push(Surface::Current);
-                for shadowed in messages.splice(start..end, [i]) {
-                    surfaces[shadowed] = Surface::Shadowed;
+                for shadowed in nodes.splice(start..end, [event.seq]) {
+                    surfaces[shadowed as usize] = Surface::Shadowed;
                 }
             }
         }
@@ -181,7 +250,6 @@ pub fn validate(events: &[Event]) -> Result<Vec<Surface>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn event(seq: u64, kind: &str, surface: Option<Value>, sources: Option<Vec<u64>>) -> Event {
         let data = match kind {
@@ -198,25 +266,57 @@ mod tests {
     }
 
     #[test]
-    fn replacements_shadow_the_messages_they_cover() {
+    fn replacements_shadow_the_nodes_they_name_by_seq() {
         let events = vec![
             event(0, "user/message", append(), None),
-            event(1, "assistant/message", append(), Some(vec![0])),
-            event(2, "compact/start", None, None),
-            event(3, "user/message", Some(json!({"op": "replace", "start": 0, "end": 2})), None),
+            event(1, "assistant/message", append(), None),
+            event(2, "user/message", append(), None),
+            event(3, "compact/start", None, None),
+            event(4, "user/message", Some(replace_op(0, 1)), Some(vec![3, 0, 1])),
         ];
         let surfaces = validate(&events).unwrap();
-        assert_eq!(surfaces, [Surface::Shadowed, Surface::Shadowed, Surface::LogOnly, Surface::Current]);
-        // The live fold agrees: one message, the replacement.
-        assert_eq!(derive_messages(&events), [events[3].data.clone()]);
+        use Surface::{Current, LogOnly, Shadowed};
+        assert_eq!(surfaces, [Shadowed, Shadowed, Current, LogOnly, Current]);
+        // The live fold agrees: the checkpoint takes the place of the first two nodes.
+        let nodes = Nodes::of(&events);
+        assert_eq!(nodes.seqs, [4, 2]);
+        assert_eq!(nodes.messages, [events[4].data.clone(), events[2].data.clone()]);
+    }
+
+    #[test]
+    fn a_checkpoint_at_the_head_is_merged_by_the_next_one() {
+        // The second replacement starts at the first checkpoint (seq 3), which sits before node
+        // 2 although its seq is larger: start > end is legal, the positions decide.
+        let events = vec![
+            event(0, "user/message", append(), None),
+            event(1, "user/message", append(), None),
+            event(2, "user/message", append(), None),
+            event(3, "user/message", Some(replace_op(0, 1)), Some(vec![0, 1])),
+            event(4, "user/message", append(), None),
+            event(5, "user/message", Some(replace_op(3, 2)), Some(vec![3, 2])),
+        ];
+        let surfaces = validate(&events).unwrap();
+        use Surface::{Current, Shadowed};
+        assert_eq!(surfaces, [Shadowed, Shadowed, Shadowed, Shadowed, Current, Current]);
+        assert_eq!(Nodes::of(&events).seqs, [5, 4]);
     }
 
     #[test]
     fn surface_violations_are_named() {
         let missing = vec![event(0, "user/message", None, None)];
         assert!(validate(&missing).unwrap_err().contains("has no surfaceOp"));
-        let too_far = vec![event(0, "user/message", Some(json!({"op": "replace", "start": 0, "end": 1})), None)];
-        assert!(validate(&too_far).unwrap_err().contains("replaces messages 0..1"));
+        let unknown = vec![event(0, "user/message", Some(replace_op(0, 0)), None)];
+        assert!(validate(&unknown).unwrap_err().contains("surface node 0 is not in the current surface"));
+        let two = vec![event(0, "user/message", append(), None), event(1, "user/message", append(), None)];
+        let reversed = [two.clone(), vec![event(2, "user/message", Some(replace_op(1, 0)), Some(vec![0, 1]))]].concat();
+        assert!(validate(&reversed).unwrap_err().contains("surface node 1 comes after surface node 0"));
+        let unproven = [two.clone(), vec![event(2, "user/message", Some(replace_op(0, 1)), Some(vec![0]))]].concat();
+        assert_eq!(
+            validate(&unproven).unwrap_err(),
+            "event 2: surface replace: sourceEventSeqs must include every shadowed surface node; missing 1"
+        );
+        let twice = [two, vec![event(2, "user/message", Some(replace_op(0, 1)), Some(vec![0, 1, 0]))]].concat();
+        assert!(validate(&twice).unwrap_err().contains("names source 0 twice"));
         let later = vec![event(0, "assistant/message", append(), Some(vec![0]))];
         assert!(validate(&later).unwrap_err().contains("not earlier"));
         let log_only = vec![event(0, "turn/start", append(), None)];
@@ -226,14 +326,14 @@ mod tests {
     }
 
     #[test]
-    fn the_live_fold_clamps_and_appends_what_validation_refuses() {
+    fn the_live_fold_appends_what_validation_refuses() {
         let events = vec![
             event(0, "user/message", None, None),
             event(1, "user/message", Some(json!("sideways")), None),
-            event(2, "user/message", Some(json!({"op": "replace", "start": 1, "end": 9})), None),
+            event(2, "user/message", Some(replace_op(1, 9)), None),
         ];
         assert!(validate(&events).is_err());
-        assert_eq!(derive_messages(&events), [events[0].data.clone(), events[2].data.clone()]);
+        assert_eq!(derive_messages(&events), [events[0].data.clone(), events[1].data.clone(), events[2].data.clone()]);
     }
 
     #[test]
