@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::keys::{Backend, KeyStore};
 use crate::mcp::{Defaults as McpDefaults, Origin, ServerSpec, Settings, Transport, Trust};
 use crate::model::ModelRoute;
+use crate::model::capacity::{ModelEntry, ModelTable, Price};
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
@@ -55,6 +56,8 @@ pub struct Config {
     pub system_prompt_file: Option<PathBuf>,
     /// `[model_settings]` and `[providers.*]`: how the HTTP clients call models.
     pub models: ModelSettings,
+    /// The context windows and prices of routes (the config's entries over the built-in table).
+    pub model_table: ModelTable,
     /// The routes an editor may switch a session to (the default route first).
     pub model_choices: Vec<ModelRoute>,
     /// `[acp_agents.NAME]`: external ACP agents offered as subagent providers `acp:NAME`.
@@ -192,6 +195,22 @@ struct ModelSection {
     idle_timeout_secs: Option<u64>,
     /// Routes offered to the editor's model selector.
     choices: Option<Vec<String>>,
+    /// The window and prices of any route nothing more specific describes.
+    context_window: Option<u64>,
+    input_price_per_mtok: Option<f64>,
+    output_price_per_mtok: Option<f64>,
+    /// `[model_settings.models."P/M"]`: one route's window and prices.
+    #[serde(default)]
+    models: std::collections::BTreeMap<String, ModelEntrySection>,
+}
+
+/// A model's context window and prices (every key optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelEntrySection {
+    context_window: Option<u64>,
+    input_price_per_mtok: Option<f64>,
+    output_price_per_mtok: Option<f64>,
 }
 
 /// `[providers.NAME]`: a named OpenAI-compatible (or Anthropic) endpoint, used as `NAME/model`.
@@ -203,6 +222,13 @@ struct ProviderSection {
     #[serde(default)]
     headers: std::collections::BTreeMap<String, String>,
     kind: Option<String>,
+    /// The window and prices of every model of this provider without its own entry.
+    context_window: Option<u64>,
+    input_price_per_mtok: Option<f64>,
+    output_price_per_mtok: Option<f64>,
+    /// `[providers.NAME.models.MODEL]`: one model's window and prices.
+    #[serde(default)]
+    models: std::collections::BTreeMap<String, ModelEntrySection>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -306,7 +332,7 @@ impl Config {
             (None, Some(bytes)) => frame_limit(bytes, &format!("{}: key `max_frame_bytes`", where_()))?,
             (None, None) => crate::acp::DEFAULT_MAX_FRAME_BYTES,
         };
-        let models = resolve_models(file.model_settings, file.providers, &where_())?;
+        let (models, model_table) = resolve_models(file.model_settings, file.providers, &where_())?;
         let acp_agents = resolve_acp_agents(file.acp_agents, &where_())?;
         let mcp = resolve_mcp_defaults(&file.mcp, &where_())?;
         let mcp_servers = resolve_mcp_servers(file.mcp_servers, &where_())?;
@@ -326,6 +352,7 @@ impl Config {
             model_choices,
             acp_agents,
             models,
+            model_table,
             subagents,
             sessions_dir,
             model,
@@ -341,11 +368,54 @@ impl Config {
     }
 }
 
+/// One entry of the model table: a positive window, non-negative prices given together.
+fn model_entry(
+    context_window: Option<u64>,
+    input: Option<f64>,
+    output: Option<f64>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<ModelEntry> {
+    if context_window == Some(0) {
+        anyhow::bail!("{} must be a positive number of tokens", key("context_window"));
+    }
+    let price = |value: f64, name: &str| -> Result<f64> {
+        if !(value.is_finite() && value >= 0.0) {
+            anyhow::bail!("{} must be a non-negative number of dollars per million tokens, not {value}", key(name));
+        }
+        Ok(value)
+    };
+    let price = match (input, output) {
+        (None, None) => None,
+        (Some(input), Some(output)) => Some(Price {
+            input_per_mtok: price(input, "input_price_per_mtok")?,
+            output_per_mtok: price(output, "output_price_per_mtok")?,
+        }),
+        (Some(_), None) => {
+            anyhow::bail!("{} is given without {}", key("input_price_per_mtok"), key("output_price_per_mtok"))
+        }
+        (None, Some(_)) => {
+            anyhow::bail!("{} is given without {}", key("output_price_per_mtok"), key("input_price_per_mtok"))
+        }
+    };
+    Ok(ModelEntry { context_window, price })
+}
+
 fn resolve_models(
-    section: ModelSection,
+    mut section: ModelSection,
     providers: std::collections::BTreeMap<String, ProviderSection>,
     origin: &str,
-) -> Result<ModelSettings> {
+) -> Result<(ModelSettings, ModelTable)> {
+    let mut table = ModelTable::default();
+    let key = |k: &str| format!("{origin}: key `model_settings.{k}`");
+    table.fallback =
+        model_entry(section.context_window, section.input_price_per_mtok, section.output_price_per_mtok, &key)?;
+    for (route, entry) in std::mem::take(&mut section.models) {
+        ModelRoute::parse(&route)
+            .map_err(|e| anyhow::anyhow!("{origin}: table `model_settings.models.{route:?}`: {e}"))?;
+        let key = |k: &str| format!("{origin}: key `model_settings.models.{route:?}.{k}`");
+        let entry = model_entry(entry.context_window, entry.input_price_per_mtok, entry.output_price_per_mtok, &key)?;
+        table.routes.push((route, entry));
+    }
     let mut settings = ModelSettings::default();
     settings.max_tokens = section.max_tokens.or(settings.max_tokens);
     settings.reasoning_effort = section.reasoning_effort;
@@ -375,6 +445,17 @@ fn resolve_models(
         if !(p.base_url.starts_with("http://") || p.base_url.starts_with("https://")) {
             anyhow::bail!("{origin}: key `providers.{name}.base_url` must be an http(s) URL, not {:?}", p.base_url);
         }
+        let key = |k: &str| format!("{origin}: key `providers.{name}.{k}`");
+        let entry = model_entry(p.context_window, p.input_price_per_mtok, p.output_price_per_mtok, &key)?;
+        table.providers.push((name.clone(), entry));
+        for (model, entry) in p.models {
+            let key = |k: &str| format!("{origin}: key `providers.{name}.models.{model:?}.{k}`");
+            let entry =
+                model_entry(entry.context_window, entry.input_price_per_mtok, entry.output_price_per_mtok, &key)?;
+            // `[model_settings.models."P/M"]` comes first and wins.
+            table.routes.push((format!("{name}/{model}"), entry));
+        }
+        table.named.push(name.clone());
         settings.providers.push(NamedProvider {
             name,
             base_url: p.base_url,
@@ -383,7 +464,7 @@ fn resolve_models(
             kind,
         });
     }
-    Ok(settings)
+    Ok((settings, table))
 }
 
 fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentSettings> {
@@ -740,6 +821,45 @@ mod tests {
         std::fs::write(&file, "[model_settings]\nmax_retry_after_secs = -1\n").unwrap();
         let err = Config::resolve(&flags, &home).unwrap_err().to_string();
         assert!(err.contains("model_settings.max_retry_after_secs") && err.contains("non-negative"), "{err}");
+    }
+
+    #[test]
+    fn context_windows_and_prices_come_from_the_file_over_the_built_in_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let route = |text: &str| ModelRoute::parse(text).unwrap();
+        let defaults = Config::resolve(&Overrides::default(), &home).unwrap();
+        assert_eq!(defaults.model_table.info(&route("deepseek/deepseek-v4-flash")).context_window, Some(1_000_000));
+        std::fs::write(
+            &file,
+            "[model_settings]\ncontext_window = 32000\n\
+             [model_settings.models.\"deepseek/deepseek-v4-flash\"]\ncontext_window = 2000\n\
+             input_price_per_mtok = 0.28\noutput_price_per_mtok = 0.42\n\
+             [providers.local]\nbase_url = \"http://127.0.0.1:1/v1\"\ncontext_window = 8192\n\
+             [providers.local.models.\"qwen3:8b\"]\ncontext_window = 40960\n",
+        )
+        .unwrap();
+        let table = Config::resolve(&flags, &home).unwrap().model_table;
+        let flash = table.info(&route("deepseek/deepseek-v4-flash"));
+        assert_eq!(flash.context_window, Some(2000));
+        assert_eq!(flash.price, Some(Price { input_per_mtok: 0.28, output_per_mtok: 0.42 }));
+        assert_eq!(table.info(&route("local/qwen3:8b")).context_window, Some(40960));
+        assert_eq!(table.info(&route("local/other")).context_window, Some(8192));
+        assert_eq!(table.info(&route("openai/gpt-5.1")).context_window, Some(400_000));
+        assert_eq!(table.info(&route("elsewhere/m")).context_window, Some(32000));
+        for (text, key) in [
+            ("[model_settings]\ncontext_window = 0\n", "model_settings.context_window"),
+            ("[model_settings]\ninput_price_per_mtok = 1\n", "model_settings.input_price_per_mtok"),
+            ("[model_settings]\ninput_price_per_mtok = -1\noutput_price_per_mtok = 1\n", "input_price_per_mtok"),
+            ("[model_settings.models.nope]\ncontext_window = 1\n", "model_settings.models.\"nope\""),
+            ("[model_settings.models.\"a/b\"]\ncontext_windw = 1\n", "context_windw"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 
     #[test]

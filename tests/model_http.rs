@@ -72,6 +72,8 @@ fn request(route: &str, messages: Vec<Value>) -> ModelRequest {
             description: "Read a file".into(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
         }],
+        purpose: kin::model::Purpose::Step,
+        max_tokens: None,
     }
 }
 

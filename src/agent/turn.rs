@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AgentDeps, Staged, TurnEnd};
 use crate::model::http::EMPTY_RESPONSE;
-use crate::model::{Failure, FinishReason, ModelRequest, StreamChunk};
+use crate::model::{Failure, FinishReason, ModelRequest, Purpose, StreamChunk};
 use crate::permission::admit;
 use crate::session::event::{self, EventBody, ToolCallBlock, TurnEndReason};
 use crate::session::{Event, Kind, Session};
@@ -129,6 +129,8 @@ async fn run_step(
         system: deps.system.clone(),
         messages: session.messages(),
         tools: tools.schemas(),
+        purpose: Purpose::Step,
+        max_tokens: None,
     };
     // A call that completes with no content is retried here, whatever the model (dsh's
     // retryable `EMPTY_RESPONSE`): each attempt's chunks are in the log, an `llm/retry` between.

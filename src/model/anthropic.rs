@@ -60,9 +60,10 @@ impl Api for AnthropicConfig {
 
     /// The JSON body of the request for one call.
     fn request_body(&self, request: &ModelRequest) -> Value {
+        let max_tokens = request.max_tokens.unwrap_or(self.max_tokens);
         let mut body = json!({
             "model": request.route.model,
-            "max_tokens": self.max_tokens,
+            "max_tokens": max_tokens,
             "messages": anthropic_messages(&request.messages),
             "stream": true,
         });
@@ -82,7 +83,7 @@ impl Api for AnthropicConfig {
                 })
                 .collect();
         }
-        if let Some(budget) = thinking_budget(self.reasoning_effort.as_deref(), self.max_tokens) {
+        if let Some(budget) = thinking_budget(self.reasoning_effort.as_deref(), max_tokens) {
             body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
         }
         body

@@ -3,6 +3,7 @@
 //! scenario logs, keyless) and `scripted` (tests); HTTP clients plug in here unchanged.
 
 pub mod anthropic;
+pub mod capacity;
 pub mod chunk;
 pub mod http;
 pub mod keycheck;
@@ -71,6 +72,20 @@ pub struct ModelRequest {
     /// Shared with the session's fold: a request costs no copy of the history.
     pub messages: std::sync::Arc<Vec<Value>>,
     pub tools: Vec<ToolSchema>,
+    /// What the call is for.
+    pub purpose: Purpose,
+    /// This call's output cap, in place of the configured `max_tokens` (a compaction's summary).
+    pub max_tokens: Option<u32>,
+}
+
+/// What a model call is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Purpose {
+    /// A step of a turn: its answer is the `assistant/chunk`s and `assistant/message` of the step.
+    #[default]
+    Step,
+    /// A compaction's summary: its answer is recorded as `compact/summary`.
+    Compaction,
 }
 
 /// A failed model call before or during streaming.

@@ -73,7 +73,7 @@ impl Api for OpenAiConfig {
                 })
                 .collect();
         }
-        if let Some(max_tokens) = self.max_tokens {
+        if let Some(max_tokens) = request.max_tokens.or(self.max_tokens) {
             body["max_tokens"] = max_tokens.into();
         }
         match self.reasoning_effort.as_deref() {
@@ -456,6 +456,8 @@ mod tests {
                 description: "Read a file".into(),
                 parameters: json!({"type": "object"}),
             }],
+            purpose: crate::model::Purpose::Step,
+            max_tokens: None,
         }
     }
 
@@ -497,6 +499,15 @@ mod tests {
                 json!({"role": "tool", "tool_call_id": "b", "content": "r2"}),
             ]
         );
+    }
+
+    #[test]
+    fn a_request_cap_replaces_the_configured_max_tokens() {
+        let mut config = OpenAiConfig::new(crate::model::http::Server::new("http://127.0.0.1:1", None));
+        config.max_tokens = Some(1000);
+        assert_eq!(config.request_body(&request(Vec::new()))["max_tokens"], 1000);
+        let summary = ModelRequest { max_tokens: Some(8192), ..request(Vec::new()) };
+        assert_eq!(config.request_body(&summary)["max_tokens"], 8192);
     }
 
     #[test]
