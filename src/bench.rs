@@ -47,6 +47,8 @@ impl Report<'_> {
 pub enum Section {
     /// Process start to the `initialize` response, and RSS after it.
     Startup,
+    /// RSS of a `kin acp` process: idle, over HTTP turns, over a turn of 1M one-character chunks.
+    Memory,
     /// Concurrent children, one turn each, and RSS per idle child.
     FanOut,
     /// Per-turn overhead: scripted model in process, and the real HTTP client on loopback.
@@ -55,7 +57,7 @@ pub enum Section {
     Stream,
     /// Append throughput with the real fsync policy.
     Append,
-    /// `load` time of large sessions.
+    /// `load` time of large sessions, in process and over `session/load`.
     Load,
     /// Subagent listing under a large corpus.
     Catalog,
@@ -106,6 +108,9 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
             ),
         )?;
         report.metric("rss_after_initialize_kib", rss as f64, format!("RSS after initialize: {rss} KiB"))?;
+    }
+    if options.runs(Section::Memory) {
+        memory(tmp.path(), quick, &mut report).await?;
     }
     // Fan-out first, while the heap is small, so RSS per idle child is measurable.
     if options.runs(Section::FanOut) {
@@ -171,18 +176,41 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
     }
     if options.runs(Section::Load) {
         let sizes: &[usize] = if quick { &[10_000, 100_000] } else { &[10_000, 100_000, 1_000_000] };
+        let mut acp_times = Vec::new();
         for &n in sizes {
-            let (load, bytes, rss) = load_time(tmp.path(), n)?;
+            let (load, bytes, rss, root, id) = load_time(tmp.path(), n)?;
             report.metric(
                 &format!("load_{n}_ms"),
                 millis(load),
                 format!(
-                    "load of a {n}-event session ({:.1} MB): {}; process RSS after it {rss} KiB",
+                    "load of a {n}-event session ({:.1} MB), in process: {}; process RSS after it {rss} KiB",
                     bytes as f64 / 1e6,
                     ms(load)
                 ),
             )?;
+            let (acp, peak) = acp_load(&root, &id).await?;
+            acp_times.push((n as f64, acp.as_secs_f64()));
+            report.metric(
+                &format!("acp_load_{n}_ms"),
+                millis(acp),
+                format!("session/load of the same session over ACP (replayed to the client): {}", ms(acp)),
+            )?;
+            report.metric(
+                &format!("acp_load_{n}_peak_rss_kib"),
+                peak as f64,
+                format!(
+                    "peak RSS of the kin process over that session/load: {peak} KiB ({:.2}x the file)",
+                    peak as f64 * 1024.0 / bytes as f64
+                ),
+            )?;
+            std::fs::remove_dir_all(&root)?;
         }
+        let exponent = growth_exponent(&acp_times);
+        report.metric(
+            "acp_load_growth_exponent",
+            exponent,
+            format!("session/load time grows as N^{exponent:.2} with the number of events"),
+        )?;
     }
     if options.runs(Section::Catalog) {
         catalog(tmp.path(), quick, &mut report)?;
@@ -213,19 +241,34 @@ fn own_rss() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// A Chat Completions SSE stream of `chunks` text deltas of `text` each, then the finish.
+fn sse_body(chunks: usize, text: &str) -> Vec<u8> {
+    let delta = serde_json::to_string(text).unwrap_or_default();
+    let mut body = String::with_capacity(chunks * (80 + delta.len()));
+    for _ in 0..chunks {
+        body.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        body.push_str(&delta);
+        body.push_str("},\"finish_reason\":null}]}\n\n");
+    }
+    body.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
+    body.push_str("data: [DONE]\n\n");
+    body.into_bytes()
+}
+
 /// A minimal loopback HTTP/1.1 server answering every POST with one short Chat Completions SSE
 /// stream (keep-alive), for the HTTP client's turn overhead. Returns its base URL.
 async fn mock_chat_server() -> Result<String> {
+    mock_chat_server_with(Arc::new(sse_body(1, "ok"))).await
+}
+
+/// `mock_chat_server`, answering with `body` (an SSE stream).
+async fn mock_chat_server_with(body: Arc<Vec<u8>>) -> Result<String> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    let body = concat!(
-        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"ok\"},\"finish_reason\":null}]}\n\n",
-        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
-        "data: [DONE]\n\n"
-    );
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            let body = body.clone();
             tokio::spawn(async move {
                 let mut reader = TokioBufReader::new(stream);
                 loop {
@@ -247,11 +290,12 @@ async fn mock_chat_server() -> Result<String> {
                     if reader.read_exact(&mut request_body).await.is_err() {
                         return;
                     }
-                    let response = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
                         body.len()
                     );
-                    if reader.get_mut().write_all(response.as_bytes()).await.is_err() {
+                    let stream = reader.get_mut();
+                    if stream.write_all(head.as_bytes()).await.is_err() || stream.write_all(&body).await.is_err() {
                         return;
                     }
                 }
@@ -264,9 +308,10 @@ async fn mock_chat_server() -> Result<String> {
 /// Unrelated sessions around the listed parent.
 const CATALOG_UNRELATED: usize = 10_000;
 
-/// `list_children` latency for D = 10, 100, 1000 direct children with logs of 10 KB (and 1 MB in
-/// the full run) under 10,000 unrelated sessions. Cold: a fresh query (empty derived cache; the
-/// OS page cache is warm, the files were just written). Warm: median of the next five listings.
+/// `list_children` latency for D = 100, 1,000, 5,000 direct children with logs of 10 KB (and
+/// 1,000 children with 1 MB logs in the full run) under 10,000 unrelated sessions. Cold: the
+/// first listing in a fresh query (a process after start; the OS page cache is warm, the files
+/// were just written). Warm: the median of the next five listings in that query.
 fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     use crate::session::query::{QueryService, SessionQuery, StoreSource};
     use crate::subagent::catalog::list_children;
@@ -276,46 +321,76 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(format!("/bench/p{}", i % 20)));
         write_log(&root, &header, 3, 0)?;
     }
-    let sizes: &[(usize, &str)] = if quick { &[(10_000, "10 KB")] } else { &[(10_000, "10 KB"), (1_000_000, "1 MB")] };
-    for &(bytes, size) in sizes {
-        for d in [10usize, 100, 1000] {
-            let cwd = format!("/bench/catalog-{d}-{bytes}");
-            let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.clone()));
-            write_log(&root, &parent, 3, 0)?;
-            for i in 0..d {
-                let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.clone()));
-                child.parent_session = Some(parent.id.clone());
-                child.origin = Some("subagent".into());
-                child.delegation_depth = 1;
-                write_log(&root, &child, 0, bytes)?;
-            }
-            let query = SessionQuery::new(StoreSource::persisted_only(SessionStore::new(root.clone())));
-            let service: &dyn QueryService = &query;
-            let cancel = tokio_util::sync::CancellationToken::new();
-            let started = Instant::now();
-            let listed = list_children(Some(service), &parent.id, &cancel)?;
-            let cold = started.elapsed();
-            anyhow::ensure!(listed.len() == d, "listed {} of {d} children", listed.len());
-            let mut warm = Vec::new();
-            for _ in 0..5 {
-                let started = Instant::now();
-                list_children(Some(service), &parent.id, &cancel)?;
-                warm.push(started.elapsed());
-            }
-            let key = format!("list_{d}_children_{}_warm_ms", size.replace(' ', "").to_lowercase());
-            report.metric(
-                &key,
-                millis(median(&warm)),
-                format!(
-                    "list {d} children ({size} logs) under {CATALOG_UNRELATED} unrelated sessions: cold {}, warm median {}",
-                    ms(cold),
-                    ms(median(&warm))
-                ),
-            )?;
-            std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
+    let mut runs: Vec<(usize, usize)> = vec![(100, 10_000), (1000, 10_000)];
+    if !quick {
+        runs.extend([(5000, 10_000), (1000, 1_000_000)]);
+    }
+    let (mut cold_times, mut warm_times) = (Vec::new(), Vec::new());
+    for (d, bytes) in runs {
+        let size = if bytes >= 1_000_000 { "1mb" } else { "10kb" };
+        let cwd = format!("/bench/catalog-{d}-{bytes}");
+        let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.clone()));
+        write_log(&root, &parent, 3, 0)?;
+        for i in 0..d {
+            let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.clone()));
+            child.parent_session = Some(parent.id.clone());
+            child.origin = Some("subagent".into());
+            child.delegation_depth = 1;
+            write_log(&root, &child, 0, bytes)?;
         }
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let list = |query: &dyn QueryService| -> Result<Duration> {
+            let started = Instant::now();
+            let listed = list_children(Some(query), &parent.id, &cancel)?;
+            let elapsed = started.elapsed();
+            anyhow::ensure!(listed.len() == d, "listed {} of {d} children", listed.len());
+            Ok(elapsed)
+        };
+        let query = SessionQuery::new(StoreSource::persisted_only(SessionStore::new(root.clone())));
+        let cold = list(&query)?;
+        let warm: Vec<Duration> = (0..5).map(|_| list(&query)).collect::<Result<_>>()?;
+        let warm = median(&warm);
+        if bytes == 10_000 {
+            cold_times.push((d as f64, cold.as_secs_f64()));
+            warm_times.push((d as f64, warm.as_secs_f64()));
+        }
+        let text = |what: &str, took: Duration| {
+            format!(
+                "list {d} children ({size} logs) under {CATALOG_UNRELATED} unrelated sessions, {what}: {}",
+                ms(took)
+            )
+        };
+        report.metric(
+            &format!("list_{d}_children_{size}_cold_ms"),
+            millis(cold),
+            text("cold (first listing)", cold),
+        )?;
+        report.metric(&format!("list_{d}_children_{size}_warm_ms"), millis(warm), text("warm (median of 5)", warm))?;
+        std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
+    }
+    for (what, times) in [("cold", &cold_times), ("warm", &warm_times)] {
+        let exponent = growth_exponent(times);
+        report.metric(
+            &format!("list_{what}_growth_exponent"),
+            exponent,
+            format!("{what} listing time grows as N^{exponent:.2} with the number of children (10 KB logs)"),
+        )?;
     }
     Ok(())
+}
+
+/// The slope of log(time) over log(N), least squares: 1.0 is linear growth.
+fn growth_exponent(points: &[(f64, f64)]) -> f64 {
+    let logs: Vec<(f64, f64)> =
+        points.iter().filter(|(n, t)| *n > 0.0 && *t > 0.0).map(|(n, t)| (n.ln(), t.ln())).collect();
+    if logs.len() < 2 {
+        return 0.0;
+    }
+    let count = logs.len() as f64;
+    let (mx, my) = (logs.iter().map(|p| p.0).sum::<f64>() / count, logs.iter().map(|p| p.1).sum::<f64>() / count);
+    let sxy: f64 = logs.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let sxx: f64 = logs.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    if sxx == 0.0 { 0.0 } else { sxy / sxx }
 }
 
 /// Writes a log directly (no fsync: a benchmark corpus): the header, `events` log-only events,
@@ -582,8 +657,11 @@ fn append_throughput(tmp: &Path, n: usize) -> Result<(usize, Duration)> {
     Ok((n, started.elapsed()))
 }
 
-fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64, u64)> {
-    let store = SessionStore::new(tmp.join(format!("load-{n}")));
+/// Writes an `n`-event session and loads it in process: load time, log bytes, RSS after, and
+/// where the log is (its store root and id).
+fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64, u64, std::path::PathBuf, String)> {
+    let root = tmp.join(format!("load-{n}"));
+    let store = SessionStore::new(root.clone());
     let id = uuid::Uuid::new_v4().to_string();
     let mut session = store.create(SessionHeader::new(id.clone(), 0, Some("/bench".into())))?;
     let mut turn = 0;
@@ -606,5 +684,188 @@ fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64, u64)> {
     anyhow::ensure!(loaded.events().len() >= n, "loaded {} of {n} events", loaded.events().len());
     let (rss, _) = own_rss();
     drop(loaded);
-    Ok((elapsed, bytes, rss))
+    Ok((elapsed, bytes, rss, root, id))
+}
+
+/// A `kin acp` process driven over its pipes, its model the Chat Completions client pointed at
+/// `model_url` (when given).
+struct KinProcess {
+    child: tokio::process::Child,
+    driver: Driver,
+    /// Text deltas the client has seen (`agent_message_chunk` notifications).
+    chunks: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl KinProcess {
+    async fn start(sessions: &Path, model_url: Option<&str>) -> Result<KinProcess> {
+        let exe = std::env::current_exe()?;
+        let mut command = tokio::process::Command::new(&exe);
+        command
+            .args(["acp", "--config", "/dev/null", "--sessions"])
+            .arg(sessions)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(url) = model_url {
+            command.env("DEEPSEEK_BASE_URL", url).env("DEEPSEEK_API_KEY", "bench");
+        }
+        let mut child = command.spawn()?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let chunks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = chunks.clone();
+        let tap: crate::acp::wire::Tap = Arc::new(move |line: &str| {
+            if line.contains("\"agent_message_chunk\"") {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let no_questions: ChooseOption = Arc::new(|_| None);
+        let driver = Driver::connect("bench", stdin, stdout, Some(tap), no_questions, numbering())
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let kin = KinProcess { child, driver, chunks };
+        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})).await?;
+        Ok(kin)
+    }
+
+    async fn call(&self, method: &str, params: serde_json::Value) -> Result<serde_json::Value> {
+        match self.driver.request(method, params).await.map_err(anyhow::Error::msg)? {
+            crate::acp::peer::Answer::Result(value) => Ok(value),
+            crate::acp::peer::Answer::Error { code, message } => anyhow::bail!("{method} failed ({code}): {message}"),
+        }
+    }
+
+    /// `session/new` in `cwd`: the session id.
+    async fn new_session(&self, cwd: &Path) -> Result<String> {
+        let created = self.call("session/new", json!({"cwd": cwd, "mcpServers": []})).await?;
+        created["sessionId"].as_str().map(str::to_string).context("session/new answered without a sessionId")
+    }
+
+    async fn prompt(&self, session: &str, text: &str) -> Result<()> {
+        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+        let answer = self.call("session/prompt", params).await?;
+        anyhow::ensure!(answer["stopReason"] == "end_turn", "the bench turn ended {answer}");
+        Ok(())
+    }
+
+    /// VmRSS and VmHWM (peak) of the process, in KiB.
+    fn rss(&self) -> (u64, u64) {
+        let status = self.child.id().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok());
+        let field = |name: &str| {
+            status
+                .as_deref()
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Resets the peak (VmHWM) to the current RSS (`/proc/PID/clear_refs`, Linux 4.0+).
+    fn reset_peak(&self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
+    }
+
+    async fn close(mut self) -> Result<()> {
+        self.driver.close().await;
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
+/// RSS of one `kin acp` process: after `initialize` (idle), after its first HTTP turn (and the
+/// peak over it), after ten more turns; then a turn of one million one-character chunks from
+/// the model (1 MB of text): its peak and what stays after it, and RSS after `session/load` of
+/// that session in a fresh process.
+async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
+    let sessions = tmp.join("memory");
+    let cwd = tmp.join("memory-cwd");
+    std::fs::create_dir_all(&cwd)?;
+    let server = mock_chat_server().await?;
+    let kin = KinProcess::start(&sessions, Some(&server)).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (idle, _) = kin.rss();
+    report.metric("rss_idle_kib", idle as f64, format!("RSS of an idle kin acp after initialize: {idle} KiB"))?;
+    let session = kin.new_session(&cwd).await?;
+    kin.reset_peak();
+    kin.prompt(&session, "hi").await?;
+    let (after_one, peak_one) = kin.rss();
+    report.metric(
+        "rss_after_http_turn_kib",
+        after_one as f64,
+        format!("RSS after one HTTP turn (loopback model): {after_one} KiB; peak over the turn {peak_one} KiB"),
+    )?;
+    report.metric("peak_rss_http_turn_kib", peak_one as f64, format!("peak RSS over one HTTP turn: {peak_one} KiB"))?;
+    for _ in 0..10 {
+        kin.prompt(&session, "hi").await?;
+    }
+    let (after_more, _) = kin.rss();
+    report.metric(
+        "rss_after_11_http_turns_kib",
+        after_more as f64,
+        format!(
+            "RSS after ten more HTTP turns: {after_more} KiB ({:+} KiB over the first turn)",
+            after_more as i64 - after_one as i64
+        ),
+    )?;
+    kin.close().await?;
+
+    let chunks = if quick { 200_000 } else { 1_000_000 };
+    let stream_server = mock_chat_server_with(Arc::new(sse_body(chunks, "x"))).await?;
+    let kin = KinProcess::start(&sessions, Some(&stream_server)).await?;
+    let session = kin.new_session(&cwd).await?;
+    let (before, _) = kin.rss();
+    kin.reset_peak();
+    let started = Instant::now();
+    kin.prompt(&session, "stream").await?;
+    let took = started.elapsed();
+    let (after, peak) = kin.rss();
+    let seen = kin.chunks.load(std::sync::atomic::Ordering::Relaxed);
+    kin.close().await?;
+    let key = if quick { "stream_200k_chunks" } else { "stream_1m_chunks" };
+    report.metric(
+        &format!("{key}_peak_rss_kib"),
+        peak as f64,
+        format!(
+            "a turn of {chunks} one-character chunks ({:.1} MB of text) over HTTP: {} ({seen} chunks forwarded); peak RSS {peak} KiB",
+            chunks as f64 / 1e6,
+            ms(took)
+        ),
+    )?;
+    let retained = after.saturating_sub(before);
+    report.metric(
+        &format!("{key}_retained_kib"),
+        retained as f64,
+        format!("RSS kept after that turn: {retained} KiB ({:.2}x the text)", retained as f64 * 1024.0 / chunks as f64),
+    )?;
+    let kin = KinProcess::start(&sessions, None).await?;
+    kin.call("session/load", json!({"sessionId": session, "cwd": cwd, "mcpServers": []})).await?;
+    let (loaded, _) = kin.rss();
+    kin.close().await?;
+    report.metric(
+        &format!("{key}_rss_after_load_kib"),
+        loaded as f64,
+        format!("RSS of a fresh kin after session/load of that session: {loaded} KiB"),
+    )?;
+    Ok(())
+}
+
+/// `session/load` of a stored session in a fresh `kin acp`: the time to its response (every
+/// update replayed to the client before it) and the process's peak RSS over the load.
+async fn acp_load(root: &Path, id: &str) -> Result<(Duration, u64)> {
+    let kin = KinProcess::start(root, None).await?;
+    kin.reset_peak();
+    let started = Instant::now();
+    kin.call("session/load", json!({"sessionId": id, "cwd": "/bench", "mcpServers": []})).await?;
+    let took = started.elapsed();
+    let (_, peak) = kin.rss();
+    kin.close().await?;
+    Ok((took, peak))
 }

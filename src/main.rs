@@ -28,21 +28,55 @@ fn main() -> ExitCode {
             | Command::Acp(kin::cli::AcpArgs { command: Some(_), .. })
     );
     let default_level = if quiet { "warn" } else { "info" };
-    let _guard = init_logging(&config, default_level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("kin: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli, config)) {
+    let logging = init_logging(&config, default_level);
+    let runtime =
+        match tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads()).enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("kin: cannot start the async runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+    let code = match runtime.block_on(run(cli, config)) {
         Ok(code) => code,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("kin: {e:#}");
             ExitCode::FAILURE
         }
+    };
+    logging.finish();
+    code
+}
+
+/// Tokio workers: kin is an I/O daemon (its CPU work is JSON and the odd file scan, which runs
+/// on blocking threads), so it needs a couple of workers, not one per core of a large machine.
+fn worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get).clamp(1, MAX_WORKERS)
+}
+
+/// The most tokio workers kin starts.
+const MAX_WORKERS: usize = 4;
+
+/// Lines the log writer queues before it drops new ones (tracing-appender's default, 128,000,
+/// allocates and touches a 4 MiB queue at start). A writer that cannot keep up loses lines rather
+/// than stalling the daemon (stderr may be a pipe nobody reads); how many is said at exit.
+const LOG_QUEUE_LINES: usize = 4096;
+
+/// The log writer's guard (flushes at exit) and its count of dropped lines.
+struct Logging {
+    guard: tracing_appender::non_blocking::WorkerGuard,
+    dropped: tracing_appender::non_blocking::ErrorCounter,
+}
+
+impl Logging {
+    /// Says how many lines the full queue dropped, then flushes the writer.
+    fn finish(self) {
+        let dropped = self.dropped.dropped_lines();
+        if dropped > 0 {
+            tracing::warn!(dropped, "the log queue was full: {dropped} log lines were dropped");
+        }
+        drop(self.guard);
     }
 }
 
@@ -75,20 +109,25 @@ fn run_prompt(arg: Option<&str>) -> anyhow::Result<Option<String>> {
     Ok(Some(text).filter(|t| !t.trim().is_empty()))
 }
 
-fn init_logging(config: &Config, default_level: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+fn init_logging(config: &Config, default_level: &str) -> Logging {
     // The MCP client crate logs every server notification and handshake at info: warnings only.
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rmcp=warn")));
+    let builder = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .lossy(true)
+        .thread_name("kin-log");
     let (writer, guard) = match &config.log_file {
         Some(path) => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
             let name = path.file_name().map_or_else(|| "kin.log".into(), |n| n.to_os_string());
-            tracing_appender::non_blocking(tracing_appender::rolling::never(dir, name))
+            builder.finish(tracing_appender::rolling::never(dir, name))
         }
-        None => tracing_appender::non_blocking(std::io::stderr()),
+        None => builder.finish(std::io::stderr()),
     };
+    let dropped = writer.error_counter();
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).init();
-    Some(guard)
+    Logging { guard, dropped }
 }
 
 /// `kin login` (and `kin acp login`, the editor's terminal auth method): 0 when the key is stored.

@@ -536,7 +536,7 @@ fn stalling_model(server: &MockServer, max_attempts: u32) -> (OpenAiModel, Arc<M
     endpoint.idle_timeout = Duration::from_millis(300);
     let config = OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) };
     let (notice, seen) = recorder();
-    (OpenAiModel::new(config).unwrap().with_retry_notice(Some(notice)), seen)
+    (OpenAiModel::new(config).with_retry_notice(Some(notice)), seen)
 }
 
 #[tokio::test]
@@ -601,7 +601,7 @@ fn raw_model(base_url: String, idle: Duration) -> Arc<dyn Model> {
     endpoint.api_key = Some(KEY.into());
     endpoint.retry = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
     endpoint.idle_timeout = idle;
-    Arc::new(OpenAiModel::new(OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) }).unwrap())
+    Arc::new(OpenAiModel::new(OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) }))
 }
 
 #[tokio::test]

@@ -312,13 +312,24 @@ pub trait Api: Send + Sync + 'static {
 /// are reported.
 pub struct HttpModel<A> {
     api: A,
-    client: reqwest::Client,
+    /// Built by the first call (TLS roots and the pool cost memory a session that never calls
+    /// the model should not pay for).
+    client: std::sync::OnceLock<reqwest::Client>,
     notice: Option<RetryNotice>,
 }
 
 impl<A: Api> HttpModel<A> {
-    pub fn new(api: A) -> Result<Self, String> {
-        Ok(HttpModel { api, client: client()?, notice: None })
+    pub fn new(api: A) -> Self {
+        HttpModel { api, client: std::sync::OnceLock::new(), notice: None }
+    }
+
+    /// The connection pool, created on first use.
+    fn client(&self) -> Result<reqwest::Client, Failure> {
+        if let Some(client) = self.client.get() {
+            return Ok(client.clone());
+        }
+        let built = client().map_err(|message| Failure::new(message, INVALID_CONFIG))?;
+        Ok(self.client.get_or_init(|| built).clone())
     }
 
     /// Reports every retry to `notice` (without one, retries are only logged).
@@ -350,7 +361,7 @@ impl<A: Api> HttpModel<A> {
             .map_err(|e| Failure::new(format!("cannot encode the request: {e}"), INVALID_CONFIG))?;
         let base_url = server.base_url.trim_end_matches('/').to_string();
         Ok(HttpCall {
-            client: self.client.clone(),
+            client: self.client()?,
             url: format!("{base_url}{}", A::PATH),
             headers,
             body,

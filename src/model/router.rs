@@ -177,13 +177,12 @@ pub fn client_for(
     let model: Arc<dyn Model> = match api {
         WireApi::OpenAi { deepseek } => {
             let config = OpenAiConfig { server, max_tokens: settings.max_tokens, reasoning_effort, deepseek };
-            Arc::new(OpenAiModel::new(config)?.with_retry_notice(notice))
+            Arc::new(OpenAiModel::new(config).with_retry_notice(notice))
         }
         WireApi::Anthropic => {
             let max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
             Arc::new(
-                AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort })?
-                    .with_retry_notice(notice),
+                AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort }).with_retry_notice(notice),
             )
         }
     };
