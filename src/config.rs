@@ -229,6 +229,8 @@ struct ProviderSection {
     /// `[providers.NAME.models.MODEL]`: one model's window and prices.
     #[serde(default)]
     models: std::collections::BTreeMap<String, ModelEntrySection>,
+    /// The models behind it take images (default: true for `anthropic`, false for `openai`).
+    images: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -461,6 +463,7 @@ fn resolve_models(
             base_url: p.base_url,
             api_key_env: p.api_key_env,
             headers: p.headers.into_iter().collect(),
+            images: p.images.unwrap_or(kind == ProviderKind::Anthropic),
             kind,
         });
     }

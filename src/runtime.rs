@@ -779,6 +779,13 @@ impl Runtime {
         self.model.missing_key(&self.config.model)
     }
 
+    /// Whether the route a live session's next turn uses takes images (false for an unknown
+    /// session).
+    pub fn takes_images(&self, session_id: &str) -> bool {
+        self.session_model(session_id)
+            .is_some_and(|route| crate::model::router::takes_images(&route, &self.config.models))
+    }
+
     /// The routes a session may switch to.
     pub fn model_choices(&self) -> &[crate::model::ModelRoute] {
         &self.config.model_choices

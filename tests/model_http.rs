@@ -403,6 +403,7 @@ async fn named_compatible_endpoint_sends_its_headers_and_no_key() {
             api_key_env: None,
             headers: vec![("X-Team".into(), "kin".into())],
             kind: ProviderKind::OpenAi,
+            images: false,
         }],
         ..fast_settings()
     };

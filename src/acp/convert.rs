@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Diff, ImageContent, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate,
-    StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate,
-    ToolCallUpdateFields, ToolKind,
+    ContentBlock, ContentChunk, Diff, EmbeddedResourceResource, ImageContent, Plan, PlanEntry, PlanEntryPriority,
+    PlanEntryStatus, SessionUpdate, StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use serde_json::{Value, json};
 
@@ -14,13 +14,46 @@ use crate::agent::TurnEnd;
 use crate::model::StreamChunk;
 use crate::session::EventBody;
 use crate::session::event;
-use crate::tools::{Access, ToolRegistry};
+use crate::tools::capture::{Capture, Limits};
+use crate::tools::{Access, ToolRegistry, image};
 
-/// Prompt blocks → one dsh text block (text concatenated; a resource link becomes
-/// `\n[resource_link name=<json> uri=<json>]\n`). Errors name what is unsupported.
+/// The most images one prompt may carry.
+pub(crate) const MAX_PROMPT_IMAGES: usize = 20;
+/// An embedded resource's text longer than this keeps its first and last half of it, with a
+/// note of how much was left out.
+pub(crate) const MAX_RESOURCE_BYTES: usize = 256 * 1024;
+
+/// Prompt blocks → dsh content: text, resource links and embedded resources joined into text
+/// blocks (a resource link becomes `\n[resource_link name=<json> uri=<json>]\n`, an embedded
+/// text resource `\n[resource uri=<json>]\n<text>\n[/resource]\n`), each image (or embedded
+/// image blob) an image block `{type: "image", mediaType, data}` in its place. Errors name the
+/// block that cannot be taken and what to do instead.
 pub fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, String> {
+    let mut content = Vec::new();
     let mut text = String::new();
-    for block in blocks {
+    let mut images = 0;
+    let mut image = |data: &str, number: usize, text: &mut String, content: &mut Vec<Value>| {
+        images += 1;
+        if images > MAX_PROMPT_IMAGES {
+            return Err(format!(
+                "a prompt may hold at most {MAX_PROMPT_IMAGES} images; send the others in a later prompt"
+            ));
+        }
+        let format = image::check_base64(data).map_err(|why| {
+            format!(
+                "prompt block {number} (an image) cannot be sent: {why}; attach a {} image of at most {}",
+                image::FORMATS,
+                image::MAX_IMAGE_SHOWN
+            )
+        })?;
+        if !text.is_empty() {
+            content.push(json!({"type": "text", "text": std::mem::take(text)}));
+        }
+        content.push(json!({"type": "image", "mediaType": format.media_type(), "data": data.trim()}));
+        Ok(())
+    };
+    for (index, block) in blocks.iter().enumerate() {
+        let number = index + 1;
         match block {
             ContentBlock::Text(t) => text.push_str(&t.text),
             ContentBlock::ResourceLink(link) => {
@@ -28,13 +61,60 @@ pub fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, String> {
                 let uri = serde_json::to_string(&link.uri).unwrap_or_default();
                 text.push_str(&format!("\n[resource_link name={name} uri={uri}]\n"));
             }
-            _ => return Err("only text and resource_link prompt content is supported".into()),
+            ContentBlock::Image(picture) => image(&picture.data, number, &mut text, &mut content)?,
+            ContentBlock::Resource(embedded) => match &embedded.resource {
+                EmbeddedResourceResource::TextResourceContents(resource) => {
+                    let uri = serde_json::to_string(&resource.uri).unwrap_or_default();
+                    text.push_str(&format!("\n[resource uri={uri}]\n{}\n[/resource]\n", resource_text(&resource.text)));
+                }
+                EmbeddedResourceResource::BlobResourceContents(blob)
+                    if blob.mime_type.as_deref().is_some_and(|m| m.starts_with("image/")) =>
+                {
+                    image(&blob.blob, number, &mut text, &mut content)?
+                }
+                EmbeddedResourceResource::BlobResourceContents(blob) => {
+                    let uri = serde_json::to_string(&blob.uri).unwrap_or_default();
+                    let mime =
+                        serde_json::to_string(blob.mime_type.as_deref().unwrap_or("unknown")).unwrap_or_default();
+                    let bytes = blob.blob.len() / 4 * 3;
+                    text.push_str(&format!(
+                        "\n[resource uri={uri} mimeType={mime}: about {bytes} bytes of binary data, not shown]\n"
+                    ));
+                }
+                // `EmbeddedResourceResource` is non-exhaustive: a kind added to ACP later.
+                _ => {
+                    return Err(format!(
+                        "prompt block {number} is a resource of a kind kin does not know; send its text"
+                    ));
+                }
+            },
+            ContentBlock::Audio(_) => {
+                return Err(format!("prompt block {number} is audio, which kin does not take; send text or an image"));
+            }
+            // `ContentBlock` is non-exhaustive: a kind added to ACP later is not known here.
+            _ => {
+                return Err(format!(
+                    "prompt block {number} is of a kind kin does not know; send text, images or resources"
+                ));
+            }
         }
     }
-    if text.trim().is_empty() {
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    let has_text = content.iter().any(|b| b["text"].as_str().is_some_and(|t| !t.trim().is_empty()));
+    if !has_text && images == 0 {
         return Err("empty prompt".into());
     }
-    Ok(vec![json!({"type": "text", "text": text})])
+    Ok(content)
+}
+
+/// An embedded resource's text, its first and last `MAX_RESOURCE_BYTES / 2` bytes when longer.
+fn resource_text(text: &str) -> String {
+    let half = MAX_RESOURCE_BYTES / 2;
+    let mut capture = Capture::new(Limits { head: half, tail: half });
+    capture.push(text.as_bytes());
+    capture.render()
 }
 
 /// How the thought that shows a model retry begins (`kin run` picks retries out by it).
@@ -42,6 +122,16 @@ pub(crate) const RETRY_THOUGHT_PREFIX: &str = "Model request failed ";
 
 fn text_chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
+}
+
+/// A dsh image block `{mediaType, data}` as ACP image content.
+fn image_content(block: &Value) -> ContentBlock {
+    let (data, media) = (block["data"].as_str().unwrap_or_default(), block["mediaType"].as_str().unwrap_or_default());
+    ContentBlock::Image(ImageContent::new(data, media))
+}
+
+fn image_chunk(block: &Value) -> ContentChunk {
+    ContentChunk::new(image_content(block))
 }
 
 /// The live update an appended event produces, if any: streamed text and reasoning deltas,
@@ -83,9 +173,12 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
 pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpdate> {
     match body {
         EventBody::UserMessage(message) if message.from_user() => blocks(&message.content)
-            .filter(|b| b["type"] == "text")
-            .filter_map(|b| b["text"].as_str())
-            .map(|t| SessionUpdate::UserMessageChunk(text_chunk(t)))
+            .filter_map(|b| match b["type"].as_str() {
+                Some("text") => Some(text_chunk(b["text"].as_str()?)),
+                Some("image") => Some(image_chunk(b)),
+                _ => None,
+            })
+            .map(SessionUpdate::UserMessageChunk)
             .collect(),
         EventBody::AssistantMessage(m) => blocks(&m.message.content)
             .filter_map(|b| {
@@ -188,10 +281,8 @@ fn tool_result_update(result: &event::ToolResult) -> Option<SessionUpdate> {
         _ => ToolCallContent::from(ContentBlock::Text(TextContent::new(text))),
     }];
     // Images of a result (an MCP tool's) are shown too.
-    for image in blocks(&part.content).filter(|b| b["type"] == "image") {
-        let (data, media) =
-            (image["data"].as_str().unwrap_or_default(), image["mediaType"].as_str().unwrap_or_default());
-        content.push(ToolCallContent::from(ContentBlock::Image(ImageContent::new(data, media))));
+    for picture in blocks(&part.content).filter(|b| image::is_image(b)) {
+        content.push(ToolCallContent::from(image_content(picture)));
     }
     let fields = ToolCallUpdateFields::new().status(status).content(content);
     Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(part.tool_call_id.clone(), fields)))
@@ -487,6 +578,80 @@ mod tests {
         let nameless = event("tool/call", json!({"turn": 1, "step": 1, "callId": 7}));
         assert!(matches!(nameless, EventBody::Unknown { .. }), "a call id must be a string");
         assert!(live_update(&nameless, &tools).is_none() && replay_updates(&nameless, &tools).is_empty());
+    }
+
+    fn blocks_of(wire: Value) -> Vec<ContentBlock> {
+        serde_json::from_value(wire).unwrap()
+    }
+
+    const PNG: &str = "iVBORw0KGgoAAAANSUhEUg==";
+
+    #[test]
+    fn a_prompt_keeps_its_images_in_place_and_embeds_resources_as_text() {
+        let prompt = blocks_of(json!([
+            {"type": "text", "text": "Look at "},
+            {"type": "resource", "resource": {"uri": "file:///w/a.rs", "text": "fn main() {}", "mimeType": "text/x-rust"}},
+            {"type": "image", "data": PNG, "mimeType": "image/png"},
+            {"type": "text", "text": "and "},
+            {"type": "resource_link", "name": "b.rs", "uri": "file:///w/b.rs"},
+            {"type": "resource", "resource": {"uri": "file:///w/c.png", "blob": PNG, "mimeType": "image/png"}},
+            {"type": "resource", "resource": {"uri": "file:///w/d.bin", "blob": "AAAA", "mimeType": "application/octet-stream"}},
+        ]));
+        let content = prompt_content(&prompt).unwrap();
+        assert_eq!(
+            content,
+            vec![
+                json!({"type": "text", "text": "Look at \n[resource uri=\"file:///w/a.rs\"]\nfn main() {}\n[/resource]\n"}),
+                json!({"type": "image", "mediaType": "image/png", "data": PNG}),
+                json!({"type": "text", "text": "and \n[resource_link name=\"b.rs\" uri=\"file:///w/b.rs\"]\n"}),
+                json!({"type": "image", "mediaType": "image/png", "data": PNG}),
+                json!({"type": "text", "text": "\n[resource uri=\"file:///w/d.bin\" mimeType=\"application/octet-stream\": about 3 bytes of binary data, not shown]\n"}),
+            ]
+        );
+        // An image alone is a prompt; a text-only prompt is one text block, as before.
+        let alone =
+            prompt_content(&blocks_of(json!([{"type": "image", "data": PNG, "mimeType": "image/png"}]))).unwrap();
+        assert_eq!(alone.len(), 1);
+        assert_eq!(
+            prompt_content(&blocks_of(json!([{"type": "text", "text": "hi"}]))).unwrap(),
+            vec![json!({"type": "text", "text": "hi"})]
+        );
+        // What load shows of it: the text and the images, in order.
+        let message = crate::session::event::UserMessage::new(content, json!({"kind": "user"}));
+        let shown: Vec<Value> = replay_updates(&EventBody::UserMessage(message), &ToolRegistry::new())
+            .into_iter()
+            .map(|u| serde_json::to_value(u).unwrap()["content"]["type"].clone())
+            .collect();
+        assert_eq!(shown, ["text", "image", "text", "image", "text"]);
+    }
+
+    #[test]
+    fn a_bad_image_or_audio_is_refused_by_its_place() {
+        let refused = |wire: Value| prompt_content(&blocks_of(wire)).unwrap_err();
+        assert_eq!(
+            refused(json!([{"type": "text", "text": "x"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"}])),
+            "prompt block 2 (an image) cannot be sent: it is not a PNG, JPEG, GIF or WebP image (its data starts \
+             with 00 00 00); attach a PNG, JPEG, GIF or WebP image of at most 3.75 MiB"
+        );
+        assert_eq!(
+            refused(json!([{"type": "audio", "data": "AAAA", "mimeType": "audio/wav"}])),
+            "prompt block 1 is audio, which kin does not take; send text or an image"
+        );
+        let many: Vec<Value> =
+            (0..=MAX_PROMPT_IMAGES).map(|_| json!({"type": "image", "data": PNG, "mimeType": "image/png"})).collect();
+        assert!(refused(Value::Array(many)).starts_with("a prompt may hold at most 20 images"));
+        assert_eq!(refused(json!([{"type": "text", "text": "  "}])), "empty prompt");
+    }
+
+    #[test]
+    fn a_long_embedded_resource_keeps_its_head_and_tail() {
+        let text = format!("{}{}", "a".repeat(MAX_RESOURCE_BYTES), "z".repeat(10));
+        let prompt = blocks_of(json!([{"type": "resource", "resource": {"uri": "file:///w/big", "text": text}}]));
+        let content = prompt_content(&prompt).unwrap();
+        let shown = content[0]["text"].as_str().unwrap();
+        assert!(shown.contains("[... 10 bytes omitted ...]"), "the cut says so");
+        assert!(shown.ends_with("zzzzzzzzzz\n[/resource]\n"), "the tail is kept");
+        assert!(shown.len() < MAX_RESOURCE_BYTES + 200);
     }
 
     #[test]

@@ -48,17 +48,22 @@ pub(super) fn forward(
     let connection = cx.clone();
     let spawned = cx.spawn(async move {
         while let Some(notice) = notices.recv().await {
-            let update = if as_notices {
-                SessionUpdate::Notice(Notice::new(NoticeSeverity::Warning, notice.title).description(notice.detail))
-            } else {
-                let text = format!("{}: {}\n", notice.title, notice.detail);
-                SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::Text(TextContent::new(text))))
-            };
-            super::tree::notify(&connection, &session_id, update);
+            super::tree::notify(&connection, &session_id, notice_update(notice.title, notice.detail, as_notices));
         }
         Ok(())
     });
     if let Err(e) = spawned {
         tracing::debug!("cannot forward MCP notices: {e}");
+    }
+}
+
+/// A warning for the user: a `notice` update for a client that shows them
+/// (`clientCapabilities.session.notices`), else an agent message `<title>: <detail>`.
+pub(super) fn notice_update(title: String, detail: String, as_notices: bool) -> SessionUpdate {
+    if as_notices {
+        SessionUpdate::Notice(Notice::new(NoticeSeverity::Warning, title).description(detail))
+    } else {
+        let text = format!("{title}: {detail}\n");
+        SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::Text(TextContent::new(text))))
     }
 }

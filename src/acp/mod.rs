@@ -17,6 +17,7 @@ mod tree;
 pub(crate) mod wire;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
@@ -128,6 +129,20 @@ fn model_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption
     ]
 }
 
+/// The one-line warning that a prompt's images do not reach the model of the session's route.
+fn no_images(runtime: &Runtime, session_id: &str, images: usize, as_notices: bool) -> SessionUpdate {
+    let route = runtime.session_model(session_id).map(|r| r.to_string()).unwrap_or_default();
+    let what = if images == 1 { "The image" } else { "The images" };
+    mcp::notice_update(
+        "Images not sent".into(),
+        format!(
+            "{what} stay in the session, but the model {route} takes no images and sees a placeholder; \
+             choose a model that takes images, or set `images = true` for its [providers.*] entry."
+        ),
+        as_notices,
+    )
+}
+
 /// After a session's response: tells the user about its MCP servers from now on (sent after the
 /// response, so the client knows the session id).
 fn forward_notices(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_notices: &std::sync::atomic::AtomicBool) {
@@ -164,6 +179,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
     // Whether the client shows `notice` updates (`clientCapabilities.session.notices`).
     let notices = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (notices_init, notices_new, notices_load) = (notices.clone(), notices.clone(), notices.clone());
+    let notices_prompt = notices.clone();
     let (notices_resume, notices_fork) = (notices.clone(), notices);
     let result = Agent
         .v1()
@@ -197,7 +213,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                 let capabilities = AgentCapabilities::new()
                     .load_session(true)
                     .mcp_capabilities(McpCapabilities::new().http(crate::mcp::HTTP_SUPPORTED))
-                    .prompt_capabilities(PromptCapabilities::new())
+                    .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true))
                     .session_capabilities(sessions);
                 responder.respond(
                     InitializeResponse::new(agent_client_protocol::schema::ProtocolVersion::V1)
@@ -239,10 +255,16 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                     Ok(content) => content,
                     Err(e) => return responder.respond_with_error(invalid_params(e)),
                 };
+                let images = content.iter().filter(|b| crate::tools::image::is_image(b)).count();
                 let turn = match rt_prompt.prompt(&req.session_id.0, content) {
                     Ok(turn) => turn,
                     Err(e) => return responder.respond_with_error(to_acp(e)),
                 };
+                if images > 0 && !rt_prompt.takes_images(&req.session_id.0) {
+                    let notice =
+                        no_images(&rt_prompt, &req.session_id.0, images, notices_prompt.load(Ordering::SeqCst));
+                    tree::notify(&cx, &req.session_id.0, notice);
+                }
                 cx.spawn(async move {
                     let end = turn.await.unwrap_or(crate::agent::TurnEnd::Disposed);
                     let sent = match convert::stop_reason(&end) {

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::http::{self, Api, AttemptError, Decoder, HttpModel, Server};
 use super::utf16::{self, Joiner};
 use super::{Failure, FinishReason, ModelRequest, StreamChunk};
+use crate::tools::image;
 
 /// The `anthropic-version` header kin speaks.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -29,12 +30,15 @@ pub struct AnthropicConfig {
     /// Enables extended thinking: `low`, `medium`, `high`, `max`, or a token budget; `off` or
     /// None leaves it disabled. The budget is kept below `max_tokens`.
     pub reasoning_effort: Option<String>,
+    /// The model takes images (a prompt's and a tool result's, as image blocks); otherwise each
+    /// is a placeholder text.
+    pub images: bool,
 }
 
 impl AnthropicConfig {
     /// A config with the server's defaults, `DEFAULT_MAX_TOKENS` and no thinking.
     pub fn new(server: Server) -> Self {
-        AnthropicConfig { server, max_tokens: DEFAULT_MAX_TOKENS, reasoning_effort: None }
+        AnthropicConfig { server, max_tokens: DEFAULT_MAX_TOKENS, reasoning_effort: None, images: true }
     }
 }
 
@@ -64,7 +68,7 @@ impl Api for AnthropicConfig {
         let mut body = json!({
             "model": request.route.model,
             "max_tokens": max_tokens,
-            "messages": anthropic_messages(&request.messages),
+            "messages": anthropic_messages(&request.messages, self.images),
             "stream": true,
         });
         if !request.system.is_empty() {
@@ -104,28 +108,37 @@ fn thinking_budget(effort: Option<&str>, max_tokens: u32) -> Option<u32> {
     (budget >= 1024).then_some(budget)
 }
 
-/// A tool result's blocks as Anthropic takes them: its text, and its images (an MCP tool's).
-fn result_blocks(blocks: &[Value]) -> Vec<Value> {
+/// A dsh image block as an Anthropic image block, or its placeholder text for a model that
+/// takes no images.
+fn image_block(block: &Value, images: bool) -> Value {
+    if images {
+        json!({"type": "image", "source": {"type": "base64", "media_type": block["mediaType"], "data": block["data"]}})
+    } else {
+        json!({"type": "text", "text": image::placeholder(block["mediaType"].as_str().unwrap_or("image"))})
+    }
+}
+
+/// A tool result's blocks as Anthropic takes them: its text, and its images (`read`'s, an MCP
+/// tool's).
+fn result_blocks(blocks: &[Value], images: bool) -> Vec<Value> {
     blocks
         .iter()
         .filter_map(|b| match b["type"].as_str() {
             Some("text") => b["text"].as_str().filter(|t| !t.is_empty()).map(|t| json!({"type": "text", "text": t})),
-            Some("image") => Some(json!({
-                "type": "image",
-                "source": {"type": "base64", "media_type": b["mediaType"], "data": b["data"]},
-            })),
+            Some("image") => Some(image_block(b, images)),
             _ => None,
         })
         .collect()
 }
 
 /// One dsh content block as an Anthropic block, if Anthropic can take it in that role.
-fn anthropic_block(block: &Value, assistant: bool) -> Option<Value> {
+fn anthropic_block(block: &Value, assistant: bool, images: bool) -> Option<Value> {
     let text = |key: &str| block[key].as_str().unwrap_or_default().to_string();
     match block["type"].as_str()? {
         "text" if !text("text").is_empty() => Some(json!({"type": "text", "text": text("text")})),
+        "image" if !assistant => Some(image_block(block, images)),
         "tool-result" if !assistant => {
-            let content = result_blocks(block["content"].as_array().map(Vec::as_slice).unwrap_or_default());
+            let content = result_blocks(block["content"].as_array().map(Vec::as_slice).unwrap_or_default(), images);
             let mut result = json!({
                 "type": "tool_result",
                 "tool_use_id": block["toolCallId"],
@@ -160,7 +173,7 @@ fn anthropic_block(block: &Value, assistant: bool) -> Option<Value> {
 }
 
 /// dsh messages as Anthropic's alternating user/assistant messages.
-fn anthropic_messages(messages: &[Value]) -> Vec<Value> {
+fn anthropic_messages(messages: &[Value], images: bool) -> Vec<Value> {
     let mut merged: Vec<(bool, Vec<Value>)> = Vec::new();
     for message in messages {
         let assistant = match message["role"].as_str() {
@@ -168,8 +181,12 @@ fn anthropic_messages(messages: &[Value]) -> Vec<Value> {
             Some("user") => false,
             _ => continue,
         };
-        let blocks: Vec<Value> =
-            message["content"].as_array().into_iter().flatten().filter_map(|b| anthropic_block(b, assistant)).collect();
+        let blocks: Vec<Value> = message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| anthropic_block(b, assistant, images))
+            .collect();
         if blocks.is_empty() {
             continue;
         }
@@ -489,7 +506,7 @@ mod tests {
             json!({"role": "user", "source": {"kind": "tool", "callId": "t2"}, "content": [{"type": "tool-result", "toolCallId": "t2", "content": [], "isError": true}]}),
         ];
         assert_eq!(
-            anthropic_messages(&messages),
+            anthropic_messages(&messages, true),
             vec![
                 json!({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "more"}]}),
                 json!({"role": "assistant", "content": [
@@ -503,6 +520,25 @@ mod tests {
                 ]}),
             ]
         );
+    }
+
+    #[test]
+    fn images_are_image_blocks_or_placeholders() {
+        let image = json!({"type": "image", "mediaType": "image/jpeg", "data": "/9j/4A=="});
+        let messages = vec![
+            json!({"role": "user", "source": {"kind": "user"}, "content": [{"type": "text", "text": "see"}, image.clone()]}),
+            json!({"role": "assistant", "content": [{"type": "tool-call", "id": "t1", "name": "read", "arguments": "{}"}]}),
+            json!({"role": "user", "source": {"kind": "tool", "callId": "t1"}, "content": [{"type": "tool-result", "toolCallId": "t1", "content": [image], "isError": false}]}),
+        ];
+        let block =
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4A=="}});
+        let got = anthropic_messages(&messages, true);
+        assert_eq!(got[0]["content"], json!([{"type": "text", "text": "see"}, block.clone()]));
+        assert_eq!(got[2]["content"][0]["content"], json!([block]));
+        let placeholder = json!({"type": "text", "text": "[image image/jpeg: not shown, this model takes no images]"});
+        let got = anthropic_messages(&messages, false);
+        assert_eq!(got[0]["content"][1], placeholder);
+        assert_eq!(got[2]["content"][0]["content"], json!([placeholder]));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::http::{self, Api, AttemptError, Decoder, HttpModel, Server};
 use super::utf16::{self, Joiner};
 use super::{Failure, FinishReason, ModelRequest, StreamChunk};
+use crate::tools::image;
 
 /// How to reach one OpenAI-compatible endpoint.
 #[derive(Debug, Clone)]
@@ -24,12 +25,17 @@ pub struct OpenAiConfig {
     /// Speak DeepSeek's dialect: send `reasoning_content` back on the current turn's tool-call
     /// steps, and the `thinking` switch.
     pub deepseek: bool,
+    /// The model takes images: a prompt's as `image_url` parts, a tool result's in a user
+    /// message after the tool messages (tool messages take no images). Otherwise each image is a
+    /// placeholder text.
+    pub images: bool,
 }
 
 impl OpenAiConfig {
-    /// A config with the server's defaults, no `max_tokens` or reasoning effort, not DeepSeek.
+    /// A config with the server's defaults, no `max_tokens` or reasoning effort, not DeepSeek,
+    /// taking images.
     pub fn new(server: Server) -> Self {
-        OpenAiConfig { server, max_tokens: None, reasoning_effort: None, deepseek: false }
+        OpenAiConfig { server, max_tokens: None, reasoning_effort: None, deepseek: false, images: true }
     }
 }
 
@@ -53,7 +59,7 @@ impl Api for OpenAiConfig {
     fn request_body(&self, request: &ModelRequest) -> Value {
         let mut body = json!({
             "model": request.route.model,
-            "messages": chat_messages(request, self.deepseek),
+            "messages": chat_messages(request, self.deepseek, self.images),
             "stream": true,
             "stream_options": {"include_usage": true},
         });
@@ -117,33 +123,84 @@ fn arguments_text(arguments: &Value) -> String {
     }
 }
 
-/// A tool result as the text a `tool` message carries: its text blocks, and a placeholder for
-/// each image (Chat Completions tool messages take no images).
-fn tool_result_text(blocks: &[Value]) -> String {
+/// A tool result as the text a `tool` message carries: its text blocks, and for each image a
+/// note (tool messages take no images: a model that takes images gets them in a user message
+/// after the tool messages, `images`).
+fn tool_result_text(blocks: &[Value], images: bool) -> String {
     blocks
         .iter()
         .filter_map(|b| match b["type"].as_str() {
             Some("text") => b["text"].as_str().filter(|t| !t.is_empty()).map(str::to_string),
-            Some("image") => Some(format!(
-                "[image {}: not shown, this model API takes no images in tool results]",
+            Some("image") if images => Some(format!(
+                "[image {}: attached to the next user message]",
                 b["mediaType"].as_str().unwrap_or("image")
             )),
+            Some("image") => Some(image::placeholder(b["mediaType"].as_str().unwrap_or("image"))),
             _ => None,
         })
         .collect::<Vec<_>>()
         .join("\n")
 }
 
+/// A dsh image block as a Chat Completions `image_url` part (a data URL).
+fn image_part(block: &Value) -> Value {
+    let media = block["mediaType"].as_str().unwrap_or("image/png");
+    let data = block["data"].as_str().unwrap_or_default();
+    json!({"type": "image_url", "image_url": {"url": format!("data:{media};base64,{data}")}})
+}
+
+/// The content of a user message: its text as a string, or, when it holds images a model that
+/// takes them sees, text and `image_url` parts in order. For a model that takes no images, each
+/// is a placeholder in the text. `None` when there is nothing to send.
+fn user_content(blocks: &[&Value], images: bool) -> Option<Value> {
+    let shows_images = images && blocks.iter().any(|b| b["type"] == "image");
+    if !shows_images {
+        let text = blocks
+            .iter()
+            .filter_map(|b| match b["type"].as_str() {
+                Some("text") => b["text"].as_str().filter(|t| !t.is_empty()).map(str::to_string),
+                Some("image") => Some(image::placeholder(b["mediaType"].as_str().unwrap_or("image"))),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        return (!text.is_empty()).then_some(Value::String(text));
+    }
+    let parts: Vec<Value> = blocks
+        .iter()
+        .filter_map(|b| match b["type"].as_str() {
+            Some("text") => b["text"].as_str().filter(|t| !t.is_empty()).map(|t| json!({"type": "text", "text": t})),
+            Some("image") => Some(image_part(b)),
+            _ => None,
+        })
+        .collect();
+    Some(Value::Array(parts))
+}
+
 /// dsh messages as Chat Completions messages.
-fn chat_messages(request: &ModelRequest, deepseek: bool) -> Vec<Value> {
+fn chat_messages(request: &ModelRequest, deepseek: bool, images: bool) -> Vec<Value> {
     let mut out = Vec::new();
     if !request.system.is_empty() {
         out.push(json!({"role": "system", "content": request.system}));
     }
+    // The images of a run of tool results, sent in one user message after its tool messages.
+    let mut result_images: Vec<Value> = Vec::new();
+    let flush = |out: &mut Vec<Value>, result_images: &mut Vec<Value>| {
+        if result_images.is_empty() {
+            return;
+        }
+        let mut parts = vec![json!({"type": "text", "text": "The images the tool results above refer to:"})];
+        parts.extend(result_images.drain(..).map(|b| image_part(&b)));
+        out.push(json!({"role": "user", "content": parts}));
+    };
     // DeepSeek wants the reasoning of the current turn's tool-call steps back, and only those.
     let turn_start = request.messages.iter().rposition(is_prompt);
     for (position, message) in request.messages.iter().enumerate() {
         let blocks = blocks_of(message);
+        let results: Vec<&Value> = blocks.iter().filter(|b| b["type"] == "tool-result").collect();
+        if results.is_empty() {
+            flush(&mut out, &mut result_images);
+        }
         match message["role"].as_str() {
             Some("assistant") => {
                 let text = joined(blocks, "text", "\n");
@@ -180,21 +237,26 @@ fn chat_messages(request: &ModelRequest, deepseek: bool) -> Vec<Value> {
                 }
             }
             _ => {
-                for result in blocks.iter().filter(|b| b["type"] == "tool-result") {
-                    let content = tool_result_text(blocks_of(result));
+                for result in results {
+                    let result_blocks = blocks_of(result);
                     out.push(json!({
                         "role": "tool",
                         "tool_call_id": result["toolCallId"],
-                        "content": content,
+                        "content": tool_result_text(result_blocks, images),
                     }));
+                    if images {
+                        result_images.extend(result_blocks.iter().filter(|b| b["type"] == "image").cloned());
+                    }
                 }
-                let text = joined(blocks, "text", "\n");
-                if !text.is_empty() {
-                    out.push(json!({"role": "user", "content": text}));
+                let own: Vec<&Value> = blocks.iter().filter(|b| b["type"] != "tool-result").collect();
+                if let Some(content) = user_content(&own, images) {
+                    flush(&mut out, &mut result_images);
+                    out.push(json!({"role": "user", "content": content}));
                 }
             }
         }
     }
+    flush(&mut out, &mut result_images);
     out
 }
 
@@ -485,7 +547,7 @@ mod tests {
             json!({"role": "assistant", "content": [{"type": "reasoning", "text": "new"}, {"type": "tool-call", "id": "b", "name": "read", "arguments": ""}]}),
             json!({"role": "user", "source": {"kind": "tool", "callId": "b"}, "content": [{"type": "tool-result", "toolCallId": "b", "content": [{"type": "text", "text": "r2"}], "isError": true}]}),
         ];
-        let got = chat_messages(&request(messages), true);
+        let got = chat_messages(&request(messages), true, false);
         assert_eq!(
             got,
             vec![
@@ -499,6 +561,60 @@ mod tests {
                 json!({"role": "tool", "tool_call_id": "b", "content": "r2"}),
             ]
         );
+    }
+
+    fn image() -> Value {
+        json!({"type": "image", "mediaType": "image/png", "data": "iVBORw0KGgo="})
+    }
+
+    #[test]
+    fn a_prompts_images_are_image_url_parts_or_placeholders() {
+        let prompt = json!({"role": "user", "source": {"kind": "user"}, "content": [{"type": "text", "text": "What is this?"}, image()]});
+        let got = chat_messages(&request(vec![prompt.clone()]), false, true);
+        assert_eq!(
+            got[1],
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            ]})
+        );
+        let got = chat_messages(&request(vec![prompt]), true, false);
+        assert_eq!(
+            got[1],
+            json!({"role": "user", "content": "What is this?\n[image image/png: not shown, this model takes no images]"})
+        );
+    }
+
+    #[test]
+    fn tool_result_images_follow_the_tool_messages_in_one_user_message() {
+        let result = |id: &str, content: Vec<Value>| json!({"role": "user", "source": {"kind": "tool", "callId": id}, "content": [{"type": "tool-result", "toolCallId": id, "content": content, "isError": false}]});
+        let messages = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "look"}], "source": {"kind": "user"}}),
+            json!({"role": "assistant", "content": [{"type": "tool-call", "id": "a", "name": "read", "arguments": "{}"}, {"type": "tool-call", "id": "b", "name": "read", "arguments": "{}"}]}),
+            result("a", vec![json!({"type": "text", "text": "Image a.png"}), image()]),
+            result("b", vec![json!({"type": "text", "text": "r2"})]),
+        ];
+        let got = chat_messages(&request(messages.clone()), false, true);
+        assert_eq!(
+            got[3],
+            json!({"role": "tool", "tool_call_id": "a", "content": "Image a.png\n[image image/png: attached to the next user message]"})
+        );
+        assert_eq!(
+            got[4],
+            json!({"role": "tool", "tool_call_id": "b", "content": "r2"}),
+            "the tool messages stay together"
+        );
+        assert_eq!(
+            got[5],
+            json!({"role": "user", "content": [
+                {"type": "text", "text": "The images the tool results above refer to:"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            ]})
+        );
+        assert_eq!(got.len(), 6);
+        let got = chat_messages(&request(messages), true, false);
+        assert_eq!(got[3]["content"], "Image a.png\n[image image/png: not shown, this model takes no images]");
+        assert_eq!(got.len(), 5, "no user message for a model that takes no images");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::http::Server;
 use super::http::{RetryInfo, RetryNotice};
-use super::router::{ModelSettings, WireApi, client_for, endpoint, missing_key};
+use super::router::{ModelSettings, WireApi, client_for, endpoint, missing_key, takes_images};
 use super::{ChunkStream, MissingKey, Model, ModelRequest, ModelRoute};
 use crate::session::event::LlmRetry;
 
@@ -88,7 +88,8 @@ impl Routed {
         }
         let (api, server) = self.server(route)?;
         let keyed = missing_key(&route.provider, &server).is_none();
-        let client = client_for(api, server, &self.settings, Some(self.log.notice()))?;
+        let client =
+            client_for(api, server, &self.settings, takes_images(route, &self.settings), Some(self.log.notice()))?;
         if keyed {
             clients.insert(route.provider.clone(), client.clone());
         }

@@ -35,6 +35,8 @@ pub struct NamedProvider {
     /// Headers sent with every request.
     pub headers: Vec<(String, String)>,
     pub kind: ProviderKind,
+    /// Its models take images (config `images`).
+    pub images: bool,
 }
 
 /// The model settings of the config file.
@@ -63,6 +65,15 @@ impl Default for ModelSettings {
     }
 }
 
+/// Whether the models of `route` take images: DeepSeek's do not, OpenAI's and Anthropic's do,
+/// and a named provider's as its config says (`images`). An unknown provider takes none.
+pub fn takes_images(route: &ModelRoute, settings: &ModelSettings) -> bool {
+    match settings.providers.iter().find(|p| p.name == route.provider) {
+        Some(named) => named.images,
+        None => matches!(route.provider.as_str(), "openai" | "anthropic"),
+    }
+}
+
 /// The client for `route`, without retry notices; `env` gives base URLs and keys.
 pub fn model_for_route(
     route: &ModelRoute,
@@ -80,7 +91,7 @@ pub fn model_for_route_with_notice(
     notice: Option<RetryNotice>,
 ) -> Result<Arc<dyn Model>, String> {
     let (api, server) = endpoint(&route.provider, settings, env).map_err(|e| format!("route {route}: {e}"))?;
-    client_for(api, server, settings, notice)
+    client_for(api, server, settings, takes_images(route, settings), notice)
 }
 
 /// Which wire API a provider's server speaks.
@@ -163,12 +174,13 @@ pub fn missing_key(provider: &str, server: &Server) -> Option<super::MissingKey>
     }
 }
 
-/// The client for a provider's server (from [`endpoint`], its key filled in); `notice` hears
-/// about every retry of every call.
+/// The client for a provider's server (from [`endpoint`], its key filled in), sending images
+/// when `images` (see [`takes_images`]); `notice` hears about every retry of every call.
 pub fn client_for(
     api: WireApi,
     mut server: Server,
     settings: &ModelSettings,
+    images: bool,
     notice: Option<RetryNotice>,
 ) -> Result<Arc<dyn Model>, String> {
     server.retry = settings.retry;
@@ -176,13 +188,14 @@ pub fn client_for(
     let reasoning_effort = settings.reasoning_effort.clone();
     let model: Arc<dyn Model> = match api {
         WireApi::OpenAi { deepseek } => {
-            let config = OpenAiConfig { server, max_tokens: settings.max_tokens, reasoning_effort, deepseek };
+            let config = OpenAiConfig { server, max_tokens: settings.max_tokens, reasoning_effort, deepseek, images };
             Arc::new(OpenAiModel::new(config).with_retry_notice(notice))
         }
         WireApi::Anthropic => {
             let max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
             Arc::new(
-                AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort }).with_retry_notice(notice),
+                AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort, images })
+                    .with_retry_notice(notice),
             )
         }
     };
@@ -206,6 +219,7 @@ mod tests {
                 api_key_env: None,
                 headers: Vec::new(),
                 kind: ProviderKind::OpenAi,
+                images: false,
             }],
             ..ModelSettings::default()
         };

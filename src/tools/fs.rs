@@ -7,7 +7,7 @@
 //! else to the disk, where all IO runs on the blocking pool. Only regular files are opened
 //! (`regular`: a FIFO or device is refused, never blocked on). Memory is bounded for any file:
 //! `read` keeps at most `MAX_LINE_BYTES` of a line and 50 KB of a page, `edit` holds at most
-//! 64 MiB. Successful writes and edits carry a diff for the editor in the result's meta
+//! 64 MiB. `read` shows a PNG, JPEG, GIF or WebP file as an image (up to 3.75 MiB, from the disk). Successful writes and edits carry a diff for the editor in the result's meta
 //! (`{"diff": {path, oldText, newText}}`).
 
 use std::collections::HashSet;
@@ -25,7 +25,7 @@ use super::access::named_path;
 use super::builtin::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
 use super::files::FileAccess;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
-use super::{paths, regular};
+use super::{image, paths, regular};
 
 /// Lines `read` returns when no `limit` is given.
 const DEFAULT_READ_LIMIT: u64 = 2000;
@@ -268,7 +268,8 @@ impl Tool for ReadTool {
          of cat, head or tail. The path may be absolute or relative to the working directory. \
          Returns up to `limit` lines (default 2000) starting at line `offset` (1-based, default \
          1); when the file has more, the result ends with the offset to continue from. Lines \
-         longer than 2000 characters are cut. Binary files are refused. A file must be read \
+         longer than 2000 characters are cut. A PNG, JPEG, GIF or WebP image (up to 3.75 MiB) is \
+         returned as the image itself; other binary files are refused. A file must be read \
          before it is edited or overwritten. Read several files in parallel when you need them."
             .to_string()
     }
@@ -304,6 +305,11 @@ impl Tool for ReadTool {
             let request = ReadRequest::parse(&arguments)?;
             let cwd = call_cwd(&ctx);
             let allow = ctx.allow_outside;
+            // An image is shown as one, from the disk (an editor serves only text).
+            let (image_cwd, image_path) = (cwd.clone(), request.file_path.clone());
+            if let Some(shown) = run_blocking("read", move || read_image(&image_cwd, &image_path, allow)).await? {
+                return Ok(shown);
+            }
             let text = match ctx.file_access.clone() {
                 None => run_blocking("read", move || read_file(&cwd, &request, &files, allow)).await?,
                 Some(access) => read_via(&*access, &ctx.session_id, &cwd, &request, &files, allow).await?,
@@ -312,6 +318,43 @@ impl Tool for ReadTool {
         }
         .boxed()
     }
+}
+
+/// A PNG, JPEG, GIF or WebP file as an image for the model (up to `image::MAX_IMAGE_BYTES`), with
+/// a line that says what it is; `None` for any other file (or one that cannot be opened: the text
+/// read reports why).
+fn read_image(cwd: &Path, file_path: &str, allow_outside: bool) -> Result<Option<ToolOutput>, ToolError> {
+    let path = paths::resolve(cwd, file_path);
+    check_access(cwd, &path, allow_outside)?;
+    let Ok(file) = regular::open_regular(&path) else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    let read = |bytes: &mut Vec<u8>, limit: u64, file: &File| {
+        let reader = file;
+        reader.take(limit).read_to_end(bytes).map_err(|e| io_error("read", &path, &e))
+    };
+    read(&mut bytes, 12, &file)?;
+    let Some(format) = image::Format::sniff(&bytes) else {
+        return Ok(None);
+    };
+    let limit = image::MAX_IMAGE_BYTES as u64;
+    let rest = limit + 1 - bytes.len() as u64;
+    read(&mut bytes, rest, &file)?;
+    if bytes.len() as u64 > limit {
+        return Err(ToolError::new(
+            "IMAGE_TOO_LARGE",
+            format!(
+                "{} is an image larger than the {} kin shows a model; make a smaller copy (e.g. with \
+                 `convert`) and read that",
+                path.display(),
+                image::MAX_IMAGE_SHOWN
+            ),
+        ));
+    }
+    let text = format!("Image {} ({}, {} bytes)", path.display(), format.media_type(), bytes.len());
+    let content = vec![json!({"type": "text", "text": text}), image::block(format, &bytes)];
+    Ok(Some(ToolOutput { content, events: Vec::new(), meta: None }))
 }
 
 /// The lines one `read` returns, and what it saw of the rest of the file.
@@ -1042,6 +1085,31 @@ mod tests {
         assert!(out.contains("\n2000: line2000\n"), "missing line 2000");
         assert!(!out.contains("2001: line2001"));
         assert!(out.contains("use offset=2001 to continue"));
+    }
+
+    #[tokio::test]
+    async fn read_shows_images_up_to_the_cap_and_stays_in_the_workspace() {
+        let f = fixture();
+        let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+        std::fs::write(f.ws.join("shot.png"), png).unwrap();
+        let tool = ReadTool::new(f.files.clone());
+        let out = tool.execute(json!({"file_path": "shot.png"}), f.ctx()).await.unwrap();
+        let path = f.ws.join("shot.png");
+        assert_eq!(out.content[0]["text"], format!("Image {} (image/png, {} bytes)", path.display(), png.len()));
+        assert_eq!(out.content[1], image::block(image::Format::Png, png));
+        // Over the cap: a clear error, and the bytes are never held past the cap.
+        let mut big = b"GIF89a".to_vec();
+        big.resize(image::MAX_IMAGE_BYTES + 1, 0);
+        std::fs::write(f.ws.join("big.gif"), &big).unwrap();
+        let err = f.read(json!({"file_path": "big.gif"})).await.unwrap_err();
+        assert_eq!(err.code, "IMAGE_TOO_LARGE");
+        assert!(err.message.contains("3.75 MiB"), "{}", err.message);
+        // Another binary is still refused, and an image outside the workspace too.
+        std::fs::write(f.ws.join("blob.bin"), b"\0\x01\x02").unwrap();
+        assert_eq!(f.read(json!({"file_path": "blob.bin"})).await.unwrap_err().code, "BINARY_FILE");
+        std::fs::write(f.outside.join("out.png"), png).unwrap();
+        let outside = f.outside.join("out.png").display().to_string();
+        assert_eq!(f.read(json!({"file_path": outside})).await.unwrap_err().code, "OUTSIDE_WORKSPACE");
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ pub mod builtin;
 pub(crate) mod capture;
 pub mod files;
 pub mod fs;
+pub mod image;
 pub mod paths;
 pub mod regular;
 pub mod search;

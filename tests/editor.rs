@@ -1,0 +1,272 @@
+//! What an editor user meets, over real pipes against the real binary with loopback model
+//! servers: images and embedded files in prompts reach an OpenAI-compatible and an Anthropic
+//! server in their wire shapes (and a route that takes no images gets a placeholder and one
+//! notice), `read` shows an image file, and a loaded session shows the prompt's image again.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+#[allow(dead_code)]
+mod common;
+use common::{KIN, Peer, chat_sse, chunk};
+
+/// A 1×1 PNG.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn sse(body: String) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")
+}
+
+fn openai_text(text: &str) -> ResponseTemplate {
+    sse(chat_sse(&[chunk(json!({"role": "assistant", "content": text}), None), chunk(json!({}), Some("stop"))]))
+}
+
+fn anthropic_sse(events: &[Value]) -> ResponseTemplate {
+    let body: String =
+        events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or("message"))).collect();
+    sse(body)
+}
+
+fn message_start() -> Value {
+    json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test", "content": [], "stop_reason": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})
+}
+
+fn anthropic_text(text: &str) -> ResponseTemplate {
+    anthropic_sse(&[
+        message_start(),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+        json!({"type": "message_stop"}),
+    ])
+}
+
+fn anthropic_tool_use(id: &str, name: &str, input: Value) -> ResponseTemplate {
+    anthropic_sse(&[
+        message_start(),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 5}}),
+        json!({"type": "message_stop"}),
+    ])
+}
+
+/// A kin over pipes, the frames it sent so far, and its working directory.
+struct Editor {
+    kin: Peer,
+    frames: Vec<Value>,
+    _tmp: tempfile::TempDir,
+    cwd: std::path::PathBuf,
+}
+
+impl Editor {
+    /// `kin acp` in bypass mode with `config` and `env`, its sessions and cwd in a scratch dir.
+    fn start(config: &str, env: &[(&str, String)], model: &str) -> Editor {
+        let tmp = tempfile::tempdir().unwrap();
+        let cwd = tmp.path().join("cwd");
+        std::fs::create_dir_all(&cwd).unwrap();
+        let config_path = tmp.path().join("config.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut command = Command::new(KIN);
+        command
+            .args(["acp", "--permission-mode", "bypass", "--model", model, "--config"])
+            .arg(&config_path)
+            .arg("--sessions")
+            .arg(tmp.path().join("sessions"))
+            .env("HOME", tmp.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("KIN_MODEL")
+            .stderr(Stdio::null());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        Editor { kin: Peer::spawn(&mut command), frames: Vec::new(), _tmp: tmp, cwd }
+    }
+
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.kin.request(method, params);
+        let frames = &mut self.frames;
+        self.kin.response(id, WAIT, |frame| frames.push(frame.clone()))
+    }
+
+    fn init(&mut self, capabilities: Value) {
+        let init = self.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": capabilities}));
+        assert_eq!(init["result"]["agentCapabilities"]["promptCapabilities"]["image"], true, "{init}");
+        assert_eq!(init["result"]["agentCapabilities"]["promptCapabilities"]["embeddedContext"], true, "{init}");
+    }
+
+    fn new_session(&mut self) -> String {
+        let session = self.call("session/new", json!({"cwd": self.cwd, "mcpServers": []}));
+        session["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{session}")).to_string()
+    }
+
+    fn prompt(&mut self, session: &str, prompt: Value) -> Value {
+        let response = self.call("session/prompt", json!({"sessionId": session, "prompt": prompt}));
+        assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+        response
+    }
+
+    /// The updates sent so far, taken.
+    fn updates(&mut self) -> Vec<Value> {
+        std::mem::take(&mut self.frames)
+            .into_iter()
+            .filter(|f| f["method"] == "session/update")
+            .map(|f| f["params"]["update"].clone())
+            .collect()
+    }
+}
+
+/// The JSON bodies the server received.
+async fn bodies(server: &MockServer) -> Vec<Value> {
+    server.received_requests().await.unwrap().iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect()
+}
+
+fn keys(openai: &MockServer, anthropic: &MockServer) -> Vec<(&'static str, String)> {
+    vec![
+        ("OPENAI_BASE_URL", openai.uri()),
+        ("OPENAI_API_KEY", "sk-openai-test".into()),
+        ("ANTHROPIC_BASE_URL", anthropic.uri()),
+        ("ANTHROPIC_API_KEY", "sk-anthropic-test".into()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_prompt_reaches_openai_and_anthropic_in_their_wire_shapes() {
+    let openai = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(openai_text("A dot.")).mount(&openai).await;
+    let anthropic = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(anthropic_text("Still a dot."))
+        .mount(&anthropic)
+        .await;
+    let config = "[model_settings]\nchoices = [\"openai/gpt-test\", \"anthropic/claude-test\"]\n";
+    let mut editor = Editor::start(config, &keys(&openai, &anthropic), "openai/gpt-test");
+    editor.init(json!({}));
+    let session = editor.new_session();
+    editor.prompt(
+        &session,
+        json!([
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image", "data": PNG, "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///w/notes.md", "text": "a note", "mimeType": "text/markdown"}},
+        ]),
+    );
+    let sent = bodies(&openai).await;
+    let user = sent[0]["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        user,
+        json!({"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG}")}},
+            {"type": "text", "text": "\n[resource uri=\"file:///w/notes.md\"]\na note\n[/resource]\n"},
+        ]}),
+        "OpenAI-compatible: image_url parts, the resource as text with its URI"
+    );
+
+    let switched = editor.call(
+        "session/set_config_option",
+        json!({"sessionId": session, "configId": "model", "value": "anthropic/claude-test"}),
+    );
+    assert!(switched.get("result").is_some(), "{switched}");
+    editor.prompt(&session, json!([{"type": "image", "data": PNG, "mimeType": "image/png"}]));
+    let sent = bodies(&anthropic).await;
+    let messages = sent[0]["messages"].as_array().unwrap();
+    let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}});
+    assert_eq!(messages[0]["content"][1], image, "the first prompt's image, in the history: {}", messages[0]);
+    assert_eq!(messages.last().unwrap()["content"], json!([image]), "Anthropic: an image block");
+
+    // A loaded session shows the prompts' images again.
+    editor.updates();
+    let loaded = editor.call("session/load", json!({"sessionId": session, "cwd": editor.cwd, "mcpServers": []}));
+    assert!(loaded.get("result").is_some(), "{loaded}");
+    let shown: Vec<Value> = editor
+        .updates()
+        .into_iter()
+        .filter(|u| u["sessionUpdate"] == "user_message_chunk")
+        .map(|u| u["content"].clone())
+        .collect();
+    let kinds: Vec<&str> = shown.iter().map(|c| c["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["text", "image", "text", "image"], "{shown:?}");
+    assert_eq!(shown[1], json!({"type": "image", "data": PNG, "mimeType": "image/png"}));
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_takes_no_images_gets_a_placeholder_and_one_notice() {
+    let deepseek = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(openai_text("I see no image."))
+        .mount(&deepseek)
+        .await;
+    let env = vec![("DEEPSEEK_BASE_URL", deepseek.uri()), ("DEEPSEEK_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start("", &env, "deepseek/deepseek-v4-flash");
+    editor.init(json!({"session": {"notices": {}}}));
+    let session = editor.new_session();
+    editor.updates();
+    editor.prompt(
+        &session,
+        json!([{"type": "text", "text": "Look:"}, {"type": "image", "data": PNG, "mimeType": "image/png"}]),
+    );
+    let sent = bodies(&deepseek).await;
+    assert_eq!(
+        sent[0]["messages"].as_array().unwrap().last().unwrap(),
+        &json!({"role": "user", "content": "Look:\n[image image/png: not shown, this model takes no images]"})
+    );
+    let notices: Vec<Value> = editor.updates().into_iter().filter(|u| u["sessionUpdate"] == "notice").collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0]["title"], "Images not sent");
+    let description = notices[0]["description"].as_str().unwrap();
+    assert!(!description.contains('\n') && description.contains("deepseek/deepseek-v4-flash"), "{description}");
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_shows_an_image_file_to_a_model_that_takes_images() {
+    let anthropic = MockServer::start().await;
+    let messages = || path("/v1/messages");
+    Mock::given(method("POST"))
+        .and(messages())
+        .respond_with(anthropic_tool_use("toolu_1", "read", json!({"file_path": "shot.png"})))
+        .up_to_n_times(1)
+        .mount(&anthropic)
+        .await;
+    Mock::given(method("POST")).and(messages()).respond_with(anthropic_text("A dot.")).mount(&anthropic).await;
+    let openai = MockServer::start().await;
+    let mut editor = Editor::start("", &keys(&openai, &anthropic), "anthropic/claude-test");
+    use base64::Engine;
+    let png = base64::engine::general_purpose::STANDARD.decode(PNG).unwrap();
+    std::fs::write(Path::new(&editor.cwd).join("shot.png"), &png).unwrap();
+    editor.init(json!({}));
+    let session = editor.new_session();
+    editor.prompt(&session, json!([{"type": "text", "text": "What does shot.png show?"}]));
+    let sent = bodies(&anthropic).await;
+    assert_eq!(sent.len(), 2);
+    let result = &sent[1]["messages"].as_array().unwrap().last().unwrap()["content"][0];
+    assert_eq!(result["type"], "tool_result", "{result}");
+    assert_eq!(
+        result["content"][1],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}),
+        "{result}"
+    );
+    // The editor sees the image on the call's result too.
+    let update = editor
+        .updates()
+        .into_iter()
+        .find(|u| u["sessionUpdate"] == "tool_call_update" && u["status"] == "completed")
+        .unwrap();
+    assert_eq!(update["content"][1]["content"], json!({"type": "image", "data": PNG, "mimeType": "image/png"}));
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
