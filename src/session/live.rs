@@ -118,8 +118,26 @@ impl Session {
     }
 
     fn push_event(&mut self, event: Event) -> u64 {
-        let seq = event.seq;
         self.writer.append(&event);
+        self.record(event)
+    }
+
+    /// Appends typed events and makes them durable (written after everything pending, and
+    /// `fsync`ed) before anything else sees them: all of them, or, when the log cannot be
+    /// written, none (the error names the cause). What kin acknowledges as accepted is appended
+    /// this way.
+    pub fn push_durably(&mut self, bodies: Vec<EventBody>) -> Result<Vec<u64>, String> {
+        let first = self.events.len() as u64;
+        let time = now_ms();
+        let events: Vec<Event> =
+            bodies.into_iter().enumerate().map(|(i, body)| Event::new(first + i as u64, time, body, None)).collect();
+        self.writer.append_durably(&events).map_err(|e| format!("{e:#}"))?;
+        Ok(events.into_iter().map(|event| self.record(event)).collect())
+    }
+
+    /// Shows an appended event to the observers and keeps it (and the history fold) in memory.
+    fn record(&mut self, event: Event) -> u64 {
+        let seq = event.seq;
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }

@@ -13,6 +13,7 @@ pub mod repair;
 pub mod scan;
 pub mod store;
 pub mod surface;
+mod warn;
 pub mod writer;
 
 pub use event::{EventBody, Kind, Payload};

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::record::{Event, SessionHeader};
+use super::warn::WriteWarnings;
 
 /// Pending bytes above which an append writes through (without `fsync`).
 const WRITE_THROUGH_BYTES: usize = 1 << 20;
@@ -29,6 +30,8 @@ pub struct LogWriter {
     unsynced: bool,
     /// This writer published the file (and, if it had to, its directory): `discard` removes them.
     created: Option<Created>,
+    /// Failed writes are logged through this, rate-limited.
+    warnings: WriteWarnings,
 }
 
 /// What `materialize` created.
@@ -52,6 +55,7 @@ impl LogWriter {
             pending: Vec::new(),
             unsynced: false,
             created: None,
+            warnings: WriteWarnings::default(),
         })
     }
 
@@ -77,6 +81,7 @@ impl LogWriter {
             pending: Vec::new(),
             unsynced: false,
             created: None,
+            warnings: WriteWarnings::default(),
         })
     }
 
@@ -88,40 +93,86 @@ impl LogWriter {
     /// write-through keeps the batch (the file is rolled back) and surfaces at the next `flush`.
     pub fn append(&mut self, event: &Event) {
         event.write_line(&mut self.pending);
-        if self.pending.len() >= WRITE_THROUGH_BYTES
-            && let Err(e) = self.write_pending()
-        {
-            tracing::warn!(path = %self.path.display(), "batched write failed, retrying at the next flush: {e:#}");
+        if self.pending.len() >= WRITE_THROUGH_BYTES {
+            let _ = self.write_logged();
         }
     }
 
     /// Writes everything pending and `fsync`s. On failure the file is back at its last committed
     /// length and the pending events are kept for the next attempt.
     pub fn flush(&mut self) -> Result<()> {
-        self.write_pending()?;
+        self.write_logged()?;
         if self.unsynced {
-            if let Some(file) = &self.file {
-                file.sync_data().with_context(|| format!("syncing {}", self.path.display()))?;
+            if let Some(file) = &self.file
+                && let Err(e) = file.sync_data()
+            {
+                let e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
+                self.warnings.failed(&self.path, &e);
+                return Err(e);
             }
             self.unsynced = false;
         }
         Ok(())
     }
 
+    /// Writes `events` after everything pending and `fsync`s, all or nothing for `events`: when
+    /// any step fails, the file ends where it did before them (earlier events stay written, or
+    /// pending for the next attempt) and `events` are dropped. What a caller acknowledges as
+    /// accepted goes through here.
+    pub fn append_durably(&mut self, events: &[Event]) -> Result<()> {
+        self.write_logged()?;
+        let before = self.committed;
+        for event in events {
+            event.write_line(&mut self.pending);
+        }
+        if let Err(e) = self.write_logged() {
+            self.pending.clear();
+            return Err(e);
+        }
+        if let Some(file) = &self.file
+            && let Err(e) = file.sync_data()
+        {
+            let rollback = file.set_len(before);
+            self.committed = before;
+            let mut e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
+            if let Err(r) = rollback {
+                e = e.context(format!("(truncating it back failed too: {r})"));
+            }
+            self.warnings.failed(&self.path, &e);
+            return Err(e);
+        }
+        self.unsynced = false;
+        Ok(())
+    }
+
     /// Hands queued events to the OS without `fsync` (eager writes at await points: they survive
     /// a killed process, and `flush` later makes them durable). Failures are retried at `flush`.
     pub fn write_eager(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        if let Err(e) = self.write_pending() {
-            tracing::warn!(path = %self.path.display(), "eager write failed, retrying at the next flush: {e:#}");
+        if !self.pending.is_empty() {
+            let _ = self.write_logged();
         }
     }
 
     /// True when events are queued but not yet durable.
     pub fn is_dirty(&self) -> bool {
         !self.pending.is_empty() || self.unsynced || self.header_line.is_some()
+    }
+
+    /// `write_pending`, logging a failure (rate-limited) and a recovery.
+    fn write_logged(&mut self) -> Result<()> {
+        let had_pending = !self.pending.is_empty();
+        match self.write_pending() {
+            Ok(()) => {
+                if had_pending {
+                    self.warnings.succeeded(&self.path);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.warnings.failed(&self.path, &e);
+                Err(e)
+            }
+        }
     }
 
     fn write_pending(&mut self) -> Result<()> {
@@ -309,6 +360,32 @@ mod tests {
         drop(w);
         LogWriter::reopen(path.clone(), committed).unwrap().discard();
         assert!(path.exists());
+    }
+
+    #[test]
+    fn a_durable_append_that_cannot_be_written_leaves_nothing_of_itself() {
+        // /dev/full fails every write with ENOSPC.
+        let mut w = LogWriter::reopen(PathBuf::from("/dev/full"), 0).unwrap();
+        w.append(&event(0));
+        let before = w.pending.clone();
+        let err = w.append_durably(&[event(1), event(2)]).unwrap_err();
+        assert!(format!("{err:#}").contains("No space left on device"), "{err:#}");
+        assert_eq!(w.pending, before, "the earlier event stays pending, the durable ones are gone");
+        assert_eq!(w.committed, 0);
+        assert!(w.flush().is_err());
+    }
+
+    #[test]
+    fn a_durable_append_writes_what_was_pending_first_and_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/session.jsonl");
+        let mut w = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        w.append(&event(0));
+        w.append_durably(&[event(1)]).unwrap();
+        assert!(!w.is_dirty());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let seqs: Vec<&str> = text.lines().skip(1).map(|l| &l[l.find("\"seq\":").unwrap() + 6..][..1]).collect();
+        assert_eq!(seqs, ["0", "1"]);
     }
 
     #[test]
