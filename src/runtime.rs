@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use crate::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
+use crate::agent::{AgentDeps, AgentHandle, Restored, TurnEnd, spawn_restored};
 use crate::config::Config;
 use crate::mcp::{McpNotice, McpSession, ServerSpec};
 use crate::model::Model;
@@ -236,10 +236,11 @@ impl ChildFactory for Runtime {
         Ok(session)
     }
 
-    fn load_session(&self, id: &str) -> Result<Session, String> {
-        let session = self.store.load(id).map_err(|e| e.to_string())?;
+    fn load_session(&self, id: &str) -> Result<(Session, Restored), String> {
+        let mut session = self.store.load(id).map_err(|e| e.to_string())?;
+        let restored = crate::agent::prepare(&mut session)?;
         self.model.session_loaded(id, session.events());
-        Ok(session)
+        Ok((session, restored))
     }
 
     fn stored_header(&self, id: &str) -> Option<SessionHeader> {
@@ -250,7 +251,19 @@ impl ChildFactory for Runtime {
         self.store.inspect(id).map(|scanned| scanned.events).map_err(|e| e.to_string())
     }
 
-    fn start_agent(&self, mut session: Session, setup: ChildSetup) -> AgentHandle {
+    fn stored_children(&self, parent_id: &str) -> Vec<SessionHeader> {
+        let mut headers: Vec<SessionHeader> = self
+            .store
+            .list()
+            .into_iter()
+            .map(|s| s.header)
+            .filter(|h| h.parent_session.as_deref() == Some(parent_id) && h.origin.as_deref() == Some("subagent"))
+            .collect();
+        headers.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        headers
+    }
+
+    fn start_agent(&self, mut session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle {
         let ChildSetup { route, persona, tool_filter, extra_tools, display, progress } = setup;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
@@ -298,7 +311,7 @@ impl ChildFactory for Runtime {
             session.add_observer(Arc::new(reporter));
         }
         let parent = session.header.parent_session.clone();
-        let handle = spawn_agent(session, deps);
+        let handle = spawn_restored(session, restored, deps);
         self.children().insert(handle.id().to_string(), Child { handle: handle.clone(), parent });
         handle
     }
@@ -498,6 +511,37 @@ impl Runtime {
         self.children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The live child agents below `id` that are not background children and not below one:
+    /// the ones a cancel of `id` reaches.
+    fn foreground_descendants(&self, id: &str) -> Vec<AgentHandle> {
+        let below: Vec<(Vec<String>, AgentHandle)> = {
+            let children = self.children();
+            children
+                .iter()
+                .filter_map(|(cid, child)| {
+                    let mut path = vec![cid.clone()];
+                    let mut parent = child.parent.as_deref();
+                    for _ in 0..=children.len() {
+                        match parent {
+                            Some(p) if p == id => return Some((path, child.handle.clone())),
+                            Some(p) => {
+                                path.push(p.to_string());
+                                parent = children.get(p).and_then(|c| c.parent.as_deref());
+                            }
+                            None => return None,
+                        }
+                    }
+                    None
+                })
+                .collect()
+        };
+        below
+            .into_iter()
+            .filter(|(path, _)| path.iter().all(|p| !self.continuation.is_resident(p)))
+            .map(|(_, handle)| handle)
+            .collect()
+    }
+
     /// The live child agents below `id` (children, grandchildren, …), not `id` itself.
     fn descendants(&self, id: &str) -> Vec<(String, AgentHandle)> {
         let children = self.children();
@@ -571,7 +615,7 @@ impl Runtime {
             return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
         }
         session.add_observer(observer);
-        self.start(session, system, mcp);
+        self.start(session, system, mcp, Restored::none());
         Ok(id)
     }
 
@@ -595,7 +639,8 @@ impl Runtime {
     /// Starts the agent of a top-level session. A session whose log (or fork seed) records a
     /// mode chosen with `session/set_mode` gets it back, but never one more permissive than the
     /// mode kin was started in; one that records a model chosen in the editor gets that route.
-    fn start(&self, session: crate::session::Session, system: String, mcp: Arc<McpSession>) {
+    /// `restored` turns wait for `run_restored`.
+    fn start(&self, session: crate::session::Session, system: String, mcp: Arc<McpSession>, restored: Restored) {
         let id = session.id().to_string();
         let ceiling = self.config.permission_mode;
         let mode = match event::last::<event::SessionMode>(session.events())
@@ -614,7 +659,7 @@ impl Runtime {
         let permissions = Arc::new(Permissions::new(mode));
         let mut deps = self.deps(&permissions, &mcp, system);
         deps.route = route.clone();
-        let handle = spawn_agent(session, deps);
+        let handle = spawn_restored(session, restored, deps);
         let model = Mutex::new(route);
         let prompt_in_flight = Arc::new(AtomicBool::new(false));
         self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp });
@@ -682,18 +727,35 @@ impl Runtime {
         Ok(rx)
     }
 
-    /// Cancels the running turn of a session, top-level or child, and the running turns of every
-    /// live child below it; unknown ids are ignored.
+    /// `session/cancel` (seed 003): cancels the running turn of a session and of its foreground
+    /// children (the one-shot children below it, and theirs); the turns a background
+    /// (continuable) child accepted go on. Naming a background child itself (the editor's cancel
+    /// in the agent tree) stops its turn and discards its queued messages. Unknown ids are
+    /// ignored.
     pub fn cancel(&self, session_id: &str) {
         if let Some(entry) = self.live().get(session_id) {
             entry.handle.cancel();
         }
-        if let Some(child) = self.children().get(session_id) {
+        if !self.continuation.cancel_child(session_id)
+            && let Some(child) = self.children().get(session_id)
+        {
             child.handle.cancel();
         }
-        for (_, handle) in self.descendants(session_id) {
+        for handle in self.foreground_descendants(session_id) {
             handle.cancel();
         }
+    }
+
+    /// Starts the work a loaded (or resumed) session came back with, after its response: its own
+    /// pending inbox messages, in order, and each stored background child below it that has
+    /// messages pending (cold-resumed, parents first). Nothing to do for a session that was live.
+    pub async fn run_restored(&self, session_id: &str) {
+        let handle = self.live().get(session_id).map(|l| l.handle.clone());
+        let Some(handle) = handle else { return };
+        // The turns of a top-level session have no waiter: their results are in its log.
+        let _ = handle.wake().await;
+        let route = self.session_model(session_id).unwrap_or_else(|| self.config.model.clone());
+        self.continuation.restore_below(session_id, &route).await;
     }
 
     /// Loads a stored session (repairing a crash-interrupted turn), returns its events for
@@ -757,6 +819,9 @@ impl Runtime {
         if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
             return Err(subagent_only(session_id));
         }
+        // Its inbox is read back first: what settles without a turn is in the replayed history.
+        let restored = crate::agent::prepare(&mut session)
+            .map_err(|e| RuntimeError::Internal(format!("session {session_id} cannot be loaded: {e}")))?;
         let events = session.events().to_vec();
         self.model.session_loaded(session_id, &events);
         // A resumed session keeps the prompt it was created with.
@@ -769,7 +834,7 @@ impl Runtime {
         };
         let mcp = self.mcp_for(&mut session, servers);
         session.add_observer(observer);
-        self.start(session, system, mcp);
+        self.start(session, system, mcp, restored);
         Ok(events)
     }
 
@@ -910,7 +975,7 @@ impl Runtime {
             return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
         }
         session.add_observer(observer);
-        self.start(session, system, mcp);
+        self.start(session, system, mcp, Restored::none());
         Ok(id)
     }
 

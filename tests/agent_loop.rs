@@ -180,7 +180,7 @@ async fn a_followup_sent_during_a_turn_becomes_its_own_later_turn() {
 #[tokio::test]
 async fn inject_between_turns_appends_without_running_the_model() {
     let f = start(vec![chunks(text_response(&["ok"]))], 5);
-    f.handle.inject(text("note"), json!({"kind": "plugin", "plugin": "test"})).unwrap();
+    f.handle.inject(text("note"), json!({"kind": "plugin", "plugin": "test"})).await.unwrap();
     let events = f.events().await;
     assert_eq!(kinds(&events), ["user/message"]);
     assert!(f.model.requests().is_empty());
@@ -200,7 +200,7 @@ async fn inject_during_a_turn_lands_before_the_next_step() {
     );
     let turn = f.handle.followup(text("go"), user()).unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
-    f.handle.inject(text("steer"), json!({"kind": "plugin", "plugin": "test"})).unwrap();
+    f.handle.inject(text("steer"), json!({"kind": "plugin", "plugin": "test"})).await.unwrap();
     assert_eq!(turn.await.unwrap(), TurnEnd::Completed);
     let events = f.events().await;
     let k = kinds(&events);

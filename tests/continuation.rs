@@ -182,12 +182,12 @@ async fn a_child_owning_a_live_grandchild_waits_and_settles_after_it() {
     assert!(manager.is_resident(&child), "waiting: quiescent but owns a live grandchild");
     assert!(manager.is_resident(&grandchild));
     // Only an ancestor may interrupt; the parent is one (two levels up).
-    let err = manager.interrupt("someone-else", &grandchild).unwrap_err();
+    let err = manager.interrupt("someone-else", &grandchild, false).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Unauthorized);
-    manager.interrupt(&caller.header.id, &grandchild).unwrap();
+    manager.interrupt(&caller.header.id, &grandchild, false).await.unwrap();
     until("both to settle", || !manager.is_resident(&child) && !manager.is_resident(&grandchild)).await;
     assert_eq!(turn_ends(&rt, &grandchild), ["aborted"]);
-    manager.interrupt(&caller.header.id, &grandchild).unwrap();
+    manager.interrupt(&caller.header.id, &grandchild, false).await.unwrap();
     rt.shutdown().await;
 }
 
@@ -197,10 +197,10 @@ async fn reports_need_a_live_continuable_child_and_a_live_parent() {
     let (rt, _) = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
     let (parent_id, caller) = parent(&rt, dir.path());
     let manager = rt.continuation().clone();
-    let err = manager.report(&parent_id, "x").unwrap_err();
+    let err = manager.report(&parent_id, "x").await.unwrap_err();
     assert_eq!(err.message, format!("agent \"{parent_id}\" is not a live continuable subagent and cannot report"));
     let (child, _) = manager.start("spawn", "reporter".into(), start_request(&caller, "work")).await.unwrap();
-    let message_id = manager.report(&child, "progress").unwrap();
+    let message_id = manager.report(&child, "progress").await.unwrap();
     rt.continuation().drain().await;
     let events = rt.store().inspect(&parent_id).unwrap().events;
     let report = events.iter().find(|e| e.kind == "user/message").expect("the quiet report landed between turns");

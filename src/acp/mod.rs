@@ -315,6 +315,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 );
                                 forward_notices(&cx, &runtime, &id, &notices);
                                 tree::reannounce(&cx, &children);
+                                runtime.run_restored(&id).await;
                             }
                             Err(e) => {
                                 let _ = responder.respond_with_error(to_acp(e));
@@ -403,6 +404,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 if agents.enabled() {
                                     tree::reannounce(&cx, &tree::stored_tree(&runtime, &id));
                                 }
+                                runtime.run_restored(&id).await;
                             }
                             Err(e) => {
                                 let _ = responder.respond_with_error(to_acp(e));

@@ -1,15 +1,22 @@
 //! The agent: one actor task per live session owning the `Session`, a FIFO inbox of turns, and
-//! the handle the rest of kin talks to. `followup` queues a message as its own later turn;
-//! `inject` adds a user message without running the model (between turns at once, or before the
-//! next step of a running turn); `cancel` aborts the running turn.
+//! the handle the rest of kin talks to. `followup` queues a prompt as its own later turn;
+//! `enqueue` does the same for a message from another session, durably (`intake`); `inject`
+//! adds a message without running the model (between turns at once, or before the next step of
+//! a running turn), durably too; `cancel` aborts the running turn and `discard_queued` drops the
+//! queued inbox messages. A session loaded with inbox messages pending starts held: they run
+//! once it is woken.
 
+mod intake;
 mod turn;
 
+pub use intake::{NotAccepted, Restored, prepare};
 pub use turn::completed_prefix;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+use intake::{Arrival, Intake};
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -89,21 +96,24 @@ struct Queued {
     /// Log-only events appended inside the turn, after the user message, before the first step.
     preamble: Vec<EventBody>,
     reply: Option<oneshot::Sender<TurnEnd>>,
+    /// An inbox message (its insertion is in the log): its turn starts with its claim.
+    durable: bool,
 }
 
 /// A read of the session, run on the actor between turns.
 type Reader = Box<dyn FnOnce(&Session) + Send>;
 
-/// Messages staged for the next step of the running turn.
-type Staged = Arc<Mutex<Vec<UserMessage>>>;
+/// The turns of restored messages, handed out once when the agent is woken.
+type RestoredTurns = Vec<(String, oneshot::Receiver<TurnEnd>)>;
 
 enum Command {
-    Followup(Queued),
-    Inject { message: UserMessage },
+    Arrive(Arrival),
     Flush { reply: oneshot::Sender<Result<(), String>> },
     Read(Reader),
     SetRoute(crate::model::ModelRoute),
     Log(EventBody),
+    Wake { reply: oneshot::Sender<RestoredTurns> },
+    Discard { reply: oneshot::Sender<Result<usize, String>> },
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -145,8 +155,9 @@ impl AgentHandle {
         self.shared.running.load(Ordering::SeqCst)
     }
 
-    /// Queues `content` as the sole message of its own FIFO turn; the receiver resolves when
-    /// that turn has ended and its log is flushed.
+    /// Queues a prompt (`content`) as the sole message of its own FIFO turn; the receiver
+    /// resolves when that turn has ended and its log is flushed. A prompt is not an inbox
+    /// message: nothing is written until its turn starts.
     pub fn followup(&self, content: Vec<Value>, source: Value) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         self.followup_with(content, source, Vec::new())
     }
@@ -159,21 +170,70 @@ impl AgentHandle {
         source: Value,
         preamble: Vec<EventBody>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
-        self.submit(content, source, preamble).map(|(_, rx)| rx)
+        let (reply, rx) = oneshot::channel();
+        let queued =
+            Queued { message: UserMessage::new(content, source), preamble, reply: Some(reply), durable: false };
+        self.send(Command::Arrive(Arrival::Turn { queued, accepted: None }))?;
+        Ok(rx)
     }
 
-    /// `followup_with` that also returns the accepted message's id.
-    pub fn submit(
+    /// Queues a message from another session as its own FIFO turn, durably: returns the
+    /// message id once its insertion is in the log and `fsync`ed, and a receiver that resolves
+    /// when its turn has ended. Refused (nothing kept) when the log cannot be written.
+    pub async fn enqueue(
         &self,
         content: Vec<Value>,
         source: Value,
-        preamble: Vec<EventBody>,
-    ) -> Result<(String, oneshot::Receiver<TurnEnd>), AgentGone> {
+    ) -> Result<(String, oneshot::Receiver<TurnEnd>), NotAccepted> {
         let (reply, rx) = oneshot::channel();
         let message = UserMessage::new(content, source);
         let id = message.id.clone();
-        self.send(Command::Followup(Queued { message, preamble, reply: Some(reply) }))?;
+        let queued = Queued { message, preamble: Vec::new(), reply: Some(reply), durable: true };
+        let (accepted, written) = oneshot::channel();
+        self.arrive(Arrival::Turn { queued, accepted: Some(accepted) }, written).await?;
         Ok((id, rx))
+    }
+
+    /// Adds a message from another session without running the model, durably: between turns
+    /// it is appended to the history at once; during a turn it is staged (and written as a
+    /// `next-step` insertion) for the turn's next step. Returns the message id once it is in the
+    /// log and `fsync`ed.
+    pub async fn inject(&self, content: Vec<Value>, source: Value) -> Result<String, NotAccepted> {
+        let message = UserMessage::new(content, source);
+        let id = message.id.clone();
+        let (accepted, written) = oneshot::channel();
+        self.arrive(Arrival::Step { message, accepted }, written).await?;
+        Ok(id)
+    }
+
+    async fn arrive(
+        &self,
+        arrival: Arrival,
+        written: oneshot::Receiver<Result<(), String>>,
+    ) -> Result<(), NotAccepted> {
+        self.send(Command::Arrive(arrival)).map_err(|_| NotAccepted::Gone(self.id.clone()))?;
+        match written.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(cause)) => Err(NotAccepted::Unwritten { session: self.id.clone(), cause }),
+            Err(_) => Err(NotAccepted::Gone(self.id.clone())),
+        }
+    }
+
+    /// Starts the turns of the inbox messages a loaded session was restored with (they run
+    /// before anything queued later) and returns them: `(message id, turn end)`, once (later
+    /// calls get none). A session restored with nothing pending is never held.
+    pub async fn wake(&self) -> Result<RestoredTurns, AgentGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Wake { reply })?;
+        rx.await.map_err(|_| AgentGone(self.id.clone()))
+    }
+
+    /// Discards the queued inbox messages (after the running turn, if any): one durable
+    /// `canceled` splice; their turns answer `Aborted`. Returns how many there were.
+    pub async fn discard_queued(&self) -> Result<usize, String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Discard { reply }).map_err(|e| e.to_string())?;
+        rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
     }
 
     /// Runs `f` on the session between turns (waiting for a running turn to end).
@@ -198,15 +258,6 @@ impl AgentHandle {
         self.send(Command::Log(body.into()))
     }
 
-    /// Adds a user message without running the model (between turns at once, or before the
-    /// next step of a running turn); returns the message id.
-    pub fn inject(&self, content: Vec<Value>, source: Value) -> Result<String, AgentGone> {
-        let message = UserMessage::new(content, source);
-        let id = message.id.clone();
-        self.send(Command::Inject { message })?;
-        Ok(id)
-    }
-
     /// Cancels the running turn, if any; queued turns stay queued.
     pub fn cancel(&self) {
         if let Ok(current) = self.shared.current.lock()
@@ -223,7 +274,8 @@ impl AgentHandle {
         rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
     }
 
-    /// Cancels the running turn, answers queued turns `Disposed`, flushes and stops the actor.
+    /// Cancels the running turn, answers queued turns `Disposed` (their inbox messages stay
+    /// pending in the log), flushes and stops the actor.
     pub async fn shutdown(&self) {
         self.shared.disposing.store(true, Ordering::SeqCst);
         self.cancel();
@@ -238,12 +290,27 @@ impl AgentHandle {
     }
 }
 
-/// Starts the actor for `session` and returns its handle.
+/// Starts the actor for a session with nothing pending (a new one) and returns its handle.
 pub fn spawn_agent(session: Session, deps: AgentDeps) -> AgentHandle {
+    spawn_restored(session, Restored::none(), deps)
+}
+
+/// Starts the actor for a loaded session with what `prepare` restored: its pending messages wait
+/// (held) until `wake`, or until something else is queued behind them.
+pub fn spawn_restored(session: Session, restored: Restored, deps: AgentDeps) -> AgentHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
     let handle = AgentHandle { id: session.id().to_string(), tx, shared: shared.clone() };
-    tokio::spawn(Actor { session, deps, shared, queue: VecDeque::new(), staged: Staged::default() }.run(rx));
+    let mut queue = VecDeque::new();
+    let mut turns = Vec::new();
+    for message in restored.next_turn {
+        let (reply, rx) = oneshot::channel();
+        turns.push((message.id.clone(), rx));
+        queue.push_back(Queued { message, preamble: Vec::new(), reply: Some(reply), durable: true });
+    }
+    let held = !queue.is_empty();
+    let actor = Actor { session, deps, shared, intake: Intake::with_queue(queue), held, restored: Some(turns) };
+    tokio::spawn(actor.run(rx));
     handle
 }
 
@@ -251,8 +318,21 @@ struct Actor {
     session: Session,
     deps: AgentDeps,
     shared: Arc<Shared>,
-    queue: VecDeque<Queued>,
-    staged: Staged,
+    intake: Intake,
+    /// Restored turns wait for `wake` (or for a later message).
+    held: bool,
+    restored: Option<RestoredTurns>,
+}
+
+/// What a running turn defers to its end.
+#[derive(Default)]
+struct Deferred {
+    flushes: Vec<oneshot::Sender<Result<(), String>>>,
+    readers: Vec<Reader>,
+    next_route: Option<crate::model::ModelRoute>,
+    logs: Vec<EventBody>,
+    wakes: Vec<oneshot::Sender<RestoredTurns>>,
+    discards: Vec<oneshot::Sender<Result<usize, String>>>,
 }
 
 impl Actor {
@@ -262,7 +342,8 @@ impl Actor {
             if shutdown.is_some() {
                 break;
             }
-            let Some(item) = self.queue.pop_front() else {
+            let next = if self.held { None } else { self.intake.next() };
+            let Some(item) = next else {
                 match rx.recv().await {
                     Some(command) => self.idle_command(command, &mut shutdown),
                     None => break,
@@ -272,13 +353,10 @@ impl Actor {
             let end = self.turn(item, &mut rx, &mut shutdown).await;
             tracing::debug!(session = %self.session.id(), ?end, "turn ended");
         }
-        for queued in self.queue.drain(..) {
-            if let Some(reply) = queued.reply {
-                let _ = reply.send(TurnEnd::Disposed);
-            }
-        }
+        // Queued inbox messages stay pending in the log: a later load runs them.
+        self.intake.close();
         if let Err(e) = self.session.flush() {
-            tracing::error!(session = %self.session.id(), "final flush failed: {e:#}");
+            tracing::error!(session = %self.session.id(), "the session stops with events it could not write: {e:#}");
         }
         // Close the log (releasing its lock) before anyone hears the agent is gone.
         drop(self);
@@ -289,13 +367,12 @@ impl Actor {
 
     fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<()>>) {
         match command {
-            Command::Followup(queued) => self.queue.push_back(queued),
-            Command::Inject { message } => {
-                // An accepted message between turns is made durable at once.
-                self.session.push(message);
-                if let Err(e) = self.session.flush() {
-                    tracing::error!(session = %self.session.id(), "flush after an injected message failed: {e:#}");
+            Command::Arrive(arrival) => {
+                if matches!(arrival, Arrival::Turn { .. }) {
+                    self.held = false;
                 }
+                self.intake.arrive(arrival);
+                self.intake.accept(&mut self.session, false);
             }
             Command::Flush { reply } => {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
@@ -304,16 +381,25 @@ impl Actor {
             Command::SetRoute(route) => self.deps.route = route,
             Command::Log(body) => {
                 self.session.push(body);
-                if let Err(e) = self.session.flush() {
-                    tracing::error!(session = %self.session.id(), "flush after a log event failed: {e:#}");
-                }
+                // A failure is logged by the writer; the event stays pending.
+                let _ = self.session.flush();
+            }
+            Command::Wake { reply } => self.wake(reply),
+            Command::Discard { reply } => {
+                let _ = reply.send(self.intake.discard(&mut self.session));
             }
             Command::Shutdown { reply } => *shutdown = Some(reply),
         }
     }
 
-    /// Runs one turn while still accepting commands: follow-ups queue, injects are staged for the
-    /// next step, flushes wait for the turn end, shutdown cancels the turn.
+    fn wake(&mut self, reply: oneshot::Sender<RestoredTurns>) {
+        self.held = false;
+        let _ = reply.send(self.restored.take().unwrap_or_default());
+    }
+
+    /// Runs one turn while still accepting commands: messages arrive (the turn writes them at
+    /// its await points), flushes, reads, wakes and discards wait for the turn end, shutdown
+    /// cancels the turn.
     async fn turn(
         &mut self,
         item: Queued,
@@ -325,19 +411,16 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
-        let Queued { message, preamble, reply } = item;
-        let mut flushes = Vec::new();
-        let mut readers = Vec::new();
-        let mut next_route = None;
-        let mut late_logs = Vec::new();
+        let Queued { message, preamble, reply, durable } = item;
+        let mut deferred = Deferred::default();
         let mut end = {
-            let input = turn::TurnInput { message, preamble };
+            let input = turn::TurnInput { message, preamble, claim: durable };
             let run = turn::run_turn(
                 &mut self.session,
                 &self.deps,
                 input,
                 cancel.clone(),
-                &self.staged,
+                &self.intake,
                 &self.shared.disposing,
             );
             tokio::pin!(run);
@@ -345,16 +428,13 @@ impl Actor {
                 tokio::select! {
                     end = &mut run => break end,
                     command = rx.recv() => match command {
-                        Some(Command::Followup(queued)) => self.queue.push_back(queued),
-                        Some(Command::Inject { message }) => {
-                            if let Ok(mut staged) = self.staged.lock() {
-                                staged.push(message);
-                            }
-                        }
-                        Some(Command::Flush { reply }) => flushes.push(reply),
-                        Some(Command::Read(reader)) => readers.push(reader),
-                        Some(Command::SetRoute(route)) => next_route = Some(route),
-                        Some(Command::Log(body)) => late_logs.push(body),
+                        Some(Command::Arrive(arrival)) => self.intake.arrive(arrival),
+                        Some(Command::Flush { reply }) => deferred.flushes.push(reply),
+                        Some(Command::Read(reader)) => deferred.readers.push(reader),
+                        Some(Command::SetRoute(route)) => deferred.next_route = Some(route),
+                        Some(Command::Log(body)) => deferred.logs.push(body),
+                        Some(Command::Wake { reply }) => deferred.wakes.push(reply),
+                        Some(Command::Discard { reply }) => deferred.discards.push(reply),
                         Some(Command::Shutdown { reply }) => {
                             self.shared.disposing.store(true, Ordering::SeqCst);
                             cancel.cancel();
@@ -368,29 +448,32 @@ impl Actor {
                 }
             }
         };
-        // Injects that arrived too late for a step land between turns.
-        let late: Vec<_> = self.staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
-        for message in late {
-            self.session.push(message);
-        }
-        for body in late_logs {
+        // Step messages that arrived too late for a step land between turns.
+        self.intake.land_staged(&mut self.session);
+        self.intake.accept(&mut self.session, false);
+        for body in deferred.logs {
             self.session.push(body);
         }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
-        if let Err(e) = &flushed {
-            tracing::error!(session = %self.session.id(), "flush at turn end failed: {e}");
-            if !matches!(end, TurnEnd::Error(_)) {
-                end = TurnEnd::Error(format!("could not persist the session log: {e}"));
-            }
+        if let Err(e) = &flushed
+            && !matches!(end, TurnEnd::Error(_))
+        {
+            end = TurnEnd::Error(format!("could not persist the session log: {e}"));
         }
-        for reply in flushes {
+        for reply in deferred.flushes {
             let _ = reply.send(flushed.clone());
         }
-        for reader in readers {
+        for reader in deferred.readers {
             reader(&self.session);
         }
+        for reply in deferred.discards {
+            let _ = reply.send(self.intake.discard(&mut self.session));
+        }
+        for reply in deferred.wakes {
+            self.wake(reply);
+        }
         // A model change asked for during the turn applies from the next turn.
-        if let Some(route) = next_route {
+        if let Some(route) = deferred.next_route {
             self.deps.route = route;
         }
         if let Ok(mut current) = self.shared.current.lock() {

@@ -11,11 +11,12 @@ use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentDeps, Staged, TurnEnd};
+use super::intake::Intake;
+use super::{AgentDeps, TurnEnd};
 use crate::model::http::EMPTY_RESPONSE;
 use crate::model::{Failure, FinishReason, ModelRequest, Purpose, StreamChunk};
 use crate::permission::admit;
-use crate::session::event::{self, EventBody, ToolCallBlock, TurnEndReason};
+use crate::session::event::{self, EventBody, InboxSplice, InboxTarget, ToolCallBlock, TurnEndReason};
 use crate::session::{Event, Kind, Session};
 use crate::tools::{Caller, Progress, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
@@ -40,6 +41,8 @@ enum StepEnd {
 pub(super) struct TurnInput {
     pub message: event::UserMessage,
     pub preamble: Vec<EventBody>,
+    /// The message came from the inbox: the turn starts with its claim.
+    pub claim: bool,
 }
 
 pub(super) async fn run_turn(
@@ -47,12 +50,15 @@ pub(super) async fn run_turn(
     deps: &AgentDeps,
     input: TurnInput,
     cancel: CancellationToken,
-    staged: &Staged,
+    intake: &Intake,
     disposing: &AtomicBool,
 ) -> TurnEnd {
     let cancelled = || cancelled_end(disposing);
-    let TurnInput { message, preamble } = input;
+    let TurnInput { message, preamble, claim } = input;
     let turn = session.next_turn();
+    if claim {
+        session.push(InboxSplice::claim(InboxTarget::NextTurn, 1));
+    }
     session.push(event::TurnStart { turn, trigger: event::Trigger::message(message.source.clone()) });
     session.push(message);
     for body in preamble {
@@ -61,12 +67,9 @@ pub(super) async fn run_turn(
     // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
     session.write_eager();
     for step in 1..=u64::from(deps.max_steps) {
-        let staged_now: Vec<_> = staged.lock().map(|mut s| s.drain(..).collect()).unwrap_or_default();
-        for message in staged_now {
-            session.push(message);
-        }
+        intake.land_staged(session);
         session.push(event::StepStart { turn, step });
-        let end = run_step(session, deps, turn, step, &cancel, disposing).await;
+        let end = run_step(session, deps, turn, step, &cancel, intake, disposing).await;
         match end {
             StepEnd::Done => {
                 session.push(event::StepEnd { turn, step });
@@ -116,10 +119,11 @@ async fn run_step(
     turn: u64,
     step: u64,
     cancel: &CancellationToken,
+    intake: &Intake,
     disposing: &AtomicBool,
 ) -> StepEnd {
     // The tools of this step: a source's (MCP) changes show from the next step on.
-    let tools = deps.tools.snapshot(cancel).await;
+    let tools = serving(session, intake, deps.tools.snapshot(cancel)).await;
     let request = ModelRequest {
         session_id: session.id().to_string(),
         turn,
@@ -137,7 +141,7 @@ async fn run_step(
     let max_attempts = deps.retry.max_attempts.max(1);
     let mut attempt = 1;
     let (finish, call) = loop {
-        let call = call_model(session, deps, request.clone(), turn, step, cancel).await;
+        let call = call_model(session, deps, request.clone(), turn, step, cancel, intake).await;
         let finish = match call.outcome.clone() {
             Ok(FinishReason::Aborted { .. }) => {
                 keep_partial(session, deps, turn, step, call);
@@ -177,7 +181,7 @@ async fn run_step(
         tokio::select! {
             biased;
             () = cancel.cancelled() => return abandon(session, turn, step, cancelled_end(disposing)),
-            () = tokio::time::sleep(delay) => {}
+            () = serving(session, intake, tokio::time::sleep(delay)) => {}
         }
     };
     let Call { blocks, usage, chunk_seqs, .. } = call;
@@ -190,8 +194,19 @@ async fn run_step(
     if calls.is_empty() {
         return StepEnd::Done;
     }
-    run_tools(session, deps, &tools, turn, step, calls, cancel).await;
+    run_tools(session, deps, &tools, (turn, step), calls, cancel, intake).await;
     StepEnd::Continue
+}
+
+/// Awaits `work` while writing the messages that arrive meanwhile.
+async fn serving<F: std::future::Future>(session: &mut Session, intake: &Intake, work: F) -> F::Output {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            () = intake.arrived() => intake.accept(session, true),
+        }
+    }
 }
 
 /// What one model call gave the step.
@@ -214,6 +229,7 @@ async fn call_model(
     turn: u64,
     step: u64,
     cancel: &CancellationToken,
+    intake: &Intake,
 ) -> Call {
     let mut stream = deps.model.stream(request, cancel.child_token());
     let mut call = Call {
@@ -229,6 +245,10 @@ async fn call_model(
             biased;
             () = cancel.cancelled() => break Ok(FinishReason::Aborted { failure: None }),
             item = stream.recv() => item,
+            () = intake.arrived() => {
+                intake.accept(session, true);
+                continue;
+            }
         };
         for retry in deps.model.take_retries(session.id()) {
             session.push(retry);
@@ -308,10 +328,10 @@ async fn run_tools(
     session: &mut Session,
     deps: &AgentDeps,
     tools: &ToolRegistry,
-    turn: u64,
-    step: u64,
+    (turn, step): (u64, u64),
     calls: Vec<ToolCallBlock>,
     cancel: &CancellationToken,
+    intake: &Intake,
 ) {
     let mut batches: Vec<Vec<ToolCallBlock>> = Vec::new();
     for call in calls {
@@ -374,6 +394,7 @@ async fn run_tools(
                 tokio::select! {
                     results = &mut running => break results,
                     Some((call_id, text)) = progress_rx.recv() => record_progress(session, turn, step, &call_id, text),
+                    () = intake.arrived() => intake.accept(session, true),
                 }
             };
             while let Ok((call_id, text)) = progress_rx.try_recv() {

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::descriptor::{Descriptor, ToolFilter};
 use super::inprocess::{ChildDisplay, ChildFactory, ChildSetup, child_header, describe, last_assistant_text};
 use super::{ErrorCode, Lifecycle, StartRequest, StopReason, SubagentError, SubagentService, child_depth};
-use crate::agent::{AgentHandle, TurnEnd};
+use crate::agent::{AgentHandle, NotAccepted, Restored, TurnEnd};
 use crate::model::ModelRoute;
 use crate::session::{Event, now_ms};
 use crate::tools::{Caller, Tool};
@@ -53,9 +53,11 @@ struct Activation {
     cwd: Option<String>,
     /// Live continuable children this child started (it cannot settle while any remain).
     owned: HashSet<String>,
-    /// Turns accepted and not yet ended.
+    /// Turns accepted (or being written) and not yet ended.
     pending: usize,
     last_end: Option<TurnEnd>,
+    /// A settlement is under way (waiting for the log to be written).
+    settling: bool,
 }
 
 #[derive(Default)]
@@ -187,9 +189,9 @@ impl ContinuationManager {
         let (child_id, cwd) = (header.id.clone(), header.cwd.clone());
         let session = factory.create_session(header, seed)?;
         let setup = self.setup(route, request.persona.clone(), request.tool_filter.clone(), display);
-        let handle = factory.start_agent(session, setup);
-        self.install(&child_id, handle, &request.parent.header.id, provider_name, cwd);
-        match self.submit(&child_id, request.prompt, json!({"kind": "user"})) {
+        let handle = factory.start_agent(session, Restored::none(), setup);
+        self.install(&child_id, handle, &request.parent.header.id, provider_name, cwd, 0);
+        match self.submit(&child_id, request.prompt, json!({"kind": "user"})).await {
             Ok(message_id) => Ok((child_id, message_id)),
             Err(e) => {
                 self.abandon(&child_id).await;
@@ -208,8 +210,17 @@ impl ContinuationManager {
         ChildSetup { route, persona, tool_filter, extra_tools: (self.child_tools)(self), display, progress: None }
     }
 
-    /// Publishes a fresh Activation (and the parent's ownership of it) and emits `subagent/start`.
-    fn install(&self, child_id: &str, handle: AgentHandle, parent_id: &str, provider: &str, cwd: Option<String>) {
+    /// Publishes a fresh Activation (and the parent's ownership of it) and emits `subagent/start`;
+    /// `pending` turns are already accepted (restored from its log).
+    fn install(
+        &self,
+        child_id: &str,
+        handle: AgentHandle,
+        parent_id: &str,
+        provider: &str,
+        cwd: Option<String>,
+        pending: usize,
+    ) {
         let run_id = uuid::Uuid::new_v4().to_string();
         {
             let mut state = self.state();
@@ -225,8 +236,9 @@ impl ContinuationManager {
                     run_id: run_id.clone(),
                     cwd,
                     owned: HashSet::new(),
-                    pending: 0,
+                    pending,
                     last_end: None,
+                    settling: false,
                 },
             );
         }
@@ -253,52 +265,77 @@ impl ContinuationManager {
         }
     }
 
-    /// Queues one message as its own FIFO turn of a resident child; returns the message id.
-    fn submit(self: &Arc<Self>, child_id: &str, content: Vec<Value>, source: Value) -> Result<String, SubagentError> {
-        let receiver = {
+    /// Queues one message as its own FIFO turn of a resident child, durably; returns the message
+    /// id once it is in the child's log. The child does not settle while it is being written.
+    async fn submit(
+        self: &Arc<Self>,
+        child_id: &str,
+        content: Vec<Value>,
+        source: Value,
+    ) -> Result<String, SubagentError> {
+        let closing = || err(ErrorCode::ActivationClosing, format!("subagent \"{child_id}\" is closing"));
+        let handle = {
             let mut state = self.state();
-            let act = state
-                .activations
-                .get_mut(child_id)
-                .ok_or_else(|| err(ErrorCode::ActivationClosing, format!("subagent \"{child_id}\" is closing")))?;
-            let (message_id, receiver) = act
-                .handle
-                .submit(content, source, Vec::new())
-                .map_err(|_| err(ErrorCode::ActivationClosing, format!("subagent \"{child_id}\" is closing")))?;
+            let act = state.activations.get_mut(child_id).ok_or_else(closing)?;
             act.pending += 1;
-            (message_id, receiver)
+            act.handle.clone()
         };
-        let (message_id, receiver) = receiver;
-        self.watch_turn(child_id.to_string(), receiver);
-        Ok(message_id)
+        match handle.enqueue(content, source).await {
+            Ok((message_id, receiver)) => {
+                self.watch_turn(child_id.to_string(), receiver);
+                Ok(message_id)
+            }
+            Err(e) => {
+                self.turn_over(child_id.to_string(), None).await;
+                Err(match e {
+                    NotAccepted::Gone(_) => closing(),
+                    NotAccepted::Unwritten { .. } => {
+                        err(ErrorCode::Infrastructure, format!("message not delivered: {e}"))
+                    }
+                })
+            }
+        }
+    }
+
+    /// One accepted turn of `child_id` is over (or was never accepted: `end` is `None`); the
+    /// child settles when nothing else is pending.
+    async fn turn_over(self: &Arc<Self>, child_id: String, end: Option<TurnEnd>) {
+        let settle = {
+            let mut state = self.state();
+            match state.activations.get_mut(&child_id) {
+                Some(act) => {
+                    act.pending = act.pending.saturating_sub(1);
+                    if end.is_some() {
+                        act.last_end = end;
+                    }
+                    act.pending == 0 && act.owned.is_empty()
+                }
+                None => false,
+            }
+        };
+        if settle {
+            self.settle(child_id).await;
+        }
     }
 
     fn watch_turn(self: &Arc<Self>, child_id: String, receiver: oneshot::Receiver<TurnEnd>) {
         let manager = self.clone();
         tokio::spawn(async move {
             let end = receiver.await.unwrap_or(TurnEnd::Disposed);
-            let settle = {
-                let mut state = manager.state();
-                match state.activations.get_mut(&child_id) {
-                    Some(act) => {
-                        act.pending = act.pending.saturating_sub(1);
-                        act.last_end = Some(end);
-                        act.pending == 0 && act.owned.is_empty()
-                    }
-                    None => false,
-                }
-            };
-            if settle {
-                manager.settle(child_id).await;
-            }
+            manager.turn_over(child_id, Some(end)).await;
         });
     }
 
-    /// Settles a quiescent child with no live children: flush (best effort), dispose, release
-    /// from the parent (child-first), emit `subagent/end`, then let the parent settle in turn.
+    /// Settles a quiescent child with no live children: its log is written (while it cannot be,
+    /// the child stays resident and retries, so nothing it holds is lost), then it is disposed,
+    /// released from the parent (child-first), `subagent/end` is emitted, and the parent may
+    /// settle in turn. New work arriving meanwhile ends the attempt.
     fn settle(self: &Arc<Self>, child_id: String) -> futures::future::BoxFuture<'static, ()> {
         let manager = self.clone();
         Box::pin(async move {
+            if !manager.written_before_settling(&child_id).await {
+                return;
+            }
             let act = {
                 let mut state = manager.state();
                 let ready = state.activations.get(&child_id).is_some_and(|a| a.pending == 0 && a.owned.is_empty());
@@ -331,7 +368,7 @@ impl ContinuationManager {
                 stop_reason: Some(stop_reason),
             });
             if manager.settings.settlement_notice {
-                manager.notify_parent(&child_id, &act.parent_id, stop_reason, &output);
+                manager.notify_parent(&child_id, &act.parent_id, stop_reason, &output).await;
             }
             if parent_settles {
                 manager.settle(act.parent_id.clone()).await;
@@ -339,11 +376,46 @@ impl ContinuationManager {
         })
     }
 
-    /// Flushes (a failure is logged, not fatal), reads the closing text, disposes and releases.
-    async fn dispose(&self, child_id: &str, act: &Activation) -> String {
-        if let Err(e) = act.handle.flush().await {
-            tracing::warn!(child = %child_id, "final flush of a settling subagent failed: {e}");
+    /// Waits until a settling child's log is written, retrying while it cannot be (the writer
+    /// warns, rate-limited). False when the child is no longer ready to settle (new work, a
+    /// settlement already under way, or gone).
+    async fn written_before_settling(&self, child_id: &str) -> bool {
+        let ready =
+            |state: &State| state.activations.get(child_id).is_some_and(|a| a.pending == 0 && a.owned.is_empty());
+        let handle = {
+            let mut state = self.state();
+            if !ready(&state) {
+                return false;
+            }
+            let Some(act) = state.activations.get_mut(child_id) else { return false };
+            if std::mem::replace(&mut act.settling, true) {
+                return false;
+            }
+            act.handle.clone()
+        };
+        let mut delay = Duration::from_millis(100);
+        let written = loop {
+            if handle.flush().await.is_ok() {
+                break true;
+            }
+            if self.draining.load(Ordering::SeqCst) || !ready(&self.state()) {
+                break false;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+            if !ready(&self.state()) {
+                break false;
+            }
+        };
+        let mut state = self.state();
+        if let Some(act) = state.activations.get_mut(child_id) {
+            act.settling = false;
         }
+        written && ready(&state)
+    }
+
+    /// Reads the closing text, disposes and releases (the log was written just before).
+    async fn dispose(&self, child_id: &str, act: &Activation) -> String {
         let output = act.handle.read(|s| last_assistant_text(s.events(), 0)).await.unwrap_or_default();
         act.handle.shutdown().await;
         if let Ok(factory) = self.factory() {
@@ -354,7 +426,7 @@ impl ContinuationManager {
 
     /// `Background subagent <id> finished…` to the live parent: a new turn when idle, input to
     /// its next step when busy. A failed delivery is logged and dropped.
-    fn notify_parent(self: &Arc<Self>, child_id: &str, parent_id: &str, stop: StopReason, output: &str) {
+    async fn notify_parent(self: &Arc<Self>, child_id: &str, parent_id: &str, stop: StopReason, output: &str) {
         let subject = format!("Background subagent {child_id}");
         let summary = match stop {
             StopReason::Completed => format!("{subject} finished and will do no further work unless you send it more."),
@@ -374,14 +446,14 @@ impl ContinuationManager {
             json!({"kind": "subagent-settled", "form": "notice", "summary": summary, "senderSessionId": child_id});
         let busy = self.factory().ok().and_then(|f| f.live_agent(parent_id)).is_some_and(|p| p.is_running());
         let wake = !busy && !self.draining.load(Ordering::SeqCst);
-        if let Err(e) = self.deliver(parent_id, content, source, wake) {
+        if let Err(e) = self.deliver(parent_id, content, source, wake).await {
             tracing::warn!(child = %child_id, "settlement notice was not delivered to its parent: {e}");
         }
     }
 
-    /// Delivers a message to a live agent: `wake` starts a turn (counted when the recipient is a
-    /// continuable child), otherwise it is injected without a turn.
-    fn deliver(
+    /// Delivers a message to a live agent, durably: `wake` starts a turn (counted when the
+    /// recipient is a continuable child), otherwise it is injected without a turn.
+    async fn deliver(
         self: &Arc<Self>,
         recipient: &str,
         content: Vec<Value>,
@@ -389,17 +461,20 @@ impl ContinuationManager {
         wake: bool,
     ) -> Result<String, SubagentError> {
         if wake && self.is_resident(recipient) {
-            return self.submit(recipient, content, source);
+            return self.submit(recipient, content, source).await;
         }
         let unavailable =
             || err(ErrorCode::ParentUnavailable, "direct parent is not live; report was not delivered".into());
         let agent = self.factory()?.live_agent(recipient).ok_or_else(unavailable)?;
         let sent = if wake {
-            agent.submit(content, source, Vec::new()).map(|(id, _)| id)
+            agent.enqueue(content, source).await.map(|(id, _)| id)
         } else {
-            agent.inject(content, source)
+            agent.inject(content, source).await
         };
-        sent.map_err(|_| unavailable())
+        sent.map_err(|e| match e {
+            NotAccepted::Gone(_) => unavailable(),
+            NotAccepted::Unwritten { .. } => err(ErrorCode::Infrastructure, format!("report not delivered: {e}")),
+        })
     }
 
     /// `send_message`: routes by residency. Only the exact direct parent may deliver.
@@ -429,7 +504,7 @@ impl ContinuationManager {
                 continue;
             }
             if self.is_resident(child_id) {
-                match self.submit(child_id, content.clone(), source.clone()) {
+                match self.submit(child_id, content.clone(), source.clone()).await {
                     Err(e) if e.code == ErrorCode::ActivationClosing => continue,
                     other => return other,
                 }
@@ -496,7 +571,8 @@ impl ContinuationManager {
         }
     }
 
-    /// Resumes a settled child from its log (no provider involved) and submits the message.
+    /// Resumes a settled child from its log (no provider involved) and submits the message
+    /// (after the ones its log still holds).
     async fn cold_resume(
         self: &Arc<Self>,
         caller: &Caller,
@@ -504,6 +580,25 @@ impl ContinuationManager {
         content: Vec<Value>,
         source: Value,
     ) -> Result<String, SubagentError> {
+        self.materialize(&caller.header.id, child_id, &caller.route).await?;
+        match self.submit(child_id, content, source).await {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                self.abandon(child_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a stored child of `parent_id` resident again from its log (authorized from its
+    /// header and descriptor before the repairing load), and starts the turns of the inbox
+    /// messages its log holds, in order. `fallback` is the route of a descriptor without one.
+    async fn materialize(
+        self: &Arc<Self>,
+        parent_id: &str,
+        child_id: &str,
+        fallback: &ModelRoute,
+    ) -> Result<(), SubagentError> {
         let factory = self.factory()?;
         {
             let mut state = self.state();
@@ -515,44 +610,117 @@ impl ContinuationManager {
             }
         }
         let result = (|| {
-            // Authorized from the header and the stored descriptor before the repairing load.
-            let header = Self::authorize_stored(&*factory, &caller.header.id, child_id, Reach::Child, false)?;
+            let header = Self::authorize_stored(&*factory, parent_id, child_id, Reach::Child, false)?;
             let descriptor = Self::continuation_state(&*factory, &header)?;
             let Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter } =
                 descriptor
             else {
                 return Err(unavailable(child_id));
             };
-            let session = factory.load_session(child_id).map_err(|_| unavailable(child_id))?;
+            let (session, restored) = factory.load_session(child_id).map_err(|reason| {
+                err(ErrorCode::NotResumable, format!("subagent \"{child_id}\" cannot be resumed: {reason}"))
+            })?;
             let route = match (agent_provider, agent_model) {
                 (Some(provider), Some(model)) => ModelRoute { provider, model },
-                _ => caller.route.clone(),
+                _ => fallback.clone(),
             };
             let cwd = session.header.cwd.clone();
             let display = ChildDisplay { title: Some(label), ..ChildDisplay::default() };
-            let handle = factory.start_agent(session, self.setup(route, persona, tool_filter, display));
-            Ok((handle, provider, cwd))
+            let pending = restored.len();
+            let handle = factory.start_agent(session, restored, self.setup(route, persona, tool_filter, display));
+            Ok((handle, provider, cwd, pending))
         })();
         let outcome = match result {
-            Ok((handle, provider, cwd)) => {
-                self.install(child_id, handle, &caller.header.id, &provider, cwd);
-                Ok(())
+            Ok((handle, provider, cwd, pending)) => {
+                self.install(child_id, handle.clone(), parent_id, &provider, cwd, pending);
+                Ok(handle)
             }
             Err(e) => Err(e),
         };
         self.state().transitions.remove(child_id);
-        outcome?;
-        match self.submit(child_id, content, source) {
-            Ok(id) => Ok(id),
-            Err(e) => {
-                self.abandon(child_id).await;
-                Err(e)
+        let handle = outcome?;
+        for (_, turn) in handle.wake().await.unwrap_or_default() {
+            self.watch_turn(child_id.to_string(), turn);
+        }
+        Ok(())
+    }
+
+    /// After a session was loaded or resumed: cold-resumes each stored continuable child below
+    /// it that has inbox messages pending, or a descendant that has (so that it hears their
+    /// reports), parents first, and runs the pending messages in order. A child that cannot be
+    /// resumed is logged and skipped (its messages stay pending in its log).
+    pub async fn restore_below(self: &Arc<Self>, root_id: &str, fallback: &ModelRoute) {
+        let Ok(factory) = self.factory() else { return };
+        let mut plan = Vec::new();
+        self.plan_restore(&*factory, root_id, 0, &mut plan);
+        let mut resumed = Vec::new();
+        for (parent_id, child_id) in plan {
+            if self.is_resident(&child_id) {
+                continue;
             }
+            match self.materialize(&parent_id, &child_id, fallback).await {
+                Ok(()) => resumed.push(child_id),
+                Err(e) => tracing::warn!(child = %child_id, "a subagent with pending messages was not resumed: {e}"),
+            }
+        }
+        // A child resumed only for its descendants settles once they have.
+        for child_id in resumed.into_iter().rev() {
+            self.settle_if_idle(&child_id).await;
         }
     }
 
+    /// Settles `child_id` if it has nothing pending and no live children.
+    async fn settle_if_idle(self: &Arc<Self>, child_id: &str) {
+        let ready = self.state().activations.get(child_id).is_some_and(|a| a.pending == 0 && a.owned.is_empty());
+        if ready {
+            self.settle(child_id.to_string()).await;
+        }
+    }
+
+    /// The stored continuable children below `parent_id` to resume, parents first, as (parent,
+    /// child); true when any of them has work.
+    fn plan_restore(
+        &self,
+        factory: &dyn ChildFactory,
+        parent_id: &str,
+        depth: usize,
+        plan: &mut Vec<(String, String)>,
+    ) -> bool {
+        if depth >= MAX_ANCESTRY {
+            return false;
+        }
+        let mut any = false;
+        for header in factory.stored_children(parent_id) {
+            let Ok(events) = factory.stored_events(&header.id) else { continue };
+            let seed_length = header.seed_length.unwrap_or(0);
+            let continuable = matches!(
+                super::catalog::own_descriptor(&events, seed_length),
+                Ok(Some(Descriptor::Continuable { .. }))
+            );
+            if !continuable {
+                continue;
+            }
+            let own = match crate::session::inbox::fold(&events, seed_length) {
+                Ok(inbox) => !inbox.is_idle(),
+                Err(e) => {
+                    tracing::warn!(child = %header.id, "the inbox of a subagent cannot be read: {e}");
+                    false
+                }
+            };
+            let at = plan.len();
+            plan.push((parent_id.to_string(), header.id.clone()));
+            let below = self.plan_restore(factory, &header.id, depth + 1, plan);
+            if own || below {
+                any = true;
+            } else {
+                plan.truncate(at);
+            }
+        }
+        any
+    }
+
     /// `report`: the exact live continuable child sends content to its direct parent.
-    pub fn report(self: &Arc<Self>, child_id: &str, output: &str) -> Result<String, SubagentError> {
+    pub async fn report(self: &Arc<Self>, child_id: &str, output: &str) -> Result<String, SubagentError> {
         self.assert_admitting()?;
         let parent_id = self.state().activations.get(child_id).map(|a| a.parent_id.clone()).ok_or_else(|| {
             err(
@@ -565,34 +733,74 @@ impl ContinuationManager {
             json!({"type": "text", "text": output}),
         ];
         let source = json!({"kind": "subagent-report", "senderSessionId": child_id});
-        self.deliver(&parent_id, content, source, self.settings.report_delivery == ReportDelivery::Wakeup)
+        self.deliver(&parent_id, content, source, self.settings.report_delivery == ReportDelivery::Wakeup).await
     }
 
-    /// `interrupt_agent`: an ancestor cancels a descendant's current turn (its queue stays). A
-    /// settled descendant is an accepted no-op; everything else is refused exactly as
-    /// `send_message` refuses it (an invalid or unknown id, a live agent that is not a
-    /// continuable child — the caller itself included — and another tree's session).
-    pub fn interrupt(&self, caller_id: &str, target: &str) -> Result<(), SubagentError> {
+    /// `interrupt_agent`: an ancestor cancels a descendant's current turn; its queued messages
+    /// stay, or with `discard` are discarded (durably; the count is returned). A settled
+    /// descendant is an accepted no-op; everything else is refused exactly as `send_message`
+    /// refuses it (an invalid or unknown id, a live agent that is not a continuable child — the
+    /// caller itself included — and another tree's session).
+    pub async fn interrupt(&self, caller_id: &str, target: &str, discard: bool) -> Result<usize, SubagentError> {
         valid_target(target)?;
-        let settling = {
+        let (settling, handle) = {
             let state = self.state();
-            if let Some(act) = state.activations.get(target) {
-                let mut ancestor = Some(act.parent_id.as_str());
-                for _ in 0..=state.activations.len() {
-                    match ancestor {
-                        Some(id) if id == caller_id => {
-                            act.handle.cancel();
-                            return Ok(());
+            match state.activations.get(target) {
+                Some(act) => {
+                    let mut ancestor = Some(act.parent_id.as_str());
+                    let mut found = false;
+                    for _ in 0..=state.activations.len() {
+                        match ancestor {
+                            Some(id) if id == caller_id => {
+                                found = true;
+                                break;
+                            }
+                            Some(id) => ancestor = state.activations.get(id).map(|a| a.parent_id.as_str()),
+                            None => break,
                         }
-                        Some(id) => ancestor = state.activations.get(id).map(|a| a.parent_id.as_str()),
-                        None => break,
                     }
+                    if !found {
+                        return Err(another_parent(target));
+                    }
+                    (false, Some(act.handle.clone()))
                 }
-                return Err(another_parent(target));
+                None => (state.transitions.contains(target), None),
             }
-            state.transitions.contains(target)
         };
-        Self::authorize_stored(&*self.factory()?, caller_id, target, Reach::Descendant, settling).map(|_| ())
+        match handle {
+            Some(handle) => Ok(Self::stop_turn(&handle, discard).await?),
+            None => {
+                Self::authorize_stored(&*self.factory()?, caller_id, target, Reach::Descendant, settling).map(|_| 0)
+            }
+        }
+    }
+
+    /// Cancels a child's running turn and, with `discard`, its queued messages.
+    async fn stop_turn(handle: &AgentHandle, discard: bool) -> Result<usize, SubagentError> {
+        handle.cancel();
+        if !discard {
+            return Ok(0);
+        }
+        handle
+            .discard_queued()
+            .await
+            .map_err(|e| err(ErrorCode::Infrastructure, format!("the queued messages could not be discarded: {e}")))
+    }
+
+    /// The editor's cancel of one background child: its running turn stops and its queued
+    /// messages are discarded (an explicit discard, recorded in its log). False when `id` is
+    /// not a resident continuable child.
+    pub fn cancel_child(&self, id: &str) -> bool {
+        let Some(handle) = self.state().activations.get(id).map(|a| a.handle.clone()) else {
+            return false;
+        };
+        let child = id.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = Self::stop_turn(&handle, true).await {
+                tracing::warn!(%child, "cancelling a background subagent: {e}");
+            }
+        });
+        true
     }
 
     /// Shutdown: closes admission, cancels every Activation and disposes them child-first

@@ -101,7 +101,7 @@ impl Tool for ReportTool {
         async move {
             let child = caller(&ctx, "report")?;
             let output = string_arg(&arguments, "output")?;
-            let message_id = manager.report(&child.header.id, &output)?;
+            let message_id = manager.report(&child.header.id, &output).await?;
             Ok(ToolOutput::text(format!("report accepted by the agent that started you as message {message_id}")))
         }
         .boxed()
@@ -121,13 +121,16 @@ impl Tool for InterruptTool {
     }
 
     fn description(&self) -> String {
-        "Interrupt the current turn of a background subagent you started (or one of its descendants), by its id. Its queued messages stay queued, and a later send_message continues the same conversation. Interrupting a subagent that has already finished does nothing.".into()
+        "Interrupt the current turn of a background subagent you started (or one of its descendants), by its id. Its queued messages stay queued (they run next) unless you set discard, which drops them for good; a later send_message continues the same conversation. Interrupting a subagent that has already finished does nothing.".into()
     }
 
     fn parameters(&self) -> Value {
         json!({
             "type": "object",
-            "properties": {"agent_id": {"type": "string", "description": "The id of the subagent to interrupt."}},
+            "properties": {
+                "agent_id": {"type": "string", "description": "The id of the subagent to interrupt."},
+                "discard": {"type": "boolean", "description": "Also drop the messages queued for it, so they never run (default false)."},
+            },
             "required": ["agent_id"],
             "additionalProperties": false,
         })
@@ -138,8 +141,17 @@ impl Tool for InterruptTool {
         async move {
             let ancestor = caller(&ctx, "interrupt_agent")?;
             let id = string_arg(&arguments, "agent_id")?;
-            manager.interrupt(&ancestor.header.id, &id)?;
-            Ok(ToolOutput::text(format!("interrupt requested for agent {id}")))
+            let discard = match &arguments["discard"] {
+                Value::Null => false,
+                Value::Bool(discard) => *discard,
+                _ => return Err(ToolError::new("INVALID_ARGUMENTS", "discard must be a boolean")),
+            };
+            let discarded = manager.interrupt(&ancestor.header.id, &id, discard).await?;
+            Ok(ToolOutput::text(if discard {
+                format!("interrupt requested for agent {id}; {discarded} queued messages discarded")
+            } else {
+                format!("interrupt requested for agent {id}")
+            }))
         }
         .boxed()
     }

@@ -14,7 +14,7 @@ use super::descriptor::ToolFilter;
 use super::{
     Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult, SubagentRun,
 };
-use crate::agent::{AgentHandle, TurnEnd};
+use crate::agent::{AgentHandle, Restored, TurnEnd};
 use crate::model::ModelRoute;
 use crate::session::event;
 use crate::session::{Event, Kind, Session, SessionHeader, SessionObserver, now_ms};
@@ -91,14 +91,19 @@ pub trait ChildFactory: Send + Sync {
     fn mint_id(&self) -> String;
     /// Creates a child session durably (seed, then `session/end-seed` when seeded).
     fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<Session, SubagentError>;
-    /// The repairing load of a stored session (cold resume).
-    fn load_session(&self, id: &str) -> Result<Session, String>;
+    /// The repairing load of a stored session (cold resume), with its inbox read back
+    /// (`agent::prepare`).
+    fn load_session(&self, id: &str) -> Result<(Session, Restored), String>;
     /// The header of a stored session, read without loading (or repairing) it.
     fn stored_header(&self, id: &str) -> Option<SessionHeader>;
     /// The events of a stored session, read without repairing it.
     fn stored_events(&self, id: &str) -> Result<Vec<Event>, String>;
-    /// Starts an agent on a child session and registers it as live.
-    fn start_agent(&self, session: Session, setup: ChildSetup) -> AgentHandle;
+    /// The headers of the stored children of `parent_id` (subagent sessions whose
+    /// `parentSession` it is), oldest first by (`createdAt`, id).
+    fn stored_children(&self, parent_id: &str) -> Vec<SessionHeader>;
+    /// Starts an agent on a child session and registers it as live; `restored` are the inbox
+    /// messages its log holds (they run once it is woken).
+    fn start_agent(&self, session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle;
     /// The live agent of a session, top-level or child.
     fn live_agent(&self, id: &str) -> Option<AgentHandle>;
     /// Forgets a child agent that was shut down.
@@ -106,7 +111,7 @@ pub trait ChildFactory: Send + Sync {
     /// `create_session` then `start_agent`.
     fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
         let session = self.create_session(spec.header, spec.seed)?;
-        Ok(self.start_agent(session, spec.setup))
+        Ok(self.start_agent(session, Restored::none(), spec.setup))
     }
 }
 
