@@ -416,6 +416,7 @@ fn write_log(root: &Path, header: &SessionHeader, events: usize, child_bytes: us
             agent_model: Some("m".into()),
             persona: None,
             tool_filter: None,
+            agent: None,
         };
         line(&mut text, descriptor.event());
         line(&mut text, event::EndSeed {}.into());

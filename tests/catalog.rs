@@ -64,6 +64,7 @@ fn continuable(label: &str) -> Descriptor {
         agent_model: Some("m".into()),
         persona: None,
         tool_filter: None,
+        agent: None,
     }
 }
 
@@ -115,7 +116,7 @@ fn one_shot_child(store: &SessionStore, id: &str, parent: &str, created_at: u64,
     let prompt =
         json!({"role": "user", "content": [{"type": "text", "text": "go"}], "source": {"kind": "user"}, "id": "u"});
     session.append_surface("user/message", prompt, None);
-    let descriptor = Descriptor::OneShot { provider: "spawn".into(), label: label.map(str::to_string) };
+    let descriptor = Descriptor::OneShot { provider: "spawn".into(), label: label.map(str::to_string), agent: None };
     session.append(DESCRIPTOR_EVENT, descriptor.to_value());
     session.append("turn/end", json!({"turn": 1, "reason": {"kind": "completed"}}));
     session.flush().unwrap();

@@ -182,6 +182,7 @@ impl ContinuationManager {
             agent_model: Some(route.model.clone()),
             persona: request.persona.clone(),
             tool_filter: request.tool_filter.clone(),
+            agent: None,
         };
         let lineage = seed.len();
         seed.push(Event::new(lineage as u64, now_ms(), descriptor.event(), None));
@@ -612,7 +613,7 @@ impl ContinuationManager {
         let result = (|| {
             let header = Self::authorize_stored(&*factory, parent_id, child_id, Reach::Child, false)?;
             let descriptor = Self::continuation_state(&*factory, &header)?;
-            let Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter } =
+            let Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter, .. } =
                 descriptor
             else {
                 return Err(unavailable(child_id));

@@ -252,7 +252,8 @@ impl SubagentService {
                 "outputSchema must be an object-rooted JSON Schema (\"type\": \"object\")",
             ));
         }
-        let descriptor = Descriptor::OneShot { provider: provider_name.to_string(), label: request.label.clone() };
+        let descriptor =
+            Descriptor::OneShot { provider: provider_name.to_string(), label: request.label.clone(), agent: None };
         let run = provider.start(ResolvedStart { request, descriptor, child_depth }).await?;
         Ok(self.observe_run(provider_name, run))
     }
