@@ -14,6 +14,7 @@ use crate::model::ModelRoute;
 use crate::model::capacity::{ModelEntry, ModelTable, Price};
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
+use crate::subagent::agents::{AgentDef, AgentSettings, Fields, Origin as AgentOrigin};
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 use crate::subagent::external::{AcpPermission, ExternalAgentConfig};
 
@@ -71,6 +72,8 @@ pub struct Config {
     pub mcp: McpDefaults,
     /// Where `kin login` stores keys and kin looks for them after the environment.
     pub keys: KeyStore,
+    /// Named child agents: the user's agent directories, `[agents.NAME]`, `[model_aliases]`.
+    pub agents: AgentSettings,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -132,6 +135,25 @@ struct FileConfig {
     mcp: McpSection,
     #[serde(default)]
     mcp_servers: std::collections::BTreeMap<String, McpServerSection>,
+    #[serde(default)]
+    agents: std::collections::BTreeMap<String, AgentTable>,
+    #[serde(default)]
+    model_aliases: std::collections::BTreeMap<String, String>,
+}
+
+/// `[agents.NAME]`: a named child agent the delegation tools offer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentTable {
+    description: String,
+    prompt: Option<String>,
+    tools: Option<Vec<String>>,
+    #[serde(default)]
+    disallowed_tools: Vec<String>,
+    model: Option<String>,
+    max_turns: Option<u64>,
+    background: Option<bool>,
+    permission_mode: Option<String>,
 }
 
 /// `[mcp]`: defaults for every MCP server.
@@ -346,7 +368,10 @@ impl Config {
             (None, None) => Backend::Auto,
         };
         let keys = KeyStore { backend, file: config_dir.map(|dir| dir.join(crate::keys::FILE_NAME)) };
+        let mut agents = resolve_agents(file.agents, file.model_aliases, &where_())?;
+        agents.user_dirs = user_agent_dirs(env);
         Ok(Config {
+            agents,
             max_frame_bytes,
             mcp,
             mcp_servers,
@@ -509,6 +534,47 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
         deny_tools: section.deny_tools,
         output_schema,
     })
+}
+
+/// The user's agent directories: kin's (`$XDG_CONFIG_HOME/kin/agents`, else
+/// `~/.config/kin/agents`) and Claude Code's (`$CLAUDE_CONFIG_DIR/agents`, else `~/.claude/agents`).
+fn user_agent_dirs(env: Env<'_>) -> Vec<PathBuf> {
+    let home = env("HOME").map(PathBuf::from);
+    let kin = env("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| home.as_ref().map(|h| h.join(".config")));
+    let claude = env("CLAUDE_CONFIG_DIR").map(PathBuf::from).or_else(|| home.as_ref().map(|h| h.join(".claude")));
+    kin.map(|k| k.join("kin").join("agents")).into_iter().chain(claude.map(|c| c.join("agents"))).collect()
+}
+
+/// `[agents.NAME]` and `[model_aliases]`.
+fn resolve_agents(
+    tables: std::collections::BTreeMap<String, AgentTable>,
+    aliases: std::collections::BTreeMap<String, String>,
+    origin: &str,
+) -> Result<AgentSettings> {
+    let mut settings = AgentSettings::default();
+    for (alias, route) in aliases {
+        let route =
+            ModelRoute::parse(&route).map_err(|e| anyhow::anyhow!("{origin}: key `model_aliases.{alias}`: {e}"))?;
+        settings.aliases.insert(alias, route);
+    }
+    for (name, table) in tables {
+        let fields = Fields {
+            name: name.clone(),
+            description: Some(table.description),
+            persona: table.prompt,
+            tools: table.tools,
+            disallowed: table.disallowed_tools,
+            model: table.model,
+            max_turns: table.max_turns,
+            background: table.background,
+            permission_mode: table.permission_mode,
+        };
+        let def: AgentDef = fields
+            .build(AgentOrigin::Config, &settings.aliases)
+            .map_err(|e| anyhow::anyhow!("{origin}: table `agents.{name}`: key `{}`: {}", e.field, e.message))?;
+        settings.tables.push(def);
+    }
+    Ok(settings)
 }
 
 fn resolve_acp_agents(
@@ -935,6 +1001,45 @@ mod tests {
         ] {
             std::fs::write(&file, text).unwrap();
             let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn agent_tables_aliases_and_the_users_agent_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[model_aliases]\nsonnet = \"anthropic/claude-sonnet\"\n\
+             [agents.tester]\ndescription = \"Runs the tests.\"\nprompt = \"You test.\"\ntools = [\"read\", \"Bash\"]\n\
+             disallowed_tools = [\"write\"]\nmodel = \"sonnet\"\nmax_turns = 4\nbackground = true\npermission_mode = \"accept-edits\"\n",
+        )
+        .unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let c = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap();
+        let sonnet = ModelRoute::parse("anthropic/claude-sonnet").unwrap();
+        assert_eq!(c.agents.aliases.get("sonnet"), Some(&sonnet));
+        let [tester] = &c.agents.tables[..] else { panic!("{:?}", c.agents.tables) };
+        assert_eq!((tester.name.as_str(), tester.description.as_str()), ("tester", "Runs the tests."));
+        assert_eq!(tester.tools, Some(vec!["read".to_string(), "bash".to_string()]));
+        assert_eq!(tester.model, crate::subagent::agents::ModelChoice::Route(sonnet));
+        assert_eq!((tester.max_turns, tester.background), (Some(4), Some(true)));
+        assert_eq!(tester.permission_mode, Some(PermissionMode::AcceptEdits));
+        assert_eq!(c.agents.user_dirs, [PathBuf::from("/h/.config/kin/agents"), PathBuf::from("/h/.claude/agents")]);
+        let env = env_of(&[("XDG_CONFIG_HOME", "/x"), ("CLAUDE_CONFIG_DIR", "/c"), ("KIN_SESSIONS_DIR", "/s")]);
+        let c = Config::resolve(&flags, &env).unwrap();
+        assert_eq!(c.agents.user_dirs, [PathBuf::from("/x/kin/agents"), PathBuf::from("/c/agents")]);
+        for (text, key) in [
+            ("[agents.a]\nprompt = \"p\"\n", "description"),
+            ("[agents.a]\ndescription = \"d\"\ncolor = \"red\"\n", "color"),
+            ("[agents.\"a b\"]\ndescription = \"d\"\n", "table `agents.a b`: key `name`"),
+            ("[agents.a]\ndescription = \"d\"\npermission_mode = \"yolo\"\n", "agents.a`: key `permission_mode`"),
+            ("[agents.a]\ndescription = \"d\"\nmax_turns = 0\n", "agents.a`: key `max_turns`"),
+            ("[model_aliases]\nsonnet = \"claude\"\n", "model_aliases.sonnet"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
             assert!(err.contains(key), "{text}: {err}");
         }
     }

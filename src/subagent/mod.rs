@@ -3,6 +3,7 @@
 //! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
+pub mod agents;
 pub mod catalog;
 pub mod continuation;
 pub mod control;
