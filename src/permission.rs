@@ -25,6 +25,10 @@
 //! `Error: the user rejected this <tool> call` (code `PERMISSION_REJECTED`); a call read-only
 //! mode refuses reads `Error: <tool> is not allowed in read-only mode` (code `PERMISSION_DENIED`).
 //!
+//! A child shares its top-level session's mode and remembered answers through `narrowed`, under
+//! a cap (its named agent's `permissionMode` and every cap above it): its mode is the stricter of
+//! the two, so a child never runs looser than its parent, and an agent's mode only narrows.
+//!
 //! A session without `Permissions` (tests) runs every call, and the file tools keep refusing
 //! paths outside the workspace themselves (`ToolContext::allow_outside` stays false; only the gate
 //! sets it, for a call it let touch an outside path).
@@ -277,9 +281,9 @@ impl Rule {
     }
 }
 
-/// One session's permission state.
+/// The permission state of a top-level session, which its children share.
 #[derive(Debug)]
-pub struct Permissions {
+struct Shared {
     mode: Mutex<PermissionMode>,
     rules: Mutex<Vec<Rule>>,
     /// Held while a question is open, so the user sees one dialog at a time and an "always"
@@ -287,18 +291,40 @@ pub struct Permissions {
     asking: tokio::sync::Mutex<()>,
 }
 
+/// One session's permission state: its top-level session's mode and remembered answers, and for
+/// a child a cap (its named agent's `permissionMode`, and its parent's cap) the mode never goes
+/// above.
+#[derive(Debug)]
+pub struct Permissions {
+    shared: Arc<Shared>,
+    cap: Option<PermissionMode>,
+}
+
 impl Permissions {
     pub fn new(mode: PermissionMode) -> Self {
-        Permissions { mode: Mutex::new(mode), rules: Mutex::new(Vec::new()), asking: tokio::sync::Mutex::new(()) }
+        let shared = Shared { mode: Mutex::new(mode), rules: Mutex::new(Vec::new()), asking: Default::default() };
+        Permissions { shared: Arc::new(shared), cap: None }
     }
 
+    /// The permissions of a child: the same mode and remembered answers, never looser than
+    /// these nor than `cap`.
+    pub fn narrowed(&self, cap: Option<PermissionMode>) -> Permissions {
+        let cap = match (self.cap, cap) {
+            (Some(mine), Some(theirs)) => Some(mine.capped_at(theirs)),
+            (mine, theirs) => mine.or(theirs),
+        };
+        Permissions { shared: self.shared.clone(), cap }
+    }
+
+    /// The mode calls are decided in: the top-level session's, under the cap.
     pub fn mode(&self) -> PermissionMode {
-        *lock(&self.mode)
+        let mode = *lock(&self.shared.mode);
+        self.cap.map_or(mode, |cap| mode.capped_at(cap))
     }
 
-    /// Changes the mode; it applies to every call decided from now on.
+    /// Changes the top-level session's mode; it applies to every call decided from now on.
     pub fn set_mode(&self, mode: PermissionMode) {
-        *lock(&self.mode) = mode;
+        *lock(&self.shared.mode) = mode;
     }
 
     /// Decides a call of `tool` that touches `access`, in the workspace `cwd` (empty: the
@@ -356,7 +382,7 @@ impl Permissions {
     /// The remembered answer covering a call, if any: the latest rule for each place it acts;
     /// a rejection of any place rejects the call, and it is allowed only when every place is.
     fn remembered(&self, tool: &str, scope: &Scope) -> Option<bool> {
-        let rules = lock(&self.rules);
+        let rules = lock(&self.shared.rules);
         let latest = |place: Option<&Path>| rules.iter().rev().find(|rule| rule.covers(tool, place)).map(|r| r.allow);
         match scope {
             Scope::Workspace => latest(None),
@@ -375,7 +401,7 @@ impl Permissions {
 
     fn remember(&self, question: &Question, allow: bool) {
         let tool = question.tool.clone();
-        let mut rules = lock(&self.rules);
+        let mut rules = lock(&self.shared.rules);
         match &question.scope {
             Scope::Workspace => rules.push(Rule { tool, under: None, allow }),
             Scope::Outside(paths) => {
@@ -439,7 +465,7 @@ pub async fn admit(
             return Err(rejected(tool));
         };
         let _open = tokio::select! {
-            guard = permissions.asking.lock() => guard,
+            guard = permissions.shared.asking.lock() => guard,
             () = ctx.cancel.cancelled() => return Err(rejected(tool)),
         };
         // The mode or the remembered answers may have changed while this call waited.
@@ -508,6 +534,44 @@ mod tests {
                 assert_eq!(recorded.capped_at(start), expected, "{recorded:?} under {start:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_narrowed_child_is_never_looser_than_its_parent_or_its_cap() {
+        use PermissionMode::{AcceptEdits, Ask, Bypass, ReadOnly};
+        let edit = Access::Edit { paths: vec![PathBuf::from("a.txt")] };
+        let root = Permissions::new(Bypass);
+        let asks = root.narrowed(Some(Ask));
+        assert_eq!(asks.mode(), Ask);
+        assert!(matches!(asks.decide("write", &edit, Path::new("/w")), Decision::Ask(_)));
+        // The agent's cap only narrows: `bypass` under an `ask` parent stays `ask`.
+        assert_eq!(asks.narrowed(Some(Bypass)).mode(), Ask);
+        assert_eq!(asks.narrowed(None).mode(), Ask, "a grandchild keeps its parent's cap");
+        let read_only = asks.narrowed(Some(ReadOnly));
+        assert_eq!(read_only.decide("write", &edit, Path::new("/w")), Decision::Refuse(not_in_read_only("write")));
+        // The top-level mode still applies when it is the stricter one.
+        root.set_mode(ReadOnly);
+        assert_eq!((asks.mode(), root.narrowed(Some(AcceptEdits)).mode()), (ReadOnly, ReadOnly));
+        root.set_mode(AcceptEdits);
+        assert_eq!((asks.mode(), root.narrowed(Some(Bypass)).mode()), (Ask, AcceptEdits));
+        for a in PermissionMode::ALL {
+            for b in PermissionMode::ALL {
+                assert_eq!(a.capped_at(b), b.capped_at(a), "{a} {b}");
+                assert!(a.capped_at(b) == a || a.capped_at(b) == b);
+            }
+            assert_eq!(a.capped_at(ReadOnly), ReadOnly);
+            assert_eq!(a.capped_at(Bypass), a);
+        }
+    }
+
+    #[test]
+    fn a_narrowed_child_shares_the_remembered_answers() {
+        let root = Permissions::new(PermissionMode::Ask);
+        let child = root.narrowed(Some(PermissionMode::Ask));
+        let run = Access::Execute { command: "ls".into(), workdir: None };
+        let Decision::Ask(question) = child.decide("bash", &run, Path::new("/w")) else { panic!("asks") };
+        child.answer(&question, PermissionAnswer::AllowAlways);
+        assert_eq!(root.decide("bash", &run, Path::new("/w")), Decision::Allow { outside: false });
     }
 
     #[test]
