@@ -22,6 +22,7 @@ use crate::prompt::{self, PromptSettings};
 use crate::session::event;
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
+use crate::subagent::agents::{Agents, Defaults, Launch};
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use crate::subagent::external::AcpProvider;
@@ -71,6 +72,8 @@ struct Live {
     model: Mutex<crate::model::ModelRoute>,
     /// The session's MCP servers (its children use them too).
     mcp: Arc<McpSession>,
+    /// The named agents its delegation tools offer (its children's too), read when it started.
+    agents: Arc<Agents>,
 }
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
@@ -95,7 +98,7 @@ impl PermissionPrompt for ForwardPrompt {
             return async { PermissionAnswer::Dismissed }.boxed();
         };
         let decided = rt
-            .root_permissions(Some(&request.session_id))
+            .permissions_of(&request.session_id)
             .and_then(|p| p.decide_forwarded(&request.access, request.in_workspace));
         match (decided, rt.client().prompt) {
             (Some(answer), _) => async move { answer }.boxed(),
@@ -112,10 +115,11 @@ pub trait ChildObservers: Send + Sync {
     fn child_observer(&self, session: &Session, display: &ChildDisplay) -> Arc<dyn SessionObserver>;
 }
 
-/// A live child agent and its parent session.
+/// A live child agent, its parent session and its permissions (its parent's, narrowed).
 struct Child {
     handle: AgentHandle,
     parent: Option<String>,
+    permissions: Arc<Permissions>,
 }
 
 /// A stored child session of some parent, for an editor reloading the parent.
@@ -155,6 +159,11 @@ pub struct Runtime {
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Replay: the recorded MCP results that stand in for the servers.
     mcp_recording: Option<Arc<crate::mcp::Recording>>,
+    /// The in-process delegation tools as registered (offering only the built-in agents); each
+    /// session gets copies offering its own agents.
+    delegates: Vec<DelegateTool>,
+    /// What the default child runs with (`[subagents]`), which named agents build on.
+    defaults: Defaults,
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -201,22 +210,40 @@ impl Runtime {
         self.children().get(id).and_then(|c| c.parent.clone())
     }
 
-    fn root_permissions(&self, parent: Option<&str>) -> Option<Arc<Permissions>> {
-        self.root(parent).map(|(permissions, _)| permissions)
+    /// The permissions of a live session, top-level or child (a child's are its parent's,
+    /// narrowed by its agent).
+    fn permissions_of(&self, id: &str) -> Option<Arc<Permissions>> {
+        if let Some(child) = self.children().get(id) {
+            return Some(child.permissions.clone());
+        }
+        self.live().get(id).map(|l| l.permissions.clone())
     }
 
-    /// The permissions and MCP servers of the live top-level session above `parent`.
-    fn root(&self, parent: Option<&str>) -> Option<(Arc<Permissions>, Arc<McpSession>)> {
+    /// The MCP servers and named agents of the live top-level session at or above `session`.
+    fn root(&self, session: Option<&str>) -> Option<(Arc<McpSession>, Arc<Agents>)> {
         let children = self.children();
         let live = self.live();
-        let mut cursor = parent.map(str::to_string);
-        while let Some(id) = cursor {
+        let mut cursor = session.map(str::to_string);
+        for _ in 0..=children.len() {
+            let id = cursor?;
             if let Some(entry) = live.get(&id) {
-                return Some((entry.permissions.clone(), entry.mcp.clone()));
+                return Some((entry.mcp.clone(), entry.agents.clone()));
             }
             cursor = children.get(&id).and_then(|c| c.parent.clone());
         }
         None
+    }
+
+    /// `tools` with each delegation tool it holds offering `agents`.
+    fn offering(&self, mut tools: ToolRegistry, agents: &Arc<Agents>) -> ToolRegistry {
+        for base in &self.delegates {
+            if tools.get(base.name()).is_some()
+                && let Some(tool) = base.with_agents(agents.clone())
+            {
+                tools.register(Arc::new(tool));
+            }
+        }
+        tools
     }
 }
 
@@ -264,40 +291,52 @@ impl ChildFactory for Runtime {
     }
 
     fn start_agent(&self, mut session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle {
-        let ChildSetup { route, persona, tool_filter, extra_tools, display, progress } = setup;
+        let ChildSetup { route, persona, tool_filter, extra_tools, display, progress, agent } = setup;
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
         };
+        // Children share their parent's permissions (the top-level session's mode and remembered
+        // answers, under every cap above them and their own agent's) and ask the same editor,
+        // with their own session id; their prompt is built fresh.
+        let cwd = session.header.cwd.clone();
+        let parent_id = session.header.parent_session.clone();
+        let root = self.root(parent_id.as_deref());
+        // The root's MCP servers, under the child's tool filter, and its named agents.
+        if let Some((mcp, agents)) = &root {
+            let keep = tool_filter.clone().map(|f| Arc::new(move |name: &str| f.permits(name)) as Arc<_>);
+            tools.add_source(mcp.clone(), keep);
+            tools = self.offering(tools, agents);
+        }
         for tool in extra_tools {
             tools.register(tool);
         }
-        // Children share their top-level ancestor's permissions (its mode and remembered answers)
-        // and ask the same editor, with their own session id; their prompt is built fresh.
-        let cwd = session.header.cwd.clone();
-        let root = self.root(session.header.parent_session.as_deref());
-        // The root's MCP servers, under the child's tool filter.
-        if let Some((_, mcp)) = &root {
-            let keep = tool_filter.clone().map(|f| Arc::new(move |name: &str| f.permits(name)) as Arc<_>);
-            tools.add_source(mcp.clone(), keep);
-        }
-        let permissions =
-            root.map(|(p, _)| p).unwrap_or_else(|| Arc::new(Permissions::new(self.config.permission_mode)));
+        let cap = agent.as_ref().and_then(|a| a.permission_cap);
+        let permissions = match parent_id.as_deref().and_then(|p| self.permissions_of(p)) {
+            Some(parent) => parent.narrowed(cap),
+            None => Permissions::new(self.config.permission_mode).narrowed(cap),
+        };
+        let permissions = Arc::new(permissions);
         let client = self.client();
-        let system = self.build_prompt(cwd.as_deref().map(Path::new), &tools, persona.as_deref()).unwrap_or_else(|e| {
-            tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
-            persona.clone().unwrap_or_default()
-        });
+        let mode = permissions.mode();
+        let system =
+            self.build_prompt(cwd.as_deref().map(Path::new), &tools, persona.as_deref(), mode).unwrap_or_else(|e| {
+                tracing::warn!("building a child's system prompt failed, using a minimal one: {e}");
+                persona.clone().unwrap_or_default()
+            });
+        // A named agent's turn limit, within the deployment's.
+        let max_steps =
+            agent.as_ref().and_then(|a| a.max_turns).map_or(self.config.max_steps, |n| n.min(self.config.max_steps));
         let reporter = progress.map(|progress| ReportToolCalls { progress, tools: tools.clone() });
         let deps = AgentDeps {
             model: self.model.clone(),
             tools,
             route,
             system,
-            max_steps: self.config.max_steps,
+            max_steps,
             max_parallel_tools: self.config.max_parallel_tools,
             depth: session.header.delegation_depth,
-            permissions: Some(permissions),
+            permissions: Some(permissions.clone()),
             prompt: client.prompt.clone(),
             file_access: client.files.clone(),
             retry: self.config.models.retry,
@@ -310,9 +349,9 @@ impl ChildFactory for Runtime {
         if let Some(reporter) = reporter {
             session.add_observer(Arc::new(reporter));
         }
-        let parent = session.header.parent_session.clone();
         let handle = spawn_restored(session, restored, deps);
-        self.children().insert(handle.id().to_string(), Child { handle: handle.clone(), parent });
+        self.children()
+            .insert(handle.id().to_string(), Child { handle: handle.clone(), parent: parent_id, permissions });
         handle
     }
 
@@ -325,6 +364,11 @@ impl ChildFactory for Runtime {
 
     fn release(&self, id: &str) {
         self.children().remove(id);
+    }
+
+    fn agent_now(&self, session_id: &str, name: &str) -> Option<Launch> {
+        let (_, agents) = self.root(Some(session_id))?;
+        agents.get(name).map(|def| def.launch(&self.defaults))
     }
 }
 
@@ -360,6 +404,7 @@ impl Runtime {
                 [Arc::new(InProcessProvider::spawn(factory.clone())), Arc::new(InProcessProvider::fork(factory))];
             let mut tools = tools;
             let mut problems = Vec::new();
+            let mut delegates = Vec::new();
             for (provider, tool_name) in providers.into_iter().zip(["subagent", "subagent_fork"]) {
                 let provider_name = provider.name().to_string();
                 if let Err(e) = subagents.register_provider(provider) {
@@ -371,7 +416,10 @@ impl Runtime {
                     subagents.clone(),
                     background,
                 ) {
-                    Ok(tool) => tools.register(Arc::new(tool)),
+                    Ok(tool) => {
+                        tools.register(Arc::new(tool.clone()));
+                        delegates.push(tool);
+                    }
                     Err(e) => problems.push(e.to_string()),
                 }
             }
@@ -410,7 +458,15 @@ impl Runtime {
                 tracing::error!("subagent setup: {problem}");
             }
             let store = SessionStore::new(config.sessions_dir.clone());
+            let default_child = delegate_config(&config, "subagent", "spawn");
+            let defaults = Defaults {
+                persona: default_child.persona,
+                tool_filter: default_child.tool_filter,
+                route: default_child.route,
+            };
             Runtime {
+                delegates,
+                defaults,
                 config,
                 store,
                 model,
@@ -456,9 +512,15 @@ impl Runtime {
     }
 
     /// What a top-level session's agent runs with.
-    fn deps(&self, permissions: &Arc<Permissions>, mcp: &Arc<McpSession>, system: String) -> AgentDeps {
+    fn deps(
+        &self,
+        permissions: &Arc<Permissions>,
+        mcp: &Arc<McpSession>,
+        agents: &Arc<Agents>,
+        system: String,
+    ) -> AgentDeps {
         let client = self.client();
-        let mut tools = self.tools.clone();
+        let mut tools = self.offering(self.tools.clone(), agents);
         tools.add_source(mcp.clone(), None);
         AgentDeps {
             model: self.model.clone(),
@@ -657,12 +719,14 @@ impl Runtime {
             .map(|m| crate::model::ModelRoute { provider: m.provider, model: m.model })
             .unwrap_or_else(|| self.config.model.clone());
         let permissions = Arc::new(Permissions::new(mode));
-        let mut deps = self.deps(&permissions, &mcp, system);
+        // The session's named agents: its workspace's files over the config's and the user's.
+        let agents = Arc::new(Agents::load(&self.config.agents, session.header.cwd.as_deref().map(Path::new)));
+        let mut deps = self.deps(&permissions, &mcp, &agents, system);
         deps.route = route.clone();
         let handle = spawn_restored(session, restored, deps);
         let model = Mutex::new(route);
         let prompt_in_flight = Arc::new(AtomicBool::new(false));
-        self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp });
+        self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp, agents });
     }
 
     /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
@@ -674,18 +738,24 @@ impl Runtime {
             return Ok((text.replace("{{cwd}}", &cwd.display().to_string()), true));
         }
         let built = self
-            .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref())
+            .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
             .map_err(RuntimeError::Internal)?;
         Ok((built, pinned.is_none()))
     }
 
     /// The built system prompt for a workspace and tools, with a persona section when one is
     /// given.
-    fn build_prompt(&self, cwd: Option<&Path>, tools: &ToolRegistry, persona: Option<&str>) -> Result<String, String> {
+    fn build_prompt(
+        &self,
+        cwd: Option<&Path>,
+        tools: &ToolRegistry,
+        persona: Option<&str>,
+        mode: PermissionMode,
+    ) -> Result<String, String> {
         let date = prompt::today();
         prompt::build(&PromptSettings {
             cwd,
-            mode: self.config.permission_mode,
+            mode,
             guidance: &tools.guidance(),
             persona,
             system_prompt_file: self.config.system_prompt_file.as_deref(),
@@ -829,7 +899,8 @@ impl Runtime {
             Some(text) => text,
             None => {
                 let cwd = session.header.cwd.as_deref().map(Path::new);
-                self.build_prompt(cwd, &self.tools, self.config.persona.as_deref()).map_err(RuntimeError::Internal)?
+                self.build_prompt(cwd, &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
+                    .map_err(RuntimeError::Internal)?
             }
         };
         let mcp = self.mcp_for(&mut session, servers);
@@ -962,7 +1033,7 @@ impl Runtime {
         let system = match prompt::recorded(&seed) {
             Some(text) => text,
             None => self
-                .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref())
+                .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
                 .map_err(RuntimeError::Internal)?,
         };
         let id = self.mint_session_id();

@@ -13,9 +13,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use super::agents::Launch;
 use super::descriptor::{Descriptor, ToolFilter};
 use super::inprocess::{ChildDisplay, ChildFactory, ChildSetup, child_header, describe, last_assistant_text};
-use super::{ErrorCode, Lifecycle, StartRequest, StopReason, SubagentError, SubagentService, child_depth};
+use super::{
+    ErrorCode, Lifecycle, NamedAgent, StartRequest, StopReason, SubagentError, SubagentService, child_depth,
+    child_title,
+};
 use crate::agent::{AgentHandle, NotAccepted, Restored, TurnEnd};
 use crate::model::ModelRoute;
 use crate::session::{Event, now_ms};
@@ -82,6 +86,44 @@ pub struct ContinuationManager {
 
 fn err(code: ErrorCode, message: String) -> SubagentError {
     SubagentError::new(code, message)
+}
+
+/// What a continuable child is composed of, as its descriptor records it.
+#[derive(Debug, Clone, PartialEq)]
+struct Composition {
+    route: ModelRoute,
+    persona: Option<String>,
+    tool_filter: Option<ToolFilter>,
+    agent: Option<NamedAgent>,
+}
+
+/// Says in the log how a cold-resumed child's agent compares with its definition now: the child
+/// always resumes with what it recorded, even when the file changed or is gone.
+fn note_definition(child_id: &str, recorded: &Composition, now: Option<&Launch>, parent_route: &ModelRoute) {
+    let Some(agent) = &recorded.agent else { return };
+    let name = &agent.name;
+    match now {
+        None => tracing::warn!(
+            child = %child_id,
+            "subagent {child_id}: the agent {name:?} it was started as is no longer defined; it resumes with the persona, tools and model it recorded"
+        ),
+        Some(now) => {
+            let current = Composition {
+                route: now.route.clone().unwrap_or_else(|| parent_route.clone()),
+                persona: now.persona.clone(),
+                tool_filter: now.tool_filter.clone(),
+                agent: Some(now.agent.clone()),
+            };
+            if current == *recorded {
+                tracing::debug!(child = %child_id, "subagent {child_id} resumes as the agent {name:?}, unchanged");
+            } else {
+                tracing::info!(
+                    child = %child_id,
+                    "subagent {child_id}: the agent {name:?} changed since it started; it resumes with the persona, tools and model it recorded"
+                );
+            }
+        }
+    }
 }
 
 /// How far below the caller a control call's target may be.
@@ -171,7 +213,7 @@ impl ContinuationManager {
         let factory = self.factory()?;
         let route = request.route.clone().unwrap_or_else(|| request.parent.route.clone());
         let display = ChildDisplay {
-            title: Some(label.clone()),
+            title: child_title(request.agent.as_ref().map(|a| a.name.as_str()), Some(&label)),
             description: describe(&request.prompt),
             call_id: request.call_id.clone(),
         };
@@ -182,14 +224,20 @@ impl ContinuationManager {
             agent_model: Some(route.model.clone()),
             persona: request.persona.clone(),
             tool_filter: request.tool_filter.clone(),
-            agent: None,
+            agent: request.agent.as_ref().map(NamedAgent::record),
         };
         let lineage = seed.len();
         seed.push(Event::new(lineage as u64, now_ms(), descriptor.event(), None));
         let header = child_header(factory.mint_id(), &request.parent.header, depth, lineage);
         let (child_id, cwd) = (header.id.clone(), header.cwd.clone());
         let session = factory.create_session(header, seed)?;
-        let setup = self.setup(route, request.persona.clone(), request.tool_filter.clone(), display);
+        let composition = Composition {
+            route,
+            persona: request.persona.clone(),
+            tool_filter: request.tool_filter.clone(),
+            agent: request.agent.clone(),
+        };
+        let setup = self.setup(composition, display);
         let handle = factory.start_agent(session, Restored::none(), setup);
         self.install(&child_id, handle, &request.parent.header.id, provider_name, cwd, 0);
         match self.submit(&child_id, request.prompt, json!({"kind": "user"})).await {
@@ -201,14 +249,10 @@ impl ContinuationManager {
         }
     }
 
-    fn setup(
-        self: &Arc<Self>,
-        route: ModelRoute,
-        persona: Option<String>,
-        tool_filter: Option<ToolFilter>,
-        display: ChildDisplay,
-    ) -> ChildSetup {
-        ChildSetup { route, persona, tool_filter, extra_tools: (self.child_tools)(self), display, progress: None }
+    fn setup(self: &Arc<Self>, composition: Composition, display: ChildDisplay) -> ChildSetup {
+        let Composition { route, persona, tool_filter, agent } = composition;
+        let extra_tools = (self.child_tools)(self);
+        ChildSetup { route, persona, tool_filter, extra_tools, display, progress: None, agent }
     }
 
     /// Publishes a fresh Activation (and the parent's ownership of it) and emits `subagent/start`;
@@ -613,7 +657,7 @@ impl ContinuationManager {
         let result = (|| {
             let header = Self::authorize_stored(&*factory, parent_id, child_id, Reach::Child, false)?;
             let descriptor = Self::continuation_state(&*factory, &header)?;
-            let Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter, .. } =
+            let Descriptor::Continuable { provider, label, agent_provider, agent_model, persona, tool_filter, agent } =
                 descriptor
             else {
                 return Err(unavailable(child_id));
@@ -626,9 +670,16 @@ impl ContinuationManager {
                 _ => fallback.clone(),
             };
             let cwd = session.header.cwd.clone();
-            let display = ChildDisplay { title: Some(label), ..ChildDisplay::default() };
+            let agent = agent.as_ref().map(NamedAgent::from_record);
+            let title = child_title(agent.as_ref().map(|a| a.name.as_str()), Some(&label));
+            let display = ChildDisplay { title, ..ChildDisplay::default() };
+            let recorded = Composition { route, persona, tool_filter, agent };
+            if let Some(named) = &recorded.agent {
+                let now = factory.agent_now(parent_id, &named.name);
+                note_definition(child_id, &recorded, now.as_ref(), fallback);
+            }
             let pending = restored.len();
-            let handle = factory.start_agent(session, restored, self.setup(route, persona, tool_filter, display));
+            let handle = factory.start_agent(session, restored, self.setup(recorded, display));
             Ok((handle, provider, cwd, pending))
         })();
         let outcome = match result {

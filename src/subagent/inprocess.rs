@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 
 use super::descriptor::ToolFilter;
 use super::{
-    Capabilities, ErrorCode, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult, SubagentRun,
+    Capabilities, ErrorCode, NamedAgent, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentResult,
+    SubagentRun, child_title,
 };
 use crate::agent::{AgentHandle, Restored, TurnEnd};
 use crate::model::ModelRoute;
@@ -32,6 +33,8 @@ pub struct ChildSetup {
     /// The delegating call's progress (a foreground child): each tool call the child makes is
     /// reported there.
     pub progress: Option<Progress>,
+    /// The named agent it runs as: its permission cap and turn limit apply.
+    pub agent: Option<NamedAgent>,
 }
 
 /// Reports each tool call of a child session (by its title among the child's `tools`) as
@@ -108,6 +111,9 @@ pub trait ChildFactory: Send + Sync {
     fn live_agent(&self, id: &str) -> Option<AgentHandle>;
     /// Forgets a child agent that was shut down.
     fn release(&self, id: &str);
+    /// The named agent `name` as the live top-level session at or above `session_id` defines it
+    /// now, resolved as a new child of it would be; `None` when it defines no such agent.
+    fn agent_now(&self, session_id: &str, name: &str) -> Option<super::agents::Launch>;
     /// `create_session` then `start_agent`.
     fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
         let session = self.create_session(spec.header, spec.seed)?;
@@ -177,7 +183,7 @@ impl SubagentProvider for InProcessProvider {
                 extra_tools.push(Arc::new(StructuredOutput { schema: schema.clone(), slot: capture.clone() }));
             }
             let display = ChildDisplay {
-                title: request.label.clone(),
+                title: child_title(request.agent.as_ref().map(|a| a.name.as_str()), request.label.as_deref()),
                 description: describe(&request.prompt),
                 call_id: request.call_id.clone(),
             };
@@ -188,6 +194,7 @@ impl SubagentProvider for InProcessProvider {
                 extra_tools,
                 display,
                 progress: request.progress.clone(),
+                agent: request.agent.clone(),
             };
             let handle = factory.create_child(ChildSpec { header, seed, setup })?;
             let turn = handle

@@ -24,7 +24,7 @@ use crate::model::ModelRoute;
 /// The `subagent/descriptor` format (disk format, so it lives in `session/`).
 pub use crate::session::descriptor;
 use crate::tools::Caller;
-pub use descriptor::{Descriptor, ToolFilter};
+pub use descriptor::{AgentRecord, Descriptor, ToolFilter};
 pub use error::{ErrorCode, SubagentError};
 
 /// Start-time features a provider supports for one-shot runs.
@@ -34,13 +34,67 @@ pub struct Capabilities {
     pub depth_limit: bool,
     pub tool_filter: bool,
     pub persona: bool,
+    /// A named agent's permission cap and turn limit (`StartRequest::agent`).
+    pub named_agent: bool,
 }
 
 impl Capabilities {
     pub const ALL: Capabilities =
-        Capabilities { output_schema: true, depth_limit: true, tool_filter: true, persona: true };
-    pub const NONE: Capabilities =
-        Capabilities { output_schema: false, depth_limit: false, tool_filter: false, persona: false };
+        Capabilities { output_schema: true, depth_limit: true, tool_filter: true, persona: true, named_agent: true };
+    pub const NONE: Capabilities = Capabilities {
+        output_schema: false,
+        depth_limit: false,
+        tool_filter: false,
+        persona: false,
+        named_agent: false,
+    };
+}
+
+/// The named agent a child is started as: its name, and what it fixes besides the persona, tool
+/// filter and model (which the request carries as for any child).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedAgent {
+    pub name: String,
+    /// The child's permission mode never goes above this (nor above its parent's).
+    pub permission_cap: Option<crate::permission::PermissionMode>,
+    /// Model calls per turn (at most `agent.max_steps`).
+    pub max_turns: Option<u32>,
+}
+
+impl NamedAgent {
+    /// What the descriptor records of it.
+    pub fn record(&self) -> AgentRecord {
+        AgentRecord {
+            name: self.name.clone(),
+            permission_mode: self.permission_cap.map(|m| m.id().to_string()),
+            max_turns: self.max_turns.map(u64::from),
+        }
+    }
+
+    /// The agent a descriptor recorded. A permission mode this kin does not know is read as
+    /// `read-only` (fail closed).
+    pub fn from_record(record: &AgentRecord) -> NamedAgent {
+        let permission_cap = record.permission_mode.as_deref().map(|id| {
+            crate::permission::PermissionMode::parse(id).unwrap_or_else(|| {
+                tracing::warn!(agent = %record.name, "recorded permission mode {id:?} is unknown; the child runs read-only");
+                crate::permission::PermissionMode::ReadOnly
+            })
+        });
+        NamedAgent {
+            name: record.name.clone(),
+            permission_cap,
+            max_turns: record.max_turns.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        }
+    }
+}
+
+/// How a child is titled for the editor: `<agent>: <label>` when it was started as a named agent.
+pub fn child_title(agent: Option<&str>, label: Option<&str>) -> Option<String> {
+    match (agent, label.filter(|l| !l.trim().is_empty())) {
+        (Some(agent), Some(label)) => Some(format!("{agent}: {label}")),
+        (Some(agent), None) => Some(agent.to_string()),
+        (None, label) => label.map(str::to_string),
+    }
 }
 
 /// A one-shot delegation as the caller asks for it.
@@ -61,6 +115,8 @@ pub struct StartRequest {
     pub call_id: Option<String>,
     /// Where a provider reports the child's activity on that call while it runs.
     pub progress: Option<crate::tools::Progress>,
+    /// The named agent the child is started as (its persona, filter and model are above).
+    pub agent: Option<NamedAgent>,
 }
 
 /// A request after the service validated it.
@@ -253,8 +309,11 @@ impl SubagentService {
                 "outputSchema must be an object-rooted JSON Schema (\"type\": \"object\")",
             ));
         }
-        let descriptor =
-            Descriptor::OneShot { provider: provider_name.to_string(), label: request.label.clone(), agent: None };
+        let descriptor = Descriptor::OneShot {
+            provider: provider_name.to_string(),
+            label: request.label.clone(),
+            agent: request.agent.as_ref().map(NamedAgent::record),
+        };
         let run = provider.start(ResolvedStart { request, descriptor, child_depth }).await?;
         Ok(self.observe_run(provider_name, run))
     }
@@ -291,6 +350,7 @@ fn check_capabilities(provider: &dyn SubagentProvider, request: &StartRequest) -
         ("depthLimit", request.max_depth.is_some(), caps.depth_limit),
         ("toolFilter", request.tool_filter.is_some(), caps.tool_filter),
         ("persona", request.persona.is_some(), caps.persona),
+        ("namedAgent", request.agent.is_some(), caps.named_agent),
     ];
     match needed.iter().find(|(_, wanted, supported)| *wanted && !*supported) {
         Some((cap, _, _)) => Err(SubagentError::new(

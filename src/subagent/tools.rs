@@ -1,7 +1,9 @@
 //! The model-facing delegation tools: `subagent` (provider `spawn`) and `subagent_fork`
 //! (provider `fork`). A foreground call waits for the child and returns its final text; a
 //! non-completed stop reason is the exact error text of dsh-design.md §1.8; the run is always
-//! disposed.
+//! disposed. An in-process tool offers the session's named agents (`agent`, an enum of their
+//! names; the description lists each with what it is for): a child started as one runs with its
+//! persona, tools, model, turn limit and permission cap; without `agent` it is the default child.
 
 use std::sync::Arc;
 
@@ -9,8 +11,11 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use super::agents::{Agents, Defaults};
 use super::continuation::ContinuationManager;
-use super::{ErrorCode, StartRequest, StopReason, SubagentError, SubagentResult, SubagentService, ToolFilter};
+use super::{
+    ErrorCode, StartRequest, StopReason, SubagentError, SubagentResult, SubagentService, ToolFilter, child_title,
+};
 use crate::model::ModelRoute;
 use crate::tools::{Access, Tool, ToolContext, ToolError, ToolOutput};
 
@@ -41,12 +46,15 @@ pub fn external_title(tool_name: &str, description: Option<&str>) -> String {
 }
 
 /// A delegation tool bound to one provider.
+#[derive(Clone)]
 pub struct DelegateTool {
     config: DelegateConfig,
     service: Arc<SubagentService>,
     /// Present when `run_in_background` (continuable children) is offered.
     background: Option<Arc<ContinuationManager>>,
     inherits_parent_context: bool,
+    /// The named agents offered through `agent` (none for a provider that cannot run them).
+    agents: Option<Arc<Agents>>,
 }
 
 impl DelegateTool {
@@ -63,8 +71,73 @@ impl DelegateTool {
                 format!("subagent provider \"{}\" does not support the \"depthLimit\" capability", config.provider),
             ));
         }
-        Ok(DelegateTool { inherits_parent_context: provider.inherits_parent_context(), config, service, background })
+        let agents = (!config.external && provider.capabilities().named_agent).then(|| Arc::new(Agents::builtin()));
+        Ok(DelegateTool {
+            inherits_parent_context: provider.inherits_parent_context(),
+            config,
+            service,
+            background,
+            agents,
+        })
     }
+
+    /// The same tool offering `agents` (a session's), or `None` when it offers no agents.
+    pub fn with_agents(&self, agents: Arc<Agents>) -> Option<DelegateTool> {
+        self.agents.as_ref()?;
+        Some(DelegateTool { agents: Some(agents), ..self.clone() })
+    }
+
+    /// What the default child runs with (`[subagents]`).
+    fn defaults(&self) -> Defaults {
+        Defaults {
+            persona: self.config.persona.clone(),
+            tool_filter: self.config.tool_filter.clone(),
+            route: self.config.route.clone(),
+        }
+    }
+}
+
+/// The named agent a call chose, resolved, and whether it runs in the background by default.
+type Chosen = Option<(super::agents::Launch, Option<bool>)>;
+
+impl DelegateTool {
+    /// The agent a call names, resolved against the default child; an unknown name (or any name
+    /// for a tool that offers no agents) is the call's error.
+    fn choose(&self, arguments: &Value) -> Result<Chosen, ToolError> {
+        let Some(name) = agent_argument(arguments)? else {
+            return Ok(None);
+        };
+        let agents = self.agents.as_ref().ok_or_else(|| {
+            ToolError::new(
+                "INVALID_ARGUMENTS",
+                format!("{} starts no named agents; leave out `agent`", self.config.tool_name),
+            )
+        })?;
+        let def = agents.get(name).ok_or_else(|| {
+            ToolError::new(
+                "UNKNOWN_AGENT",
+                format!("unknown agent \"{name}\"; choose one of: {}", agents.names().join(", ")),
+            )
+        })?;
+        Ok(Some((def.launch(&self.defaults()), def.background)))
+    }
+}
+
+/// The `agent` argument of a call: absent, null or blank is none.
+fn agent_argument(arguments: &Value) -> Result<Option<&str>, ToolError> {
+    match arguments.get("agent") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(name)) if name.trim().is_empty() => Ok(None),
+        Some(Value::String(name)) => Ok(Some(name.trim())),
+        Some(other) => {
+            Err(ToolError::new("INVALID_ARGUMENTS", format!("agent must be a string naming an agent, got {other}")))
+        }
+    }
+}
+
+/// One line of text (an agent's description in a list).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// The model-visible text of a non-completed stop reason.
@@ -93,7 +166,8 @@ impl Tool for DelegateTool {
         if self.config.external {
             external_title(&self.config.tool_name, description)
         } else {
-            description.unwrap_or_default().to_string()
+            let agent = agent_argument(arguments).ok().flatten();
+            child_title(agent, description).unwrap_or_default()
         }
     }
 
@@ -120,9 +194,18 @@ impl Tool for DelegateTool {
             ""
         };
         let note = self.config.note.as_deref().map(|n| format!(" {n}")).unwrap_or_default();
-        format!(
+        let mut text = format!(
             "{context}{note} The call waits for the child and returns its final answer as text. Use it for self-contained subtasks (research, a focused change, a review) whose result you need; several calls in one step run in parallel.{background}"
-        )
+        );
+        if let Some(agents) = &self.agents {
+            text.push_str(
+                "\n\nSet `agent` to start the child as one of these agents (each has its own instructions and tools); without it the child is a general one:",
+            );
+            for def in agents.iter() {
+                text.push_str(&format!("\n- {}: {}", def.name, one_line(&def.description)));
+            }
+        }
+        text
     }
 
     fn parameters(&self) -> Value {
@@ -135,6 +218,13 @@ impl Tool for DelegateTool {
             "required": ["description", "prompt"],
             "additionalProperties": false,
         });
+        if let Some(agents) = &self.agents {
+            schema["properties"]["agent"] = json!({
+                "type": "string",
+                "enum": agents.names(),
+                "description": "The agent to start the child as (see the list in the tool description); omit it for a general child.",
+            });
+        }
         if self.background.is_some() {
             schema["properties"]["run_in_background"] = json!({
                 "type": "boolean",
@@ -154,7 +244,9 @@ impl Tool for DelegateTool {
 
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let (config, service, background) = (self.config.clone(), self.service.clone(), self.background.clone());
+        let chosen = self.choose(&arguments);
         async move {
+            let launch = chosen?;
             let parent = ctx.caller.clone().ok_or_else(|| {
                 ToolError::new("NO_CALLER", "subagent tool requires a calling agent (exec.agent was undefined)")
             })?;
@@ -165,20 +257,33 @@ impl Tool for DelegateTool {
                     .ok_or_else(|| ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string")))
             };
             let (label, prompt) = (text("description")?, text("prompt")?);
+            let (persona, tool_filter, route, agent, background_default) = match launch {
+                Some((launch, background)) => {
+                    (launch.persona, launch.tool_filter, launch.route, Some(launch.agent), background)
+                }
+                None => (config.persona.clone(), config.tool_filter.clone(), config.route.clone(), None, None),
+            };
             let request = StartRequest {
                 label: Some(label),
                 prompt: vec![json!({"type": "text", "text": prompt})],
                 parent,
                 cancel: ctx.cancel.clone(),
-                route: config.route.clone(),
+                route,
                 output_schema: config.output_schema.clone(),
                 max_depth: config.max_depth,
-                tool_filter: config.tool_filter.clone(),
-                persona: config.persona.clone(),
+                tool_filter,
+                persona,
                 call_id: Some(ctx.call_id.clone()),
                 progress: ctx.progress.clone(),
+                agent,
             };
-            if arguments["run_in_background"].as_bool() == Some(true) {
+            // An agent that runs in the background by default does so where background children
+            // are offered; a call may still say otherwise.
+            let in_background = match arguments["run_in_background"].as_bool() {
+                Some(asked) => asked,
+                None => background_default == Some(true) && background.is_some(),
+            };
+            if in_background {
                 let manager = background.ok_or_else(|| {
                     ToolError::new("INVALID_ARGUMENTS", "run_in_background is not enabled for this tool")
                 })?;

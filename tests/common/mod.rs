@@ -207,6 +207,7 @@ pub fn start_request(parent: &Arc<Caller>, prompt: &str) -> StartRequest {
         persona: None,
         call_id: None,
         progress: None,
+        agent: None,
     }
 }
 

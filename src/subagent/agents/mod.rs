@@ -19,8 +19,8 @@ pub use def::{AgentDef, ModelChoice, Origin};
 pub use load::{AgentSettings, Agents, workspace_dirs};
 
 use crate::model::ModelRoute;
-use crate::permission::PermissionMode;
-use crate::session::descriptor::{AgentRecord, ToolFilter};
+use crate::subagent::NamedAgent;
+use crate::subagent::descriptor::ToolFilter;
 
 /// The default child's composition (`[subagents]`): what `general` runs with, and what every
 /// other agent's tools stay within.
@@ -35,26 +35,11 @@ pub struct Defaults {
 /// What a child started as a named agent runs with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Launch {
-    pub agent: String,
+    pub agent: NamedAgent,
     pub persona: Option<String>,
     pub tool_filter: Option<ToolFilter>,
     /// `None`: the parent's route.
     pub route: Option<ModelRoute>,
-    /// The child's permission mode is never looser than this.
-    pub permission_cap: Option<PermissionMode>,
-    /// Model calls per turn.
-    pub max_turns: Option<u32>,
-}
-
-impl Launch {
-    /// What the descriptor records besides the persona, filter and model.
-    pub fn record(&self) -> AgentRecord {
-        AgentRecord {
-            name: self.agent.clone(),
-            permission_mode: self.permission_cap.map(|m| m.id().to_string()),
-            max_turns: self.max_turns.map(u64::from),
-        }
-    }
 }
 
 impl AgentDef {
@@ -76,20 +61,17 @@ impl AgentDef {
             };
             (self.persona.clone(), filter, route)
         };
-        Launch {
-            agent: self.name.clone(),
-            persona,
-            tool_filter,
-            route,
-            permission_cap: self.permission_mode,
-            max_turns: self.max_turns,
-        }
+        let agent =
+            NamedAgent { name: self.name.clone(), permission_cap: self.permission_mode, max_turns: self.max_turns };
+        Launch { agent, persona, tool_filter, route }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::permission::PermissionMode;
+    use crate::subagent::AgentRecord;
 
     fn defaults() -> Defaults {
         Defaults {
@@ -106,8 +88,8 @@ mod tests {
         assert_eq!(launch.persona.as_deref(), Some("default persona"));
         assert_eq!(launch.tool_filter, defaults().tool_filter);
         assert_eq!(launch.route, defaults().route);
-        assert_eq!((launch.permission_cap, launch.max_turns), (None, None));
-        assert_eq!(launch.record(), AgentRecord::named("general"));
+        assert_eq!((launch.agent.permission_cap, launch.agent.max_turns), (None, None));
+        assert_eq!(launch.agent.record(), AgentRecord::named("general"));
     }
 
     #[test]
@@ -118,10 +100,10 @@ mod tests {
             let filter = launch.tool_filter.clone().unwrap();
             assert_eq!(filter.allow, Some(vec!["read".to_string(), "glob".to_string(), "grep".to_string()]));
             assert_eq!(filter.deny, Some(vec!["bash".to_string()]), "the default child's denies still apply");
-            assert_eq!(launch.permission_cap, Some(PermissionMode::ReadOnly));
+            assert_eq!(launch.agent.permission_cap, Some(PermissionMode::ReadOnly));
             assert!(launch.persona.as_deref().unwrap().contains("cannot change files"));
             assert_eq!(launch.route, defaults().route, "no model of their own: the default child's");
-            assert_eq!(launch.record().permission_mode.as_deref(), Some("read-only"));
+            assert_eq!(launch.agent.record().permission_mode.as_deref(), Some("read-only"));
         }
         assert!(agents.get("review").unwrap().launch(&Defaults::default()).persona.unwrap().contains("findings"));
     }
