@@ -206,7 +206,7 @@ fn list(query: &dyn QueryService, parent: &str) -> Result<Vec<ListEntry>, Subage
 }
 
 fn child(id: &str, mode: Mode, label: Option<&str>, activity: Activity) -> ListEntry {
-    ListEntry::Child { id: id.into(), mode, label: label.map(str::to_string), activity }
+    ListEntry::Child { id: id.into(), mode, label: label.map(str::to_string), agent: None, activity }
 }
 
 fn cont(id: &str, label: &str, activity: Activity) -> ListEntry {

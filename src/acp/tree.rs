@@ -33,8 +33,8 @@ use super::convert;
 use crate::runtime::{ChildObservers, ChildRecord, Runtime};
 use crate::session::event::{self, TurnEndReason, UserMessage};
 use crate::session::{Event, EventBody, Kind, Session, SessionHeader, SessionObserver};
-use crate::subagent::Descriptor;
 use crate::subagent::inprocess::{ChildDisplay, describe};
+use crate::subagent::{Descriptor, child_title};
 use crate::tools::ToolRegistry;
 
 /// How deep a reloaded parent's stored children are followed.
@@ -427,11 +427,11 @@ fn nodes(runtime: &Runtime, parent: &str, depth: usize) -> Vec<Node> {
         .collect()
 }
 
-/// Announces a stored child on its parent: title from its descriptor's label, description from
-/// its task, and its stored state.
+/// Announces a stored child on its parent: title from its descriptor's label (`<agent>: <label>`
+/// for a named agent), description from its task, and its stored state.
 fn announce(cx: &ConnectionTo<Client>, node: &Node) {
     let record = &node.record;
-    let title = record.descriptor.as_ref().and_then(Descriptor::label).map(str::to_string);
+    let title = record.descriptor.as_ref().and_then(|d| child_title(d.agent().map(|a| a.name.as_str()), d.label()));
     let task = record.events.iter().filter_map(Event::get::<UserMessage>).find(UserMessage::from_user);
     let description = task.and_then(|m| describe(&m.content));
     let update = announcement(&record.header, title, description, stored_state(record));

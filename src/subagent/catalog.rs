@@ -83,8 +83,8 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListEntry {
     /// A subagent with a valid descriptor. `label` is always present for continuable children
-    /// and optional for one-shot ones.
-    Child { id: String, mode: Mode, label: Option<String>, activity: Activity },
+    /// and optional for one-shot ones; `agent` is the named agent it was started as, if any.
+    Child { id: String, mode: Mode, label: Option<String>, agent: Option<String>, activity: Activity },
     /// A candidate that could not be read; its descriptor content is never exposed.
     Diagnostic { id: String, reason: Reason },
 }
@@ -182,11 +182,12 @@ fn inspect_child(
         Ok(Some(descriptor)) => descriptor,
     };
     let activity = if candidate.live { Activity::Running } else { Activity::Inactive };
+    let agent = descriptor.agent().map(|a| a.name.clone());
     let (mode, label) = match descriptor {
         Descriptor::OneShot { label, .. } => (Mode::OneShot, label),
         Descriptor::Continuable { label, .. } => (Mode::Continuable, Some(label)),
     };
-    Ok(Some(ListEntry::Child { id: id.to_string(), mode, label, activity }))
+    Ok(Some(ListEntry::Child { id: id.to_string(), mode, label, agent, activity }))
 }
 
 /// The descriptor in a stored child's own events (seq >= `seed_length`), judged as a listing

@@ -1,5 +1,5 @@
 //! What the integration tests share. First, the real `kin` binary as a JSON-RPC peer over pipes
-//! (`binary`, `catalog`, `agent_tree`, `crash_safety`, `e2e_http`, `fuzz_protocol`); then an
+//! (`binary`, `catalog`, `agent_tree`, `crash_safety`, `e2e_http`, `fuzz_protocol`, `named_agents`); then an
 //! in-process runtime over a temporary store with the scripted model, a live parent session in it
 //! and a start request from that parent (`catalog`, `continuation`, `subagents`, `acp_provider`).
 //!
