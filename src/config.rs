@@ -74,6 +74,9 @@ pub struct Config {
     pub keys: KeyStore,
     /// Named child agents: the user's agent directories, `[agents.NAME]`, `[model_aliases]`.
     pub agents: AgentSettings,
+    /// The user's slash-command dirs (`~/.config/kin/commands`, `~/.claude/commands`; see
+    /// `user_dirs`), read after the workspace's (`slash::dirs`).
+    pub command_dirs: Vec<PathBuf>,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -367,11 +370,13 @@ impl Config {
             }
             (None, None) => Backend::Auto,
         };
+        let command_dirs = user_dirs(env, "commands");
         let keys = KeyStore { backend, file: config_dir.map(|dir| dir.join(crate::keys::FILE_NAME)) };
         let mut agents = resolve_agents(file.agents, file.model_aliases, &where_())?;
-        agents.user_dirs = user_agent_dirs(env);
+        agents.user_dirs = user_dirs(env, "agents");
         Ok(Config {
             agents,
+            command_dirs,
             max_frame_bytes,
             mcp,
             mcp_servers,
@@ -536,13 +541,13 @@ fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentS
     })
 }
 
-/// The user's agent directories: kin's (`$XDG_CONFIG_HOME/kin/agents`, else
-/// `~/.config/kin/agents`) and Claude Code's (`$CLAUDE_CONFIG_DIR/agents`, else `~/.claude/agents`).
-fn user_agent_dirs(env: Env<'_>) -> Vec<PathBuf> {
+/// The user's directories named `leaf` (`agents`, `commands`): kin's (`$XDG_CONFIG_HOME/kin/<leaf>`,
+/// else `~/.config/kin/<leaf>`) and Claude Code's (`$CLAUDE_CONFIG_DIR/<leaf>`, else `~/.claude/<leaf>`).
+fn user_dirs(env: Env<'_>, leaf: &str) -> Vec<PathBuf> {
     let home = env("HOME").map(PathBuf::from);
     let kin = env("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| home.as_ref().map(|h| h.join(".config")));
     let claude = env("CLAUDE_CONFIG_DIR").map(PathBuf::from).or_else(|| home.as_ref().map(|h| h.join(".claude")));
-    kin.map(|k| k.join("kin").join("agents")).into_iter().chain(claude.map(|c| c.join("agents"))).collect()
+    kin.map(|k| k.join("kin").join(leaf)).into_iter().chain(claude.map(|c| c.join(leaf))).collect()
 }
 
 /// `[agents.NAME]` and `[model_aliases]`.
@@ -1030,6 +1035,7 @@ mod tests {
         let env = env_of(&[("XDG_CONFIG_HOME", "/x"), ("CLAUDE_CONFIG_DIR", "/c"), ("KIN_SESSIONS_DIR", "/s")]);
         let c = Config::resolve(&flags, &env).unwrap();
         assert_eq!(c.agents.user_dirs, [PathBuf::from("/x/kin/agents"), PathBuf::from("/c/agents")]);
+        assert_eq!(c.command_dirs, [PathBuf::from("/x/kin/commands"), PathBuf::from("/c/commands")]);
         for (text, key) in [
             ("[agents.a]\nprompt = \"p\"\n", "description"),
             ("[agents.a]\ndescription = \"d\"\ncolor = \"red\"\n", "color"),

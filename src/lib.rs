@@ -19,6 +19,7 @@ pub mod prompt;
 pub mod runtime;
 pub mod scenario;
 pub mod session;
+pub mod slash;
 pub mod subagent;
 pub mod timefmt;
 pub mod tools;

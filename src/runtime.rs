@@ -2,7 +2,7 @@
 //! calls (new, prompt, cancel, load, list, shutdown). It knows nothing about ACP.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -22,6 +22,7 @@ use crate::prompt::{self, PromptSettings};
 use crate::session::event;
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
+use crate::slash;
 use crate::subagent::agents::{Agents, Defaults, Launch};
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
@@ -74,6 +75,8 @@ struct Live {
     mcp: Arc<McpSession>,
     /// The named agents its delegation tools offer (its children's too), read when it started.
     agents: Arc<Agents>,
+    /// The session's working directory (where its workspace slash commands are).
+    cwd: Option<PathBuf>,
 }
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
@@ -723,10 +726,11 @@ impl Runtime {
         let agents = Arc::new(Agents::load(&self.config.agents, session.header.cwd.as_deref().map(Path::new)));
         let mut deps = self.deps(&permissions, &mcp, &agents, system);
         deps.route = route.clone();
+        let cwd = session.header.cwd.as_deref().map(PathBuf::from);
         let handle = spawn_restored(session, restored, deps);
         let model = Mutex::new(route);
         let prompt_in_flight = Arc::new(AtomicBool::new(false));
-        self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp, agents });
+        self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp, agents, cwd });
     }
 
     /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
@@ -776,6 +780,16 @@ impl Runtime {
     /// Starts a user turn; the receiver resolves with how it ended. One prompt per session.
     pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
         self.reject_child(session_id)?;
+        // Command files are read before the live table is locked.
+        let cwd = self.live().get(session_id).map(|l| l.cwd.clone()).unwrap_or_default();
+        let content = match self.slash_expansion(cwd.as_deref(), &content) {
+            Some(slash::Expansion::Prompt(text)) => {
+                let mut content = content;
+                content[0] = json!({"type": "text", "text": text});
+                content
+            }
+            None => content,
+        };
         let live = self.live();
         let Some(entry) = live.get(session_id) else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
@@ -795,6 +809,25 @@ impl Runtime {
             let _ = tx.send(end);
         });
         Ok(rx)
+    }
+
+    /// The slash commands a live top-level session offers (built-ins, then its workspace's and
+    /// the user's command files); none for an unknown session.
+    pub fn slash_commands(&self, session_id: &str) -> Vec<slash::SlashCommand> {
+        let Some(cwd) = self.live().get(session_id).map(|l| l.cwd.clone()) else {
+            return Vec::new();
+        };
+        slash::discover(&slash::dirs(cwd.as_deref(), &self.config.command_dirs))
+    }
+
+    /// What a prompt whose first text invokes a known slash command becomes (`None`: not an
+    /// invocation, or of no command the session offers; it goes to the model as it is).
+    fn slash_expansion(&self, cwd: Option<&Path>, content: &[Value]) -> Option<slash::Expansion> {
+        let text = content.first().filter(|b| b["type"] == "text")?["text"].as_str()?;
+        let (name, arguments, after) = slash::invocation(text)?;
+        let commands = slash::discover(&slash::dirs(cwd, &self.config.command_dirs));
+        let command = commands.iter().find(|c| c.name == name)?;
+        Some(slash::expand(command, arguments, after))
     }
 
     /// `session/cancel` (seed 003): cancels the running turn of a session and of its foreground

@@ -270,3 +270,62 @@ async fn read_shows_an_image_file_to_a_model_that_takes_images() {
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slash_commands_are_offered_and_expanded_from_the_workspace_and_user_files() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(openai_text("Done.")).mount(&server).await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start("", &env, "openai/gpt-test");
+    let workspace = editor.cwd.join(".kin/commands");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(
+        workspace.join("review.md"),
+        "---\ndescription: Review a file\nargument-hint: <path>\n---\nReview $ARGUMENTS for bugs.\n",
+    )
+    .unwrap();
+    // The user's Claude Code commands (HOME is the scratch dir).
+    let user = editor.cwd.parent().unwrap().join(".claude/commands");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("hello.md"), "Say hello in one word.").unwrap();
+    editor.init(json!({}));
+    let session = editor.new_session();
+    editor.prompt(&session, json!([{"type": "text", "text": "/review src/lib.rs"}]));
+    let offered: Vec<Value> = editor
+        .updates()
+        .into_iter()
+        .filter(|u| u["sessionUpdate"] == "available_commands_update")
+        .map(|u| u["availableCommands"].clone())
+        .collect();
+    assert_eq!(
+        offered,
+        [json!([
+            {"name": "init", "description": "Draft an AGENTS.md for this workspace", "input": {"hint": "what to focus on (optional)"}},
+            {"name": "review", "description": "Review a file", "input": {"hint": "<path>"}},
+            {"name": "hello", "description": "Say hello in one word."},
+        ])],
+        "offered once, after session/new"
+    );
+    editor.prompt(&session, json!([{"type": "text", "text": "/hello"}]));
+    editor.prompt(&session, json!([{"type": "text", "text": "/init"}]));
+    editor.prompt(&session, json!([{"type": "text", "text": "/usr/bin/true fails, why?"}]));
+    let asked: Vec<String> = bodies(&server)
+        .await
+        .iter()
+        .map(|b| {
+            let last = b["messages"].as_array().unwrap().last().unwrap();
+            last["content"].as_str().map(str::to_string).unwrap_or_else(|| last["content"][0]["text"].to_string())
+        })
+        .collect();
+    assert_eq!(asked[0], "Review src/lib.rs for bugs.\n");
+    assert_eq!(asked[1], "Say hello in one word.");
+    assert!(asked[2].contains("draft AGENTS.md"), "{}", asked[2]);
+    assert_eq!(asked[3], "/usr/bin/true fails, why?", "not a command: sent as it is");
+    // A loaded session is offered its commands again.
+    let loaded = editor.call("session/load", json!({"sessionId": session, "cwd": editor.cwd, "mcpServers": []}));
+    assert!(loaded.get("result").is_some(), "{loaded}");
+    let frame = editor.kin.frame(WAIT);
+    assert_eq!(frame["params"]["update"]["sessionUpdate"], "available_commands_update", "{frame}");
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}

@@ -132,5 +132,7 @@ fn typescript_sdk_parses_every_update() {
     assert!(count("subagent_update") >= 1, "no subagent_update reached the SDK client: {summary}");
     assert!(count("tool_call") >= 1, "no tool_call reached the SDK client: {summary}");
     assert!(count("agent_message_chunk") >= 1, "no agent_message_chunk reached the SDK client: {summary}");
+    // The editor features' updates pass the SDK's schema too.
+    assert_eq!(count("available_commands_update"), 1, "the slash commands, once after session/new: {summary}");
     assert!(summary["sessions"].as_u64().unwrap_or(0) >= 2, "the child's own updates are missing: {summary}");
 }

@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Diff, EmbeddedResourceResource, ImageContent, Plan, PlanEntry, PlanEntryPriority,
-    PlanEntryStatus, SessionUpdate, StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation,
-    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ContentBlock, ContentChunk, Diff,
+    EmbeddedResourceResource, ImageContent, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate,
+    StopReason, TextContent, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate,
+    ToolCallUpdateFields, ToolKind, UnstructuredCommandInput,
 };
 use serde_json::{Value, json};
 
@@ -115,6 +116,19 @@ fn resource_text(text: &str) -> String {
     let mut capture = Capture::new(Limits { head: half, tail: half });
     capture.push(text.as_bytes());
     capture.render()
+}
+
+/// The slash commands a session offers, as `available_commands_update` (a command's
+/// `argument-hint` as its unstructured input hint).
+pub fn commands_update(commands: &[crate::slash::SlashCommand]) -> SessionUpdate {
+    let available = commands
+        .iter()
+        .map(|c| {
+            let input = c.hint.clone().map(|h| AvailableCommandInput::Unstructured(UnstructuredCommandInput::new(h)));
+            AvailableCommand::new(c.name.clone(), c.description.clone()).input(input)
+        })
+        .collect();
+    SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(available))
 }
 
 /// How the thought that shows a model retry begins (`kin run` picks retries out by it).

@@ -143,9 +143,10 @@ fn no_images(runtime: &Runtime, session_id: &str, images: usize, as_notices: boo
     )
 }
 
-/// After a session's response: tells the user about its MCP servers from now on (sent after the
-/// response, so the client knows the session id).
-fn forward_notices(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_notices: &std::sync::atomic::AtomicBool) {
+/// After a session's response (so the client knows the session id): offers its slash commands
+/// (`available_commands_update`) and tells the user about its MCP servers from now on.
+fn after_response(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_notices: &std::sync::atomic::AtomicBool) {
+    tree::notify(cx, id, convert::commands_update(&runtime.slash_commands(id)));
     if let Some(notices) = runtime.take_mcp_notices(id) {
         mcp::forward(cx, id.to_string(), notices, as_notices.load(std::sync::atomic::Ordering::SeqCst));
     }
@@ -241,7 +242,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                         let sent = responder.respond(
                             NewSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
                         );
-                        forward_notices(&cx, &rt_new, &id, &notices_new);
+                        after_response(&cx, &rt_new, &id, &notices_new);
                         sent
                     }
                     Err(e) => responder.respond_with_error(to_acp(e)),
@@ -313,7 +314,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 let _ = responder.respond(
                                     LoadSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
-                                forward_notices(&cx, &runtime, &id, &notices);
+                                after_response(&cx, &runtime, &id, &notices);
                                 tree::reannounce(&cx, &children);
                                 runtime.run_restored(&id).await;
                             }
@@ -400,7 +401,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 let _ = responder.respond(
                                     ResumeSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
-                                forward_notices(&cx, &runtime, &id, &notices);
+                                after_response(&cx, &runtime, &id, &notices);
                                 if agents.enabled() {
                                     tree::reannounce(&cx, &tree::stored_tree(&runtime, &id));
                                 }
@@ -446,7 +447,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                         let sent = responder.respond(
                             ForkSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
                         );
-                        forward_notices(&cx, &rt_fork, &id, &notices_fork);
+                        after_response(&cx, &rt_fork, &id, &notices_fork);
                         sent
                     }
                     Err(e) => responder.respond_with_error(to_acp(e)),

@@ -118,7 +118,8 @@ async fn run_inner(dir: &Path, opts: &RunOptions) -> Result<String> {
         args.extend(["--config".into(), config.display().to_string()]);
         args.extend(["--replay".into(), dir.canonicalize()?.display().to_string()]);
         env.push(("XDG_CONFIG_HOME".into(), tmp.path().display().to_string()));
-        // Nor the user's Claude Code agents (`~/.claude/agents`): a replay sees only the scenario's.
+        // Nor the user's Claude Code agents and commands (`~/.claude/agents`, `commands`): a replay
+        // sees only the scenario's.
         env.push(("CLAUDE_CONFIG_DIR".into(), tmp.path().join("claude").display().to_string()));
     }
     // Like dsh's snapshots (which run with full access), a scenario runs in `bypass` unless its
