@@ -1035,7 +1035,7 @@ impl Runtime {
         let Some(entry) = removed else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
-        entry.handle.cancel();
+        entry.handle.stop();
         self.continuation.close_descendants(session_id).await;
         for (id, handle) in self.descendants(session_id) {
             handle.shutdown().await;
@@ -1138,6 +1138,10 @@ impl Runtime {
     /// Drains continuable children (child-first), then stops every agent (cancelling running
     /// turns) and flushes every session.
     pub async fn shutdown(&self) {
+        // Nothing starts a new turn from here on: what is queued stays pending in the logs.
+        for live in self.live().values() {
+            live.handle.stop();
+        }
         self.continuation.drain().await;
         let children: Vec<AgentHandle> = self.children().drain().map(|(_, c)| c.handle).collect();
         futures::future::join_all(children.iter().map(AgentHandle::shutdown)).await;

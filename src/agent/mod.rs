@@ -277,12 +277,20 @@ impl AgentHandle {
     /// Cancels the running turn, answers queued turns `Disposed` (their inbox messages stay
     /// pending in the log), flushes and stops the actor.
     pub async fn shutdown(&self) {
-        self.shared.disposing.store(true, Ordering::SeqCst);
-        self.cancel();
+        self.stop();
         let (reply, rx) = oneshot::channel();
         if self.send(Command::Shutdown { reply }).is_ok() {
             let _ = rx.await;
         }
+    }
+
+    /// The first half of `shutdown`: the running turn is cancelled (it ends `disposed`) and no
+    /// queued turn starts any more, so what is queued stays pending in the log. Stopping every
+    /// agent of a tree first and shutting them down afterwards (child-first) keeps a parent from
+    /// starting its next turn while its children wind down.
+    pub fn stop(&self) {
+        self.shared.disposing.store(true, Ordering::SeqCst);
+        self.cancel();
     }
 
     fn send(&self, command: Command) -> Result<(), AgentGone> {
@@ -342,7 +350,9 @@ impl Actor {
             if shutdown.is_some() {
                 break;
             }
-            let next = if self.held { None } else { self.intake.next() };
+            // A stopping agent starts no queued turn: it stays pending in the log.
+            let stopping = self.shared.disposing.load(Ordering::SeqCst);
+            let next = if self.held || stopping { None } else { self.intake.next() };
             let Some(item) = next else {
                 match rx.recv().await {
                     Some(command) => self.idle_command(command, &mut shutdown),

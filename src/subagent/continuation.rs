@@ -881,11 +881,11 @@ impl ContinuationManager {
         self.stop_child_first(acts).await;
     }
 
-    /// Cancels every Activation given, then shuts them down deepest first, releasing each and
+    /// Stops every Activation given (cancelled, and no queued turn starts), then shuts them down deepest first, releasing each and
     /// emitting its `subagent/end` (aborted).
     async fn stop_child_first(&self, mut acts: Vec<(String, Activation)>) {
         for (_, act) in &acts {
-            act.handle.cancel();
+            act.handle.stop();
         }
         let depth = |id: &str| {
             let mut d = 0;
