@@ -240,7 +240,7 @@ mod tests {
     use serde_json::json;
 
     fn event(kind: &str, data: Value) -> Event {
-        Event { kind: kind.into(), seq: 0, time: 0, data, source_event_seqs: None, surface_op: None }
+        Event { kind: kind.into(), seq: 0, time: 0, data: data.into(), source_event_seqs: None, surface_op: None }
     }
 
     #[test]

@@ -204,7 +204,7 @@ mod tests {
             kind: kind.into(),
             seq,
             time: 0,
-            data: json!({"text": text}),
+            data: json!({"text": text}).into(),
             source_event_seqs: None,
             surface_op: None,
         };

@@ -869,7 +869,7 @@ impl Runtime {
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<Vec<Event>, RuntimeError> {
+    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
         let gate = self.load_gate(session_id);
         let loaded = {
             let _turn = gate.lock().await;
@@ -900,7 +900,7 @@ impl Runtime {
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<Vec<Event>, RuntimeError> {
+    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
         self.reject_child(session_id)?;
         let existing = {
             let mut live = self.live();
@@ -925,7 +925,7 @@ impl Runtime {
         // Its inbox is read back first: what settles without a turn is in the replayed history.
         let restored = crate::agent::prepare(&mut session)
             .map_err(|e| RuntimeError::Internal(format!("session {session_id} cannot be loaded: {e}")))?;
-        let events = session.events().to_vec();
+        let events = session.snapshot();
         self.model.session_loaded(session_id, &events);
         // A resumed session keeps the prompt it was created with.
         let system = match prompt::recorded(&events) {
@@ -1000,7 +1000,7 @@ impl Runtime {
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<Vec<Event>, RuntimeError> {
+    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
         self.reject_child(session_id)?;
         let live = self.live().get(session_id).map(|l| (l.mcp.clone(), l.handle.clone()));
         if let Some((mcp, handle)) = live {
@@ -1010,13 +1010,13 @@ impl Runtime {
                 let _ = handle.inject_log(McpSession::describe(&specs));
                 mcp.replace(specs).await;
             }
-            return Ok(Vec::new());
+            return Ok(Arc::default());
         }
         let gate = self.load_gate(session_id);
         let resumed = {
             let _turn = gate.lock().await;
             if self.live().contains_key(session_id) {
-                Ok(Vec::new())
+                Ok(Arc::default())
             } else {
                 self.load_now(session_id, observer, servers).await
             }

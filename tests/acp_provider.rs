@@ -552,7 +552,7 @@ async fn the_child_tool_calls_show_as_progress_on_the_delegating_call() {
     let kinds: Vec<&str> = log.iter().map(|e| e.kind.as_str()).collect();
     let at = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap_or_else(|| panic!("no {kind}: {kinds:?}"));
     assert!(at("tool/call") < at("tool/progress") && at("tool/progress") < at("tool/result"), "{kinds:?}");
-    let progress: Vec<&Value> = log.iter().filter(|e| e.kind == "tool/progress").map(|e| &e.data).collect();
+    let progress: Vec<&Value> = log.iter().filter(|e| e.kind == "tool/progress").map(|e| e.data.value()).collect();
     // One report: the untitled call says nothing.
     assert_eq!(progress, [&json!({"turn": 1, "step": 1, "callId": "c1", "text": "acp:w: Run cargo test"})]);
     assert!(log.iter().find(|e| e.kind == "tool/progress").unwrap().surface_op.is_none(), "log-only");

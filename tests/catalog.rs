@@ -72,7 +72,14 @@ fn continuable(label: &str) -> Descriptor {
 const DESCRIPTOR_EVENT: &str = "subagent/descriptor";
 
 fn descriptor_event(seq: u64, payload: Value) -> Event {
-    Event { kind: DESCRIPTOR_EVENT.into(), seq, time: 0, data: payload, source_event_seqs: None, surface_op: None }
+    Event {
+        kind: DESCRIPTOR_EVENT.into(),
+        seq,
+        time: 0,
+        data: payload.into(),
+        source_event_seqs: None,
+        surface_op: None,
+    }
 }
 
 /// One completed turn: the prompt, one chunk, the answer.
@@ -1469,7 +1476,7 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     let descriptor = store.inspect(&target).unwrap().events.into_iter().find(|e| e.kind == DESCRIPTOR_EVENT).unwrap();
     let events = original.lines().count() as u64 - 1;
 
-    let second = ev(events, DESCRIPTOR_EVENT, descriptor.data.clone());
+    let second = ev(events, DESCRIPTOR_EVENT, descriptor.data.to_value());
     std::fs::write(&path, format!("{original}{second}\n")).unwrap();
     assert_eq!(
         kin.list_agents(&store, &parent),

@@ -39,7 +39,7 @@ fn build(root: &Path) -> (String, String) {
         kind: "subagent/descriptor".into(),
         seq: 0,
         time: 0,
-        data: json!({"version": 2, "mode": "continuable", "provider": "spawn", "label": "healthy"}),
+        data: json!({"version": 2, "mode": "continuable", "provider": "spawn", "label": "healthy"}).into(),
         source_event_seqs: None,
         surface_op: None,
     };

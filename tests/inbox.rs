@@ -231,7 +231,7 @@ fn first_text(data: &Value) -> String {
 
 /// The texts of a log's `user/message`s (their first text block).
 fn user_texts(events: &[Event]) -> Vec<String> {
-    events.iter().filter(|e| e.kind == "user/message").map(|e| first_text(&e.data)).collect()
+    events.iter().filter(|e| e.kind == "user/message").map(|e| first_text(e.data.value())).collect()
 }
 
 /// The texts of the messages a log's inbox insertions accepted, in order.

@@ -37,7 +37,7 @@ fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 fn event(seq: u64, kind: &str, data: Value) -> Event {
-    Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: None, surface_op: None }
+    Event { kind: kind.into(), seq, time: 0, data: data.into(), source_event_seqs: None, surface_op: None }
 }
 
 /// A stored session whose last turn was interrupted by a crash (a load would repair it), with

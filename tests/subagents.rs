@@ -132,7 +132,7 @@ async fn depth_rejection_creates_no_child_and_no_lifecycle() {
 }
 
 fn ev(seq: u64, kind: &str) -> Event {
-    Event { kind: kind.into(), seq, time: 0, data: json!({}), source_event_seqs: None, surface_op: None }
+    Event { kind: kind.into(), seq, time: 0, data: json!({}).into(), source_event_seqs: None, surface_op: None }
 }
 
 #[test]

@@ -441,7 +441,7 @@ mod tests {
             kind: kind.into(),
             seq: 0,
             time: 0,
-            data,
+            data: data.into(),
             source_event_seqs: None,
             surface_op: None,
         };

@@ -304,6 +304,8 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 for update in events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
                                     tree::notify(&cx, &id, update);
                                 }
+                                // Shared with the live session: let go before it appends.
+                                drop(events);
                                 // The agent tree: children replayed before the response, the
                                 // continuing ones re-announced after it.
                                 let children =
@@ -396,6 +398,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                         match runtime.resume_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
                             Ok(events) => {
                                 forwarder.count(&events);
+                                drop(events);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
                                 let options = model_options(&runtime, &id);
                                 let _ = responder.respond(

@@ -265,7 +265,7 @@ impl Descriptor {
     /// Folds the first descriptor event among `events` (none → `Ok(None)`).
     pub fn fold<'a>(mut events: impl Iterator<Item = &'a Event>) -> Result<Option<Descriptor>, String> {
         match events.find(|e| e.kind == Kind::SubagentDescriptor) {
-            Some(event) => Descriptor::parse(&event.data),
+            Some(event) => Descriptor::parse(&event.data.to_value()),
             None => Ok(None),
         }
     }

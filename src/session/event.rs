@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use super::chunk::{Failure, StreamChunk};
+use super::data::Data;
 use super::record::Event;
 
 /// A typed payload: the `data` of one kind of event.
@@ -43,15 +44,24 @@ impl Event {
         if self.kind != T::KIND {
             return None;
         }
-        T::deserialize(&self.data).ok()
+        self.data.read().ok()
     }
 
     /// The message a surface event puts into the model history (`data` for `user/message`,
-    /// `data.message` for the other surface kinds); `None` for log-only events.
-    pub fn surface_message(&self) -> Option<&Value> {
+    /// `data.message` for the other surface kinds; `null` when it has none), parsed afresh;
+    /// `None` for log-only events.
+    pub fn surface_message(&self) -> Option<Value> {
+        /// The one field of a surface payload the history takes.
+        #[derive(Deserialize)]
+        struct Carrier {
+            #[serde(default)]
+            message: Value,
+        }
         match self.kind {
-            Kind::UserMessage => Some(&self.data),
-            Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage => Some(&self.data["message"]),
+            Kind::UserMessage => Some(self.data.to_value()),
+            Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage => {
+                Some(self.data.read::<Carrier>().map_or(Value::Null, |c| c.message))
+            }
             _ => None,
         }
     }
@@ -114,14 +124,6 @@ impl<'de> Deserialize<'de> for Kind {
         }
         deserializer.deserialize_str(Name)
     }
-}
-
-fn to_data(payload: &impl Serialize) -> Value {
-    // The payloads are plain structs of strings, numbers and JSON values: this cannot fail.
-    serde_json::to_value(payload).unwrap_or_else(|e| {
-        tracing::error!("serializing an event payload failed: {e}");
-        Value::Null
-    })
 }
 
 fn unknown_error() -> String {
@@ -724,19 +726,19 @@ macro_rules! event_kinds {
             }
 
             /// The envelope's `type` and `data`.
-            pub(super) fn into_parts(self) -> (Kind, Value) {
+            pub(super) fn into_parts(self) -> (Kind, Data) {
                 match self {
-                    $(EventBody::$variant(payload) => (Kind::$variant, to_data(&payload)),)*
-                    EventBody::Unknown { kind, data } => (Kind::parse(&kind), data),
+                    $(EventBody::$variant(payload) => (Kind::$variant, Data::of_payload(&payload)),)*
+                    EventBody::Unknown { kind, data } => (Kind::parse(&kind), Data::of(&data)),
                 }
             }
 
-            fn read(kind: &Kind, data: &Value) -> EventBody {
+            fn read(kind: &Kind, data: &Data) -> EventBody {
                 let typed = match kind {
-                    $(Kind::$variant => <$payload>::deserialize(data).ok().map(EventBody::$variant),)*
+                    $(Kind::$variant => data.read::<$payload>().ok().map(EventBody::$variant),)*
                     Kind::Other(_) => None,
                 };
-                typed.unwrap_or_else(|| EventBody::Unknown { kind: kind.as_str().to_string(), data: data.clone() })
+                typed.unwrap_or_else(|| EventBody::Unknown { kind: kind.as_str().to_string(), data: data.to_value() })
             }
         }
 
@@ -942,7 +944,7 @@ mod tests {
             kind: Kind::TurnEnd,
             seq: 0,
             time: 0,
-            data: data.clone(),
+            data: data.clone().into(),
             source_event_seqs: None,
             surface_op: None,
         };
@@ -950,17 +952,17 @@ mod tests {
         assert_eq!(event.body(), EventBody::TurnEnd(TurnEnd { turn: 4, reason: TurnEndReason::Completed }));
         assert_eq!(event.get::<TurnStart>(), None, "another kind");
         // A reason kin does not know, and dsh's older error shape, still read as turn ends.
-        let odd = Event { data: json!({"turn": 1, "reason": {"kind": "later", "why": 1}}), ..event.clone() };
+        let odd = Event { data: json!({"turn": 1, "reason": {"kind": "later", "why": 1}}).into(), ..event.clone() };
         assert_eq!(odd.get::<TurnEnd>().map(|t| t.reason), Some(TurnEndReason::Unrecognized));
         let dsh = Event {
-            data: json!({"turn": 1, "reason": {"kind": "error", "message": "m", "code": "C"}}),
+            data: json!({"turn": 1, "reason": {"kind": "error", "message": "m", "code": "C"}}).into(),
             ..event.clone()
         };
         assert_eq!(dsh.get::<TurnEnd>().map(|t| t.reason), Some(TurnEndReason::Error { step: 0, failure: None }));
         // A payload whose needed fields do not fit is not understood, and kept as it is.
-        let bad = Event { kind: Kind::ToolCall, data: json!({"callId": 7}), ..event };
+        let bad = Event { kind: Kind::ToolCall, data: json!({"callId": 7}).into(), ..event };
         assert_eq!(bad.body(), EventBody::Unknown { kind: "tool/call".into(), data: json!({"callId": 7}) });
-        let unknown = Event { kind: Kind::parse("session/title"), data: json!({"title": "t"}), ..bad };
+        let unknown = Event { kind: Kind::parse("session/title"), data: json!({"title": "t"}).into(), ..bad };
         assert_eq!(unknown.body(), EventBody::Unknown { kind: "session/title".into(), data: json!({"title": "t"}) });
         assert_eq!(Event::new(0, 0, unknown.body(), None), unknown, "an unknown body writes back what it read");
     }
@@ -970,7 +972,7 @@ mod tests {
         let message = UserMessage::new(Vec::new(), json!({"kind": "user"}));
         let event = Event::new(3, 9, message, None);
         assert_eq!(event.surface_op, Some(json!("append")));
-        assert_eq!(event.surface_message(), Some(&event.data));
+        assert_eq!(event.surface_message(), Some(event.data.to_value()));
         let step = Event::new(4, 9, StepEnd { turn: 1, step: 1 }, None);
         assert_eq!((&step.surface_op, step.surface_message()), (&None, None));
     }

@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::event::{InboxOutcome, InboxSplice, InboxTarget, Kind, UserMessage};
 use super::record::Event;
@@ -146,12 +147,18 @@ pub fn fold(events: &[Event], seed_length: u64) -> Result<Inbox, InboxError> {
         match event.kind {
             Kind::AgentInboxSpliced => {
                 let fail = |reason: String| InboxError { seq: event.seq, reason };
-                let splice = InboxSplice::deserialize(&event.data).map_err(|e| fail(e.to_string()))?;
+                let splice = event.data.read::<InboxSplice>().map_err(|e| fail(e.to_string()))?;
                 inbox.apply(splice).map_err(fail)?;
             }
             Kind::UserMessage if !inbox.unconfirmed.is_empty() => {
-                if let Some(id) = event.data["id"].as_str() {
-                    inbox.confirm(id);
+                /// The one field of a `user/message` the inbox needs.
+                #[derive(Deserialize)]
+                struct MessageId {
+                    #[serde(default)]
+                    id: Value,
+                }
+                if let Ok(MessageId { id: Value::String(id) }) = event.data.read() {
+                    inbox.confirm(&id);
                 }
             }
             _ => {}

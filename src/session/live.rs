@@ -26,7 +26,9 @@ pub fn now_ms() -> u64 {
 /// One session held in memory with its writer.
 pub struct Session {
     pub header: SessionHeader,
-    events: Vec<Event>,
+    /// Every event, shared with `snapshot` holders (copy on write: an append while a snapshot
+    /// is held copies the list once).
+    events: Arc<Vec<Event>>,
     writer: LogWriter,
     observers: Vec<Arc<dyn SessionObserver>>,
     /// The surface fold of `events`, kept up to date on every append (O(1) per appended event)
@@ -39,7 +41,14 @@ pub struct Session {
 impl Session {
     pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
         let Nodes { seqs, messages } = Nodes::of(&events);
-        Session { header, events, writer, observers: Vec::new(), messages: Arc::new(messages), nodes: seqs }
+        Session {
+            header,
+            events: Arc::new(events),
+            writer,
+            observers: Vec::new(),
+            messages: Arc::new(messages),
+            nodes: seqs,
+        }
     }
 
     pub fn id(&self) -> &str {
@@ -48,6 +57,11 @@ impl Session {
 
     pub fn events(&self) -> &[Event] {
         &self.events
+    }
+
+    /// The events so far, shared rather than copied (what a `session/load` replays).
+    pub fn snapshot(&self) -> Arc<Vec<Event>> {
+        self.events.clone()
     }
 
     pub fn add_observer(&mut self, observer: Arc<dyn SessionObserver>) {
@@ -114,7 +128,7 @@ impl Session {
 
     fn push_raw(&mut self, kind: Kind, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
         let seq = self.events.len() as u64;
-        self.push_event(Event { kind, seq, time: now_ms(), data, source_event_seqs: sources, surface_op })
+        self.push_event(Event { kind, seq, time: now_ms(), data: data.into(), source_event_seqs: sources, surface_op })
     }
 
     fn push_event(&mut self, event: Event) -> u64 {
@@ -145,7 +159,7 @@ impl Session {
         if event.kind.is_surface() {
             surface::apply(&mut self.nodes, Arc::make_mut(&mut self.messages), &event);
         }
-        self.events.push(event);
+        Arc::make_mut(&mut self.events).push(event);
         seq
     }
 

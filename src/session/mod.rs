@@ -2,6 +2,7 @@
 //! and the in-memory live session the agent loop appends to.
 
 pub mod chunk;
+pub mod data;
 pub mod descriptor;
 pub mod event;
 pub mod inbox;
@@ -16,6 +17,7 @@ pub mod surface;
 mod warn;
 pub mod writer;
 
+pub use data::Data;
 pub use event::{EventBody, Kind, Payload};
 pub use live::{Session, SessionObserver, now_ms};
 pub use record::{Event, Record, SessionHeader};

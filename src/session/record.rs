@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::chunk::StreamChunk;
+use super::data::Data;
 use super::event::{AssistantChunk, Kind};
 
 /// The only header version readers accept (dsh `SESSION_FORMAT_VERSION`).
@@ -71,7 +72,8 @@ pub struct Event {
     pub kind: Kind,
     pub seq: u64,
     pub time: u64,
-    pub data: Value,
+    /// The payload's JSON text as read or written (`Data`: parsed on demand).
+    pub data: Data,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_event_seqs: Option<Vec<u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,7 +134,7 @@ impl Record {
             }
             "" => return Err("record has no string \"type\"".into()),
             "session" => return Err("a second session header inside the log".into()),
-            _ => Record::Event(serde_json::from_value(value).map_err(|e| format!("invalid event: {e}"))?),
+            _ => Record::Event(serde_json::from_str(line).map_err(|e| format!("invalid event: {e}"))?),
         };
         if let Record::Packed(row) = &record {
             row.check()?;

@@ -85,7 +85,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn ev(seq: u64, kind: &str, data: Value) -> Event {
-        Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: None, surface_op: None }
+        Event { kind: kind.into(), seq, time: 0, data: data.into(), source_event_seqs: None, surface_op: None }
     }
 
     #[test]

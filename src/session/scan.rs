@@ -67,22 +67,11 @@ pub fn read_header(path: &Path) -> Result<(SessionHeader, std::time::SystemTime)
     Ok((SessionHeader::parse(line)?, modified))
 }
 
-/// Reads and scans the log at `path`.
+/// Reads and scans the log at `path`, a line at a time: the file is never held whole, only
+/// the events it holds.
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
-    use std::io::Read;
-    let mut file = open_log(path).map_err(|e| io_error(path, &e))?;
-    // Check the header before reading the rest: a huge file of garbage is refused at once.
-    let mut bytes = Vec::new();
-    (&mut file).take(HEADER_LIMIT).read_to_end(&mut bytes).map_err(|e| io_error(path, &e))?;
-    let header_end = bytes.iter().position(|b| *b == b'\n');
-    let header_ok = header_end
-        .and_then(|end| std::str::from_utf8(&bytes[..end]).ok())
-        .is_some_and(|line| SessionHeader::parse(line).is_ok());
-    if !header_ok {
-        return scan_bytes(path, &bytes[..header_end.map_or(bytes.len(), |e| e + 1)]);
-    }
-    file.read_to_end(&mut bytes).map_err(|e| io_error(path, &e))?;
-    scan_bytes(path, &bytes)
+    let file = open_log(path).map_err(|e| io_error(path, &e))?;
+    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file))
 }
 
 /// Opens a log for reading without following a symlink and without blocking on a FIFO, and
@@ -114,52 +103,62 @@ fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
 
 /// Scans raw log bytes (see `scan_file`).
 pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
+    scan_reader(path, &mut &bytes[..])
+}
+
+/// The scan of `scan_file` over any reader. The header is checked first, from at most
+/// `HEADER_LIMIT` bytes (a huge file of garbage is refused at once); then each line is parsed as
+/// it is read. A bad line is corruption when a complete `turn/end` line follows it, else it and
+/// everything after it are the torn tail.
+fn scan_reader(path: &Path, reader: &mut impl std::io::BufRead) -> Result<Scanned, ScanError> {
+    use std::io::{BufRead, Read};
     let corrupt = |line: usize, reason: String| ScanError::Corrupt { path: path.to_path_buf(), line, reason };
-    let lines = complete_lines(bytes);
-    let Some(&(start, end)) = lines.first() else {
+    let read_error = |e: std::io::Error| io_error(path, &e);
+    let mut line = Vec::new();
+    reader.by_ref().take(HEADER_LIMIT).read_until(b'\n', &mut line).map_err(read_error)?;
+    let Some(header_raw) = line.strip_suffix(b"\n") else {
         return Err(corrupt(1, "the header line is missing or incomplete".into()));
     };
-    let header_text = std::str::from_utf8(&bytes[start..end]).map_err(|_| corrupt(1, "header is not UTF-8".into()))?;
+    let header_text = std::str::from_utf8(header_raw).map_err(|_| corrupt(1, "header is not UTF-8".into()))?;
     let header = SessionHeader::parse(header_text).map_err(|e| corrupt(1, e))?;
     let mut events: Vec<Event> = Vec::new();
-    let mut committed = (end + 1) as u64;
+    let mut committed = line.len() as u64;
     let mut torn = None;
-    for (i, &(start, end)) in lines.iter().enumerate().skip(1) {
-        match parse_line(&bytes[start..end], events.len() as u64) {
+    for number in 2.. {
+        line.clear();
+        let read = reader.read_until(b'\n', &mut line).map_err(read_error)? as u64;
+        if read == 0 {
+            break;
+        }
+        let Some(raw) = line.strip_suffix(b"\n") else {
+            torn = Some(TornTail { line: number, bytes: read, reason: "last line has no newline".into() });
+            break;
+        };
+        match parse_line(raw, events.len() as u64) {
             Ok(mut more) => {
                 events.append(&mut more);
-                committed = (end + 1) as u64;
+                committed += read;
             }
             Err(reason) => {
-                if lines[i + 1..].iter().any(|&(s, e)| is_turn_end(&bytes[s..e])) {
-                    return Err(corrupt(i + 1, reason));
+                let mut rest = read;
+                loop {
+                    line.clear();
+                    let more = reader.read_until(b'\n', &mut line).map_err(read_error)? as u64;
+                    if more == 0 {
+                        break;
+                    }
+                    if line.strip_suffix(b"\n").is_some_and(is_turn_end) {
+                        return Err(corrupt(number, reason));
+                    }
+                    rest += more;
                 }
-                torn = Some(TornTail { line: i + 1, bytes: bytes.len() as u64 - start as u64, reason });
+                torn = Some(TornTail { line: number, bytes: rest, reason });
                 break;
             }
         }
     }
-    if torn.is_none() && committed < bytes.len() as u64 {
-        torn = Some(TornTail {
-            line: lines.len() + 1,
-            bytes: bytes.len() as u64 - committed,
-            reason: "last line has no newline".into(),
-        });
-    }
+    events.shrink_to_fit();
     Ok(Scanned { path: path.to_path_buf(), header, events, committed_bytes: committed, torn })
-}
-
-/// `(start, end)` byte ranges of newline-terminated lines (end excludes the newline).
-fn complete_lines(bytes: &[u8]) -> Vec<(usize, usize)> {
-    let mut lines = Vec::new();
-    let mut start = 0;
-    for (i, b) in bytes.iter().enumerate() {
-        if *b == b'\n' {
-            lines.push((start, i));
-            start = i + 1;
-        }
-    }
-    lines
 }
 
 fn parse_line(raw: &[u8], next_seq: u64) -> Result<Vec<Event>, String> {

@@ -78,11 +78,26 @@ pub fn place(event: &Event, index: usize, nodes: &[u64], strictness: Strictness)
         Strictness::Lenient => lenient_op(event, nodes),
         Strictness::Validate => strict_op(event, nodes)?,
     };
-    let empty = || event.data["message"]["content"].as_array().is_none_or(Vec::is_empty);
-    if placement == Placement::Append && event.kind == Kind::AssistantMessage && empty() {
+    if placement == Placement::Append && event.kind == Kind::AssistantMessage && empty_assistant_message(event) {
         return Ok(Placement::Skip);
     }
     Ok(placement)
+}
+
+/// True when an `assistant/message` carries no content array or an empty one (dsh skips it in
+/// the history). Reads the text without building the message.
+fn empty_assistant_message(event: &Event) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Payload {
+        #[serde(default)]
+        message: Message,
+    }
+    #[derive(Default, serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        content: Vec<serde::de::IgnoredAny>,
+    }
+    event.data.read::<Payload>().map_or(true, |payload| payload.message.content.is_empty())
 }
 
 /// The seq, `sourceEventSeqs` and log-only rules of `Validate`.
@@ -208,11 +223,11 @@ pub fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<Value>, event: &Event) {
     match place(event, 0, seqs, Strictness::Lenient) {
         Ok(Placement::Append) => {
             seqs.push(event.seq);
-            messages.push(message.clone());
+            messages.push(message);
         }
         Ok(Placement::Replace { start, end }) => {
             seqs.splice(start..end, [event.seq]);
-            messages.splice(start..end, [message.clone()]);
+            messages.splice(start..end, [message]);
         }
         Ok(Placement::LogOnly | Placement::Skip) | Err(_) => {}
     }
@@ -258,7 +273,7 @@ mod tests {
             }
             _ => json!({"content": [{"type": "text", "text": format!("u{seq}")}]}),
         };
-        Event { kind: kind.into(), seq, time: 0, data, source_event_seqs: sources, surface_op: surface }
+        Event { kind: kind.into(), seq, time: 0, data: data.into(), source_event_seqs: sources, surface_op: surface }
     }
 
     fn append() -> Option<Value> {
@@ -339,7 +354,9 @@ mod tests {
     #[test]
     fn an_assistant_message_without_content_takes_no_place() {
         let mut empty = event(0, "assistant/message", append(), None);
-        empty.data["message"]["content"] = json!([]);
+        let mut data = empty.data.to_value();
+        data["message"]["content"] = json!([]);
+        empty.data = data.into();
         assert_eq!(validate(std::slice::from_ref(&empty)).unwrap(), [Surface::Current]);
         assert!(derive_messages(&[empty]).is_empty());
     }

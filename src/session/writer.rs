@@ -312,7 +312,7 @@ mod tests {
     use serde_json::json;
 
     fn event(seq: u64) -> Event {
-        Event { kind: "x".into(), seq, time: 0, data: json!({}), source_event_seqs: None, surface_op: None }
+        Event { kind: "x".into(), seq, time: 0, data: json!({}).into(), source_event_seqs: None, surface_op: None }
     }
 
     #[test]

@@ -176,7 +176,7 @@ fn inspect_child(
     if !same_session || !same_target {
         return Ok(Some(diagnostic(id, Reason::Corrupt)));
     }
-    let descriptor = match Descriptor::parse(&window.target.data) {
+    let descriptor = match Descriptor::parse(&window.target.data.to_value()) {
         Err(_) => return Ok(Some(diagnostic(id, Reason::Corrupt))),
         Ok(None) => return Ok(Some(diagnostic(id, Reason::Unsupported))),
         Ok(Some(descriptor)) => descriptor,
@@ -201,7 +201,7 @@ pub(crate) fn own_descriptor(events: &[crate::session::Event], seed_length: u64)
     if own.next().is_some() {
         return Err(Reason::Corrupt);
     }
-    match Descriptor::parse(&first.data) {
+    match Descriptor::parse(&first.data.to_value()) {
         Ok(Some(descriptor)) => Ok(Some(descriptor)),
         Ok(None) => Err(Reason::Unsupported),
         Err(_) => Err(Reason::Corrupt),
