@@ -62,8 +62,12 @@ fn calls_sse(calls: &[(&str, Value)]) -> String {
     ])
 }
 
+/// A command that waits for `file`. It also ends when the test's directory is gone, so a command
+/// that outlives its kin (a SIGKILL test) cannot outlive the test.
 fn gate_command(file: &str, then: &str) -> String {
-    format!("touch '{file}.started'; while [ ! -f '{file}' ]; do sleep 0.02; done; echo {then}")
+    format!(
+        "touch '{file}.started'; while [ ! -f '{file}' ]; do [ -e '{file}.started' ] || exit 1; sleep 0.02; done; echo {then}"
+    )
 }
 
 impl Respond for Brain {
