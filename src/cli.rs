@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::Overrides;
 use crate::permission::PermissionMode;
+use crate::sandbox::SandboxPolicy;
 
 /// `kin --version`: the crate version and the git commit it was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KIN_GIT_COMMIT"), ")");
@@ -106,6 +107,10 @@ pub struct AcpArgs {
     /// answered with an error and dropped (default: the config file, 67108864 = 64 MiB).
     #[arg(long, value_name = "BYTES")]
     pub max_frame_bytes: Option<usize>,
+    /// Sandbox for commands: off, read-only or workspace-write, optionally `+network` (default:
+    /// $KIN_SANDBOX, the config file, off).
+    #[arg(long, value_name = "SANDBOX", value_parser = SandboxPolicy::parse_arg)]
+    pub sandbox: Option<SandboxPolicy>,
     #[command(subcommand)]
     pub command: Option<AcpCommand>,
 }
@@ -132,6 +137,10 @@ pub struct RunArgs {
     /// Permission mode of the turn (default: read-only; nobody can be asked, so `ask` refuses).
     #[arg(long, value_name = "MODE", value_parser = PermissionMode::parse_arg)]
     pub permission_mode: Option<PermissionMode>,
+    /// Sandbox for the turn's commands (default: $KIN_SANDBOX, the config file, off); with one in
+    /// force, commands need no question in ask and accept-edits.
+    #[arg(long, value_name = "SANDBOX", value_parser = SandboxPolicy::parse_arg)]
+    pub sandbox: Option<SandboxPolicy>,
     /// Model calls the turn may make before it stops (default: agent.max_steps, 50).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_steps: Option<u32>,
@@ -221,6 +230,7 @@ impl Cli {
             o.replay = acp.replay.clone();
             o.permission_mode = acp.permission_mode;
             o.max_frame_bytes = acp.max_frame_bytes;
+            o.sandbox = acp.sandbox;
         }
         if let Command::Run(run) = &self.command {
             o.model = run.model.clone();
@@ -228,6 +238,7 @@ impl Cli {
             o.replay = run.replay.clone();
             o.permission_mode = Some(run.permission_mode.unwrap_or(PermissionMode::ReadOnly));
             o.max_steps = run.max_steps;
+            o.sandbox = run.sandbox;
         }
         o
     }

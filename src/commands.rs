@@ -163,6 +163,7 @@ fn describe(event: &Event) -> Option<String> {
         | EventBody::TodoWrite(_)
         | EventBody::SessionMode(_)
         | EventBody::SessionModel(_)
+        | EventBody::SessionSandbox(_)
         | EventBody::SessionEndSeed(_)
         | EventBody::SubagentDescriptor(_)
         | EventBody::AgentInboxSpliced(_)

@@ -14,6 +14,7 @@ use crate::model::ModelRoute;
 use crate::model::capacity::{ModelEntry, ModelTable, Price};
 use crate::model::router::{ModelSettings, NamedProvider, ProviderKind};
 use crate::permission::PermissionMode;
+use crate::sandbox::{SandboxFallback, SandboxPolicy, SandboxSettings};
 use crate::subagent::agents::{AgentDef, AgentSettings, Fields, Origin as AgentOrigin};
 use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 use crate::subagent::external::{AcpPermission, ExternalAgentConfig};
@@ -33,6 +34,7 @@ pub struct Overrides {
     /// `kin run --max-steps`.
     pub max_steps: Option<u32>,
     pub max_frame_bytes: Option<usize>,
+    pub sandbox: Option<SandboxPolicy>,
 }
 
 /// Everything kin runs with.
@@ -77,6 +79,8 @@ pub struct Config {
     /// The user's slash-command dirs (`~/.config/kin/commands`, `~/.claude/commands`; see
     /// `user_dirs`), read after the workspace's (`slash::dirs`).
     pub command_dirs: Vec<PathBuf>,
+    /// `sandbox*` keys: what commands may touch (the policy new sessions start with).
+    pub sandbox: SandboxSettings,
 }
 
 /// `[subagents]`: how the delegation tools start children.
@@ -120,6 +124,10 @@ struct FileConfig {
     model: Option<String>,
     log_file: Option<PathBuf>,
     permission_mode: Option<String>,
+    sandbox: Option<String>,
+    sandbox_network: Option<bool>,
+    sandbox_writable_roots: Option<Vec<PathBuf>>,
+    sandbox_fallback: Option<String>,
     persona: Option<String>,
     system_prompt_file: Option<PathBuf>,
     max_frame_bytes: Option<usize>,
@@ -204,6 +212,9 @@ struct AcpAgentSection {
     turn_timeout_secs: Option<f64>,
     cancel_grace_secs: Option<f64>,
     kill_grace_secs: Option<f64>,
+    sandbox: Option<String>,
+    sandbox_network: Option<bool>,
+    sandbox_writable_roots: Option<Vec<PathBuf>>,
 }
 
 /// `[model_settings]`: how model calls are made.
@@ -360,7 +371,34 @@ impl Config {
             (None, None) => crate::acp::DEFAULT_MAX_FRAME_BYTES,
         };
         let (models, model_table) = resolve_models(file.model_settings, file.providers, &where_())?;
-        let acp_agents = resolve_acp_agents(file.acp_agents, &where_())?;
+        let from_file = match (flags.sandbox, env("KIN_SANDBOX")) {
+            (Some(policy), _) => Err(policy),
+            (None, Some(id)) => Err(SandboxPolicy::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_SANDBOX: {e}"))?),
+            (None, None) => Ok(file.sandbox.as_deref()),
+        };
+        let policy = match from_file {
+            Err(policy) => policy,
+            Ok(id) => sandbox_policy(id, file.sandbox_network, &|k| format!("{}: key `{k}`", where_()))?,
+        };
+        let fallback = match file.sandbox_fallback.as_deref() {
+            None => SandboxFallback::default(),
+            Some(id) => SandboxFallback::parse(id).ok_or_else(|| {
+                anyhow::anyhow!("{}: key `sandbox_fallback` must be \"refuse\" or \"warn\", not {id:?}", where_())
+            })?,
+        };
+        // kin's own directories: the config file's (else the default one) and the sessions'.
+        let own_dir =
+            config_file.as_deref().and_then(Path::parent).map(Path::to_path_buf).or_else(|| config_dir.clone());
+        let sandbox = SandboxSettings {
+            policy,
+            writable_roots: absolute_roots(
+                file.sandbox_writable_roots,
+                &format!("{}: key `sandbox_writable_roots`", where_()),
+            )?,
+            fallback,
+            protected: own_dir.into_iter().chain([sessions_dir.clone()]).collect(),
+        };
+        let acp_agents = resolve_acp_agents(file.acp_agents, &where_(), &sandbox)?;
         let mcp = resolve_mcp_defaults(&file.mcp, &where_())?;
         let mcp_servers = resolve_mcp_servers(file.mcp_servers, &where_())?;
         let backend = match (env("KIN_KEY_STORE"), &file.key_store) {
@@ -381,6 +419,7 @@ impl Config {
             mcp,
             mcp_servers,
             keys,
+            sandbox,
             model_choices,
             acp_agents,
             models,
@@ -582,9 +621,35 @@ fn resolve_agents(
     Ok(settings)
 }
 
+/// The policy of a `sandbox` id (default `off`) with `sandbox_network` (which must not
+/// contradict a `+network` id); `key` names a key for errors.
+fn sandbox_policy(id: Option<&str>, network: Option<bool>, key: &dyn Fn(&str) -> String) -> Result<SandboxPolicy> {
+    let policy = match id {
+        None => SandboxPolicy::OFF,
+        Some(id) => SandboxPolicy::parse_arg(id).map_err(|e| anyhow::anyhow!("{}: {e}", key("sandbox")))?,
+    };
+    match network {
+        None => Ok(policy),
+        Some(false) if policy.network() && policy.is_sandboxed() => {
+            anyhow::bail!("{} = false contradicts sandbox = {:?}", key("sandbox_network"), policy.id())
+        }
+        Some(network) => Ok(SandboxPolicy::new(policy.level, network || policy.network())),
+    }
+}
+
+/// Extra writable roots: absolute paths.
+fn absolute_roots(roots: Option<Vec<PathBuf>>, key: &str) -> Result<Vec<PathBuf>> {
+    let roots = roots.unwrap_or_default();
+    if let Some(bad) = roots.iter().find(|r| !r.is_absolute()) {
+        anyhow::bail!("{key} must list absolute paths, not {:?}", bad.display().to_string());
+    }
+    Ok(roots)
+}
+
 fn resolve_acp_agents(
     sections: std::collections::BTreeMap<String, AcpAgentSection>,
     origin: &str,
+    sandbox: &SandboxSettings,
 ) -> Result<Vec<ExternalAgentConfig>> {
     let mut agents: Vec<ExternalAgentConfig> = Vec::new();
     for (name, section) in sections {
@@ -640,6 +705,15 @@ fn resolve_acp_agents(
         }
         if let Some(v) = section.kill_grace_secs {
             agent.kill_grace = seconds(v, false, &key("kill_grace_secs"))?;
+        }
+        if section.sandbox.is_some() || section.sandbox_network.is_some() || section.sandbox_writable_roots.is_some() {
+            let policy = sandbox_policy(section.sandbox.as_deref(), section.sandbox_network, &key)?;
+            let roots = absolute_roots(section.sandbox_writable_roots, &key("sandbox_writable_roots"))?;
+            // The agent's own roots beside the global ones; the fallback and kin's protected
+            // directories are the global ones.
+            let writable_roots = sandbox.writable_roots.iter().cloned().chain(roots).collect();
+            agent.sandbox =
+                policy.is_sandboxed().then(|| SandboxSettings { policy, writable_roots, ..sandbox.clone() });
         }
         agents.push(agent);
     }
@@ -1048,6 +1122,54 @@ mod tests {
             let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
             assert!(err.contains(key), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn sandbox_keys_flag_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "sandbox = \"workspace-write\"\nsandbox_network = true\nsandbox_writable_roots = [\"/srv/cache\"]\n\
+             sandbox_fallback = \"warn\"\nsessions_dir = \"/st\"\n\
+             [acp_agents.kin]\ncommand = \"kin\"\nsandbox = \"read-only\"\nsandbox_writable_roots = [\"/k\"]\n",
+        )
+        .unwrap();
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let c = Config::resolve(&flags, &home).unwrap();
+        assert_eq!(c.sandbox.policy.id(), "workspace-write+network");
+        assert_eq!(c.sandbox.writable_roots, [PathBuf::from("/srv/cache")]);
+        assert_eq!(c.sandbox.fallback, SandboxFallback::Warn);
+        assert_eq!(c.sandbox.protected, [dir.path().to_path_buf(), PathBuf::from("/st")]);
+        let agent = c.acp_agents[0].sandbox.clone().unwrap();
+        assert_eq!(agent.policy.id(), "read-only");
+        assert_eq!(agent.writable_roots, [PathBuf::from("/srv/cache"), PathBuf::from("/k")]);
+        let env = env_of(&[("HOME", "/h"), ("KIN_SANDBOX", "read-only")]);
+        assert_eq!(Config::resolve(&flags, &env).unwrap().sandbox.policy.id(), "read-only");
+        let flagged = Overrides { sandbox: Some(SandboxPolicy::OFF), ..flags.clone() };
+        assert_eq!(Config::resolve(&flagged, &env).unwrap().sandbox.policy, SandboxPolicy::OFF);
+        let defaults = Config::resolve(&Overrides::default(), &home).unwrap();
+        assert_eq!(defaults.sandbox.policy, SandboxPolicy::OFF);
+        assert_eq!(
+            defaults.sandbox.protected,
+            [PathBuf::from("/h/.config/kin"), PathBuf::from("/h/.local/state/kin/sessions")]
+        );
+        for (text, key) in [
+            ("sandbox = \"jail\"\n", "`sandbox`"),
+            ("sandbox = \"read-only+network\"\nsandbox_network = false\n", "`sandbox_network`"),
+            ("sandbox_writable_roots = [\"rel\"]\n", "`sandbox_writable_roots`"),
+            ("sandbox_fallback = \"ignore\"\n", "`sandbox_fallback`"),
+            ("[acp_agents.a]\ncommand = \"x\"\nsandbox = \"on\"\n", "acp_agents.a.sandbox"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let err = Config::resolve(&Overrides::default(), &env_of(&[("HOME", "/h"), ("KIN_SANDBOX", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("KIN_SANDBOX") && err.contains("workspace-write"), "{err}");
     }
 
     #[test]

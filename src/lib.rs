@@ -1,6 +1,7 @@
 //! kin: an Agent Client Protocol daemon hosting an LLM agent loop with tools and durable child
 //! agents. Reading order: `session` (the on-disk log), `model` (the model seam), `tools`,
-//! `permission` (the gate in front of tool calls), `prompt` (the system prompt), `agent` (the
+//! `permission` (the gate in front of tool calls), `sandbox`
+//! (what commands may touch, enforced by the kernel), `prompt` (the system prompt), `agent` (the
 //! turn loop), `runtime` (live sessions), `acp` (the protocol boundary), `scenario` (keyless
 //! replay), then the CLI glue (`cli`, `config`, `commands`). See ARCHITECTURE.md.
 
@@ -17,6 +18,7 @@ pub mod model;
 pub mod permission;
 pub mod prompt;
 pub mod runtime;
+pub mod sandbox;
 pub mod scenario;
 pub mod session;
 pub mod slash;

@@ -14,6 +14,7 @@
 //! | `Plan` (`todo_write`), `Delegate` (`subagent`, `send_message`, …) | allow | allow | allow | allow |
 //! | `Edit`, `Delete`, `Move` inside the workspace (`write`, `edit`) | ask | allow | refuse | allow |
 //! | `Execute` (`bash`), `Fetch`, `External` (a tool kin cannot see into) | ask | ask | refuse | allow |
+//! | `ExecuteSandboxed` (`bash` confined by the session's sandbox, in force on this kernel) | allow | allow | refuse | allow |
 //! | any path outside the workspace (`read` too) | ask | ask | refuse | allow |
 //!
 //! A call whose tool refuses its arguments before touching anything (`Tool::check`) is not asked
@@ -28,6 +29,10 @@
 //! A child shares its top-level session's mode and remembered answers through `narrowed`, under
 //! a cap (its named agent's `permissionMode` and every cap above it): its mode is the stricter of
 //! the two, so a child never runs looser than its parent, and an agent's mode only narrows.
+//!
+//! Only a call admitted as `Execute` may run a command outside the session's sandbox
+//! (`ToolContext::allow_unsandboxed`): `bash` with `sandbox: "off"` declares `Execute`, so it
+//! always asks in `ask` and `accept-edits`.
 //!
 //! A session without `Permissions` (tests) runs every call, and the file tools keep refusing
 //! paths outside the workspace themselves (`ToolContext::allow_outside` stays false; only the gate
@@ -236,7 +241,7 @@ enum Verdict {
 /// names lies outside the workspace (or, for a forwarded call, is not known to lie in it). No arm
 /// allows by default: every access kind is named in every mode.
 fn verdict(access: &Access, mode: PermissionMode, outside: bool) -> Verdict {
-    use Access::{Delegate, Delete, Edit, Execute, External, Fetch, Move, Plan, Read, Search};
+    use Access::{Delegate, Delete, Edit, Execute, ExecuteSandboxed, External, Fetch, Move, Plan, Read, Search};
     use PermissionMode::{AcceptEdits, Ask, Bypass, ReadOnly};
     match (access, mode, outside) {
         // An in-process child's own calls pass this same gate; the plan is the agent's own.
@@ -247,12 +252,24 @@ fn verdict(access: &Access, mode: PermissionMode, outside: bool) -> Verdict {
         (Edit { .. } | Delete { .. } | Move { .. }, Ask, _)
         | (Edit { .. } | Delete { .. } | Move { .. }, AcceptEdits, true) => Verdict::Ask,
         (Execute { .. } | Fetch | External, Ask | AcceptEdits, _) => Verdict::Ask,
+        // The kernel confines it to the sandbox: that is what the question was for.
+        (ExecuteSandboxed { .. }, Ask | AcceptEdits, _) => Verdict::Allow,
         (Read { .. } | Search { .. }, ReadOnly, true)
-        | (Edit { .. } | Delete { .. } | Move { .. } | Execute { .. } | Fetch | External, ReadOnly, _) => {
-            Verdict::Refuse
-        }
+        | (
+            Edit { .. } | Delete { .. } | Move { .. } | Execute { .. } | ExecuteSandboxed { .. } | Fetch | External,
+            ReadOnly,
+            _,
+        ) => Verdict::Refuse,
         (
-            Read { .. } | Search { .. } | Edit { .. } | Delete { .. } | Move { .. } | Execute { .. } | Fetch | External,
+            Read { .. }
+            | Search { .. }
+            | Edit { .. }
+            | Delete { .. }
+            | Move { .. }
+            | Execute { .. }
+            | ExecuteSandboxed { .. }
+            | Fetch
+            | External,
             Bypass,
             _,
         ) => Verdict::Allow,
@@ -455,6 +472,7 @@ pub async fn admit(
     let parsed = parse_arguments(tool, raw_arguments);
     let arguments = parsed.clone().unwrap_or(Value::Null);
     let access = handler.access(&arguments);
+    let unconfined = matches!(access, Access::Execute { .. });
     let cwd = ctx.cwd.clone().unwrap_or_default();
     let mut decision = permissions.decide(tool, &access, &cwd);
     if let Decision::Ask(_) = decision {
@@ -492,6 +510,9 @@ pub async fn admit(
     match decision {
         Decision::Allow { outside } => {
             ctx.allow_outside = outside;
+            // Admitted as an unconfined command (asked, or by the mode): only such a call may
+            // run outside the session's sandbox.
+            ctx.allow_unsandboxed = unconfined;
             Ok(ctx)
         }
         Decision::Refuse(error) => Err(error),
@@ -722,6 +743,20 @@ mod tests {
         for (tool, args, expected) in table {
             for (mode, want) in PermissionMode::ALL.into_iter().zip(expected) {
                 assert_eq!(decide(mode, &l.ws, tool, args.clone()), want, "{tool} in {mode} mode");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sandboxed_command_needs_no_question_and_only_an_unconfined_one_may_leave_the_sandbox() {
+        let l = layout();
+        let confined = Access::ExecuteSandboxed { command: "make".into(), workdir: None };
+        let unconfined = Access::Execute { command: "make".into(), workdir: None };
+        for (access, expected) in
+            [(&confined, ["allow", "allow", "denied", "allow"]), (&unconfined, ["ask", "ask", "denied", "allow"])]
+        {
+            for (mode, want) in PermissionMode::ALL.into_iter().zip(expected) {
+                assert_eq!(word(&Permissions::new(mode).decide("bash", access, &l.ws)), want, "{access:?} in {mode}");
             }
         }
     }

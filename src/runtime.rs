@@ -19,6 +19,7 @@ use crate::model::Model;
 use crate::model::replay::ReplayModel;
 use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
 use crate::prompt::{self, PromptSettings};
+use crate::sandbox::{SandboxPolicy, SessionSandbox};
 use crate::session::event;
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
@@ -31,6 +32,7 @@ use crate::subagent::inprocess::{ChildDisplay, ChildFactory, ChildSetup, InProce
 use crate::subagent::list_agents::ListAgentsTool;
 use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{Descriptor, ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
+use crate::tools::bash::BashTool;
 use crate::tools::files::FileAccess;
 use crate::tools::{Tool, ToolRegistry};
 
@@ -75,8 +77,10 @@ struct Live {
     mcp: Arc<McpSession>,
     /// The named agents its delegation tools offer (its children's too), read when it started.
     agents: Arc<Agents>,
-    /// The session's working directory (where its workspace slash commands are).
+    /// The session's working directory (its workspace slash commands; what its sandbox lets write).
     cwd: Option<PathBuf>,
+    /// The sandbox its commands (and its children's) run in.
+    sandbox: Arc<SessionSandbox>,
 }
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
@@ -167,6 +171,8 @@ pub struct Runtime {
     delegates: Vec<DelegateTool>,
     /// What the default child runs with (`[subagents]`), which named agents build on.
     defaults: Defaults,
+    /// The sandbox settings kin started with (shared by every session's `SessionSandbox`).
+    sandbox_settings: Arc<crate::sandbox::SandboxSettings>,
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -224,13 +230,23 @@ impl Runtime {
 
     /// The MCP servers and named agents of the live top-level session at or above `session`.
     fn root(&self, session: Option<&str>) -> Option<(Arc<McpSession>, Arc<Agents>)> {
+        self.root_live(session, |live| (live.mcp.clone(), live.agents.clone()))
+    }
+
+    /// The sandbox of the live top-level session at or above `session`, if there is one.
+    fn root_sandbox(&self, session: Option<&str>) -> Option<Arc<SessionSandbox>> {
+        self.root_live(session, |live| live.sandbox.clone())
+    }
+
+    /// `pick` of the live top-level session at or above `session` (walking up through live children).
+    fn root_live<T>(&self, session: Option<&str>, pick: impl Fn(&Live) -> T) -> Option<T> {
         let children = self.children();
         let live = self.live();
         let mut cursor = session.map(str::to_string);
         for _ in 0..=children.len() {
             let id = cursor?;
             if let Some(entry) = live.get(&id) {
-                return Some((entry.mcp.clone(), entry.agents.clone()));
+                return Some(pick(entry));
             }
             cursor = children.get(&id).and_then(|c| c.parent.clone());
         }
@@ -245,6 +261,15 @@ impl Runtime {
             {
                 tools.register(Arc::new(tool));
             }
+        }
+        tools
+    }
+
+    /// `tools` with `bash` (when present) running in `sandbox`, for a session in `cwd`.
+    fn sandboxed(mut tools: ToolRegistry, sandbox: &Arc<SessionSandbox>, cwd: Option<&str>) -> ToolRegistry {
+        if tools.get("bash").is_some() {
+            let workspace = cwd.map(std::path::PathBuf::from);
+            tools.register(Arc::new(BashTool::with_sandbox(sandbox.clone(), workspace)));
         }
         tools
     }
@@ -320,6 +345,11 @@ impl ChildFactory for Runtime {
             None => Permissions::new(self.config.permission_mode).narrowed(cap),
         };
         let permissions = Arc::new(permissions);
+        // And their sandbox (a child without a live ancestor gets the start's).
+        let sandbox = self
+            .root_sandbox(parent_id.as_deref())
+            .unwrap_or_else(|| Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), None)));
+        let tools = Self::sandboxed(tools, &sandbox, cwd.as_deref());
         let client = self.client();
         let mode = permissions.mode();
         let system =
@@ -470,7 +500,6 @@ impl Runtime {
             Runtime {
                 delegates,
                 defaults,
-                config,
                 store,
                 model,
                 tools,
@@ -481,6 +510,8 @@ impl Runtime {
                 client: Mutex::new(ClientLink::default()),
                 loading: Mutex::new(HashMap::new()),
                 mcp_recording,
+                sandbox_settings: Arc::new(config.sandbox.clone()),
+                config,
             }
         });
         if runtime.config.replay.is_some() {
@@ -520,6 +551,8 @@ impl Runtime {
         permissions: &Arc<Permissions>,
         mcp: &Arc<McpSession>,
         agents: &Arc<Agents>,
+        sandbox: &Arc<SessionSandbox>,
+        cwd: Option<&str>,
         system: String,
     ) -> AgentDeps {
         let client = self.client();
@@ -527,7 +560,7 @@ impl Runtime {
         tools.add_source(mcp.clone(), None);
         AgentDeps {
             model: self.model.clone(),
-            tools,
+            tools: Self::sandboxed(tools, sandbox, cwd),
             route: self.config.model.clone(),
             system,
             max_steps: self.config.max_steps,
@@ -570,6 +603,33 @@ impl Runtime {
             }
             None => Err(RuntimeError::NotFound(session_id.to_string())),
         }
+    }
+
+    /// The sandbox policy of a live session.
+    pub fn sandbox(&self, session_id: &str) -> Option<SandboxPolicy> {
+        self.live().get(session_id).map(|l| l.sandbox.policy())
+    }
+
+    /// Whether a live session's commands run confined by the kernel now.
+    pub fn sandbox_in_force(&self, session_id: &str) -> Option<bool> {
+        let live = self.live();
+        let entry = live.get(session_id)?;
+        Some(entry.sandbox.in_force(entry.cwd.as_deref()))
+    }
+
+    /// Changes a live session's sandbox (from its next command on) and records it
+    /// (`session/sandbox`) so that a later load keeps it, unless kin starts stricter then.
+    pub fn set_sandbox(&self, session_id: &str, policy: &str) -> Result<SandboxPolicy, RuntimeError> {
+        self.reject_child(session_id)?;
+        let live = self.live();
+        let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let policy = SandboxPolicy::parse_arg(policy).map_err(RuntimeError::InvalidParams)?;
+        entry
+            .handle
+            .inject_log(SessionSandbox::event_body(policy))
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        entry.sandbox.set(policy);
+        Ok(policy)
     }
 
     fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
@@ -724,13 +784,19 @@ impl Runtime {
         let permissions = Arc::new(Permissions::new(mode));
         // The session's named agents: its workspace's files over the config's and the user's.
         let agents = Arc::new(Agents::load(&self.config.agents, session.header.cwd.as_deref().map(Path::new)));
-        let mut deps = self.deps(&permissions, &mcp, &agents, system);
+        // A sandbox chosen before a restart stays chosen, unless kin was started stricter.
+        let recorded =
+            event::last::<event::SandboxChoice>(session.events()).and_then(|c| SessionSandbox::from_event(&c));
+        let sandbox = Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), recorded));
+        let workspace = session.header.cwd.clone();
+        let mut deps = self.deps(&permissions, &mcp, &agents, &sandbox, workspace.as_deref(), system);
         deps.route = route.clone();
         let cwd = session.header.cwd.as_deref().map(PathBuf::from);
         let handle = spawn_restored(session, restored, deps);
         let model = Mutex::new(route);
         let prompt_in_flight = Arc::new(AtomicBool::new(false));
-        self.live().insert(id, Live { handle, prompt_in_flight, permissions, model, mcp, agents, cwd });
+        let live = Live { handle, prompt_in_flight, permissions, model, mcp, agents, sandbox, cwd };
+        self.live().insert(id, live);
     }
 
     /// A new top-level session's system prompt, and whether to record it: the scenario's pinned

@@ -1,6 +1,7 @@
 //! The permission gate in the agent loop, with the real coding tools in a temporary workspace:
 //! each mode end to end through a prompt that answers like an editor would, rejected calls that
-//! never run, and the diff a write records for the editor.
+//! never run, and the diff a write records for the editor; and with a sandbox, commands it
+//! confines that need no question and escalations out of it that do.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,9 @@ use kin::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
 use kin::model::script::{ReplayEntry, ScriptedModel};
 use kin::model::{Model, ModelRoute, text_response, tool_call_response};
 use kin::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
+use kin::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
 use kin::session::{Event, SessionHeader, SessionStore};
+use kin::tools::bash::BashTool;
 use kin::tools::builtin::register_coding_tools;
 use kin::tools::fs::FileState;
 use kin::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
@@ -57,9 +60,25 @@ fn start_with(
     answers: &[PermissionAnswer],
     extra: Option<Arc<dyn Tool>>,
 ) -> Fixture {
+    build(mode, SandboxPolicy::OFF, call, answers, extra)
+}
+
+/// [`start`] with the session's commands in the sandbox `policy`.
+fn start_in(mode: PermissionMode, policy: SandboxPolicy, call: (&str, Value), answers: &[PermissionAnswer]) -> Fixture {
+    build(mode, policy, call, answers, None)
+}
+
+fn build(
+    mode: PermissionMode,
+    policy: SandboxPolicy,
+    call: (&str, Value),
+    answers: &[PermissionAnswer],
+    extra: Option<Arc<dyn Tool>>,
+) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    let outside = dir.path().join("outside");
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let ws = root.join("ws");
+    let outside = root.join("outside");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(ws.join("notes.txt"), "hello\n").unwrap();
@@ -74,6 +93,9 @@ fn start_with(
     ]));
     let mut tools = ToolRegistry::new();
     register_coding_tools(&mut tools, FileState::new());
+    let settings = SandboxSettings { policy, ..Default::default() };
+    let sandbox = Arc::new(SessionSandbox::restored(Arc::new(settings), None));
+    tools.register(Arc::new(BashTool::with_sandbox(sandbox, Some(ws.clone()))));
     if let Some(tool) = extra {
         tools.register(tool);
     }
@@ -284,4 +306,72 @@ async fn a_new_tool_that_declares_external_access_is_asked_about_or_refused_and_
         Some(Arc::new(Unheard { runs: Default::default() })),
     );
     assert_eq!(result_text(&f.run().await), "Error: launch_rockets is not allowed in read-only mode");
+}
+
+// ---------------------------------------------------------------------------------------------
+// the sandbox: fewer questions, and escalations that ask
+
+fn sandbox(id: &str) -> SandboxPolicy {
+    SandboxPolicy::parse(id).unwrap()
+}
+
+fn bash_call(command: &str, description: &str, escalate: bool) -> (&'static str, Value) {
+    let mut args = json!({"command": command, "description": description});
+    if escalate {
+        args["sandbox"] = json!("off");
+    }
+    ("bash", args)
+}
+
+#[tokio::test]
+async fn a_command_the_sandbox_confines_runs_without_a_question_in_ask_and_accept_edits() {
+    if !landlock_for_tests() {
+        return;
+    }
+    for mode in [PermissionMode::Ask, PermissionMode::AcceptEdits] {
+        let f = start_in(mode, sandbox("workspace-write"), bash_call("echo x > made.txt && echo ran", "d", false), &[]);
+        let result = f.run().await;
+        assert!(f.asked().is_empty(), "{mode:?}: {:?}", f.asked());
+        assert_eq!(result_text(&result), "ran\n");
+        assert!(exists(&f.ws.join("made.txt")));
+    }
+    // Read-only mode stays read-only, sandbox or not.
+    let f = start_in(PermissionMode::ReadOnly, sandbox("workspace-write"), bash_call("true", "d", false), &[]);
+    let result = f.run().await;
+    assert!(f.asked().is_empty() && is_error(&result));
+    assert_eq!(result.data["error"]["code"], "PERMISSION_DENIED");
+}
+
+#[tokio::test]
+async fn an_escalation_asks_with_its_reason_and_a_rejected_one_never_runs() {
+    if !landlock_for_tests() {
+        return;
+    }
+    let command = "echo x > ../outside/escaped && echo wrote";
+    let call = bash_call(command, "Write the build cache", true);
+    let f = start_in(PermissionMode::Ask, sandbox("workspace-write"), call, &[PermissionAnswer::RejectOnce]);
+    let result = f.run().await;
+    let asked = f.asked();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].title.contains("outside the sandbox (reason: Write the build cache)"), "{}", asked[0].title);
+    assert_eq!(result.data["error"]["code"], "PERMISSION_REJECTED");
+    assert!(!exists(&f.outside.join("escaped")), "a rejected escalation ran");
+    // Allowed, it runs outside the sandbox.
+    let call = bash_call(command, "Write the build cache", true);
+    let f = start_in(PermissionMode::AcceptEdits, sandbox("workspace-write"), call, &[PermissionAnswer::AllowOnce]);
+    let result = f.run().await;
+    assert_eq!(f.asked().len(), 1);
+    assert_eq!(result_text(&result), "wrote\n");
+    assert!(exists(&f.outside.join("escaped")));
+    assert_eq!(
+        result.data["meta"]["sandbox"],
+        "not sandboxed: the user allowed this command to run outside the sandbox"
+    );
+    // The same write inside the sandbox is refused by the kernel and named.
+    let f = start_in(PermissionMode::Ask, sandbox("workspace-write"), bash_call(command, "d", false), &[]);
+    let result = f.run().await;
+    assert!(f.asked().is_empty());
+    assert!(!exists(&f.outside.join("escaped")));
+    let blocked = format!("blocked by the sandbox: {}", f.outside.join("escaped").display());
+    assert!(result_text(&result).contains(&blocked), "{}", result_text(&result));
 }

@@ -169,6 +169,7 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
         | EventBody::SystemPrompt(_)
         | EventBody::SessionMode(_)
         | EventBody::SessionModel(_)
+        | EventBody::SessionSandbox(_)
         | EventBody::McpServers(_)
         | EventBody::SessionEndSeed(_)
         | EventBody::SubagentDescriptor(_)
@@ -219,6 +220,7 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         | EventBody::SystemPrompt(_)
         | EventBody::SessionMode(_)
         | EventBody::SessionModel(_)
+        | EventBody::SessionSandbox(_)
         | EventBody::McpServers(_)
         | EventBody::SessionEndSeed(_)
         | EventBody::SubagentDescriptor(_)
@@ -298,6 +300,10 @@ fn tool_result_update(result: &event::ToolResult) -> Option<SessionUpdate> {
     for picture in blocks(&part.content).filter(|b| image::is_image(b)) {
         content.push(ToolCallContent::from(image_content(picture)));
     }
+    // A command's sandbox note (`sandboxed: workspace-write`, or why it was not) comes first.
+    if let Some(note) = result.meta.as_ref().and_then(|meta| meta["sandbox"].as_str()) {
+        content.insert(0, ToolCallContent::from(ContentBlock::Text(TextContent::new(note))));
+    }
     let fields = ToolCallUpdateFields::new().status(status).content(content);
     Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(part.tool_call_id.clone(), fields)))
 }
@@ -343,7 +349,7 @@ pub(super) fn tool_kind(access: &Access) -> ToolKind {
         Access::Edit { .. } => ToolKind::Edit,
         Access::Delete { .. } => ToolKind::Delete,
         Access::Move { .. } => ToolKind::Move,
-        Access::Execute { .. } => ToolKind::Execute,
+        Access::Execute { .. } | Access::ExecuteSandboxed { .. } => ToolKind::Execute,
         Access::Fetch => ToolKind::Fetch,
         Access::Plan => ToolKind::Think,
         Access::Delegate | Access::External => ToolKind::Other,
@@ -354,7 +360,7 @@ pub(super) fn tool_kind(access: &Access) -> ToolKind {
 /// command and the directory it runs in (`workdir` resolved against `cwd`, the session's).
 pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallContent> {
     let text = match access {
-        Access::Execute { command, workdir } if !command.is_empty() => {
+        Access::Execute { command, workdir } | Access::ExecuteSandboxed { command, workdir } if !command.is_empty() => {
             let dir = match workdir {
                 Some(dir) => crate::tools::paths::resolve(cwd, &dir.to_string_lossy()),
                 None => cwd.to_path_buf(),
@@ -367,6 +373,7 @@ pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallCon
             format!("Working directory: {dir}\n\n{fence}sh\n{command}\n{fence}")
         }
         Access::Execute { .. }
+        | Access::ExecuteSandboxed { .. }
         | Access::Read { .. }
         | Access::Search { .. }
         | Access::Edit { .. }
@@ -389,6 +396,7 @@ fn locations(access: &Access) -> Vec<ToolCallLocation> {
         | Access::Delete { .. }
         | Access::Move { .. }
         | Access::Execute { .. }
+        | Access::ExecuteSandboxed { .. }
         | Access::Fetch
         | Access::Delegate
         | Access::Plan

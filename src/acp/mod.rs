@@ -34,6 +34,7 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
 use crate::runtime::{ChildObservers, Runtime, RuntimeError};
+use crate::sandbox::SandboxPolicy;
 use tree::{ChildForwarders, Forwarder, Tree};
 
 fn invalid_params(message: impl std::fmt::Display) -> Error {
@@ -114,18 +115,29 @@ pub fn fuzz_params(value: &serde_json::Value) {
     }
 }
 
-/// The id of kin's one session config option: the model route.
+/// The id of the model selector (the model route).
 const MODEL_OPTION: &str = "model";
+/// The id of the sandbox selector (what commands may touch).
+const SANDBOX_OPTION: &str = "sandbox";
 
-/// The model selector: the configured choices, the session's current route selected.
-fn model_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption> {
+/// The session's config options: the model selector (the configured choices, the session's
+/// current route selected) and the sandbox selector (every policy, the session's selected).
+fn config_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption> {
     let current = runtime.session_model(session_id).unwrap_or_else(|| runtime.model_choices()[0].clone());
     let choices: Vec<SessionConfigSelectOption> =
         runtime.model_choices().iter().map(|r| SessionConfigSelectOption::new(r.to_string(), r.to_string())).collect();
+    let sandbox = runtime.sandbox(session_id).unwrap_or_default();
+    let policies: Vec<SessionConfigSelectOption> =
+        SandboxPolicy::ALL.iter().map(|p| SessionConfigSelectOption::new(p.id(), p.name())).collect();
+    let mut about = "What commands may touch, enforced by the kernel, from the next command on".to_string();
+    if sandbox.is_sandboxed() && runtime.sandbox_in_force(session_id) == Some(false) {
+        about.push_str(" (this kernel cannot enforce it: commands run unconfined, after the permission questions)");
+    }
     vec![
         SessionConfigOption::select(MODEL_OPTION, "Model", current.to_string(), choices)
             .category(SessionConfigOptionCategory::Model)
             .description("The model route used from the next turn on".to_string()),
+        SessionConfigOption::select(SANDBOX_OPTION, "Sandbox", sandbox.id(), policies).description(about),
     ]
 }
 
@@ -238,7 +250,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                 match rt_new.new_session_with(&req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
                     Ok(id) => {
                         let mode = rt_new.permission_mode(&id).unwrap_or_default();
-                        let options = model_options(&rt_new, &id);
+                        let options = config_options(&rt_new, &id);
                         let sent = responder.respond(
                             NewSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
                         );
@@ -312,7 +324,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                     if agents.enabled() { tree::stored_tree(&runtime, &id) } else { Vec::new() };
                                 tree::replay(&cx, tools, &children);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
-                                let options = model_options(&runtime, &id);
+                                let options = config_options(&runtime, &id);
                                 let _ = responder.respond(
                                     LoadSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
@@ -349,20 +361,26 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
         )
         .on_receive_request(
             async move |req: SetSessionConfigOptionRequest, responder, _cx| {
-                if req.config_id.0.as_ref() != MODEL_OPTION {
-                    return responder.respond_with_error(invalid_params(format!(
-                        "unknown config option {}; kin offers only \"{MODEL_OPTION}\"",
-                        req.config_id.0
-                    )));
-                }
-                let Some(value) = req.value.as_value_id() else {
-                    return responder.respond_with_error(invalid_params(
-                        "the model option takes a route id such as deepseek/deepseek-v4-pro",
-                    ));
+                let option = req.config_id.0.as_ref();
+                let hint = match option {
+                    MODEL_OPTION => "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string(),
+                    SANDBOX_OPTION => format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids()),
+                    other => {
+                        return responder.respond_with_error(invalid_params(format!(
+                            "unknown config option {other}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\""
+                        )));
+                    }
                 };
-                match rt_config.set_model(&req.session_id.0, &value.0) {
-                    Ok(_) => responder
-                        .respond(SetSessionConfigOptionResponse::new(model_options(&rt_config, &req.session_id.0))),
+                let Some(value) = req.value.as_value_id() else {
+                    return responder.respond_with_error(invalid_params(hint));
+                };
+                let id = &req.session_id.0;
+                let set = match option {
+                    SANDBOX_OPTION => rt_config.set_sandbox(id, &value.0).map(|_| ()),
+                    _ => rt_config.set_model(id, &value.0).map(|_| ()),
+                };
+                match set {
+                    Ok(()) => responder.respond(SetSessionConfigOptionResponse::new(config_options(&rt_config, id))),
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }
             },
@@ -400,7 +418,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 forwarder.count(&events);
                                 drop(events);
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
-                                let options = model_options(&runtime, &id);
+                                let options = config_options(&runtime, &id);
                                 let _ = responder.respond(
                                     ResumeSessionResponse::new().modes(modes::state(mode)).config_options(options),
                                 );
@@ -446,7 +464,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                 match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
                     Ok(id) => {
                         let mode = rt_fork.permission_mode(&id).unwrap_or_default();
-                        let options = model_options(&rt_fork, &id);
+                        let options = config_options(&rt_fork, &id);
                         let sent = responder.respond(
                             ForkSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
                         );

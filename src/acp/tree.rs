@@ -276,6 +276,7 @@ impl SessionObserver for Forwarder {
             | EventBody::TodoWrite(_)
             | EventBody::SessionMode(_)
             | EventBody::SessionModel(_)
+            | EventBody::SessionSandbox(_)
             | EventBody::McpServers(_)
             | EventBody::SessionEndSeed(_)
             | EventBody::SubagentDescriptor(_)

@@ -372,6 +372,7 @@ async fn run_tools(
                         cancel: cancel.child_token(),
                         caller: Some(caller.clone()),
                         allow_outside: false,
+                        allow_unsandboxed: false,
                         file_access: deps.file_access.clone(),
                         progress: Some(Progress::new(id, progress_tx.clone())),
                     };

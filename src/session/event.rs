@@ -542,6 +542,15 @@ pub struct SessionModel {
     pub model: String,
 }
 
+/// `session/sandbox` (log-only, kin's own): the sandbox chosen for the session's commands with
+/// its `sandbox` config option.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxChoice {
+    /// `off`, `read-only` or `workspace-write`.
+    pub level: String,
+    pub network: bool,
+}
+
 /// `mcp/servers` (log-only, kin's own): the MCP servers a session was given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpServers {
@@ -773,6 +782,7 @@ event_kinds! {
     TodoWrite(TodoWrite) = "todo/write";
     SessionMode(SessionMode) = "session/mode";
     SessionModel(SessionModel) = "session/model";
+    SessionSandbox(SandboxChoice) = "session/sandbox";
     McpServers(McpServers) = "mcp/servers";
     SessionEndSeed(EndSeed) = "session/end-seed";
     SubagentDescriptor(DescriptorPayload) = "subagent/descriptor";
@@ -812,6 +822,7 @@ mod tests {
             "todo/write",
             "session/mode",
             "session/model",
+            "session/sandbox",
             "mcp/servers",
             "session/end-seed",
             "subagent/descriptor",
@@ -905,6 +916,8 @@ mod tests {
         assert_eq!(wire(plan), r#"{"todos":[{"content":"a","status":"pending"}]}"#);
         assert_eq!(wire(SessionMode { mode: "ask".into() }), r#"{"mode":"ask"}"#);
         assert_eq!(wire(SessionModel { provider: "p".into(), model: "m".into() }), r#"{"provider":"p","model":"m"}"#);
+        let sandbox = SandboxChoice { level: "workspace-write".into(), network: false };
+        assert_eq!(wire(sandbox), r#"{"level":"workspace-write","network":false}"#);
         assert_eq!(wire(EndSeed {}), "{}");
         let run = RemoteRun {
             run_id: "acp-1".into(),

@@ -123,6 +123,8 @@ pub struct ExternalAgentConfig {
     pub cancel_grace: Duration,
     /// How long to wait for the child after killing it.
     pub kill_grace: Duration,
+    /// `sandbox = ...`: the kernel sandbox the child process runs in (`None`: none).
+    pub sandbox: Option<crate::sandbox::SandboxSettings>,
 }
 
 impl ExternalAgentConfig {
@@ -141,6 +143,7 @@ impl ExternalAgentConfig {
             turn_timeout: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             kill_grace: DEFAULT_KILL_GRACE,
+            sandbox: None,
         }
     }
 
@@ -186,6 +189,7 @@ impl fmt::Debug for ExternalAgentConfig {
             .field("turn_timeout", &self.turn_timeout)
             .field("cancel_grace", &self.cancel_grace)
             .field("kill_grace", &self.kill_grace)
+            .field("sandbox", &self.sandbox.as_ref().map(|s| s.policy.id()))
             .finish_non_exhaustive()
     }
 }

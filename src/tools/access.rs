@@ -25,6 +25,10 @@ pub enum Access {
     /// `command` is the whole command line; it is empty when kin does not know it (a forwarded
     /// call of an external agent names its command only in its own title and input).
     Execute { command: String, workdir: Option<PathBuf> },
+    /// Runs `command` as `Execute` does, but confined by the session's kernel sandbox, which the
+    /// kernel enforces in full here (`sandbox::SessionSandbox::in_force`): it writes only where
+    /// the sandbox lets it and reaches the network only when the sandbox keeps it.
+    ExecuteSandboxed { command: String, workdir: Option<PathBuf> },
     /// Reaches outside the machine (a URL, a web search).
     Fetch,
     /// Starts, messages, lists or stops agents, or answers the agent that delegated; the calls of
@@ -45,7 +49,12 @@ impl Access {
             | Access::Edit { paths }
             | Access::Delete { paths }
             | Access::Move { paths } => paths,
-            Access::Execute { .. } | Access::Fetch | Access::Delegate | Access::Plan | Access::External => &[],
+            Access::Execute { .. }
+            | Access::ExecuteSandboxed { .. }
+            | Access::Fetch
+            | Access::Delegate
+            | Access::Plan
+            | Access::External => &[],
         }
     }
 }

@@ -1,19 +1,23 @@
-//! `bash`: runs one command in a fresh `bash -c` (`sh -c` when bash is missing) as the leader of
-//! its own process group, so a timeout, a cancellation or the end of the call kills everything
-//! it started. The result is stdout followed by stderr, capped to its head and tail, with an
-//! `[exit code: N]` line for non-zero exits.
+//! `bash`: runs one command in a fresh `bash -c` (`sh -c` when bash is missing) under a
+//! supervisor (`sandbox::supervise`), so a timeout, a cancellation, the end of the call or kin's
+//! own death kills everything it started, `setsid` and double-forked processes included. When
+//! the session's sandbox is on, the command is confined by the kernel (`sandbox::plan`), the
+//! editor sees a "sandboxed" note on the call, and writes the sandbox refused are named in the
+//! output as `blocked by the sandbox: <path>`. The result is stdout followed by stderr, capped to
+//! its head and tail, with an `[exit code: N]` line for non-zero exits.
 
+use std::ffi::OsString;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -21,23 +25,47 @@ use super::builtin::{aborted, call_cwd, invalid_args, optional_str, optional_u64
 use super::capture::{Capture, Limits, render, snapshot, spawn_reader};
 use super::paths;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
+use crate::sandbox::supervise::{self, Program, Supervised};
+use crate::sandbox::{self, Confined, Plan, SessionSandbox};
 
 const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 const MAX_TIMEOUT_MS: u64 = 600_000;
 /// Output longer than `LIMITS.total()` keeps only its first 15 000 and last 15 000 bytes.
 const LIMITS: Limits = Limits { head: 15_000, tail: 15_000 };
 /// How long the output pipes may stay open after the shell exited (background jobs holding
-/// them) before the group is killed, and again after a kill before reading is abandoned.
+/// them) before the rest of the command is killed, and again after a kill before reading is
+/// abandoned.
 const PIPE_GRACE: Duration = Duration::from_millis(500);
+/// How long the supervisor may take to kill and reap what is left of a command.
+const FINISH_LIMIT: Duration = Duration::from_secs(2);
 
-/// `bash`: one shell command per call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BashTool;
+/// `bash`: one shell command per call, in the session's sandbox when it has one.
+#[derive(Debug, Clone, Default)]
+pub struct BashTool {
+    sandbox: Option<Arc<SessionSandbox>>,
+    /// The session's workspace (what `workspace-write` may write, and where `.git` is looked for).
+    workspace: Option<PathBuf>,
+}
+
+impl BashTool {
+    /// The tool of a session in `workspace` whose commands follow `sandbox`.
+    pub fn with_sandbox(sandbox: Arc<SessionSandbox>, workspace: Option<PathBuf>) -> Self {
+        BashTool { sandbox: Some(sandbox), workspace }
+    }
+
+    /// True when a call with these arguments would run confined by the kernel: no escalation,
+    /// and the session's sandbox in force for its workspace.
+    fn confines(&self, arguments: &Value) -> bool {
+        arguments["sandbox"] != "off" && self.sandbox.as_ref().is_some_and(|s| s.in_force(self.workspace.as_deref()))
+    }
+}
 
 struct BashRequest {
     command: String,
     timeout_ms: u64,
     workdir: Option<String>,
+    /// `sandbox: "off"`: the model asks to run this command outside the sandbox.
+    unsandboxed: bool,
 }
 
 impl BashRequest {
@@ -50,7 +78,17 @@ impl BashRequest {
             .filter(|ms| *ms > 0)
             .unwrap_or(DEFAULT_TIMEOUT_MS)
             .min(MAX_TIMEOUT_MS);
-        Ok(BashRequest { command, timeout_ms, workdir: optional_str(args, "workdir", "bash")? })
+        let unsandboxed = match optional_str(args, "sandbox", "bash")?.as_deref() {
+            None => false,
+            Some("off") => true,
+            Some(other) => {
+                return Err(invalid_args(
+                    "bash",
+                    format!("`sandbox` takes only \"off\" (to ask to run outside the sandbox), not {other:?}"),
+                ));
+            }
+        };
+        Ok(BashRequest { command, timeout_ms, workdir: optional_str(args, "workdir", "bash")?, unsandboxed })
     }
 }
 
@@ -60,15 +98,23 @@ impl Tool for BashTool {
     }
 
     fn access(&self, arguments: &Value) -> Access {
-        Access::Execute {
-            command: arguments["command"].as_str().unwrap_or_default().to_string(),
-            workdir: arguments["workdir"].as_str().filter(|w| !w.trim().is_empty()).map(PathBuf::from),
+        let command = arguments["command"].as_str().unwrap_or_default().to_string();
+        let workdir = arguments["workdir"].as_str().filter(|w| !w.trim().is_empty()).map(PathBuf::from);
+        if self.confines(arguments) {
+            Access::ExecuteSandboxed { command, workdir }
+        } else {
+            Access::Execute { command, workdir }
         }
     }
 
     fn title(&self, arguments: &Value) -> String {
         let workdir = arguments["workdir"].as_str().filter(|w| !w.trim().is_empty());
-        title(arguments["command"].as_str().unwrap_or_default(), workdir)
+        let mut title = title(arguments["command"].as_str().unwrap_or_default(), workdir);
+        if arguments["sandbox"] == "off" {
+            let reason = arguments["description"].as_str().filter(|d| !d.trim().is_empty()).unwrap_or("none given");
+            title.push_str(&format!(" outside the sandbox (reason: {})", one_line(reason)));
+        }
+        title
     }
 
     fn guidance(&self) -> Option<&'static str> {
@@ -83,7 +129,7 @@ impl Tool for BashTool {
     }
 
     fn description(&self) -> String {
-        "Execute a bash command (`bash -c`) and return its output: stdout, then stderr. Each call \
+        let mut text = "Execute a bash command (`bash -c`) and return its output: stdout, then stderr. Each call \
          runs in a fresh shell: no state (cwd, variables, functions) persists between calls, so \
          pass `workdir` instead of using `cd`. Non-zero exits are reported as a final \
          `[exit code: N]` line; check it. The command is killed after `timeoutMs` (default \
@@ -92,10 +138,36 @@ impl Tool for BashTool {
          connected, so use non-interactive flags (e.g. `-y`, `--no-pager`). Output longer than \
          30000 bytes keeps only its first and last 15000 bytes. Prefer the read, write, edit, \
          glob and grep tools over cat, sed, find and grep for working with files."
-            .to_string()
+            .to_string();
+        if let Some(sandbox) = &self.sandbox {
+            let about = sandbox.describe(self.workspace.as_deref());
+            if !about.is_empty() {
+                text.push(' ');
+                text.push_str(&about);
+            }
+        }
+        text
     }
 
     fn parameters(&self) -> Value {
+        let mut schema = self.base_parameters();
+        if self.sandbox.as_ref().is_some_and(|s| s.policy().is_sandboxed()) {
+            schema["properties"]["sandbox"] = json!({
+                "type": "string",
+                "enum": ["off"],
+                "description": "Only to run this command outside the sandbox (it needs to write elsewhere or reach the network, e.g. after \"blocked by the sandbox\"): the user is asked first, and sees `description` as the reason. Omit it otherwise."
+            });
+        }
+        schema
+    }
+
+    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        self.run(arguments, ctx)
+    }
+}
+
+impl BashTool {
+    fn base_parameters(&self) -> Value {
         json!({
             "type": "object",
             "properties": {
@@ -120,12 +192,54 @@ impl Tool for BashTool {
         })
     }
 
-    fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn run(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let sandbox = self.sandbox.clone();
         async move {
             let request = BashRequest::parse(&arguments)?;
-            let dir = working_dir(&call_cwd(&ctx), request.workdir.as_deref()).await?;
-            let text = run_command(&request, &dir, &ctx.cancel).await?;
-            Ok(ToolOutput::text(text))
+            let workspace = call_cwd(&ctx);
+            let dir = working_dir(&workspace, request.workdir.as_deref()).await?;
+            if request.unsandboxed && !ctx.allow_unsandboxed {
+                return Err(ToolError::new(
+                    "SANDBOX_ESCALATION_REFUSED",
+                    "`sandbox: \"off\"` needs the user's approval through the permission gate, which this call \
+                     did not get; run the command without it (inside the sandbox)",
+                ));
+            }
+            let plan = match &sandbox {
+                Some(_) if request.unsandboxed => Plan::Unconfined {
+                    notice: Some("the user allowed this command to run outside the sandbox".to_string()),
+                },
+                Some(sandbox) => {
+                    let workspace = (!workspace.as_os_str().is_empty()).then_some(workspace.as_path());
+                    sandbox::plan(sandbox.policy(), sandbox.settings(), workspace)
+                        .map_err(|e| ToolError::new("SANDBOX_FAILED", format!("{e}; the command did not run")))?
+                }
+                None => Plan::Unconfined { notice: None },
+            };
+            // A sandbox the kernel cannot enforce runs a command unconfined only when the gate
+            // admitted it as such (asked, or by the mode), never on the strength of a sandbox.
+            if let Plan::Unconfined { notice: Some(notice) } = &plan
+                && !ctx.allow_unsandboxed
+            {
+                return Err(ToolError::new("SANDBOX_UNAVAILABLE", format!("{notice}; the command did not run")));
+            }
+            let note = match &plan {
+                Plan::Confined(confined) => Some(confined.note()),
+                Plan::Unconfined { notice } => notice.as_ref().map(|n| format!("not sandboxed: {n}")),
+            };
+            if let (Some(note), Some(progress)) = (&note, &ctx.progress) {
+                progress.report(note.clone());
+            }
+            let confined = match &plan {
+                Plan::Confined(confined) => Some(confined),
+                Plan::Unconfined { .. } => None,
+            };
+            let text = run_command(&request, &dir, &ctx.cancel, confined).await?;
+            let output = ToolOutput::text(text);
+            Ok(match note {
+                Some(note) => output.with_meta(json!({"sandbox": note})),
+                None => output,
+            })
         }
         .boxed()
     }
@@ -204,70 +318,96 @@ enum Ending {
     Aborted,
 }
 
-async fn run_command(request: &BashRequest, dir: &Path, cancel: &CancellationToken) -> Result<String, ToolError> {
-    let mut child = spawn_shell(&request.command, dir)?;
-    let group = ProcessGroup::of(&child);
+async fn run_command(
+    request: &BashRequest,
+    dir: &Path,
+    cancel: &CancellationToken,
+    confined: Option<&Confined>,
+) -> Result<String, ToolError> {
+    let env: Vec<(OsString, OsString)> = confined.map(Confined::env).unwrap_or_default();
+    let shell = shell()?;
+    let program = Program::new(&shell, &["-c", &request.command], &env).map_err(|e| spawn_error(&shell, &e))?;
+    let mut command =
+        supervise::spawn(program, dir, confined.map(|c| c.confinement.clone())).map_err(|e| spawn_error(&shell, &e))?;
+    let result = wait_command(request, dir, cancel, confined, &mut command).await;
+    command.finish(FINISH_LIMIT).await;
+    result
+}
+
+async fn wait_command(
+    request: &BashRequest,
+    dir: &Path,
+    cancel: &CancellationToken,
+    confined: Option<&Confined>,
+    command: &mut Supervised,
+) -> Result<String, ToolError> {
     let stdout = Arc::new(Mutex::new(Capture::new(LIMITS)));
     let stderr = Arc::new(Mutex::new(Capture::new(LIMITS)));
     let mut readers = [
-        spawn_reader(child.stdout.take(), Arc::clone(&stdout)),
-        spawn_reader(child.stderr.take(), Arc::clone(&stderr)),
+        spawn_reader(command.stdout.take(), Arc::clone(&stdout)),
+        spawn_reader(command.stderr.take(), Arc::clone(&stderr)),
     ];
     let ending = tokio::select! {
-        status = child.wait() => Ending::Exited(status),
+        status = command.exited() => Ending::Exited(status),
         () = tokio::time::sleep(Duration::from_millis(request.timeout_ms)) => Ending::TimedOut,
         () = cancel.cancelled() => Ending::Aborted,
     };
     match ending {
         Ending::Aborted => {
-            group.kill();
+            command.kill();
             readers.iter().for_each(JoinHandle::abort);
             Err(aborted())
         }
         Ending::TimedOut => {
-            group.kill();
-            drain(&mut readers, &group).await;
+            command.kill();
+            drain(&mut readers, command).await;
             let output = render(&[&snapshot(&stdout), &snapshot(&stderr)], LIMITS);
             Err(timed_out(request.timeout_ms, &output))
         }
         Ending::Exited(status) => {
-            let status =
-                status.map_err(|e| ToolError::new("IO_ERROR", format!("waiting for the command failed: {e}")))?;
-            drain(&mut readers, &group).await;
-            let output = render(&[&snapshot(&stdout), &snapshot(&stderr)], LIMITS);
+            let status = status.map_err(|e| match confined {
+                Some(_) if e.to_string().contains("sandbox") => {
+                    ToolError::new("SANDBOX_FAILED", format!("{e}; the command did not run"))
+                }
+                _ => ToolError::new("SPAWN_FAILED", format!("cannot run the command: {e}")),
+            })?;
+            drain(&mut readers, command).await;
+            let errors = snapshot(&stderr);
+            let mut output = render(&[&snapshot(&stdout), &errors], LIMITS);
+            if let Some(confined) = confined {
+                let blocked = sandbox::blocked_paths(&errors.render(), dir, &confined.layout);
+                for path in &blocked {
+                    if !output.is_empty() && !output.ends_with('\n') {
+                        output.push('\n');
+                    }
+                    output.push_str(&format!("blocked by the sandbox: {}\n", path.display()));
+                }
+                if !blocked.is_empty() {
+                    output.push_str(
+                        "(if the command must write there, call bash again with `sandbox: \"off\"`: the user is asked)\n",
+                    );
+                }
+            }
             Ok(with_exit_code(output, exit_code(status)))
         }
     }
 }
 
-/// Starts `bash -c command` (or `sh -c` when there is no bash) in a new process group.
-fn spawn_shell(command: &str, dir: &Path) -> Result<Child, ToolError> {
-    match shell_command("bash", command, dir).spawn() {
-        Ok(child) => Ok(child),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            shell_command("sh", command, dir).spawn().map_err(|e| spawn_error("sh", &e))
-        }
-        Err(e) => Err(spawn_error("bash", &e)),
-    }
+/// `bash` from `PATH`, else `sh`.
+fn shell() -> Result<PathBuf, ToolError> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    let find = |name: &str| {
+        std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| {
+            std::fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    };
+    find("bash")
+        .or_else(|| find("sh"))
+        .ok_or_else(|| ToolError::new("SPAWN_FAILED", "cannot start bash or sh: neither is on PATH".to_string()))
 }
 
-fn shell_command(program: &str, command: &str, dir: &Path) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.arg("-c")
-        .arg(command)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if !dir.as_os_str().is_empty() {
-        cmd.current_dir(dir);
-    }
-    cmd
-}
-
-fn spawn_error(program: &str, error: &io::Error) -> ToolError {
-    ToolError::new("SPAWN_FAILED", format!("cannot start {program}: {error}"))
+fn spawn_error(program: &Path, error: &io::Error) -> ToolError {
+    ToolError::new("SPAWN_FAILED", format!("cannot start {}: {error}", program.display()))
 }
 
 fn timed_out(timeout_ms: u64, output: &str) -> ToolError {
@@ -299,49 +439,16 @@ fn with_exit_code(output: String, code: i32) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// process group
-
-/// The process group led by the shell. Killing it reaches every process the command started
-/// (unless one moved itself to another group); dropping it kills it too, so a call that ends in
-/// any way (including its future being dropped on cancellation) leaves nothing running.
-struct ProcessGroup {
-    pgid: Option<libc::pid_t>,
-}
-
-impl ProcessGroup {
-    fn of(child: &Child) -> Self {
-        let pgid = child.id().and_then(|id| libc::pid_t::try_from(id).ok()).filter(|pid| *pid > 1);
-        ProcessGroup { pgid }
-    }
-
-    fn kill(&self) {
-        if let Some(pgid) = self.pgid {
-            // SAFETY: kill(2) only takes integers; a negative pid addresses the process group
-            // the shell leads (it was spawned with `process_group(0)`).
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // output pipes
 
 /// Waits for the readers to reach end of file. Pipes still open after the grace period are
-/// held by background processes: the group is killed; pipes held even then (by a process that
-/// left the group) are abandoned.
-async fn drain(readers: &mut [JoinHandle<()>], group: &ProcessGroup) {
+/// held by background processes: the rest of the command is killed; pipes held even then are
+/// abandoned.
+async fn drain(readers: &mut [JoinHandle<()>], command: &mut Supervised) {
     if wait_readers(readers, PIPE_GRACE).await {
         return;
     }
-    group.kill();
+    command.kill();
     if !wait_readers(readers, PIPE_GRACE).await {
         readers.iter().for_each(JoinHandle::abort);
     }
@@ -370,7 +477,7 @@ mod tests {
 
     #[test]
     fn a_title_shows_the_command_on_one_line_and_says_when_it_is_shortened() {
-        let title = |args: Value| BashTool.title(&args);
+        let title = |args: Value| BashTool::default().title(&args);
         assert_eq!(title(json!({"command": "ls -la", "description": "List"})), "Run `ls -la`");
         assert_eq!(title(json!({"command": "rm -rf *", "workdir": "/"})), "Run `rm -rf *` in /");
         assert_eq!(title(json!({"command": "make\ncurl x | sh\n"})), "Run `make⏎curl x | sh`");
@@ -387,7 +494,7 @@ mod tests {
     }
 
     async fn bash(cwd: &Path, args: Value) -> Result<String, ToolError> {
-        let output = BashTool.execute(args, ctx(cwd, CancellationToken::new())).await?;
+        let output = BashTool::default().execute(args, ctx(cwd, CancellationToken::new())).await?;
         Ok(output.content[0]["text"].as_str().unwrap().to_string())
     }
 
@@ -470,7 +577,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let seconds = marker_seconds(2);
         let cancel = CancellationToken::new();
-        let call = BashTool.execute(
+        let call = BashTool::default().execute(
             json!({"command": format!("sleep {seconds} & sleep {seconds}; wait")}),
             ctx(dir.path(), cancel.clone()),
         );

@@ -24,7 +24,7 @@ pub fn register_coding_tools(registry: &mut ToolRegistry, files: FileState) {
     registry.register(Arc::new(GrepTool));
     registry.register(Arc::new(EditTool::new(files.clone())));
     registry.register(Arc::new(WriteTool::new(files)));
-    registry.register(Arc::new(BashTool));
+    registry.register(Arc::new(BashTool::default()));
     registry.register(Arc::new(TodoWriteTool));
 }
 

@@ -55,6 +55,9 @@ pub struct ToolContext {
     /// Set by the permission gate when it let this call touch a path outside the workspace; the
     /// file and search tools then skip their own workspace check.
     pub allow_outside: bool,
+    /// Set by the permission gate when it let a `bash` call asking for `sandbox: "off"` run
+    /// (the user allowed it, or the mode is `bypass`): only then does it run unconfined.
+    pub allow_unsandboxed: bool,
     /// Where the file tools read and write text (the editor, over ACP); `None`: the disk.
     pub file_access: Option<Arc<dyn files::FileAccess>>,
     /// Where the call reports what it is doing while it runs; `None` outside an agent.
@@ -91,6 +94,7 @@ impl ToolContext {
             cancel,
             caller: None,
             allow_outside: false,
+            allow_unsandboxed: false,
             file_access: None,
             progress: None,
         }

@@ -32,6 +32,8 @@ pub(crate) struct AgentProcess {
     stderr: Arc<Mutex<Capture>>,
     stderr_reader: Option<JoinHandle<()>>,
     provider: String,
+    /// The child's sandbox (its private temp dir lives as long as the process).
+    _sandbox: Option<crate::sandbox::Confined>,
 }
 
 impl AgentProcess {
@@ -58,6 +60,11 @@ impl AgentProcess {
         let start_failed = |cause: String| {
             SubagentError::new(ErrorCode::StartFailed, format!("subagent provider \"{}\": {cause}", config.name))
         };
+        // `sandbox = ...`: the child runs confined by the kernel (it and everything it starts).
+        let sandbox = match &config.sandbox {
+            Some(settings) => crate::sandbox::confine_command(&mut command, settings, cwd).map_err(&start_failed)?,
+            None => None,
+        };
         let mut child =
             command.spawn().map_err(|e| start_failed(format!("cannot start the command {:?}: {e}", config.command)))?;
         let pgid = child.id().and_then(|id| libc::pid_t::try_from(id).ok()).filter(|pid| *pid > 1);
@@ -66,7 +73,8 @@ impl AgentProcess {
         };
         let stderr = Arc::new(Mutex::new(Capture::new(STDERR_LIMITS)));
         let stderr_reader = Some(spawn_reader(child.stderr.take(), stderr.clone()));
-        let process = AgentProcess { child, pgid, stderr, stderr_reader, provider: config.name.clone() };
+        let process =
+            AgentProcess { child, pgid, stderr, stderr_reader, provider: config.name.clone(), _sandbox: sandbox };
         Ok((process, stdin, stdout))
     }
 
