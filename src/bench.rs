@@ -555,6 +555,7 @@ fn bench_deps(model: Arc<dyn Model>, route: ModelRoute, depth: u64) -> AgentDeps
         prompt: None,
         file_access: None,
         retry: Default::default(),
+        compaction: Default::default(),
     }
 }
 

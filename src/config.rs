@@ -61,6 +61,8 @@ pub struct Config {
     pub models: ModelSettings,
     /// The context windows and prices of routes (the config's entries over the built-in table).
     pub model_table: ModelTable,
+    /// `[compaction]` (its table is `model_table`).
+    pub compaction: crate::agent::compact::Policy,
     /// The routes an editor may switch a session to (the default route first).
     pub model_choices: Vec<ModelRoute>,
     /// `[acp_agents.NAME]`: external ACP agents offered as subagent providers `acp:NAME`.
@@ -150,6 +152,8 @@ struct FileConfig {
     agents: std::collections::BTreeMap<String, AgentTable>,
     #[serde(default)]
     model_aliases: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    compaction: CompactionSection,
 }
 
 /// `[agents.NAME]`: a named child agent the delegation tools offer.
@@ -165,6 +169,19 @@ struct AgentTable {
     max_turns: Option<u64>,
     background: Option<bool>,
     permission_mode: Option<String>,
+}
+
+/// `[compaction]`: when and how a session's history is compacted.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompactionSection {
+    threshold_ratio: Option<f64>,
+    retain_ratio: Option<f64>,
+    max_tokens: Option<u32>,
+    auto: Option<bool>,
+    max_overflow_retries: Option<u32>,
+    /// The route that writes summaries (`P/M`); default: the session's own.
+    model: Option<String>,
 }
 
 /// `[mcp]`: defaults for every MCP server.
@@ -423,6 +440,7 @@ impl Config {
             model_choices,
             acp_agents,
             models,
+            compaction: resolve_compaction(file.compaction, &model_table, &where_())?,
             model_table,
             subagents,
             sessions_dir,
@@ -537,6 +555,43 @@ fn resolve_models(
         });
     }
     Ok((settings, table))
+}
+
+fn resolve_compaction(
+    section: CompactionSection,
+    table: &ModelTable,
+    origin: &str,
+) -> Result<crate::agent::compact::Policy> {
+    let mut policy = crate::agent::compact::Policy { models: std::sync::Arc::new(table.clone()), ..Default::default() };
+    let key = |k: &str| format!("{origin}: key `compaction.{k}`");
+    for (value, name) in [(section.threshold_ratio, "threshold_ratio"), (section.retain_ratio, "retain_ratio")] {
+        if let Some(v) = value
+            && !(v > 0.0 && v <= 1.0)
+        {
+            anyhow::bail!("{} must be a fraction of the context window in (0, 1], not {v}", key(name));
+        }
+    }
+    policy.threshold_ratio = section.threshold_ratio.unwrap_or(policy.threshold_ratio);
+    policy.retain_ratio = section.retain_ratio.unwrap_or(policy.retain_ratio);
+    if policy.retain_ratio >= policy.threshold_ratio {
+        anyhow::bail!(
+            "{} ({}) must be below {} ({}): the kept tail must fit under the threshold",
+            key("retain_ratio"),
+            policy.retain_ratio,
+            key("threshold_ratio"),
+            policy.threshold_ratio
+        );
+    }
+    if section.max_tokens == Some(0) {
+        anyhow::bail!("{} must be a positive number of tokens", key("max_tokens"));
+    }
+    policy.max_tokens = section.max_tokens.unwrap_or(policy.max_tokens);
+    policy.auto = section.auto.unwrap_or(policy.auto);
+    policy.max_overflow_retries = section.max_overflow_retries.unwrap_or(policy.max_overflow_retries);
+    if let Some(route) = section.model {
+        policy.summary_route = Some(ModelRoute::parse(&route).map_err(|e| anyhow::anyhow!("{}: {e}", key("model")))?);
+    }
+    Ok(policy)
 }
 
 fn resolve_subagents(section: SubagentSection, origin: &str) -> Result<SubagentSettings> {
@@ -1006,6 +1061,41 @@ mod tests {
         ] {
             std::fs::write(&file, text).unwrap();
             let err = Config::resolve(&flags, &home).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn compaction_settings_come_from_the_file_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+        let home = env_of(&[("HOME", "/h")]);
+        let defaults = Config::resolve(&Overrides::default(), &home).unwrap().compaction;
+        assert_eq!((defaults.threshold_ratio, defaults.retain_ratio, defaults.max_tokens), (0.8, 0.16, 8192));
+        assert!(defaults.auto && defaults.summary_route.is_none());
+        std::fs::write(
+            &file,
+            "[compaction]\nthreshold_ratio = 0.5\nretain_ratio = 0.2\nmax_tokens = 100\nauto = false\n\
+             model = \"p/m\"\n[model_settings.models.\"p/m\"]\ncontext_window = 2000\n",
+        )
+        .unwrap();
+        let policy = Config::resolve(&flags, &home).unwrap().compaction;
+        assert_eq!(
+            (policy.threshold_ratio, policy.retain_ratio, policy.max_tokens, policy.auto),
+            (0.5, 0.2, 100, false)
+        );
+        assert_eq!(policy.summary_route, Some(ModelRoute::parse("p/m").unwrap()));
+        assert_eq!(policy.models.info(&ModelRoute::parse("p/m").unwrap()).context_window, Some(2000));
+        for (text, key) in [
+            ("[compaction]\nthreshold_ratio = 1.5\n", "compaction.threshold_ratio"),
+            ("[compaction]\nretain_ratio = 0.9\n", "must be below"),
+            ("[compaction]\nmax_tokens = 0\n", "compaction.max_tokens"),
+            ("[compaction]\nmodel = \"nope\"\n", "compaction.model"),
+            ("[compaction]\nthreshold = 0.5\n", "threshold"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = format!("{:#}", Config::resolve(&flags, &home).unwrap_err());
             assert!(err.contains(key), "{text}: {err}");
         }
     }

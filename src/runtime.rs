@@ -373,6 +373,7 @@ impl ChildFactory for Runtime {
             prompt: client.prompt.clone(),
             file_access: client.files.clone(),
             retry: self.config.models.retry,
+            compaction: self.config.compaction.clone(),
         };
         // An editor watching the agent tree sees the child from before its first event.
         if let Some(observers) = client.children {
@@ -570,6 +571,7 @@ impl Runtime {
             prompt: client.prompt,
             file_access: client.files,
             retry: self.config.models.retry,
+            compaction: self.config.compaction.clone(),
         }
     }
 

@@ -100,6 +100,7 @@ fn start_with(entries: Vec<ReplayEntry>, max_steps: u32, retry: RetryPolicy) -> 
         prompt: None,
         file_access: None,
         retry,
+        compaction: Default::default(),
     };
     let handle = spawn_agent(session, deps);
     Fixture { _dir: dir, store, handle, model, peak, id }

@@ -113,6 +113,7 @@ fn build(
         prompt: Some(editor.clone() as Arc<dyn PermissionPrompt>),
         file_access: None,
         retry: Default::default(),
+        compaction: Default::default(),
     };
     let handle = spawn_agent(session, deps);
     Fixture { _dir: dir, ws, outside, store, handle, editor, permissions, id }

@@ -6,7 +6,9 @@
 //! queued inbox messages. A session loaded with inbox messages pending starts held: they run
 //! once it is woken.
 
+pub mod compact;
 mod intake;
+mod meter;
 mod turn;
 
 pub use intake::{NotAccepted, Restored, prepare};
@@ -87,6 +89,8 @@ pub struct AgentDeps {
     /// How a step retries a model call that completed with no content (`EMPTY_RESPONSE`),
     /// whatever the model: each attempt is a call of its own in the log.
     pub retry: RetryPolicy,
+    /// How the session compacts its history.
+    pub compaction: compact::Policy,
 }
 
 /// A message waiting for its own turn.

@@ -67,9 +67,12 @@ pub(super) async fn run_turn(
     // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
     session.write_eager();
     for step in 1..=u64::from(deps.max_steps) {
+        // The tools of this step: a source's (MCP) changes show from the next step on.
+        let tools = serving(session, intake, deps.tools.snapshot(&cancel)).await;
+        super::compact::relieve_pressure(session, deps, &tools.schemas(), turn, &cancel).await;
         intake.land_staged(session);
         session.push(event::StepStart { turn, step });
-        let end = run_step(session, deps, turn, step, &cancel, intake, disposing).await;
+        let end = run_step(session, deps, &tools, (turn, step), &cancel, intake, disposing).await;
         match end {
             StepEnd::Done => {
                 session.push(event::StepEnd { turn, step });
@@ -116,14 +119,12 @@ fn abandon(session: &mut Session, turn: u64, step: u64, reason: TurnEndReason) -
 async fn run_step(
     session: &mut Session,
     deps: &AgentDeps,
-    turn: u64,
-    step: u64,
+    tools: &ToolRegistry,
+    (turn, step): (u64, u64),
     cancel: &CancellationToken,
     intake: &Intake,
     disposing: &AtomicBool,
 ) -> StepEnd {
-    // The tools of this step: a source's (MCP) changes show from the next step on.
-    let tools = serving(session, intake, deps.tools.snapshot(cancel)).await;
     let request = ModelRequest {
         session_id: session.id().to_string(),
         turn,
@@ -194,7 +195,7 @@ async fn run_step(
     if calls.is_empty() {
         return StepEnd::Done;
     }
-    run_tools(session, deps, &tools, (turn, step), calls, cancel, intake).await;
+    run_tools(session, deps, tools, (turn, step), calls, cancel, intake).await;
     StepEnd::Continue
 }
 

@@ -1,0 +1,531 @@
+//! Compaction (dsh `compact-basic`, ../shared/reference/compaction.md): the head of the model
+//! history is replaced by a model-written checkpoint while a verbatim tail stays. `select` picks
+//! the range (from the head, leaving at least `retain` tokens, never splitting a tool call from
+//! its result); `compact` is the transaction: `compact/start`, the summary call (purpose
+//! compaction, not a step: nothing of it streams into the log), `compact/summary`, the
+//! checkpoint `user/message` with `surfaceOp {op: replace, start, end}` and
+//! `sourceEventSeqs [start, summary, ...shadowed]`, then `compact/end` (with `error` on any
+//! failure after the start, the surface unchanged). The replacement is one event, so a log cut
+//! anywhere folds to the history before or after it. `relieve_pressure` runs at the start of a
+//! step when the measured next request reaches the threshold.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::AgentDeps;
+use super::meter::{self, message_tokens};
+use crate::model::capacity::ModelTable;
+use crate::model::{FinishReason, ModelRequest, ModelRoute, Purpose, StreamChunk, ToolSchema};
+use crate::session::Session;
+use crate::session::event::{CompactEnd, CompactStart, CompactSummary, SeqRange, UserMessage};
+
+/// The instruction that ends the summary request (dsh's, exact).
+pub(crate) const INSTRUCTION: &str = include_str!("compact_instruction.txt");
+
+/// What precedes the summary in a checkpoint (dsh's, exact).
+pub(crate) const PREAMBLE: &str = "This is an automatically generated checkpoint condensing an earlier span of the conversation to free up context. Treat the captured context as established background and build on it without restating it. Continue the task directly from the messages that follow, without acknowledging this checkpoint.";
+
+/// How a session compacts (`[compaction]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Compact at the start of a step when the next request reaches this share of the window.
+    pub threshold_ratio: f64,
+    /// The share of the window kept verbatim at the tail.
+    pub retain_ratio: f64,
+    /// The summary call's output cap.
+    pub max_tokens: u32,
+    /// Compact automatically (pressure and overflow); `/compact` works either way.
+    pub auto: bool,
+    /// Overflow recoveries (compact, then retry) per turn.
+    pub max_overflow_retries: u32,
+    /// The route that writes summaries; `None`: the session's own.
+    pub summary_route: Option<ModelRoute>,
+    /// Where each route's context window comes from.
+    pub models: Arc<ModelTable>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            threshold_ratio: 0.8,
+            retain_ratio: 0.16,
+            max_tokens: 8192,
+            auto: true,
+            max_overflow_retries: 1,
+            summary_route: None,
+            models: Arc::default(),
+        }
+    }
+}
+
+/// What a compaction replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compacted {
+    /// How many history items it shadowed.
+    pub items: usize,
+    /// Their estimated tokens.
+    pub tokens: u64,
+    /// The checkpoint's estimated tokens.
+    pub checkpoint: u64,
+}
+
+/// Whether the cut before `messages[at]` leaves every tool call with its result on the same
+/// side: the calls before it minus the results before it is 0.
+fn balanced(messages: &[Value], at: usize) -> bool {
+    let mut open: i64 = 0;
+    for message in &messages[..at] {
+        for block in message["content"].as_array().map_or(&[][..], Vec::as_slice) {
+            match block["type"].as_str() {
+                Some("tool-call") => open += 1,
+                Some("tool-result") => open -= 1,
+                _ => {}
+            }
+        }
+    }
+    open == 0
+}
+
+/// How many nodes from the head to shadow so that at least `retain` tokens stay at the tail
+/// (the newest node always stays) and the cut is balanced; `None` when nothing can go.
+pub(crate) fn select(messages: &[Value], tokens: &[u64], retain: u64) -> Option<usize> {
+    let mut sum = 0;
+    let mut keep = 0;
+    for i in (0..tokens.len()).rev() {
+        sum += tokens[i];
+        if sum >= retain {
+            keep = i;
+            break;
+        }
+    }
+    while keep > 0 && !balanced(messages, keep) {
+        keep -= 1;
+    }
+    (keep > 0).then_some(keep)
+}
+
+/// The checkpoint's content: the preamble, then the summary inside `<compacted-summary>`.
+pub(crate) fn checkpoint(summary: &[Value]) -> Vec<Value> {
+    let mut content = vec![json!({"type": "text", "text": format!("{PREAMBLE}\n\n<compacted-summary>")})];
+    content.extend(summary.iter().cloned());
+    content.push(json!({"type": "text", "text": "</compacted-summary>"}));
+    content
+}
+
+/// The instruction of a summary request, with the user's focus (`/compact FOCUS`) after it.
+fn instruction(focus: Option<&str>) -> String {
+    match focus.map(str::trim).filter(|f| !f.is_empty()) {
+        Some(focus) => format!("{INSTRUCTION}\n\nThe user asked this checkpoint to focus on: {focus}"),
+        None => INSTRUCTION.to_string(),
+    }
+}
+
+/// One compaction's inputs beyond the session.
+pub(crate) struct Request<'a> {
+    pub deps: &'a AgentDeps,
+    pub tools: &'a [ToolSchema],
+    /// The open turn (automatic), or `None` (`/compact` between turns).
+    pub turn: Option<u64>,
+    /// Tokens to keep verbatim at the tail (0: only the newest item).
+    pub retain: u64,
+    pub focus: Option<&'a str>,
+    pub cancel: &'a CancellationToken,
+}
+
+/// Compacts the head of `session`'s history. `Ok(None)`: nothing to compact, nothing written.
+/// An error after `compact/start` is recorded in `compact/end` and leaves the history as it was.
+pub(crate) async fn compact(session: &mut Session, request: Request<'_>) -> Result<Option<Compacted>, String> {
+    let messages = session.messages();
+    let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
+    let Some(keep) = select(&messages, &tokens, request.retain) else {
+        return Ok(None);
+    };
+    let shadowed: Vec<u64> = session.surface_seqs()[..keep].to_vec();
+    let shadowed_tokens: u64 = tokens[..keep].iter().sum();
+    let turn = request.turn;
+    let start = session.push(CompactStart { turn });
+    session.write_eager();
+    let result = commit(session, &request, &messages[..keep], &shadowed, shadowed_tokens, start).await;
+    let error = result.as_ref().err().cloned();
+    session.push(CompactEnd { turn, error });
+    if turn.is_none() {
+        session.flush().map_err(|e| format!("compaction finished, but the session could not be saved: {e:#}"))?;
+    } else {
+        session.write_eager();
+    }
+    result.map(Some)
+}
+
+/// The summary call and the replacement, between `compact/start` and `compact/end`.
+async fn commit(
+    session: &mut Session,
+    request: &Request<'_>,
+    messages: &[Value],
+    shadowed: &[u64],
+    tokens: u64,
+    start: u64,
+) -> Result<Compacted, String> {
+    let deps = request.deps;
+    let route = deps.compaction.summary_route.clone().unwrap_or_else(|| deps.route.clone());
+    let mut input = messages.to_vec();
+    input.push(json!({
+        "role": "user",
+        "content": [{"type": "text", "text": instruction(request.focus)}],
+        "source": {"kind": "plugin", "plugin": "dsh-compact-basic"},
+    }));
+    let call = ModelRequest {
+        session_id: session.id().to_string(),
+        turn: request.turn.unwrap_or(0),
+        step: 0,
+        cwd: session.header.cwd.as_ref().map(Into::into),
+        route: route.clone(),
+        system: deps.system.clone(),
+        messages: Arc::new(input),
+        tools: request.tools.to_vec(),
+        purpose: Purpose::Compaction,
+        max_tokens: Some(deps.compaction.max_tokens),
+    };
+    let (raw, usage) = summarize(deps, call, request.cancel).await?;
+    let summary: Vec<Value> = raw.iter().filter(|b| b["type"] == "text").cloned().collect();
+    if summary.iter().all(|b| b["text"].as_str().is_none_or(|t| t.trim().is_empty())) {
+        return Err("summarization produced no text summary content".into());
+    }
+    let content = checkpoint(&summary);
+    let framed = message_tokens(&json!({"content": content}));
+    if framed >= tokens {
+        return Err(format!(
+            "summary is not smaller than the shadowed content ({framed} estimated framed tokens >= {tokens})"
+        ));
+    }
+    if session.surface_seqs().get(..shadowed.len()) != Some(shadowed) {
+        return Err("compaction: session surface changed during summarization".into());
+    }
+    let (first, last) = (shadowed[0], shadowed[shadowed.len() - 1]);
+    let summary_seq = session.push(CompactSummary {
+        summary,
+        raw_output: Some(raw),
+        shadowed_range: SeqRange { start: first, end: last },
+        shadowed_seqs: shadowed.to_vec(),
+        shadowed_token_count: tokens,
+        provider: route.provider,
+        model: route.model,
+        max_tokens: Some(deps.compaction.max_tokens),
+        usage,
+    });
+    let message = UserMessage::new(content, json!({"kind": "plugin", "plugin": "compact"}));
+    let sources = [vec![start, summary_seq], shadowed.to_vec()].concat();
+    session.push_replace(message, first, last, sources).map_err(|e| format!("compaction: {e}"))?;
+    Ok(Compacted { items: shadowed.len(), tokens, checkpoint: framed })
+}
+
+/// Runs the summary call: every finished block and the usage, or why it failed.
+async fn summarize(
+    deps: &AgentDeps,
+    call: ModelRequest,
+    cancel: &CancellationToken,
+) -> Result<(Vec<Value>, Option<Value>), String> {
+    let mut stream = deps.model.stream(call, cancel.child_token());
+    let mut blocks = std::collections::BTreeMap::new();
+    let mut usage = None;
+    loop {
+        let item = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err("compaction cancelled".into()),
+            item = stream.recv() => item,
+        };
+        match item {
+            Some(Ok(StreamChunk::BlockEnd { index, block })) => {
+                blocks.insert(index, block);
+            }
+            Some(Ok(StreamChunk::Usage { usage: u })) => usage = Some(u),
+            Some(Ok(StreamChunk::Finish { reason, .. })) => {
+                return match reason {
+                    FinishReason::Stop | FinishReason::ToolCalls => Ok((blocks.into_values().collect(), usage)),
+                    FinishReason::MaxTokens => {
+                        Err("summarization truncated at the token cap (incomplete checkpoint)".into())
+                    }
+                    FinishReason::Aborted { .. } => Err("compaction cancelled".into()),
+                    FinishReason::Error { failure } => Err(failure.message),
+                };
+            }
+            Some(Ok(_)) => {}
+            Some(Err(failure)) => return Err(failure.message),
+            None => return Err("the summary stream ended without a finish".into()),
+        }
+    }
+}
+
+/// Compacts at the start of a step of `turn` when the next request reaches the threshold of the
+/// route's window (dsh's pressure). A failure is logged and the step goes on with the history
+/// as it is.
+pub(crate) async fn relieve_pressure(
+    session: &mut Session,
+    deps: &AgentDeps,
+    tools: &[ToolSchema],
+    turn: u64,
+    cancel: &CancellationToken,
+) {
+    let policy = &deps.compaction;
+    if !policy.auto || cancel.is_cancelled() {
+        return;
+    }
+    let Some(window) = policy.models.info(&deps.route).context_window else {
+        return;
+    };
+    let threshold = (window as f64 * policy.threshold_ratio).floor() as u64;
+    let retain = (window as f64 * policy.retain_ratio).floor() as u64;
+    let over = |session: &Session| {
+        let total = meter::measure(session, &deps.route, &deps.system, tools).total;
+        (total >= threshold).then_some(total)
+    };
+    if over(session).is_none() {
+        return;
+    }
+    // dsh's default: one more attempt after the first.
+    const ATTEMPTS: u32 = 2;
+    for _ in 0..ATTEMPTS {
+        let request = Request { deps, tools, turn: Some(turn), retain, focus: None, cancel };
+        match compact(session, request).await {
+            Ok(None) => return,
+            Ok(Some(done)) => {
+                tracing::info!(
+                    session = %session.id(),
+                    "compaction (step pressure): shadowed {} surface nodes (~{} tokens)",
+                    done.items,
+                    done.tokens
+                );
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id(), "step compaction failed: {e}; continuing the turn");
+                return;
+            }
+        }
+        if over(session).is_none() {
+            return;
+        }
+    }
+    if let Some(total) = over(session) {
+        tracing::warn!(
+            session = %session.id(),
+            "compaction still above threshold after {ATTEMPTS} compaction attempts ({total} estimated tokens >= threshold {threshold})"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::script::{ReplayEntry, ScriptedModel};
+    use crate::model::text_response;
+    use crate::session::event::{AssistantMessage, ModelMessage, ToolResult};
+    use crate::session::store::SessionStore;
+    use crate::session::{Event, Kind, SessionHeader};
+    use crate::tools::ToolRegistry;
+
+    fn user(text: &str) -> Value {
+        json!({"role": "user", "content": [{"type": "text", "text": text}]})
+    }
+
+    fn call(id: &str) -> Value {
+        json!({"role": "assistant", "content": [{"type": "tool-call", "id": id, "name": "t", "arguments": "{}"}]})
+    }
+
+    fn result(id: &str) -> Value {
+        json!({"role": "user", "content": [{"type": "tool-result", "toolCallId": id, "content": []}]})
+    }
+
+    #[test]
+    fn selection_keeps_the_tail_and_never_splits_a_call_from_its_result() {
+        let messages = [user("a"), call("1"), result("1"), user("b")];
+        let tokens = [10, 10, 10, 10];
+        // Retain 15: the walk stops at the result; the cut before it splits its call: snap
+        // head-ward to before the call.
+        assert_eq!(select(&messages, &tokens, 15), Some(1));
+        assert_eq!(select(&messages, &tokens, 5), Some(3), "retain 0..=10 keeps only the newest");
+        assert_eq!(select(&messages, &tokens, 0), Some(3));
+        assert_eq!(select(&messages, &tokens, 35), None, "the kept tail would be everything");
+        // The only pair and nothing before it: nothing can go.
+        assert_eq!(select(&[call("1"), result("1")], &[10, 10], 0), None);
+        assert!(balanced(&messages, 3) && !balanced(&messages, 2));
+    }
+
+    #[test]
+    fn a_checkpoint_frames_the_summary_and_focus_extends_the_instruction() {
+        let content = checkpoint(&[json!({"type": "text", "text": "S"})]);
+        assert_eq!(content[0]["text"], format!("{PREAMBLE}\n\n<compacted-summary>"));
+        assert_eq!(content[1]["text"], "S");
+        assert_eq!(content[2]["text"], "</compacted-summary>");
+        assert!(INSTRUCTION.starts_with("You are now acting as a compaction engine"));
+        assert!(INSTRUCTION.ends_with("under the same structure.") && !INSTRUCTION.ends_with('\n'));
+        assert_eq!(instruction(None), INSTRUCTION);
+        assert_eq!(instruction(Some("  ")), INSTRUCTION);
+        assert!(
+            instruction(Some("the parser")).ends_with("\n\nThe user asked this checkpoint to focus on: the parser")
+        );
+    }
+
+    fn deps(model: Arc<ScriptedModel>) -> AgentDeps {
+        AgentDeps {
+            model,
+            tools: ToolRegistry::new(),
+            route: ModelRoute::parse("test/model").unwrap(),
+            system: "sys".into(),
+            max_steps: 5,
+            max_parallel_tools: 1,
+            depth: 0,
+            permissions: None,
+            prompt: None,
+            file_access: None,
+            retry: Default::default(),
+            compaction: Policy::default(),
+        }
+    }
+
+    /// A session with a long first exchange, a tool round and a last prompt.
+    fn history(store: &SessionStore) -> Session {
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        let long = "x".repeat(2000);
+        session.push(UserMessage::new(vec![json!({"type": "text", "text": long})], json!({"kind": "user"})));
+        let calls = vec![json!({"type": "tool-call", "id": "c1", "name": "t", "arguments": "{}"})];
+        let message = ModelMessage::new(calls, "test", "model");
+        session.push(AssistantMessage { turn: 1, step: 1, message, usage: None });
+        session.push(ToolResult::new(1, 1, "c1", vec![json!({"type": "text", "text": "r"})], None, None));
+        session.push(UserMessage::new(vec![json!({"type": "text", "text": "last"})], json!({"kind": "user"})));
+        session.flush().unwrap();
+        session
+    }
+
+    async fn run(session: &mut Session, deps: &AgentDeps, focus: Option<&str>) -> Result<Option<Compacted>, String> {
+        let cancel = CancellationToken::new();
+        let request = Request { deps, tools: &[], turn: None, retain: 0, focus, cancel: &cancel };
+        compact(session, request).await
+    }
+
+    fn after(events: &[Event], seq: u64) -> Vec<&str> {
+        events.iter().filter(|e| e.seq >= seq).map(|e| e.kind.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_compaction_writes_dsh_s_transaction_and_the_next_history_is_checkpoint_then_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = history(&store);
+        let summaries = ["Summary.", "Merged."].map(|s| ReplayEntry::Chunks(text_response(&[s])));
+        let model = Arc::new(ScriptedModel::new(summaries));
+        let deps = deps(model.clone());
+        let tail = session.messages()[3].clone();
+        let done = run(&mut session, &deps, Some("tests")).await.unwrap().unwrap();
+        assert_eq!((done.items, done.tokens), (3, 504 + 4 + (1 + 1 + 4 + 4) + (5 + 4 + 4)));
+        let events = session.events();
+        assert_eq!(after(events, 4), ["compact/start", "compact/summary", "user/message", "compact/end"]);
+        assert_eq!(events[4].data, json!({"turn": null}));
+        let summary = events[5].get::<CompactSummary>().unwrap();
+        assert_eq!(summary.shadowed_seqs, [0, 1, 2]);
+        assert_eq!(summary.shadowed_range, SeqRange { start: 0, end: 2 });
+        assert_eq!(summary.summary, [json!({"type": "text", "text": "Summary."})]);
+        assert_eq!(
+            (summary.provider.as_str(), summary.model.as_str(), summary.max_tokens),
+            ("test", "model", Some(8192))
+        );
+        assert!(summary.usage.is_some());
+        assert_eq!(events[6].surface_op, Some(json!({"op": "replace", "start": 0, "end": 2})));
+        assert_eq!(events[6].source_event_seqs, Some(vec![4, 5, 0, 1, 2]));
+        assert_eq!(events[6].data["source"], json!({"kind": "plugin", "plugin": "compact"}));
+        assert_eq!(events[7].data, json!({"turn": null}));
+        let messages = session.messages();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0]["content"][1]["text"], "Summary.");
+        assert_eq!(messages[1], tail);
+        // The summary call: the shadowed messages, then the instruction; the session's header.
+        let request = &model.requests()[0];
+        assert_eq!(request.purpose, Purpose::Compaction);
+        assert_eq!(request.max_tokens, Some(8192));
+        assert_eq!(request.system, "sys");
+        assert_eq!(request.messages.len(), 4);
+        let instruction = request.messages[3]["content"][0]["text"].as_str().unwrap();
+        assert!(instruction.starts_with(INSTRUCTION) && instruction.ends_with("focus on: tests"));
+        assert_eq!(request.messages[3]["source"], json!({"kind": "plugin", "plugin": "dsh-compact-basic"}));
+        // Manual compaction flushes: a fresh load folds to the same history.
+        drop(session);
+        let loaded = store.load("s").unwrap();
+        assert_eq!(loaded.messages(), messages);
+        assert!(crate::session::surface::validate(loaded.events()).is_ok());
+        // The next compaction starts at the head: the checkpoint is merged into the new one.
+        let mut loaded = loaded;
+        let text = |t: &str| UserMessage::new(vec![json!({"type": "text", "text": t})], json!({"kind": "user"}));
+        loaded.push(text(&"z".repeat(2000)));
+        let newest = loaded.push(text("newest"));
+        let again = run(&mut loaded, &deps, None).await.unwrap().unwrap();
+        assert_eq!(again.items, 3);
+        let summary = loaded.events().iter().rev().find_map(|e| e.get::<CompactSummary>()).unwrap();
+        assert_eq!(summary.shadowed_seqs, [6, 3, 8]);
+        assert_eq!(summary.shadowed_range, SeqRange { start: 6, end: 8 });
+        assert_eq!(loaded.surface_seqs()[1], newest);
+    }
+
+    #[tokio::test]
+    async fn a_failed_summary_is_recorded_and_leaves_the_history_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = history(&store);
+        let before = session.messages();
+        let throw = ReplayEntry::Throw { chunks: vec![], message: "upstream down".into(), code: "X".into() };
+        let long = "y".repeat(20_000);
+        let entries = [throw, ReplayEntry::Chunks(text_response(&[""])), ReplayEntry::Chunks(text_response(&[&long]))];
+        let deps = deps(Arc::new(ScriptedModel::new(entries)));
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            errors.push(run(&mut session, &deps, None).await.unwrap_err());
+        }
+        assert_eq!(errors[0], "upstream down");
+        assert_eq!(errors[1], "summarization produced no text summary content");
+        assert!(errors[2].starts_with("summary is not smaller than the shadowed content ("), "{}", errors[2]);
+        assert_eq!(session.messages(), before);
+        let ends: Vec<_> = session.events().iter().filter_map(|e| e.get::<CompactEnd>()).collect();
+        assert_eq!(ends.iter().map(|e| e.error.clone().unwrap()).collect::<Vec<_>>(), errors);
+        assert!(!session.events().iter().any(|e| e.kind == Kind::CompactSummary));
+    }
+
+    #[tokio::test]
+    async fn a_log_cut_at_any_point_of_a_compaction_loads_to_before_or_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = history(&store);
+        let before = session.messages();
+        let first = session.events().len();
+        let deps = deps(Arc::new(ScriptedModel::new([ReplayEntry::Chunks(text_response(&["Summary."]))])));
+        run(&mut session, &deps, None).await.unwrap().unwrap();
+        let after = session.messages();
+        let path = store.locate("s").unwrap().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        drop(session);
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        // Line 0 is the header; event n is line n + 1. Cut after each event of the transaction
+        // and in the middle of each (a torn write).
+        let mut cuts = Vec::new();
+        for line in first + 1..lines.len() {
+            let whole: String = lines[..line].concat();
+            cuts.push(whole.clone());
+            cuts.push(format!("{whole}{}", &lines[line][..lines[line].len() / 2]));
+        }
+        cuts.push(text.clone());
+        let mut seen = (0, 0);
+        for (n, cut) in cuts.iter().enumerate() {
+            let copy = tempfile::tempdir().unwrap();
+            let target = copy.path().join(path.strip_prefix(dir.path()).unwrap());
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            std::fs::write(&target, cut).unwrap();
+            let loaded = SessionStore::new(copy.path()).load("s").unwrap();
+            let messages = loaded.messages();
+            if messages == before {
+                seen.0 += 1;
+            } else {
+                assert_eq!(messages, after, "cut {n} folds to a half state");
+                seen.1 += 1;
+            }
+            assert!(crate::session::surface::validate(loaded.events()).is_ok(), "cut {n}");
+        }
+        assert!(seen.0 > 0 && seen.1 > 0, "{seen:?}");
+    }
+}
