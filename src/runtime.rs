@@ -541,6 +541,11 @@ impl Runtime {
         &self.store
     }
 
+    /// Each route's context window and price.
+    pub fn models(&self) -> Arc<crate::model::capacity::ModelTable> {
+        self.config.compaction.models.clone()
+    }
+
     /// Every tool an agent of this runtime may have (how the editor titles and kinds its calls).
     pub fn tools(&self) -> &ToolRegistry {
         &self.tools

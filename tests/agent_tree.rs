@@ -252,14 +252,15 @@ fn a_subscribed_client_sees_the_child_announced_linked_streamed_and_settled() {
     assert_eq!(incoming["senderMessageId"], outgoing["messageId"]);
     assert_eq!(outgoing["recipientMessageId"], incoming["messageId"]);
 
-    // Usage per session after each turn: the child's one call, the parent's two.
+    // Usage per session after each model call: the child's one call, the parent's two; `size` is
+    // the route's window (deepseek-v4-flash: 1,000,000).
     let child_usage = updates(&frames, &child, "usage_update");
     assert_eq!(child_usage.len(), 1);
     assert_eq!(child_usage[0]["_meta"]["kin"], json!({"inputTokens": 20, "outputTokens": 2, "modelCalls": 1}));
-    assert_eq!((child_usage[0]["used"].as_u64(), child_usage[0]["size"].as_u64()), (Some(22), Some(0)));
+    assert_eq!((child_usage[0]["used"].as_u64(), child_usage[0]["size"].as_u64()), (Some(22), Some(1_000_000)));
     let parent_usage = updates(&frames, &parent, "usage_update");
-    assert_eq!(parent_usage.len(), 1);
-    assert_eq!(parent_usage[0]["_meta"]["kin"], json!({"inputTokens": 40, "outputTokens": 12, "modelCalls": 2}));
+    assert_eq!(parent_usage.len(), 2);
+    assert_eq!(parent_usage[1]["_meta"]["kin"], json!({"inputTokens": 40, "outputTokens": 12, "modelCalls": 2}));
 
     // Only session/cancel may name a child.
     let prompt = json!({"sessionId": child, "prompt": [{"type": "text", "text": "hi"}]});
@@ -337,10 +338,7 @@ fn without_the_capability_no_subagent_updates_leak() {
         if let Some((session, u)) = update(frame) {
             assert_eq!(session, parent, "only the parent's updates: {frame}");
             let kind = u["sessionUpdate"].as_str().unwrap_or("");
-            assert!(
-                !["subagent_update", "session_message", "session_message_chunk", "usage_update"].contains(&kind),
-                "{frame}"
-            );
+            assert!(!["subagent_update", "session_message", "session_message_chunk"].contains(&kind), "{frame}");
         }
         assert!(!frame.to_string().contains(r#""type":"session""#), "no session links: {frame}");
     }
@@ -348,6 +346,10 @@ fn without_the_capability_no_subagent_updates_leak() {
         updates(&frames, &parent, "tool_call_update").into_iter().filter(|u| u["toolCallId"] == "call_1").collect();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["content"], json!([{"type": "content", "content": {"type": "text", "text": "CHILD_OK"}}]));
+    // The usage reaches a client without the capability too, with the route's window.
+    let usage = updates(&frames, &parent, "usage_update");
+    assert_eq!(usage.len(), 2, "one per model call of the parent");
+    assert_eq!(usage[0]["size"], 1_000_000);
     // A child id is still refused for anything but cancel.
     let store = kin::session::SessionStore::new(&sessions);
     let child = store.list().into_iter().find(|s| s.header.parent_session.is_some()).unwrap().header.id;

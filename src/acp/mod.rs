@@ -186,7 +186,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
     let rt_close = runtime.clone();
     let rt_fork = runtime.clone();
     let rt_delete = runtime.clone();
-    let agents = Arc::new(Tree::default());
+    let agents = Arc::new(Tree::new(runtime.models()));
     let (tree_init, tree_new, tree_load) = (agents.clone(), agents.clone(), agents.clone());
     let (tree_resume, tree_fork) = (agents.clone(), agents);
     // Whether the client shows `notice` updates (`clientCapabilities.session.notices`).

@@ -8,11 +8,12 @@
 //! - the parent's delegating tool call gets `{type: "session", sessionId}` content;
 //! - a message from another session (the child's task, `send_message`, `report`, a settlement
 //!   notice) appears as `session_message` in both transcripts, linked by message ids;
-//! - each session gets a `usage_update` after every turn;
 //! - a delegating call linked to a child gets no `tool/progress` updates (the child's session
 //!   shows what they summarise).
 //!
 //! Without the capability none of this is sent and sessions forward exactly what they always did.
+//! Every client gets a session's `usage_update` after each of its model calls, when the call's
+//! route has a known context window (`size`; the schema has no way to leave it out).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use agent_client_protocol::Client;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    ContentBlock, Error as SchemaError, ErrorStopReason, IdleStateUpdate, IdleStopReason, MessageId,
+    ContentBlock, Cost, Error as SchemaError, ErrorStopReason, IdleStateUpdate, IdleStopReason, MessageId,
     RequiresActionStateUpdate, RunningStateUpdate, SessionCancelCapabilities, SessionId, SessionMessage,
     SessionNotification, SessionReference, SessionUpdate, StateUpdate, SubagentSessionCapabilities, SubagentUpdate,
     TextContent, ToolCallContent, ToolCallUpdate, ToolCallUpdateFields, UsageUpdate,
@@ -30,6 +31,8 @@ use agent_client_protocol::v1::schema::{
 use serde_json::{Value, json};
 
 use super::convert;
+use crate::model::ModelRoute;
+use crate::model::capacity::{ModelTable, Price};
 use crate::runtime::{ChildObservers, ChildRecord, Runtime};
 use crate::session::event::{self, TurnEndReason, UserMessage};
 use crate::session::{Event, EventBody, Kind, Session, SessionHeader, SessionObserver};
@@ -40,9 +43,12 @@ use crate::tools::ToolRegistry;
 /// How deep a reloaded parent's stored children are followed.
 const MAX_DEPTH: usize = 32;
 
-/// What one connection knows about the agent tree.
+/// What one connection knows about the agent tree, and the routes' context windows and prices
+/// its usage updates report.
 #[derive(Default)]
 pub struct Tree {
+    /// Each route's context window and price.
+    models: Arc<ModelTable>,
     /// The client advertised `clientCapabilities.subagents` at `initialize`.
     enabled: AtomicBool,
     /// (parent session, delegating tool call) → the child it started, until the call's result.
@@ -50,6 +56,11 @@ pub struct Tree {
 }
 
 impl Tree {
+    /// A tree whose usage updates take windows and prices from `models`.
+    pub fn new(models: Arc<ModelTable>) -> Self {
+        Tree { models, ..Tree::default() }
+    }
+
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::SeqCst)
     }
@@ -84,21 +95,24 @@ pub fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUpdate) {
     }
 }
 
-/// A session's model usage: totals over its own model calls, and the size of the last call
-/// (input plus output tokens: what its context holds now).
+/// A session's model usage: totals over its own model calls, the size of the last call (input
+/// plus output tokens: what its context holds now), and the cost of the calls on priced routes.
 #[derive(Default)]
 struct Usage {
     input: u64,
     output: u64,
     calls: u64,
     context: u64,
+    /// Dollars, when some call was on a priced route.
+    cost: Option<f64>,
 }
 
 impl Usage {
-    /// Adds the `usage` of an `assistant/message`, if it has one.
-    fn add(&mut self, usage: Option<&Value>) {
+    /// Adds the `usage` of an `assistant/message`, if it has one (priced at `price`); true if
+    /// it had.
+    fn add(&mut self, usage: Option<&Value>, price: Option<Price>) -> bool {
         let Some(usage) = usage.filter(|u| u.is_object()) else {
-            return;
+            return false;
         };
         let input = usage["inputTokens"].as_u64().unwrap_or(0);
         let output = usage["outputTokens"].as_u64().unwrap_or(0);
@@ -106,17 +120,26 @@ impl Usage {
         self.output += output;
         self.calls += 1;
         self.context = input + output;
+        if let Some(price) = price {
+            self.cost = Some(self.cost.unwrap_or(0.0) + price.cost(input, output));
+        }
+        true
     }
 
-    /// `usage_update`: `used` is the last call's input plus output tokens, `size` is 0 (kin does
-    /// not know the model's context window), and `_meta.kin` carries the session's totals.
-    fn update(&self) -> SessionUpdate {
+    /// `usage_update`: `used` is the last call's input plus output tokens, `size` the route's
+    /// context window, `cost` the dollars so far (when some call was priced), and `_meta.kin`
+    /// the session's totals.
+    fn update(&self, size: u64) -> SessionUpdate {
         let mut meta = serde_json::Map::new();
         meta.insert(
             "kin".into(),
             json!({"inputTokens": self.input, "outputTokens": self.output, "modelCalls": self.calls}),
         );
-        SessionUpdate::UsageUpdate(UsageUpdate::new(self.context, 0).meta(meta))
+        let mut update = UsageUpdate::new(self.context, size).meta(meta);
+        if let Some(amount) = self.cost {
+            update = update.cost(Cost::new(amount, "USD"));
+        }
+        SessionUpdate::UsageUpdate(update)
     }
 }
 
@@ -154,7 +177,8 @@ impl Forwarder {
         let own = events.iter().position(|e| e.kind == Kind::SessionEndSeed).map_or(0, |i| i + 1);
         let mut state = self.state();
         for message in events[own..].iter().filter_map(Event::get::<event::AssistantMessage>) {
-            state.usage.add(message.usage.as_ref());
+            let price = self.tree.models.info(&route_of(&message)).price;
+            state.usage.add(message.usage.as_ref(), price);
         }
     }
 
@@ -242,28 +266,32 @@ impl SessionObserver for Forwarder {
             }
             self.send(&header.id, update);
         }
+        // Every client hears the usage after each model call, when the route's window is known.
+        if let EventBody::AssistantMessage(message) = &body {
+            let info = self.tree.models.info(&route_of(message));
+            let update = {
+                let mut state = self.state();
+                let counted = state.usage.add(message.usage.as_ref(), info.price);
+                info.context_window.filter(|_| counted).map(|size| state.usage.update(size))
+            };
+            if let Some(update) = update {
+                self.send(&header.id, update);
+            }
+        }
         if !tree {
             return;
         }
         match &body {
             EventBody::UserMessage(message) => self.message(header, message),
-            EventBody::AssistantMessage(message) => {
-                let mut state = self.state();
-                state.usage.add(message.usage.as_ref());
-            }
             EventBody::TurnEnd(end) => {
-                let usage = {
-                    let mut state = self.state();
-                    state.running = false;
-                    state.usage.update()
-                };
-                self.send(&header.id, usage);
+                self.state().running = false;
                 if let Some(parent) = &self.parent {
                     let update = SubagentUpdate::new(header.id.clone()).state(idle_after(&end.reason));
                     self.send(parent, SessionUpdate::SubagentUpdate(update));
                 }
             }
             EventBody::TurnStart(_)
+            | EventBody::AssistantMessage(_)
             | EventBody::SteeringMessage(_)
             | EventBody::StepStart(_)
             | EventBody::AssistantChunk(_)
@@ -288,6 +316,12 @@ impl SessionObserver for Forwarder {
             | EventBody::Unknown { .. } => {}
         }
     }
+}
+
+/// The route that wrote a model message.
+fn route_of(message: &event::AssistantMessage) -> ModelRoute {
+    let source = &message.message.source;
+    ModelRoute { provider: source.provider.clone(), model: source.model.clone() }
 }
 
 /// Makes the forwarder of each child session, announcing the child on its parent (running) and
@@ -511,12 +545,18 @@ mod tests {
     #[test]
     fn usage_counts_every_call_and_keeps_the_last_context() {
         let mut usage = Usage::default();
-        usage.add(Some(&json!({"inputTokens": 20, "outputTokens": 10})));
-        usage.add(None);
-        usage.add(Some(&json!({"inputTokens": 30, "outputTokens": 2})));
-        let wire = serde_json::to_value(usage.update()).unwrap();
+        assert!(usage.add(Some(&json!({"inputTokens": 20, "outputTokens": 10})), None));
+        assert!(!usage.add(None, None));
+        assert!(usage.add(Some(&json!({"inputTokens": 30, "outputTokens": 2})), None));
+        let wire = serde_json::to_value(usage.update(128_000)).unwrap();
         assert_eq!(wire["sessionUpdate"], "usage_update");
-        assert_eq!((wire["used"].as_u64(), wire["size"].as_u64()), (Some(32), Some(0)));
+        assert_eq!((wire["used"].as_u64(), wire["size"].as_u64()), (Some(32), Some(128_000)));
         assert_eq!(wire["_meta"]["kin"], json!({"inputTokens": 50, "outputTokens": 12, "modelCalls": 2}));
+        assert!(wire.get("cost").is_none_or(Value::is_null), "no price, no cost: {wire}");
+        // A priced call adds its cost: 1M input at $2 and 100k output at $10.
+        let price = Price { input_per_mtok: 2.0, output_per_mtok: 10.0 };
+        usage.add(Some(&json!({"inputTokens": 1_000_000, "outputTokens": 100_000})), Some(price));
+        let wire = serde_json::to_value(usage.update(128_000)).unwrap();
+        assert_eq!(wire["cost"], json!({"amount": 3.0, "currency": "USD"}));
     }
 }
