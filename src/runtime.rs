@@ -590,6 +590,13 @@ impl Runtime {
         self.client.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
+    /// The named agents a live top-level session's delegation tools offer: name and description.
+    pub fn session_agents(&self, session_id: &str) -> Option<Vec<(String, String)>> {
+        let live = self.live();
+        let agents = &live.get(session_id)?.agents;
+        Some(agents.iter().map(|def| (def.name.clone(), def.description.clone())).collect())
+    }
+
     /// The permission mode of a live session.
     pub fn permission_mode(&self, session_id: &str) -> Option<PermissionMode> {
         self.live().get(session_id).map(|l| l.permissions.mode())

@@ -391,7 +391,13 @@ async fn agents_come_from_both_file_locations_at_both_levels_and_the_config() {
     answer_once(&server, None, text("OK")).await;
 
     let mut kin = Kin::start(&root, &server, false);
-    let session = kin.new_session(&cwd);
+    let created = kin.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let session = created["result"]["sessionId"].as_str().unwrap().to_string();
+    // The editor gets the same agents, with what each is for.
+    let listed = created["result"]["_meta"]["kin"]["agents"].as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = listed.iter().filter_map(|a| a["name"].as_str()).collect();
+    assert_eq!(names, ["docs", "explore", "general", "mine", "review", "shadowed", "table", "tester"], "{created}");
+    assert_eq!(listed[0], json!({"name": "docs", "description": "Writes docs."}));
     kin.prompt(&session, "Which agents are there?");
     kin.stop();
     let requests: Vec<Value> = server.received_requests().await.unwrap().iter().map(body).collect();
@@ -417,4 +423,54 @@ async fn agents_come_from_both_file_locations_at_both_levels_and_the_config() {
     let clash = log.lines().find(|l| l.contains("both define the agent \"twin\"")).unwrap_or_else(|| panic!("{log}"));
     assert!(clash.contains(&one.display().to_string()) && clash.contains(&other.display().to_string()), "{clash}");
     assert!(!log.contains("color"), "an unknown key is only a debug line: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_permission_mode_only_narrows_and_its_turn_limit_applies() {
+    let server = MockServer::start().await;
+    let (_tmp, root) = layout("");
+    let cwd = root.join("cwd");
+    // kin runs in bypass; the agent may write but its mode is read-only.
+    write(
+        &cwd.join(".kin/agents/scribe.md"),
+        "---\ndescription: Writes files.\ntools: [write]\npermissionMode: read-only\n---\nSCRIBE\n",
+    );
+    write(
+        &cwd.join(".kin/agents/brief.md"),
+        "---\ndescription: Answers briefly.\ntools: [read]\nmaxTurns: 1\n---\nBRIEF\n",
+    );
+    write(&cwd.join("a.txt"), "a\n");
+    let scribe = json!({"description": "write it", "prompt": "Write out.txt.", "agent": "scribe"});
+    answer_once(&server, None, tool_call("call_1", "subagent", scribe)).await;
+    answer_once(&server, None, tool_call("call_w", "write", json!({"file_path": "out.txt", "content": "x"}))).await;
+    answer_once(&server, None, text("COULD NOT WRITE")).await;
+    let brief = json!({"description": "read it", "prompt": "Read a.txt, then answer.", "agent": "brief"});
+    answer_once(&server, None, tool_call("call_2", "subagent", brief)).await;
+    answer_once(&server, None, tool_call("call_r", "read", json!({"file_path": "a.txt"}))).await;
+    answer_once(&server, None, text("PARENT_DONE")).await;
+
+    let mut kin = Kin::start(&root, &server, false);
+    let session = kin.new_session(&cwd);
+    kin.prompt(&session, "Write, then read.");
+    kin.stop();
+    let requests: Vec<Value> = server.received_requests().await.unwrap().iter().map(body).collect();
+    assert_eq!(requests.len(), 6, "parent, scribe twice, parent, brief once, parent");
+    assert_eq!(tool_names(&requests[1]), ["write"]);
+    let refused = tool_result(&requests[2], "call_w");
+    assert!(refused.contains("write is not allowed in read-only mode"), "{refused}");
+    assert!(!cwd.join("out.txt").exists(), "the refused write never ran");
+    // One model call is all `brief` gets: its turn ends at the step limit after the read.
+    assert!(system_text(&requests[4]).contains("BRIEF"));
+    assert_eq!(tool_result(&requests[5], "call_2"), "Error: subagent run failed");
+    let store = kin::session::SessionStore::new(root.join("sessions"));
+    let mut brief_log = None;
+    for path in walk(store.locate(&session).unwrap().unwrap().parent().unwrap().parent().unwrap()) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if text.contains("\"name\":\"brief\"") {
+            brief_log = Some(text);
+        }
+    }
+    let brief_log = brief_log.expect("the brief child's log");
+    assert!(brief_log.contains("\"maxTurns\":1"), "the descriptor records the limit");
+    assert!(brief_log.contains("the model used all 1 steps of this turn"), "{brief_log}");
 }

@@ -120,6 +120,20 @@ const MODEL_OPTION: &str = "model";
 /// The id of the sandbox selector (what commands may touch).
 const SANDBOX_OPTION: &str = "sandbox";
 
+/// The `_meta` of a session's `session/new`, `load`, `resume` and `fork` answers: the named
+/// agents its delegation tools offer, `{"kin": {"agents": [{name, description}]}}`, so a client
+/// can show them.
+fn session_meta(runtime: &Runtime, session_id: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let agents = runtime.session_agents(session_id)?;
+    let agents: Vec<serde_json::Value> = agents
+        .into_iter()
+        .map(|(name, description)| serde_json::json!({"name": name, "description": description}))
+        .collect();
+    let mut meta = serde_json::Map::new();
+    meta.insert("kin".into(), serde_json::json!({ "agents": agents }));
+    Some(meta)
+}
+
 /// The session's config options: the model selector (the configured choices, the session's
 /// current route selected) and the sandbox selector (every policy, the session's selected).
 fn config_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption> {
@@ -252,7 +266,10 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                         let mode = rt_new.permission_mode(&id).unwrap_or_default();
                         let options = config_options(&rt_new, &id);
                         let sent = responder.respond(
-                            NewSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
+                            NewSessionResponse::new(id.clone())
+                                .modes(modes::state(mode))
+                                .config_options(options)
+                                .meta(session_meta(&rt_new, &id)),
                         );
                         after_response(&cx, &rt_new, &id, &notices_new);
                         sent
@@ -326,7 +343,10 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
                                 let options = config_options(&runtime, &id);
                                 let _ = responder.respond(
-                                    LoadSessionResponse::new().modes(modes::state(mode)).config_options(options),
+                                    LoadSessionResponse::new()
+                                        .modes(modes::state(mode))
+                                        .config_options(options)
+                                        .meta(session_meta(&runtime, &id)),
                                 );
                                 after_response(&cx, &runtime, &id, &notices);
                                 tree::reannounce(&cx, &children);
@@ -420,7 +440,10 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                                 let mode = runtime.permission_mode(&id).unwrap_or_default();
                                 let options = config_options(&runtime, &id);
                                 let _ = responder.respond(
-                                    ResumeSessionResponse::new().modes(modes::state(mode)).config_options(options),
+                                    ResumeSessionResponse::new()
+                                        .modes(modes::state(mode))
+                                        .config_options(options)
+                                        .meta(session_meta(&runtime, &id)),
                                 );
                                 after_response(&cx, &runtime, &id, &notices);
                                 if agents.enabled() {
@@ -466,7 +489,10 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                         let mode = rt_fork.permission_mode(&id).unwrap_or_default();
                         let options = config_options(&rt_fork, &id);
                         let sent = responder.respond(
-                            ForkSessionResponse::new(id.clone()).modes(modes::state(mode)).config_options(options),
+                            ForkSessionResponse::new(id.clone())
+                                .modes(modes::state(mode))
+                                .config_options(options)
+                                .meta(session_meta(&rt_fork, &id)),
                         );
                         after_response(&cx, &rt_fork, &id, &notices_fork);
                         sent
