@@ -334,9 +334,12 @@ async fn a_resumed_child_runs_as_it_was_started_after_its_file_changed_or_vanish
     let more = json!({"subagent_id": child, "message": "Note the tests too."});
     answer_once(&server, None, tool_call("call_3", "send_message", more.clone())).await;
     answer_once(&server, None, text("SENT")).await;
-    let mut kin = Kin::start(&root, &server, false);
+    let mut kin = Kin::start(&root, &server, true);
     let loaded = kin.call("session/load", json!({"sessionId": session, "cwd": cwd, "mcpServers": []}));
     assert!(loaded.get("result").is_some(), "{loaded}");
+    // The agent tree shows the stored child titled by the agent it was started as.
+    let stored = kin.updates().find(|u| u["sessionUpdate"] == "subagent_update").cloned().expect("announced");
+    assert_eq!(stored["title"], "notes: take notes", "{stored}");
     kin.prompt(&session, "List them, then send more.");
     until_turns(&root, &child, 2).await;
     let requests: Vec<Value> = server.received_requests().await.unwrap().iter().map(body).collect();
