@@ -312,12 +312,14 @@ fn text_view(frames: &[Value]) -> Vec<String> {
                 match result.get("protocolVersion") {
                     Some(version) => serde_json::json!({"protocolVersion": version}),
                     None => {
-                        // Session modes (kin's permission modes) and config options (its model
-                        // selector) are kin's own session settings, not part of the text.
+                        // Session modes (kin's permission modes), config options (its model
+                        // selector) and `_meta` (its named agents) are kin's own session
+                        // settings, not part of the text.
                         let mut result = result.clone();
                         if let Some(fields) = result.as_object_mut() {
                             fields.remove("modes");
                             fields.remove("configOptions");
+                            fields.remove("_meta");
                         }
                         result
                     }
