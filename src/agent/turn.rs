@@ -199,11 +199,14 @@ async fn run_step(
     StepEnd::Continue
 }
 
-/// Awaits `work` while writing the messages that arrive meanwhile.
+/// Awaits `work` while writing the messages that arrive meanwhile. Work that is ready wins (a
+/// biased select): a message waiting when the step's tools are ready lands after `step/start`,
+/// at the model call, so the log's order does not depend on the select's random pick.
 async fn serving<F: std::future::Future>(session: &mut Session, intake: &Intake, work: F) -> F::Output {
     tokio::pin!(work);
     loop {
         tokio::select! {
+            biased;
             out = &mut work => return out,
             () = intake.arrived() => intake.accept(session, true),
         }
