@@ -213,7 +213,14 @@ fn list(query: &dyn QueryService, parent: &str) -> Result<Vec<ListEntry>, Subage
 }
 
 fn child(id: &str, mode: Mode, label: Option<&str>, activity: Activity) -> ListEntry {
-    ListEntry::Child { id: id.into(), mode, label: label.map(str::to_string), agent: None, activity }
+    ListEntry::Child {
+        id: id.into(),
+        mode,
+        label: label.map(str::to_string),
+        agent: None,
+        activity,
+        inbox: Default::default(),
+    }
 }
 
 fn cont(id: &str, label: &str, activity: Activity) -> ListEntry {

@@ -6,6 +6,7 @@
 //! The model's commands (the last user message, or the last tool result):
 //! - `start N <child prompt>`: N background `subagent` calls with that prompt;
 //! - `send <child> <message>`: one `send_message`;
+//! - `list`: one `list_agents`;
 //! - `wait <file>`: `bash` that creates `<file>.started` and waits until `<file>` exists;
 //! - `gate <file> [big|report <text>]` (a child's prompt): `bash` waiting for `<file>`, then a
 //!   300 KB answer (`big`), a `report` call (`report`), or `ok`;
@@ -101,6 +102,7 @@ impl Respond for Brain {
             ["send", child, message] => {
                 sse(calls_sse(&[("send_message", json!({"subagent_id": child, "message": message}))]))
             }
+            ["list"] => sse(calls_sse(&[("list_agents", json!({}))])),
             ["wait", file] => sse(calls_sse(&[("bash", json!({"command": gate_command(file, "waited")}))])),
             ["gate", file, rest @ ..] => {
                 let then = match rest {
@@ -540,6 +542,45 @@ fn sigkills_while_follow_ups_queue_lose_and_duplicate_nothing() {
     }
     eprintln!("{} acknowledged, {accepted} accepted, {next} sent across {KILLS} kills", acknowledged.len());
     assert!(acknowledged.len() >= 20, "the kills should land both before and after acknowledgements");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+#[test]
+fn the_editors_cancel_of_a_background_child_discards_its_queue_and_list_agents_says_so() {
+    let world = world(Duration::from_millis(1));
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    world.until("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    for m in ["m1", "m2"] {
+        assert!(send(&world, &mut kin, &parent, &child, m).contains("queued"));
+    }
+    assert!(prompt(&mut kin, &parent, "list")["result"].is_object());
+    let listed = tool_results(&world.events(&parent)).pop().unwrap();
+    assert!(listed.contains(&format!("{child} [running]")) && listed.contains("(2 queued)"), "{listed}");
+    // The agent tree's cancel on the child: its turn stops and its queue is discarded, on disk.
+    kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": child}}));
+    world.until("the discard", || discards(&world.events(&child)) == 1);
+    world.until("the child to settle", || {
+        world.events(&child).iter().any(|e| e.kind == "turn/end") && {
+            assert!(prompt(&mut kin, &parent, "list")["result"].is_object());
+            tool_results(&world.events(&parent)).pop().unwrap().contains("[complete]")
+        }
+    });
+    let listed = tool_results(&world.events(&parent)).pop().unwrap();
+    assert!(listed.contains("(2 queued messages discarded, never run)") && !listed.contains("queued)"), "{listed}");
+    assert_eq!(turn_ends(&world.events(&child)), ["aborted"]);
+    // The conversation goes on with the next message; the discarded ones never run.
+    assert!(send(&world, &mut kin, &parent, &child, "m3").contains("queued"));
+    world.until("m3 to run", || turn_ends(&world.events(&child)).len() == 2);
+    let ran: Vec<String> = user_texts(&world.events(&child)).into_iter().filter(|t| t.starts_with('m')).collect();
+    assert_eq!(ran, ["m3"]);
+    assert!(prompt(&mut kin, &parent, "list")["result"].is_object());
+    let listed = tool_results(&world.events(&parent)).pop().unwrap();
+    assert!(!listed.contains("discarded"), "a turn that ran clears the note: {listed}");
+    std::fs::write(&gate, "").unwrap();
     kin.close_stdin();
     let _ = kin.child.wait();
 }

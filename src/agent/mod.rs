@@ -2,7 +2,7 @@
 //! the handle the rest of kin talks to. `followup` queues a prompt as its own later turn;
 //! `enqueue` does the same for a message from another session, durably (`intake`); `inject`
 //! adds a message without running the model (between turns at once, or before the next step of
-//! a running turn), durably too; `cancel` aborts the running turn and `discard_queued` drops the
+//! a running turn), durably too; `cancel` aborts the running turn and `cancel_and_discard` also drops the
 //! queued inbox messages. A session loaded with inbox messages pending starts held: they run
 //! once it is woken.
 
@@ -232,11 +232,14 @@ impl AgentHandle {
         rx.await.map_err(|_| AgentGone(self.id.clone()))
     }
 
-    /// Discards the queued inbox messages (after the running turn, if any): one durable
-    /// `canceled` splice; their turns answer `Aborted`. Returns how many there were.
-    pub async fn discard_queued(&self) -> Result<usize, String> {
+    /// Cancels the running turn, if any, and discards the queued inbox messages before another
+    /// turn can start (the discard is asked for first, so the turn's end cannot let the next
+    /// message in): one durable `canceled` splice; their turns answer `Aborted`. Returns how
+    /// many there were.
+    pub async fn cancel_and_discard(&self) -> Result<usize, String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Discard { reply }).map_err(|e| e.to_string())?;
+        self.cancel();
         rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
     }
 
@@ -351,6 +354,13 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
+            // Commands sent before the next turn starts are handled before it starts (a discard
+            // asked for while the last turn ended must not let the next message in).
+            while shutdown.is_none()
+                && let Ok(command) = rx.try_recv()
+            {
+                self.idle_command(command, &mut shutdown);
+            }
             if shutdown.is_some() {
                 break;
             }

@@ -72,7 +72,24 @@ pub struct Inbox {
     pub discarded: usize,
 }
 
+/// What a listing shows of a session's inbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InboxCounts {
+    /// Messages accepted and not yet run (unconfirmed claims included).
+    pub pending: usize,
+    /// Messages discarded since a turn last took one.
+    pub discarded: usize,
+}
+
 impl Inbox {
+    /// The counts a listing shows.
+    pub fn counts(&self) -> InboxCounts {
+        InboxCounts {
+            pending: self.next_turn.len() + self.next_step.len() + self.unconfirmed.len(),
+            discarded: self.discarded,
+        }
+    }
+
     /// True when nothing waits (no pending and no unconfirmed message).
     pub fn is_idle(&self) -> bool {
         self.next_turn.is_empty() && self.next_step.is_empty() && self.unconfirmed.is_empty()

@@ -28,6 +28,7 @@ use std::time::SystemTime;
 use tokio_util::sync::CancellationToken;
 
 use super::event::Kind;
+use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
 use super::scan::{read_header, scan_file};
@@ -214,6 +215,8 @@ pub struct LogSummary {
     pub indexed: Vec<Event>,
     /// The surface fold's verdict (`Err` holds the violation).
     pub surface: Result<(), String>,
+    /// What its own inbox holds (zero when its splices do not fold).
+    pub inbox: InboxCounts,
 }
 
 impl LogSummary {
@@ -223,6 +226,9 @@ impl LogSummary {
             event_count: log.events.len() as u64,
             indexed: log.events.iter().filter(|e| e.kind == Kind::SubagentDescriptor).cloned().collect(),
             surface: validate(&log.events).map(|_| ()),
+            inbox: super::inbox::fold(&log.events, log.header.seed_length.unwrap_or(0))
+                .map(|inbox| inbox.counts())
+                .unwrap_or_default(),
         }
     }
 }
@@ -261,6 +267,12 @@ pub trait QueryService: Send + Sync {
     /// errors; a backend may answer it from a derived summary.
     fn event_seqs(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryFault> {
         Ok(self.list_events(id)?.into_iter().filter(|r| r.kind == *kind).map(|r| r.seq).collect())
+    }
+
+    /// What the session's own inbox holds (pending and discarded messages); a backend may
+    /// answer it from a derived summary. The default knows nothing (zero).
+    fn inbox(&self, _id: &str) -> Result<InboxCounts, QueryFault> {
+        Ok(InboxCounts::default())
     }
 
     /// A hint that these sessions are about to be read (`event_seqs`, exact reads): a backend
@@ -465,6 +477,10 @@ impl<S: SessionSource> QueryService for SessionQuery<S> {
 
     fn event_seqs(&self, id: &str, kind: &Kind) -> Result<Vec<u64>, QueryFault> {
         self.event_seqs_impl(id, kind).map_err(QueryFault::Query)
+    }
+
+    fn inbox(&self, id: &str) -> Result<InboxCounts, QueryFault> {
+        self.source.summary(id).map(|summary| summary.inbox).map_err(QueryFault::Query)
     }
 
     fn prefetch(&self, ids: &[&str], cancel: &CancellationToken) {

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::descriptor::Descriptor;
 use super::error::{ErrorCode, SubagentError};
 use crate::session::Kind;
+use crate::session::inbox::InboxCounts;
 use crate::session::query::{
     QueryError, QueryFault, QueryService, ReadRequest, SessionRecord, assert_headers_compatible,
 };
@@ -84,7 +85,16 @@ impl Reason {
 pub enum ListEntry {
     /// A subagent with a valid descriptor. `label` is always present for continuable children
     /// and optional for one-shot ones; `agent` is the named agent it was started as, if any.
-    Child { id: String, mode: Mode, label: Option<String>, agent: Option<String>, activity: Activity },
+    /// `inbox` counts what its own log holds pending and discarded (the sender's view of
+    /// messages that have not run).
+    Child {
+        id: String,
+        mode: Mode,
+        label: Option<String>,
+        agent: Option<String>,
+        activity: Activity,
+        inbox: InboxCounts,
+    },
     /// A candidate that could not be read; its descriptor content is never exposed.
     Diagnostic { id: String, reason: Reason },
 }
@@ -187,7 +197,10 @@ fn inspect_child(
         Descriptor::OneShot { label, .. } => (Mode::OneShot, label),
         Descriptor::Continuable { label, .. } => (Mode::Continuable, Some(label)),
     };
-    Ok(Some(ListEntry::Child { id: id.to_string(), mode, label, agent, activity }))
+    // The inbox is a view, not an identity check: a log whose splices cannot be read lists
+    // without counts rather than hiding the child.
+    let inbox = query.inbox(id).unwrap_or_default();
+    Ok(Some(ListEntry::Child { id: id.to_string(), mode, label, agent, activity, inbox }))
 }
 
 /// The descriptor in a stored child's own events (seq >= `seed_length`), judged as a listing

@@ -829,12 +829,12 @@ impl ContinuationManager {
 
     /// Cancels a child's running turn and, with `discard`, its queued messages.
     async fn stop_turn(handle: &AgentHandle, discard: bool) -> Result<usize, SubagentError> {
-        handle.cancel();
         if !discard {
+            handle.cancel();
             return Ok(0);
         }
         handle
-            .discard_queued()
+            .cancel_and_discard()
             .await
             .map_err(|e| err(ErrorCode::Infrastructure, format!("the queued messages could not be discarded: {e}")))
     }

@@ -25,20 +25,28 @@ pub const NO_SUBAGENTS: &str = "(no subagents)";
 pub struct ListAgentsTool(pub Option<Arc<dyn QueryService>>);
 
 /// The model-visible text of a listing: continuable children as `<id> [running|complete] —
-/// <label>` (`<agent>: <label>` for a child started as a named agent), diagnostics as `<id> [diagnostic: <reason>]`, one per line in listing order;
+/// <label>` (`<agent>: <label>` for a child started as a named agent), then ` (N queued)` and
+/// ` (N queued messages discarded, never run)` when its inbox says so, diagnostics as `<id> [diagnostic: <reason>]`, one per line in listing order;
 /// one-shot children are dropped; nothing left is `(no subagents)`.
 pub fn render(entries: &[ListEntry]) -> String {
     let lines: Vec<String> = entries
         .iter()
         .filter_map(|entry| match entry {
             ListEntry::Child { mode: Mode::OneShot, .. } => None,
-            ListEntry::Child { id, label, agent, activity, .. } => {
+            ListEntry::Child { id, label, agent, activity, inbox, .. } => {
                 let status = match activity {
                     Activity::Running => "running",
                     Activity::Inactive => "complete",
                 };
                 let title = super::child_title(agent.as_deref(), label.as_deref()).unwrap_or_default();
-                Some(format!("{id} [{status}] \u{2014} {title}"))
+                let mut line = format!("{id} [{status}] \u{2014} {title}");
+                if inbox.pending > 0 {
+                    line.push_str(&format!(" ({} queued)", inbox.pending));
+                }
+                if inbox.discarded > 0 {
+                    line.push_str(&format!(" ({} queued messages discarded, never run)", inbox.discarded));
+                }
+                Some(line)
             }
             ListEntry::Diagnostic { id, reason } => Some(format!("{id} [diagnostic: {}]", reason.as_str())),
         })
