@@ -393,3 +393,24 @@ async fn empty_completions_fail_the_turn_once_the_attempts_are_used_up() {
     assert_eq!(last.data["reason"]["failure"]["message"], message);
     assert_eq!(f.model.requests().len(), 2);
 }
+
+/// `cancel_and_discard` while a turn runs with a message queued behind it: the turn ends
+/// aborted and the queued message never starts, however the actor's select picks between the
+/// turn's end and the discard (repeated, so a pick that lets the next turn in would show).
+#[tokio::test]
+async fn a_discard_with_the_cancel_never_lets_the_queued_message_start() {
+    for round in 0..40 {
+        let f = start(vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }, chunks(text_response(&["no"]))], 5);
+        let first = f.handle.followup(text("one"), user()).unwrap();
+        let (_, queued) = f.handle.enqueue(text("two"), user()).await.unwrap();
+        while !f.handle.is_running() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(f.handle.cancel_and_discard().await, Ok(1), "round {round}");
+        assert_eq!(first.await.unwrap(), TurnEnd::Aborted);
+        assert_eq!(queued.await.unwrap(), TurnEnd::Aborted);
+        let events = f.events().await;
+        assert_eq!(events.iter().filter(|e| e.kind == "turn/start").count(), 1, "round {round}: {:?}", kinds(&events));
+        assert_eq!(f.model.requests().len(), 1, "round {round}: the discarded message reached the model");
+    }
+}

@@ -233,13 +233,12 @@ impl AgentHandle {
     }
 
     /// Cancels the running turn, if any, and discards the queued inbox messages before another
-    /// turn can start (the discard is asked for first, so the turn's end cannot let the next
-    /// message in): one durable `canceled` splice; their turns answer `Aborted`. Returns how
-    /// many there were.
+    /// turn can start (the actor does both, so no turn end can let the next message in
+    /// between): one durable `canceled` splice; their turns answer `Aborted`. Returns how many
+    /// there were.
     pub async fn cancel_and_discard(&self) -> Result<usize, String> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Discard { reply }).map_err(|e| e.to_string())?;
-        self.cancel();
         rx.await.map_err(|_| AgentGone(self.id.clone()).to_string())?
     }
 
@@ -354,13 +353,6 @@ impl Actor {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         let mut shutdown: Option<oneshot::Sender<()>> = None;
         loop {
-            // Commands sent before the next turn starts are handled before it starts (a discard
-            // asked for while the last turn ended must not let the next message in).
-            while shutdown.is_none()
-                && let Ok(command) = rx.try_recv()
-            {
-                self.idle_command(command, &mut shutdown);
-            }
             if shutdown.is_some() {
                 break;
             }
@@ -421,9 +413,8 @@ impl Actor {
         let _ = reply.send(self.restored.take().unwrap_or_default());
     }
 
-    /// Runs one turn while still accepting commands: messages arrive (the turn writes them at
-    /// its await points), flushes, reads, wakes and discards wait for the turn end, shutdown
-    /// cancels the turn.
+    /// Runs one turn while still accepting commands (`During::handle`); the commands sent
+    /// before it ended are all handled before it returns.
     async fn turn(
         &mut self,
         item: Queued,
@@ -448,29 +439,19 @@ impl Actor {
                 &self.shared.disposing,
             );
             tokio::pin!(run);
-            loop {
+            let during = During { intake: &self.intake, disposing: &self.shared.disposing, cancel: &cancel };
+            let end = loop {
                 tokio::select! {
                     end = &mut run => break end,
-                    command = rx.recv() => match command {
-                        Some(Command::Arrive(arrival)) => self.intake.arrive(arrival),
-                        Some(Command::Flush { reply }) => deferred.flushes.push(reply),
-                        Some(Command::Read(reader)) => deferred.readers.push(reader),
-                        Some(Command::SetRoute(route)) => deferred.next_route = Some(route),
-                        Some(Command::Log(body)) => deferred.logs.push(body),
-                        Some(Command::Wake { reply }) => deferred.wakes.push(reply),
-                        Some(Command::Discard { reply }) => deferred.discards.push(reply),
-                        Some(Command::Shutdown { reply }) => {
-                            self.shared.disposing.store(true, Ordering::SeqCst);
-                            cancel.cancel();
-                            *shutdown = Some(reply);
-                        }
-                        None => {
-                            self.shared.disposing.store(true, Ordering::SeqCst);
-                            cancel.cancel();
-                        }
-                    },
+                    command = rx.recv() => during.handle(command, &mut deferred, shutdown),
                 }
+            };
+            // What was sent before the turn ended is handled before the next one can start: a
+            // discard that raced the turn's end must not let the next queued message in.
+            while let Ok(command) = rx.try_recv() {
+                during.handle(Some(command), &mut deferred, shutdown);
             }
+            end
         };
         // Step messages that arrived too late for a step land between turns.
         self.intake.land_staged(&mut self.session);
@@ -508,5 +489,42 @@ impl Actor {
             let _ = reply.send(end.clone());
         }
         end
+    }
+}
+
+/// What a command may touch while a turn runs (the turn holds the session).
+struct During<'a> {
+    intake: &'a Intake,
+    disposing: &'a AtomicBool,
+    cancel: &'a CancellationToken,
+}
+
+impl During<'_> {
+    /// Handles a command sent during a turn (`None`: every handle is gone): messages arrive
+    /// (the turn writes them at its await points); flushes, reads, wakes and log events wait
+    /// for the turn's end; a discard cancels the turn and drops the queue at its end; shutdown
+    /// cancels the turn.
+    fn handle(&self, command: Option<Command>, deferred: &mut Deferred, shutdown: &mut Option<oneshot::Sender<()>>) {
+        match command {
+            Some(Command::Arrive(arrival)) => self.intake.arrive(arrival),
+            Some(Command::Flush { reply }) => deferred.flushes.push(reply),
+            Some(Command::Read(reader)) => deferred.readers.push(reader),
+            Some(Command::SetRoute(route)) => deferred.next_route = Some(route),
+            Some(Command::Log(body)) => deferred.logs.push(body),
+            Some(Command::Wake { reply }) => deferred.wakes.push(reply),
+            Some(Command::Discard { reply }) => {
+                self.cancel.cancel();
+                deferred.discards.push(reply);
+            }
+            Some(Command::Shutdown { reply }) => {
+                self.disposing.store(true, Ordering::SeqCst);
+                self.cancel.cancel();
+                *shutdown = Some(reply);
+            }
+            None => {
+                self.disposing.store(true, Ordering::SeqCst);
+                self.cancel.cancel();
+            }
+        }
     }
 }
