@@ -63,9 +63,10 @@ pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
     let sessions = SessionStore::new(config.sessions_dir.clone()).list_top_level(cwd);
     let mut out = std::io::stdout().lock();
     for s in sessions {
+        let title = crate::session::scan::read_title(&s.path).map(|t| format!("  {t}")).unwrap_or_default();
         writeln!(
             out,
-            "{}  {}  {}",
+            "{}  {}  {}{title}",
             s.header.id,
             crate::timefmt::rfc3339(s.modified),
             s.header.cwd.as_deref().unwrap_or("-")
@@ -130,6 +131,7 @@ fn describe(event: &Event) -> Option<String> {
                 mcp.servers.iter().map(|s| format!("{} ({}, {})", s.name, s.kind, s.origin)).collect();
             format!("mcp servers: {}", if servers.is_empty() { "none".into() } else { servers.join(", ") })
         }
+        EventBody::SessionTitle(title) => format!("title: {} ({})", title.title, title.source.kind),
         EventBody::SubagentRemoteRun(run) => {
             let error = run.error.map(|e| format!(" ({e})")).unwrap_or_default();
             format!(

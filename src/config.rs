@@ -54,6 +54,9 @@ pub struct Config {
     pub permission_mode: PermissionMode,
     /// A `# Persona` section added to every top-level session's system prompt.
     pub persona: Option<String>,
+    /// `title_model`: the route that writes a session's title after its first turn (none: the
+    /// first prompt's fallback title stays).
+    pub title_model: Option<ModelRoute>,
     /// A file whose text replaces the built system prompt (relative paths: against the config
     /// file's directory).
     pub system_prompt_file: Option<PathBuf>,
@@ -134,6 +137,7 @@ struct FileConfig {
     system_prompt_file: Option<PathBuf>,
     max_frame_bytes: Option<usize>,
     key_store: Option<String>,
+    title_model: Option<String>,
     #[serde(default)]
     agent: AgentSection,
     #[serde(default)]
@@ -387,6 +391,10 @@ impl Config {
             (None, Some(bytes)) => frame_limit(bytes, &format!("{}: key `max_frame_bytes`", where_()))?,
             (None, None) => crate::acp::DEFAULT_MAX_FRAME_BYTES,
         };
+        let title_model = file
+            .title_model
+            .map(|m| ModelRoute::parse(&m).map_err(|e| anyhow::anyhow!("{}: key `title_model`: {e}", where_())))
+            .transpose()?;
         let (models, model_table) = resolve_models(file.model_settings, file.providers, &where_())?;
         let from_file = match (flags.sandbox, env("KIN_SANDBOX")) {
             (Some(policy), _) => Err(policy),
@@ -452,6 +460,7 @@ impl Config {
             config_file,
             permission_mode,
             persona: file.persona,
+            title_model,
             system_prompt_file,
         })
     }

@@ -24,4 +24,5 @@ pub mod session;
 pub mod slash;
 pub mod subagent;
 pub mod timefmt;
+pub mod title;
 pub mod tools;

@@ -173,6 +173,8 @@ pub struct Runtime {
     defaults: Defaults,
     /// The sandbox settings kin started with (shared by every session's `SessionSandbox`).
     sandbox_settings: Arc<crate::sandbox::SandboxSettings>,
+    /// The titles `session/list` shows, cached per log.
+    titles: crate::session::Titles,
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -512,6 +514,7 @@ impl Runtime {
                 loading: Mutex::new(HashMap::new()),
                 mcp_recording,
                 sandbox_settings: Arc::new(config.sandbox.clone()),
+                titles: crate::session::Titles::default(),
                 config,
             }
         });
@@ -883,10 +886,24 @@ impl Runtime {
         })?;
         let flag = entry.prompt_in_flight.clone();
         let (tx, rx) = oneshot::channel();
+        // `title_model`: a title after the turn that wrote the fallback one (never in replay).
+        let titler = match (&self.config.title_model, &self.config.replay) {
+            (Some(route), None) => Some((self.model.clone(), route.clone(), entry.handle.clone())),
+            _ => None,
+        };
         tokio::spawn(async move {
             let end = turn.await.unwrap_or(TurnEnd::Disposed);
             flag.store(false, Ordering::SeqCst);
+            let completed = end == TurnEnd::Completed;
             let _ = tx.send(end);
+            if let Some((model, route, handle)) = titler.filter(|_| completed) {
+                let basis = handle.read(|session| crate::title::basis(session.events())).await.ok().flatten();
+                if let Some(basis) = basis
+                    && let Some(title) = crate::title::ask(model, route, handle.id(), &basis).await
+                {
+                    let _ = handle.inject_log(title);
+                }
+            }
         });
         Ok(rx)
     }
@@ -1211,6 +1228,11 @@ impl Runtime {
     }
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`.
+    /// The title of a stored session (its last `session/title`; cached per log).
+    pub fn session_title(&self, stored: &StoredSession) -> Option<String> {
+        self.titles.title(stored)
+    }
+
     pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
         self.store.list_top_level(cwd)
     }

@@ -83,6 +83,7 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
         json!({"content":[{"type":"text","text":"hello there"}],"source":{"kind":"user"},"role":"user","id":"m"}),
         None,
     );
+    s.append("session/title", json!({"title": "hello there", "messageSeqs": [1], "source": {"kind": "fallback"}}));
     s.flush().unwrap();
     let run = |args: &[&str]| {
         let out = Command::new(KIN)
@@ -97,8 +98,9 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     };
     let (ok, listed) = run(&["sessions", "list"]);
     assert!(ok && listed.contains("cccccccc-0000-4000-8000-000000000001") && listed.contains("/proj"), "{listed}");
+    assert!(listed.trim_end().ends_with("/proj  hello there"), "the title ends the line: {listed}");
     let (ok, shown) = run(&["sessions", "show", "cccccccc-0000-4000-8000-000000000001"]);
-    assert!(ok && shown.contains("user: hello there"), "{shown}");
+    assert!(ok && shown.contains("user: hello there") && shown.contains("title: hello there (fallback)"), "{shown}");
     let (ok, checked) = run(&["sessions", "check"]);
     assert!(ok && checked.contains("last turn interrupted"), "{checked}");
     // A torn tail is reported by file and line, and the file is left as it was.
@@ -107,7 +109,7 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     bytes.extend_from_slice(b"{\"type\":\"turn/e");
     std::fs::write(&path, &bytes).unwrap();
     let (ok, checked) = run(&["sessions", "check", "cccccccc-0000-4000-8000-000000000001"]);
-    assert!(!ok && checked.contains("torn") && checked.contains(":4:"), "{checked}");
+    assert!(!ok && checked.contains("torn") && checked.contains(":5:"), "{checked}");
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "check changes nothing");
 }
 

@@ -329,3 +329,64 @@ async fn slash_commands_are_offered_and_expanded_from_the_workspace_and_user_fil
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_titled_by_its_first_prompt_then_by_the_title_model() {
+    let deepseek = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(openai_text("Fixed it."))
+        .mount(&deepseek)
+        .await;
+    let titler = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(openai_text("Flaky parser test fix"))
+        .mount(&titler)
+        .await;
+    let env = vec![
+        ("DEEPSEEK_BASE_URL", deepseek.uri()),
+        ("DEEPSEEK_API_KEY", "sk-test".into()),
+        ("OPENAI_BASE_URL", titler.uri()),
+        ("OPENAI_API_KEY", "sk-titler".into()),
+    ];
+    let mut editor = Editor::start("title_model = \"openai/titler\"\n", &env, "deepseek/deepseek-v4-flash");
+    editor.init(json!({}));
+    let session = editor.new_session();
+    editor.prompt(&session, json!([{"type": "text", "text": "Please fix the flaky parser test in src/lib.rs"}]));
+    let titles = |updates: &[Value]| -> Vec<String> {
+        updates
+            .iter()
+            .filter(|u| u["sessionUpdate"] == "session_info_update")
+            .map(|u| u["title"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(titles(&editor.updates()), ["Please fix the flaky parser"], "the fallback title, during the turn");
+    // The model's title follows the prompt's answer.
+    let mut seen = Vec::new();
+    while !seen.iter().any(|t: &String| t == "Flaky parser test fix") {
+        let frame = editor.kin.frame(WAIT);
+        seen.extend(titles(&[frame["params"]["update"].clone()]));
+    }
+    let asked = bodies(&titler).await;
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0]["model"], "titler");
+    assert!(asked[0].get("tools").is_none(), "no tools for the title call");
+    let conversation = asked[0]["messages"][1]["content"].as_str().unwrap();
+    assert!(conversation.contains("flaky parser test") && conversation.contains("Fixed it."), "{conversation}");
+
+    let listed = editor.call("session/list", json!({}));
+    assert_eq!(listed["result"]["sessions"][0]["title"], "Flaky parser test fix", "{listed}");
+    editor.updates();
+    editor.call("session/load", json!({"sessionId": session, "cwd": editor.cwd, "mcpServers": []}));
+    assert_eq!(
+        titles(&editor.updates()),
+        ["Please fix the flaky parser", "Flaky parser test fix"],
+        "a loaded session shows its titles in log order"
+    );
+    // A second prompt asks for no second title.
+    editor.prompt(&session, json!([{"type": "text", "text": "Thanks"}]));
+    assert_eq!(bodies(&titler).await.len(), 1);
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}

@@ -134,5 +134,7 @@ fn typescript_sdk_parses_every_update() {
     assert!(count("agent_message_chunk") >= 1, "no agent_message_chunk reached the SDK client: {summary}");
     // The editor features' updates pass the SDK's schema too.
     assert_eq!(count("available_commands_update"), 1, "the slash commands, once after session/new: {summary}");
+    // One title per session: the parent's first prompt and the child's task.
+    assert_eq!(count("session_info_update"), 2, "a title for the parent and one for the child: {summary}");
     assert!(summary["sessions"].as_u64().unwrap_or(0) >= 2, "the child's own updates are missing: {summary}");
 }

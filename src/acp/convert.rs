@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use agent_client_protocol::v1::schema::SessionInfoUpdate;
 use agent_client_protocol::v1::schema::{
     AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ContentBlock, ContentChunk, Diff,
     EmbeddedResourceResource, ImageContent, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate,
@@ -159,6 +160,7 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
         EventBody::ToolProgress(progress) => Some(progress_update(progress)),
         EventBody::TodoWrite(plan) => Some(plan_update(plan)),
         EventBody::LlmRetry(retry) => Some(retry_update(retry)),
+        EventBody::SessionTitle(title) => Some(title_update(title)),
         EventBody::TurnStart(_)
         | EventBody::UserMessage(_)
         | EventBody::SteeringMessage(_)
@@ -208,6 +210,7 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         EventBody::ToolCall(call) => vec![tool_call_update(call, tools)],
         EventBody::ToolResult(result) => tool_result_update(result).into_iter().collect(),
         EventBody::TodoWrite(plan) => vec![plan_update(plan)],
+        EventBody::SessionTitle(title) => vec![title_update(title)],
         EventBody::UserMessage(_)
         | EventBody::TurnStart(_)
         | EventBody::SteeringMessage(_)
@@ -231,6 +234,11 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         | EventBody::CompactEnd(_)
         | EventBody::Unknown { .. } => Vec::new(),
     }
+}
+
+/// `session/title` → `session_info_update` with the title.
+fn title_update(title: &event::SessionTitle) -> SessionUpdate {
+    SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.title.clone()))
 }
 
 /// A streamed text or reasoning delta (an empty one shows nothing).

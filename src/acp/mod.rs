@@ -413,7 +413,10 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                     .into_iter()
                     .filter_map(|s| {
                         let cwd = s.header.cwd.clone()?;
-                        Some(SessionInfo::new(s.header.id.clone(), cwd).updated_at(crate::timefmt::rfc3339(s.modified)))
+                        let info = SessionInfo::new(s.header.id.clone(), cwd)
+                            .updated_at(crate::timefmt::rfc3339(s.modified))
+                            .title(rt_list.session_title(&s));
+                        Some(info)
                     })
                     .collect();
                 responder.respond(ListSessionsResponse::new(sessions))

@@ -313,6 +313,7 @@ impl SessionObserver for Forwarder {
             | EventBody::CompactStart(_)
             | EventBody::CompactSummary(_)
             | EventBody::CompactEnd(_)
+            | EventBody::SessionTitle(_)
             | EventBody::Unknown { .. } => {}
         }
     }

@@ -60,7 +60,14 @@ pub(super) async fn run_turn(
         session.push(InboxSplice::claim(InboxTarget::NextTurn, 1));
     }
     session.push(event::TurnStart { turn, trigger: event::Trigger::message(message.source.clone()) });
-    session.push(message);
+    // The first prompt names the session (dsh's fallback title), until a title exists.
+    let untitled = message.from_user() && !session.events().iter().any(|e| e.kind == Kind::SessionTitle);
+    let title = if untitled { event::SessionTitle::fallback(&message, 0) } else { None };
+    let message_seq = session.push(message);
+    if let Some(mut title) = title {
+        title.message_seqs = vec![message_seq];
+        session.push(title);
+    }
     for body in preamble {
         session.push(body);
     }

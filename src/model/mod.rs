@@ -86,6 +86,9 @@ pub enum Purpose {
     Step,
     /// A compaction's summary: its answer is recorded as `compact/summary`.
     Compaction,
+    /// A session's title (`title_model`, `crate::title`): its answer is recorded as
+    /// `session/title`.
+    Title,
 }
 
 /// A failed model call before or during streaming.

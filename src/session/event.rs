@@ -690,13 +690,81 @@ pub struct CompactEnd {
     pub error: Option<String>,
 }
 
+/// `session/title` (log-only, dsh's shape): what the session is called. The first prompt gives
+/// a fallback title (its first five words); a model may write a better one after the first turn.
+/// The last one in the log is the session's title.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionTitle {
+    pub title: String,
+    /// The messages the title was made from.
+    #[serde(default)]
+    pub message_seqs: Vec<u64>,
+    #[serde(default)]
+    pub source: TitleSource,
+}
+
+/// Who made a title: `{kind: "fallback"}` (the first words of the prompt) or `{kind: "model",
+/// provider, model}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TitleSource {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// How many words of the first prompt a fallback title keeps (dsh's rule).
+const FALLBACK_WORDS: usize = 5;
+/// The longest title kin writes, in characters.
+pub const MAX_TITLE_CHARS: usize = 100;
+
+impl SessionTitle {
+    /// The fallback title of a prompt (message `seq`): its first five words (at most
+    /// `MAX_TITLE_CHARS` characters); `None` when the prompt has no text.
+    pub fn fallback(message: &UserMessage, seq: u64) -> Option<Self> {
+        let text: Vec<&str> = message.content.iter().filter_map(|b| b["text"].as_str()).collect();
+        let words: Vec<&str> = text.iter().flat_map(|t| t.split_whitespace()).take(FALLBACK_WORDS).collect();
+        if words.is_empty() {
+            return None;
+        }
+        let title = cut_title(&words.join(" "));
+        Some(SessionTitle {
+            title,
+            message_seqs: vec![seq],
+            source: TitleSource { kind: "fallback".into(), ..TitleSource::default() },
+        })
+    }
+
+    /// A title a model wrote (trimmed and cut to `MAX_TITLE_CHARS`); `None` when it is blank.
+    pub fn by_model(title: &str, message_seqs: Vec<u64>, provider: &str, model: &str) -> Option<Self> {
+        let title = title.split_whitespace().collect::<Vec<_>>().join(" ");
+        let title = title.trim_matches(|c: char| c == '"' || c == '\'' || c == '`' || c == '*').trim();
+        if title.is_empty() {
+            return None;
+        }
+        let source = TitleSource { kind: "model".into(), provider: Some(provider.into()), model: Some(model.into()) };
+        Some(SessionTitle { title: cut_title(title), message_seqs, source })
+    }
+}
+
+/// `text` cut to `MAX_TITLE_CHARS` characters, `…` marking a cut.
+fn cut_title(text: &str) -> String {
+    match text.char_indices().nth(MAX_TITLE_CHARS - 1) {
+        Some((cut, _)) if text.chars().count() > MAX_TITLE_CHARS => format!("{}…", &text[..cut]),
+        _ => text.to_string(),
+    }
+}
+
 macro_rules! event_kinds {
     ($($(#[$meta:meta])* $variant:ident($payload:ty) = $name:literal;)*) => {
         /// The type of an event: one of the kinds kin writes or reads, or another one by name.
         #[derive(Debug, Clone, PartialEq, Eq, Hash)]
         pub enum Kind {
             $($(#[$meta])* $variant,)*
-            /// A type kin does not know (dsh's plugin events such as `session/title`), kept by name.
+            /// A type kin does not know (dsh's plugin events such as `hook/invoked`), kept by name.
             Other(Box<str>),
         }
 
@@ -791,6 +859,7 @@ event_kinds! {
     CompactStart(CompactStart) = "compact/start";
     CompactSummary(CompactSummary) = "compact/summary";
     CompactEnd(CompactEnd) = "compact/end";
+    SessionTitle(SessionTitle) = "session/title";
 }
 
 #[cfg(test)]
@@ -831,13 +900,43 @@ mod tests {
             "compact/start",
             "compact/summary",
             "compact/end",
+            "session/title",
         ] {
             let kind = Kind::parse(name);
             assert!(!matches!(kind, Kind::Other(_)), "{name} is a known kind");
             assert_eq!(kind.as_str(), name);
         }
-        assert_eq!(Kind::parse("session/title"), Kind::Other("session/title".into()));
-        assert_eq!(Kind::parse("session/title").as_str(), "session/title");
+        assert_eq!(Kind::parse("hook/invoked"), Kind::Other("hook/invoked".into()));
+        assert_eq!(Kind::parse("hook/invoked").as_str(), "hook/invoked");
+    }
+
+    #[test]
+    fn a_fallback_title_is_the_first_five_words_as_dsh_writes_it() {
+        let user = |text: &str| UserMessage::new(vec![json!({"type": "text", "text": text})], json!({"kind": "user"}));
+        // The prompts and titles of dsh's recorded fixtures (../shared/conformance/dsh).
+        for (prompt, title) in [
+            ("Start a long task; this turn will be cancelled mid-stream.", "Start a long task; this"),
+            ("Use the read tool (NOT bash) to read the file greeting.txt", "Use the read tool (NOT"),
+            ("Reply with exactly the word: PONG. Do not use any tools.", "Reply with exactly the word:"),
+            ("  Two\nwords ", "Two words"),
+        ] {
+            let shown = SessionTitle::fallback(&user(prompt), 1).unwrap();
+            assert_eq!(shown.title, title);
+        }
+        assert_eq!(
+            wire(SessionTitle::fallback(&user("Say hi."), 1).unwrap()),
+            r#"{"title":"Say hi.","messageSeqs":[1],"source":{"kind":"fallback"}}"#
+        );
+        assert_eq!(SessionTitle::fallback(&user(" \n "), 1), None);
+        let long = SessionTitle::fallback(&user(&"x".repeat(300)), 1).unwrap().title;
+        assert_eq!(long.chars().count(), MAX_TITLE_CHARS);
+        assert!(long.ends_with('…'));
+        let named = SessionTitle::by_model(" \"Fix the parser\"\n", vec![1, 9], "p", "m").unwrap();
+        assert_eq!(
+            wire(named),
+            r#"{"title":"Fix the parser","messageSeqs":[1,9],"source":{"kind":"model","provider":"p","model":"m"}}"#
+        );
+        assert_eq!(SessionTitle::by_model("\"\"", vec![], "p", "m"), None);
     }
 
     #[test]
@@ -975,8 +1074,8 @@ mod tests {
         // A payload whose needed fields do not fit is not understood, and kept as it is.
         let bad = Event { kind: Kind::ToolCall, data: json!({"callId": 7}).into(), ..event };
         assert_eq!(bad.body(), EventBody::Unknown { kind: "tool/call".into(), data: json!({"callId": 7}) });
-        let unknown = Event { kind: Kind::parse("session/title"), data: json!({"title": "t"}).into(), ..bad };
-        assert_eq!(unknown.body(), EventBody::Unknown { kind: "session/title".into(), data: json!({"title": "t"}) });
+        let unknown = Event { kind: Kind::parse("hook/invoked"), data: json!({"title": "t"}).into(), ..bad };
+        assert_eq!(unknown.body(), EventBody::Unknown { kind: "hook/invoked".into(), data: json!({"title": "t"}) });
         assert_eq!(Event::new(0, 0, unknown.body(), None), unknown, "an unknown body writes back what it read");
     }
 

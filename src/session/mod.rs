@@ -22,5 +22,5 @@ pub use event::{EventBody, Kind, Payload};
 pub use live::{Session, SessionObserver, now_ms};
 pub use record::{Event, Record, SessionHeader};
 pub use scan::{ScanError, Scanned, TornTail};
-pub use store::{SessionStore, StoreError, StoredSession};
+pub use store::{SessionStore, StoreError, StoredSession, Titles};
 pub use surface::derive_messages;

@@ -67,6 +67,55 @@ pub fn read_header(path: &Path) -> Result<(SessionHeader, std::time::SystemTime)
     Ok((SessionHeader::parse(line)?, modified))
 }
 
+/// The longest line `read_title` looks into: a title event is far shorter, and a longer line is
+/// read past without being held.
+const TITLE_LINE_LIMIT: usize = 64 * 1024;
+
+/// The title of the log at `path`: its last `session/title` event among complete lines. Only a
+/// line that starts as one is parsed; every other line is read past, holding at most
+/// `TITLE_LINE_LIMIT` bytes of it. `None` when there is none or the log cannot be read.
+pub fn read_title(path: &Path) -> Option<String> {
+    use std::io::BufRead;
+    const PREFIX: &[u8] = br#"{"type":"session/title","#;
+    let mut reader = std::io::BufReader::new(open_log(path).ok()?);
+    let mut title = None;
+    let mut line = Vec::new();
+    loop {
+        // One line: its first `TITLE_LINE_LIMIT` bytes kept, the rest consumed.
+        line.clear();
+        let mut ended = false;
+        loop {
+            let buf = reader.fill_buf().ok()?;
+            if buf.is_empty() {
+                break;
+            }
+            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+                Some(end) => (end + 1, true),
+                None => (buf.len(), false),
+            };
+            let room = TITLE_LINE_LIMIT.saturating_sub(line.len());
+            line.extend_from_slice(&buf[..take.min(room)]);
+            reader.consume(take);
+            if done {
+                ended = true;
+                break;
+            }
+        }
+        if !ended {
+            return title;
+        }
+        if line.starts_with(PREFIX) && line.ends_with(b"\n") {
+            let text = std::str::from_utf8(&line[..line.len() - 1]).ok();
+            let event = text.and_then(|t| Record::parse(t).ok());
+            if let Some(Record::Event(event)) = event
+                && let Some(found) = event.get::<super::event::SessionTitle>()
+            {
+                title = Some(found.title);
+            }
+        }
+    }
+}
+
 /// Reads and scans the log at `path`, a line at a time: the file is never held whole, only
 /// the events it holds.
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
@@ -194,6 +243,27 @@ mod tests {
         r#"{"type":"turn/start","seq":2,"time":0,"data":{"turn":2}}"#,
         "\n",
     );
+
+    #[test]
+    fn a_title_is_the_last_title_event_among_complete_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let title = |seq: u64, text: &str| {
+            format!(
+                "{{\"type\":\"session/title\",\"seq\":{seq},\"time\":0,\"data\":{{\"title\":\"{text}\",\"messageSeqs\":[1],\"source\":{{\"kind\":\"fallback\"}}}}}}\n"
+            )
+        };
+        let long = format!("{{\"type\":\"tool/result\",\"x\":\"{}\"}}\n", "y".repeat(3 * TITLE_LINE_LIMIT));
+        std::fs::write(&path, format!("{LOG}{}{long}{}", title(3, "First"), title(4, "Second"))).unwrap();
+        assert_eq!(read_title(&path).as_deref(), Some("Second"));
+        // A title on a torn last line does not count.
+        let torn = title(5, "Torn");
+        std::fs::write(&path, format!("{LOG}{}{}", title(3, "First"), torn.trim_end())).unwrap();
+        assert_eq!(read_title(&path).as_deref(), Some("First"));
+        std::fs::write(&path, LOG).unwrap();
+        assert_eq!(read_title(&path), None);
+        assert_eq!(read_title(&dir.path().join("missing")), None);
+    }
 
     #[test]
     fn read_header_reads_the_first_line_only() {

@@ -274,6 +274,33 @@ fn remove_log(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The titles of stored sessions (`session/title`), each cached by the length and modification
+/// time of its log: a listing reads again only the logs that changed since the last one.
+#[derive(Debug, Default)]
+pub struct Titles {
+    cache: std::sync::Mutex<std::collections::HashMap<PathBuf, CachedTitle>>,
+}
+
+/// A log's title as of its (length, modification time).
+type CachedTitle = (u64, SystemTime, Option<String>);
+
+impl Titles {
+    /// The title of `stored` (its log's last `session/title`), if it has one.
+    pub fn title(&self, stored: &StoredSession) -> Option<String> {
+        let meta = std::fs::symlink_metadata(&stored.path).ok()?;
+        let key = (meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
+        let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((len, modified, title)) = cache.get(&stored.path)
+            && (*len, *modified) == key
+        {
+            return title.clone();
+        }
+        let title = super::scan::read_title(&stored.path);
+        cache.insert(stored.path.clone(), (key.0, key.1, title.clone()));
+        title
+    }
+}
+
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
 fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
     if std::fs::symlink_metadata(path).is_err() {
