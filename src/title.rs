@@ -121,7 +121,8 @@ pub async fn ask(model: Arc<dyn Model>, route: ModelRoute, session_id: &str, bas
     let text = text?;
     let first = text.lines().map(str::trim).find(|l| !l.is_empty())?;
     SessionTitle::by_model(
-        first.trim_end_matches(['.', '!', '?']),
+        // Quotes first, then the trailing punctuation they may have held in.
+        first.trim_matches(['"', '\'', '`', '*']).trim_end_matches(['.', '!', '?']),
         vec![basis.message_seq],
         &route.provider,
         &route.model,

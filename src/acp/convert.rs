@@ -603,7 +603,7 @@ mod tests {
     #[test]
     fn events_kin_does_not_understand_show_nothing() {
         let tools = ToolRegistry::new();
-        let title = event("session/title", json!({"title": "t"}));
+        let title = event("hook/invoked", json!({"title": "t"}));
         assert!(live_update(&title, &tools).is_none() && replay_updates(&title, &tools).is_empty());
         let nameless = event("tool/call", json!({"turn": 1, "step": 1, "callId": 7}));
         assert!(matches!(nameless, EventBody::Unknown { .. }), "a call id must be a string");
