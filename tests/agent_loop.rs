@@ -137,7 +137,8 @@ async fn a_text_turn_writes_the_dsh_event_sequence() {
     let events = f.events().await;
     assert_eq!(
         kinds(&events),
-        ["turn/start", "user/message", "step/start", "assistant/message", "step/end", "turn/end"]
+        ["turn/start", "user/message", "session/title", "step/start", "assistant/message", "step/end", "turn/end"],
+        "the first prompt titles the session right after its user/message, as dsh does"
     );
     let message = events.iter().find(|e| e.kind == "assistant/message").unwrap();
     assert_eq!(message.data["message"]["content"], json!([{"type": "text", "text": "hello"}]));

@@ -164,9 +164,9 @@ async fn a_run_publishes_its_child_and_pairs_lifecycle_events() {
     (run.dispose)().await;
     let log = rt.store().inspect(&run.id).unwrap().events;
     let kinds: Vec<&str> = log.iter().filter(|e| e.kind != "assistant/chunk").map(|e| e.kind.as_str()).collect();
-    assert_eq!(&kinds[..4], ["turn/start", "user/message", "subagent/descriptor", "step/start"]);
-    assert_eq!(log[2].data, json!({"version": 2, "mode": "one-shot", "provider": "spawn", "label": "greet"}));
-    assert!(log[2].surface_op.is_none(), "the descriptor is log-only");
+    assert_eq!(&kinds[..5], ["turn/start", "user/message", "session/title", "subagent/descriptor", "step/start"]);
+    assert_eq!(log[3].data, json!({"version": 2, "mode": "one-shot", "provider": "spawn", "label": "greet"}));
+    assert!(log[3].surface_op.is_none(), "the descriptor is log-only");
     let events = events.lock().unwrap();
     assert!(matches!(&events[0], Lifecycle::Start { id, local: true, .. } if *id == run.id));
     assert!(matches!(&events[1], Lifecycle::End { id, stop_reason: Some(StopReason::Completed), .. } if *id == run.id));
