@@ -148,6 +148,14 @@ fn subagent_only(id: &str) -> RuntimeError {
     RuntimeError::InvalidParams(format!("{id} is a subagent session; only session/cancel is allowed on it"))
 }
 
+/// What a prompt started.
+pub enum Prompted {
+    /// A model turn: resolves with how it ended.
+    Turn(oneshot::Receiver<TurnEnd>),
+    /// A command kin ran itself (`/compact`): resolves with what to tell the user.
+    Answer(oneshot::Receiver<String>),
+}
+
 /// The sessions of one process.
 pub struct Runtime {
     config: Config,
@@ -860,8 +868,9 @@ impl Runtime {
         uuid::Uuid::new_v4().to_string()
     }
 
-    /// Starts a user turn; the receiver resolves with how it ended. One prompt per session.
-    pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<oneshot::Receiver<TurnEnd>, RuntimeError> {
+    /// Starts a user turn (or runs a command kin handles itself, `/compact`). One prompt per
+    /// session.
+    pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<Prompted, RuntimeError> {
         self.reject_child(session_id)?;
         // Command files are read before the live table is locked.
         let cwd = self.live().get(session_id).map(|l| l.cwd.clone()).unwrap_or_default();
@@ -871,6 +880,7 @@ impl Runtime {
                 content[0] = json!({"type": "text", "text": text});
                 content
             }
+            Some(slash::Expansion::Compact(focus)) => return self.compact(session_id, focus),
             None => content,
         };
         let live = self.live();
@@ -905,7 +915,32 @@ impl Runtime {
                 }
             }
         });
-        Ok(rx)
+        Ok(Prompted::Turn(rx))
+    }
+
+    /// `/compact [focus]`: compacts the session's history now; busy (nothing written) while a
+    /// turn runs or another prompt is in flight. Holds the session's prompt slot meanwhile.
+    fn compact(&self, session_id: &str, focus: String) -> Result<Prompted, RuntimeError> {
+        let live = self.live();
+        let Some(entry) = live.get(session_id) else {
+            return Err(RuntimeError::NotFound(session_id.to_string()));
+        };
+        let (tx, rx) = oneshot::channel();
+        if entry.handle.is_running() || entry.prompt_in_flight.swap(true, Ordering::SeqCst) {
+            let _ = tx.send(crate::agent::compact::Manual::Busy.text());
+            return Ok(Prompted::Answer(rx));
+        }
+        let (handle, flag) = (entry.handle.clone(), entry.prompt_in_flight.clone());
+        let focus = Some(focus).filter(|f| !f.trim().is_empty());
+        tokio::spawn(async move {
+            let text = match handle.compact(focus).await {
+                Ok(outcome) => outcome.text(),
+                Err(gone) => format!("Compaction did not run: {gone}."),
+            };
+            flag.store(false, Ordering::SeqCst);
+            let _ = tx.send(text);
+        });
+        Ok(Prompted::Answer(rx))
     }
 
     /// The slash commands a live top-level session offers (built-ins, then its workspace's and

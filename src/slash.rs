@@ -1,4 +1,4 @@
-//! Slash commands: the built-ins (`/init`) and the user's prompt files (`.kin/commands/*.md`
+//! Slash commands: the built-ins (`/init`, `/compact`) and the user's prompt files (`.kin/commands/*.md`
 //! and `.claude/commands/*.md` in the workspace, then the same under the user's config dirs,
 //! Claude Code's convention), offered to the editor as `available_commands_update` and
 //! expanded when a prompt begins with `/<name>`. A file command is its text with `$ARGUMENTS`
@@ -26,27 +26,32 @@ const MAX_DESCRIPTION_CHARS: usize = 120;
 pub enum Builtin {
     /// Asks the model to draft an `AGENTS.md` for the workspace.
     Init,
+    /// Compacts the conversation now (no model turn); its arguments focus the summary.
+    Compact,
 }
 
 impl Builtin {
     /// Every built-in, in the order the editor lists them.
-    pub const ALL: &'static [Builtin] = &[Builtin::Init];
+    pub const ALL: &'static [Builtin] = &[Builtin::Init, Builtin::Compact];
 
     pub fn name(self) -> &'static str {
         match self {
             Builtin::Init => "init",
+            Builtin::Compact => "compact",
         }
     }
 
     fn description(self) -> &'static str {
         match self {
             Builtin::Init => "Draft an AGENTS.md for this workspace",
+            Builtin::Compact => "Summarize the conversation so far to free up context",
         }
     }
 
     fn hint(self) -> Option<&'static str> {
         match self {
             Builtin::Init => Some("what to focus on (optional)"),
+            Builtin::Compact => Some("what the summary should focus on (optional)"),
         }
     }
 }
@@ -222,12 +227,18 @@ pub fn invocation(text: &str) -> Option<(&str, &str, &str)> {
 pub enum Expansion {
     /// The text the model gets instead of the invocation.
     Prompt(String),
+    /// Compact the history now instead of a turn, the summary focused on this (may be empty).
+    Compact(String),
 }
 
 /// The expansion of `command` run with `arguments`, followed by `after` (the rest of the
 /// prompt's text: more lines, an attached file).
 pub fn expand(command: &SlashCommand, arguments: &str, after: &str) -> Expansion {
     let mut text = match &command.action {
+        Action::Builtin(Builtin::Compact) => {
+            let focus = [arguments, after.trim()].iter().filter(|t| !t.is_empty()).copied().collect::<Vec<_>>();
+            return Expansion::Compact(focus.join("\n"));
+        }
         Action::Builtin(Builtin::Init) if arguments.is_empty() => INIT_PROMPT.to_string(),
         Action::Builtin(Builtin::Init) => format!("{INIT_PROMPT}\n\nFocus on: {arguments}"),
         Action::Prompt { body, .. } if body.contains("$ARGUMENTS") => body.replace("$ARGUMENTS", arguments),
@@ -273,19 +284,26 @@ mod tests {
             listed,
             [
                 ("init", "Draft an AGENTS.md for this workspace", Some("what to focus on (optional)")),
+                (
+                    "compact",
+                    "Summarize the conversation so far to free up context",
+                    Some("what the summary should focus on (optional)")
+                ),
                 ("review", "Review a file", Some("<path>")),
                 ("fix", "Fix the build", None),
                 ("hello", "Say hello.", None),
             ]
         );
-        let review = &found[1];
+        let review = &found[2];
         assert_eq!(expand(review, "src/a.rs", ""), Expansion::Prompt("Review src/a.rs carefully.\n".into()));
         assert_eq!(
-            expand(&found[3], "in French", "more\n"),
+            expand(&found[4], "in French", "more\n"),
             Expansion::Prompt("Say hello.\n\nARGUMENTS: in French\nmore\n".into())
         );
-        let Expansion::Prompt(init) = expand(&found[0], "", "");
+        let Expansion::Prompt(init) = expand(&found[0], "", "") else { panic!("/init is a prompt") };
         assert!(init.contains("AGENTS.md"), "{init}");
+        assert_eq!(expand(&found[1], "", ""), Expansion::Compact(String::new()), "/compact runs no turn");
+        assert_eq!(expand(&found[1], "the tests", "and docs\n"), Expansion::Compact("the tests\nand docs".into()));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Compaction through the agent loop, with the scripted model over a real JSONL store: the
 //! pressure check at the start of a step compacts when the reported usage of the last call
 //! reaches the threshold of the route's window, and the step's request carries the checkpoint
-//! and the kept tail.
+//! and the kept tail. Overflow recovery against loopback providers (DeepSeek's and Anthropic's
+//! context-exceeded errors), and `/compact` over pipes against the real binary.
 
 use std::sync::Arc;
 
@@ -13,6 +14,9 @@ use kin::model::{Model, ModelRoute, Purpose, StreamChunk, text_response};
 use kin::session::{SessionHeader, SessionStore};
 use kin::tools::ToolRegistry;
 use serde_json::{Value, json};
+
+#[allow(dead_code)]
+mod common;
 
 /// A text answer whose usage reports `input` tokens.
 fn answer(text: &str, input: u64) -> ReplayEntry {
@@ -143,4 +147,343 @@ async fn a_failed_pressure_compaction_is_recorded_and_the_step_goes_on() {
     let step = &run.model.requests()[2];
     assert_eq!(step.messages.len(), 3, "the whole history, uncompacted");
     assert!(!events.iter().any(|e| e.kind == "compact/summary"));
+}
+
+// ---- Overflow recovery over loopback HTTP ---------------------------------------------------
+
+/// A provider behind a loopback server: its route, the path it posts to, its environment, a
+/// text answer in its SSE format, and its context-exceeded error document.
+struct Provider {
+    route: &'static str,
+    path: &'static str,
+    base_var: &'static str,
+    key_var: &'static str,
+    answer: fn(&str) -> String,
+    overflow: fn() -> Value,
+}
+
+fn chat_answer(text: &str) -> String {
+    let chunk = |delta: Value, finish: Value| json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let events = [chunk(json!({"role": "assistant", "content": text}), Value::Null), chunk(json!({}), json!("stop"))];
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    body
+}
+
+fn anthropic_answer(text: &str) -> String {
+    let usage = json!({"input_tokens": 10, "output_tokens": 1});
+    [
+        json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "model": "claude-test", "content": [], "stop_reason": null, "usage": usage}}),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}}),
+        json!({"type": "message_stop"}),
+    ]
+    .iter()
+    .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+    .collect()
+}
+
+const DEEPSEEK: Provider = Provider {
+    route: "deepseek/deepseek-v4-flash",
+    path: "/chat/completions",
+    base_var: "DEEPSEEK_BASE_URL",
+    key_var: "DEEPSEEK_API_KEY",
+    answer: chat_answer,
+    overflow: || {
+        json!({"error": {
+            "message": "This model's maximum context length is 131072 tokens. However, you requested 140000 tokens (139000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "invalid_request_error",
+        }})
+    },
+};
+
+const ANTHROPIC: Provider = Provider {
+    route: "anthropic/claude-test",
+    path: "/v1/messages",
+    base_var: "ANTHROPIC_BASE_URL",
+    key_var: "ANTHROPIC_API_KEY",
+    answer: anthropic_answer,
+    overflow: || json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 215000 tokens > 200000 maximum"}}),
+};
+
+/// What the loopback provider was asked, in order: `summary` for a summary request, else the
+/// texts of the request's messages.
+type Asked = Arc<std::sync::Mutex<Vec<Value>>>;
+
+/// Serves `provider`: the first `overflows` step requests are refused as too long for the
+/// context window; a summary request gets a summary, any other step request `done`.
+async fn overflowing_server(provider: &Provider, overflows: usize) -> (wiremock::MockServer, Asked) {
+    let server = wiremock::MockServer::start().await;
+    let asked: Asked = Arc::default();
+    let seen = asked.clone();
+    let (answer, overflow) = (provider.answer, provider.overflow);
+    let respond = move |request: &wiremock::Request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        let text = body.to_string();
+        let mut seen = seen.lock().unwrap();
+        if text.contains("You are now acting as a compaction engine") {
+            seen.push(json!("summary"));
+            return wiremock::ResponseTemplate::new(200)
+                .set_body_raw(answer("Summary of the long prompt."), "text/event-stream");
+        }
+        seen.push(body["messages"].clone());
+        let steps = seen.iter().filter(|s| s.is_array()).count();
+        if steps > 1 && steps <= 1 + overflows {
+            return wiremock::ResponseTemplate::new(400).set_body_json(overflow());
+        }
+        wiremock::ResponseTemplate::new(200).set_body_raw(answer("done"), "text/event-stream")
+    };
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path(provider.path))
+        .respond_with(respond)
+        .mount(&server)
+        .await;
+    (server, asked)
+}
+
+/// Two prompts (a long first one) through the real HTTP client of `provider`; the second
+/// prompt's turn end.
+async fn overflow_run(provider: &Provider, overflows: usize, compaction: Policy) -> (Run, TurnEnd, Asked) {
+    let (server, asked) = overflowing_server(provider, overflows).await;
+    let env = |name: &str| match name {
+        n if n == provider.base_var => Some(server.uri()),
+        n if n == provider.key_var => Some("sk-test".to_string()),
+        _ => None,
+    };
+    let route = ModelRoute::parse(provider.route).unwrap();
+    let settings = kin::model::router::ModelSettings::default();
+    let model = kin::model::router::model_for_route(&route, &settings, &env).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = SessionStore::new(dir.path());
+    let session = store.create(SessionHeader::new("s", 1, Some("/w".into()))).unwrap();
+    let deps = AgentDeps {
+        model,
+        tools: ToolRegistry::new(),
+        route,
+        system: "be brief".into(),
+        max_steps: 5,
+        max_parallel_tools: 1,
+        depth: 0,
+        permissions: None,
+        prompt: None,
+        file_access: None,
+        retry: Default::default(),
+        compaction,
+    };
+    let handle = spawn_agent(session, deps);
+    let user = json!({"kind": "user"});
+    let end = handle.followup(text(&"x".repeat(2000)), user.clone()).unwrap().await.unwrap();
+    assert_eq!(end, TurnEnd::Completed);
+    let end = handle.followup(text("second"), user).unwrap().await.unwrap();
+    handle.shutdown().await;
+    let scripted = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new()));
+    (Run { _dir: dir, store, model: scripted }, end, asked)
+}
+
+/// The conversation messages of a request, as JSON text (Chat Completions' system message left out).
+fn conversation(messages: &Value) -> Vec<String> {
+    messages.as_array().unwrap().iter().filter(|m| m["role"] != "system").map(|m| m.to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_context_overflow_compacts_and_a_retry_turn_asks_again() {
+    for provider in [&DEEPSEEK, &ANTHROPIC] {
+        let (run, end, asked) = overflow_run(provider, 1, Policy::default()).await;
+        assert_eq!(end, TurnEnd::Completed, "{}", provider.route);
+        let kinds = kinds(&run);
+        let second = kinds.iter().position(|k| k == "turn/end").unwrap() + 1;
+        assert_eq!(
+            kinds[second..],
+            [
+                "turn/start",
+                "user/message",
+                "step/start",
+                "step/end",
+                "compact/start",
+                "compact/summary",
+                "user/message",
+                "compact/end",
+                "turn/end",
+                "turn/start",
+                "step/start",
+                "assistant/message",
+                "step/end",
+                "turn/end"
+            ],
+            "{}",
+            provider.route
+        );
+        let events = run.store.inspect("s").unwrap().events;
+        let data = |kind: &str, nth: usize| events.iter().filter(|e| e.kind == kind).nth(nth).unwrap().data.clone();
+        assert_eq!(data("compact/start", 0), json!({"turn": 2}));
+        let failed = data("turn/end", 1);
+        assert_eq!(failed["reason"]["kind"], "error");
+        assert_eq!(failed["reason"]["failure"]["code"], "CONTEXT_WINDOW_EXCEEDED");
+        assert_eq!(data("turn/start", 2), json!({"turn": 3, "trigger": {"kind": "retry"}}));
+        // The provider saw: the first prompt, the refused second, the summary request, then the
+        // retry with the checkpoint and the newest message only.
+        let asked = asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 4, "{}: {asked:?}", provider.route);
+        assert_eq!(asked[2], "summary");
+        // (Anthropic joins consecutive user messages into one.)
+        let retry = conversation(&asked[3]).join("\n");
+        let summary = retry.find("Summary of the long prompt.").expect(&retry);
+        assert!(retry.contains("<compacted-summary>") && retry.rfind("second").unwrap() > summary);
+        assert!(!retry.contains("xxxx"), "the long prompt is gone from the retry");
+        let refused = conversation(&asked[1]);
+        assert!(refused.iter().any(|m| m.contains("xxxx")), "the refused request held the whole history");
+    }
+}
+
+#[tokio::test]
+async fn an_overflow_after_the_recovery_or_with_recovery_off_fails_with_a_clear_error() {
+    let (run, end, asked) = overflow_run(&DEEPSEEK, 2, Policy::default()).await;
+    let TurnEnd::Error(message) = end else { panic!("{end:?}") };
+    assert!(message.starts_with("the conversation no longer fits the context window of deepseek/deepseek-v4-flash"));
+    assert!(
+        message.ends_with("; it still did not fit after 1 compaction (max_overflow_retries = 1); start a new session or use a model with a larger window"),
+        "{message}"
+    );
+    assert_eq!(kinds(&run).iter().filter(|k| *k == "compact/end").count(), 1, "one recovery only");
+    assert_eq!(asked.lock().unwrap().len(), 4, "prompt, refused, summary, refused retry");
+    let off = Policy { max_overflow_retries: 0, ..Policy::default() };
+    let (run, end, asked) = overflow_run(&DEEPSEEK, 1, off).await;
+    let TurnEnd::Error(message) = end else { panic!("{end:?}") };
+    assert!(
+        message.ends_with(
+            "; overflow recovery is off ([compaction] max_overflow_retries = 0): run /compact or start a new session"
+        ),
+        "{message}"
+    );
+    assert!(!kinds(&run).iter().any(|k| k.starts_with("compact/")));
+    assert_eq!(asked.lock().unwrap().len(), 2);
+}
+
+// ---- `/compact` over pipes ------------------------------------------------------------------
+
+/// `kin acp` against a loopback DeepSeek whose second step request hangs until cancelled; every
+/// summary request body goes to `summaries`, and each request's arrival to `arrived`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slash_compact_is_busy_during_a_turn_then_compacts_with_its_focus_and_shows_progress() {
+    let server = wiremock::MockServer::start().await;
+    let (arrived_tx, arrived) = std::sync::mpsc::channel::<&'static str>();
+    let arrived_tx = std::sync::Mutex::new(arrived_tx);
+    let summaries: Asked = Arc::default();
+    let seen = summaries.clone();
+    let steps = std::sync::atomic::AtomicUsize::new(0);
+    let respond = move |request: &wiremock::Request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        let sse =
+            |text: &str| wiremock::ResponseTemplate::new(200).set_body_raw(chat_answer(text), "text/event-stream");
+        if body.to_string().contains("You are now acting as a compaction engine") {
+            seen.lock().unwrap().push(body);
+            let _ = arrived_tx.lock().unwrap().send("summary");
+            return sse("Summary of the long prompt.");
+        }
+        let step = steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _ = arrived_tx.lock().unwrap().send("step");
+        match step {
+            1 => sse("too late").set_delay(std::time::Duration::from_secs(120)),
+            _ => sse("ok"),
+        }
+    };
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/chat/completions"))
+        .respond_with(respond)
+        .mount(&server)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = common::acp(&dir.path().join("sessions"), None);
+    command.args(["--model", "deepseek/deepseek-v4-flash"]).env("DEEPSEEK_BASE_URL", server.uri());
+    command.env("DEEPSEEK_API_KEY", "sk-test").env("HOME", dir.path()).env_remove("XDG_CONFIG_HOME");
+    let mut kin = common::Peer::spawn(&mut command);
+    let wait = std::time::Duration::from_secs(30);
+    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), wait);
+    let mut frames = Vec::new();
+    let id = kin.request("session/new", json!({"cwd": dir.path(), "mcpServers": []}));
+    let new = kin.response(id, wait, |_| {});
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+    let prompt = |text: &str| json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+    let id = kin.request("session/prompt", prompt(&"x".repeat(2000)));
+    let first = kin.response(id, wait, |f| frames.push(f.clone()));
+    assert_eq!(first["result"]["stopReason"], "end_turn", "{first}");
+    let commands = frames
+        .iter()
+        .find(|f| f["params"]["update"]["sessionUpdate"] == "available_commands_update")
+        .expect("the commands are offered");
+    let names: Vec<&str> = commands["params"]["update"]["availableCommands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"compact"), "{names:?}");
+    assert_eq!(arrived.recv_timeout(wait).unwrap(), "step");
+    // A turn that hangs in its model call: `/compact` meanwhile is busy and writes nothing.
+    let slow = kin.request("session/prompt", prompt("slow"));
+    assert_eq!(arrived.recv_timeout(wait).unwrap(), "step", "the second turn is in its model call");
+    let busy = kin.request("session/prompt", prompt("/compact"));
+    let mut texts = Vec::new();
+    let collect = |texts: &mut Vec<(String, String)>, f: &Value| {
+        let update = &f["params"]["update"];
+        if let Some(text) = update["content"]["text"].as_str() {
+            texts.push((update["sessionUpdate"].as_str().unwrap_or_default().to_string(), text.to_string()));
+        }
+    };
+    let answer = kin.response(busy, wait, |f| collect(&mut texts, f));
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let busy_text =
+        "Compaction is unavailable because this process has an active compaction, or the agent is not idle.";
+    assert_eq!(texts, [("agent_message_chunk".to_string(), busy_text.to_string())]);
+    kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+    let cancelled = kin.response(slow, wait, |_| {});
+    assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
+    assert!(summaries.lock().unwrap().is_empty(), "a busy /compact asks no model");
+    // After the turn: `/compact` with focus text compacts; the editor sees the progress thought
+    // and the outcome with the tokens before and after, and the answer.
+    let id = kin.request("session/prompt", prompt("/compact the open questions"));
+    let mut texts = Vec::new();
+    let done = kin.response(id, wait, |f| collect(&mut texts, f));
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    assert_eq!(arrived.recv_timeout(wait).unwrap(), "summary");
+    let summary = summaries.lock().unwrap()[0].clone();
+    let instruction = summary["messages"].as_array().unwrap().last().unwrap()["content"].to_string();
+    assert!(instruction.contains("You are now acting as a compaction engine"), "{instruction}");
+    assert!(instruction.contains("The user asked this checkpoint to focus on: the open questions"), "{instruction}");
+    assert!(!summary.to_string().contains("slow"), "the newest message stays out of the summary");
+    let kinds: Vec<&str> = texts.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(kinds, ["agent_thought_chunk", "agent_thought_chunk", "agent_message_chunk"], "{texts:?}");
+    assert_eq!(texts[0].1, "Compacting conversation…\n");
+    let outcome = texts[1].1.strip_prefix("Compacted 2 history items: ~").expect(&texts[1].1);
+    let (before, after) = outcome.trim_end_matches(" tokens.\n").split_once(" tokens → ~").unwrap();
+    let (before, after): (u64, u64) = (before.parse().unwrap(), after.parse().unwrap());
+    assert!(before > 500 && after < before, "{outcome}");
+    assert_eq!(texts[2].1, format!("Compacted 2 history items (~{before} tokens → ~{after} tokens)."));
+    // The next prompt's request: the checkpoint, then what was kept and the prompt.
+    let id = kin.request("session/prompt", prompt("next"));
+    kin.response(id, wait, |_| {});
+    let last: Value = serde_json::from_slice(&server.received_requests().await.unwrap().last().unwrap().body).unwrap();
+    let history = conversation(&last["messages"]);
+    assert!(history[0].contains("Summary of the long prompt."), "{history:?}");
+    assert!(!history.iter().any(|m| m.contains("xxxx")), "{history:?}");
+    // A loaded session replays the compaction's outcome.
+    kin.close_stdin();
+    kin.child.wait().unwrap();
+    let mut frames = Vec::new();
+    let mut kin2 = common::Peer::spawn(&mut {
+        let mut command = common::acp(&dir.path().join("sessions"), None);
+        command.args(["--model", "deepseek/deepseek-v4-flash"]).env("DEEPSEEK_BASE_URL", server.uri());
+        command.env("HOME", dir.path()).env_remove("XDG_CONFIG_HOME");
+        command
+    });
+    kin2.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), wait);
+    let id = kin2.request("session/load", json!({"sessionId": session, "cwd": dir.path(), "mcpServers": []}));
+    kin2.response(id, wait, |f| frames.push(f.clone()));
+    let replayed: Vec<&str> = frames.iter().filter_map(|f| f["params"]["update"]["content"]["text"].as_str()).collect();
+    assert!(replayed.contains(&texts[1].1.as_str()), "{replayed:?}");
+    assert!(!replayed.contains(&"Compacting conversation…\n"), "a finished compaction replays its outcome only");
 }

@@ -135,6 +135,11 @@ pub fn commands_update(commands: &[crate::slash::SlashCommand]) -> SessionUpdate
 /// How the thought that shows a model retry begins (`kin run` picks retries out by it).
 pub(crate) const RETRY_THOUGHT_PREFIX: &str = "Model request failed ";
 
+/// Text from the agent that is not the model's (a command's answer).
+pub(crate) fn agent_text(text: &str) -> SessionUpdate {
+    SessionUpdate::AgentMessageChunk(text_chunk(text))
+}
+
 fn text_chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
 }
@@ -151,7 +156,7 @@ fn image_chunk(block: &Value) -> ContentChunk {
 
 /// The live update an appended event produces, if any: streamed text and reasoning deltas,
 /// tool calls (shown as their tool among `tools` says) and their progress and results, plans,
-/// and retry notices.
+/// retry notices, and compactions (thoughts: "Compacting conversation…", then the outcome).
 pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpdate> {
     match body {
         EventBody::AssistantChunk(c) => chunk_update(&c.chunk),
@@ -161,6 +166,9 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
         EventBody::TodoWrite(plan) => Some(plan_update(plan)),
         EventBody::LlmRetry(retry) => Some(retry_update(retry)),
         EventBody::SessionTitle(title) => Some(title_update(title)),
+        EventBody::CompactStart(_) => Some(thought(COMPACTING)),
+        EventBody::CompactSummary(summary) => Some(compacted_update(summary)),
+        EventBody::CompactEnd(end) => compact_failed_update(end),
         EventBody::TurnStart(_)
         | EventBody::UserMessage(_)
         | EventBody::SteeringMessage(_)
@@ -177,16 +185,13 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
         | EventBody::SubagentDescriptor(_)
         | EventBody::SubagentRemoteRun(_)
         | EventBody::AgentInboxSpliced(_)
-        | EventBody::CompactStart(_)
-        | EventBody::CompactSummary(_)
-        | EventBody::CompactEnd(_)
         | EventBody::Unknown { .. } => None,
     }
 }
 
 /// The updates that replay a stored event to a client loading the session: user prompts,
 /// committed assistant text and reasoning, tool calls (as their tools among `tools` show them)
-/// and results, plans.
+/// and results, plans, and each compaction's outcome (a thought, as it was shown live).
 pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpdate> {
     match body {
         EventBody::UserMessage(message) if message.from_user() => blocks(&message.content)
@@ -211,6 +216,8 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         EventBody::ToolResult(result) => tool_result_update(result).into_iter().collect(),
         EventBody::TodoWrite(plan) => vec![plan_update(plan)],
         EventBody::SessionTitle(title) => vec![title_update(title)],
+        EventBody::CompactSummary(summary) => vec![compacted_update(summary)],
+        EventBody::CompactEnd(end) => compact_failed_update(end).into_iter().collect(),
         EventBody::UserMessage(_)
         | EventBody::TurnStart(_)
         | EventBody::SteeringMessage(_)
@@ -230,8 +237,6 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
         | EventBody::SubagentRemoteRun(_)
         | EventBody::AgentInboxSpliced(_)
         | EventBody::CompactStart(_)
-        | EventBody::CompactSummary(_)
-        | EventBody::CompactEnd(_)
         | EventBody::Unknown { .. } => Vec::new(),
     }
 }
@@ -276,6 +281,30 @@ fn retry_update(retry: &event::LlmRetry) -> SessionUpdate {
         retry.reason, retry.attempt, retry.max_attempts
     );
     SessionUpdate::AgentThoughtChunk(text_chunk(&text))
+}
+
+/// The thought a compaction starts with.
+pub(crate) const COMPACTING: &str = "Compacting conversation…\n";
+
+fn thought(text: &str) -> SessionUpdate {
+    SessionUpdate::AgentThoughtChunk(text_chunk(text))
+}
+
+/// `compact/summary` → a thought with what was compacted: the items and their tokens before,
+/// the checkpoint's after (estimates).
+fn compacted_update(summary: &event::CompactSummary) -> SessionUpdate {
+    let after = crate::agent::compact::checkpoint_tokens(&summary.summary);
+    thought(&format!(
+        "Compacted {} history items: ~{} tokens → ~{after} tokens.\n",
+        summary.shadowed_seqs.len(),
+        summary.shadowed_token_count
+    ))
+}
+
+/// A failed `compact/end` → a thought with why (the history is as it was).
+fn compact_failed_update(end: &event::CompactEnd) -> Option<SessionUpdate> {
+    let error = end.error.as_deref()?;
+    Some(thought(&format!("Compaction failed: {error}; the conversation is unchanged.\n")))
 }
 
 /// `tool/call` → a `tool_call` (in progress, with the tool's title, the kind and locations of

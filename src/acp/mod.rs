@@ -30,6 +30,7 @@ use agent_client_protocol::v1::schema::{
     SessionConfigSelectOption, SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo,
     SessionListCapabilities, SessionNotification, SessionResumeCapabilities, SessionUpdate,
     SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
+    StopReason,
 };
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
@@ -295,6 +296,20 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
                         no_images(&rt_prompt, &req.session_id.0, images, notices_prompt.load(Ordering::SeqCst));
                     tree::notify(&cx, &req.session_id.0, notice);
                 }
+                let turn = match turn {
+                    crate::runtime::Prompted::Turn(turn) => turn,
+                    crate::runtime::Prompted::Answer(answer) => {
+                        let (session, to) = (req.session_id.0.to_string(), cx.clone());
+                        return cx.spawn(async move {
+                            let text = answer.await.unwrap_or_else(|_| "The command did not finish.".into());
+                            tree::notify(&to, &session, convert::agent_text(&text));
+                            if let Err(e) = responder.respond(PromptResponse::new(StopReason::EndTurn)) {
+                                tracing::debug!("prompt response not delivered: {e}");
+                            }
+                            Ok(())
+                        });
+                    }
+                };
                 cx.spawn(async move {
                     let end = turn.await.unwrap_or(crate::agent::TurnEnd::Disposed);
                     let sent = match convert::stop_reason(&end) {

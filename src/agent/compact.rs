@@ -7,7 +7,8 @@
 //! `sourceEventSeqs [start, summary, ...shadowed]`, then `compact/end` (with `error` on any
 //! failure after the start, the surface unchanged). The replacement is one event, so a log cut
 //! anywhere folds to the history before or after it. `relieve_pressure` runs at the start of a
-//! step when the measured next request reaches the threshold.
+//! step when the measured next request reaches the threshold; `recover_overflow` after a step
+//! the provider refused as too long for the context window.
 
 use std::sync::Arc;
 
@@ -113,6 +114,11 @@ pub(crate) fn checkpoint(summary: &[Value]) -> Vec<Value> {
     content
 }
 
+/// The estimated tokens of the checkpoint that frames `summary`.
+pub(crate) fn checkpoint_tokens(summary: &[Value]) -> u64 {
+    message_tokens(&json!({"content": checkpoint(summary)}))
+}
+
 /// The instruction of a summary request, with the user's focus (`/compact FOCUS`) after it.
 fn instruction(focus: Option<&str>) -> String {
     match focus.map(str::trim).filter(|f| !f.is_empty()) {
@@ -192,7 +198,7 @@ async fn commit(
         return Err("summarization produced no text summary content".into());
     }
     let content = checkpoint(&summary);
-    let framed = message_tokens(&json!({"content": content}));
+    let framed = checkpoint_tokens(&summary);
     if framed >= tokens {
         return Err(format!(
             "summary is not smaller than the shadowed content ({framed} estimated framed tokens >= {tokens})"
@@ -310,6 +316,109 @@ pub(crate) async fn relieve_pressure(
             session = %session.id(),
             "compaction still above threshold after {ATTEMPTS} compaction attempts ({total} estimated tokens >= threshold {threshold})"
         );
+    }
+}
+
+/// How `/compact` went (dsh's `command-compact` outcomes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Manual {
+    Compacted(Compacted),
+    /// Nothing before the newest item to compact; nothing written.
+    Nothing,
+    /// A turn runs or a message waits for one.
+    Busy,
+    Cancelled,
+    /// The attempt is recorded in the log (`compact/end` with the error); the history is as it was.
+    Failed(String),
+}
+
+impl Manual {
+    /// What the user is told (dsh's texts, with the tokens after the compaction).
+    pub fn text(&self) -> String {
+        match self {
+            Manual::Compacted(done) => format!(
+                "Compacted {} history items (~{} tokens → ~{} tokens).",
+                done.items, done.tokens, done.checkpoint
+            ),
+            Manual::Nothing => "No compactable history yet.".into(),
+            Manual::Busy => {
+                "Compaction is unavailable because this process has an active compaction, or the agent is not idle."
+                    .into()
+            }
+            Manual::Cancelled => "Compaction cancelled.".into(),
+            Manual::Failed(why) => format!(
+                "Compaction could not produce a useful summary ({why}). The conversation is unchanged; the attempt is recorded in the session log."
+            ),
+        }
+    }
+}
+
+/// `/compact`: everything but the newest item, between turns (`request.turn` is `None`).
+pub(crate) async fn manual(session: &mut Session, request: Request<'_>) -> Manual {
+    let cancel = request.cancel.clone();
+    match compact(session, request).await {
+        Ok(Some(done)) => Manual::Compacted(done),
+        Ok(None) => Manual::Nothing,
+        Err(_) if cancel.is_cancelled() => Manual::Cancelled,
+        Err(why) => Manual::Failed(why),
+    }
+}
+
+/// The step a context overflow ended.
+pub(crate) struct Overflow<'a> {
+    pub turn: u64,
+    pub step: u64,
+    /// Recoveries already made since the model last answered.
+    pub done: u32,
+    pub tools: &'a [ToolSchema],
+}
+
+/// Makes room after the provider said the request exceeds the context window (dsh's overflow
+/// recovery): compacts everything but the newest item, inside the open turn. `Ok`: the history
+/// shrank and the caller retries; `Err`: why it did not (added to the provider's error).
+pub(crate) async fn recover_overflow(
+    session: &mut Session,
+    deps: &AgentDeps,
+    overflow: Overflow<'_>,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let policy = &deps.compaction;
+    if !policy.auto {
+        return Err(
+            "automatic compaction is off ([compaction] auto = false): run /compact or start a new session".into()
+        );
+    }
+    if overflow.done >= policy.max_overflow_retries {
+        return Err(match overflow.done {
+            0 => {
+                "overflow recovery is off ([compaction] max_overflow_retries = 0): run /compact or start a new session"
+                    .to_string()
+            }
+            n => format!(
+                "it still did not fit after {n} compaction{} (max_overflow_retries = {}); start a new session or use a model with a larger window",
+                if n == 1 { "" } else { "s" },
+                policy.max_overflow_retries
+            ),
+        });
+    }
+    if cancel.is_cancelled() {
+        return Err("the turn was cancelled before the history could be compacted".into());
+    }
+    let request = Request { deps, tools: overflow.tools, turn: Some(overflow.turn), retain: 0, focus: None, cancel };
+    match compact(session, request).await {
+        Ok(Some(done)) => {
+            tracing::info!(
+                session = %session.id(),
+                turn = overflow.turn,
+                step = overflow.step,
+                "compaction (context overflow): shadowed {} surface nodes (~{} tokens); retrying",
+                done.items,
+                done.tokens
+            );
+            Ok(())
+        }
+        Ok(None) => Err("there is no earlier history to compact (the newest message alone is too long)".into()),
+        Err(e) => Err(format!("compacting the history failed: {e}")),
     }
 }
 

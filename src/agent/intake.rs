@@ -139,6 +139,11 @@ impl Intake {
         }
     }
 
+    /// True when a message waits for its own turn (held or not).
+    pub(super) fn has_queued(&self) -> bool {
+        !self.lists().queue.is_empty()
+    }
+
     /// The next message to run, unless the queue is held.
     pub(super) fn next(&self) -> Option<Queued> {
         self.lists().queue.pop_front()

@@ -3,7 +3,8 @@
 //! `enqueue` does the same for a message from another session, durably (`intake`); `inject`
 //! adds a message without running the model (between turns at once, or before the next step of
 //! a running turn), durably too; `cancel` aborts the running turn and `cancel_and_discard` also drops the
-//! queued inbox messages. A session loaded with inbox messages pending starts held: they run
+//! queued inbox messages; `compact` compacts the history between turns (`/compact`). A session
+//! loaded with inbox messages pending starts held: they run
 //! once it is woken.
 
 pub mod compact;
@@ -118,6 +119,7 @@ enum Command {
     Log(EventBody),
     Wake { reply: oneshot::Sender<RestoredTurns> },
     Discard { reply: oneshot::Sender<Result<usize, String>> },
+    Compact { focus: Option<String>, reply: oneshot::Sender<compact::Manual> },
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -273,6 +275,15 @@ impl AgentHandle {
         }
     }
 
+    /// `/compact`: compacts the history now, between turns (`focus`: what the summary should
+    /// keep). Busy while a turn runs or a message waits for one; prompts sent meanwhile queue
+    /// behind it.
+    pub async fn compact(&self, focus: Option<String>) -> Result<compact::Manual, AgentGone> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Compact { focus, reply })?;
+        rx.await.map_err(|_| AgentGone(self.id.clone()))
+    }
+
     /// Makes everything appended so far durable.
     pub async fn flush(&self) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
@@ -361,7 +372,7 @@ impl Actor {
             let next = if self.held || stopping { None } else { self.intake.next() };
             let Some(item) = next else {
                 match rx.recv().await {
-                    Some(command) => self.idle_command(command, &mut shutdown),
+                    Some(command) => self.idle_command(command, &mut shutdown).await,
                     None => break,
                 }
                 continue;
@@ -381,7 +392,7 @@ impl Actor {
         }
     }
 
-    fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<()>>) {
+    async fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<()>>) {
         match command {
             Command::Arrive(arrival) => {
                 if matches!(arrival, Arrival::Turn { .. }) {
@@ -404,8 +415,32 @@ impl Actor {
             Command::Discard { reply } => {
                 let _ = reply.send(self.intake.discard(&mut self.session));
             }
+            Command::Compact { focus, reply } => {
+                let outcome = self.compact_now(focus.as_deref()).await;
+                let _ = reply.send(outcome);
+            }
             Command::Shutdown { reply } => *shutdown = Some(reply),
         }
+    }
+
+    /// `/compact` between turns (dsh's `compactNow`): busy when a message waits for its turn;
+    /// `session/cancel` cancels it (its token is the running one meanwhile).
+    async fn compact_now(&mut self, focus: Option<&str>) -> compact::Manual {
+        if self.intake.has_queued() || self.shared.disposing.load(Ordering::SeqCst) {
+            return compact::Manual::Busy;
+        }
+        let cancel = CancellationToken::new();
+        if let Ok(mut current) = self.shared.current.lock() {
+            *current = Some(cancel.clone());
+        }
+        let tools = self.deps.tools.snapshot(&cancel).await.schemas();
+        let request =
+            compact::Request { deps: &self.deps, tools: &tools, turn: None, retain: 0, focus, cancel: &cancel };
+        let outcome = compact::manual(&mut self.session, request).await;
+        if let Ok(mut current) = self.shared.current.lock() {
+            *current = None;
+        }
+        outcome
     }
 
     fn wake(&mut self, reply: oneshot::Sender<RestoredTurns>) {
@@ -512,6 +547,9 @@ impl During<'_> {
             Some(Command::SetRoute(route)) => deferred.next_route = Some(route),
             Some(Command::Log(body)) => deferred.logs.push(body),
             Some(Command::Wake { reply }) => deferred.wakes.push(reply),
+            Some(Command::Compact { reply, .. }) => {
+                let _ = reply.send(compact::Manual::Busy);
+            }
             Some(Command::Discard { reply }) => {
                 self.cancel.cancel();
                 deferred.discards.push(reply);

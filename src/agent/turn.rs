@@ -1,6 +1,8 @@
 //! One turn: `turn/start`, the user message, then steps (one model call plus the tool calls it
 //! asked for) until the model stops without tool calls, the step limit, cancellation, or failure;
-//! then `turn/end`. Everything is appended to the session as it happens.
+//! then `turn/end`. Everything is appended to the session as it happens. A step the context
+//! window overflowed ends its turn after a compaction, and a `retry` turn asks again (dsh's
+//! overflow recovery, `compact::recover_overflow`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,9 +13,10 @@ use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::compact::Overflow;
 use super::intake::Intake;
 use super::{AgentDeps, TurnEnd};
-use crate::model::http::EMPTY_RESPONSE;
+use crate::model::http::{CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE};
 use crate::model::{Failure, FinishReason, ModelRequest, Purpose, StreamChunk};
 use crate::permission::admit;
 use crate::session::event::{self, EventBody, InboxSplice, InboxTarget, ToolCallBlock, TurnEndReason};
@@ -35,6 +38,8 @@ enum StepEnd {
     Continue,
     /// The turn is over with this reason (already written to the log by the step).
     Over(TurnEnd),
+    /// The request no longer fits the context window (`step/end` written, the turn still open).
+    Overflow(Failure),
 }
 
 /// What starts a turn.
@@ -73,26 +78,53 @@ pub(super) async fn run_turn(
     }
     // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
     session.write_eager();
-    for step in 1..=u64::from(deps.max_steps) {
-        // The tools of this step: a source's (MCP) changes show from the next step on.
-        let tools = serving(session, intake, deps.tools.snapshot(&cancel)).await;
-        super::compact::relieve_pressure(session, deps, &tools.schemas(), turn, &cancel).await;
-        intake.land_staged(session);
-        session.push(event::StepStart { turn, step });
-        let end = run_step(session, deps, &tools, (turn, step), &cancel, intake, disposing).await;
-        match end {
-            StepEnd::Done => {
-                session.push(event::StepEnd { turn, step });
-                return end_turn(session, turn, TurnEndReason::Completed);
-            }
-            StepEnd::Continue => {
-                session.push(event::StepEnd { turn, step });
-                if cancel.is_cancelled() {
-                    return end_turn(session, turn, cancelled());
+    let mut turn = turn;
+    // Overflow recoveries since the last answer of the model (dsh resets on `assistant/message`).
+    let mut overflows = 0;
+    'turn: loop {
+        for step in 1..=u64::from(deps.max_steps) {
+            // The tools of this step: a source's (MCP) changes show from the next step on.
+            let tools = serving(session, intake, deps.tools.snapshot(&cancel)).await;
+            super::compact::relieve_pressure(session, deps, &tools.schemas(), turn, &cancel).await;
+            intake.land_staged(session);
+            session.push(event::StepStart { turn, step });
+            let end = run_step(session, deps, &tools, (turn, step), &cancel, intake, disposing).await;
+            match end {
+                StepEnd::Done => {
+                    session.push(event::StepEnd { turn, step });
+                    return end_turn(session, turn, TurnEndReason::Completed);
+                }
+                StepEnd::Continue => {
+                    overflows = 0;
+                    session.push(event::StepEnd { turn, step });
+                    if cancel.is_cancelled() {
+                        return end_turn(session, turn, cancelled());
+                    }
+                }
+                StepEnd::Over(end) => return end,
+                StepEnd::Overflow(failure) => {
+                    let schemas = tools.schemas();
+                    let overflow = Overflow { turn, step, done: overflows, tools: &schemas };
+                    match super::compact::recover_overflow(session, deps, overflow, &cancel).await {
+                        Ok(()) => {
+                            // dsh: the failed turn ends with the provider's error and a `retry`
+                            // turn (no user message) asks again from the compacted history.
+                            overflows += 1;
+                            end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) });
+                            turn = session.next_turn();
+                            session.push(event::TurnStart { turn, trigger: event::Trigger::retry() });
+                            session.write_eager();
+                            continue 'turn;
+                        }
+                        Err(why) => {
+                            let failure = Failure { message: format!("{}; {why}", failure.message), ..failure };
+                            return end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) });
+                        }
+                    }
                 }
             }
-            StepEnd::Over(end) => return end,
         }
+        break;
     }
     let failure = Failure::new(
         format!(
@@ -154,6 +186,10 @@ async fn run_step(
             Ok(FinishReason::Aborted { .. }) => {
                 keep_partial(session, deps, turn, step, call);
                 return abandon(session, turn, step, cancelled_end(disposing));
+            }
+            Ok(FinishReason::Error { failure }) | Err(failure) if failure.code == CONTEXT_WINDOW_EXCEEDED => {
+                session.push(event::StepEnd { turn, step });
+                return StepEnd::Overflow(failure);
             }
             Ok(FinishReason::Error { failure }) | Err(failure) => {
                 return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
