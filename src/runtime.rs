@@ -156,6 +156,20 @@ pub enum Prompted {
     Answer(oneshot::Receiver<String>),
 }
 
+/// Awaiting what a prompt started gives how its turn ended (a command: `Completed` once it
+/// answered; its text is dropped).
+impl std::future::IntoFuture for Prompted {
+    type Output = Result<TurnEnd, oneshot::error::RecvError>;
+    type IntoFuture = BoxFuture<'static, Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        match self {
+            Prompted::Turn(turn) => turn.boxed(),
+            Prompted::Answer(answer) => async move { answer.await.map(|_| TurnEnd::Completed) }.boxed(),
+        }
+    }
+}
+
 /// The sessions of one process.
 pub struct Runtime {
     config: Config,
