@@ -301,6 +301,7 @@ async fn slash_commands_are_offered_and_expanded_from_the_workspace_and_user_fil
         offered,
         [json!([
             {"name": "init", "description": "Draft an AGENTS.md for this workspace", "input": {"hint": "what to focus on (optional)"}},
+            {"name": "compact", "description": "Summarize the conversation so far to free up context", "input": {"hint": "what the summary should focus on (optional)"}},
             {"name": "review", "description": "Review a file", "input": {"hint": "<path>"}},
             {"name": "hello", "description": "Say hello in one word."},
         ])],
