@@ -732,6 +732,49 @@ fn compacted_and_uncompacted_twins_list_identically() {
     assert_eq!(surfaces, [LogOnly, LogOnly, LogOnly, Shadowed, LogOnly, Shadowed, LogOnly, LogOnly, Current, LogOnly]);
 }
 
+#[tokio::test]
+async fn a_child_compacted_for_real_lists_like_its_uncompacted_twin() {
+    // 33, with a real compaction: twin continuable children, one compacted by its agent.
+    let (_dir, store) = store();
+    parent_log(&store, P, 0);
+    for (id, at) in [(A, 1), (B, 2)] {
+        let seed = vec![descriptor_event(0, continuable("twin").to_value())];
+        let mut session = store.create_seeded(header(id, Some(P), at), seed).unwrap();
+        turn(&mut session, &"x".repeat(2000), "done");
+        turn(&mut session, "more", "done");
+        session.flush().unwrap();
+    }
+    let before = list(&query(&store, &[]), P).unwrap();
+    assert_eq!(before, [cont(A, "twin", Activity::Inactive), cont(B, "twin", Activity::Inactive)]);
+    let model = Arc::new(ScriptedModel::new([ReplayEntry::Chunks(text_response(&["Summary of the work."]))]));
+    let deps = kin::agent::AgentDeps {
+        model: model.clone(),
+        tools: ToolRegistry::new(),
+        route: ModelRoute::parse("test/model").unwrap(),
+        system: String::new(),
+        max_steps: 5,
+        max_parallel_tools: 1,
+        depth: 1,
+        permissions: None,
+        prompt: None,
+        file_access: None,
+        retry: Default::default(),
+        compaction: Default::default(),
+    };
+    let handle = kin::agent::spawn_agent(store.load(A).unwrap(), deps);
+    let outcome = handle.compact(None).await.unwrap();
+    assert!(matches!(outcome, kin::agent::compact::Manual::Compacted(_)), "{outcome:?}");
+    handle.shutdown().await;
+    let events = store.inspect(A).unwrap().events;
+    let replaced = events.iter().find(|e| e.surface_op.as_ref().is_some_and(|op| op["op"] == "replace"));
+    assert!(replaced.is_some() && events.iter().any(|e| e.kind == "compact/summary"), "A was compacted");
+    assert_eq!(store.load(A).unwrap().messages().len(), 2, "the checkpoint and the newest answer");
+    let q = query(&store, &[]);
+    let after = list(&q, P).unwrap();
+    assert_eq!(after, before, "compaction changes no listing");
+    assert_eq!(render(&after[..1]), render(&after[1..]).replace(B, A), "list_agents shows the twins alike");
+}
+
 #[test]
 fn grandchildren_are_not_candidates() {
     // 34
