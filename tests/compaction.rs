@@ -487,3 +487,27 @@ async fn slash_compact_is_busy_during_a_turn_then_compacts_with_its_focus_and_sh
     assert!(replayed.contains(&texts[1].1.as_str()), "{replayed:?}");
     assert!(!replayed.contains(&"Compacting conversation…\n"), "a finished compaction replays its outcome only");
 }
+
+/// The keyless scenario `compaction-threshold` (exact compare in `tests/scenarios.rs`): the
+/// recorded log's history at the step after its compaction, which is that step's request, is
+/// the checkpoint holding the summary, then the kept tail; the surface validates.
+#[test]
+fn the_threshold_scenario_s_step_after_compaction_asks_with_the_summary_and_the_tail() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/compaction-threshold/session.jsonl");
+    let events = kin::session::scan::scan_file(&path).unwrap().events;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let start = kinds.iter().position(|k| *k == "compact/start").expect("the scenario compacts");
+    assert_eq!(
+        kinds[start..start + 5],
+        ["compact/start", "compact/summary", "user/message", "compact/end", "step/start"]
+    );
+    assert_eq!(events[start].data, json!({"turn": 2}));
+    let checkpoint = &events[start + 2];
+    assert_eq!(checkpoint.surface_op, Some(json!({"op": "replace", "start": 1, "end": 8})));
+    let request = kin::session::derive_messages(&events[..start + 4]);
+    assert_eq!(request.len(), 2, "{request:?}");
+    assert_eq!(request[0]["source"], json!({"kind": "plugin", "plugin": "compact"}));
+    assert_eq!(request[0]["content"][1]["text"], "The user gave background for a task and was told it was noted.");
+    assert_eq!(request[1]["content"][0]["text"], "What next?");
+    kin::session::surface::validate(&events).unwrap();
+}
