@@ -503,7 +503,11 @@ fn the_threshold_scenario_s_step_after_compaction_asks_with_the_summary_and_the_
     );
     assert_eq!(events[start].data, json!({"turn": 2}));
     let checkpoint = &events[start + 2];
-    assert_eq!(checkpoint.surface_op, Some(json!({"op": "replace", "start": 1, "end": 8})));
+    let prompt = events.iter().find(|e| e.kind == "user/message").unwrap().seq;
+    let answer = events.iter().find(|e| e.kind == "assistant/message").unwrap().seq;
+    assert_eq!(checkpoint.surface_op, Some(json!({"op": "replace", "start": prompt, "end": answer})));
+    let (opened, summary) = (events[start].seq, events[start + 1].seq);
+    assert_eq!(checkpoint.source_event_seqs, Some(vec![opened, summary, prompt, answer]));
     let request = kin::session::derive_messages(&events[..start + 4]);
     assert_eq!(request.len(), 2, "{request:?}");
     assert_eq!(request[0]["source"], json!({"kind": "plugin", "plugin": "compact"}));
