@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::builtin::{aborted, call_cwd, invalid_args, optional_str, optional_u64, required_str};
+use super::builtin::{call_cwd, invalid_args, optional_str, optional_u64, required_str};
 use super::capture::{Capture, Limits, render, snapshot, spawn_reader};
 use super::paths;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
@@ -311,6 +311,12 @@ async fn working_dir(cwd: &Path, workdir: Option<&str>) -> Result<PathBuf, ToolE
     }
 }
 
+/// A command stopped by cancellation while it ran: dsh's text (dsh-design.md §4.1), which the
+/// model reads as `Error: command aborted`.
+fn command_aborted() -> ToolError {
+    ToolError::named("AbortError", "ABORTED", "command aborted")
+}
+
 /// How the wait for the shell ended.
 enum Ending {
     Exited(io::Result<ExitStatus>),
@@ -356,7 +362,7 @@ async fn wait_command(
         Ending::Aborted => {
             command.kill();
             readers.iter().for_each(JoinHandle::abort);
-            Err(aborted())
+            Err(command_aborted())
         }
         Ending::TimedOut => {
             command.kill();
@@ -588,7 +594,7 @@ mod tests {
         let err = handle.await.unwrap().unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
         assert_eq!(err.code, "ABORTED");
-        assert_eq!(err.message, "tool call aborted");
+        assert_eq!((err.name.as_str(), err.message.as_str()), ("AbortError", "command aborted"));
         assert!(sleepers_gone(&seconds).await, "a sleep survived the cancellation");
     }
 

@@ -651,12 +651,19 @@ enum Before {
 }
 
 fn wrote(path: &Path, content: &str, before: Before) -> Written {
-    let diff = match before {
-        Before::Missing => diff_meta(path, None, content),
-        Before::Text(old) => diff_meta(path, Some(old.as_str()), content),
-        Before::Unknown => None,
+    let (diff, what) = match before {
+        Before::Missing => (diff_meta(path, None, content), "Created file"),
+        Before::Text(old) => (diff_meta(path, Some(old.as_str()), content), "Updated file"),
+        Before::Unknown => (None, "Updated file"),
     };
-    Written { text: format!("Wrote {} bytes to {}", content.len(), path.display()), diff }
+    Written { text: written_text(path, what), diff }
+}
+
+/// dsh's text for a `write` (dsh-design.md §4.1): the path, the type and what happened, as
+/// `read` frames a file. dsh records `Created file`; `Updated file` (over an existing file) is
+/// kin's own.
+fn written_text(path: &Path, what: &str) -> String {
+    format!("<path>{}</path>\n<type>file</type>\n<content>\n{what}\n</content>", path.display())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -855,7 +862,14 @@ fn apply_edit(path: &Path, content: &str, request: &EditRequest) -> Result<(Stri
 fn edited(path: &Path, count: usize, old: &str, new: &str, request: &EditRequest) -> Written {
     let diff = diff_meta(path, Some(old), new)
         .or_else(|| diff_meta(path, Some(request.old_string.as_str()), &request.new_string));
-    Written { text: format!("Edited {}: replaced {count} occurrence(s)", path.display()), diff }
+    Written { text: edited_text(path, count, request.replace_all), diff }
+}
+
+/// dsh's text for an applied `edit` (dsh-design.md §4.1). With `replace_all` and more than one
+/// match it also says how many were replaced (kin's own: dsh recorded no such call).
+fn edited_text(path: &Path, count: usize, replace_all: bool) -> String {
+    let done = format!("The file {} has been updated successfully", path.display());
+    if replace_all && count > 1 { format!("{done} ({count} occurrences replaced).") } else { format!("{done}.") }
 }
 
 /// What `write` and `edit` report: the model's text and the editor's diff.
@@ -1215,7 +1229,7 @@ mod tests {
         assert!(err.message.contains("a.txt"), "{}", err.message);
         f.read(json!({"file_path": "a.txt"})).await.unwrap();
         let out = f.edit(args).await.unwrap();
-        assert_eq!(out, format!("Edited {}: replaced 1 occurrence(s)", f.ws.join("a.txt").display()));
+        assert_eq!(out, format!("The file {} has been updated successfully.", f.ws.join("a.txt").display()));
         assert_eq!(std::fs::read_to_string(f.ws.join("a.txt")).unwrap(), "1 two\n");
     }
 
@@ -1236,7 +1250,8 @@ mod tests {
             .edit(json!({"file_path": "b.txt", "old_string": "x = 1;", "new_string": "x = 2;", "replace_all": true}))
             .await
             .unwrap();
-        assert!(out.ends_with("replaced 2 occurrence(s)"), "{out}");
+        let b = f.ws.join("b.txt");
+        assert_eq!(out, format!("The file {} has been updated successfully (2 occurrences replaced).", b.display()));
         assert_eq!(std::fs::read_to_string(f.ws.join("b.txt")).unwrap(), "x = 2;\nx = 2;\n");
         let err = f.edit(json!({"file_path": "b.txt", "old_string": "x", "new_string": "x"})).await.unwrap_err();
         assert_eq!(err.code, "EDIT_NO_CHANGE");
@@ -1249,10 +1264,13 @@ mod tests {
         let f = fixture();
         let out = f.write(json!({"file_path": "new/dir/c.txt", "content": "hi\n"})).await.unwrap();
         let path = f.ws.join("new/dir/c.txt");
-        assert_eq!(out, format!("Wrote 3 bytes to {}", path.display()));
-        assert_eq!(std::fs::read_to_string(path).unwrap(), "hi\n");
+        let created =
+            format!("<path>{}</path>\n<type>file</type>\n<content>\nCreated file\n</content>", path.display());
+        assert_eq!(out, created);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "hi\n");
         // A file this session wrote may be edited and overwritten without a read.
-        f.write(json!({"file_path": "new/dir/c.txt", "content": "again\n"})).await.unwrap();
+        let out = f.write(json!({"file_path": "new/dir/c.txt", "content": "again\n"})).await.unwrap();
+        assert_eq!(out, created.replace("Created file", "Updated file"));
         std::fs::write(f.ws.join("d.txt"), "old\n").unwrap();
         let err = f.write(json!({"file_path": "d.txt", "content": "new\n"})).await.unwrap_err();
         assert_eq!(err.code, "READ_BEFORE_WRITE");

@@ -1,8 +1,7 @@
 //! `todo_write`: the model's structured task list. Each call sends the whole list, which replaces
-//! the previous one; the tool validates it and answers with a short rendering. Recording the
-//! `todo/write` event and the ACP plan update is the caller's job, through `parse_todos`.
-
-use std::fmt::Write as _;
+//! the previous one; the tool validates it and answers with dsh's text (the counts by status).
+//! Recording the `todo/write` event and the ACP plan update is the caller's job, through
+//! `parse_todos`.
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -35,15 +34,6 @@ impl TodoStatus {
             "in_progress" => Some(TodoStatus::InProgress),
             "completed" => Some(TodoStatus::Completed),
             _ => None,
-        }
-    }
-
-    /// The checkbox shown in the rendering.
-    fn marker(self) -> &'static str {
-        match self {
-            TodoStatus::Pending => "[ ]",
-            TodoStatus::InProgress => "[>]",
-            TodoStatus::Completed => "[x]",
         }
     }
 }
@@ -96,19 +86,15 @@ fn invalid(message: impl Into<String>) -> ToolError {
     ToolError::new("INVALID_TODOS", format!("todo_write: {}", message.into()))
 }
 
-/// One line per todo (`[x] done`, `[>] doing`, `[ ] to do`), plus a reminder when more than one
-/// is in progress.
+/// dsh's answer to `todo_write` (dsh-design.md §4.1): the counts of the new list by status.
 pub fn render_todos(todos: &[Todo]) -> String {
-    if todos.is_empty() {
-        return "Todo list cleared.".to_string();
-    }
-    let mut out =
-        todos.iter().map(|todo| format!("{} {}", todo.status.marker(), todo.content)).collect::<Vec<_>>().join("\n");
-    let in_progress = todos.iter().filter(|todo| todo.status == TodoStatus::InProgress).count();
-    if in_progress > 1 {
-        let _ = write!(out, "\n\nNote: {in_progress} todos are in_progress; keep at most one in progress.");
-    }
-    out
+    let count = |status: TodoStatus| todos.iter().filter(|todo| todo.status == status).count();
+    format!(
+        "Updated todo list: {} pending, {} in progress, {} completed.",
+        count(TodoStatus::Pending),
+        count(TodoStatus::InProgress),
+        count(TodoStatus::Completed)
+    )
 }
 
 /// `todo_write`: replaces the session's task list.
@@ -245,14 +231,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn renders_one_line_per_todo() {
+    async fn answers_with_the_counts_of_the_new_list() {
         let args = json!({"todos": [
             {"content": "Read the code", "status": "completed"},
             {"content": "Write the fix", "status": "in_progress"},
             {"content": "Run the tests", "status": "pending"}
         ]});
         let output = TodoWriteTool.execute(args, ctx()).await.unwrap();
-        assert_eq!(output.content, ToolOutput::text("[x] Read the code\n[>] Write the fix\n[ ] Run the tests").content);
+        let counts = "Updated todo list: 1 pending, 1 in progress, 1 completed.";
+        assert_eq!(output.content, ToolOutput::text(counts).content);
         assert_eq!(output.events.len(), 1, "the plan is recorded as a todo/write event");
         let crate::session::EventBody::TodoWrite(plan) = &output.events[0] else {
             panic!("not a todo/write: {:?}", output.events[0]);
@@ -262,7 +249,7 @@ mod tests {
             Todo { content: "a".into(), status: TodoStatus::InProgress },
             Todo { content: "b".into(), status: TodoStatus::InProgress },
         ]);
-        assert!(two.ends_with("2 todos are in_progress; keep at most one in progress."));
-        assert_eq!(render_todos(&[]), "Todo list cleared.");
+        assert_eq!(two, "Updated todo list: 0 pending, 2 in progress, 0 completed.");
+        assert_eq!(render_todos(&[]), "Updated todo list: 0 pending, 0 in progress, 0 completed.");
     }
 }
