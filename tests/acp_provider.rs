@@ -131,7 +131,7 @@ async fn kin_as_the_child_answers_through_the_provider() {
     let run = rt.subagents().start("acp:kin", request(&workspace(dir.path()))).await.unwrap();
     assert!(run.id.starts_with("acp-") && !run.local && run.cwd.is_none(), "{}", run.id);
     let result = tokio::time::timeout(Duration::from_secs(30), run.result).await.unwrap().unwrap().unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     assert_eq!((result.output.as_str(), result.stop_reason), ("CHILD_VIA_ACP", StopReason::Completed));
     let remote = result.remote.expect("a remote run");
     assert_eq!(
@@ -313,7 +313,7 @@ async fn cancelling_the_run_cancels_the_kin_child() {
     assert_eq!(pids.len(), 1, "{pids:?}");
     cancel.cancel();
     let result = tokio::time::timeout(Duration::from_secs(10), run.result).await.unwrap().unwrap().unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Aborted);
     assert_eq!(result.remote.unwrap().child_session_id, CHILD_ID);
     assert_reaped(&pids[0].to_string());
@@ -333,7 +333,7 @@ async fn a_turn_past_its_timeout_is_an_error_and_the_child_is_cancelled() {
     let (rt, _) = runtime(dir.path(), vec![], &kin_agent_toml("slow", &replay, &child_sessions, extra));
     let run = rt.subagents().start("acp:slow", request(&workspace(dir.path()))).await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Error);
     let error = result.remote.unwrap().error.unwrap();
     assert_eq!(error, "the child agent did not finish its turn within 1s");
@@ -465,7 +465,7 @@ async fn forwarded(
     }
     let run = rt.subagents().start("acp:fw", req).await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     rt.shutdown().await;
     assert_eq!(result.stop_reason, StopReason::Completed);
     let asked = editor.asked.lock().unwrap().clone();
@@ -527,7 +527,7 @@ async fn allow_reads_offers_no_writes_and_rejects_the_edit_without_asking() {
     let cwd = workspace(dir.path());
     let run = rt.subagents().start("acp:ro", request(&cwd)).await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     rt.shutdown().await;
     let output = result.output;
     assert!(output.starts_with("writes offered: no | "), "{output}");

@@ -67,7 +67,7 @@ async fn run(dir: &Path, agent: ExternalAgentConfig) -> Result<SubagentResult, k
         }
     };
     let result = tokio::time::timeout(Duration::from_secs(60), run.result).await.expect("the run ends").unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     rt.shutdown().await;
     result
 }

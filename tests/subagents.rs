@@ -161,7 +161,7 @@ async fn a_run_publishes_its_child_and_pairs_lifecycle_events() {
     );
     let result = run.result.await.unwrap().unwrap();
     assert_eq!((result.output.as_str(), result.stop_reason), ("child says hi", StopReason::Completed));
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     let log = rt.store().inspect(&run.id).unwrap().events;
     let kinds: Vec<&str> = log.iter().filter(|e| e.kind != "assistant/chunk").map(|e| e.kind.as_str()).collect();
     assert_eq!(&kinds[..5], ["turn/start", "user/message", "session/title", "subagent/descriptor", "step/start"]);
@@ -169,7 +169,11 @@ async fn a_run_publishes_its_child_and_pairs_lifecycle_events() {
     assert!(log[3].surface_op.is_none(), "the descriptor is log-only");
     let events = events.lock().unwrap();
     assert!(matches!(&events[0], Lifecycle::Start { id, local: true, .. } if *id == run.id));
-    assert!(matches!(&events[1], Lifecycle::End { id, stop_reason: Some(StopReason::Completed), .. } if *id == run.id));
+    assert!(matches!(
+        &events[1],
+        Lifecycle::End { id, stop_reason: Some(StopReason::Completed), output: Some(out), failure: None, .. }
+            if *id == run.id && out == "child says hi"
+    ));
 }
 
 #[tokio::test]
@@ -180,7 +184,7 @@ async fn a_child_without_its_structured_capture_is_an_error() {
     req.output_schema = Some(json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}));
     let run = rt.subagents().start("spawn", req).await.unwrap();
     assert_eq!(run.result.await.unwrap().unwrap().stop_reason, StopReason::Error);
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     let mut bad = request(caller(0));
     bad.output_schema = Some(json!({"type": "array"}));
     assert_eq!(rt.subagents().start("spawn", bad).await.err().unwrap().code, ErrorCode::InvalidRequest);
@@ -272,6 +276,107 @@ async fn a_child_inherits_its_parents_permission_mode() {
     assert_eq!(
         result.data["message"]["content"][0]["content"][0]["text"],
         "Error: bash is not allowed in read-only mode"
+    );
+    rt.shutdown().await;
+}
+
+/// A provider whose published run fails outside the child (an infrastructure fault) and whose
+/// disposal fails too, as dsh's `subagent-published-run-failure` overlay does.
+struct FailingRun;
+
+impl SubagentProvider for FailingRun {
+    fn name(&self) -> &str {
+        "failing"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    fn start(&self, _: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
+        let (tx, result) = tokio::sync::oneshot::channel();
+        let _ = tx.send(Err(SubagentError::new(ErrorCode::Infrastructure, "published run failed")));
+        let dispose: kin::subagent::Dispose = Box::new(|| async { Err("handle disposal failed".to_string()) }.boxed());
+        async move { Ok(SubagentRun { id: "run-1".into(), local: false, cwd: None, result, dispose }) }.boxed()
+    }
+}
+
+fn delegate(service: Arc<kin::subagent::SubagentService>, provider: &str) -> kin::subagent::tools::DelegateTool {
+    let config = kin::subagent::tools::DelegateConfig {
+        tool_name: "subagent".into(),
+        provider: provider.into(),
+        max_depth: Some(3),
+        persona: None,
+        tool_filter: None,
+        route: None,
+        output_schema: None,
+        note: None,
+        external: false,
+    };
+    kin::subagent::tools::DelegateTool::new(config, service, None).unwrap()
+}
+
+fn tool_context(caller: Arc<Caller>) -> kin::tools::ToolContext {
+    kin::tools::ToolContext {
+        session_id: caller.header.id.clone(),
+        cwd: None,
+        call_id: "c1".into(),
+        cancel: tokio_util::sync::CancellationToken::new(),
+        caller: Some(caller),
+        allow_outside: false,
+        file_access: None,
+        progress: None,
+    }
+}
+
+#[tokio::test]
+async fn a_failed_run_names_its_cause_and_the_failed_disposal() {
+    use kin::tools::Tool;
+    let service = Arc::new(kin::subagent::SubagentService::new());
+    service.register_provider(Arc::new(FailingRun)).unwrap();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let seen = ends.clone();
+    service.observe(move |e| seen.lock().unwrap().push(e.clone()));
+    let tool = delegate(service, "failing");
+    let args = json!({"description": "d", "prompt": "p"});
+    let err = tool.execute(args, tool_context(caller(0))).await.err().unwrap();
+    assert_eq!(err.message, "subagent run failed: published run failed; dispose failed: handle disposal failed");
+    // The start/end pair is closed, and the end carries the infrastructure failure.
+    let ends = ends.lock().unwrap();
+    assert!(matches!(&ends[0], Lifecycle::Start { .. }), "{ends:?}");
+    assert!(
+        matches!(&ends[1], Lifecycle::End { stop_reason: None, output: None, failure: Some(f), .. } if f == "published run failed"),
+        "{ends:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_child_whose_turn_fails_reports_the_childs_error_to_the_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![
+        chunks(tool_call_response("c1", "subagent", r#"{"description":"d","prompt":"p"}"#)),
+        ReplayEntry::Throw { chunks: vec![], message: "upstream went away".into(), code: "MODEL_FAILED".into() },
+        chunks(text_response(&["parent carries on"])),
+    ];
+    let (rt, _) = runtime(dir.path(), entries, "");
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let seen = ends.clone();
+    rt.subagents().observe(move |e| seen.lock().unwrap().push(e.clone()));
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    assert_eq!(rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap().await.unwrap(), TurnEnd::Completed);
+    let events = rt.store().inspect(&id).unwrap().events;
+    let result = events.iter().find(|e| e.kind == "tool/result").unwrap();
+    assert_eq!(
+        result.data["message"]["content"][0]["content"][0]["text"],
+        "Error: subagent run failed: upstream went away"
+    );
+    let ends = ends.lock().unwrap().clone();
+    assert!(
+        matches!(&ends[1], Lifecycle::End { stop_reason: Some(StopReason::Error), failure: Some(f), .. } if f == "upstream went away"),
+        "{ends:?}"
     );
     rt.shutdown().await;
 }

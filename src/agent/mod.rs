@@ -120,7 +120,7 @@ enum Command {
     Wake { reply: oneshot::Sender<RestoredTurns> },
     Discard { reply: oneshot::Sender<Result<usize, String>> },
     Compact { focus: Option<String>, reply: oneshot::Sender<compact::Manual> },
-    Shutdown { reply: oneshot::Sender<()> },
+    Shutdown { reply: oneshot::Sender<Result<(), String>> },
 }
 
 #[derive(Default)]
@@ -294,11 +294,20 @@ impl AgentHandle {
     /// Cancels the running turn, answers queued turns `Disposed` (their inbox messages stay
     /// pending in the log), flushes and stops the actor.
     pub async fn shutdown(&self) {
+        if let Err(e) = self.dispose().await {
+            tracing::warn!(session = %self.id, "shutdown: {e}");
+        }
+    }
+
+    /// `shutdown`, with the cause when the log's final flush failed (the agent is stopped
+    /// either way). An agent that was already gone disposes cleanly.
+    pub async fn dispose(&self) -> Result<(), String> {
         self.stop();
         let (reply, rx) = oneshot::channel();
-        if self.send(Command::Shutdown { reply }).is_ok() {
-            let _ = rx.await;
+        if self.send(Command::Shutdown { reply }).is_err() {
+            return Ok(());
         }
+        rx.await.unwrap_or(Ok(()))
     }
 
     /// The first half of `shutdown`: the running turn is cancelled (it ends `disposed`) and no
@@ -362,7 +371,7 @@ struct Deferred {
 
 impl Actor {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
-        let mut shutdown: Option<oneshot::Sender<()>> = None;
+        let mut shutdown: Option<oneshot::Sender<Result<(), String>>> = None;
         loop {
             if shutdown.is_some() {
                 break;
@@ -382,17 +391,21 @@ impl Actor {
         }
         // Queued inbox messages stay pending in the log: a later load runs them.
         self.intake.close();
-        if let Err(e) = self.session.flush() {
-            tracing::error!(session = %self.session.id(), "the session stops with events it could not write: {e:#}");
+        let flushed = self
+            .session
+            .flush()
+            .map_err(|e| format!("the session {} stops with events it could not write: {e:#}", self.session.id()));
+        if let Err(e) = &flushed {
+            tracing::error!(session = %self.session.id(), "{e}");
         }
         // Close the log (releasing its lock) before anyone hears the agent is gone.
         drop(self);
         if let Some(reply) = shutdown {
-            let _ = reply.send(());
+            let _ = reply.send(flushed);
         }
     }
 
-    async fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<()>>) {
+    async fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<Result<(), String>>>) {
         match command {
             Command::Arrive(arrival) => {
                 if matches!(arrival, Arrival::Turn { .. }) {
@@ -454,7 +467,7 @@ impl Actor {
         &mut self,
         item: Queued,
         rx: &mut mpsc::UnboundedReceiver<Command>,
-        shutdown: &mut Option<oneshot::Sender<()>>,
+        shutdown: &mut Option<oneshot::Sender<Result<(), String>>>,
     ) -> TurnEnd {
         let cancel = CancellationToken::new();
         if let Ok(mut current) = self.shared.current.lock() {

@@ -411,6 +411,8 @@ impl ContinuationManager {
                 local: true,
                 cwd: act.cwd.clone(),
                 stop_reason: Some(stop_reason),
+                output: Some(output.clone()),
+                failure: turn_failure(act.last_end.as_ref()),
             });
             if manager.settings.settlement_notice {
                 manager.notify_parent(&child_id, &act.parent_id, stop_reason, &output).await;
@@ -912,6 +914,8 @@ impl ContinuationManager {
                 local: true,
                 cwd: act.cwd.clone(),
                 stop_reason: Some(StopReason::Aborted),
+                output: None,
+                failure: None,
             });
         }
     }
@@ -936,5 +940,15 @@ fn stop_reason(end: Option<&TurnEnd>) -> StopReason {
         Some(TurnEnd::MaxTokens) => StopReason::MaxTokens,
         Some(TurnEnd::Aborted) => StopReason::Aborted,
         Some(TurnEnd::Disposed | TurnEnd::StepLimit(_) | TurnEnd::Error(_)) | None => StopReason::Error,
+    }
+}
+
+/// The cause of an epoch whose last turn failed, in the child's words.
+fn turn_failure(end: Option<&TurnEnd>) -> Option<String> {
+    match end {
+        Some(TurnEnd::StepLimit(cause) | TurnEnd::Error(cause)) => Some(cause.clone()),
+        Some(TurnEnd::Disposed) => Some("the child agent was shut down during its turn".into()),
+        None => Some("the child agent ended without a turn".into()),
+        Some(TurnEnd::Completed | TurnEnd::MaxTokens | TurnEnd::Aborted) => None,
     }
 }

@@ -328,7 +328,9 @@ async fn start_run(
             // Ends a run still going, then waits until the child is reaped.
             stop.cancel();
             async move {
+                // The run's task always reaps the child; it is gone once the task is.
                 let _ = done_rx.await;
+                Ok(())
             }
             .boxed()
         }),
@@ -459,6 +461,7 @@ impl Connection {
             output: self.answers.output(),
             structured: None,
             stop_reason,
+            failure: error.clone(),
             remote: Some(RemoteRun {
                 provider: config.name.clone(),
                 command: config.program_name(),

@@ -215,8 +215,9 @@ impl SubagentProvider for InProcessProvider {
                 result,
                 dispose: Box::new(move || {
                     async move {
-                        disposer.shutdown().await;
+                        let disposed = disposer.dispose().await;
                         releaser.release(disposer.id());
+                        disposed
                     }
                     .boxed()
                 }),
@@ -248,19 +249,21 @@ async fn drive(
         .await
         .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
     let structured = capture.lock().ok().and_then(|c| c.clone());
-    let mut stop_reason = match end {
-        TurnEnd::Completed => StopReason::Completed,
-        TurnEnd::MaxTokens => StopReason::MaxTokens,
-        TurnEnd::Aborted => StopReason::Aborted,
-        TurnEnd::Disposed | TurnEnd::StepLimit(_) | TurnEnd::Error(_) => StopReason::Error,
+    let (mut stop_reason, mut failure) = match end {
+        TurnEnd::Completed => (StopReason::Completed, None),
+        TurnEnd::MaxTokens => (StopReason::MaxTokens, None),
+        TurnEnd::Aborted => (StopReason::Aborted, None),
+        TurnEnd::Disposed => (StopReason::Error, Some("the child agent was shut down during its turn".to_string())),
+        TurnEnd::StepLimit(cause) | TurnEnd::Error(cause) => (StopReason::Error, Some(cause)),
     };
     if cancel.is_cancelled() && stop_reason != StopReason::Completed {
-        stop_reason = StopReason::Aborted;
+        (stop_reason, failure) = (StopReason::Aborted, None);
     }
     if wants_capture && structured.is_none() && stop_reason == StopReason::Completed {
         stop_reason = StopReason::Error;
+        failure = Some("the child finished without calling structured_output".to_string());
     }
-    Ok(SubagentResult { output, structured, stop_reason, remote: None })
+    Ok(SubagentResult { output, structured, stop_reason, failure, remote: None })
 }
 
 /// The seq after a lineage seed (`session/end-seed`), or 0.

@@ -157,6 +157,10 @@ pub struct SubagentResult {
     pub output: String,
     pub structured: Option<Value>,
     pub stop_reason: StopReason,
+    /// Why a run that did not complete ended, in the child's words (its turn's error, or the
+    /// external agent's failure), when there is one: the model reads it after
+    /// `subagent run failed: `.
+    pub failure: Option<String>,
     /// Set by providers whose child is not a local session (`acp:*`): what the parent's log
     /// records about the run.
     pub remote: Option<RemoteRun>,
@@ -192,6 +196,10 @@ impl RemoteRun {
 /// Resolves with the result; an `Err` is an infrastructure fault (child failures are stop reasons).
 pub type ResultReceiver = oneshot::Receiver<Result<SubagentResult, SubagentError>>;
 
+/// Disposal of a run: resolves when the child is gone, with the cause when it could not be
+/// disposed cleanly (e.g. its log's final flush failed).
+pub type Dispose = Box<dyn FnOnce() -> BoxFuture<'static, Result<(), String>> + Send>;
+
 /// A published one-shot child: its id (the child session id for local runs), the result, and
 /// disposal, which the consumer always awaits.
 pub struct SubagentRun {
@@ -199,7 +207,7 @@ pub struct SubagentRun {
     pub local: bool,
     pub cwd: Option<String>,
     pub result: ResultReceiver,
-    pub dispose: Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>,
+    pub dispose: Dispose,
 }
 
 /// A named child-agent transport.
@@ -232,7 +240,12 @@ pub enum Lifecycle {
         id: String,
         local: bool,
         cwd: Option<String>,
+        /// `None` when the run had no result (an infrastructure failure, in `failure`).
         stop_reason: Option<StopReason>,
+        /// The child's final output (its last assistant text), when the run had a result.
+        output: Option<String>,
+        /// Why the run failed: the infrastructure fault, or the child's own failure.
+        failure: Option<String>,
     },
 }
 
@@ -335,8 +348,11 @@ impl SubagentService {
             let result = inner.await.unwrap_or_else(|_| {
                 Err(SubagentError::new(ErrorCode::Infrastructure, "subagent run ended without a result"))
             });
-            let stop_reason = result.as_ref().ok().map(|r| r.stop_reason);
-            service.emit(&Lifecycle::End { run_id, provider, id, local, cwd, stop_reason });
+            let (stop_reason, output, failure) = match &result {
+                Ok(r) => (Some(r.stop_reason), Some(r.output.clone()), r.failure.clone()),
+                Err(fault) => (None, None, Some(fault.message.clone())),
+            };
+            service.emit(&Lifecycle::End { run_id, provider, id, local, cwd, stop_reason, output, failure });
             let _ = tx.send(result);
         });
         SubagentRun { result: rx, ..run }

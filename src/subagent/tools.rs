@@ -151,6 +151,26 @@ pub fn stop_reason_error(reason: StopReason) -> &'static str {
     }
 }
 
+/// The model-visible text of a run that did not complete: dsh's words for the stop reason,
+/// then the cause when there is one (`subagent run failed: <cause>`), then the disposal's
+/// failure (`; dispose failed: <cause>`), as dsh-design.md §1.8 words an aggregate failure.
+pub fn stop_text(reason: StopReason, cause: Option<&str>, dispose_failure: Option<&str>) -> String {
+    let words = stop_reason_error(reason);
+    let mut text = match cause {
+        Some(cause) => format!("{words}: {cause}"),
+        None => words.to_string(),
+    };
+    if let Some(dispose) = dispose_failure {
+        text.push_str(&format!("; dispose failed: {dispose}"));
+    }
+    text
+}
+
+/// An infrastructure fault's text: `subagent run failed: <fault>`, with the disposal's failure.
+fn failed_text(fault: &str, dispose_failure: Option<&str>) -> String {
+    stop_text(StopReason::Error, Some(fault), dispose_failure)
+}
+
 impl Tool for DelegateTool {
     fn name(&self) -> &str {
         &self.config.tool_name
@@ -297,25 +317,37 @@ impl Tool for DelegateTool {
             }
             let run = service.start(&config.provider, request).await?;
             let run_id = run.id.clone();
-            let result = run.result.await;
-            (run.dispose)().await;
-            let SubagentResult { output, structured, stop_reason, remote } = result
-                .map_err(|_| ToolError::new(ErrorCode::Infrastructure.code(), "subagent run ended without a result"))?
-                .map_err(ToolError::from)?;
+            let result = run.result.await.unwrap_or_else(|_| {
+                Err(SubagentError::new(ErrorCode::Infrastructure, "subagent run ended without a result"))
+            });
+            let disposed = (run.dispose)().await;
+            let result = match result {
+                Ok(result) => result,
+                // An infrastructure fault: the cause chain, with the disposal's when it failed too.
+                Err(fault) => {
+                    let mut error = ToolError::from(fault);
+                    error.message = failed_text(&error.message, disposed.err().as_deref());
+                    return Err(error);
+                }
+            };
+            let SubagentResult { output, structured, stop_reason, failure, remote } = result;
             // A remote run has no child session: the parent's log records it, however it ended.
             let event = remote.as_ref().map(|r| r.event(&run_id, &output, stop_reason));
-            let result = match stop_reason {
-                StopReason::Completed => Ok(ToolOutput::text(match structured {
-                    Some(structured) => structured.to_string(),
-                    None => output,
-                })),
-                other => Err(ToolError::named(
+            let result = match (stop_reason, disposed) {
+                (StopReason::Completed, disposed) => {
+                    if let Err(e) = disposed {
+                        // The answer stands: the child finished; only its teardown went wrong.
+                        tracing::warn!(run = %run_id, "subagent dispose failed after a completed run: {e}");
+                    }
+                    Ok(ToolOutput::text(match structured {
+                        Some(structured) => structured.to_string(),
+                        None => output,
+                    }))
+                }
+                (other, disposed) => Err(ToolError::named(
                     "SubagentRunError",
                     &other.as_str().to_uppercase().replace('-', "_"),
-                    match remote.and_then(|r| r.error) {
-                        Some(detail) => format!("{}: {detail}", stop_reason_error(other)),
-                        None => stop_reason_error(other).into(),
-                    },
+                    stop_text(other, failure.as_deref(), disposed.err().as_deref()),
                 )),
             };
             match (result, event) {
