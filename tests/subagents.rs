@@ -380,3 +380,41 @@ async fn a_child_whose_turn_fails_reports_the_childs_error_to_the_parent() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_depth_rejection_inside_a_grandchild_reaches_the_parent_in_the_childs_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let delegate = |id: &str| chunks(tool_call_response(id, "subagent", r#"{"description":"d","prompt":"go deeper"}"#));
+    let entries = vec![
+        delegate("p1"),
+        delegate("c1"),
+        delegate("g1"),
+        chunks(text_response(&["grandchild: subagent depth 3 exceeds maxDepth 2"])),
+        chunks(text_response(&["child: the grandchild could not go deeper"])),
+        chunks(text_response(&["parent done"])),
+    ];
+    let (rt, _) = runtime(dir.path(), entries, "[subagents]\nmax_depth = 2\n");
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
+    assert_eq!(rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap().await.unwrap(), TurnEnd::Completed);
+    let result_of = |session: &str| {
+        let events = rt.store().inspect(session).unwrap().events;
+        let result = events.iter().find(|e| e.kind == "tool/result").unwrap().clone();
+        (
+            result.data["message"]["content"][0]["content"][0]["text"].clone(),
+            result.data["message"]["content"][0]["isError"].clone(),
+        )
+    };
+    let child_of = |parent: &str| {
+        rt.store().list().into_iter().find(|s| s.header.parent_session.as_deref() == Some(parent)).unwrap().header
+    };
+    let child = child_of(&id);
+    let grandchild = child_of(&child.id);
+    assert_eq!((child.delegation_depth, grandchild.delegation_depth), (1, 2));
+    assert_eq!(result_of(&grandchild.id), (json!("Error: subagent depth 3 exceeds maxDepth 2"), json!(true)));
+    assert_eq!(result_of(&child.id), (json!("grandchild: subagent depth 3 exceeds maxDepth 2"), json!(false)));
+    assert_eq!(result_of(&id), (json!("child: the grandchild could not go deeper"), json!(false)));
+    assert!(rt.store().list().iter().all(|s| s.header.delegation_depth <= 2), "no depth-3 session exists");
+    rt.shutdown().await;
+}
