@@ -428,6 +428,20 @@ impl ChildFactory for Runtime {
         let (_, agents) = self.root(Some(session_id))?;
         agents.get(name).map(|def| def.launch(&self.defaults))
     }
+
+    fn roll_back<'a>(&'a self, id: &'a str, handle: Option<AgentHandle>) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(handle) = handle
+                && let Err(e) = handle.dispose().await
+            {
+                tracing::warn!(child = %id, "rolling back a child: {e}");
+            }
+            self.children().remove(id);
+            if let Err(e) = self.store.discard_unaccepted(id) {
+                tracing::error!(child = %id, "rolling back a child: its log stays: {e}");
+            }
+        })
+    }
 }
 
 /// Picks the model for a configuration: replay when a scenario directory is given.

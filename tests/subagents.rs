@@ -418,3 +418,87 @@ async fn a_depth_rejection_inside_a_grandchild_reaches_the_parent_in_the_childs_
     assert!(rt.store().list().iter().all(|s| s.header.delegation_depth <= 2), "no depth-3 session exists");
     rt.shutdown().await;
 }
+
+/// The runtime's child factory, except that every child agent it starts is already shut down
+/// when `start_agent` returns: the first submission to it fails, after the child's log exists.
+struct ClosingFactory(Arc<Runtime>);
+
+impl kin::subagent::inprocess::ChildFactory for ClosingFactory {
+    fn mint_id(&self) -> String {
+        self.0.mint_id()
+    }
+    fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<kin::session::Session, SubagentError> {
+        self.0.create_session(header, seed)
+    }
+    fn load_session(&self, id: &str) -> Result<kin::session::Session, String> {
+        kin::subagent::inprocess::ChildFactory::load_session(&*self.0, id)
+    }
+    fn stored_header(&self, id: &str) -> Option<SessionHeader> {
+        kin::subagent::inprocess::ChildFactory::stored_header(&*self.0, id)
+    }
+    fn stored_events(&self, id: &str) -> Result<Vec<Event>, String> {
+        self.0.stored_events(id)
+    }
+    fn start_agent(
+        &self,
+        session: kin::session::Session,
+        setup: kin::subagent::inprocess::ChildSetup,
+    ) -> kin::agent::AgentHandle {
+        let handle = self.0.start_agent(session, setup);
+        tokio::task::block_in_place(|| futures::executor::block_on(handle.shutdown()));
+        handle
+    }
+    fn live_agent(&self, id: &str) -> Option<kin::agent::AgentHandle> {
+        self.0.live_agent(id)
+    }
+    fn release(&self, id: &str) {
+        self.0.release(id)
+    }
+    fn roll_back<'a>(&'a self, id: &'a str, handle: Option<kin::agent::AgentHandle>) -> BoxFuture<'a, ()> {
+        self.0.roll_back(id, handle)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_after_creating_the_child_leaves_nothing_behind() {
+    use kin::subagent::continuation::{ContinuationManager, ContinuationSettings};
+    use kin::subagent::inprocess::{ChildFactory, InProcessProvider};
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![], "");
+    let factory: Arc<dyn ChildFactory> = Arc::new(ClosingFactory(rt.clone()));
+    let service = Arc::new(kin::subagent::SubagentService::new());
+    service.register_provider(Arc::new(InProcessProvider::spawn(Arc::downgrade(&factory)))).unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    service.observe(move |e| seen.lock().unwrap().push(e.clone()));
+    let (_, parent) = common::parent(&rt, dir.path());
+    let stored = || rt.store().list().into_iter().filter(|s| s.header.parent_session.is_some()).count();
+
+    // One-shot: the provider's start rejects, and no child session or lifecycle pair remains.
+    let err = service.start("spawn", start_request(&parent, "hi")).await.err().unwrap();
+    assert_eq!(err.code, ErrorCode::Infrastructure, "{err:?}");
+    assert_eq!(stored(), 0, "the one-shot child's log was removed");
+    assert!(events.lock().unwrap().is_empty(), "a rejected start emits no lifecycle pair");
+
+    // Continuable: the first prompt is never accepted; the log (descriptor and all) is removed,
+    // and the subagent/start already emitted is closed by a subagent/end with the cause.
+    let manager = Arc::new(ContinuationManager::new(
+        service.clone(),
+        Arc::downgrade(&factory),
+        ContinuationSettings::default(),
+        Arc::new(|_| Vec::new()),
+    ));
+    let err = manager.start("spawn", "bg".into(), start_request(&parent, "hi")).await.err().unwrap();
+    assert_eq!(err.code, ErrorCode::ActivationClosing, "{err:?}");
+    assert_eq!(stored(), 0, "the continuable child's log was removed");
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (Lifecycle::Start { run_id: started, id, .. }, Lifecycle::End { run_id: ended, failure, stop_reason, .. }) =
+        (&events[0], &events[1])
+    else {
+        panic!("not a start/end pair: {events:?}");
+    };
+    assert_eq!((started, stop_reason, failure.as_deref()), (ended, &None, Some(err.message.as_str())));
+    assert!(!manager.is_resident(id));
+    assert!(rt.child_records(&parent.header.id).is_empty(), "the agent tree shows no child");
+}

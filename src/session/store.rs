@@ -184,6 +184,19 @@ impl SessionStore {
 }
 
 impl SessionStore {
+    /// Removes the log of a child that was never accepted (its creation was rolled back after the
+    /// log was written), so it is neither listable nor resumable. Refused while a writer still
+    /// holds the log; a log already gone is fine.
+    pub fn discard_unaccepted(&self, id: &str) -> Result<(), StoreError> {
+        let Some(path) = self.locate(id)? else { return Ok(()) };
+        let Some(lock) = super::writer::try_lock(&path).map_err(StoreError::Io)? else {
+            return Err(StoreError::Refused(format!("session {id} is still open; it cannot be discarded")));
+        };
+        remove_log(&path).map_err(StoreError::Io)?;
+        drop(lock);
+        Ok(())
+    }
+
     /// Deletes a top-level session and every subagent session below it (children, their
     /// children, …; forks are sessions of their own and stay). A subagent child is refused (its
     /// top-level session is what gets deleted), and so is the whole request when any of those

@@ -126,6 +126,15 @@ fn note_definition(child_id: &str, recorded: &Composition, now: Option<&Launch>,
     }
 }
 
+/// What a failed start or resume rolls back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rollback {
+    /// A child created by this start: its Activation and its log.
+    Child,
+    /// A cold resume: the Activation only (the durable child stays).
+    Activation,
+}
+
 /// How far below the caller a control call's target may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -243,7 +252,7 @@ impl ContinuationManager {
         match self.submit(&child_id, request.prompt, json!({"kind": "user"})).await {
             Ok(message_id) => Ok((child_id, message_id)),
             Err(e) => {
-                self.abandon(&child_id).await;
+                self.abandon(&child_id, &e.message, Rollback::Child).await;
                 Err(e)
             }
         }
@@ -290,8 +299,11 @@ impl ContinuationManager {
         self.service.emit(&Lifecycle::Start { run_id, provider: provider.into(), id: child_id.into(), local: true });
     }
 
-    /// Rolls back an Activation whose first prompt was never accepted.
-    async fn abandon(&self, child_id: &str) {
+    /// Rolls back an Activation whose first prompt was never accepted: the agent is disposed and
+    /// the `subagent/start` already emitted is closed by its `subagent/end` with the cause. A
+    /// child just created (`Rollback::Child`) also loses its log (with its descriptor), so it is
+    /// neither listable nor resumable.
+    async fn abandon(&self, child_id: &str, cause: &str, rollback: Rollback) {
         let removed = {
             let mut state = self.state();
             let removed = state.activations.remove(child_id);
@@ -302,12 +314,25 @@ impl ContinuationManager {
             }
             removed
         };
-        if let Some(act) = removed {
-            act.handle.shutdown().await;
-            if let Ok(factory) = self.factory() {
+        let Some(act) = removed else { return };
+        match (self.factory(), rollback) {
+            (Ok(factory), Rollback::Child) => factory.roll_back(child_id, Some(act.handle.clone())).await,
+            (Ok(factory), Rollback::Activation) => {
+                act.handle.shutdown().await;
                 factory.release(child_id);
             }
+            (Err(_), _) => act.handle.shutdown().await,
         }
+        self.service.emit(&Lifecycle::End {
+            run_id: act.run_id.clone(),
+            provider: act.provider.clone(),
+            id: child_id.to_string(),
+            local: true,
+            cwd: act.cwd.clone(),
+            stop_reason: None,
+            output: None,
+            failure: Some(cause.to_string()),
+        });
     }
 
     /// Queues one message as its own FIFO turn of a resident child, durably; returns the message
@@ -631,7 +656,8 @@ impl ContinuationManager {
         match self.submit(child_id, content, source).await {
             Ok(id) => Ok(id),
             Err(e) => {
-                self.abandon(child_id).await;
+                // A resumed child keeps its log: only this Activation is rolled back.
+                self.abandon(child_id, &e.message, Rollback::Activation).await;
                 Err(e)
             }
         }

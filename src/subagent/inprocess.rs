@@ -114,6 +114,10 @@ pub trait ChildFactory: Send + Sync {
     /// The named agent `name` as the live top-level session at or above `session_id` defines it
     /// now, resolved as a new child of it would be; `None` when it defines no such agent.
     fn agent_now(&self, session_id: &str, name: &str) -> Option<super::agents::Launch>;
+    /// Rolls back a child that was created but never accepted work: its agent (when one was
+    /// started) is disposed and released, and its log removed, so nothing of it is listable or
+    /// resumable. Failures are logged: the caller is already failing.
+    fn roll_back<'a>(&'a self, id: &'a str, handle: Option<AgentHandle>) -> BoxFuture<'a, ()>;
     /// `create_session` then `start_agent`.
     fn create_child(&self, spec: ChildSpec) -> Result<AgentHandle, SubagentError> {
         let session = self.create_session(spec.header, spec.seed)?;
@@ -197,9 +201,15 @@ impl SubagentProvider for InProcessProvider {
                 agent: request.agent.clone(),
             };
             let handle = factory.create_child(ChildSpec { header, seed, setup })?;
-            let turn = handle
-                .followup_with(request.prompt.clone(), json!({"kind": "user"}), vec![descriptor.event()])
-                .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
+            let turn =
+                match handle.followup_with(request.prompt.clone(), json!({"kind": "user"}), vec![descriptor.event()]) {
+                    Ok(turn) => turn,
+                    Err(e) => {
+                        // Not published to the caller: nothing of the child may stay behind.
+                        factory.roll_back(&id, Some(handle)).await;
+                        return Err(SubagentError::new(ErrorCode::Infrastructure, e.to_string()));
+                    }
+                };
             let (tx, result) = oneshot::channel();
             let runner = handle.clone();
             let wants_capture = request.output_schema.is_some();
