@@ -61,6 +61,8 @@ pub enum Section {
     Load,
     /// Subagent listing under a large corpus.
     Catalog,
+    /// `session/load` of a parent with many children, the agent tree shown.
+    Tree,
 }
 
 /// What `kin bench` runs.
@@ -214,6 +216,9 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
     }
     if options.runs(Section::Catalog) {
         catalog(tmp.path(), quick, &mut report)?;
+    }
+    if options.runs(Section::Tree) {
+        tree_reload(tmp.path(), &mut report).await?;
     }
     if let Some(path) = &options.save {
         let doc = json!({"machine": machine(), "command": "kin bench", "figures": report.metrics});
@@ -376,6 +381,47 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             format!("{what} listing time grows as N^{exponent:.2} with the number of children (10 KB logs)"),
         )?;
     }
+    Ok(())
+}
+
+/// `session/load` of a parent with D = 100, 1,000, 5,000 stored continuable children (2 KB logs)
+/// in a fresh `kin acp` whose client advertises `clientCapabilities.subagents`, so the load
+/// lists the agent tree and replays every child before its response.
+async fn tree_reload(tmp: &Path, report: &mut Report<'_>) -> Result<()> {
+    let root = tmp.join("tree");
+    let mut times = Vec::new();
+    for d in [100usize, 1000, 5000] {
+        let cwd = format!("/bench/tree-{d}");
+        let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.clone()));
+        write_log(&root, &parent, 3, 0)?;
+        for i in 0..d {
+            let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.clone()));
+            child.parent_session = Some(parent.id.clone());
+            child.origin = Some("subagent".into());
+            child.delegation_depth = 1;
+            write_log(&root, &child, 0, 2_000)?;
+        }
+        let kin = KinProcess::start_as(&root, None, json!({"subagents": {}})).await?;
+        let started = Instant::now();
+        kin.call("session/load", json!({"sessionId": parent.id, "cwd": cwd, "mcpServers": []})).await?;
+        let took = started.elapsed();
+        let seen = kin.announced.load(std::sync::atomic::Ordering::Relaxed);
+        kin.close().await?;
+        anyhow::ensure!(seen >= d, "the load announced {seen} of {d} children");
+        times.push((d as f64, took.as_secs_f64()));
+        report.metric(
+            &format!("tree_reload_{d}_children_ms"),
+            millis(took),
+            format!("session/load of a parent with {d} stored children, agent tree shown: {}", ms(took)),
+        )?;
+        std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
+    }
+    let exponent = growth_exponent(&times);
+    report.metric(
+        "tree_reload_growth_exponent",
+        exponent,
+        format!("agent-tree reload time grows as N^{exponent:.2} with the number of children"),
+    )?;
     Ok(())
 }
 
@@ -696,10 +742,17 @@ struct KinProcess {
     driver: Driver,
     /// Text deltas the client has seen (`agent_message_chunk` notifications).
     chunks: Arc<std::sync::atomic::AtomicUsize>,
+    /// `subagent_update` notifications the client has seen.
+    announced: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl KinProcess {
     async fn start(sessions: &Path, model_url: Option<&str>) -> Result<KinProcess> {
+        Self::start_as(sessions, model_url, json!({})).await
+    }
+
+    /// `start`, the client advertising `capabilities` at `initialize`.
+    async fn start_as(sessions: &Path, model_url: Option<&str>, capabilities: serde_json::Value) -> Result<KinProcess> {
         let exe = std::env::current_exe()?;
         let mut command = tokio::process::Command::new(&exe);
         command
@@ -717,18 +770,22 @@ impl KinProcess {
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = child.stdout.take().context("stdout")?;
         let chunks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let seen = chunks.clone();
+        let announced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen, children) = (chunks.clone(), announced.clone());
         let tap: crate::acp::wire::Tap = Arc::new(move |line: &str| {
             if line.contains("\"agent_message_chunk\"") {
                 seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if line.contains("\"subagent_update\"") {
+                children.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         });
         let no_questions: ChooseOption = Arc::new(|_| None);
         let driver = Driver::connect("bench", stdin, stdout, Some(tap), no_questions, numbering())
             .await
             .map_err(anyhow::Error::msg)?;
-        let kin = KinProcess { child, driver, chunks };
-        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})).await?;
+        let kin = KinProcess { child, driver, chunks, announced };
+        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": capabilities})).await?;
         Ok(kin)
     }
 

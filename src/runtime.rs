@@ -11,6 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use crate::agent::{AgentDeps, AgentHandle, Restored, TurnEnd, spawn_restored};
 use crate::config::Config;
@@ -25,6 +26,7 @@ use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore, StoreError, StoredSession, now_ms};
 use crate::slash;
 use crate::subagent::agents::{Agents, Defaults, Launch};
+use crate::subagent::catalog::{Activity, TreeEntry, list_tree};
 use crate::subagent::continuation::{ChildTools, ContinuationManager};
 use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use crate::subagent::external::AcpProvider;
@@ -197,6 +199,8 @@ pub struct Runtime {
     sandbox_settings: Arc<crate::sandbox::SandboxSettings>,
     /// The titles `session/list` shows, cached per log.
     titles: crate::session::Titles,
+    /// The catalog's session query (`list_agents` and the agent tree read through it).
+    query: Arc<dyn QueryService>,
 }
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
@@ -525,7 +529,7 @@ impl Runtime {
                 live_set.upgrade().is_some_and(|rt| rt.live_agent(id).is_some())
             });
             let query: Arc<dyn QueryService> = Arc::new(SessionQuery::new(source));
-            tools.register(Arc::new(ListAgentsTool(Some(query))));
+            tools.register(Arc::new(ListAgentsTool(Some(query.clone()))));
             for problem in problems {
                 tracing::error!("subagent setup: {problem}");
             }
@@ -552,6 +556,7 @@ impl Runtime {
                 sandbox_settings: Arc::new(config.sandbox.clone()),
                 titles: crate::session::Titles::default(),
                 config,
+                query,
             }
         });
         if runtime.config.replay.is_some() {
@@ -1258,36 +1263,28 @@ impl Runtime {
         Ok(())
     }
 
-    /// The stored children of `parent_id` (sessions whose header names it as `parentSession`,
-    /// created by a subagent provider), oldest first by (`createdAt`, id). Read-only: nothing is
-    /// repaired, so repeated calls give the same answer while the children are idle.
-    pub fn child_records(&self, parent_id: &str) -> Vec<ChildRecord> {
-        let mut stored: Vec<StoredSession> = self
-            .store
-            .list()
-            .into_iter()
-            .filter(|s| s.header.parent_session.as_deref() == Some(parent_id))
-            .filter(|s| s.header.origin.as_deref() == Some("subagent"))
-            .collect();
-        stored.sort_by(|a, b| (a.header.created_at, &a.header.id).cmp(&(b.header.created_at, &b.header.id)));
-        stored
-            .into_iter()
-            .filter_map(|s| {
-                let scanned = match crate::session::scan::scan_file(&s.path) {
-                    Ok(scanned) => scanned,
-                    Err(e) => {
-                        tracing::warn!(path = %s.path.display(), "skipping an unreadable child session: {e}");
-                        return None;
-                    }
-                };
-                let own = scanned.header.seed_length.unwrap_or(0);
-                let events: Vec<Event> = scanned.events.into_iter().filter(|e| e.seq >= own).collect();
-                let descriptor = Descriptor::fold(events.iter()).ok().flatten();
-                let handle = self.children().get(&scanned.header.id).map(|c| c.handle.clone());
-                let running = handle.as_ref().is_some_and(AgentHandle::is_running);
-                Some(ChildRecord { header: scanned.header, events, descriptor, live: handle.is_some(), running })
-            })
-            .collect()
+    /// The subagents below `parent_id` as `list_agents` sees them (`catalog::list_tree`: one
+    /// trace; the same candidates, order, activity and diagnostics at every level), at most
+    /// `max_depth` levels deep. Read-only: nothing is repaired.
+    pub fn child_tree(&self, parent_id: &str, max_depth: usize) -> Result<Vec<TreeEntry>, SubagentError> {
+        list_tree(Some(self.query.as_ref()), parent_id, max_depth, &CancellationToken::new())
+    }
+
+    /// What an editor is shown of a listed child: its header and own events (from its
+    /// `seedLength` on), read without repair. `None` when the log cannot be read any more.
+    pub fn child_record(&self, id: &str, activity: Activity) -> Option<ChildRecord> {
+        let scanned = match self.store.inspect(id) {
+            Ok(scanned) => scanned,
+            Err(e) => {
+                tracing::warn!(child = %id, "a listed child session cannot be read: {e}");
+                return None;
+            }
+        };
+        let own = scanned.header.seed_length.unwrap_or(0);
+        let events: Vec<Event> = scanned.events.into_iter().filter(|e| e.seq >= own).collect();
+        let descriptor = Descriptor::fold(events.iter()).ok().flatten();
+        let running = self.children().get(id).is_some_and(|c| c.handle.is_running());
+        Some(ChildRecord { header: scanned.header, events, descriptor, live: activity == Activity::Running, running })
     }
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`.

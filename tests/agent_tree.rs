@@ -472,6 +472,104 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
     kin.stop();
 }
 
+/// A stored copy of `child`'s log under `id`, created at `created_at`, with `extra` lines
+/// appended (e.g. a second descriptor, which makes it corrupt).
+fn copy_child(sessions: &Path, child: &str, id: &str, created_at: u64, extra: &[Value]) {
+    let store = kin::session::SessionStore::new(sessions);
+    let from = store.locate(child).unwrap().unwrap();
+    let text = std::fs::read_to_string(&from).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let mut header: Value = serde_json::from_str(&lines[0]).unwrap();
+    header["id"] = json!(id);
+    header["createdAt"] = json!(created_at);
+    lines[0] = header.to_string();
+    let first = lines.len() as u64 - 1;
+    for (seq, line) in (first..).zip(extra) {
+        let mut line = line.clone();
+        line["seq"] = json!(seq);
+        lines.push(line.to_string());
+    }
+    let cwd = header["cwd"].as_str().map(str::to_string);
+    let to = kin::session::layout::log_path(sessions, cwd.as_deref(), id);
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::write(to, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn the_reloaded_tree_is_the_catalogs_listing_with_its_diagnostics() {
+    let (_tmp, cwd, sessions) = dirs();
+    let replay = scenario("continuable-followups");
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.initialize(true);
+    let parent = kin.new_session(&cwd);
+    let id = kin.request(
+        "session/prompt",
+        json!({"sessionId": parent, "prompt": [{"type": "text", "text": FOLLOWUPS_PROMPT}]}),
+    );
+    let frames = kin.until_response(id);
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+    std::fs::write(cwd.join(".parent-done"), b"").unwrap();
+    wait_for(&cwd.join(".dsh-snapshot-subagent-settled"));
+    let (child, _) = first_child(&frames, &parent);
+    kin.stop();
+
+    // Siblings of the child: one with a second descriptor (corrupt), one whose descriptor has
+    // another version (unsupported), and one with no descriptor of its own (an ordinary child
+    // session: omitted without a word). Created before the child, so they list first.
+    let descriptor = |version: u64| json!({"type": "subagent/descriptor", "time": 0, "data": {"version": version, "mode": "one-shot", "provider": "spawn"}});
+    let corrupt = "00000000-0000-4000-8000-00000000c001";
+    let unsupported = "00000000-0000-4000-8000-00000000c002";
+    copy_child(&sessions, &child, corrupt, 1, &[descriptor(2)]);
+    copy_child(&sessions, &child, unsupported, 2, &[]);
+    let store = kin::session::SessionStore::new(&sessions);
+    let path = store.locate(unsupported).unwrap().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap().replace("\"version\":2", "\"version\":3");
+    std::fs::write(&path, text).unwrap();
+    let plain = "00000000-0000-4000-8000-00000000c003";
+    let plain_path = kin::session::layout::log_path(&sessions, cwd.to_str(), plain);
+    std::fs::create_dir_all(plain_path.parent().unwrap()).unwrap();
+    let header = json!({"type": "session", "version": 0, "id": plain, "createdAt": 3, "cwd": cwd, "parentSession": parent, "delegationDepth": 1});
+    std::fs::write(&plain_path, format!("{header}\n")).unwrap();
+
+    // What the catalog lists for the parent.
+    let query = kin::session::query::SessionQuery::new(kin::session::query::StoreSource::new(
+        kin::session::SessionStore::new(&sessions),
+        |_: &str| false,
+    ));
+    let listed = kin::subagent::catalog::list_children(Some(&query), &parent, &Default::default()).unwrap();
+    let listed: Vec<(String, Option<&str>)> = listed
+        .iter()
+        .map(|e| match e {
+            kin::subagent::catalog::ListEntry::Child { id, .. } => (id.clone(), None),
+            kin::subagent::catalog::ListEntry::Diagnostic { id, reason } => (id.clone(), Some(reason.as_str())),
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [(corrupt.to_string(), Some("corrupt")), (unsupported.to_string(), Some("unsupported")), (child.clone(), None)]
+    );
+
+    // The tree on load announces exactly those, in that order: the diagnostics as such.
+    let mut kin = Kin::start(&sessions, &replay, &cwd);
+    kin.initialize(true);
+    let id = kin.request("session/load", json!({"sessionId": parent, "cwd": cwd, "mcpServers": []}));
+    let before = kin.until_response(id);
+    let announced: Vec<&Value> = updates(&before, &parent, "subagent_update");
+    let ids: Vec<&str> = announced.iter().map(|u| u["sessionId"].as_str().unwrap()).collect();
+    assert_eq!(ids, [corrupt, unsupported, child.as_str()], "{before:#?}");
+    assert_eq!(announced[0]["title"], "subagent session corrupt");
+    assert_eq!(announced[1]["title"], "subagent session unsupported");
+    assert_eq!(announced[0]["state"]["stopReason"], "error");
+    let error = &announced[0]["state"]["error"];
+    assert_eq!(
+        error["message"],
+        format!("subagent session {corrupt} is corrupt; its history is not shown"),
+        "{announced:#?}"
+    );
+    assert!(before.iter().all(|f| update(f).is_none_or(|(s, _)| s != corrupt && s != plain)), "{before:#?}");
+    kin.stop();
+}
+
 /// A replay log of chunk groups `(turn, step, chunks)`, optionally led by the session's prompt.
 fn script(path: &Path, prompt: Option<&str>, groups: &[(u64, u64, Vec<Value>)]) {
     let mut lines = vec![json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":u64::from(prompt.is_some()),"delegationDepth":0}).to_string()];

@@ -36,6 +36,7 @@ use crate::model::capacity::{ModelTable, Price};
 use crate::runtime::{ChildObservers, ChildRecord, Runtime};
 use crate::session::event::{self, TurnEndReason, UserMessage};
 use crate::session::{Event, EventBody, Kind, Session, SessionHeader, SessionObserver};
+use crate::subagent::catalog::{ListEntry, Reason, TreeEntry};
 use crate::subagent::inprocess::{ChildDisplay, describe};
 use crate::subagent::{Descriptor, child_title};
 use crate::tools::ToolRegistry;
@@ -440,38 +441,77 @@ fn stored_state(record: &ChildRecord) -> StateUpdate {
 /// A stored child of a reloaded parent, with its own children.
 pub struct Node {
     parent: String,
-    record: ChildRecord,
+    shown: Shown,
     children: Vec<Node>,
 }
 
-/// The stored children below `parent`, oldest first at every level.
-pub fn stored_tree(runtime: &Runtime, parent: &str) -> Vec<Node> {
-    nodes(runtime, parent, 0)
+/// What the editor is shown of a listed child.
+enum Shown {
+    Child(Box<ChildRecord>),
+    /// A candidate `list_agents` reports as a diagnostic: shown as such, never hidden.
+    Diagnostic {
+        id: String,
+        reason: Reason,
+    },
 }
 
-fn nodes(runtime: &Runtime, parent: &str, depth: usize) -> Vec<Node> {
-    if depth >= MAX_DEPTH {
-        return Vec::new();
+/// The stored children below `parent`, as `list_agents` lists them (the catalog's candidates,
+/// order, activity and diagnostics), at every level; a listing that fails as a whole is logged
+/// and shows no tree (the load itself goes on).
+pub fn stored_tree(runtime: &Runtime, parent: &str) -> Vec<Node> {
+    match runtime.child_tree(parent, MAX_DEPTH) {
+        Ok(entries) => nodes(runtime, parent, entries),
+        Err(e) => {
+            tracing::warn!(session = %parent, "the agent tree cannot be listed: {e}");
+            Vec::new()
+        }
     }
-    runtime
-        .child_records(parent)
+}
+
+fn nodes(runtime: &Runtime, parent: &str, entries: Vec<TreeEntry>) -> Vec<Node> {
+    entries
         .into_iter()
-        .map(|record| {
-            let children = nodes(runtime, &record.header.id, depth + 1);
-            Node { parent: parent.to_string(), record, children }
+        .map(|TreeEntry { entry, children }| {
+            let shown = match entry {
+                ListEntry::Child { id, activity, .. } => match runtime.child_record(&id, activity) {
+                    Some(record) => Shown::Child(Box::new(record)),
+                    None => Shown::Diagnostic { id, reason: Reason::Unavailable },
+                },
+                ListEntry::Diagnostic { id, reason } => Shown::Diagnostic { id, reason },
+            };
+            let id = match &shown {
+                Shown::Child(record) => record.header.id.clone(),
+                Shown::Diagnostic { id, .. } => id.clone(),
+            };
+            Node { parent: parent.to_string(), shown, children: nodes(runtime, &id, children) }
         })
         .collect()
 }
 
 /// Announces a stored child on its parent: title from its descriptor's label (`<agent>: <label>`
-/// for a named agent), description from its task, and its stored state.
+/// for a named agent), description from its task, and its stored state. A diagnostic is
+/// announced with its reason as the title and an `idle` state whose error says why its history
+/// is not shown.
 fn announce(cx: &ConnectionTo<Client>, node: &Node) {
-    let record = &node.record;
-    let title = record.descriptor.as_ref().and_then(|d| child_title(d.agent().map(|a| a.name.as_str()), d.label()));
-    let task = record.events.iter().filter_map(Event::get::<UserMessage>).find(UserMessage::from_user);
-    let description = task.and_then(|m| describe(&m.content));
-    let update = announcement(&record.header, title, description, stored_state(record));
+    let update = match &node.shown {
+        Shown::Child(record) => {
+            let title =
+                record.descriptor.as_ref().and_then(|d| child_title(d.agent().map(|a| a.name.as_str()), d.label()));
+            let task = record.events.iter().filter_map(Event::get::<UserMessage>).find(UserMessage::from_user);
+            let description = task.and_then(|m| describe(&m.content));
+            announcement(&record.header, title, description, stored_state(record))
+        }
+        Shown::Diagnostic { id, reason } => diagnostic_announcement(id, *reason),
+    };
     notify(cx, &node.parent, SessionUpdate::SubagentUpdate(update));
+}
+
+/// The announcement of a child that cannot be shown: `subagent session <reason>`, idle with an
+/// error naming the reason.
+fn diagnostic_announcement(id: &str, reason: Reason) -> SubagentUpdate {
+    let message = format!("subagent session {id} is {}; its history is not shown", reason.as_str());
+    let stop = IdleStopReason::Error(ErrorStopReason::new().error(SchemaError::new(-32603, message)));
+    SubagentUpdate::new(id.to_string()).title(format!("subagent session {}", reason.as_str())).state(idle(Some(stop)))
 }
 
 /// The best-effort replay of a reloaded parent's children, before the load response, parent
@@ -479,8 +519,10 @@ fn announce(cx: &ConnectionTo<Client>, node: &Node) {
 pub fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
     for node in nodes {
         announce(cx, node);
-        for update in node.record.events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
-            notify(cx, &node.record.header.id, update);
+        if let Shown::Child(record) = &node.shown {
+            for update in record.events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
+                notify(cx, &record.header.id, update);
+            }
         }
         replay(cx, tools, &node.children);
     }
@@ -500,9 +542,11 @@ pub fn reannounce(cx: &ConnectionTo<Client>, nodes: &[Node]) {
 
 /// True when the child, or a child below it, is live or continuable.
 fn continuing(node: &Node) -> bool {
-    node.record.live
-        || matches!(node.record.descriptor, Some(Descriptor::Continuable { .. }))
-        || node.children.iter().any(continuing)
+    let this = match &node.shown {
+        Shown::Child(record) => record.live || matches!(record.descriptor, Some(Descriptor::Continuable { .. })),
+        Shown::Diagnostic { .. } => false,
+    };
+    this || node.children.iter().any(continuing)
 }
 
 #[cfg(test)]

@@ -155,6 +155,72 @@ pub fn list_children(
     Ok(entries)
 }
 
+/// One entry of a listed tree: a child with the subagents below it, or a diagnostic (nothing
+/// below an unreadable child is read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    pub entry: ListEntry,
+    pub children: Vec<TreeEntry>,
+}
+
+/// `list_children` at every level below `root_id` (at most `max_depth` levels), from **one**
+/// trace: each level is judged exactly as `list_children` judges the direct children (same
+/// candidates, order, activity and diagnostics), so an editor's agent tree and `list_agents`
+/// agree, and the work is linear in the number of sessions below the root.
+pub fn list_tree(
+    query: Option<&dyn QueryService>,
+    root_id: &str,
+    max_depth: usize,
+    cancel: &CancellationToken,
+) -> Result<Vec<TreeEntry>, SubagentError> {
+    let query = query.ok_or_else(|| SubagentError::new(ErrorCode::SessionQueryUnavailable, QUERY_UNAVAILABLE))?;
+    check(cancel)?;
+    let trace = match query.trace_session(root_id, cancel) {
+        Ok(trace) => trace,
+        Err(fault) => {
+            check(cancel)?;
+            return Err(fault_error(fault));
+        }
+    };
+    check(cancel)?;
+    let mut ids = Vec::new();
+    let mut pending: Vec<(&[crate::session::query::LineageNode], usize)> = vec![(&trace.descendants, 0)];
+    while let Some((nodes, depth)) = pending.pop() {
+        if depth < max_depth {
+            ids.extend(nodes.iter().map(|n| n.session.header.id.as_str()));
+            pending.extend(nodes.iter().map(|n| (n.descendants.as_slice(), depth + 1)));
+        }
+    }
+    query.prefetch(&ids, cancel);
+    check(cancel)?;
+    level(query, root_id, &trace.descendants, max_depth, cancel)
+}
+
+/// The entries of one level of a trace, each child with its own level below.
+fn level(
+    query: &dyn QueryService,
+    parent_id: &str,
+    nodes: &[crate::session::query::LineageNode],
+    depth_left: usize,
+    cancel: &CancellationToken,
+) -> Result<Vec<TreeEntry>, SubagentError> {
+    if depth_left == 0 {
+        return Ok(Vec::new());
+    }
+    let mut entries = Vec::new();
+    for node in nodes {
+        check(cancel)?;
+        let Some(entry) = inspect_child(query, parent_id, &node.session, cancel)? else { continue };
+        check(cancel)?;
+        let children = match &entry {
+            ListEntry::Child { id, .. } => level(query, id, &node.descendants, depth_left - 1, cancel)?,
+            ListEntry::Diagnostic { .. } => Vec::new(),
+        };
+        entries.push(TreeEntry { entry, children });
+    }
+    Ok(entries)
+}
+
 /// One candidate: `None` when it is not a subagent (no descriptor of its own).
 fn inspect_child(
     query: &dyn QueryService,
