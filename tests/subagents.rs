@@ -500,5 +500,5 @@ async fn a_start_that_fails_after_creating_the_child_leaves_nothing_behind() {
     };
     assert_eq!((started, stop_reason, failure.as_deref()), (ended, &None, Some(err.message.as_str())));
     assert!(!manager.is_resident(id));
-    assert!(rt.child_records(&parent.header.id).is_empty(), "the agent tree shows no child");
+    assert!(rt.child_tree(&parent.header.id, 8).unwrap().is_empty(), "the agent tree shows no child");
 }
