@@ -439,12 +439,16 @@ impl kin::subagent::inprocess::ChildFactory for ClosingFactory {
     fn stored_events(&self, id: &str) -> Result<Vec<Event>, String> {
         self.0.stored_events(id)
     }
+    fn stored_children(&self, parent_id: &str) -> Vec<SessionHeader> {
+        kin::subagent::inprocess::ChildFactory::stored_children(&*self.0, parent_id)
+    }
     fn start_agent(
         &self,
         session: kin::session::Session,
+        restored: kin::agent::Restored,
         setup: kin::subagent::inprocess::ChildSetup,
     ) -> kin::agent::AgentHandle {
-        let handle = self.0.start_agent(session, setup);
+        let handle = self.0.start_agent(session, restored, setup);
         tokio::task::block_in_place(|| futures::executor::block_on(handle.shutdown()));
         handle
     }
@@ -453,6 +457,9 @@ impl kin::subagent::inprocess::ChildFactory for ClosingFactory {
     }
     fn release(&self, id: &str) {
         self.0.release(id)
+    }
+    fn agent_now(&self, session_id: &str, name: &str) -> Option<kin::subagent::agents::Launch> {
+        kin::subagent::inprocess::ChildFactory::agent_now(&*self.0, session_id, name)
     }
     fn roll_back<'a>(&'a self, id: &'a str, handle: Option<kin::agent::AgentHandle>) -> BoxFuture<'a, ()> {
         self.0.roll_back(id, handle)
