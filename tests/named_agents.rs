@@ -464,7 +464,11 @@ async fn an_agents_permission_mode_only_narrows_and_its_turn_limit_applies() {
     assert!(!cwd.join("out.txt").exists(), "the refused write never ran");
     // One model call is all `brief` gets: its turn ends at the step limit after the read.
     assert!(system_text(&requests[4]).contains("BRIEF"));
-    assert_eq!(tool_result(&requests[5], "call_2"), "Error: subagent run failed");
+    assert_eq!(
+        tool_result(&requests[5], "call_2"),
+        "Error: subagent run failed: the model used all 1 steps of this turn without a final answer \
+         (raise agent.max_steps to allow more)"
+    );
     let store = kin::session::SessionStore::new(root.join("sessions"));
     let mut brief_log = None;
     for path in walk(store.locate(&session).unwrap().unwrap().parent().unwrap().parent().unwrap()) {

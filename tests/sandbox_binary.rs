@@ -375,7 +375,7 @@ async fn an_acp_child_that_is_kin_runs_in_its_configured_sandbox() {
     let request = kin::subagent::StartRequest { max_depth: None, ..common::start_request(&caller, PROMPT) };
     let run = rt.subagents().start("acp:kin", request).await.unwrap();
     let result = tokio::time::timeout(T, run.result).await.unwrap().unwrap().unwrap();
-    (run.dispose)().await;
+    (run.dispose)().await.unwrap();
     assert_eq!(result.output, "done");
     let store = kin::session::SessionStore::new(&child_sessions);
     let child = store.list().into_iter().next().expect("the child's session");

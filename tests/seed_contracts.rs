@@ -65,7 +65,7 @@ async fn a_report_to_a_parent_that_is_not_live_is_parent_unavailable() {
         Arc::new(Caller { header, depth: 0, route: kin::model::ModelRoute::parse("p/m").unwrap(), history: None });
     let manager = rt.continuation().clone();
     let (child, _) = manager.start("spawn", "orphan".into(), start_request(&ghost, "work")).await.unwrap();
-    let err = manager.report(&child, "progress").unwrap_err();
+    let err = manager.report(&child, "progress").await.unwrap_err();
     assert_eq!(
         (err.code, err.message.as_str()),
         (ErrorCode::ParentUnavailable, "direct parent is not live; report was not delivered")

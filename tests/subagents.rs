@@ -325,6 +325,7 @@ fn tool_context(caller: Arc<Caller>) -> kin::tools::ToolContext {
         cancel: tokio_util::sync::CancellationToken::new(),
         caller: Some(caller),
         allow_outside: false,
+        allow_unsandboxed: false,
         file_access: None,
         progress: None,
     }
@@ -430,7 +431,7 @@ impl kin::subagent::inprocess::ChildFactory for ClosingFactory {
     fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<kin::session::Session, SubagentError> {
         self.0.create_session(header, seed)
     }
-    fn load_session(&self, id: &str) -> Result<kin::session::Session, String> {
+    fn load_session(&self, id: &str) -> Result<(kin::session::Session, kin::agent::Restored), String> {
         kin::subagent::inprocess::ChildFactory::load_session(&*self.0, id)
     }
     fn stored_header(&self, id: &str) -> Option<SessionHeader> {

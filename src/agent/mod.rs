@@ -552,7 +552,12 @@ impl During<'_> {
     /// (the turn writes them at its await points); flushes, reads, wakes and log events wait
     /// for the turn's end; a discard cancels the turn and drops the queue at its end; shutdown
     /// cancels the turn.
-    fn handle(&self, command: Option<Command>, deferred: &mut Deferred, shutdown: &mut Option<oneshot::Sender<()>>) {
+    fn handle(
+        &self,
+        command: Option<Command>,
+        deferred: &mut Deferred,
+        shutdown: &mut Option<oneshot::Sender<Result<(), String>>>,
+    ) {
         match command {
             Some(Command::Arrive(arrival)) => self.intake.arrive(arrival),
             Some(Command::Flush { reply }) => deferred.flushes.push(reply),

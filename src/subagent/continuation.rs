@@ -135,6 +135,15 @@ enum Rollback {
     Activation,
 }
 
+/// What a message the child's agent refused leaves behind (`submit_then`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnRefusal {
+    /// The child settles when nothing else is pending, as after any turn.
+    Settle,
+    /// Only the pending count is taken back: the caller rolls the Activation back.
+    Abandon,
+}
+
 /// How far below the caller a control call's target may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -249,7 +258,7 @@ impl ContinuationManager {
         let setup = self.setup(composition, display);
         let handle = factory.start_agent(session, Restored::none(), setup);
         self.install(&child_id, handle, &request.parent.header.id, provider_name, cwd, 0);
-        match self.submit(&child_id, request.prompt, json!({"kind": "user"})).await {
+        match self.submit_then(&child_id, request.prompt, json!({"kind": "user"}), OnRefusal::Abandon).await {
             Ok(message_id) => Ok((child_id, message_id)),
             Err(e) => {
                 self.abandon(&child_id, &e.message, Rollback::Child).await;
@@ -343,6 +352,19 @@ impl ContinuationManager {
         content: Vec<Value>,
         source: Value,
     ) -> Result<String, SubagentError> {
+        self.submit_then(child_id, content, source, OnRefusal::Settle).await
+    }
+
+    /// `submit`, with what a refused message leaves behind: the child settles as after any turn
+    /// (`Settle`), or only the pending count is taken back because the caller rolls the
+    /// Activation back itself (`Abandon`: a first prompt that was never accepted).
+    async fn submit_then(
+        self: &Arc<Self>,
+        child_id: &str,
+        content: Vec<Value>,
+        source: Value,
+        on_refusal: OnRefusal,
+    ) -> Result<String, SubagentError> {
         let closing = || err(ErrorCode::ActivationClosing, format!("subagent \"{child_id}\" is closing"));
         let handle = {
             let mut state = self.state();
@@ -356,7 +378,14 @@ impl ContinuationManager {
                 Ok(message_id)
             }
             Err(e) => {
-                self.turn_over(child_id.to_string(), None).await;
+                match on_refusal {
+                    OnRefusal::Settle => self.turn_over(child_id.to_string(), None).await,
+                    OnRefusal::Abandon => {
+                        if let Some(act) = self.state().activations.get_mut(child_id) {
+                            act.pending = act.pending.saturating_sub(1);
+                        }
+                    }
+                }
                 Err(match e {
                     NotAccepted::Gone(_) => closing(),
                     NotAccepted::Unwritten { .. } => {
@@ -653,7 +682,7 @@ impl ContinuationManager {
         source: Value,
     ) -> Result<String, SubagentError> {
         self.materialize(&caller.header.id, child_id, &caller.route).await?;
-        match self.submit(child_id, content, source).await {
+        match self.submit_then(child_id, content, source, OnRefusal::Abandon).await {
             Ok(id) => Ok(id),
             Err(e) => {
                 // A resumed child keeps its log: only this Activation is rolled back.
