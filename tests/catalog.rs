@@ -562,6 +562,46 @@ fn session_and_event_not_found_during_candidate_reads_are_unavailable() {
 }
 
 #[test]
+fn a_known_child_whose_log_or_header_can_no_longer_be_read_is_unavailable_not_gone() {
+    // Issue 17: once a child is known, a log kin cannot stat as a regular file or a header line
+    // it cannot read is an `unavailable` candidate, in list_children and in the agent tree.
+    let (dir, store) = family();
+    parent_log(&store, "other-parent", 9);
+    one_shot_child(&store, "child-d", P, 4, None);
+    let q = query(&store, &[]);
+    let all = [healthy(A), healthy(B), healthy(C), child("child-d", Mode::OneShot, None, Activity::Inactive)];
+    assert_eq!(list(&q, P).unwrap(), all);
+    // A: its header line is overwritten (the file changes, so its header is read again).
+    let a = log_path(&store, A);
+    let text = std::fs::read_to_string(&a).unwrap();
+    let rest = &text[text.find('\n').unwrap()..];
+    std::fs::write(&a, format!("{{\"not\": \"a header\"}}{rest}")).unwrap();
+    // B: a directory in place of its log.
+    let b = log_path(&store, B);
+    std::fs::remove_file(&b).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    // C: a dangling symlink in place of its log.
+    let c = log_path(&store, C);
+    std::fs::remove_file(&c).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &c).unwrap();
+    // D: its session directory is a symlink to a file, so the log's stat fails (ENOTDIR).
+    let d = log_path(&store, "child-d");
+    let d_dir = d.parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&d_dir).unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    std::os::unix::fs::symlink(&file, &d_dir).unwrap();
+    let expected = [A, B, C, "child-d"].map(|id| diag(id, Reason::Unavailable));
+    assert_eq!(list(&q, P).unwrap(), expected);
+    let tree = kin::subagent::catalog::list_tree(Some(&q), P, 8, &CancellationToken::new()).unwrap();
+    assert_eq!(tree.into_iter().map(|t| t.entry).collect::<Vec<_>>(), expected, "the agent tree agrees");
+    assert_eq!(list(&q, P).unwrap(), expected, "and stays so at the next scan");
+    // Restored, each child lists as before.
+    std::fs::write(&a, &text).unwrap();
+    assert_eq!(list(&q, P).unwrap()[0], healthy(A));
+}
+
+#[test]
 fn a_child_log_deleted_after_the_trace_is_unavailable() {
     // 27 (real): the log vanishes between the trace and the candidate's read.
     let (_dir, store) = family();
@@ -1107,7 +1147,8 @@ fn a_log_first_read_exactly_still_joins_the_corpus() {
 fn the_cached_corpus_follows_logs_added_removed_and_rewritten() {
     // The corpus (every header, merged) is derived state as well: each call rescans, and a warm
     // query answers what a fresh one does after logs are added (in a new project directory too),
-    // re-parented by a same-length hand edit, made unreadable, repaired and removed.
+    // re-parented by a same-length hand edit, repaired and removed; made unreadable, it stays a
+    // diagnostic where it was known.
     let (_dir, store) = family();
     let warm = query(&store, &[]);
     let check = |expected: &[&str]| {
@@ -1134,7 +1175,13 @@ fn the_cached_corpus_follows_logs_added_removed_and_rewritten() {
     std::fs::write(&path, &reparented).unwrap();
     check(&[A, B, C, d, stray]);
     std::fs::write(&path, "not a header\n").unwrap();
-    check(&[A, B, C, d]);
+    // A fresh query never read the broken header, so nothing names stray's parent; the warm one
+    // read it before and keeps it listed, `unavailable` (issue 17: never silently gone).
+    assert_eq!(list(&query(&store, &[]), P).unwrap(), [A, B, C, d].map(healthy));
+    assert_eq!(
+        list(&warm, P).unwrap(),
+        [healthy(A), healthy(B), healthy(C), healthy(d), diag(stray, Reason::Unavailable)]
+    );
     std::fs::write(&path, &reparented).unwrap();
     check(&[A, B, C, d, stray]);
     std::fs::remove_dir_all(log_path(&store, B).parent().unwrap()).unwrap();

@@ -628,11 +628,11 @@ struct ProjectScan {
     logs: Vec<FoundLog>,
 }
 
-/// One session log a scan found: its session directory name, length and mtime.
+/// One session log a scan found: its session directory name, length and mtime, or why it
+/// could not be statted as a regular file.
 struct FoundLog {
     session: OsString,
-    len: u64,
-    modified: SystemTime,
+    found: Result<(u64, SystemTime), String>,
 }
 
 impl StoreSource {
@@ -666,21 +666,58 @@ impl StoreSource {
         cache.generation += 1;
         let generation = cache.generation;
         let mut changed = cache.corpus.is_none();
+        // The scanned logs the cache now holds for this generation.
+        let mut seen = 0usize;
         for project in &projects {
             if cancel.is_cancelled() {
                 return Err(QueryError::Aborted);
             }
             let logs = cache.logs.entry(project.name.clone()).or_default();
             for f in &project.logs {
-                if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(f.len, f.modified)) {
+                let path = || log_path(project, f);
+                let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
+                    Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
+                    _ => None,
+                };
+                let (len, modified) = match &f.found {
+                    Ok(found) => *found,
+                    Err(e) => {
+                        // A session this cache has read before keeps its place under its last
+                        // header: its reads fail, so a listing shows it `unavailable` instead of
+                        // losing it. One never read names no parent and is left out.
+                        match logs.get_mut(&f.session).filter(|log| log.header.is_ok()) {
+                            Some(log) => {
+                                log.seen = generation;
+                                log.summary = None;
+                                seen += 1;
+                                tracing::warn!(path = %path().display(), "a session log cannot be read: {e}");
+                            }
+                            None => tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}"),
+                        }
+                        continue;
+                    }
+                };
+                seen += 1;
+                if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(len, modified)) {
                     log.seen = generation;
                     continue;
                 }
-                let path = log_path(project, f);
-                let header = read_header(&path).map(|(header, _)| Arc::new(header)).inspect_err(|e| {
-                    tracing::warn!(path = %path.display(), "skipping an unreadable session log: {e}");
-                });
-                let log = CachedLog { len: f.len, modified: f.modified, header, summary: None, seen: generation };
+                let header = match read_header(&path()) {
+                    Ok((header, _)) => Ok(Arc::new(header)),
+                    Err(e) => match known(logs) {
+                        // Its header line broke after it was read: it stays a candidate whose
+                        // reads fail, as above.
+                        Some(header) => {
+                            tracing::warn!(path = %path().display(), "a session log's header cannot be read: {e}");
+                            Ok(header)
+                        }
+                        None => {
+                            tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}");
+                            Err(e)
+                        }
+                    },
+                };
+                let log = CachedLog { len, modified, header, summary: None, seen: generation };
                 // A log that grew under the same header (every live session does) leaves the
                 // corpus as it was.
                 match logs.insert(f.session.clone(), log) {
@@ -690,7 +727,7 @@ impl StoreSource {
             }
         }
         let cached: usize = cache.logs.values().map(HashMap::len).sum();
-        if cached != found {
+        if cached != seen {
             // Some log is gone (or was cached by an exact read and is not where a scan looks).
             for logs in cache.logs.values_mut() {
                 logs.retain(|_, log| log.seen == generation);
@@ -805,7 +842,8 @@ impl SessionSource for StoreSource {
 }
 
 /// The syscall half of a corpus scan: every project directory of the store, in directory order,
-/// with the session logs in it that are regular files. Project directories are scanned on
+/// with the session logs in it (and those that are not regular files or cannot be statted, for
+/// the cache to keep a known session listed). Project directories are scanned on
 /// several threads (the scan is a stat per log, and a warm listing is mostly this scan).
 fn scan_store(root: &Path, cancel: &CancellationToken) -> Result<Vec<ProjectScan>, QueryError> {
     let mut dirs = Vec::new();
@@ -872,12 +910,11 @@ fn scan_project(root: &Path, name: OsString, cancel: &CancellationToken) -> Resu
             continue;
         }
         let session = session.file_name();
-        let log = || path.join(&session).join(LOG_FILE);
         match stat_at(&dir, &session, LOG_FILE) {
-            Ok(Some((len, modified))) => logs.push(FoundLog { session, len, modified }),
-            Ok(None) => tracing::warn!(path = %log().display(), "skipping a session log that is not a regular file"),
+            Ok(Some(found)) => logs.push(FoundLog { session, found: Ok(found) }),
+            Ok(None) => logs.push(FoundLog { session, found: Err("not a regular file".into()) }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %log().display(), "skipping an unreadable session log: {e}"),
+            Err(e) => logs.push(FoundLog { session, found: Err(e.to_string()) }),
         }
     }
     Ok(ProjectScan { name, logs })
