@@ -1,7 +1,9 @@
 //! Seed 003 contracts that held only by reading the code (issue 17): continuable starts on a
 //! provider without continuable support, reports to a parent that is not live, lifecycle
-//! listeners that fail, one start/end pair per continuable epoch, and depth kept across a cold
-//! resume. Over the real runtime, JSONL store and agent loop with the scripted model.
+//! listeners that fail, one start/end pair per continuable epoch, depth kept across a cold
+//! resume, a live child outside its Activation, the continuable fork path (descriptor right after
+//! the seed), and a continuable child's persona and tool filter at start and on cold resume. Over
+//! the real runtime, JSONL store and agent loop with the scripted model.
 
 use std::sync::{Arc, Mutex};
 
@@ -10,6 +12,7 @@ use futures::future::BoxFuture;
 use kin::model::script::{ReplayEntry, ScriptedModel};
 use kin::model::{text_response, tool_call_response};
 use kin::session::SessionHeader;
+use kin::subagent::catalog::{ListEntry, Mode};
 use kin::subagent::{
     Capabilities, ErrorCode, Lifecycle, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentRun,
 };
@@ -192,5 +195,102 @@ async fn send_message_to_a_live_child_outside_its_activation_is_an_ownership_con
     let events = rt.store().inspect(&run.id).unwrap().events;
     let messages = events.iter().filter(|e| e.kind == "user/message").count();
     assert_eq!(messages, 1, "only the task: the refused message was never delivered");
+    rt.shutdown().await;
+}
+
+fn text(t: &str) -> Vec<serde_json::Value> {
+    vec![json!({"type": "text", "text": t})]
+}
+
+/// The tool names and system prompt of each model call `session` made.
+fn calls_of(model: &ScriptedModel, session: &str) -> Vec<(Vec<String>, String)> {
+    model
+        .requests()
+        .into_iter()
+        .filter(|r| r.session_id == session)
+        .map(|r| (r.tools.iter().map(|t| t.name.clone()).collect(), r.system.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuable_fork_runs_for_real_with_its_descriptor_right_after_the_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let fork = r#"{"description":"fork it","prompt":"carry on","run_in_background":true}"#;
+    let model = ScriptedModel::new([])
+        .route("remember 42", [ReplayEntry::Chunks(text_response(&["noted"]))])
+        .route(
+            "fork now",
+            [
+                ReplayEntry::Chunks(tool_call_response("f", "subagent_fork", fork)),
+                ReplayEntry::Chunks(text_response(&["forked"])),
+            ],
+        )
+        .route("carry on", [ReplayEntry::Chunks(text_response(&["the number was 42"]))]);
+    let (rt, model) = runtime_with(dir.path(), model, "");
+    let (parent_id, _) = parent(&rt, dir.path());
+    for prompt in ["remember 42", "fork now"] {
+        assert_eq!(rt.prompt(&parent_id, text(prompt)).unwrap().await.unwrap(), kin::agent::TurnEnd::Completed);
+    }
+    let child = rt
+        .store()
+        .list()
+        .into_iter()
+        .find(|s| s.header.parent_session.as_deref() == Some(parent_id.as_str()))
+        .expect("the forked child")
+        .header;
+    until("the forked child to settle", || !rt.continuation().is_resident(&child.id)).await;
+    let log = rt.store().inspect(&child.id).unwrap();
+    let seed_length = log.header.seed_length.expect("a fork records its seed length") as usize;
+    assert!(seed_length > 0, "the seed holds the parent's history");
+    let descriptors: Vec<usize> =
+        log.events.iter().enumerate().filter(|(_, e)| e.kind == "subagent/descriptor").map(|(i, _)| i).collect();
+    assert_eq!(descriptors, [seed_length], "one descriptor, right after the seed");
+    assert_eq!(log.events[seed_length].data.to_value()["mode"], "continuable");
+    // The child's model call saw the parent's history, then its own prompt, and it answered.
+    let call = model.requests().into_iter().find(|r| r.session_id == child.id).expect("the child's model call");
+    let history = serde_json::to_string(&*call.messages).unwrap();
+    assert!(history.contains("remember 42") && history.contains("noted") && history.contains("carry on"), "{history}");
+    let answer = log.events.iter().rev().find(|e| e.kind == "assistant/message").expect("the child's answer");
+    assert!(answer.data.to_value().to_string().contains("the number was 42"));
+    // It lists as a continuable child of the parent.
+    let listed: Vec<_> = rt.child_tree(&parent_id, 1).unwrap().into_iter().map(|t| t.entry).collect();
+    assert!(
+        matches!(&listed[..], [ListEntry::Child { id, mode: Mode::Continuable, .. }] if *id == child.id),
+        "{listed:?}"
+    );
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuable_childs_persona_and_tool_filter_apply_at_start_and_on_cold_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedModel::new([])
+        .route("go", [ReplayEntry::Chunks(text_response(&["plain"])), ReplayEntry::Chunks(text_response(&["first"]))])
+        .route("again", [ReplayEntry::Chunks(text_response(&["second"]))]);
+    let (rt, model) = runtime_with(dir.path(), model, "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    // An unfiltered child first: the tools a filter takes away are there without one.
+    let (plain, _) = manager.start("spawn", "plain".into(), start_request(&caller, "go")).await.unwrap();
+    until("the plain child to settle", || !manager.is_resident(&plain)).await;
+    let (plain_tools, plain_system) = calls_of(&model, &plain).remove(0);
+    assert!(plain_tools.iter().any(|t| t == "subagent") && !plain_system.contains("PERSONA-X"), "{plain_tools:?}");
+    let mut request = start_request(&caller, "go");
+    request.persona = Some("You are PERSONA-X.".into());
+    request.tool_filter =
+        Some(kin::subagent::descriptor::ToolFilter { allow: None, deny: Some(vec!["subagent*".into()]) });
+    let (child, _) = manager.start("spawn", "styled".into(), request).await.unwrap();
+    until("the styled child to settle", || !manager.is_resident(&child)).await;
+    // Cold resume: the Activation is gone, the descriptor is read back from the log.
+    let source = json!({"kind": "user"});
+    manager.followup(&caller, &child, text("again"), source).await.unwrap();
+    until("the resumed child to settle", || !manager.is_resident(&child)).await;
+    let calls = calls_of(&model, &child);
+    assert_eq!(calls.len(), 2, "the start and the cold resume");
+    let expected: Vec<String> = plain_tools.iter().filter(|t| !t.starts_with("subagent")).cloned().collect();
+    for (tools, system) in &calls {
+        assert_eq!(tools, &expected, "the filter applies");
+        assert!(system.contains("You are PERSONA-X."), "the persona applies: {system}");
+    }
     rt.shutdown().await;
 }
