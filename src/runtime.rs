@@ -334,16 +334,13 @@ impl ChildFactory for Runtime {
         self.store.inspect(id).map(|scanned| scanned.events).map_err(|e| e.to_string())
     }
 
-    fn stored_children(&self, parent_id: &str) -> Vec<SessionHeader> {
-        let mut headers: Vec<SessionHeader> = self
-            .store
+    fn stored_subagents(&self) -> Vec<SessionHeader> {
+        self.store
             .list()
             .into_iter()
             .map(|s| s.header)
-            .filter(|h| h.parent_session.as_deref() == Some(parent_id) && h.origin.as_deref() == Some("subagent"))
-            .collect();
-        headers.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        headers
+            .filter(|h| h.parent_session.is_some() && h.origin.as_deref() == Some("subagent"))
+            .collect()
     }
 
     fn start_agent(&self, mut session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle {

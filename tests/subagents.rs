@@ -440,8 +440,8 @@ impl kin::subagent::inprocess::ChildFactory for ClosingFactory {
     fn stored_events(&self, id: &str) -> Result<Vec<Event>, String> {
         self.0.stored_events(id)
     }
-    fn stored_children(&self, parent_id: &str) -> Vec<SessionHeader> {
-        kin::subagent::inprocess::ChildFactory::stored_children(&*self.0, parent_id)
+    fn stored_subagents(&self) -> Vec<SessionHeader> {
+        kin::subagent::inprocess::ChildFactory::stored_subagents(&*self.0)
     }
     fn start_agent(
         &self,

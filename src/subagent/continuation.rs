@@ -22,7 +22,7 @@ use super::{
 };
 use crate::agent::{AgentHandle, NotAccepted, Restored, TurnEnd};
 use crate::model::ModelRoute;
-use crate::session::{Event, now_ms};
+use crate::session::{Event, SessionHeader, now_ms};
 use crate::tools::{Caller, Tool};
 
 /// How a child's report reaches its parent.
@@ -760,8 +760,19 @@ impl ContinuationManager {
     /// resumed is logged and skipped (its messages stay pending in its log).
     pub async fn restore_below(self: &Arc<Self>, root_id: &str, fallback: &ModelRoute) {
         let Ok(factory) = self.factory() else { return };
+        // One listing of the store for the whole tree (a listing per child made a reload
+        // quadratic in the number of children).
+        let mut children: HashMap<String, Vec<SessionHeader>> = HashMap::new();
+        for header in factory.stored_subagents() {
+            if let Some(parent) = header.parent_session.clone() {
+                children.entry(parent).or_default().push(header);
+            }
+        }
+        for siblings in children.values_mut() {
+            siblings.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        }
         let mut plan = Vec::new();
-        self.plan_restore(&*factory, root_id, 0, &mut plan);
+        self.plan_restore(&*factory, &children, root_id, 0, &mut plan);
         let mut resumed = Vec::new();
         for (parent_id, child_id) in plan {
             if self.is_resident(&child_id) {
@@ -787,10 +798,12 @@ impl ContinuationManager {
     }
 
     /// The stored continuable children below `parent_id` to resume, parents first, as (parent,
-    /// child); true when any of them has work.
+    /// child); true when any of them has work. `children` are the stored subagents by parent,
+    /// oldest first by (`createdAt`, id).
     fn plan_restore(
         &self,
         factory: &dyn ChildFactory,
+        children: &HashMap<String, Vec<SessionHeader>>,
         parent_id: &str,
         depth: usize,
         plan: &mut Vec<(String, String)>,
@@ -799,7 +812,7 @@ impl ContinuationManager {
             return false;
         }
         let mut any = false;
-        for header in factory.stored_children(parent_id) {
+        for header in children.get(parent_id).map(Vec::as_slice).unwrap_or_default() {
             let Ok(events) = factory.stored_events(&header.id) else { continue };
             let seed_length = header.seed_length.unwrap_or(0);
             let continuable = matches!(
@@ -818,7 +831,7 @@ impl ContinuationManager {
             };
             let at = plan.len();
             plan.push((parent_id.to_string(), header.id.clone()));
-            let below = self.plan_restore(factory, &header.id, depth + 1, plan);
+            let below = self.plan_restore(factory, children, &header.id, depth + 1, plan);
             if own || below {
                 any = true;
             } else {

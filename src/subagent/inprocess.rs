@@ -101,9 +101,9 @@ pub trait ChildFactory: Send + Sync {
     fn stored_header(&self, id: &str) -> Option<SessionHeader>;
     /// The events of a stored session, read without repairing it.
     fn stored_events(&self, id: &str) -> Result<Vec<Event>, String>;
-    /// The headers of the stored children of `parent_id` (subagent sessions whose
-    /// `parentSession` it is), oldest first by (`createdAt`, id).
-    fn stored_children(&self, parent_id: &str) -> Vec<SessionHeader>;
+    /// The headers of every stored subagent session (one with a `parentSession` and origin
+    /// `subagent`), from one listing of the store, in no particular order.
+    fn stored_subagents(&self) -> Vec<SessionHeader>;
     /// Starts an agent on a child session and registers it as live; `restored` are the inbox
     /// messages its log holds (they run once it is woken).
     fn start_agent(&self, session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle;
