@@ -1,7 +1,7 @@
 //! `kin bench`: figures, never assertions. Cold start (process start → `initialize` response, and
 //! RSS after it), per-turn overhead with an in-process scripted model, append throughput with
-//! the real fsync policy, `load` time of large sessions, and subagent listing (the catalog) under
-//! a large corpus.
+//! the real fsync policy, `load` time of large sessions, subagent listing (the catalog) under
+//! a large corpus, and compaction over a long session.
 
 use std::io::Write;
 use std::path::Path;
@@ -63,6 +63,8 @@ pub enum Section {
     Catalog,
     /// `session/load` of a parent with many children, the agent tree shown.
     Tree,
+    /// A 2,000-turn session whose usage grows past the window: compaction cost and log growth.
+    Compaction,
 }
 
 /// What `kin bench` runs.
@@ -219,6 +221,9 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
     }
     if options.runs(Section::Tree) {
         tree_reload(tmp.path(), &mut report).await?;
+    }
+    if options.runs(Section::Compaction) {
+        compaction(tmp.path(), if quick { 500 } else { 2_000 }, &mut report).await?;
     }
     if let Some(path) = &options.save {
         let doc = json!({"machine": machine(), "command": "kin bench", "figures": report.metrics});
@@ -927,4 +932,131 @@ async fn acp_load(root: &Path, id: &str) -> Result<(Duration, u64)> {
     let (_, peak) = kin.rss();
     kin.close().await?;
     Ok((took, peak))
+}
+
+/// The window of the compaction bench's route.
+const BENCH_WINDOW: u64 = 20_000;
+
+/// A scripted model for the compaction bench: a step's answer reports the request's estimated
+/// size as its usage (so usage grows with the history, as a real model's does); a summary
+/// request gets a short summary. Keeps the largest step request it saw.
+#[derive(Default)]
+struct GrowingModel {
+    largest: std::sync::atomic::AtomicU64,
+}
+
+impl Model for GrowingModel {
+    fn stream(
+        &self,
+        request: crate::model::ModelRequest,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> crate::model::ChunkStream {
+        use crate::agent::meter;
+        let tokens = meter::header_tokens(&request.system, &request.tools)
+            + request.messages.iter().map(meter::message_tokens).sum::<u64>();
+        let text = match request.purpose {
+            crate::model::Purpose::Compaction => {
+                "The user asked a long series of numbered questions; each was answered.".to_string()
+            }
+            _ => {
+                self.largest.fetch_max(tokens, std::sync::atomic::Ordering::Relaxed);
+                format!("Answer to turn {}: {}", request.turn, "details ".repeat(20))
+            }
+        };
+        let mut chunks = text_response(&[&text]);
+        for chunk in &mut chunks {
+            if let StreamChunk::Usage { usage } = chunk {
+                *usage = json!({"inputTokens": tokens, "outputTokens": text.len() / 4});
+            }
+        }
+        crate::model::script::play(crate::model::script::ReplayEntry::Chunks(chunks), None, cancel)
+    }
+}
+
+/// When each `compact/start` and `compact/end` was appended.
+#[derive(Default)]
+struct Brackets(std::sync::Mutex<(Vec<Instant>, Vec<Instant>)>);
+
+impl crate::session::SessionObserver for Brackets {
+    fn on_event(&self, _: &SessionHeader, event: &crate::session::Event) {
+        let Ok(mut marks) = self.0.lock() else { return };
+        match event.kind {
+            Kind::CompactStart => marks.0.push(Instant::now()),
+            Kind::CompactEnd => marks.1.push(Instant::now()),
+            _ => {}
+        }
+    }
+}
+
+/// `turns` prompts against [`GrowingModel`] on a 20,000-token window with the default policy:
+/// every turn must complete and every step request stay under the window; the figures are the
+/// time of a compaction (from `compact/start` to `compact/end`, the summary being the in-process
+/// scripted call) and the log's growth.
+async fn compaction(tmp: &Path, turns: usize, report: &mut Report<'_>) -> Result<()> {
+    let store = SessionStore::new(tmp.join("compaction"));
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut session = store.create(SessionHeader::new(id.clone(), 0, Some("/bench".into())))?;
+    let brackets = Arc::new(Brackets::default());
+    session.add_observer(brackets.clone());
+    let model = Arc::new(GrowingModel::default());
+    let route = scripted_route()?;
+    let entry = crate::model::capacity::ModelEntry { context_window: Some(BENCH_WINDOW), price: None };
+    let models = crate::model::capacity::ModelTable { routes: vec![(route.to_string(), entry)], ..Default::default() };
+    let mut deps = bench_deps(model.clone(), route, 0);
+    deps.compaction = crate::agent::compact::Policy { models: Arc::new(models), ..Default::default() };
+    let agent = spawn_agent(session, deps);
+    let started = Instant::now();
+    for n in 0..turns {
+        let text = format!("Question {n}: {}", "please consider this ".repeat(20));
+        let end = agent.followup(vec![json!({"type": "text", "text": text})], json!({"kind": "user"}))?.await?;
+        anyhow::ensure!(end == TurnEnd::Completed, "compaction bench: turn {} ended {end:?}", n + 1);
+    }
+    let wall = started.elapsed();
+    agent.shutdown().await;
+    let largest = model.largest.load(std::sync::atomic::Ordering::Relaxed);
+    anyhow::ensure!(largest < BENCH_WINDOW, "a request of ~{largest} tokens exceeded the {BENCH_WINDOW}-token window");
+    let (starts, ends) = brackets.0.lock().map_err(|_| anyhow::anyhow!("bench observer poisoned"))?.clone();
+    anyhow::ensure!(
+        !starts.is_empty() && starts.len() == ends.len(),
+        "compaction bench: {} starts, {} ends",
+        starts.len(),
+        ends.len()
+    );
+    let times: Vec<Duration> = starts.iter().zip(&ends).map(|(s, e)| e.duration_since(*s)).collect();
+    let stored = store.inspect(&id)?;
+    let failed =
+        stored.events.iter().filter(|e| e.get::<event::CompactEnd>().is_some_and(|end| end.error.is_some())).count();
+    let bytes = std::fs::metadata(store.locate(&id)?.context("the bench session's log")?)?.len();
+    let compact_bytes: usize = stored
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(e.kind, Kind::CompactStart | Kind::CompactSummary | Kind::CompactEnd)
+                || e.surface_op.as_ref().is_some_and(|op| op["op"] == "replace")
+        })
+        .map(|e| serde_json::to_string(&e.data).map_or(0, |t| t.len()))
+        .sum();
+    let (med, p) = (median(&times), p99(&times));
+    report.metric(
+        "compaction_median_ms",
+        millis(med),
+        format!(
+            "compaction: {turns} turns in {} on a {BENCH_WINDOW}-token window, none failed; {} compactions ({failed} failed), each {} median {} p99 (compact/start to compact/end; the summary is the in-process scripted call); largest request ~{largest} tokens",
+            ms(wall),
+            times.len(),
+            ms(med),
+            ms(p)
+        ),
+    )?;
+    report.metric(
+        "compaction_log_bytes_per_turn",
+        bytes as f64 / turns as f64,
+        format!(
+            "compaction log: {:.2} MB for {turns} turns ({:.0} bytes a turn), {:.1}% of it the compaction events and checkpoints",
+            bytes as f64 / 1e6,
+            bytes as f64 / turns as f64,
+            compact_bytes as f64 * 100.0 / bytes as f64
+        ),
+    )?;
+    Ok(())
 }

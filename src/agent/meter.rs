@@ -63,13 +63,26 @@ pub(crate) fn measure(session: &Session, route: &ModelRoute, system: &str, tools
     let header = header_tokens(system, tools);
     let total = match anchor(session.events(), route) {
         Some((index, reported)) => {
-            let then: u64 = Nodes::of(&session.events()[..=index]).messages.iter().map(message_tokens).sum();
+            let then = surface_at(session, index, &nodes);
             let value = reported.max(header + then);
             (value + surface).saturating_sub(then)
         }
         None => header + surface,
     };
     Measure { total, nodes }
+}
+
+/// The estimate of the surface right after `events[index]`. With no replace since, that is the
+/// current nodes up to its seq (no fold of the log: a long session's step stays cheap); else the
+/// fold of the log up to it.
+fn surface_at(session: &Session, index: usize, nodes: &[u64]) -> u64 {
+    let events = session.events();
+    let replaced = |e: &Event| e.surface_op.as_ref().is_some_and(|op| op["op"] == "replace");
+    if events[index + 1..].iter().any(replaced) {
+        return Nodes::of(&events[..=index]).messages.iter().map(message_tokens).sum();
+    }
+    let seq = events[index].seq;
+    session.surface_seqs().iter().zip(nodes).filter(|(s, _)| **s <= seq).map(|(_, t)| t).sum()
 }
 
 /// The latest `assistant/message` of `route` with usage: its index and reported tokens.

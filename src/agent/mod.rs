@@ -9,7 +9,7 @@
 
 pub mod compact;
 mod intake;
-mod meter;
+pub(crate) mod meter;
 mod turn;
 
 pub use intake::{NotAccepted, Restored, prepare};
