@@ -526,6 +526,34 @@ mod tests {
     }
 
     #[test]
+    fn a_compaction_shows_as_thoughts_and_only_its_outcome_replays() {
+        let tools = ToolRegistry::new();
+        let shown = |update: Option<SessionUpdate>| {
+            let wire = serde_json::to_value(update.unwrap()).unwrap();
+            assert_eq!(wire["sessionUpdate"], "agent_thought_chunk", "{wire}");
+            wire["content"]["text"].as_str().unwrap().to_string()
+        };
+        let start = event("compact/start", json!({"turn": null}));
+        assert_eq!(shown(live_update(&start, &tools)), "Compacting conversation…\n");
+        assert!(replay_updates(&start, &tools).is_empty(), "a start is not replayed");
+        let summary = json!({
+            "summary": [{"type": "text", "text": "S"}], "shadowedRange": {"start": 1, "end": 4},
+            "shadowedSeqs": [1, 2, 4], "shadowedTokenCount": 900, "provider": "p", "model": "m",
+        });
+        let summary = event("compact/summary", summary);
+        let after = crate::agent::compact::checkpoint_tokens(&[json!({"type": "text", "text": "S"})]);
+        let outcome = format!("Compacted 3 history items: ~900 tokens → ~{after} tokens.\n");
+        assert_eq!(shown(live_update(&summary, &tools)), outcome);
+        assert_eq!(shown(replay_updates(&summary, &tools).into_iter().next()), outcome);
+        let failed = event("compact/end", json!({"turn": 2, "error": "summary model down"}));
+        let why = "Compaction failed: summary model down; the conversation is unchanged.\n";
+        assert_eq!(shown(live_update(&failed, &tools)), why);
+        assert_eq!(shown(replay_updates(&failed, &tools).into_iter().next()), why);
+        let done = event("compact/end", json!({"turn": 2}));
+        assert!(live_update(&done, &tools).is_none() && replay_updates(&done, &tools).is_empty());
+    }
+
+    #[test]
     fn a_retry_notice_says_when_the_servers_wait_was_capped() {
         let text = |data: Value| {
             let wire =
