@@ -294,3 +294,32 @@ async fn a_continuable_childs_persona_and_tool_filter_apply_at_start_and_on_cold
     }
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_agent_stopped_outside_the_manager_still_settles_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedModel::new([])
+        .route("work", [ReplayEntry::Hang { chunks: vec![], ready_file: None }])
+        .route("more", [ReplayEntry::Chunks(text_response(&["resumed"]))]);
+    let (rt, model) = runtime_with(dir.path(), model, "");
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    rt.subagents().observe(move |e| sink.lock().unwrap().push(e.clone()));
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let (child, _) = manager.start("spawn", "stopped".into(), start_request(&caller, "work")).await.unwrap();
+    // Its turn is running (a queued one would stay pending and run again on resume).
+    until("the child's model call", || calls_of(&model, &child).len() == 1).await;
+    // The child's agent stops behind the manager's back: its final flush can never be retried.
+    kin::subagent::inprocess::ChildFactory::live_agent(&*rt, &child).expect("the child's agent").shutdown().await;
+    until("the stopped child to settle", || !manager.is_resident(&child)).await;
+    assert_eq!(epochs(&events.lock().unwrap(), &child).iter().map(|(_, k)| *k).collect::<Vec<_>>(), ["start", "end"]);
+    // Its log is intact, so a follow-up resumes it cold.
+    let source = json!({"kind": "user"});
+    manager.followup(&caller, &child, text("more"), source).await.unwrap();
+    until("the resumed child to settle", || epochs(&events.lock().unwrap(), &child).len() == 4).await;
+    let log = rt.store().inspect(&child).unwrap();
+    let answer = log.events.iter().rev().find(|e| e.kind == "assistant/message").expect("the resumed answer");
+    assert!(answer.data.to_value().to_string().contains("resumed"));
+    rt.shutdown().await;
+}

@@ -319,6 +319,11 @@ impl AgentHandle {
         self.cancel();
     }
 
+    /// True once the actor has stopped: it accepts nothing more.
+    pub fn is_gone(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     fn send(&self, command: Command) -> Result<(), AgentGone> {
         self.tx.send(command).map_err(|_| AgentGone(self.id.clone()))
     }

@@ -499,6 +499,12 @@ impl ContinuationManager {
             if handle.flush().await.is_ok() {
                 break true;
             }
+            if handle.is_gone() {
+                // An agent that stopped has made its last write (or logged why it could not):
+                // retrying cannot help, and its Activation must still settle and be released.
+                tracing::warn!(child = %child_id, "settling a subagent whose agent has stopped");
+                break true;
+            }
             if self.draining.load(Ordering::SeqCst) || !ready(&self.state()) {
                 break false;
             }
