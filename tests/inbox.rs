@@ -7,9 +7,11 @@
 //! - `start N <child prompt>`: N background `subagent` calls with that prompt;
 //! - `send <child> <message>`: one `send_message`;
 //! - `list`: one `list_agents`;
+//! - `interrupt <child> [discard]`: one `interrupt_agent` (with `discard: true`);
 //! - `wait <file>`: `bash` that creates `<file>.started` and waits until `<file>` exists;
 //! - `gate <file> [big|report <text>]` (a child's prompt): `bash` waiting for `<file>`, then a
-//!   300 KB answer (`big`), a `report` call (`report`), or `ok`;
+//!   300 KB answer (`big`), a `report` call (`report`, its output the rest of the line), or `ok`;
+//! - a report a parent is woken by: the report's text is the command (`wait <file>`, …);
 //! - anything else a child is sent (`m…`): `did m…` after a short delay, so messages queue.
 //!
 //! Waits for kin's side effects poll the logs (or a file a command creates): the order is fenced
@@ -77,7 +79,10 @@ impl Respond for Brain {
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
         let last = messages.last().cloned().unwrap_or_default();
         let sse = |body: String| ResponseTemplate::new(200).set_body_raw(body, "text/event-stream");
-        let text = text_of(&last["content"]);
+        let mut text = text_of(&last["content"]);
+        if text.starts_with("Background subagent ") {
+            text = text.lines().last().unwrap_or_default().to_string();
+        }
         if last["role"] == "tool" {
             if text.contains("THEN_BIG") {
                 let chunks: Vec<Value> = (0..300).map(|_| chunk(json!({"content": "x".repeat(1000)}), None)).collect();
@@ -103,11 +108,15 @@ impl Respond for Brain {
                 sse(calls_sse(&[("send_message", json!({"subagent_id": child, "message": message}))]))
             }
             ["list"] => sse(calls_sse(&[("list_agents", json!({}))])),
+            ["interrupt", child, rest @ ..] => {
+                let arguments = json!({"agent_id": child, "discard": rest == ["discard"]});
+                sse(calls_sse(&[("interrupt_agent", arguments)]))
+            }
             ["wait", file] => sse(calls_sse(&[("bash", json!({"command": gate_command(file, "waited")}))])),
             ["gate", file, rest @ ..] => {
                 let then = match rest {
                     ["big"] => "THEN_BIG".to_string(),
-                    ["report", text] => format!("THEN_REPORT {text}"),
+                    ["report", text @ ..] => format!("THEN_REPORT {}", text.join(" ")),
                     _ => "THEN_OK".to_string(),
                 };
                 sse(calls_sse(&[("bash", json!({"command": gate_command(file, &then)}))]))
@@ -151,10 +160,15 @@ struct World {
 }
 
 fn world(child_delay: Duration) -> World {
+    world_with(child_delay, "")
+}
+
+/// `world` with more of `kin.toml` (`extra`, appended).
+fn world_with(child_delay: Duration, extra: &str) -> World {
     let tmp = tempfile::tempdir().unwrap();
     let (cwd, sessions, config) = (tmp.path().join("cwd"), tmp.path().join("sessions"), tmp.path().join("kin.toml"));
     std::fs::create_dir_all(&cwd).unwrap();
-    std::fs::write(&config, "[model_settings]\nretry_base_delay_ms = 10\n").unwrap();
+    std::fs::write(&config, format!("[model_settings]\nretry_base_delay_ms = 10\n{extra}")).unwrap();
     let store = SessionStore::new(&sessions);
     World { _tmp: tmp, cwd, sessions, config, model: model(child_delay), store }
 }
@@ -546,8 +560,19 @@ fn sigkills_while_follow_ups_queue_lose_and_duplicate_nothing() {
     let _ = kin.child.wait();
 }
 
-#[test]
-fn the_editors_cancel_of_a_background_child_discards_its_queue_and_list_agents_says_so() {
+/// How a background child's queue is discarded.
+#[derive(Clone, Copy)]
+enum Discard {
+    /// The editor's cancel on the child in the agent tree (`session/cancel` naming it).
+    EditorCancel,
+    /// The parent's model: `interrupt_agent` with `discard`.
+    Interrupt,
+}
+
+/// A child with two messages queued behind its running turn is stopped with a discard: its turn
+/// ends aborted, the two never run, and the sender's next `list_agents` says they were
+/// discarded; a later message runs and clears the note.
+fn a_discard_shows_in_list_agents(how: Discard) {
     let world = world(Duration::from_millis(1));
     let mut kin = world.kin();
     let parent = world.new_session(&mut kin);
@@ -560,8 +585,18 @@ fn the_editors_cancel_of_a_background_child_discards_its_queue_and_list_agents_s
     assert!(prompt(&mut kin, &parent, "list")["result"].is_object());
     let listed = tool_results(&world.events(&parent)).pop().unwrap();
     assert!(listed.contains(&format!("{child} [running]")) && listed.contains("(2 queued)"), "{listed}");
-    // The agent tree's cancel on the child: its turn stops and its queue is discarded, on disk.
-    kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": child}}));
+    match how {
+        Discard::EditorCancel => {
+            kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": child}}));
+        }
+        Discard::Interrupt => {
+            let answer = prompt(&mut kin, &parent, &format!("interrupt {child} discard"));
+            assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+            let result = tool_results(&world.events(&parent)).pop().unwrap();
+            assert_eq!(result, format!("interrupt requested for agent {child}; 2 queued messages discarded"));
+        }
+    }
+    // Its turn stops and its queue is discarded, on disk.
     world.until("the discard", || discards(&world.events(&child)) == 1);
     world.until("the child to settle", || {
         world.events(&child).iter().any(|e| e.kind == "turn/end") && {
@@ -583,4 +618,111 @@ fn the_editors_cancel_of_a_background_child_discards_its_queue_and_list_agents_s
     std::fs::write(&gate, "").unwrap();
     kin.close_stdin();
     let _ = kin.child.wait();
+}
+
+#[test]
+fn the_editors_cancel_of_a_background_child_discards_its_queue_and_list_agents_says_so() {
+    a_discard_shows_in_list_agents(Discard::EditorCancel);
+}
+
+#[test]
+fn interrupt_agent_with_discard_drops_the_queue_and_the_senders_next_list_agents_says_so() {
+    a_discard_shows_in_list_agents(Discard::Interrupt);
+}
+
+/// Whether a log event is a turn a child's report woke.
+fn report_turn(event: &Event) -> bool {
+    event.kind == "turn/start" && event.data["trigger"]["source"]["kind"] == "subagent-report"
+}
+
+/// A top-level session left by a SIGKILL with a message pending in its own inbox: with
+/// `report_delivery = "wakeup"`, two children report while the parent runs a tool (both reports
+/// are queued on the parent, inside that turn); the first report's turn then starts (`wait
+/// <hold1>`, claimed) and kin is killed in it, so the second is pending. Returns the world, the
+/// parent and `hold1` (which does not exist yet).
+fn a_parent_killed_with_a_pending_report() -> (World, String, PathBuf) {
+    let world = world_with(Duration::from_millis(1), "[subagents]\nreport_delivery = \"wakeup\"\n");
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let (gate, hold0, hold1) = (world.cwd.join("gate"), world.cwd.join("hold0"), world.cwd.join("hold1"));
+    let started =
+        prompt(&mut kin, &parent, &format!("start 2 gate {} report wait {}", gate.display(), hold1.display()));
+    assert_eq!(started["result"]["stopReason"], "end_turn", "{started}");
+    assert_eq!(world.children(&parent).len(), 2);
+    world.until("the children to wait at their gate", || world.cwd.join("gate.started").exists());
+    kin.request(
+        "session/prompt",
+        json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("wait {}", hold0.display())}]}),
+    );
+    world.until("the parent's tool to run", || world.cwd.join("hold0.started").exists());
+    std::fs::write(&gate, "").unwrap();
+    world.until("both reports to be queued on the parent", || inserted(&world.events(&parent)).len() == 2);
+    std::fs::write(&hold0, "").unwrap();
+    world.until("the first report's turn to run its tool", || world.cwd.join("hold1.started").exists());
+    kin.child.kill().unwrap();
+    kin.child.wait().unwrap();
+    let events = world.events(&parent);
+    assert_eq!(events.iter().filter(|e| report_turn(e)).count(), 1, "one report ran, one is pending");
+    (world, parent, hold1)
+}
+
+/// A top-level session with a pending message runs it when it is loaded (`session/load`) or
+/// resumed (`session/resume`) after a restart: once, after the turn the kill interrupted.
+fn a_top_level_pending_message_runs_after_a_restart(method: &str) {
+    let (world, parent, hold1) = a_parent_killed_with_a_pending_report();
+    std::fs::write(&hold1, "").unwrap();
+    let mut kin = world.kin();
+    let answer = kin.call(method, json!({"sessionId": parent, "cwd": world.cwd, "mcpServers": []}), WAIT);
+    assert!(answer.get("result").is_some(), "{answer}");
+    world.until("the pending report to run", || turn_ends(&world.events(&parent)).len() == 4);
+    let events = world.events(&parent);
+    assert_eq!(turn_ends(&events), ["completed", "completed", "interrupted", "completed"]);
+    assert_eq!(events.iter().filter(|e| report_turn(e)).count(), 2, "each report ran once");
+    let reports = user_texts(&events).iter().filter(|t| t.starts_with("Background subagent ")).count();
+    assert_eq!(reports, 2);
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
+
+#[test]
+fn a_top_level_session_runs_its_pending_messages_when_loaded_after_a_restart() {
+    a_top_level_pending_message_runs_after_a_restart("session/load");
+}
+
+#[test]
+fn a_top_level_session_runs_its_pending_messages_when_resumed_after_a_restart() {
+    a_top_level_pending_message_runs_after_a_restart("session/resume");
+}
+
+/// `session/fork` of a session with pending inbox messages: the fork's seed holds their
+/// insertions (its seed is the source's completed turns), but they are the source's; the fork
+/// never runs them, neither live nor when it is loaded after a restart, while the source still
+/// does.
+#[test]
+fn a_fork_does_not_inherit_pending_inbox_messages() {
+    let (world, parent, hold1) = a_parent_killed_with_a_pending_report();
+    std::fs::write(&hold1, "").unwrap();
+    let mut kin = world.kin();
+    let forked = kin.call("session/fork", json!({"sessionId": parent, "cwd": world.cwd, "mcpServers": []}), WAIT);
+    let fork = forked["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{forked}")).to_string();
+    let seed_length = world.store.inspect(&fork).unwrap().header.seed_length.unwrap() as usize;
+    let seeded = world.events(&fork);
+    assert_eq!(inserted(&seeded[..seed_length]).len(), 2, "the seed holds both insertions");
+    assert_eq!(prompt(&mut kin, &fork, "hello")["result"]["stopReason"], "end_turn");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+    let mut kin = world.kin();
+    world.load(&mut kin, &fork);
+    // A pending message the fork had inherited would run first (a load wakes it), before this.
+    assert_eq!(prompt(&mut kin, &fork, "hello")["result"]["stopReason"], "end_turn");
+    let own = world.events(&fork).split_off(seed_length);
+    assert!(!own.iter().any(report_turn), "the fork ran a report: {:?}", user_texts(&own));
+    assert_eq!(user_texts(&own), ["hello", "hello"]);
+    assert_eq!(turn_ends(&own), ["completed", "completed"]);
+    // The source still has its pending report, and runs it when loaded.
+    world.load(&mut kin, &parent);
+    world.until("the source's pending report to run", || turn_ends(&world.events(&parent)).len() == 4);
+    assert_eq!(world.events(&parent).iter().filter(|e| report_turn(e)).count(), 2);
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
 }
