@@ -301,9 +301,20 @@ fn send(world: &World, kin: &mut Peer, session: &str, child: &str, message: &str
     tool_results(&world.events(session)).pop().unwrap()
 }
 
-/// A child's queued messages after a stop: each ran exactly once, in order, once the parent is
-/// loaded again, whether kin exited (stdin closed) or the parent was closed.
-fn queued_messages_survive(close_session: bool) {
+/// How kin or the parent session is stopped.
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    /// kin's stdin is closed.
+    StdinClose,
+    /// kin gets SIGTERM (its stdin stays open).
+    Sigterm,
+    /// `session/close` of the parent (kin goes on).
+    SessionClose,
+}
+
+/// A child's queued messages after a stop: none discarded, and each ran exactly once, in order,
+/// once the parent is loaded again.
+fn queued_messages_survive(stop: Stop) {
     let world = world(Duration::from_millis(1));
     let mut kin = world.kin();
     let parent = world.new_session(&mut kin);
@@ -315,16 +326,26 @@ fn queued_messages_survive(close_session: bool) {
         assert!(result.contains("queued"), "{result}");
     }
     assert_eq!(inserted(&world.events(&child))[1..], ["m1", "m2", "m3"], "acknowledged means in the child's log");
-    if close_session {
-        assert!(kin.call("session/close", json!({"sessionId": parent}), WAIT).get("result").is_some());
-    } else {
-        kin.close_stdin();
-        assert!(kin.child.wait().unwrap().success());
+    match stop {
+        Stop::SessionClose => {
+            assert!(kin.call("session/close", json!({"sessionId": parent}), WAIT).get("result").is_some());
+        }
+        Stop::StdinClose => {
+            kin.close_stdin();
+            assert!(kin.child.wait().unwrap().success());
+        }
+        Stop::Sigterm => {
+            let pid = kin.child.id().to_string();
+            assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+            assert!(kin.child.wait().unwrap().success(), "SIGTERM is a clean exit");
+        }
     }
     let events = world.events(&child);
     assert_eq!(discards(&events), 0, "a stop discards nothing");
     assert!(!user_texts(&events).iter().any(|t| t.starts_with('m')), "none of them ran yet");
-    if !close_session {
+    // The running turn was ended by the stop (not left open for crash repair).
+    assert_eq!(turn_ends(&events), ["disposed"]);
+    if stop != Stop::SessionClose {
         kin = world.kin();
     }
     world.load(&mut kin, &parent);
@@ -341,12 +362,17 @@ fn queued_messages_survive(close_session: bool) {
 
 #[test]
 fn a_clean_stdin_close_keeps_queued_messages_and_a_load_runs_them() {
-    queued_messages_survive(false);
+    queued_messages_survive(Stop::StdinClose);
+}
+
+#[test]
+fn sigterm_keeps_queued_messages_and_a_load_runs_them() {
+    queued_messages_survive(Stop::Sigterm);
 }
 
 #[test]
 fn session_close_keeps_queued_messages_and_a_load_runs_them() {
-    queued_messages_survive(true);
+    queued_messages_survive(Stop::SessionClose);
 }
 
 #[test]

@@ -181,14 +181,39 @@ fn after_response(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_not
 
 pub use transport::{DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 
-/// Serves ACP on stdin/stdout until stdin closes, then shuts the runtime down. A frame longer
-/// than `max_frame_bytes` is answered with an error and dropped (see `transport`).
+/// Serves ACP on stdin/stdout until stdin closes or kin gets SIGTERM, then shuts the runtime
+/// down (both alike: running turns end `disposed`, queued messages stay pending on disk). A
+/// frame longer than `max_frame_bytes` is answered with an error and dropped (see `transport`).
 pub async fn serve_stdio(runtime: Arc<Runtime>, max_frame_bytes: usize) -> anyhow::Result<()> {
-    serve(runtime, transport::stdio(max_frame_bytes)).await
+    serve_until(runtime, transport::stdio(max_frame_bytes), terminated()).await
+}
+
+/// Resolves when kin gets SIGTERM (never, if the handler cannot be installed: kin then dies of
+/// it as it would without one, and loses nothing accepted, which is on disk already).
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut sigterm) => {
+            sigterm.recv().await;
+            tracing::info!("SIGTERM: shutting down as when stdin closes; queued messages stay pending on disk");
+        }
+        Err(e) => {
+            tracing::warn!("cannot handle SIGTERM ({e}); it will end kin without a clean shutdown");
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Serves ACP over `transport` until it closes, then shuts the runtime down.
 async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyhow::Result<()> {
+    serve_until(runtime, transport, std::future::pending()).await
+}
+
+/// `serve`, also ending (as if the transport had closed) when `stop` resolves.
+async fn serve_until(
+    runtime: Arc<Runtime>,
+    transport: impl ConnectTo<Agent>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let rt_init = runtime.clone();
     let rt_new = runtime.clone();
     let rt_prompt = runtime.clone();
@@ -209,7 +234,7 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
     let (notices_init, notices_new, notices_load) = (notices.clone(), notices.clone(), notices.clone());
     let notices_prompt = notices.clone();
     let (notices_resume, notices_fork) = (notices.clone(), notices);
-    let result = Agent
+    let connection = Agent
         .v1()
         .name("kin")
         .on_receive_request(
@@ -527,8 +552,11 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
             },
             on_receive_request!(),
         )
-        .connect_to(transport)
-        .await;
+        .connect_to(transport);
+    let result = tokio::select! {
+        result = connection => result,
+        () = stop => Ok(()),
+    };
     runtime.shutdown().await;
     result.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))
 }
