@@ -424,11 +424,7 @@ impl Actor {
             }
             Command::Read(reader) => reader(&self.session),
             Command::SetRoute(route) => self.deps.route = route,
-            Command::Log(body) => {
-                self.session.push(body);
-                // A failure is logged by the writer; the event stays pending.
-                let _ = self.session.flush();
-            }
+            Command::Log(body) => log_durably(&mut self.session, vec![body]),
             Command::Wake { reply } => self.wake(reply),
             Command::Discard { reply } => {
                 let _ = reply.send(self.intake.discard(&mut self.session));
@@ -509,8 +505,8 @@ impl Actor {
         // Step messages that arrived too late for a step land between turns.
         self.intake.land_staged(&mut self.session);
         self.intake.accept(&mut self.session, false);
-        for body in deferred.logs {
-            self.session.push(body);
+        if !deferred.logs.is_empty() {
+            log_durably(&mut self.session, deferred.logs);
         }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
         if let Err(e) = &flushed
@@ -542,6 +538,18 @@ impl Actor {
             let _ = reply.send(end.clone());
         }
         end
+    }
+}
+
+/// Records log-only events (a title, a model switch) so that observers (the editor, whose next
+/// `session/list` reads the disk) see them only once they are written and synced. When the log
+/// cannot be written they are kept pending instead (the writer warns and retries).
+fn log_durably(session: &mut Session, bodies: Vec<EventBody>) {
+    if let Err(e) = session.push_durably(bodies.clone()) {
+        tracing::debug!(session = %session.id(), "log events kept pending: {e}");
+        for body in bodies {
+            session.push(body);
+        }
     }
 }
 
