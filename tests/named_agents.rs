@@ -481,3 +481,51 @@ async fn an_agents_permission_mode_only_narrows_and_its_turn_limit_applies() {
     assert!(brief_log.contains("\"maxTurns\":1"), "the descriptor records the limit");
     assert!(brief_log.contains("the model used all 1 steps of this turn"), "{brief_log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_an_unknown_model_runs_on_its_parents_and_the_editor_is_told() {
+    let server = MockServer::start().await;
+    let (_tmp, root) = layout("");
+    let cwd = root.join("cwd");
+    // `haiku` is a Claude alias kin was not told about ([model_aliases] is empty).
+    write(&cwd.join(".kin/agents/fast.md"), "---\ndescription: Answers fast.\nmodel: haiku\n---\nFAST_PERSONA\n");
+    answer_once(
+        &server,
+        None,
+        tool_call("call_1", "subagent", json!({"description": "quick look", "prompt": "Look.", "agent": "fast"})),
+    )
+    .await;
+    answer_once(&server, None, text("LOOKED")).await;
+    answer_once(&server, None, text("PARENT_DONE")).await;
+
+    // A client without the agent tree sees the call's progress (one with it sees the child).
+    let mut kin = Kin::start(&root, &server, false);
+    let session = kin.new_session(&cwd);
+    kin.prompt(&session, "Have a quick look.");
+
+    let requests: Vec<Value> = server.received_requests().await.unwrap().iter().map(body).collect();
+    assert_eq!(requests.len(), 3, "parent, child, parent");
+    assert!(system_text(&requests[1]).contains("FAST_PERSONA"), "the child runs as the agent");
+    assert_eq!(requests[1]["model"], requests[0]["model"], "on its parent's model");
+    // The editor sees why on the delegating call, and the parent's log records it.
+    let notice = "agent \"fast\" (";
+    let shown = kin.updates().any(|u| {
+        u["sessionUpdate"] == "tool_call_update"
+            && u["toolCallId"] == "call_1"
+            && u["content"].as_array().is_some_and(|c| {
+                c.iter().any(|c| {
+                    c["content"]["text"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with(notice) && t.contains("asks for model \"haiku\""))
+                })
+            })
+    });
+    assert!(shown, "the notice reaches the editor: {:?}", kin.frames);
+    let log = read_log(&root, &session);
+    let progress: Vec<&Value> = log.iter().filter(|e| e["type"] == "tool/progress").collect();
+    assert!(
+        progress.iter().any(|e| e["data"]["text"].as_str().is_some_and(|t| t.contains("runs on its parent's model"))),
+        "{progress:?}"
+    );
+    kin.stop();
+}

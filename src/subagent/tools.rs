@@ -97,8 +97,9 @@ impl DelegateTool {
     }
 }
 
-/// The named agent a call chose, resolved, and whether it runs in the background by default.
-type Chosen = Option<(super::agents::Launch, Option<bool>)>;
+/// The named agent a call chose, resolved, whether it runs in the background by default, and
+/// what the user is told about its model when it cannot be resolved.
+type Chosen = Option<(super::agents::Launch, Option<bool>, Option<String>)>;
 
 impl DelegateTool {
     /// The agent a call names, resolved against the default child; an unknown name (or any name
@@ -119,7 +120,7 @@ impl DelegateTool {
                 format!("unknown agent \"{name}\"; choose one of: {}", agents.names().join(", ")),
             )
         })?;
-        Ok(Some((def.launch(&self.defaults()), def.background)))
+        Ok(Some((def.launch(&self.defaults()), def.background, def.model_notice())))
     }
 }
 
@@ -278,7 +279,12 @@ impl Tool for DelegateTool {
             };
             let (label, prompt) = (text("description")?, text("prompt")?);
             let (persona, tool_filter, route, agent, background_default) = match launch {
-                Some((launch, background)) => {
+                Some((launch, background, notice)) => {
+                    // An unresolved model falls back to the parent's: the editor shows it on
+                    // the call, and the parent's log records it as the call's progress.
+                    if let (Some(notice), Some(progress)) = (notice, &ctx.progress) {
+                        progress.report(notice);
+                    }
                     (launch.persona, launch.tool_filter, launch.route, Some(launch.agent), background)
                 }
                 None => (config.persona.clone(), config.tool_filter.clone(), config.route.clone(), None, None),

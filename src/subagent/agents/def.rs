@@ -71,6 +71,21 @@ pub struct AgentDef {
     pub origin: Origin,
 }
 
+impl AgentDef {
+    /// What the user is told when this agent asks for a model kin cannot resolve: it runs on its
+    /// parent's model instead (`None` when its model resolves).
+    pub fn model_notice(&self) -> Option<String> {
+        match &self.model {
+            ModelChoice::Unknown(model) => Some(format!(
+                "agent \"{}\" ({}) asks for model {model:?}, which is neither a kin route (provider/model) nor \
+                 an alias in [model_aliases]; it runs on its parent's model",
+                self.name, self.origin
+            )),
+            ModelChoice::Default | ModelChoice::Inherit | ModelChoice::Route(_) => None,
+        }
+    }
+}
+
 /// A definition's fields as written, before they are checked.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Fields {

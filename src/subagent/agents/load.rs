@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::def::{AgentDef, ModelChoice};
+use super::def::AgentDef;
 use super::{builtin, file};
 use crate::model::ModelRoute;
 
@@ -61,13 +61,8 @@ impl Agents {
 
     fn overlay(&mut self, defs: Vec<AgentDef>) {
         for def in defs {
-            if let ModelChoice::Unknown(model) = &def.model {
-                tracing::warn!(
-                    "agent {:?} ({}): model {model:?} is neither a kin route (provider/model) nor an alias in \
-                     [model_aliases]; the agent runs on its parent's model",
-                    def.name,
-                    def.origin
-                );
+            if let Some(notice) = def.model_notice() {
+                tracing::warn!("{notice}");
             }
             if let Some(old) = self.agents.get(&def.name) {
                 tracing::debug!(agent = %def.name, from = %def.origin, replaces = %old.origin, "an agent definition replaces another");
@@ -159,7 +154,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::subagent::agents::{Fields, Origin};
+    use crate::subagent::agents::{Fields, ModelChoice, Origin};
 
     /// What `f` logs (every level).
     pub(crate) fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
