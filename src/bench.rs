@@ -734,7 +734,7 @@ fn load_time(tmp: &Path, n: usize) -> Result<(Duration, u64, u64, std::path::Pat
     let started = Instant::now();
     let loaded = store.load(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
     let elapsed = started.elapsed();
-    anyhow::ensure!(loaded.events().len() >= n, "loaded {} of {n} events", loaded.events().len());
+    anyhow::ensure!(loaded.len() >= n as u64, "loaded {} of {n} events", loaded.len());
     let (rss, _) = own_rss();
     drop(loaded);
     Ok((elapsed, bytes, rss, root, id))

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod login;
 pub mod mcp;
 pub mod model;
+mod outflow;
 pub mod permission;
 pub mod prompt;
 pub mod runtime;

@@ -137,3 +137,46 @@ fn concurrent_loads_and_resumes_of_one_session_all_succeed() {
     kin.close_stdin();
     assert!(kin.child.wait().unwrap().success());
 }
+
+/// A turn of 200,000 one-character deltas over the real HTTP client: kin's peak memory stays
+/// near its idle size. Before, each delta stayed in memory as an event for the life of the
+/// session and the SDK's queue of updates to the editor grew with the stream (about 180 MB
+/// peak in a debug build); now deltas after a call's first stay on disk and a model call waits
+/// while more than a thousand updates are on their way to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finely_streamed_answer_costs_its_text_not_its_chunk_count() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    const CHUNKS: usize = 200_000;
+    let server = MockServer::start().await;
+    let mut events = vec![common::chunk(json!({"role": "assistant", "content": ""}), None)];
+    events.extend((0..CHUNKS).map(|_| common::chunk(json!({"content": "x"}), None)));
+    events.push(common::chunk(json!({}), Some("stop")));
+    let body = common::chat_sse(&events);
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(ResponseTemplate::new(200).set_body_raw(body, "text/event-stream"))
+        .mount(&server)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = dir.path().join("sessions");
+    let mut command = common::acp(&sessions, None);
+    command.env("DEEPSEEK_BASE_URL", server.uri()).env("DEEPSEEK_API_KEY", "sk-bounds");
+    let mut kin = initialized(&mut command);
+    let idle = peak_rss(kin.child.id());
+    let created = kin.call("session/new", json!({"cwd": dir.path(), "mcpServers": []}), TIMEOUT);
+    let session = created["result"]["sessionId"].as_str().unwrap().to_string();
+    let id = kin.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "go"}]}));
+    let mut streamed = 0usize;
+    let done = kin.response(id, TIMEOUT, |frame| {
+        if frame["params"]["update"]["sessionUpdate"] == "agent_message_chunk" {
+            streamed += frame["params"]["update"]["content"]["text"].as_str().map_or(0, str::len);
+        }
+    });
+    assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+    assert_eq!(streamed, CHUNKS, "every delta reached the client");
+    let peak = peak_rss(kin.child.id());
+    assert!(peak < idle + 48 * 1024 * 1024, "peak RSS {peak} bytes, idle {idle}: the stream was held in memory");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}

@@ -32,6 +32,8 @@ type Writer = Arc<Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
 pub(crate) fn stdio(
     max_frame_bytes: usize,
 ) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
+    // The client's pace bounds what model calls produce (`outflow`).
+    crate::outflow::outflow().attach();
     framed(blocking::Unblock::new(std::io::stdin()), blocking::Unblock::new(std::io::stdout()), max_frame_bytes)
 }
 
@@ -45,10 +47,22 @@ pub(crate) fn framed(
 ) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
     let writer: Writer = Arc::new(Mutex::new(Box::pin(output)));
     let outgoing = futures::sink::unfold(writer.clone(), |writer: Writer, line: String| async move {
+        let update = is_session_update(&line);
         write_line(&writer, line).await?;
+        if update {
+            crate::outflow::outflow().written();
+        }
         Ok::<_, std::io::Error>(writer)
     });
     Lines::new(outgoing, incoming(input, writer, max_frame_bytes))
+}
+
+/// Whether an outgoing line is a `session/update` notification (what `outflow` counts): the
+/// SDK writes `jsonrpc` and `method` first.
+fn is_session_update(line: &str) -> bool {
+    const METHOD: &[u8] = b"\"method\":\"session/update\"";
+    let head = &line.as_bytes()[..line.len().min(64)];
+    head.windows(METHOD.len()).any(|w| w == METHOD)
 }
 
 /// The frames of `input` for the SDK; refused ones are answered on `writer` (or, for responses
@@ -273,6 +287,18 @@ mod tests {
             }
             out
         })
+    }
+
+    #[test]
+    fn a_session_update_is_told_from_other_lines_as_the_sdk_writes_them() {
+        use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionNotification, SessionUpdate};
+        use agent_client_protocol::{JsonRpcMessage, RawJsonRpcMessage};
+        let update = SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from("hi")));
+        let (method, params) = SessionNotification::new("s", update).to_untyped_message().unwrap().into_parts();
+        let line = serde_json::to_string(&RawJsonRpcMessage::notification(method, params).unwrap()).unwrap();
+        assert!(is_session_update(&line), "{line}");
+        assert!(!is_session_update(r#"{"jsonrpc":"2.0","id":1,"method":"session/request_permission","params":{}}"#));
+        assert!(!is_session_update(r#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}"#));
     }
 
     #[test]

@@ -91,8 +91,9 @@ impl Tree {
 
 /// Sends one `session/update`; a closed connection drops it.
 pub fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUpdate) {
-    if let Err(e) = cx.send_notification(SessionNotification::new(session.to_string(), update)) {
-        tracing::debug!("dropping a session update: {e}");
+    match cx.send_notification(SessionNotification::new(session.to_string(), update)) {
+        Ok(()) => crate::outflow::outflow().queued(),
+        Err(e) => tracing::debug!("dropping a session update: {e}"),
     }
 }
 

@@ -30,6 +30,19 @@ pub fn completed_prefix(events: &[Event]) -> &[Event] {
     &events[..end]
 }
 
+/// The session's log through its last `turn/end`, as written (what a fork copies). A log that
+/// cannot be read back gives the resident events, which a seed refuses (they are not
+/// contiguous) when any stayed on disk only: the fork fails rather than copying a partial log.
+fn completed_history(session: &mut Session) -> Vec<Event> {
+    let mut events = session.history().unwrap_or_else(|e| {
+        tracing::error!(session = %session.id(), "reading the log back for a fork failed: {e:#}");
+        session.events().to_vec()
+    });
+    let end = completed_prefix(&events).len();
+    events.truncate(end);
+    events
+}
+
 /// How one step ended.
 enum StepEnd {
     /// The model answered without tool calls.
@@ -291,7 +304,11 @@ async fn call_model(
         let item = tokio::select! {
             biased;
             () = cancel.cancelled() => break Ok(FinishReason::Aborted { failure: None }),
-            item = stream.recv() => item,
+            // While the editor is far behind, the stream waits (see `outflow`).
+            item = async {
+                crate::outflow::outflow().room().await;
+                stream.recv().await
+            } => item,
             () = intake.arrived() => {
                 intake.accept(session, true);
                 continue;
@@ -401,7 +418,7 @@ async fn run_tools(
             header: session.header.clone(),
             depth: session.header.delegation_depth.max(deps.depth),
             route: deps.route.clone(),
-            history: needs_history.then(|| Arc::new(completed_prefix(session.events()).to_vec())),
+            history: needs_history.then(|| Arc::new(completed_history(session))),
         });
         let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
             batch.iter().map(|_| Err(aborted("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"))).collect()

@@ -1,6 +1,7 @@
-//! A live session: the header, every event in memory, and the log writer. Appends assign `seq`
-//! and `time`, notify observers synchronously (so what an editor sees follows log order), and
-//! queue the line for the next batched write.
+//! A live session: the header, its events in memory (all but the bulk of streamed deltas, see
+//! `resident`), and the log writer. Appends assign `seq` and `time`, notify observers
+//! synchronously (so what an editor sees follows log order), and queue the line for the next
+//! batched write.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use serde_json::{Value, json};
 use super::event::{self, EventBody, Kind};
 use super::record::{Event, SessionHeader};
 use super::repair::Closer;
+use super::resident::{ChunkFacts, Resident};
 use super::surface::{self, Nodes};
 use super::writer::LogWriter;
 
@@ -26,9 +28,16 @@ pub fn now_ms() -> u64 {
 /// One session held in memory with its writer.
 pub struct Session {
     pub header: SessionHeader,
-    /// Every event, shared with `snapshot` holders (copy on write: an append while a snapshot
-    /// is held copies the list once).
+    /// The resident events (every event but the streamed deltas `resident` leaves on disk), in
+    /// seq order, shared with `snapshot` holders (copy on write: an append while a snapshot is
+    /// held copies the list once).
     events: Arc<Vec<Event>>,
+    /// The seq of the next event (the log's event count).
+    next_seq: u64,
+    /// What stays in memory of what is appended.
+    resident: Resident,
+    /// Some events of the log are not in `events` (`history` reads them back).
+    partial: bool,
     writer: LogWriter,
     observers: Vec<Arc<dyn SessionObserver>>,
     /// The surface fold of `events`, kept up to date on every append (O(1) per appended event)
@@ -39,11 +48,31 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session of `events` (contiguous from seq 0, as a scan or a seed gives them); only the
+    /// resident ones stay in memory.
     pub fn new(header: SessionHeader, events: Vec<Event>, writer: LogWriter) -> Self {
+        let length = events.last().map_or(0, |e| e.seq + 1);
+        Session::restore(header, events, length, writer)
+    }
+
+    /// A session of a log of `length` events, of which `events` are given in seq order (all of
+    /// them, or those a resident scan kept).
+    pub fn restore(header: SessionHeader, mut events: Vec<Event>, length: u64, writer: LogWriter) -> Self {
         let Nodes { seqs, messages } = Nodes::of(&events);
+        let next_seq = length;
+        let mut resident = Resident::default();
+        events.retain_mut(|e| {
+            let facts = ChunkFacts::of_event(e);
+            resident.keep(e, facts)
+        });
+        events.shrink_to_fit();
+        let partial = events.len() as u64 != next_seq;
         Session {
             header,
             events: Arc::new(events),
+            next_seq,
+            resident,
+            partial,
             writer,
             observers: Vec::new(),
             messages: Arc::new(messages),
@@ -55,11 +84,43 @@ impl Session {
         &self.header.id
     }
 
+    /// The resident events, in seq order: every event of the log except streamed deltas after a
+    /// model call's first chunk (an `assistant/message` without its chunk seqs). A position in
+    /// it is not a seq; `history` is the whole log.
     pub fn events(&self) -> &[Event] {
         &self.events
     }
 
-    /// The events so far, shared rather than copied (what a `session/load` replays).
+    /// The number of events in the log (the seq the next one gets).
+    pub fn len(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Whether the log has no events yet.
+    pub fn is_empty(&self) -> bool {
+        self.next_seq == 0
+    }
+
+    /// Every event of the log, as written: the resident ones, or, when some stayed on disk only,
+    /// the log read back (everything appended so far is written to the OS first).
+    pub fn history(&mut self) -> Result<Vec<Event>> {
+        if !self.partial {
+            return Ok(self.events.to_vec());
+        }
+        self.writer.write_eager();
+        let scanned = super::scan::scan_file(self.writer.path())?;
+        anyhow::ensure!(
+            scanned.events.len() as u64 == self.next_seq,
+            "the log of {} holds {} events, {} were appended (a write is pending: {})",
+            self.header.id,
+            scanned.events.len(),
+            self.next_seq,
+            self.writer.path().display()
+        );
+        Ok(scanned.events)
+    }
+
+    /// The resident events so far, shared rather than copied (what a `session/load` replays).
     pub fn snapshot(&self) -> Arc<Vec<Event>> {
         self.events.clone()
     }
@@ -80,8 +141,10 @@ impl Session {
     }
 
     fn push_body(&mut self, body: EventBody, sources: Option<Vec<u64>>) -> u64 {
-        let event = Event::new(self.events.len() as u64, now_ms(), body, sources);
-        self.push_event(event)
+        let facts = ChunkFacts::of_body(&body);
+        let event = Event::new(self.next_seq, now_ms(), body, sources);
+        self.writer.append(&event);
+        self.record(event, facts)
     }
 
     /// Appends a surface event whose message replaces the current nodes from seq `start` through
@@ -101,7 +164,7 @@ impl Session {
         if !body.kind().is_surface() {
             return Err(format!("a {} event cannot replace surface nodes", body.kind()));
         }
-        let mut event = Event::new(self.events.len() as u64, now_ms(), body, Some(sources));
+        let mut event = Event::new(self.next_seq, now_ms(), body, Some(sources));
         event.surface_op = Some(surface::replace_op(start, end));
         Ok(self.push_event(event))
     }
@@ -127,13 +190,14 @@ impl Session {
     }
 
     fn push_raw(&mut self, kind: Kind, data: Value, sources: Option<Vec<u64>>, surface_op: Option<Value>) -> u64 {
-        let seq = self.events.len() as u64;
+        let seq = self.next_seq;
         self.push_event(Event { kind, seq, time: now_ms(), data: data.into(), source_event_seqs: sources, surface_op })
     }
 
     fn push_event(&mut self, event: Event) -> u64 {
         self.writer.append(&event);
-        self.record(event)
+        let facts = ChunkFacts::of_event(&event);
+        self.record(event, facts)
     }
 
     /// Appends typed events and makes them durable (written after everything pending, and
@@ -141,17 +205,20 @@ impl Session {
     /// written, none (the error names the cause). What kin acknowledges as accepted is appended
     /// this way.
     pub fn push_durably(&mut self, bodies: Vec<EventBody>) -> Result<Vec<u64>, String> {
-        let first = self.events.len() as u64;
+        let first = self.next_seq;
         let time = now_ms();
+        let facts: Vec<Option<ChunkFacts>> = bodies.iter().map(ChunkFacts::of_body).collect();
         let events: Vec<Event> =
             bodies.into_iter().enumerate().map(|(i, body)| Event::new(first + i as u64, time, body, None)).collect();
         self.writer.append_durably(&events).map_err(|e| format!("{e:#}"))?;
-        Ok(events.into_iter().map(|event| self.record(event)).collect())
+        Ok(events.into_iter().zip(facts).map(|(event, facts)| self.record(event, facts)).collect())
     }
 
-    /// Shows an appended event to the observers and keeps it (and the history fold) in memory.
-    fn record(&mut self, event: Event) -> u64 {
+    /// Shows an appended event to the observers, folds it into the history and keeps it in
+    /// memory if it is resident.
+    fn record(&mut self, mut event: Event, facts: Option<ChunkFacts>) -> u64 {
         let seq = event.seq;
+        self.next_seq = seq + 1;
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }
@@ -159,7 +226,11 @@ impl Session {
         if event.kind.is_surface() {
             surface::apply(&mut self.nodes, Arc::make_mut(&mut self.messages), &event);
         }
-        Arc::make_mut(&mut self.events).push(event);
+        if self.resident.keep(&mut event, facts) {
+            Arc::make_mut(&mut self.events).push(event);
+        } else {
+            self.partial = true;
+        }
         seq
     }
 
@@ -198,6 +269,43 @@ mod tests {
 
     fn message(text: &str) -> UserMessage {
         UserMessage::new(vec![json!({"type": "text", "text": text})], json!({"kind": "user"}))
+    }
+
+    #[test]
+    fn streamed_deltas_stay_on_disk_and_the_history_reads_them_back() {
+        use super::super::chunk::StreamChunk;
+        use super::super::event::{AssistantChunk, AssistantMessage, ModelMessage};
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        session.push(message("hi"));
+        let chunk = |chunk| AssistantChunk { turn: 1, step: 1, chunk };
+        let mut seqs = vec![session.push(chunk(StreamChunk::BlockStart { index: 0, block_type: "text".into() }))];
+        for _ in 0..1000 {
+            seqs.push(session.push(chunk(StreamChunk::TextDelta { index: 0, text: "x".into() })));
+        }
+        let text = "x".repeat(1000);
+        let block = json!({"type": "text", "text": text});
+        seqs.push(session.push(chunk(StreamChunk::BlockEnd { index: 0, block: block.clone() })));
+        let answer = ModelMessage::new(vec![block], "p", "m");
+        session.push_from(AssistantMessage { turn: 1, step: 1, message: answer, usage: None }, seqs.clone());
+        // In memory: the prompt, the block's start and end, the message without its 1,002 seqs.
+        assert_eq!(session.len(), 1004);
+        assert_eq!(session.events().iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1, 1002, 1003]);
+        assert_eq!(session.events()[3].source_event_seqs, None);
+        assert_eq!(session.messages()[1]["content"][0]["text"], text.as_str(), "the history is whole");
+        // The history is the log as written, deltas and seqs included.
+        let history = session.history().unwrap();
+        assert_eq!(history.len(), 1004);
+        assert!(history.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+        assert_eq!(history[1003].source_event_seqs.as_deref(), Some(seqs.as_slice()));
+        session.flush().unwrap();
+        drop(session);
+        // A load holds the same resident events and appends after the last delta on disk.
+        let mut loaded = store.load("s").unwrap();
+        assert_eq!((loaded.len(), loaded.events().len()), (1004, 4));
+        assert_eq!(loaded.push(message("again")), 1004);
+        assert_eq!(loaded.history().unwrap().len(), 1005);
     }
 
     #[test]

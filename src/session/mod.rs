@@ -11,6 +11,7 @@ pub mod live;
 pub mod query;
 pub mod record;
 pub mod repair;
+mod resident;
 pub mod scan;
 pub mod store;
 pub mod surface;

@@ -5,13 +5,17 @@ use std::path::{Path, PathBuf};
 
 use super::event::Kind;
 use super::record::{Event, Record, SessionHeader};
+use super::resident::{ChunkFacts, Resident};
 
 /// A log read up to its last valid line.
 #[derive(Debug, Clone)]
 pub struct Scanned {
     pub path: PathBuf,
     pub header: SessionHeader,
+    /// The events read (all of them, or the resident ones of `scan_file_resident`), in seq order.
     pub events: Vec<Event>,
+    /// The number of events in the valid prefix (the seq the next one gets).
+    pub length: u64,
     /// Byte length of the valid prefix (end of the last preserved line).
     pub committed_bytes: u64,
     /// What was cut off the end, if anything.
@@ -120,7 +124,18 @@ pub fn read_title(path: &Path) -> Option<String> {
 /// the events it holds.
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
-    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file))
+    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |_| true)
+}
+
+/// `scan_file` keeping only the events a live session holds in memory (see `resident`): what
+/// a load needs, without ever holding a log's streamed deltas.
+pub(crate) fn scan_file_resident(path: &Path) -> Result<Scanned, ScanError> {
+    let file = open_log(path).map_err(|e| io_error(path, &e))?;
+    let mut resident = Resident::default();
+    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event| {
+        let facts = ChunkFacts::of_event(event);
+        resident.keep(event, facts)
+    })
 }
 
 /// Opens a log for reading without following a symlink and without blocking on a FIFO, and
@@ -152,14 +167,19 @@ fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
 
 /// Scans raw log bytes (see `scan_file`).
 pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
-    scan_reader(path, &mut &bytes[..])
+    scan_reader(path, &mut &bytes[..], |_| true)
 }
 
 /// The scan of `scan_file` over any reader. The header is checked first, from at most
 /// `HEADER_LIMIT` bytes (a huge file of garbage is refused at once); then each line is parsed as
 /// it is read. A bad line is corruption when a complete `turn/end` line follows it, else it and
 /// everything after it are the torn tail.
-fn scan_reader(path: &Path, reader: &mut impl std::io::BufRead) -> Result<Scanned, ScanError> {
+/// Only the events `keep` says yes to are kept.
+fn scan_reader(
+    path: &Path,
+    reader: &mut impl std::io::BufRead,
+    mut keep: impl FnMut(&mut Event) -> bool,
+) -> Result<Scanned, ScanError> {
     use std::io::{BufRead, Read};
     let corrupt = |line: usize, reason: String| ScanError::Corrupt { path: path.to_path_buf(), line, reason };
     let read_error = |e: std::io::Error| io_error(path, &e);
@@ -171,6 +191,7 @@ fn scan_reader(path: &Path, reader: &mut impl std::io::BufRead) -> Result<Scanne
     let header_text = std::str::from_utf8(header_raw).map_err(|_| corrupt(1, "header is not UTF-8".into()))?;
     let header = SessionHeader::parse(header_text).map_err(|e| corrupt(1, e))?;
     let mut events: Vec<Event> = Vec::new();
+    let mut length = 0u64;
     let mut committed = line.len() as u64;
     let mut torn = None;
     for number in 2.. {
@@ -183,9 +204,10 @@ fn scan_reader(path: &Path, reader: &mut impl std::io::BufRead) -> Result<Scanne
             torn = Some(TornTail { line: number, bytes: read, reason: "last line has no newline".into() });
             break;
         };
-        match parse_line(raw, events.len() as u64) {
-            Ok(mut more) => {
-                events.append(&mut more);
+        match parse_line(raw, length) {
+            Ok(more) => {
+                length += more.len() as u64;
+                events.extend(more.into_iter().filter_map(|mut e| keep(&mut e).then_some(e)));
                 committed += read;
             }
             Err(reason) => {
@@ -207,7 +229,7 @@ fn scan_reader(path: &Path, reader: &mut impl std::io::BufRead) -> Result<Scanne
         }
     }
     events.shrink_to_fit();
-    Ok(Scanned { path: path.to_path_buf(), header, events, committed_bytes: committed, torn })
+    Ok(Scanned { path: path.to_path_buf(), header, events, length, committed_bytes: committed, torn })
 }
 
 fn parse_line(raw: &[u8], next_seq: u64) -> Result<Vec<Event>, String> {

@@ -8,7 +8,7 @@ use super::layout::{LOG_FILE, encode_segment, log_path, validate_session_id};
 use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
-use super::scan::{ScanError, Scanned, read_header, scan_file};
+use super::scan::{ScanError, Scanned, read_header, scan_file, scan_file_resident};
 use super::writer::LogWriter;
 
 /// Why a session could not be opened.
@@ -125,8 +125,13 @@ impl SessionStore {
 
     /// Non-mutating read of the valid stored prefix: no truncation, no closers, no writes.
     pub fn inspect(&self, id: &str) -> Result<Scanned, StoreError> {
+        self.scan(id, scan_file)
+    }
+
+    /// The scan of `id`'s log by `scan`, checked to be that session's.
+    fn scan(&self, id: &str, scan: fn(&Path) -> Result<Scanned, ScanError>) -> Result<Scanned, StoreError> {
         let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        let scanned = scan_file(&path).map_err(StoreError::Scan)?;
+        let scanned = scan(&path).map_err(StoreError::Scan)?;
         if scanned.header.id != id {
             return Err(StoreError::Scan(ScanError::Corrupt {
                 path,
@@ -140,12 +145,13 @@ impl SessionStore {
     /// Repairing load: truncates a torn tail, closes an interrupted turn (durably), and returns
     /// the session ready for appends.
     pub fn load(&self, id: &str) -> Result<Session, StoreError> {
-        let scanned = self.inspect(id)?;
+        // Streamed deltas stay on disk: the session holds what it needs (see `resident`).
+        let scanned = self.scan(id, scan_file_resident)?;
         if let Some(torn) = &scanned.torn {
             tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
         }
         let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes).map_err(StoreError::Io)?;
-        let mut session = Session::new(scanned.header, scanned.events, writer);
+        let mut session = Session::restore(scanned.header, scanned.events, scanned.length, writer);
         let repairs = closers(session.events());
         if !repairs.is_empty() {
             tracing::warn!(session = %id, events = repairs.len(), "closing a turn interrupted by a crash");

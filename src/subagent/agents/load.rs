@@ -276,7 +276,7 @@ mod tests {
         let cwd = dir.path().join("cwd");
         write(&cwd.join(".kin/agents"), "fast.md", "---\ndescription: d\nmodel: haiku\n---\n");
         let (agents, log) = logged(|| Agents::load(&AgentSettings::default(), Some(&cwd)));
-        assert!(log.contains("model \"haiku\" is neither a kin route"), "{log}");
+        assert!(log.contains("asks for model \"haiku\", which is neither a kin route"), "{log}");
         assert_eq!(agents.get("fast").unwrap().model, ModelChoice::Unknown("haiku".into()));
     }
 

@@ -1,0 +1,96 @@
+//! Flow control between what kin produces for the editor and what reaches it. The SDK queues
+//! outgoing messages without a bound, so a client that reads slower than a model streams (or a
+//! stream of a million one-character deltas) would grow that queue with every delta. Once the
+//! stdio transport is attached, every `session/update` handed to the SDK is counted until its
+//! line is written to stdout; a model call stops pulling its stream while more than
+//! `MAX_QUEUED` are on their way, and the model server waits (TCP) instead of kin's memory.
+//!
+//! One process serves one stdio connection, so the count is process-wide; without the stdio
+//! transport (`kin run`, tests in process) nothing is counted and nothing waits.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokio::sync::Notify;
+
+/// The most `session/update`s queued for the client before model calls wait.
+pub(crate) const MAX_QUEUED: usize = 1024;
+
+/// The updates on their way to the client.
+pub(crate) struct Outflow {
+    attached: AtomicBool,
+    queued: AtomicUsize,
+    drained: Notify,
+}
+
+static OUTFLOW: Outflow =
+    Outflow { attached: AtomicBool::new(false), queued: AtomicUsize::new(0), drained: Notify::const_new() };
+
+/// The process's outflow.
+pub(crate) fn outflow() -> &'static Outflow {
+    &OUTFLOW
+}
+
+impl Outflow {
+    /// The stdio transport counts what it writes from now on.
+    pub(crate) fn attach(&self) {
+        self.attached.store(true, Ordering::SeqCst);
+    }
+
+    /// An update was handed to the SDK.
+    pub(crate) fn queued(&self) {
+        if self.attached.load(Ordering::Relaxed) {
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// An update's line was written to the client.
+    pub(crate) fn written(&self) {
+        let before = self.queued.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if before == Ok(MAX_QUEUED + 1) {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// How many updates are on their way.
+    pub(crate) fn backlog(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Returns once at most `MAX_QUEUED` updates are on their way.
+    pub(crate) async fn room(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.backlog() <= MAX_QUEUED {
+                return;
+            }
+            drained.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_waits_while_the_backlog_is_over_the_cap_and_goes_on_as_it_drains() {
+        let flow = Outflow { attached: AtomicBool::new(true), queued: AtomicUsize::new(0), drained: Notify::new() };
+        for _ in 0..MAX_QUEUED + 2 {
+            flow.queued();
+        }
+        let waiting = flow.room();
+        tokio::pin!(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending(), "over the cap");
+        flow.written();
+        assert!(futures::poll!(waiting.as_mut()).is_pending(), "still one over");
+        flow.written();
+        assert!(futures::poll!(waiting.as_mut()).is_ready(), "at the cap");
+        // Nothing counted before attaching, and a stray write never underflows.
+        let idle = Outflow { attached: AtomicBool::new(false), queued: AtomicUsize::new(0), drained: Notify::new() };
+        idle.queued();
+        idle.written();
+        assert_eq!(idle.backlog(), 0);
+    }
+}
