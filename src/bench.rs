@@ -918,6 +918,24 @@ async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> 
         loaded as f64,
         format!("RSS of a fresh kin after session/load of that session: {loaded} KiB"),
     )?;
+    // The same text in a thousandth of the chunks: what a turn keeps whatever the streaming.
+    let coarse = chunks / 1000;
+    let coarse_server = mock_chat_server_with(Arc::new(sse_body(coarse, &"x".repeat(1000)))).await?;
+    let kin = KinProcess::start(&sessions, Some(&coarse_server)).await?;
+    let session = kin.new_session(&cwd).await?;
+    let (before, _) = kin.rss();
+    kin.prompt(&session, "stream").await?;
+    let (after, _) = kin.rss();
+    kin.close().await?;
+    let kept = after.saturating_sub(before);
+    report.metric(
+        &format!("{key}_coarse_retained_kib"),
+        kept as f64,
+        format!(
+            "RSS kept after the same text in {coarse} chunks of 1,000 characters: {kept} KiB ({} KiB more for the fine stream)",
+            retained as i64 - kept as i64
+        ),
+    )?;
     Ok(())
 }
 

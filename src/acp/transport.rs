@@ -23,6 +23,8 @@ use serde_json::{Value, json};
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// The smallest maximum frame size accepted (an `initialize` must fit).
 pub const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
+/// The buffer between kin's async side and the blocking reads of stdin and writes of stdout.
+const PIPE_BYTES: usize = 256 * 1024;
 /// Bytes of an oversize frame kept to recover its id.
 const ID_PREFIX_BYTES: usize = 64 * 1024;
 
@@ -34,7 +36,13 @@ pub(crate) fn stdio(
 ) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
     // The client's pace bounds what model calls produce (`outflow`).
     crate::outflow::outflow().attach();
-    framed(blocking::Unblock::new(std::io::stdin()), blocking::Unblock::new(std::io::stdout()), max_frame_bytes)
+    // The blocking crate's default pipes hold 8 MiB each, all of it touched once a stream has
+    // filled them (RSS kept for the life of the process); lines are framed here anyway.
+    let (stdin, stdout) = (
+        blocking::Unblock::with_capacity(PIPE_BYTES, std::io::stdin()),
+        blocking::Unblock::with_capacity(PIPE_BYTES, std::io::stdout()),
+    );
+    framed(stdin, stdout, max_frame_bytes)
 }
 
 /// The transport over any byte streams: frames of `input` (each at most `max_frame_bytes`) in,

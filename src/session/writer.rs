@@ -195,6 +195,8 @@ impl LogWriter {
         }
         self.committed += self.pending.len() as u64;
         self.pending.clear();
+        // One huge line (a message built from a million chunks) must not keep its buffer.
+        self.pending.shrink_to(WRITE_THROUGH_BYTES);
         self.unsynced = true;
         Ok(())
     }
