@@ -111,10 +111,12 @@ fn marker_pids(ws: &Path) -> Vec<String> {
     let read = |name: &str| std::fs::read_to_string(ws.join(name)).ok().filter(|p| p.ends_with('\n'));
     eventually("the marker processes to write their pids", || read("a.pid").is_some() && read("b.pid").is_some());
     let pids: Vec<String> = ["a.pid", "b.pid"].iter().map(|n| read(n).unwrap().trim().to_string()).collect();
-    for pid in &pids {
+    // A shell writes its pid just before it execs `sleep`: wait for the exec.
+    let is_sleep = |pid: &String| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(String::from_utf8_lossy(&cmdline).starts_with("sleep\0"), "{pid} is a marker sleep");
-    }
+        String::from_utf8_lossy(&cmdline).starts_with("sleep\0")
+    };
+    eventually("the marker processes to exec sleep", || pids.iter().all(is_sleep));
     pids
 }
 
