@@ -391,3 +391,64 @@ async fn a_session_is_titled_by_its_first_prompt_then_by_the_title_model() {
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+/// An OpenAI-compatible answer that calls `name` with `arguments`.
+fn openai_tool_call(id: &str, name: &str, arguments: Value) -> ResponseTemplate {
+    let call = json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+        "function": {"name": name, "arguments": arguments.to_string()}}]});
+    sse(chat_sse(&[chunk(call, None), chunk(json!({}), Some("tool_calls"))]))
+}
+
+/// A model that makes `calls` one step each, in order, then answers "Done.".
+async fn calling_model(calls: &[(&str, Value)]) -> MockServer {
+    let server = MockServer::start().await;
+    for (i, (name, arguments)) in calls.iter().enumerate() {
+        Mock::given(method("POST"))
+            .and(path("/chat/completions"))
+            .respond_with(openai_tool_call(&format!("call_{i}"), name, arguments.clone()))
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+    }
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(openai_text("Done.")).mount(&server).await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_locations_are_absolute_with_the_line_of_a_read_and_an_edit() {
+    let server = calling_model(&[
+        ("read", json!({"file_path": "src/notes.txt", "offset": 2})),
+        ("edit", json!({"file_path": "src/notes.txt", "old_string": "gamma", "new_string": "GAMMA"})),
+    ])
+    .await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start("", &env, "openai/gpt-test");
+    std::fs::create_dir_all(editor.cwd.join("src")).unwrap();
+    std::fs::write(editor.cwd.join("src/notes.txt"), "alpha\nbeta\ngamma\n").unwrap();
+    editor.init(json!({}));
+    let session = editor.new_session();
+    editor.prompt(&session, json!([{"type": "text", "text": "Shout the third line"}]));
+    assert_eq!(std::fs::read_to_string(editor.cwd.join("src/notes.txt")).unwrap(), "alpha\nbeta\nGAMMA\n");
+    let file = editor.cwd.join("src/notes.txt").display().to_string();
+    let updates = editor.updates();
+    let calls: Vec<&Value> = updates.iter().filter(|u| u["sessionUpdate"] == "tool_call").collect();
+    assert_eq!(calls.len(), 2, "{updates:?}");
+    assert_eq!(calls[0]["locations"], json!([{"path": file, "line": 2}]), "a read: absolute, where it starts");
+    assert_eq!(calls[1]["locations"], json!([{"path": file}]), "an edit: absolute; the line comes with its result");
+    let edited = updates
+        .iter()
+        .find(|u| u["sessionUpdate"] == "tool_call_update" && u["toolCallId"] == "call_1" && u["status"] == "completed")
+        .unwrap_or_else(|| panic!("no completed edit: {updates:?}"));
+    assert_eq!(edited["locations"], json!([{"path": file, "line": 3}]), "the edit changed line 3: {edited}");
+    // A loaded session shows the same locations.
+    editor.call("session/load", json!({"sessionId": session, "cwd": editor.cwd, "mcpServers": []}));
+    let replayed = editor.updates();
+    let located: Vec<&Value> = replayed.iter().filter_map(|u| u.get("locations")).collect();
+    assert_eq!(
+        located,
+        [&json!([{"path": file, "line": 2}]), &json!([{"path": file}]), &json!([{"path": file, "line": 3}])],
+        "{replayed:?}"
+    );
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}

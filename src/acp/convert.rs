@@ -157,10 +157,11 @@ fn image_chunk(block: &Value) -> ContentChunk {
 /// The live update an appended event produces, if any: streamed text and reasoning deltas,
 /// tool calls (shown as their tool among `tools` says) and their progress and results, plans,
 /// retry notices, and compactions (thoughts: "Compacting conversation…", then the outcome).
-pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpdate> {
+/// `cwd` is the session's: the paths a call names are shown resolved against it.
+pub fn live_update(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Option<SessionUpdate> {
     match body {
         EventBody::AssistantChunk(c) => chunk_update(&c.chunk),
-        EventBody::ToolCall(call) => Some(tool_call_update(call, tools)),
+        EventBody::ToolCall(call) => Some(tool_call_update(call, tools, cwd)),
         EventBody::ToolResult(result) => tool_result_update(result),
         EventBody::ToolProgress(progress) => Some(progress_update(progress)),
         EventBody::TodoWrite(plan) => Some(plan_update(plan)),
@@ -191,8 +192,9 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry) -> Option<SessionUpda
 
 /// The updates that replay a stored event to a client loading the session: user prompts,
 /// committed assistant text and reasoning, tool calls (as their tools among `tools` show them)
-/// and results, plans, and each compaction's outcome (a thought, as it was shown live).
-pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpdate> {
+/// and results, plans, and each compaction's outcome (a thought, as it was shown live); paths
+/// resolved against the session's `cwd`, as `live_update` does.
+pub fn replay_updates(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Vec<SessionUpdate> {
     match body {
         EventBody::UserMessage(message) if message.from_user() => blocks(&message.content)
             .filter_map(|b| match b["type"].as_str() {
@@ -212,7 +214,7 @@ pub fn replay_updates(body: &EventBody, tools: &ToolRegistry) -> Vec<SessionUpda
                 }
             })
             .collect(),
-        EventBody::ToolCall(call) => vec![tool_call_update(call, tools)],
+        EventBody::ToolCall(call) => vec![tool_call_update(call, tools, cwd)],
         EventBody::ToolResult(result) => tool_result_update(result).into_iter().collect(),
         EventBody::TodoWrite(plan) => vec![plan_update(plan)],
         EventBody::SessionTitle(title) => vec![title_update(title)],
@@ -307,15 +309,20 @@ fn compact_failed_update(end: &event::CompactEnd) -> Option<SessionUpdate> {
     Some(thought(&format!("Compaction failed: {error}; the conversation is unchanged.\n")))
 }
 
+/// The directory a session's tool paths are shown against: its header's cwd (none: as named).
+pub fn cwd_of(header: &crate::session::SessionHeader) -> PathBuf {
+    header.cwd.as_deref().map(PathBuf::from).unwrap_or_default()
+}
+
 /// `tool/call` → a `tool_call` (in progress, with the tool's title, the kind and locations of
-/// what it touches, and the raw input).
-fn tool_call_update(call: &event::ToolCall, tools: &ToolRegistry) -> SessionUpdate {
+/// what it touches as absolute paths, and the raw input).
+fn tool_call_update(call: &event::ToolCall, tools: &ToolRegistry, cwd: &Path) -> SessionUpdate {
     let raw = call.arguments.as_str();
     let args: Value = serde_json::from_str(raw).unwrap_or_else(|_| json!(raw));
     let (title, access) = tools.shown(&call.name, &args);
     let mut update =
         ToolCall::new(call.call_id.clone(), title).kind(tool_kind(&access)).status(ToolCallStatus::InProgress);
-    let locations = locations(&access);
+    let locations = locations(&access, cwd);
     if !locations.is_empty() {
         update = update.locations(locations);
     }
@@ -341,7 +348,11 @@ fn tool_result_update(result: &event::ToolResult) -> Option<SessionUpdate> {
     if let Some(note) = result.meta.as_ref().and_then(|meta| meta["sandbox"].as_str()) {
         content.insert(0, ToolCallContent::from(ContentBlock::Text(TextContent::new(note))));
     }
-    let fields = ToolCallUpdateFields::new().status(status).content(content);
+    let mut fields = ToolCallUpdateFields::new().status(status).content(content);
+    // Where a successful edit changed its file (`data.meta.location`, an absolute path).
+    if let Some(location) = result.meta.as_ref().and_then(|meta| result_location(&meta["location"])) {
+        fields = fields.locations(vec![location]);
+    }
     Some(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(part.tool_call_id.clone(), fields)))
 }
 
@@ -351,6 +362,13 @@ fn progress_update(progress: &event::ToolProgress) -> SessionUpdate {
     let content = ToolCallContent::from(ContentBlock::Text(TextContent::new(progress.text.as_str())));
     let fields = ToolCallUpdateFields::new().content(vec![content]);
     SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(progress.call_id.clone(), fields))
+}
+
+/// `{path, line?}` → a location.
+fn result_location(location: &Value) -> Option<ToolCallLocation> {
+    let path = location["path"].as_str()?;
+    let line = location["line"].as_u64().and_then(|l| u32::try_from(l).ok());
+    Some(ToolCallLocation::new(PathBuf::from(path)).line(line))
 }
 
 /// `{path, oldText, newText}` → diff content (`oldText` null: a new file).
@@ -424,10 +442,12 @@ pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallCon
     Some(ToolCallContent::from(ContentBlock::Text(TextContent::new(text))))
 }
 
-/// The paths a call names as ACP locations (a read's with the line it starts at).
-fn locations(access: &Access) -> Vec<ToolCallLocation> {
+/// The paths a call names as ACP locations, absolute (resolved against the session's `cwd`, as
+/// the tools resolve them), a read's with the line it starts at (1 without an offset).
+fn locations(access: &Access, cwd: &Path) -> Vec<ToolCallLocation> {
     let line = match access {
-        Access::Read { line, .. } => line.and_then(|l| u32::try_from(l).ok()),
+        // A read without an offset starts at the first line.
+        Access::Read { line, .. } => u32::try_from(line.unwrap_or(1)).ok(),
         Access::Search { .. }
         | Access::Edit { .. }
         | Access::Delete { .. }
@@ -439,7 +459,8 @@ fn locations(access: &Access) -> Vec<ToolCallLocation> {
         | Access::Plan
         | Access::External => None,
     };
-    access.paths().iter().map(|path| ToolCallLocation::new(path.clone()).line(line)).collect()
+    let absolute = |path: &PathBuf| crate::tools::paths::resolve(cwd, &path.to_string_lossy());
+    access.paths().iter().map(|path| ToolCallLocation::new(absolute(path)).line(line)).collect()
 }
 
 /// What a call of `kind` touches, with the paths it names. A kind kin has no word for asks (and
@@ -514,7 +535,8 @@ mod tests {
     fn progress_is_the_running_calls_content() {
         let progress =
             event("tool/progress", json!({"turn": 1, "step": 1, "callId": "c1", "text": "acp:x: Run tests"}));
-        let update = serde_json::to_value(live_update(&progress, &ToolRegistry::new()).unwrap()).unwrap();
+        let update =
+            serde_json::to_value(live_update(&progress, &ToolRegistry::new(), Path::new("/ws")).unwrap()).unwrap();
         assert_eq!(update["sessionUpdate"], "tool_call_update");
         assert_eq!(update["toolCallId"], "c1");
         assert!(update.get("status").is_none(), "{update}");
@@ -522,7 +544,7 @@ mod tests {
             update["content"],
             json!([{"type": "content", "content": {"type": "text", "text": "acp:x: Run tests"}}])
         );
-        assert!(replay_updates(&progress, &ToolRegistry::new()).is_empty(), "not replayed on load");
+        assert!(replay_updates(&progress, &ToolRegistry::new(), Path::new("/ws")).is_empty(), "not replayed on load");
     }
 
     #[test]
@@ -556,8 +578,10 @@ mod tests {
     #[test]
     fn a_retry_notice_says_when_the_servers_wait_was_capped() {
         let text = |data: Value| {
-            let wire =
-                serde_json::to_value(live_update(&event("llm/retry", data), &ToolRegistry::new()).unwrap()).unwrap();
+            let wire = serde_json::to_value(
+                live_update(&event("llm/retry", data), &ToolRegistry::new(), Path::new("/ws")).unwrap(),
+            )
+            .unwrap();
             wire["content"]["text"].as_str().unwrap().to_string()
         };
         let retry = json!({"attempt": 2, "maxAttempts": 4, "delayMs": 60000, "reason": "rate limited (HTTP 429)"});
@@ -577,27 +601,34 @@ mod tests {
     #[test]
     fn a_write_result_with_a_diff_shows_the_diff() {
         let meta = json!({"diff": {"path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}});
-        let update = live_update(&result(false, Some(meta)), &ToolRegistry::new()).unwrap();
+        let update = live_update(&result(false, Some(meta)), &ToolRegistry::new(), Path::new("/ws")).unwrap();
         let wire = serde_json::to_value(&update).unwrap();
         assert_eq!(wire["sessionUpdate"], "tool_call_update");
         assert_eq!(wire["status"], "completed");
         assert_eq!(wire["content"], json!([{"type": "diff", "path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}]));
         let created = json!({"diff": {"path": "/w/n.txt", "oldText": null, "newText": "n\n"}});
-        let wire =
-            serde_json::to_value(live_update(&result(false, Some(created)), &ToolRegistry::new()).unwrap()).unwrap();
+        let wire = serde_json::to_value(
+            live_update(&result(false, Some(created)), &ToolRegistry::new(), Path::new("/ws")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(wire["content"][0]["type"], "diff");
         assert!(wire["content"][0].get("oldText").is_none_or(Value::is_null));
     }
 
     #[test]
     fn other_results_show_their_text() {
-        let wire = serde_json::to_value(live_update(&result(false, None), &ToolRegistry::new()).unwrap()).unwrap();
+        let wire =
+            serde_json::to_value(live_update(&result(false, None), &ToolRegistry::new(), Path::new("/ws")).unwrap())
+                .unwrap();
         assert_eq!(
             wire["content"],
             json!([{"type": "content", "content": {"type": "text", "text": "Edited /w/a.txt"}}])
         );
         let meta = json!({"diff": {"path": "/w/a.txt", "oldText": "a\n", "newText": "b\n"}});
-        let wire = serde_json::to_value(live_update(&result(true, Some(meta)), &ToolRegistry::new()).unwrap()).unwrap();
+        let wire = serde_json::to_value(
+            live_update(&result(true, Some(meta)), &ToolRegistry::new(), Path::new("/ws")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(wire["status"], "failed");
         assert_eq!(wire["content"][0]["type"], "content");
     }
@@ -606,7 +637,7 @@ mod tests {
         let mut tools = ToolRegistry::new();
         crate::tools::builtin::register_coding_tools(&mut tools, crate::tools::fs::FileState::default());
         let data = json!({"turn": 1, "step": 1, "callId": "c1", "name": name, "arguments": arguments.to_string()});
-        serde_json::to_value(live_update(&event("tool/call", data), &tools).unwrap()).unwrap()
+        serde_json::to_value(live_update(&event("tool/call", data), &tools, Path::new("/ws")).unwrap()).unwrap()
     }
 
     #[test]
@@ -614,11 +645,15 @@ mod tests {
         let read = call("read", json!({"file_path": "src/a.rs", "offset": 12}));
         assert_eq!(read["title"], "Read src/a.rs");
         assert_eq!(read["kind"], "read");
-        assert_eq!(read["locations"], json!([{"path": "src/a.rs", "line": 12}]));
+        assert_eq!(read["locations"], json!([{"path": "/ws/src/a.rs", "line": 12}]), "absolute, with the line");
         assert_eq!(read["rawInput"], json!({"file_path": "src/a.rs", "offset": 12}));
         let grep = call("grep", json!({"pattern": "fn", "path": "src"}));
         assert_eq!((&grep["title"], &grep["kind"]), (&json!("grep fn in src"), &json!("search")));
-        assert_eq!(grep["locations"], json!([{"path": "src"}]));
+        assert_eq!(grep["locations"], json!([{"path": "/ws/src"}]));
+        let outside = call("read", json!({"file_path": "/etc/hosts"}));
+        assert_eq!(outside["locations"], json!([{"path": "/etc/hosts", "line": 1}]), "an absolute path stays as it is");
+        let edit = call("edit", json!({"file_path": "../b.rs", "old_string": "a", "new_string": "b"}));
+        assert_eq!(edit["locations"], json!([{"path": "/b.rs"}]), "the line of an edit comes with its result");
         let bash = call("bash", json!({"command": "ls", "description": "List"}));
         assert_eq!((&bash["title"], &bash["kind"]), (&json!("Run `ls`"), &json!("execute")));
         assert!(bash.get("locations").is_none(), "{bash}");
@@ -660,11 +695,17 @@ mod tests {
     #[test]
     fn events_kin_does_not_understand_show_nothing() {
         let tools = ToolRegistry::new();
-        let title = event("hook/invoked", json!({"title": "t"}));
-        assert!(live_update(&title, &tools).is_none() && replay_updates(&title, &tools).is_empty());
+        let hook = event("hook/invoked", json!({"title": "t"}));
+        assert!(
+            live_update(&hook, &tools, Path::new("/ws")).is_none()
+                && replay_updates(&hook, &tools, Path::new("/ws")).is_empty()
+        );
         let nameless = event("tool/call", json!({"turn": 1, "step": 1, "callId": 7}));
         assert!(matches!(nameless, EventBody::Unknown { .. }), "a call id must be a string");
-        assert!(live_update(&nameless, &tools).is_none() && replay_updates(&nameless, &tools).is_empty());
+        assert!(
+            live_update(&nameless, &tools, Path::new("/ws")).is_none()
+                && replay_updates(&nameless, &tools, Path::new("/ws")).is_empty()
+        );
     }
 
     fn blocks_of(wire: Value) -> Vec<ContentBlock> {
@@ -705,10 +746,11 @@ mod tests {
         );
         // What load shows of it: the text and the images, in order.
         let message = crate::session::event::UserMessage::new(content, json!({"kind": "user"}));
-        let shown: Vec<Value> = replay_updates(&EventBody::UserMessage(message), &ToolRegistry::new())
-            .into_iter()
-            .map(|u| serde_json::to_value(u).unwrap()["content"]["type"].clone())
-            .collect();
+        let shown: Vec<Value> =
+            replay_updates(&EventBody::UserMessage(message), &ToolRegistry::new(), Path::new("/ws"))
+                .into_iter()
+                .map(|u| serde_json::to_value(u).unwrap()["content"]["type"].clone())
+                .collect();
         assert_eq!(shown, ["text", "image", "text", "image", "text"]);
     }
 
@@ -748,8 +790,10 @@ mod tests {
             {"content": "Fix", "status": "in_progress"},
             {"content": "Test", "status": "pending"}
         ]});
-        let wire =
-            serde_json::to_value(live_update(&event("todo/write", todos), &ToolRegistry::new()).unwrap()).unwrap();
+        let wire = serde_json::to_value(
+            live_update(&event("todo/write", todos), &ToolRegistry::new(), Path::new("/ws")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(wire["sessionUpdate"], "plan");
         let statuses: Vec<&str> =
             wire["entries"].as_array().unwrap().iter().map(|e| e["status"].as_str().unwrap()).collect();

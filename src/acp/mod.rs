@@ -370,7 +370,11 @@ async fn serve_until(
                             Ok(events) => {
                                 forwarder.count(&events);
                                 let tools = runtime.tools();
-                                for update in events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
+                                let header = runtime.store().header(&id).ok();
+                                let cwd = header.as_ref().map(convert::cwd_of).unwrap_or_default();
+                                for update in
+                                    events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools, &cwd))
+                                {
                                     tree::notify(&cx, &id, update);
                                 }
                                 // Shared with the live session: let go before it appends.

@@ -262,7 +262,9 @@ impl SessionObserver for Forwarder {
         // A client that shows the child's own session needs no progress on the delegating call.
         let shown_as_child =
             tree && matches!(&body, EventBody::ToolProgress(p) if self.tree.linked(&header.id, &p.call_id));
-        if let Some(mut update) = convert::live_update(&body, &self.tools).filter(|_| !shown_as_child) {
+        if let Some(mut update) =
+            convert::live_update(&body, &self.tools, &convert::cwd_of(header)).filter(|_| !shown_as_child)
+        {
             if tree {
                 self.link_result(&header.id, &mut update);
             }
@@ -521,7 +523,8 @@ pub fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
     for node in nodes {
         announce(cx, node);
         if let Shown::Child(record) = &node.shown {
-            for update in record.events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools)) {
+            let cwd = convert::cwd_of(&record.header);
+            for update in record.events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools, &cwd)) {
                 notify(cx, &record.header.id, update);
             }
         }

@@ -8,7 +8,8 @@
 //! (`regular`: a FIFO or device is refused, never blocked on). Memory is bounded for any file:
 //! `read` keeps at most `MAX_LINE_BYTES` of a line and 50 KB of a page, `edit` holds at most
 //! 64 MiB. `read` shows a PNG, JPEG, GIF or WebP file as an image (up to 3.75 MiB, from the disk). Successful writes and edits carry a diff for the editor in the result's meta
-//! (`{"diff": {path, oldText, newText}}`).
+//! (`{"diff": {path, oldText, newText}}`), and an edit the place it changed
+//! (`{"location": {path, line}}`, the path absolute, the line where the first replacement starts).
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -656,7 +657,7 @@ fn wrote(path: &Path, content: &str, before: Before) -> Written {
         Before::Text(old) => (diff_meta(path, Some(old.as_str()), content), "Updated file"),
         Before::Unknown => (None, "Updated file"),
     };
-    Written { text: written_text(path, what), diff }
+    Written { text: written_text(path, what), diff, location: None }
 }
 
 /// dsh's text for a `write` (dsh-design.md §4.1): the path, the type and what happened, as
@@ -862,7 +863,10 @@ fn apply_edit(path: &Path, content: &str, request: &EditRequest) -> Result<(Stri
 fn edited(path: &Path, count: usize, old: &str, new: &str, request: &EditRequest) -> Written {
     let diff = diff_meta(path, Some(old), new)
         .or_else(|| diff_meta(path, Some(request.old_string.as_str()), &request.new_string));
-    Written { text: edited_text(path, count, request.replace_all), diff }
+    // The line the first replacement starts on (1-based), for the editor's location.
+    let line = old.find(request.old_string.as_str()).map(|at| old[..at].matches('\n').count() as u64 + 1);
+    let location = Some(json!({"path": path.display().to_string(), "line": line}));
+    Written { text: edited_text(path, count, request.replace_all), diff, location }
 }
 
 /// dsh's text for an applied `edit` (dsh-design.md §4.1). With `replace_all` and more than one
@@ -872,19 +876,25 @@ fn edited_text(path: &Path, count: usize, replace_all: bool) -> String {
     if replace_all && count > 1 { format!("{done} ({count} occurrences replaced).") } else { format!("{done}.") }
 }
 
-/// What `write` and `edit` report: the model's text and the editor's diff.
+/// What `write` and `edit` report: the model's text, the editor's diff and, for an edit, where
+/// it changed the file (`{path, line}`, the path absolute).
 struct Written {
     text: String,
     diff: Option<Value>,
+    location: Option<Value>,
 }
 
 impl Written {
     fn into_output(self) -> ToolOutput {
         let output = ToolOutput::text(self.text);
-        match self.diff {
-            Some(diff) => output.with_meta(json!({ "diff": diff })),
-            None => output,
+        let mut meta = serde_json::Map::new();
+        if let Some(diff) = self.diff {
+            meta.insert("diff".into(), diff);
         }
+        if let Some(location) = self.location {
+            meta.insert("location".into(), location);
+        }
+        if meta.is_empty() { output } else { output.with_meta(Value::Object(meta)) }
     }
 }
 
