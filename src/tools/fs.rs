@@ -1318,7 +1318,17 @@ mod tests {
             .execute(json!({"file_path": "n.txt", "old_string": "one", "new_string": "two"}), f.ctx())
             .await
             .unwrap();
-        assert_eq!(out.meta, Some(json!({"diff": {"path": path, "oldText": "one\n", "newText": "two\n"}})));
+        assert_eq!(
+            out.meta,
+            Some(
+                json!({"diff": {"path": path, "oldText": "one\n", "newText": "two\n"}, "location": {"path": path, "line": 1}})
+            )
+        );
+        std::fs::write(f.ws.join("m.txt"), "a\nb\nc\nb\n").unwrap();
+        f.files.mark_read(&f.ws.join("m.txt"));
+        let args = json!({"file_path": "m.txt", "old_string": "b", "new_string": "B", "replace_all": true});
+        let out = edit.execute(args, f.ctx()).await.unwrap();
+        assert_eq!(out.meta.unwrap()["location"]["line"], 2, "the line of the first replacement");
         let out = write.execute(json!({"file_path": "n.txt", "content": "three\n"}), f.ctx()).await.unwrap();
         assert_eq!(out.meta.unwrap()["diff"]["oldText"], "two\n");
         // Failures carry no meta: they are errors.
