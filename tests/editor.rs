@@ -70,6 +70,11 @@ struct Editor {
 impl Editor {
     /// `kin acp` in bypass mode with `config` and `env`, its sessions and cwd in a scratch dir.
     fn start(config: &str, env: &[(&str, String)], model: &str) -> Editor {
+        Editor::start_in("bypass", config, env, model)
+    }
+
+    /// `kin acp` in permission `mode`, otherwise as `start`.
+    fn start_in(mode: &str, config: &str, env: &[(&str, String)], model: &str) -> Editor {
         let tmp = tempfile::tempdir().unwrap();
         let cwd = tmp.path().join("cwd");
         std::fs::create_dir_all(&cwd).unwrap();
@@ -77,7 +82,7 @@ impl Editor {
         std::fs::write(&config_path, config).unwrap();
         let mut command = Command::new(KIN);
         command
-            .args(["acp", "--permission-mode", "bypass", "--model", model, "--config"])
+            .args(["acp", "--permission-mode", mode, "--model", model, "--config"])
             .arg(&config_path)
             .arg("--sessions")
             .arg(tmp.path().join("sessions"))
@@ -449,6 +454,68 @@ async fn tool_call_locations_are_absolute_with_the_line_of_a_read_and_an_edit() 
         [&json!([{"path": file, "line": 2}]), &json!([{"path": file}]), &json!([{"path": file, "line": 3}])],
         "{replayed:?}"
     );
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
+
+/// The statuses the editor was told for `call`, in order (the `tool_call`, each update, and a
+/// permission request's `toolCall`, marked `asked:<status>`).
+fn statuses(frames: &[Value], call: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    for frame in frames {
+        if frame["method"] == "session/update" {
+            let update = &frame["params"]["update"];
+            if update["toolCallId"] == call
+                && let Some(status) = update["status"].as_str()
+            {
+                seen.push(status.to_string());
+            }
+        } else if frame["method"] == "session/request_permission" && frame["params"]["toolCall"]["toolCallId"] == call {
+            seen.push(format!("asked:{}", frame["params"]["toolCall"]["status"].as_str().unwrap_or("none")));
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_permission_is_pending_then_in_progress_once_allowed() {
+    let server = calling_model(&[
+        ("write", json!({"file_path": "a.txt", "content": "one"})),
+        ("write", json!({"file_path": "b.txt", "content": "two"})),
+    ])
+    .await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start_in("ask", "", &env, "openai/gpt-test");
+    editor.init(json!({}));
+    let session = editor.new_session();
+    let prompt = editor
+        .kin
+        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Write both"}]}));
+    let mut frames = Vec::new();
+    // The first write is allowed, the second rejected.
+    let mut answers = ["allow-once", "reject-once"].into_iter();
+    loop {
+        let frame = editor.kin.frame(WAIT);
+        frames.push(frame.clone());
+        if frame["method"] == "session/request_permission" {
+            let call = frame["params"]["toolCall"]["toolCallId"].as_str().unwrap().to_string();
+            // While the question is open the call is pending.
+            assert_eq!(statuses(&frames, &call).last().map(String::as_str), Some("asked:pending"), "{frames:?}");
+            let option = answers.next().expect("two questions");
+            editor.kin.send(json!({"jsonrpc": "2.0", "id": frame["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+        }
+        if common::is_response(&frame, prompt) {
+            assert_eq!(frame["result"]["stopReason"], "end_turn", "{frame}");
+            break;
+        }
+    }
+    assert_eq!(statuses(&frames, "call_0"), ["in_progress", "pending", "asked:pending", "in_progress", "completed"]);
+    assert_eq!(
+        statuses(&frames, "call_1"),
+        ["in_progress", "pending", "asked:pending", "failed"],
+        "a refused call never runs"
+    );
+    assert!(editor.cwd.join("a.txt").exists() && !editor.cwd.join("b.txt").exists());
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }

@@ -12,7 +12,7 @@ use agent_client_protocol::Client;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     PermissionOption, PermissionOptionKind, ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest,
-    SessionUpdate, ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
+    SessionUpdate, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -67,10 +67,14 @@ fn options() -> Vec<PermissionOption> {
     ]
 }
 
-/// `session/request_permission` for a request: the call's title and kind, its raw input, and
-/// for a command the whole command and where it runs as content.
+/// `session/request_permission` for a request: the call's title and kind, its status (`pending`:
+/// it waits for the answer), its raw input, and for a command the whole command and where it
+/// runs as content.
 fn permission_request(request: PermissionRequest) -> RequestPermissionRequest {
-    let mut fields = ToolCallUpdateFields::new().title(request.title).kind(convert::tool_kind(&request.access));
+    let mut fields = ToolCallUpdateFields::new()
+        .title(request.title)
+        .kind(convert::tool_kind(&request.access))
+        .status(ToolCallStatus::Pending);
     if let Some(content) = convert::request_content(&request.access, &request.cwd) {
         fields = fields.content(vec![content]);
     }
@@ -102,6 +106,13 @@ impl PermissionPrompt for EditorPrompt {
             if let Some(parent) = &parent {
                 super::tree::waiting_on_user(&cx, parent, &child, true);
             }
+            // The call waits for the user: `pending` until the answer, `in_progress` once allowed
+            // (a refused call's result says `failed`).
+            let status = |status| {
+                let fields = ToolCallUpdateFields::new().status(status);
+                SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call_id.clone(), fields))
+            };
+            super::tree::notify(&cx, &child, status(ToolCallStatus::Pending));
             let ask = permission_request(request);
             let answer = match cx.send_request(ask).block_task().await {
                 Ok(response) => answer_of(&response.outcome),
@@ -113,9 +124,19 @@ impl PermissionPrompt for EditorPrompt {
             if let Some(parent) = &parent {
                 super::tree::waiting_on_user(&cx, parent, &child, false);
             }
+            let allowed = match answer {
+                PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways => true,
+                PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed => false,
+            };
             if let Some(call) = restore {
-                let fields = ToolCallUpdateFields::new().title(call.title).kind(convert::tool_kind(&call.access));
+                // A question asked on behalf of a running call: the call goes on whatever the answer.
+                let fields = ToolCallUpdateFields::new()
+                    .title(call.title)
+                    .kind(convert::tool_kind(&call.access))
+                    .status(ToolCallStatus::InProgress);
                 super::tree::notify(&cx, &child, SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call_id, fields)));
+            } else if allowed {
+                super::tree::notify(&cx, &child, status(ToolCallStatus::InProgress));
             }
             answer
         }
