@@ -519,3 +519,45 @@ async fn a_call_waiting_for_permission_is_pending_then_in_progress_once_allowed(
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_output_reaches_the_editor_while_the_command_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("go");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // The command prints, then waits for the test to write to the FIFO, then prints again.
+    let command = format!("echo live-start; read line < {}; echo \"got $line\"", fifo.display());
+    let server = calling_model(&[("bash", json!({"command": command, "description": "Wait for the test"}))]).await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start("", &env, "openai/gpt-test");
+    editor.init(json!({}));
+    let session = editor.new_session();
+    let prompt = editor
+        .kin
+        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Run it"}]}));
+    let text = |update: &Value| update["content"][0]["content"]["text"].as_str().unwrap_or_default().to_string();
+    // Output the command printed arrives while it still waits (it cannot end before the write).
+    loop {
+        let frame = editor.kin.frame(WAIT);
+        assert!(!common::is_response(&frame, prompt), "the turn ended before any live output: {frame}");
+        let update = &frame["params"]["update"];
+        if update["sessionUpdate"] == "tool_call_update" && update["toolCallId"] == "call_0" {
+            assert!(update.get("status").is_none(), "the call still runs: {update}");
+            if text(update).contains("live-start") {
+                assert!(!text(update).contains("got"), "{update}");
+                break;
+            }
+        }
+    }
+    std::fs::write(&fifo, "go\n").unwrap();
+    let mut result = None;
+    editor.kin.response(prompt, WAIT, |frame| {
+        let update = &frame["params"]["update"];
+        if update["toolCallId"] == "call_0" && update["status"] == "completed" {
+            result = Some(text(update));
+        }
+    });
+    assert_eq!(result.as_deref(), Some("live-start\ngot go\n"), "the result holds the whole output");
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}

@@ -3,8 +3,10 @@
 //! own death kills everything it started, `setsid` and double-forked processes included. When
 //! the session's sandbox is on, the command is confined by the kernel (`sandbox::plan`), the
 //! editor sees a "sandboxed" note on the call, and writes the sandbox refused are named in the
-//! output as `blocked by the sandbox: <path>`. The result is stdout followed by stderr, capped to
-//! its head and tail, with an `[exit code: N]` line for non-zero exits.
+//! output as `blocked by the sandbox: <path>`. While the command runs, its output so far (its
+//! tail) is reported as the call's progress, throttled and bounded (`Live`). The result is stdout
+//! followed by stderr, capped to its head and tail, with an `[exit code: N]` line for non-zero
+//! exits.
 
 use std::ffi::OsString;
 use std::io;
@@ -234,7 +236,8 @@ impl BashTool {
                 Plan::Confined(confined) => Some(confined),
                 Plan::Unconfined { .. } => None,
             };
-            let text = run_command(&request, &dir, &ctx.cancel, confined).await?;
+            let live = ctx.progress.clone().map(|progress| Live::new(progress, note.clone()));
+            let text = run_command(&request, &dir, &ctx.cancel, confined, live).await?;
             let output = ToolOutput::text(text);
             Ok(match note {
                 Some(note) => output.with_meta(json!({"sandbox": note})),
@@ -329,13 +332,14 @@ async fn run_command(
     dir: &Path,
     cancel: &CancellationToken,
     confined: Option<&Confined>,
+    live: Option<Live>,
 ) -> Result<String, ToolError> {
     let env: Vec<(OsString, OsString)> = confined.map(Confined::env).unwrap_or_default();
     let shell = shell()?;
     let program = Program::new(&shell, &["-c", &request.command], &env).map_err(|e| spawn_error(&shell, &e))?;
     let mut command =
         supervise::spawn(program, dir, confined.map(|c| c.confinement.clone())).map_err(|e| spawn_error(&shell, &e))?;
-    let result = wait_command(request, dir, cancel, confined, &mut command).await;
+    let result = wait_command(request, dir, cancel, confined, &mut command, live).await;
     command.finish(FINISH_LIMIT).await;
     result
 }
@@ -346,6 +350,7 @@ async fn wait_command(
     cancel: &CancellationToken,
     confined: Option<&Confined>,
     command: &mut Supervised,
+    mut live: Option<Live>,
 ) -> Result<String, ToolError> {
     let stdout = Arc::new(Mutex::new(Capture::new(LIMITS)));
     let stderr = Arc::new(Mutex::new(Capture::new(LIMITS)));
@@ -353,10 +358,26 @@ async fn wait_command(
         spawn_reader(command.stdout.take(), Arc::clone(&stdout)),
         spawn_reader(command.stderr.take(), Arc::clone(&stderr)),
     ];
-    let ending = tokio::select! {
-        status = command.exited() => Ending::Exited(status),
-        () = tokio::time::sleep(Duration::from_millis(request.timeout_ms)) => Ending::TimedOut,
-        () = cancel.cancelled() => Ending::Aborted,
+    let ending = {
+        // Polled to the end, never dropped and restarted: it reads the supervisor's status.
+        let exited = command.exited();
+        tokio::pin!(exited);
+        let timeout = tokio::time::sleep(Duration::from_millis(request.timeout_ms));
+        tokio::pin!(timeout);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + LIVE_EVERY, LIVE_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                status = &mut exited => break Ending::Exited(status),
+                () = &mut timeout => break Ending::TimedOut,
+                () = cancel.cancelled() => break Ending::Aborted,
+                _ = ticks.tick(), if live.as_ref().is_some_and(Live::open) => {
+                    if let Some(live) = live.as_mut() {
+                        live.show(&stdout, &stderr);
+                    }
+                }
+            }
+        }
     };
     match ending {
         Ending::Aborted => {
@@ -445,6 +466,60 @@ fn with_exit_code(output: String, code: i32) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// live output
+
+/// How often the editor is shown a running command's output (when it grew).
+const LIVE_EVERY: Duration = Duration::from_millis(500);
+/// The most output one live report shows: the last 4 KiB.
+const LIVE_TAIL: usize = 4096;
+/// The most live reports of one call (each a `tool/progress` event): with `LIVE_TAIL`, at most
+/// about 480 KiB of a command's output is logged for the editor; after that the result shows it.
+const MAX_LIVE_REPORTS: usize = 120;
+
+/// A running command's output as the editor sees it: every `LIVE_EVERY`, when there is new
+/// output, a progress report of its last `LIVE_TAIL` bytes (stdout, then stderr, as the result
+/// has them), after the sandbox note; at most `MAX_LIVE_REPORTS` of them.
+struct Live {
+    progress: super::Progress,
+    note: Option<String>,
+    /// Output bytes seen at the last report.
+    shown: usize,
+    reports: usize,
+}
+
+impl Live {
+    fn new(progress: super::Progress, note: Option<String>) -> Self {
+        Live { progress, note, shown: 0, reports: 0 }
+    }
+
+    /// True while more reports may be sent.
+    fn open(&self) -> bool {
+        self.reports < MAX_LIVE_REPORTS
+    }
+
+    /// Reports the output so far, if it grew since the last report.
+    fn show(&mut self, stdout: &Mutex<Capture>, stderr: &Mutex<Capture>) {
+        let (out, err) = (snapshot(stdout), snapshot(stderr));
+        let total = out.total() + err.total();
+        if total == self.shown || !self.open() {
+            return;
+        }
+        self.shown = total;
+        self.reports += 1;
+        let output = render(&[&out, &err], Limits { head: 0, tail: LIVE_TAIL });
+        let mut text = match &self.note {
+            Some(note) => format!("{note}\n"),
+            None => String::new(),
+        };
+        text.push_str(output.trim_start_matches('\n'));
+        if !self.open() {
+            text.push_str("\n[live output stops here; the call's result shows the output]");
+        }
+        self.progress.report(text);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // output pipes
 
 /// Waits for the readers to reach end of file. Pipes still open after the grace period are
@@ -479,6 +554,34 @@ mod tests {
 
     fn ctx(cwd: &Path, cancel: CancellationToken) -> ToolContext {
         ToolContext::detached(Some(cwd.to_path_buf()), cancel)
+    }
+
+    #[test]
+    fn live_output_is_its_tail_only_when_it_grew_and_stops_after_the_cap() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut live = Live::new(super::super::Progress::new("c", tx), Some("sandboxed: read-only".into()));
+        let (stdout, stderr) = (Mutex::new(Capture::new(LIMITS)), Mutex::new(Capture::new(LIMITS)));
+        live.show(&stdout, &stderr);
+        assert!(rx.try_recv().is_err(), "no output yet: no report");
+        stdout.lock().unwrap().push(b"hello\n");
+        live.show(&stdout, &stderr);
+        assert_eq!(rx.try_recv().unwrap(), ("c".to_string(), "sandboxed: read-only\nhello\n".to_string()));
+        live.show(&stdout, &stderr);
+        assert!(rx.try_recv().is_err(), "nothing new: no report");
+        stderr.lock().unwrap().push(&[b'x'; 10_000]);
+        live.show(&stdout, &stderr);
+        let (_, text) = rx.try_recv().unwrap();
+        assert!(text.starts_with("sandboxed: read-only\n[... 5910 bytes omitted ...]\nxxx"), "{text}");
+        assert_eq!(text.len(), "sandboxed: read-only\n[... 5910 bytes omitted ...]\n".len() + LIVE_TAIL);
+        for _ in live.reports..MAX_LIVE_REPORTS {
+            stdout.lock().unwrap().push(b".");
+            live.show(&stdout, &stderr);
+        }
+        let last = std::iter::from_fn(|| rx.try_recv().ok()).last().unwrap().1;
+        assert!(last.ends_with("[live output stops here; the call's result shows the output]"), "{last}");
+        stdout.lock().unwrap().push(b"more");
+        live.show(&stdout, &stderr);
+        assert!(!live.open() && rx.try_recv().is_err(), "no report past the cap");
     }
 
     #[test]
