@@ -189,6 +189,30 @@ pub trait PermissionPrompt: Send + Sync {
     fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer>;
 }
 
+/// Asks a child's questions on its parent's delegating call, for an editor that does not show
+/// child sessions (it never heard of the child's id): the question names the child (`label:
+/// <the call's title>`), goes out under the parent session and the call that started the child,
+/// and the editor shows that call as it was once it is answered. A grandchild's wrapper asks
+/// through its parent's, so every question reaches the top-level session.
+pub struct OnDelegatingCall {
+    pub inner: Arc<dyn PermissionPrompt>,
+    /// The parent session and its call that started the child.
+    pub parent: String,
+    pub call_id: String,
+    /// How the editor shows that call (its title names the child).
+    pub call: CallShown,
+}
+
+impl PermissionPrompt for OnDelegatingCall {
+    fn ask(&self, mut request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+        request.title = format!("{}: {}", self.call.title, request.title);
+        request.session_id = self.parent.clone();
+        request.call_id = self.call_id.clone();
+        request.on_behalf_of = Some(self.call.clone());
+        self.inner.ask(request)
+    }
+}
+
 /// How the gate treats one call.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {

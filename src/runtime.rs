@@ -129,6 +129,8 @@ struct Child {
     handle: AgentHandle,
     parent: Option<String>,
     permissions: Arc<Permissions>,
+    /// How the child asks the user (its own children ask through it).
+    prompt: Option<Arc<dyn PermissionPrompt>>,
 }
 
 /// A stored child session of some parent, for an editor reloading the parent.
@@ -376,6 +378,7 @@ impl ChildFactory for Runtime {
             .unwrap_or_else(|| Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), None)));
         let tools = Self::sandboxed(tools, &sandbox, cwd.as_deref());
         let client = self.client();
+        let prompt = self.child_prompt(&client, parent_id.as_deref(), &display);
         let mode = permissions.mode();
         let system =
             self.build_prompt(cwd.as_deref().map(Path::new), &tools, persona.as_deref(), mode).unwrap_or_else(|e| {
@@ -395,7 +398,7 @@ impl ChildFactory for Runtime {
             max_parallel_tools: self.config.max_parallel_tools,
             depth: session.header.delegation_depth,
             permissions: Some(permissions.clone()),
-            prompt: client.prompt.clone(),
+            prompt: prompt.clone(),
             file_access: client.files.clone(),
             retry: self.config.models.retry,
             compaction: self.config.compaction.clone(),
@@ -410,7 +413,7 @@ impl ChildFactory for Runtime {
         }
         let handle = spawn_restored(session, restored, deps);
         self.children()
-            .insert(handle.id().to_string(), Child { handle: handle.clone(), parent: parent_id, permissions });
+            .insert(handle.id().to_string(), Child { handle: handle.clone(), parent: parent_id, permissions, prompt });
         handle
     }
 
@@ -685,6 +688,39 @@ impl Runtime {
             .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         entry.sandbox.set(policy);
         Ok(policy)
+    }
+
+    /// How a child below `parent` asks the user: the editor's prompt when it shows child sessions
+    /// (the question carries the child's id); otherwise on the parent's call that started it
+    /// (`OnDelegatingCall`), through the parent's own way of asking when the parent is a child.
+    fn child_prompt(
+        &self,
+        client: &ClientLink,
+        parent: Option<&str>,
+        display: &ChildDisplay,
+    ) -> Option<Arc<dyn PermissionPrompt>> {
+        let (Some(parent), Some(call_id), None) = (parent, display.call_id.as_ref(), client.children.as_ref()) else {
+            return client.prompt.clone();
+        };
+        let above = match self.children().get(parent) {
+            Some(child) => child.prompt.clone(),
+            None => client.prompt.clone(),
+        };
+        let title = display.title.clone().unwrap_or_else(|| "subagent".to_string());
+        let call = crate::permission::CallShown {
+            title,
+            tool: "subagent".to_string(),
+            access: crate::tools::Access::Delegate,
+        };
+        above.map(|inner| {
+            let asks = crate::permission::OnDelegatingCall {
+                inner,
+                parent: parent.to_string(),
+                call_id: call_id.clone(),
+                call,
+            };
+            Arc::new(asks) as Arc<dyn PermissionPrompt>
+        })
     }
 
     fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {

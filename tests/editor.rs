@@ -561,3 +561,58 @@ async fn bash_output_reaches_the_editor_while_the_command_runs() {
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_question_is_asked_on_the_parents_delegating_call_for_a_client_without_subagents() {
+    // The parent delegates; the child writes a file (asked: mode ask); then both answer.
+    let server = calling_model(&[
+        ("subagent", json!({"description": "Note taker", "prompt": "Write note.txt"})),
+        ("write", json!({"file_path": "note.txt", "content": "noted"})),
+    ])
+    .await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start_in("ask", "", &env, "openai/gpt-test");
+    editor.init(json!({}));
+    let session = editor.new_session();
+    let prompt = editor
+        .kin
+        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Delegate"}]}));
+    let mut frames = Vec::new();
+    let mut asked = Vec::new();
+    loop {
+        let frame = editor.kin.frame(WAIT);
+        frames.push(frame.clone());
+        if let Some(id) = frame["params"]["sessionId"].as_str() {
+            assert_eq!(id, session, "every frame names the session the client knows: {frame}");
+        }
+        if frame["method"] == "session/request_permission" {
+            asked.push(frame["params"].clone());
+            editor.kin.send(json!({"jsonrpc": "2.0", "id": frame["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow-once"}}}));
+        }
+        if common::is_response(&frame, prompt) {
+            assert_eq!(frame["result"]["stopReason"], "end_turn", "{frame}");
+            break;
+        }
+    }
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let call = &asked[0]["toolCall"];
+    assert_eq!(call["toolCallId"], "call_0", "asked on the delegating call: {call}");
+    assert_eq!(call["title"], "Note taker: Write note.txt", "titled with the child's label");
+    assert_eq!(call["kind"], "edit");
+    assert_eq!(std::fs::read_to_string(editor.cwd.join("note.txt")).unwrap(), "noted");
+    // Once answered, the delegating call shows as itself again, still running, then completes.
+    let titled: Vec<(&Value, &Value)> = frames
+        .iter()
+        .map(|f| &f["params"]["update"])
+        .filter(|u| u["toolCallId"] == "call_0" && u.get("title").is_some())
+        .map(|u| (&u["sessionUpdate"], &u["title"]))
+        .collect();
+    assert_eq!(
+        titled,
+        [(&json!("tool_call"), &json!("Note taker")), (&json!("tool_call_update"), &json!("Note taker"))],
+        "announced, then restored after the question"
+    );
+    assert_eq!(statuses(&frames, "call_0").last().map(String::as_str), Some("completed"));
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
