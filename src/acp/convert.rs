@@ -556,8 +556,8 @@ mod tests {
             wire["content"]["text"].as_str().unwrap().to_string()
         };
         let start = event("compact/start", json!({"turn": null}));
-        assert_eq!(shown(live_update(&start, &tools)), "Compacting conversation…\n");
-        assert!(replay_updates(&start, &tools).is_empty(), "a start is not replayed");
+        assert_eq!(shown(live_update(&start, &tools, Path::new("/ws"))), "Compacting conversation…\n");
+        assert!(replay_updates(&start, &tools, Path::new("/ws")).is_empty(), "a start is not replayed");
         let summary = json!({
             "summary": [{"type": "text", "text": "S"}], "shadowedRange": {"start": 1, "end": 4},
             "shadowedSeqs": [1, 2, 4], "shadowedTokenCount": 900, "provider": "p", "model": "m",
@@ -565,14 +565,17 @@ mod tests {
         let summary = event("compact/summary", summary);
         let after = crate::agent::compact::checkpoint_tokens(&[json!({"type": "text", "text": "S"})]);
         let outcome = format!("Compacted 3 history items: ~900 tokens → ~{after} tokens.\n");
-        assert_eq!(shown(live_update(&summary, &tools)), outcome);
-        assert_eq!(shown(replay_updates(&summary, &tools).into_iter().next()), outcome);
+        assert_eq!(shown(live_update(&summary, &tools, Path::new("/ws"))), outcome);
+        assert_eq!(shown(replay_updates(&summary, &tools, Path::new("/ws")).into_iter().next()), outcome);
         let failed = event("compact/end", json!({"turn": 2, "error": "summary model down"}));
         let why = "Compaction failed: summary model down; the conversation is unchanged.\n";
-        assert_eq!(shown(live_update(&failed, &tools)), why);
-        assert_eq!(shown(replay_updates(&failed, &tools).into_iter().next()), why);
+        assert_eq!(shown(live_update(&failed, &tools, Path::new("/ws"))), why);
+        assert_eq!(shown(replay_updates(&failed, &tools, Path::new("/ws")).into_iter().next()), why);
         let done = event("compact/end", json!({"turn": 2}));
-        assert!(live_update(&done, &tools).is_none() && replay_updates(&done, &tools).is_empty());
+        assert!(
+            live_update(&done, &tools, Path::new("/ws")).is_none()
+                && replay_updates(&done, &tools, Path::new("/ws")).is_empty()
+        );
     }
 
     #[test]
