@@ -1,4 +1,4 @@
-//! A live session: the header, its events in memory (all but the bulk of streamed deltas, see
+//! A live session: the header, its events in memory (all but a model call's chunks after its first, see
 //! `resident`), and the log writer. Appends assign `seq` and `time`, notify observers
 //! synchronously (so what an editor sees follows log order), and queue the line for the next
 //! batched write.
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::event::{self, EventBody, Kind};
 use super::record::{Event, SessionHeader};
 use super::repair::Closer;
-use super::resident::{ChunkFacts, Resident};
+use super::resident::{ChunkOf, Resident};
 use super::surface::{self, Nodes};
 use super::writer::LogWriter;
 
@@ -28,7 +28,7 @@ pub fn now_ms() -> u64 {
 /// One session held in memory with its writer.
 pub struct Session {
     pub header: SessionHeader,
-    /// The resident events (every event but the streamed deltas `resident` leaves on disk), in
+    /// The resident events (every event but the chunks `resident` leaves on disk), in
     /// seq order, shared with `snapshot` holders (copy on write: an append while a snapshot is
     /// held copies the list once).
     events: Arc<Vec<Event>>,
@@ -62,8 +62,8 @@ impl Session {
         let next_seq = length;
         let mut resident = Resident::default();
         events.retain_mut(|e| {
-            let facts = ChunkFacts::of_event(e);
-            resident.keep(e, facts)
+            let chunk = ChunkOf::event(e);
+            resident.keep(e, chunk)
         });
         events.shrink_to_fit();
         let partial = events.len() as u64 != next_seq;
@@ -84,9 +84,9 @@ impl Session {
         &self.header.id
     }
 
-    /// The resident events, in seq order: every event of the log except streamed deltas after a
-    /// model call's first chunk (an `assistant/message` without its chunk seqs). A position in
-    /// it is not a seq; `history` is the whole log.
+    /// The resident events, in seq order: every event of the log except a model call's chunks
+    /// after its first (an `assistant/message` then without its chunk seqs). A position in it
+    /// is not a seq; `history` is the whole log.
     pub fn events(&self) -> &[Event] {
         &self.events
     }
@@ -141,10 +141,10 @@ impl Session {
     }
 
     fn push_body(&mut self, body: EventBody, sources: Option<Vec<u64>>) -> u64 {
-        let facts = ChunkFacts::of_body(&body);
+        let chunk = ChunkOf::body(&body);
         let event = Event::new(self.next_seq, now_ms(), body, sources);
         self.writer.append(&event);
-        self.record(event, facts)
+        self.record(event, chunk)
     }
 
     /// Appends a surface event whose message replaces the current nodes from seq `start` through
@@ -196,8 +196,8 @@ impl Session {
 
     fn push_event(&mut self, event: Event) -> u64 {
         self.writer.append(&event);
-        let facts = ChunkFacts::of_event(&event);
-        self.record(event, facts)
+        let chunk = ChunkOf::event(&event);
+        self.record(event, chunk)
     }
 
     /// Appends typed events and makes them durable (written after everything pending, and
@@ -207,16 +207,16 @@ impl Session {
     pub fn push_durably(&mut self, bodies: Vec<EventBody>) -> Result<Vec<u64>, String> {
         let first = self.next_seq;
         let time = now_ms();
-        let facts: Vec<Option<ChunkFacts>> = bodies.iter().map(ChunkFacts::of_body).collect();
+        let chunk: Vec<Option<ChunkOf>> = bodies.iter().map(ChunkOf::body).collect();
         let events: Vec<Event> =
             bodies.into_iter().enumerate().map(|(i, body)| Event::new(first + i as u64, time, body, None)).collect();
         self.writer.append_durably(&events).map_err(|e| format!("{e:#}"))?;
-        Ok(events.into_iter().zip(facts).map(|(event, facts)| self.record(event, facts)).collect())
+        Ok(events.into_iter().zip(chunk).map(|(event, chunk)| self.record(event, chunk)).collect())
     }
 
     /// Shows an appended event to the observers, folds it into the history and keeps it in
     /// memory if it is resident.
-    fn record(&mut self, mut event: Event, facts: Option<ChunkFacts>) -> u64 {
+    fn record(&mut self, mut event: Event, chunk: Option<ChunkOf>) -> u64 {
         let seq = event.seq;
         self.next_seq = seq + 1;
         for observer in &self.observers {
@@ -226,7 +226,7 @@ impl Session {
         if event.kind.is_surface() {
             surface::apply(&mut self.nodes, Arc::make_mut(&mut self.messages), &event);
         }
-        if self.resident.keep(&mut event, facts) {
+        if self.resident.keep(&mut event, chunk) {
             Arc::make_mut(&mut self.events).push(event);
         } else {
             self.partial = true;
@@ -272,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn streamed_deltas_stay_on_disk_and_the_history_reads_them_back() {
+    fn a_calls_later_chunks_stay_on_disk_and_the_history_reads_them_back() {
         use super::super::chunk::StreamChunk;
         use super::super::event::{AssistantChunk, AssistantMessage, ModelMessage};
         let dir = tempfile::tempdir().unwrap();
@@ -289,21 +289,21 @@ mod tests {
         seqs.push(session.push(chunk(StreamChunk::BlockEnd { index: 0, block: block.clone() })));
         let answer = ModelMessage::new(vec![block], "p", "m");
         session.push_from(AssistantMessage { turn: 1, step: 1, message: answer, usage: None }, seqs.clone());
-        // In memory: the prompt, the block's start and end, the message without its 1,002 seqs.
+        // In memory: the prompt, the call's first chunk, the message without its 1,002 seqs.
         assert_eq!(session.len(), 1004);
-        assert_eq!(session.events().iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1, 1002, 1003]);
-        assert_eq!(session.events()[3].source_event_seqs, None);
+        assert_eq!(session.events().iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1, 1003]);
+        assert_eq!(session.events()[2].source_event_seqs, None);
         assert_eq!(session.messages()[1]["content"][0]["text"], text.as_str(), "the history is whole");
-        // The history is the log as written, deltas and seqs included.
+        // The history is the log as written, chunks and seqs included.
         let history = session.history().unwrap();
         assert_eq!(history.len(), 1004);
         assert!(history.iter().enumerate().all(|(i, e)| e.seq == i as u64));
         assert_eq!(history[1003].source_event_seqs.as_deref(), Some(seqs.as_slice()));
         session.flush().unwrap();
         drop(session);
-        // A load holds the same resident events and appends after the last delta on disk.
+        // A load holds the same resident events and appends after the last chunk on disk.
         let mut loaded = store.load("s").unwrap();
-        assert_eq!((loaded.len(), loaded.events().len()), (1004, 4));
+        assert_eq!((loaded.len(), loaded.events().len()), (1004, 3));
         assert_eq!(loaded.push(message("again")), 1004);
         assert_eq!(loaded.history().unwrap().len(), 1005);
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::event::Kind;
 use super::record::{Event, Record, SessionHeader};
-use super::resident::{ChunkFacts, Resident};
+use super::resident::{ChunkOf, Resident};
 
 /// A log read up to its last valid line.
 #[derive(Debug, Clone)]
@@ -128,13 +128,13 @@ pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
 }
 
 /// `scan_file` keeping only the events a live session holds in memory (see `resident`): what
-/// a load needs, without ever holding a log's streamed deltas.
+/// a load needs, without ever holding a model call's chunks after its first.
 pub(crate) fn scan_file_resident(path: &Path) -> Result<Scanned, ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
     let mut resident = Resident::default();
     scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event| {
-        let facts = ChunkFacts::of_event(event);
-        resident.keep(event, facts)
+        let chunk = ChunkOf::event(event);
+        resident.keep(event, chunk)
     })
 }
 

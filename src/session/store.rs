@@ -145,7 +145,7 @@ impl SessionStore {
     /// Repairing load: truncates a torn tail, closes an interrupted turn (durably), and returns
     /// the session ready for appends.
     pub fn load(&self, id: &str) -> Result<Session, StoreError> {
-        // Streamed deltas stay on disk: the session holds what it needs (see `resident`).
+        // A call's later chunks stay on disk: the session holds what it needs (see `resident`).
         let scanned = self.scan(id, scan_file_resident)?;
         if let Some(torn) = &scanned.torn {
             tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
