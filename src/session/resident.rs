@@ -101,7 +101,7 @@ mod tests {
 
     #[test]
     fn only_the_first_chunk_of_a_call_stays_and_a_message_drops_its_chunk_seqs() {
-        let mut events = vec![
+        let mut events = [
             chunk(0, 1, StreamChunk::BlockStart { index: 0, block_type: "text".into() }),
             chunk(1, 1, text(0, "a")),
             chunk(2, 1, StreamChunk::BlockEnd { index: 0, block: json!({"type": "text", "text": "a"}) }),
