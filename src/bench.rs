@@ -339,15 +339,7 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     for (d, bytes) in runs {
         let size = if bytes >= 1_000_000 { "1mb" } else { "10kb" };
         let cwd = format!("/bench/catalog-{d}-{bytes}");
-        let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.clone()));
-        write_log(&root, &parent, 3, 0)?;
-        for i in 0..d {
-            let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.clone()));
-            child.parent_session = Some(parent.id.clone());
-            child.origin = Some("subagent".into());
-            child.delegation_depth = 1;
-            write_log(&root, &child, 0, bytes)?;
-        }
+        let parent = write_family(&root, &cwd, d, bytes)?;
         let cancel = tokio_util::sync::CancellationToken::new();
         let list = |query: &dyn QueryService| -> Result<Duration> {
             let started = Instant::now();
@@ -397,15 +389,7 @@ async fn tree_reload(tmp: &Path, report: &mut Report<'_>) -> Result<()> {
     let mut times = Vec::new();
     for d in [100usize, 1000, 5000] {
         let cwd = format!("/bench/tree-{d}");
-        let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.clone()));
-        write_log(&root, &parent, 3, 0)?;
-        for i in 0..d {
-            let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.clone()));
-            child.parent_session = Some(parent.id.clone());
-            child.origin = Some("subagent".into());
-            child.delegation_depth = 1;
-            write_log(&root, &child, 0, 2_000)?;
-        }
+        let parent = write_family(&root, &cwd, d, 2_000)?;
         let kin = KinProcess::start_as(&root, None, json!({"subagents": {}})).await?;
         let started = Instant::now();
         kin.call("session/load", json!({"sessionId": parent.id, "cwd": cwd, "mcpServers": []})).await?;
@@ -442,6 +426,21 @@ fn growth_exponent(points: &[(f64, f64)]) -> f64 {
     let sxy: f64 = logs.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
     let sxx: f64 = logs.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
     if sxx == 0.0 { 0.0 } else { sxy / sxx }
+}
+
+/// A stored parent in `cwd` with `children` subagent children of about `child_bytes` each;
+/// the parent's header.
+fn write_family(root: &Path, cwd: &str, children: usize, child_bytes: usize) -> Result<SessionHeader> {
+    let parent = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some(cwd.to_string()));
+    write_log(root, &parent, 3, 0)?;
+    for i in 0..children {
+        let mut child = SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(cwd.to_string()));
+        child.parent_session = Some(parent.id.clone());
+        child.origin = Some("subagent".into());
+        child.delegation_depth = 1;
+        write_log(root, &child, 0, child_bytes)?;
+    }
+    Ok(parent)
 }
 
 /// Writes a log directly (no fsync: a benchmark corpus): the header, `events` log-only events,
