@@ -36,6 +36,7 @@ use crate::subagent::tools::{DelegateConfig, DelegateTool};
 use crate::subagent::{Descriptor, ErrorCode, Lifecycle, SubagentError, SubagentService, ToolFilter};
 use crate::tools::bash::BashTool;
 use crate::tools::files::FileAccess;
+use crate::tools::terminal::Terminals;
 use crate::tools::{Tool, ToolRegistry};
 
 /// A request the caller got wrong (maps to invalid params), a session id that names no session
@@ -92,6 +93,8 @@ struct Live {
 pub struct ClientLink {
     pub prompt: Option<Arc<dyn PermissionPrompt>>,
     pub files: Option<Arc<dyn FileAccess>>,
+    /// The editor's terminals (`bash` of a top-level session runs unconfined commands there).
+    pub terminals: Option<Arc<dyn Terminals>>,
     pub children: Option<Arc<dyn ChildObservers>>,
 }
 
@@ -295,11 +298,19 @@ impl Runtime {
         tools
     }
 
-    /// `tools` with `bash` (when present) running in `sandbox`, for a session in `cwd`.
-    fn sandboxed(mut tools: ToolRegistry, sandbox: &Arc<SessionSandbox>, cwd: Option<&str>) -> ToolRegistry {
+    /// `tools` with `bash` (when present) running in `sandbox`, for a session in `cwd`, and its
+    /// unconfined commands in the editor's `terminals` when given (top-level sessions only: the
+    /// editor shows a terminal in a session it knows).
+    fn sandboxed(
+        mut tools: ToolRegistry,
+        sandbox: &Arc<SessionSandbox>,
+        cwd: Option<&str>,
+        terminals: Option<Arc<dyn Terminals>>,
+    ) -> ToolRegistry {
         if tools.get("bash").is_some() {
             let workspace = cwd.map(std::path::PathBuf::from);
-            tools.register(Arc::new(BashTool::with_sandbox(sandbox.clone(), workspace)));
+            let bash = BashTool::with_sandbox(sandbox.clone(), workspace).with_terminals(terminals);
+            tools.register(Arc::new(bash));
         }
         tools
     }
@@ -376,7 +387,7 @@ impl ChildFactory for Runtime {
         let sandbox = self
             .root_sandbox(parent_id.as_deref())
             .unwrap_or_else(|| Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), None)));
-        let tools = Self::sandboxed(tools, &sandbox, cwd.as_deref());
+        let tools = Self::sandboxed(tools, &sandbox, cwd.as_deref(), None);
         let client = self.client();
         let prompt = self.child_prompt(&client, parent_id.as_deref(), &display);
         let mode = permissions.mode();
@@ -610,7 +621,7 @@ impl Runtime {
         tools.add_source(mcp.clone(), None);
         AgentDeps {
             model: self.model.clone(),
-            tools: Self::sandboxed(tools, sandbox, cwd),
+            tools: Self::sandboxed(tools, sandbox, cwd, client.terminals.clone()),
             route: self.config.model.clone(),
             system,
             max_steps: self.config.max_steps,

@@ -453,7 +453,12 @@ async fn forwarded(
 ) -> (String, Vec<kin::permission::PermissionRequest>, PathBuf) {
     let (rt, _) = runtime(dir, vec![], &sh_agent_toml("fw", ASKS_TO_WRITE, "permission = \"forward\"\n"));
     let editor = Arc::new(Editor { answer, asked: Default::default() });
-    rt.connect_client(kin::runtime::ClientLink { prompt: Some(editor.clone()), files: None, children: None });
+    rt.connect_client(kin::runtime::ClientLink {
+        prompt: Some(editor.clone()),
+        files: None,
+        terminals: None,
+        children: None,
+    });
     let cwd = workspace(dir);
     let mut req = request(&cwd);
     req.call_id = Some("call-7".into());
@@ -523,7 +528,12 @@ async fn allow_reads_offers_no_writes_and_rejects_the_edit_without_asking() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), vec![], &sh_agent_toml("ro", ASKS_TO_WRITE, "permission = \"allow-reads\"\n"));
     let editor = Arc::new(Editor { answer: kin::permission::PermissionAnswer::AllowOnce, asked: Default::default() });
-    rt.connect_client(kin::runtime::ClientLink { prompt: Some(editor.clone()), files: None, children: None });
+    rt.connect_client(kin::runtime::ClientLink {
+        prompt: Some(editor.clone()),
+        files: None,
+        terminals: None,
+        children: None,
+    });
     let cwd = workspace(dir.path());
     let run = rt.subagents().start("acp:ro", request(&cwd)).await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();

@@ -1,7 +1,9 @@
 //! What an editor user meets, over real pipes against the real binary with loopback model
 //! servers: images and embedded files in prompts reach an OpenAI-compatible and an Anthropic
 //! server in their wire shapes (and a route that takes no images gets a placeholder and one
-//! notice), `read` shows an image file, and a loaded session shows the prompt's image again.
+//! notice), `read` shows an image file, and a loaded session shows the prompt's image again;
+//! titles, locations, statuses and live output; and `bash` in the editor's terminals, with a test
+//! client (`TermClient`) that implements `terminal/*` by spawning the processes for real.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -552,6 +554,8 @@ async fn bash_output_reaches_the_editor_while_the_command_runs() {
     std::fs::write(&fifo, "go\n").unwrap();
     let mut result = None;
     editor.kin.response(prompt, WAIT, |frame| {
+        // A client that did not advertise `terminal` gets the local path: kin asks it for none.
+        assert!(!frame["method"].as_str().is_some_and(|m| m.starts_with("terminal/")), "{frame}");
         let update = &frame["params"]["update"];
         if update["toolCallId"] == "call_0" && update["status"] == "completed" {
             result = Some(text(update));
@@ -613,6 +617,335 @@ async fn a_childs_question_is_asked_on_the_parents_delegating_call_for_a_client_
         "announced, then restored after the question"
     );
     assert_eq!(statuses(&frames, "call_0").last().map(String::as_str), Some("completed"));
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
+
+// ---------------------------------------------------------------------------------------------
+// the editor's terminals
+
+/// One terminal the test client runs for kin: a real process, its output (stdout and stderr
+/// interleaved, as a terminal has them), and the `terminal/wait_for_exit` requests not yet answered.
+struct Term {
+    child: std::process::Child,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    limit: usize,
+    waits: Vec<Value>,
+}
+
+/// A client that implements `terminal/*` for real (it spawns the processes kin asks for) and
+/// answers permission questions with `allow-once`. `events` is what happened, in order:
+/// `create:<id>`, `embed:<id>` (the call's content showed the terminal), `wait:<id>`,
+/// `output:<id>`, `kill:<id>`, `release:<id>`, `exit:<id>`.
+#[derive(Default)]
+struct TermClient {
+    terms: std::collections::BTreeMap<String, Term>,
+    created: Vec<Value>,
+    events: Vec<String>,
+    frames: Vec<Value>,
+}
+
+impl TermClient {
+    fn answer(kin: &mut common::Peer, frame: &Value, result: Value) {
+        kin.send(json!({"jsonrpc": "2.0", "id": frame["id"], "result": result}));
+    }
+
+    /// Handles one frame from kin.
+    fn handle(&mut self, kin: &mut common::Peer, frame: &Value) {
+        self.frames.push(frame.clone());
+        let params = &frame["params"];
+        let id = params["terminalId"].as_str().unwrap_or_default().to_string();
+        match frame["method"].as_str().unwrap_or_default() {
+            "session/update" => {
+                let update = &params["update"];
+                for content in update["content"].as_array().into_iter().flatten() {
+                    if content["type"] == "terminal" {
+                        self.events.push(format!("embed:{}", content["terminalId"].as_str().unwrap()));
+                    }
+                }
+            }
+            "session/request_permission" => {
+                Self::answer(kin, frame, json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}}))
+            }
+            "terminal/create" => {
+                self.created.push(params.clone());
+                let id = format!("term-{}", self.terms.len() + 1);
+                let mut command = Command::new(params["command"].as_str().unwrap());
+                let args: Vec<&str> = params["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+                // One pipe for both streams, as a terminal has them.
+                let (mut reader, writer) = std::io::pipe().unwrap();
+                command.args(args).stdin(Stdio::null()).stdout(writer.try_clone().unwrap()).stderr(writer);
+                if let Some(cwd) = params["cwd"].as_str() {
+                    command.current_dir(cwd);
+                }
+                let child = command.spawn().unwrap();
+                drop(command);
+                let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+                let sink = output.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = std::io::Read::read(&mut reader, &mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        sink.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                });
+                let limit = params["outputByteLimit"].as_u64().unwrap_or(u64::MAX) as usize;
+                self.terms.insert(id.clone(), Term { child, output, limit, waits: Vec::new() });
+                self.events.push(format!("create:{id}"));
+                Self::answer(kin, frame, json!({"terminalId": id}));
+            }
+            "terminal/wait_for_exit" => {
+                self.events.push(format!("wait:{id}"));
+                self.terms.get_mut(&id).expect("a known terminal").waits.push(frame.clone());
+            }
+            "terminal/output" => {
+                self.events.push(format!("output:{id}"));
+                let term = self.terms.get(&id).expect("a known terminal");
+                let bytes = term.output.lock().unwrap().clone();
+                let cut = bytes.len().saturating_sub(term.limit);
+                let text = String::from_utf8_lossy(&bytes[cut..]).into_owned();
+                Self::answer(kin, frame, json!({"output": text, "truncated": cut > 0}));
+            }
+            "terminal/kill" => {
+                self.events.push(format!("kill:{id}"));
+                let _ = self.terms.get_mut(&id).expect("a known terminal").child.kill();
+                Self::answer(kin, frame, json!({}));
+            }
+            "terminal/release" => {
+                self.events.push(format!("release:{id}"));
+                let mut term = self.terms.remove(&id).expect("a known terminal");
+                let _ = term.child.kill();
+                let _ = term.child.wait();
+                Self::answer(kin, frame, json!({}));
+            }
+            _ => {}
+        }
+    }
+
+    /// Answers the waits of terminals whose command ended.
+    fn reap(&mut self, kin: &mut common::Peer) {
+        for (id, term) in &mut self.terms {
+            if term.waits.is_empty() {
+                continue;
+            }
+            if let Some(status) = term.child.try_wait().unwrap() {
+                use std::os::unix::process::ExitStatusExt;
+                self.events.push(format!("exit:{id}"));
+                let signal = status.signal().map(|s| if s == 9 { "SIGKILL".to_string() } else { s.to_string() });
+                for wait in term.waits.drain(..) {
+                    Self::answer(kin, &wait, json!({"exitCode": status.code(), "signal": signal}));
+                }
+            }
+        }
+    }
+
+    /// Serves kin until the response to `id` (returned), calling `each` after every frame.
+    fn serve(&mut self, kin: &mut common::Peer, id: u64, mut each: impl FnMut(&mut Self, &mut common::Peer)) -> Value {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            assert!(std::time::Instant::now() < deadline, "no response to {id} within {WAIT:?}: {:?}", self.events);
+            self.reap(kin);
+            let Some(line) = kin.line(Duration::from_millis(20)) else { continue };
+            let frame: Value = serde_json::from_str(&line).unwrap();
+            if common::is_response(&frame, id) {
+                return frame;
+            }
+            self.handle(kin, &frame);
+            each(self, kin);
+        }
+    }
+
+    /// The text of the call's completed or failed update.
+    fn result(&self, call: &str) -> (String, String) {
+        let update = self
+            .frames
+            .iter()
+            .map(|f| &f["params"]["update"])
+            .find(|u| u["toolCallId"] == call && (u["status"] == "completed" || u["status"] == "failed"))
+            .unwrap_or_else(|| panic!("no result for {call}: {:?}", self.frames));
+        let text = update["content"].as_array().unwrap().iter().filter_map(|c| c["content"]["text"].as_str()).collect();
+        (update["status"].as_str().unwrap().to_string(), text)
+    }
+
+    fn methods(&self) -> Vec<String> {
+        self.frames
+            .iter()
+            .filter_map(|f| f["method"].as_str())
+            .filter(|m| m.starts_with("terminal/"))
+            .map(String::from)
+            .collect()
+    }
+}
+
+/// A kin in permission `mode` with `config` whose model makes `calls`, initialized by a client
+/// with terminals, and a session of it prompted with `text`: the model server, the editor, the
+/// session and the prompt's request id.
+async fn prompted_with_terminal(
+    mode: &str,
+    config: &str,
+    calls: &[(&str, Value)],
+    text: &str,
+) -> (MockServer, Editor, String, u64) {
+    let server = calling_model(calls).await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start_in(mode, config, &env, "openai/gpt-test");
+    editor.init(json!({"terminal": true}));
+    let session = editor.new_session();
+    let prompt =
+        editor.kin.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}));
+    (server, editor, session, prompt)
+}
+
+/// The text of the tool result the model got back in its last request.
+async fn tool_text_sent_back(server: &MockServer) -> String {
+    let last = bodies(server).await.pop().unwrap();
+    let messages = last["messages"].as_array().unwrap();
+    let tool = messages.iter().rev().find(|m| m["role"] == "tool").unwrap_or_else(|| panic!("{last}"));
+    tool["content"].as_str().map(str::to_string).unwrap_or_else(|| tool["content"].to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_runs_in_the_editors_terminal_which_the_call_shows_before_the_command_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("go");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let command =
+        format!("echo term-start; echo term-err >&2; read line < {}; echo \"got $line\"; exit 4", fifo.display());
+    let calls = [("bash", json!({"command": command, "description": "Wait for the test"}))];
+    let (server, mut editor, session, prompt) = prompted_with_terminal("bypass", "", &calls, "Run it").await;
+    let mut client = TermClient::default();
+    let mut released = false;
+    let response = client.serve(&mut editor.kin, prompt, |client, _| {
+        // The call shows the terminal while the command still waits on the FIFO: then let it end.
+        if !released && client.events.iter().any(|e| e == "embed:term-1") {
+            assert!(!client.events.iter().any(|e| e.starts_with("exit:")), "{:?}", client.events);
+            released = true;
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, "go\n").unwrap());
+        }
+    });
+    assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+    assert!(released, "the terminal was never shown on the call: {:?}", client.events);
+    let created = &client.created[0];
+    assert_eq!(created["sessionId"], session.as_str());
+    assert!(created["command"].as_str().unwrap().ends_with("sh"), "{created}");
+    assert_eq!(created["args"], json!(["-c", command]));
+    assert_eq!(created["cwd"], editor.cwd.display().to_string());
+    assert_eq!(created["outputByteLimit"], 30_000);
+    assert_eq!(
+        client.events,
+        ["create:term-1", "embed:term-1", "wait:term-1", "exit:term-1", "output:term-1", "release:term-1"],
+        "shown before the wait, read after the exit, released at the end"
+    );
+    let expected = "term-start\nterm-err\ngot go\n\n[exit code: 4]";
+    assert_eq!(client.result("call_0"), ("completed".to_string(), expected.to_string()));
+    assert_eq!(tool_text_sent_back(&server).await, expected, "the model reads the terminal's output");
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
+
+/// Live (non-zombie) processes whose command line holds `needle`.
+fn running(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(needle))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_terminal_command_is_killed_and_released_and_a_timed_out_one_too() {
+    let seconds = format!("41.{}", std::process::id());
+    let calls = [
+        ("bash", json!({"command": format!("echo waiting; sleep {seconds}"), "description": "Wait"})),
+        ("bash", json!({"command": format!("echo slow; sleep {seconds}"), "description": "Slow", "timeoutMs": 300})),
+    ];
+    let (_server, mut editor, session, prompt) = prompted_with_terminal("bypass", "", &calls, "Wait").await;
+    let mut client = TermClient::default();
+    let mut cancelled = false;
+    let response = client.serve(&mut editor.kin, prompt, |client, kin| {
+        if !cancelled && client.events.iter().any(|e| e == "wait:term-1") {
+            cancelled = true;
+            kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+        }
+    });
+    assert_eq!(response["result"]["stopReason"], "cancelled", "{response}");
+    // The result (the abort) is the turn's last update: reading on to it serves kill and release.
+    // (The client answers the abandoned wait when the killed command ends, if it is still held.)
+    let asked: Vec<&String> = client.events.iter().filter(|e| !e.starts_with("exit:")).collect();
+    assert_eq!(
+        asked,
+        ["create:term-1", "embed:term-1", "wait:term-1", "kill:term-1", "release:term-1"],
+        "killed, released"
+    );
+    assert_eq!(client.result("call_0"), ("failed".to_string(), "Error: command aborted".to_string()));
+    assert!(client.terms.is_empty(), "every terminal was released");
+    assert_eq!(running(&format!("sleep\0{seconds}")), 0, "the command was killed");
+
+    // A timeout kills too, and the model reads the output before it, as on the local path.
+    let prompt = editor
+        .kin
+        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Again"}]}));
+    let mut client = TermClient::default();
+    let response = client.serve(&mut editor.kin, prompt, |_, _| {});
+    assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+    let asked: Vec<&String> = client.events.iter().filter(|e| !e.starts_with("exit:")).collect();
+    assert_eq!(
+        asked,
+        ["create:term-1", "embed:term-1", "wait:term-1", "kill:term-1", "output:term-1", "release:term-1"]
+    );
+    let (status, text) = client.result("call_1");
+    assert_eq!(status, "failed");
+    assert!(text.starts_with("Error: command timed out after 300 ms and was killed"), "{text}");
+    assert!(text.ends_with("Output before the timeout:\nslow\n"), "{text}");
+    assert_eq!(running(&format!("sleep\0{seconds}")), 0, "the command was killed");
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confined_command_stays_local_and_only_an_allowed_escalation_uses_the_terminal() {
+    if !kin::sandbox::landlock_for_tests() {
+        return;
+    }
+    let calls = [
+        ("bash", json!({"command": "echo inside > confined.txt; echo done", "description": "Write"})),
+        (
+            "bash",
+            json!({"command": "echo outside > escalated.txt; echo ok", "description": "Write anyway", "sandbox": "off"}),
+        ),
+    ];
+    // Mode ask: the sandboxed command runs without a question, the escalation is asked (allowed).
+    let (_server, mut editor, _, prompt) =
+        prompted_with_terminal("ask", "sandbox = \"read-only\"\n", &calls, "Write").await;
+    let mut client = TermClient::default();
+    let response = client.serve(&mut editor.kin, prompt, |_, _| {});
+    assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+    // The confined command ran in kin, under the kernel sandbox: its write was refused.
+    let (status, text) = client.result("call_0");
+    assert_eq!(status, "completed");
+    assert!(text.starts_with("sandboxed: read-only"), "{text}");
+    assert!(text.contains("confined.txt: Permission denied"), "{text}");
+    assert!(!editor.cwd.join("confined.txt").exists(), "the sandbox held");
+    // Only the escalation the user allowed went to the editor's terminal, with the note.
+    assert_eq!(client.created.len(), 1, "{:?}", client.created);
+    assert!(client.created[0]["args"][1].as_str().unwrap().contains("escalated.txt"), "{:?}", client.created);
+    let embedded = client
+        .frames
+        .iter()
+        .map(|f| &f["params"]["update"])
+        .find(|u| u["content"][1]["type"] == "terminal")
+        .unwrap_or_else(|| panic!("{:?}", client.frames));
+    assert_eq!(embedded["toolCallId"], "call_1");
+    assert_eq!(
+        embedded["content"][0]["content"]["text"],
+        "not sandboxed: the user allowed this command to run outside the sandbox"
+    );
+    assert_eq!(std::fs::read_to_string(editor.cwd.join("escalated.txt")).unwrap(), "outside\n");
+    assert_eq!(client.methods().last().map(String::as_str), Some("terminal/release"));
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }

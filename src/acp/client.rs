@@ -21,6 +21,7 @@ use super::convert;
 use crate::permission::{PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::runtime::ClientLink;
 use crate::tools::files::{DiskFiles, FileAccess};
+use crate::tools::terminal::Terminals;
 
 /// The option ids kin offers in every permission request.
 pub const ALLOW_ONCE: &str = "allow-once";
@@ -31,12 +32,14 @@ pub const REJECT_ALWAYS: &str = "reject-always";
 /// Finds the parent of a child session (for clients that watch the agent tree).
 pub type ParentOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
-/// The client link for a connection whose client advertised these file capabilities; with
-/// `parent_of`, a child waiting on a permission answer shows as `requires_action`.
+/// The client link for a connection whose client advertised these file capabilities (and
+/// `terminal`: `bash` may run in its terminals); with `parent_of`, a child waiting on a
+/// permission answer shows as `requires_action`.
 pub fn link(
     cx: &ConnectionTo<Client>,
     read_text_file: bool,
     write_text_file: bool,
+    terminal: bool,
     parent_of: Option<ParentOf>,
 ) -> ClientLink {
     let files: Option<Arc<dyn FileAccess>> = if read_text_file || write_text_file {
@@ -48,6 +51,8 @@ pub fn link(
     ClientLink {
         prompt: Some(Arc::new(EditorPrompt { cx: cx.clone(), parent_of }) as Arc<dyn PermissionPrompt>),
         files,
+        terminals: terminal
+            .then(|| Arc::new(super::terminal::EditorTerminals { cx: cx.clone() }) as Arc<dyn Terminals>),
         children: None,
     }
 }

@@ -1,7 +1,7 @@
 //! The ACP boundary: the only module that knows agent-client-protocol types. It serves ACP v1
 //! over stdio (`transport`: frames of bounded size) with the SDK's builder, hands every request to the runtime and returns at once;
-//! prompt turns are awaited on spawned tasks so the dispatch loop never blocks. Permission and
-//! file requests to the client (`client`) are sent from the agents' tasks. Session events reach
+//! prompt turns are awaited on spawned tasks so the dispatch loop never blocks. Permission,
+//! file and terminal requests to the client (`client`, `terminal`) are sent from the agents' tasks. Session events reach
 //! the client through `tree::Forwarder`, which also shows the agent tree (subagent sessions) to
 //! clients that advertised `clientCapabilities.subagents`.
 
@@ -12,6 +12,7 @@ mod mcp;
 mod modes;
 pub(crate) mod peer;
 pub mod run;
+mod terminal;
 mod transport;
 mod tree;
 pub(crate) mod wire;
@@ -247,7 +248,8 @@ async fn serve_until(
                     let runtime = Arc::downgrade(&rt_init);
                     Arc::new(move |id: &str| runtime.upgrade().and_then(|rt| rt.parent_of(id))) as client::ParentOf
                 });
-                let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file, parent_of);
+                let terminal = req.client_capabilities.terminal;
+                let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file, terminal, parent_of);
                 tree_init.set_enabled(subagents);
                 if subagents {
                     let tools = rt_init.tools().clone();

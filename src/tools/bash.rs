@@ -6,7 +6,9 @@
 //! output as `blocked by the sandbox: <path>`. While the command runs, its output so far (its
 //! tail) is reported as the call's progress, throttled and bounded (`Live`). The result is stdout
 //! followed by stderr, capped to its head and tail, with an `[exit code: N]` line for non-zero
-//! exits.
+//! exits. A command no sandbox confines runs in the editor's terminal instead when the session's
+//! editor offers terminals (`tools::terminal`): same rules, same result text; a confined command
+//! never does, since kin cannot confine or supervise a process the editor spawns.
 
 use std::ffi::OsString;
 use std::io;
@@ -26,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::builtin::{call_cwd, invalid_args, optional_str, optional_u64, required_str};
 use super::capture::{Capture, Limits, render, snapshot, spawn_reader};
 use super::paths;
+use super::terminal::{self, Rules, TerminalCommand, Terminals};
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 use crate::sandbox::supervise::{self, Program, Supervised};
 use crate::sandbox::{self, Confined, Plan, SessionSandbox};
@@ -47,12 +50,20 @@ pub struct BashTool {
     sandbox: Option<Arc<SessionSandbox>>,
     /// The session's workspace (what `workspace-write` may write, and where `.git` is looked for).
     workspace: Option<PathBuf>,
+    /// The editor's terminals, when it offers them: a command no sandbox confines runs there.
+    terminals: Option<Arc<dyn Terminals>>,
 }
 
 impl BashTool {
     /// The tool of a session in `workspace` whose commands follow `sandbox`.
     pub fn with_sandbox(sandbox: Arc<SessionSandbox>, workspace: Option<PathBuf>) -> Self {
-        BashTool { sandbox: Some(sandbox), workspace }
+        BashTool { sandbox: Some(sandbox), workspace, terminals: None }
+    }
+
+    /// The same tool running unconfined commands in the editor's `terminals` (when given).
+    pub fn with_terminals(mut self, terminals: Option<Arc<dyn Terminals>>) -> Self {
+        self.terminals = terminals;
+        self
     }
 
     /// True when a call with these arguments would run confined by the kernel: no escalation,
@@ -196,6 +207,7 @@ impl BashTool {
 
     fn run(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let sandbox = self.sandbox.clone();
+        let terminals = self.terminals.clone();
         async move {
             let request = BashRequest::parse(&arguments)?;
             let workspace = call_cwd(&ctx);
@@ -229,15 +241,33 @@ impl BashTool {
                 Plan::Confined(confined) => Some(confined.note()),
                 Plan::Unconfined { notice } => notice.as_ref().map(|n| format!("not sandboxed: {n}")),
             };
-            if let (Some(note), Some(progress)) = (&note, &ctx.progress) {
-                progress.report(note.clone());
-            }
             let confined = match &plan {
                 Plan::Confined(confined) => Some(confined),
                 Plan::Unconfined { .. } => None,
             };
-            let live = ctx.progress.clone().map(|progress| Live::new(progress, note.clone()));
-            let text = run_command(&request, &dir, &ctx.cancel, confined, live).await?;
+            let text = match (confined, terminals) {
+                // The editor's terminal: for a command no sandbox confines (kin cannot confine a
+                // process the editor spawns). It shows the note with the terminal.
+                (None, Some(terminals)) => {
+                    let command = TerminalCommand {
+                        session_id: ctx.session_id.clone(),
+                        call_id: ctx.call_id.clone(),
+                        program: shell()?,
+                        args: vec!["-c".to_string(), request.command.clone()],
+                        cwd: (!dir.as_os_str().is_empty()).then(|| std::path::absolute(&dir).unwrap_or(dir.clone())),
+                        output_limit: LIMITS.total() as u64,
+                        note: note.clone(),
+                    };
+                    terminal::run(terminals, command, &ctx.cancel, rules(request.timeout_ms)).await?
+                }
+                (confined, _) => {
+                    if let (Some(note), Some(progress)) = (&note, &ctx.progress) {
+                        progress.report(note.clone());
+                    }
+                    let live = ctx.progress.clone().map(|progress| Live::new(progress, note.clone()));
+                    run_command(&request, &dir, &ctx.cancel, confined, live).await?
+                }
+            };
             let output = ToolOutput::text(text);
             Ok(match note {
                 Some(note) => output.with_meta(json!({"sandbox": note})),
@@ -418,6 +448,11 @@ async fn wait_command(
             Ok(with_exit_code(output, exit_code(status)))
         }
     }
+}
+
+/// The result rules the editor's terminal path shares with the local one.
+fn rules(timeout_ms: u64) -> Rules {
+    Rules { limits: LIMITS, timeout_ms, timed_out, aborted: command_aborted, with_exit_code }
 }
 
 /// `bash` from `PATH`, else `sh`.

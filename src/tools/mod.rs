@@ -13,6 +13,7 @@ pub mod image;
 pub mod paths;
 pub mod regular;
 pub mod search;
+pub mod terminal;
 pub mod todo;
 
 use std::collections::BTreeMap;
