@@ -866,6 +866,12 @@ async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> 
         format!("RSS after one HTTP turn (loopback model): {after_one} KiB; peak over the turn {peak_one} KiB"),
     )?;
     report.metric("peak_rss_http_turn_kib", peak_one as f64, format!("peak RSS over one HTTP turn: {peak_one} KiB"))?;
+    let step = after_one.saturating_sub(idle);
+    report.metric(
+        "rss_first_http_turn_step_kib",
+        step as f64,
+        format!("RSS step of the first HTTP turn (session/new and the turn, over idle): {step} KiB"),
+    )?;
     for _ in 0..10 {
         kin.prompt(&session, "hi").await?;
     }

@@ -63,12 +63,13 @@ pub struct Routed {
 }
 
 impl Routed {
-    /// Checks that `default` can be served (an unknown provider is a startup error).
+    /// Checks that `default` can be served (an unknown provider is a startup error). The key is
+    /// not looked up here: `stored` may ask the OS credential store (a D-Bus connection and its
+    /// threads), which a process that never calls the model does not need at start.
     pub fn new(default: &ModelRoute, settings: ModelSettings, stored: KeyLookup) -> Result<Self, String> {
-        let routed =
-            Routed { settings, stored, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) };
-        routed.client(default)?;
-        Ok(routed)
+        endpoint(&default.provider, &settings, &crate::config::process_env)
+            .map_err(|e| format!("route {default}: {e}"))?;
+        Ok(Routed { settings, stored, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) })
     }
 
     /// The provider's server with its key: the environment's, else the stored one.
@@ -119,5 +120,48 @@ impl Model for Routed {
         }
         let (_, server) = self.server(route).ok()?;
         missing_key(&route.provider, &server)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::model::router::{NamedProvider, ProviderKind};
+
+    /// Settings with one named provider whose key variable no environment sets.
+    fn settings() -> ModelSettings {
+        let provider = NamedProvider {
+            name: "local".into(),
+            base_url: "http://127.0.0.1:9".into(),
+            api_key_env: Some("KIN_TEST_ROUTED_KEY_NOBODY_SETS".into()),
+            headers: Vec::new(),
+            kind: ProviderKind::OpenAi,
+            images: false,
+        };
+        ModelSettings { providers: vec![provider], ..ModelSettings::default() }
+    }
+
+    #[test]
+    fn the_key_store_is_asked_on_first_use_not_at_start() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let stored: KeyLookup = Arc::new(move |_: &str| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            None
+        });
+        let route = ModelRoute::parse("local/some-model").unwrap();
+        let routed = Routed::new(&route, settings(), stored).unwrap();
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "Routed::new asked the key store");
+        assert!(routed.missing_key(&route).is_some());
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn an_unknown_provider_is_still_refused_at_start() {
+        let route = ModelRoute::parse("nowhere/some-model").unwrap();
+        let error = Routed::new(&route, settings(), Arc::new(|_: &str| None)).err().unwrap();
+        assert!(error.contains("nowhere"), "{error}");
     }
 }

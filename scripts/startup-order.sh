@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Regenerates scripts/startup.order, the order a release build links kin's functions in (see
+# build.rs): builds the release binary with a linker map, runs it under a single-stepping tracer
+# (scripts/startup-trace.c) through initialize, session/new and one prompt against a loopback
+# model, and lists the functions it ran in the order they first ran. Run it after a toolchain or
+# dependency update (symbols the file names that a build lacks are skipped, so a stale file only
+# costs memory: `kin bench` shows it as idle RSS). Linux x86_64, needs cc and python3; takes a
+# release build plus a few minutes of tracing.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$root"
+KIN_LINK_MAP="$work/kin.map" cargo build --release
+cc -O2 -o "$work/trace" scripts/startup-trace.c
+python3 scripts/startup-order.py "$work/trace" target/release/kin "$work/kin.map" scripts/startup.order
