@@ -173,6 +173,10 @@ pub struct PermissionRequest {
     /// external child's request forwarded on the delegating call): the editor shows the
     /// question's title and kind while it asks, then the call's own again.
     pub on_behalf_of: Option<CallShown>,
+    /// The editor was never shown `call_id` (a background child's question, asked on its
+    /// parent after the delegating call ended): it is announced as a `pending` tool call first,
+    /// and closed once answered.
+    pub unannounced: bool,
 }
 
 /// How the editor shows a call: its title, the tool that makes it and what it touches.
@@ -189,16 +193,21 @@ pub trait PermissionPrompt: Send + Sync {
     fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer>;
 }
 
-/// Asks a child's questions on its parent's delegating call, for an editor that does not show
-/// child sessions (it never heard of the child's id): the question names the child (`label:
-/// <the call's title>`), goes out under the parent session and the call that started the child,
-/// and the editor shows that call as it was once it is answered. A grandchild's wrapper asks
-/// through its parent's, so every question reaches the top-level session.
+/// Asks a child's questions on its parent session, for an editor that does not show child
+/// sessions (it never heard of the child's id): the question names the child (`label: <the
+/// call's title>`) and goes out under the parent session, never the child's. While the call that
+/// started the child runs (a foreground child's), it is asked on that call, and the editor shows
+/// the call as it was once it is answered; once that call ended (a background child's, which ends
+/// when the child starts) or without one (a child resumed later), on a call of its own
+/// (`<child id>/<call id>`), announced first. A grandchild's wrapper asks through its parent's,
+/// so every question reaches the top-level session.
 pub struct OnDelegatingCall {
     pub inner: Arc<dyn PermissionPrompt>,
-    /// The parent session and its call that started the child.
+    /// The parent session.
     pub parent: String,
-    pub call_id: String,
+    /// The parent's call that started the child and its progress (open while the call runs),
+    /// for a foreground child; `None` for a background or resumed one.
+    pub delegating: Option<(String, crate::tools::Progress)>,
     /// How the editor shows that call (its title names the child).
     pub call: CallShown,
 }
@@ -206,9 +215,18 @@ pub struct OnDelegatingCall {
 impl PermissionPrompt for OnDelegatingCall {
     fn ask(&self, mut request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
         request.title = format!("{}: {}", self.call.title, request.title);
-        request.session_id = self.parent.clone();
-        request.call_id = self.call_id.clone();
-        request.on_behalf_of = Some(self.call.clone());
+        let child = std::mem::replace(&mut request.session_id, self.parent.clone());
+        match &self.delegating {
+            Some((call_id, progress)) if progress.is_open() => {
+                request.call_id = call_id.clone();
+                request.on_behalf_of = Some(self.call.clone());
+                request.unannounced = false;
+            }
+            _ => {
+                request.call_id = format!("{child}/{}", request.call_id);
+                request.unannounced = true;
+            }
+        }
         self.inner.ask(request)
     }
 }
@@ -523,6 +541,7 @@ pub async fn admit(
                 cwd,
                 in_workspace: question.scope == Scope::Workspace,
                 on_behalf_of: None,
+                unannounced: false,
             };
             let answer = tokio::select! {
                 answer = prompt.ask(request) => answer,

@@ -358,6 +358,7 @@ impl ChildFactory for Runtime {
 
     fn start_agent(&self, mut session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle {
         let ChildSetup { route, persona, tool_filter, extra_tools, display, progress, agent } = setup;
+        let delegating = display.call_id.clone().zip(progress.clone());
         let mut tools = match &tool_filter {
             Some(filter) => self.tools.filtered(|name| filter.permits(name)),
             None => self.tools.clone(),
@@ -389,7 +390,7 @@ impl ChildFactory for Runtime {
             .unwrap_or_else(|| Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), None)));
         let tools = Self::sandboxed(tools, &sandbox, cwd.as_deref(), None);
         let client = self.client();
-        let prompt = self.child_prompt(&client, parent_id.as_deref(), &display);
+        let prompt = self.child_prompt(&client, parent_id.as_deref(), &display, delegating);
         let mode = permissions.mode();
         let system =
             self.build_prompt(cwd.as_deref().map(Path::new), &tools, persona.as_deref(), mode).unwrap_or_else(|e| {
@@ -702,15 +703,17 @@ impl Runtime {
     }
 
     /// How a child below `parent` asks the user: the editor's prompt when it shows child sessions
-    /// (the question carries the child's id); otherwise on the parent's call that started it
-    /// (`OnDelegatingCall`), through the parent's own way of asking when the parent is a child.
+    /// (the question carries the child's id); otherwise on the parent session (`OnDelegatingCall`:
+    /// on the `delegating` call while it runs), through the parent's own way of asking when the
+    /// parent is a child.
     fn child_prompt(
         &self,
         client: &ClientLink,
         parent: Option<&str>,
         display: &ChildDisplay,
+        delegating: Option<(String, crate::tools::Progress)>,
     ) -> Option<Arc<dyn PermissionPrompt>> {
-        let (Some(parent), Some(call_id), None) = (parent, display.call_id.as_ref(), client.children.as_ref()) else {
+        let (Some(parent), None) = (parent, client.children.as_ref()) else {
             return client.prompt.clone();
         };
         let above = match self.children().get(parent) {
@@ -727,7 +730,7 @@ impl Runtime {
             let asks = crate::permission::OnDelegatingCall {
                 inner,
                 parent: parent.to_string(),
-                call_id: call_id.clone(),
+                delegating: delegating.clone(),
                 call,
             };
             Arc::new(asks) as Arc<dyn PermissionPrompt>

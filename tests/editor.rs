@@ -949,3 +949,97 @@ async fn a_confined_command_stays_local_and_only_an_allowed_escalation_uses_the_
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+/// Whether a model request is the child's (its first user message is `prompt`).
+fn asked_by(prompt: &'static str) -> impl Fn(&wiremock::Request) -> bool + Send + Sync {
+    move |request: &wiremock::Request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or_default();
+        let first = body["messages"].as_array().and_then(|m| m.iter().find(|m| m["role"] == "user")).cloned();
+        first.is_some_and(|m| m["content"].to_string().contains(prompt))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_childs_question_after_its_call_ended_is_asked_on_the_parent_on_a_call_of_its_own() {
+    // The parent starts a background child and ends its turn; the child then writes a file
+    // (asked: mode ask), long after the delegating call completed.
+    let server = MockServer::start().await;
+    let child = "Write note.txt in the background";
+    let post = || Mock::given(method("POST")).and(path("/chat/completions"));
+    let write = json!({"file_path": "note.txt", "content": "noted"});
+    post()
+        .and(asked_by(child))
+        .respond_with(openai_tool_call("child_call", "write", write))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    post().and(asked_by(child)).respond_with(openai_text("Written.")).with_priority(2).mount(&server).await;
+    let start = json!({"description": "Note taker", "prompt": child, "run_in_background": true});
+    post()
+        .respond_with(openai_tool_call("call_0", "subagent", start))
+        .up_to_n_times(1)
+        .with_priority(3)
+        .mount(&server)
+        .await;
+    post().respond_with(openai_text("Started.")).with_priority(4).mount(&server).await;
+    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
+    let mut editor = Editor::start_in("ask", "", &env, "openai/gpt-test");
+    editor.init(json!({}));
+    let session = editor.new_session();
+    let prompt = editor
+        .kin
+        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Delegate"}]}));
+    let mut frames = Vec::new();
+    let (mut ended, mut asked) = (false, None);
+    let note = editor.cwd.join("note.txt");
+    let deadline = std::time::Instant::now() + WAIT;
+    // (The write lands after the last frame: poll for it between frames.)
+    while !(ended && asked.is_some() && note.exists()) {
+        assert!(std::time::Instant::now() < deadline, "ended {ended}, asked {asked:?}: {frames:?}");
+        let Some(line) = editor.kin.line(Duration::from_millis(20)) else { continue };
+        let frame: Value = serde_json::from_str(&line).unwrap();
+        frames.push(frame.clone());
+        if let Some(id) = frame["params"]["sessionId"].as_str() {
+            assert_eq!(id, session, "every frame names the session the client knows: {frame}");
+        }
+        if frame["method"] == "session/request_permission" {
+            // The delegating call completed before the child asked.
+            assert_eq!(statuses(&frames, "call_0").last().map(String::as_str), Some("completed"), "{frames:?}");
+            asked = Some(frame["params"].clone());
+            editor.kin.send(json!({"jsonrpc": "2.0", "id": frame["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow-once"}}}));
+        }
+        if common::is_response(&frame, prompt) {
+            assert_eq!(frame["result"]["stopReason"], "end_turn", "{frame}");
+            ended = true;
+        }
+    }
+    let asked = asked.unwrap();
+    let call = &asked["toolCall"];
+    let id = call["toolCallId"].as_str().unwrap().to_string();
+    assert!(id.ends_with("/child_call") && id != "call_0", "a call of its own, not the ended delegating one: {call}");
+    assert_eq!(call["title"], "Note taker: Write note.txt", "titled with the child's label");
+    assert_eq!(call["kind"], "edit");
+    assert_eq!(std::fs::read_to_string(&note).unwrap(), "noted");
+    // That call was announced (pending) before the question; the delegating call stayed completed.
+    let announced = frames
+        .iter()
+        .map(|f| &f["params"]["update"])
+        .find(|u| u["sessionUpdate"] == "tool_call" && u["toolCallId"] == id.as_str())
+        .unwrap_or_else(|| panic!("the question's call was never announced: {frames:?}"));
+    // (`pending` is a tool call's default status, which the SDK leaves out.)
+    assert!(announced.get("status").is_none_or(|s| s == "pending"), "{announced}");
+    assert_eq!(announced["title"], call["title"]);
+    let call_0 = statuses(&frames, "call_0");
+    assert_eq!(call_0.last().map(String::as_str), Some("completed"), "{call_0:?}");
+    assert_eq!(call_0.iter().filter(|s| *s == "completed").count(), 1, "never reopened: {call_0:?}");
+    // Once answered, the question's call is done.
+    let deadline = std::time::Instant::now() + WAIT;
+    while statuses(&frames, &id).last().map(String::as_str) != Some("completed") {
+        assert!(std::time::Instant::now() < deadline, "{:?}", statuses(&frames, &id));
+        frames.push(editor.kin.frame(WAIT));
+    }
+    assert_eq!(statuses(&frames, &id), ["asked:pending", "completed"]);
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
+}

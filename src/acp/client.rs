@@ -12,7 +12,7 @@ use agent_client_protocol::Client;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     PermissionOption, PermissionOptionKind, ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest,
-    SessionUpdate, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
+    SessionUpdate, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, WriteTextFileRequest,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -117,7 +117,17 @@ impl PermissionPrompt for EditorPrompt {
                 let fields = ToolCallUpdateFields::new().status(status);
                 SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call_id.clone(), fields))
             };
-            super::tree::notify(&cx, &child, status(ToolCallStatus::Pending));
+            let unannounced = request.unannounced;
+            if unannounced {
+                // A call of its own the editor has not seen: announced, pending, with what it is.
+                let call = ToolCall::new(call_id.clone(), request.title.clone())
+                    .kind(convert::tool_kind(&request.access))
+                    .status(ToolCallStatus::Pending)
+                    .raw_input(request.raw_input.clone());
+                super::tree::notify(&cx, &child, SessionUpdate::ToolCall(call));
+            } else {
+                super::tree::notify(&cx, &child, status(ToolCallStatus::Pending));
+            }
             let ask = permission_request(request);
             let answer = match cx.send_request(ask).block_task().await {
                 Ok(response) => answer_of(&response.outcome),
@@ -133,7 +143,12 @@ impl PermissionPrompt for EditorPrompt {
                 PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways => true,
                 PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed => false,
             };
-            if let Some(call) = restore {
+            if unannounced {
+                // The question was the whole of that call: done once answered (the child runs
+                // the call itself, in its own session).
+                let done = if allowed { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
+                super::tree::notify(&cx, &child, status(done));
+            } else if let Some(call) = restore {
                 // A question asked on behalf of a running call: the call goes on whatever the answer.
                 let fields = ToolCallUpdateFields::new()
                     .title(call.title)
@@ -217,6 +232,7 @@ mod tests {
             cwd: "/work/project".into(),
             in_workspace: true,
             on_behalf_of: None,
+            unannounced: false,
         };
         let wire = serde_json::to_value(permission_request(request)).unwrap();
         let call = &wire["toolCall"];

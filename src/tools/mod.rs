@@ -79,6 +79,11 @@ impl Progress {
         Progress { call_id: call_id.to_string(), tx }
     }
 
+    /// True while the call's batch runs (reports still reach it).
+    pub fn is_open(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
     /// Reports what the call is doing now (dropped once the call's batch has ended).
     pub fn report(&self, text: impl Into<String>) {
         let _ = self.tx.send((self.call_id.clone(), text.into()));

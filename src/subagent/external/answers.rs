@@ -137,6 +137,7 @@ impl Answers {
             cwd: self.root.clone(),
             in_workspace: asked.in_workspace,
             on_behalf_of: Some(forward.call.clone()),
+            unannounced: false,
         };
         tokio::select! {
             answer = forward.editor.ask(request) => Some(answer),
