@@ -789,13 +789,20 @@ async fn prompted_with_terminal(
     text: &str,
 ) -> (MockServer, Editor, String, u64) {
     let server = calling_model(calls).await;
+    let (editor, session, prompt) = prompted(&server, mode, config, json!({"terminal": true}), text);
+    (server, editor, session, prompt)
+}
+
+/// A kin in permission `mode` with `config` on `server`'s model, initialized with `capabilities`,
+/// and a session of it prompted with `text`: the editor, the session and the prompt's request id.
+fn prompted(server: &MockServer, mode: &str, config: &str, capabilities: Value, text: &str) -> (Editor, String, u64) {
     let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
     let mut editor = Editor::start_in(mode, config, &env, "openai/gpt-test");
-    editor.init(json!({"terminal": true}));
+    editor.init(capabilities);
     let session = editor.new_session();
     let prompt =
         editor.kin.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}));
-    (server, editor, session, prompt)
+    (editor, session, prompt)
 }
 
 /// The text of the tool result the model got back in its last request.
@@ -983,13 +990,7 @@ async fn a_background_childs_question_after_its_call_ended_is_asked_on_the_paren
         .mount(&server)
         .await;
     post().respond_with(openai_text("Started.")).with_priority(4).mount(&server).await;
-    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
-    let mut editor = Editor::start_in("ask", "", &env, "openai/gpt-test");
-    editor.init(json!({}));
-    let session = editor.new_session();
-    let prompt = editor
-        .kin
-        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Delegate"}]}));
+    let (mut editor, session, prompt) = prompted(&server, "ask", "", json!({}), "Delegate");
     let mut frames = Vec::new();
     let (mut ended, mut asked) = (false, None);
     let note = editor.cwd.join("note.txt");
