@@ -1,0 +1,48 @@
+//! What the protocol lists: stored top-level sessions and their titles, and the children an
+//! editor reloading a parent is shown.
+
+use std::path::Path;
+
+use anyhow::Result;
+use tokio_util::sync::CancellationToken;
+
+use super::{ChildRecord, Runtime};
+use crate::session::{Event, StoredSession};
+use crate::subagent::catalog::{Activity, TreeEntry, list_tree};
+use crate::subagent::{Descriptor, SubagentError};
+
+impl Runtime {
+    /// The subagents below `parent_id` as `list_agents` sees them (`catalog::list_tree`: one
+    /// trace; the same candidates, order, activity and diagnostics at every level), at most
+    /// `max_depth` levels deep. Read-only: nothing is repaired.
+    pub fn child_tree(&self, parent_id: &str, max_depth: usize) -> Result<Vec<TreeEntry>, SubagentError> {
+        list_tree(Some(self.query.as_ref()), parent_id, max_depth, &CancellationToken::new())
+    }
+
+    /// What an editor is shown of a listed child: its header and own events (from its
+    /// `seedLength` on), read without repair. `None` when the log cannot be read any more.
+    pub fn child_record(&self, id: &str, activity: Activity) -> Option<ChildRecord> {
+        let scanned = match self.store.inspect(id) {
+            Ok(scanned) => scanned,
+            Err(e) => {
+                tracing::warn!(child = %id, "a listed child session cannot be read: {e}");
+                return None;
+            }
+        };
+        let own = scanned.header.seed_length.unwrap_or(0);
+        let events: Vec<Event> = scanned.events.into_iter().filter(|e| e.seq >= own).collect();
+        let descriptor = Descriptor::fold(events.iter()).ok().flatten();
+        let running = self.children().get(id).is_some_and(|c| c.handle.is_running());
+        Some(ChildRecord { header: scanned.header, events, descriptor, live: activity == Activity::Running, running })
+    }
+
+    /// The title of a stored session (its last `session/title`; cached per log).
+    pub fn session_title(&self, stored: &StoredSession) -> Option<String> {
+        self.titles.title(stored)
+    }
+
+    /// Top-level sessions (never children), newest first, optionally only those in `cwd`.
+    pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
+        self.store.list_top_level(cwd)
+    }
+}

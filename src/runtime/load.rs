@@ -1,0 +1,143 @@
+//! Loading and resuming stored sessions, one at a time per session, and the work they come
+//! back with.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Result;
+
+use super::Runtime;
+use super::error::{RuntimeError, store_error, subagent_only};
+use crate::mcp::{McpSession, ServerSpec};
+use crate::prompt::{self};
+use crate::session::{Event, SessionObserver};
+
+impl Runtime {
+    /// Starts the work a loaded (or resumed) session came back with, after its response: its own
+    /// pending inbox messages, in order, and each stored background child below it that has
+    /// messages pending (cold-resumed, parents first). Nothing to do for a session that was live.
+    pub async fn run_restored(&self, session_id: &str) {
+        let handle = self.live().get(session_id).map(|l| l.handle.clone());
+        let Some(handle) = handle else { return };
+        // The turns of a top-level session have no waiter: their results are in its log.
+        let _ = handle.wake().await;
+        let route = self.session_model(session_id).unwrap_or_else(|| self.config.model.clone());
+        self.continuation.restore_below(session_id, &route).await;
+    }
+
+    /// Loads a stored session (repairing a crash-interrupted turn), returns its events for
+    /// replay to the client, and makes it live. A live idle session is flushed and reloaded. A
+    /// load or resume of the same session already under way is waited for first.
+    pub async fn load_session(
+        &self,
+        session_id: &str,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
+        let gate = self.load_gate(session_id);
+        let loaded = {
+            let _turn = gate.lock().await;
+            self.load_now(session_id, observer, servers).await
+        };
+        self.release_load_gate(session_id, gate);
+        loaded
+    }
+
+    /// The gate of `session_id`'s loads and resumes.
+    pub(super) fn load_gate(&self, session_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut loading = self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loading.entry(session_id.to_string()).or_default().clone()
+    }
+
+    /// Drops a gate; the last holder removes it (holders clone it under the same lock).
+    pub(super) fn release_load_gate(&self, session_id: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut loading = self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(gate);
+        if loading.get(session_id).is_some_and(|g| Arc::strong_count(g) == 1) {
+            loading.remove(session_id);
+        }
+    }
+
+    /// `load_session` with the session's gate held.
+    pub(super) async fn load_now(
+        &self,
+        session_id: &str,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
+        self.reject_child(session_id)?;
+        let existing = {
+            let mut live = self.live();
+            match live.get(session_id) {
+                Some(entry) if entry.prompt_in_flight.load(Ordering::SeqCst) => {
+                    return Err(RuntimeError::InvalidParams(format!(
+                        "session {session_id} has a prompt in flight; cancel it before loading"
+                    )));
+                }
+                Some(_) => live.remove(session_id),
+                None => None,
+            }
+        };
+        if let Some(entry) = existing {
+            entry.handle.shutdown().await;
+            entry.mcp.close().await;
+        }
+        let mut session = self.store.load(session_id).map_err(store_error)?;
+        if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
+            return Err(subagent_only(session_id));
+        }
+        // Its inbox is read back first: what settles without a turn is in the replayed history.
+        let restored = crate::agent::prepare(&mut session)
+            .map_err(|e| RuntimeError::Internal(format!("session {session_id} cannot be loaded: {e}")))?;
+        let events = session.snapshot();
+        self.model.session_loaded(session_id, &events);
+        // A resumed session keeps the prompt it was created with.
+        let system = match prompt::recorded(&events) {
+            Some(text) => text,
+            None => {
+                let cwd = session.header.cwd.as_deref().map(Path::new);
+                self.build_prompt(cwd, &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
+                    .map_err(RuntimeError::Internal)?
+            }
+        };
+        let mcp = self.mcp_for(&mut session, servers);
+        session.add_observer(observer);
+        self.start(session, system, mcp, restored);
+        Ok(events)
+    }
+
+    /// Reattaches a session without replay (`session/resume`): a live session stays as it is
+    /// (its observer keeps forwarding), a stored one is loaded and made live with `observer`.
+    /// Returns the events of a session it loaded (none for a live one). A load or resume of the
+    /// same session already under way is waited for first (and then usually finds it live).
+    pub async fn resume_session(
+        &self,
+        session_id: &str,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
+        self.reject_child(session_id)?;
+        let live = self.live().get(session_id).map(|l| (l.mcp.clone(), l.handle.clone()));
+        if let Some((mcp, handle)) = live {
+            // The servers named now replace other ones (the agent keeps running).
+            let specs = crate::mcp::merge(&self.config.mcp_servers, servers);
+            if specs != mcp.specs() {
+                let _ = handle.inject_log(McpSession::describe(&specs));
+                mcp.replace(specs).await;
+            }
+            return Ok(Arc::default());
+        }
+        let gate = self.load_gate(session_id);
+        let resumed = {
+            let _turn = gate.lock().await;
+            if self.live().contains_key(session_id) {
+                Ok(Arc::default())
+            } else {
+                self.load_now(session_id, observer, servers).await
+            }
+        };
+        self.release_load_gate(session_id, gate);
+        resumed
+    }
+}

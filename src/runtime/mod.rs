@@ -1,0 +1,172 @@
+//! The runtime: the live agents of one `kin` process and the operations the protocol layer
+//! calls (new, prompt, cancel, load, list, shutdown). It knows nothing about ACP.
+
+mod build;
+mod deps;
+mod error;
+mod factory;
+mod listing;
+mod load;
+mod permission;
+mod replay;
+mod sessions;
+mod settings;
+mod tree;
+mod turns;
+
+pub use error::RuntimeError;
+pub use replay::{SETTLED_MARKER, model_for};
+pub use turns::Prompted;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use crate::agent::AgentHandle;
+use crate::config::Config;
+use crate::mcp::McpSession;
+use crate::model::Model;
+use crate::permission::{PermissionPrompt, Permissions};
+use crate::sandbox::SessionSandbox;
+use crate::session::query::QueryService;
+use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore};
+use crate::subagent::agents::{Agents, Defaults};
+use crate::subagent::continuation::ContinuationManager;
+use crate::subagent::inprocess::ChildDisplay;
+use crate::subagent::tools::DelegateTool;
+use crate::subagent::{Descriptor, SubagentService};
+use crate::tools::ToolRegistry;
+use crate::tools::files::FileAccess;
+use crate::tools::terminal::Terminals;
+
+struct Live {
+    handle: AgentHandle,
+    prompt_in_flight: Arc<AtomicBool>,
+    permissions: Arc<Permissions>,
+    /// The model route the session's next turn uses.
+    model: Mutex<crate::model::ModelRoute>,
+    /// The session's MCP servers (its children use them too).
+    mcp: Arc<McpSession>,
+    /// The named agents its delegation tools offer (its children's too), read when it started.
+    agents: Arc<Agents>,
+    /// The session's working directory (its workspace slash commands; what its sandbox lets write).
+    cwd: Option<PathBuf>,
+    /// The sandbox its commands (and its children's) run in.
+    sandbox: Arc<SessionSandbox>,
+}
+
+/// What the connected client (the editor) offers top-level sessions: a way to ask the user for
+/// permission, and its view of files; and, when it watches the agent tree, the observers of child
+/// sessions. Set by the protocol layer at `initialize`.
+#[derive(Clone, Default)]
+pub struct ClientLink {
+    pub prompt: Option<Arc<dyn PermissionPrompt>>,
+    pub files: Option<Arc<dyn FileAccess>>,
+    /// The editor's terminals (`bash` of a top-level session runs unconfined commands there).
+    pub terminals: Option<Arc<dyn Terminals>>,
+    pub children: Option<Arc<dyn ChildObservers>>,
+}
+
+/// Makes the observer of each child session (the protocol layer's child forwarder).
+pub trait ChildObservers: Send + Sync {
+    /// Called when a child's agent is about to start, before the child's next event is appended:
+    /// the observer may announce the child here.
+    fn child_observer(&self, session: &Session, display: &ChildDisplay) -> Arc<dyn SessionObserver>;
+}
+
+/// A live child agent, its parent session and its permissions (its parent's, narrowed).
+struct Child {
+    handle: AgentHandle,
+    parent: Option<String>,
+    permissions: Arc<Permissions>,
+    /// How the child asks the user (its own children ask through it).
+    prompt: Option<Arc<dyn PermissionPrompt>>,
+}
+
+/// A stored child session of some parent, for an editor reloading the parent.
+#[derive(Debug, Clone)]
+pub struct ChildRecord {
+    pub header: SessionHeader,
+    /// The child's own events (from its `seedLength` on; a fork's lineage seed is left out).
+    pub events: Vec<Event>,
+    /// The descriptor recorded in the child's own events, if it has a readable one.
+    pub descriptor: Option<Descriptor>,
+    /// True while the child's agent is live in this process.
+    pub live: bool,
+    /// True while a turn of the live child runs.
+    pub running: bool,
+}
+
+/// The sessions of one process.
+pub struct Runtime {
+    config: Config,
+    store: SessionStore,
+    model: Arc<dyn Model>,
+    /// Every tool an agent may have (children get a filtered view).
+    tools: ToolRegistry,
+    subagents: Arc<SubagentService>,
+    continuation: Arc<ContinuationManager>,
+    live: Mutex<HashMap<String, Live>>,
+    /// Live child agents (subagents), by session id.
+    children: Mutex<HashMap<String, Child>>,
+    client: Mutex<ClientLink>,
+    /// One gate per session being loaded or resumed: a second load or resume of the same
+    /// session waits for the first instead of racing it for the log.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Replay: the recorded MCP results that stand in for the servers.
+    mcp_recording: Option<Arc<crate::mcp::Recording>>,
+    /// The in-process delegation tools as registered (offering only the built-in agents); each
+    /// session gets copies offering its own agents.
+    delegates: Vec<DelegateTool>,
+    /// What the default child runs with (`[subagents]`), which named agents build on.
+    defaults: Defaults,
+    /// The sandbox settings kin started with (shared by every session's `SessionSandbox`).
+    sandbox_settings: Arc<crate::sandbox::SandboxSettings>,
+    /// The titles `session/list` shows, cached per log.
+    titles: crate::session::Titles,
+    /// The catalog's session query (`list_agents` and the agent tree read through it).
+    query: Arc<dyn QueryService>,
+}
+
+impl Runtime {
+    pub fn subagents(&self) -> &Arc<SubagentService> {
+        &self.subagents
+    }
+
+    pub fn continuation(&self) -> &Arc<ContinuationManager> {
+        &self.continuation
+    }
+
+    pub fn store(&self) -> &SessionStore {
+        &self.store
+    }
+
+    /// Each route's context window and price.
+    pub fn models(&self) -> Arc<crate::model::capacity::ModelTable> {
+        self.config.compaction.models.clone()
+    }
+
+    /// Every tool an agent of this runtime may have (how the editor titles and kinds its calls).
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.tools
+    }
+
+    /// Connects the client (the editor): sessions created or loaded from now on ask it for
+    /// permission and read and write files through it.
+    pub fn connect_client(&self, link: ClientLink) {
+        *self.client.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = link;
+    }
+
+    fn client(&self) -> ClientLink {
+        self.client.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
+        self.children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

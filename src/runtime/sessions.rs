@@ -1,0 +1,229 @@
+//! The life of a top-level session: new, start (restoring its mode, model and sandbox), fork,
+//! close, delete, shutdown; its MCP servers; new session ids.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+
+use super::error::{RuntimeError, store_error};
+use super::{Live, Runtime};
+use crate::agent::{AgentHandle, Restored, spawn_restored};
+use crate::mcp::{McpNotice, McpSession, ServerSpec};
+use crate::permission::{PermissionMode, Permissions};
+use crate::prompt::{self};
+use crate::sandbox::SessionSandbox;
+use crate::session::event;
+use crate::session::{Session, SessionHeader, SessionObserver, now_ms};
+use crate::subagent::agents::Agents;
+
+impl Runtime {
+    /// Creates a top-level session in `cwd` (absolute) with the config's MCP servers and starts
+    /// its agent.
+    pub fn new_session(&self, cwd: &Path, observer: Arc<dyn SessionObserver>) -> Result<String, RuntimeError> {
+        self.new_session_with(cwd, observer, Vec::new())
+    }
+
+    /// `new_session` with the editor's MCP servers (which replace config servers of the same name).
+    pub fn new_session_with(
+        &self,
+        cwd: &Path,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<String, RuntimeError> {
+        if !cwd.is_absolute() {
+            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
+        }
+        let (system, record) = self.session_prompt(cwd)?;
+        let id = self.mint_session_id();
+        let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
+        let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        if record {
+            session.push(event::SystemPrompt { text: system.clone() });
+        }
+        let mcp = self.mcp_for(&mut session, servers);
+        // The session exists on disk before the client learns its id.
+        if let Err(e) = session.flush() {
+            session.discard();
+            return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
+        }
+        session.add_observer(observer);
+        self.start(session, system, mcp, Restored::none());
+        Ok(id)
+    }
+
+    /// Starts a session's MCP servers (the config's, each replaced by the editor's server of the
+    /// same name), and records which ones it has when it has any or had some.
+    pub(super) fn mcp_for(&self, session: &mut Session, editor: Vec<ServerSpec>) -> Arc<McpSession> {
+        let specs = crate::mcp::merge(&self.config.mcp_servers, editor);
+        let had = session.events().iter().any(|e| e.kind == crate::session::Kind::McpServers);
+        if !specs.is_empty() || had {
+            session.push(McpSession::describe(&specs));
+        }
+        let cwd = session.header.cwd.clone().map(Into::into);
+        McpSession::start(specs, cwd, self.config.mcp, self.mcp_recording.clone())
+    }
+
+    /// The notices of a live session's MCP servers (once: whoever tells the user takes them).
+    pub fn take_mcp_notices(&self, session_id: &str) -> Option<tokio::sync::mpsc::UnboundedReceiver<McpNotice>> {
+        self.live().get(session_id).and_then(|l| l.mcp.take_notices())
+    }
+
+    /// Starts the agent of a top-level session. A session whose log (or fork seed) records a
+    /// mode chosen with `session/set_mode` gets it back, but never one more permissive than the
+    /// mode kin was started in; one that records a model chosen in the editor gets that route.
+    /// `restored` turns wait for `run_restored`.
+    pub(super) fn start(
+        &self,
+        session: crate::session::Session,
+        system: String,
+        mcp: Arc<McpSession>,
+        restored: Restored,
+    ) {
+        let id = session.id().to_string();
+        let ceiling = self.config.permission_mode;
+        let mode = match event::last::<event::SessionMode>(session.events())
+            .and_then(|m| PermissionMode::parse(&m.mode))
+        {
+            Some(mode) if mode.capped_at(ceiling) != mode => {
+                tracing::info!(session = %id, recorded = mode.id(), mode = ceiling.id(), "restoring the session in the mode kin was started in, not its more permissive recorded one");
+                ceiling
+            }
+            Some(mode) => mode,
+            None => ceiling,
+        };
+        let route = event::last::<event::SessionModel>(session.events())
+            .map(|m| crate::model::ModelRoute { provider: m.provider, model: m.model })
+            .unwrap_or_else(|| self.config.model.clone());
+        let permissions = Arc::new(Permissions::new(mode));
+        // The session's named agents: its workspace's files over the config's and the user's.
+        let agents = Arc::new(Agents::load(&self.config.agents, session.header.cwd.as_deref().map(Path::new)));
+        // A sandbox chosen before a restart stays chosen, unless kin was started stricter.
+        let recorded =
+            event::last::<event::SandboxChoice>(session.events()).and_then(|c| SessionSandbox::from_event(&c));
+        let sandbox = Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), recorded));
+        let workspace = session.header.cwd.clone();
+        let mut deps = self.deps(&permissions, &mcp, &agents, &sandbox, workspace.as_deref(), system);
+        deps.route = route.clone();
+        let cwd = session.header.cwd.as_deref().map(PathBuf::from);
+        let handle = spawn_restored(session, restored, deps);
+        let model = Mutex::new(route);
+        let prompt_in_flight = Arc::new(AtomicBool::new(false));
+        let live = Live { handle, prompt_in_flight, permissions, model, mcp, agents, sandbox, cwd };
+        self.live().insert(id, live);
+    }
+
+    /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
+    /// prompt in replay (recorded), else the built prompt (recorded, except in replay, where it
+    /// would make transcripts depend on the date).
+    pub(super) fn session_prompt(&self, cwd: &Path) -> Result<(String, bool), RuntimeError> {
+        let pinned = self.config.replay.as_deref().map(prompt::pinned);
+        if let Some(Some(text)) = pinned {
+            return Ok((text.replace("{{cwd}}", &cwd.display().to_string()), true));
+        }
+        let built = self
+            .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
+            .map_err(RuntimeError::Internal)?;
+        Ok((built, pinned.is_none()))
+    }
+
+    /// A new session id: the model's pinned id (replay) unless already used, else a UUID.
+    pub(super) fn mint_session_id(&self) -> String {
+        while let Some(id) = self.model.next_session_id() {
+            if matches!(self.store.locate(&id), Ok(None)) && !self.live().contains_key(&id) {
+                return id;
+            }
+        }
+        uuid::Uuid::new_v4().to_string()
+    }
+
+    /// Closes a live top-level session (`session/close`): drains its continuable children through
+    /// the continuation manager, stops every other child below it, then stops its agent
+    /// (cancelling a running turn, whose prompt answers `cancelled`), flushes its log and frees
+    /// it. The session stays on disk and can be loaded again.
+    pub async fn close_session(&self, session_id: &str) -> Result<(), RuntimeError> {
+        self.reject_child(session_id)?;
+        let removed = self.live().remove(session_id);
+        let Some(entry) = removed else {
+            return Err(RuntimeError::NotFound(session_id.to_string()));
+        };
+        entry.handle.stop();
+        self.continuation.close_descendants(session_id).await;
+        for (id, handle) in self.descendants(session_id) {
+            handle.shutdown().await;
+            self.children().remove(&id);
+        }
+        entry.handle.shutdown().await;
+        entry.mcp.close().await;
+        Ok(())
+    }
+
+    /// Forks a top-level session (`session/fork`): a new top-level session in `cwd` seeded with
+    /// the source's completed turns as they are on disk (the prompt it was created with comes
+    /// along), in the source's recorded mode and model as `start` restores them. Returns the new
+    /// session's id.
+    pub fn fork_session(
+        &self,
+        source_id: &str,
+        cwd: &Path,
+        observer: Arc<dyn SessionObserver>,
+        servers: Vec<ServerSpec>,
+    ) -> Result<String, RuntimeError> {
+        self.reject_child(source_id)?;
+        if !cwd.is_absolute() {
+            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
+        }
+        let source = self.store.inspect(source_id).map_err(store_error)?;
+        let seed = crate::agent::completed_prefix(&source.events).to_vec();
+        let system = match prompt::recorded(&seed) {
+            Some(text) => text,
+            None => self
+                .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
+                .map_err(RuntimeError::Internal)?,
+        };
+        let id = self.mint_session_id();
+        let mut header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
+        header.seed_length = (!seed.is_empty()).then_some(seed.len() as u64);
+        let mut session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        let mcp = self.mcp_for(&mut session, servers);
+        if let Err(e) = session.flush() {
+            session.discard();
+            return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
+        }
+        session.add_observer(observer);
+        self.start(session, system, mcp, Restored::none());
+        Ok(id)
+    }
+
+    /// Deletes a stored top-level session and its subagent sessions (`session/delete`): refused
+    /// for a child id, a session live here (close it first) and one whose log another kin writes.
+    /// The logs are gone from disk when it returns.
+    pub fn delete_session(&self, session_id: &str) -> Result<(), RuntimeError> {
+        self.reject_child(session_id)?;
+        if self.live().contains_key(session_id) {
+            return Err(RuntimeError::InvalidParams(format!(
+                "session {session_id} is open; close it (session/close) before deleting it"
+            )));
+        }
+        let removed = self.store.delete(session_id).map_err(store_error)?;
+        tracing::info!(session = %session_id, children = removed.len() - 1, "deleted a session");
+        Ok(())
+    }
+
+    /// Drains continuable children (child-first), then stops every agent (cancelling running
+    /// turns) and flushes every session.
+    pub async fn shutdown(&self) {
+        // Nothing starts a new turn from here on: what is queued stays pending in the logs.
+        for live in self.live().values() {
+            live.handle.stop();
+        }
+        self.continuation.drain().await;
+        let children: Vec<AgentHandle> = self.children().drain().map(|(_, c)| c.handle).collect();
+        futures::future::join_all(children.iter().map(AgentHandle::shutdown)).await;
+        let live: Vec<Live> = self.live().drain().map(|(_, l)| l).collect();
+        futures::future::join_all(live.iter().map(|l| l.handle.shutdown())).await;
+        // The MCP servers go last: an agent winding down may still call them.
+        futures::future::join_all(live.iter().map(|l| l.mcp.close())).await;
+    }
+}

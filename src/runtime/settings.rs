@@ -1,0 +1,93 @@
+//! A live session's settings: its named agents, its sandbox and its model.
+
+use anyhow::Result;
+
+use super::Runtime;
+use super::error::RuntimeError;
+use crate::sandbox::{SandboxPolicy, SessionSandbox};
+use crate::session::event;
+
+impl Runtime {
+    /// The named agents a live top-level session's delegation tools offer: name and description.
+    pub fn session_agents(&self, session_id: &str) -> Option<Vec<(String, String)>> {
+        let live = self.live();
+        let agents = &live.get(session_id)?.agents;
+        Some(agents.iter().map(|def| (def.name.clone(), def.description.clone())).collect())
+    }
+
+    /// The sandbox policy of a live session.
+    pub fn sandbox(&self, session_id: &str) -> Option<SandboxPolicy> {
+        self.live().get(session_id).map(|l| l.sandbox.policy())
+    }
+
+    /// Whether a live session's commands run confined by the kernel now.
+    pub fn sandbox_in_force(&self, session_id: &str) -> Option<bool> {
+        let live = self.live();
+        let entry = live.get(session_id)?;
+        Some(entry.sandbox.in_force(entry.cwd.as_deref()))
+    }
+
+    /// Changes a live session's sandbox (from its next command on) and records it
+    /// (`session/sandbox`) so that a later load keeps it, unless kin starts stricter then.
+    pub fn set_sandbox(&self, session_id: &str, policy: &str) -> Result<SandboxPolicy, RuntimeError> {
+        self.reject_child(session_id)?;
+        let live = self.live();
+        let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let policy = SandboxPolicy::parse_arg(policy).map_err(RuntimeError::InvalidParams)?;
+        entry
+            .handle
+            .inject_log(SessionSandbox::event_body(policy))
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        entry.sandbox.set(policy);
+        Ok(policy)
+    }
+
+    /// The key a new session's route needs and nobody has given (neither the environment nor
+    /// `kin login`); never in replay, whose model needs none.
+    pub fn missing_key(&self) -> Option<crate::model::MissingKey> {
+        self.model.missing_key(&self.config.model)
+    }
+
+    /// Whether the route a live session's next turn uses takes images (false for an unknown
+    /// session).
+    pub fn takes_images(&self, session_id: &str) -> bool {
+        self.session_model(session_id)
+            .is_some_and(|route| crate::model::router::takes_images(&route, &self.config.models))
+    }
+
+    /// The routes a session may switch to.
+    pub fn model_choices(&self) -> &[crate::model::ModelRoute] {
+        &self.config.model_choices
+    }
+
+    /// The route a live session's next turn uses.
+    pub fn session_model(&self, session_id: &str) -> Option<crate::model::ModelRoute> {
+        self.live().get(session_id).map(|l| l.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+    }
+
+    /// Switches a live session's model from its next turn on, and records the choice in its log
+    /// (`session/model`) so a later `session/load` keeps it.
+    pub fn set_model(&self, session_id: &str, route: &str) -> Result<crate::model::ModelRoute, RuntimeError> {
+        self.reject_child(session_id)?;
+        if !self.live().contains_key(session_id) {
+            return Err(RuntimeError::NotFound(session_id.to_string()));
+        }
+        let route = crate::model::ModelRoute::parse(route).map_err(RuntimeError::InvalidParams)?;
+        if !self.config.model_choices.contains(&route) {
+            let valid: Vec<String> = self.config.model_choices.iter().map(ToString::to_string).collect();
+            return Err(RuntimeError::InvalidParams(format!(
+                "unknown model {route}; choose one of: {}",
+                valid.join(", ")
+            )));
+        }
+        let live = self.live();
+        let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        entry.handle.set_route(route.clone()).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route.clone();
+        entry
+            .handle
+            .inject_log(event::SessionModel { provider: route.provider.clone(), model: route.model.clone() })
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        Ok(route)
+    }
+}
