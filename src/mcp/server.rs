@@ -16,7 +16,7 @@ use super::connect::{self, Connection, StartError, StderrTail};
 use super::result;
 use super::session::McpNotice;
 use super::spec::{ServerSpec, Trust};
-use crate::tools::{ToolError, ToolOutput, builtin};
+use crate::tools::{ToolError, ToolOutput, args};
 
 /// The most tools taken from one server (the rest are dropped, and the log says so).
 const MAX_TOOLS: usize = 256;
@@ -292,7 +292,7 @@ impl Server {
         let request = tokio::time::timeout(self.tool_timeout, connection.peer.call_tool(params));
         let answer = tokio::select! {
             answer = request => answer,
-            () = cancel.cancelled() => return Err(builtin::aborted()),
+            () = cancel.cancelled() => return Err(args::aborted()),
         };
         match answer {
             Ok(Ok(value)) => {

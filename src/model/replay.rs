@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::script::{ReplayEntry, play};
+use super::script::{ReplayEntry, blocks_text, play, prompt_of};
 use super::{ChunkStream, Model, ModelRequest, StreamChunk};
 use crate::session::event::{AssistantChunk, UserMessage};
 use crate::session::layout::validate_session_id;
@@ -48,20 +48,6 @@ struct State {
 /// A deterministic id for the `n`th session of a replay whose recorded header has no UUID.
 fn sequential_id(n: u64) -> String {
     format!("00000000-0000-4000-8000-{n:012}")
-}
-
-/// The text of the last user-sourced user message: the prompt a session's call serves.
-pub(crate) fn prompt_of(messages: &[Value]) -> Option<String> {
-    messages.iter().rev().find(|m| m["role"] == "user" && m["source"]["kind"] == "user").map(message_text)
-}
-
-fn message_text(message: &Value) -> String {
-    blocks_text(message["content"].as_array().map_or(&[], Vec::as_slice))
-}
-
-/// The text of a message's content blocks, concatenated.
-fn blocks_text(content: &[Value]) -> String {
-    content.iter().filter_map(|b| b["text"].as_str()).collect()
 }
 
 /// Serves recorded model calls.

@@ -1,6 +1,7 @@
 //! Scripted model calls: one `ReplayEntry` per call (chunks, throw, or hang until cancelled),
 //! played onto a channel. `ScriptedModel` serves one queue to every session (unit tests); the
-//! replay model keeps one queue per recorded session.
+//! replay model keeps one queue per recorded session (and builds on this file, never the other
+//! way: the prompt a call serves, `prompt_of`, is read here).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -151,10 +152,24 @@ impl ScriptedModel {
     }
 }
 
+/// The text of the last user-sourced user message: the prompt a session's call serves.
+pub(crate) fn prompt_of(messages: &[Value]) -> Option<String> {
+    messages.iter().rev().find(|m| m["role"] == "user" && m["source"]["kind"] == "user").map(message_text)
+}
+
+fn message_text(message: &Value) -> String {
+    blocks_text(message["content"].as_array().map_or(&[], Vec::as_slice))
+}
+
+/// The text of a message's content blocks, concatenated.
+pub(crate) fn blocks_text(content: &[Value]) -> String {
+    content.iter().filter_map(|b| b["text"].as_str()).collect()
+}
+
 impl Model for ScriptedModel {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
         let cwd = request.cwd.clone();
-        let prompt = super::replay::prompt_of(&request.messages);
+        let prompt = prompt_of(&request.messages);
         if self.record
             && let Ok(mut requests) = self.requests.lock()
         {

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::builtin::{call_cwd, invalid_args, optional_str, optional_u64, required_str};
+use super::args::{call_cwd, invalid_args, optional_str, optional_u64, required_str};
 use super::capture::{Capture, Limits, render, snapshot, spawn_reader};
 use super::paths;
 use super::terminal::{self, Rules, TerminalCommand, Terminals};

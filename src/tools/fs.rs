@@ -23,7 +23,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::access::named_path;
-use super::builtin::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
+use super::args::{call_cwd, invalid_args, optional_bool, optional_u64, required_str, run_blocking};
 use super::files::FileAccess;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
 use super::{image, paths, regular};

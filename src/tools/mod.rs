@@ -4,6 +4,7 @@
 //! `isError: true`; an unknown name is an error result, not a crash.
 
 pub mod access;
+pub(crate) mod args;
 pub mod bash;
 pub mod builtin;
 pub(crate) mod capture;
@@ -324,7 +325,7 @@ impl ToolRegistry {
                 // happened; a tool that does not finish within the grace is abandoned.
                 match tokio::time::timeout(CANCEL_GRACE, &mut run).await {
                     Ok(result) => result,
-                    Err(_) => Err(builtin::aborted()),
+                    Err(_) => Err(args::aborted()),
                 }
             }
         }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::access::named_path;
-use super::builtin::{aborted, call_cwd, optional_str, required_str, run_blocking};
+use super::args::{aborted, call_cwd, optional_str, required_str, run_blocking};
 use super::fs::{MAX_LINE_BYTES, check_access, shown_line};
 use super::paths;
 use super::{Access, Tool, ToolContext, ToolError, ToolOutput};
