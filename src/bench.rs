@@ -319,11 +319,14 @@ async fn mock_chat_server_with(body: Arc<Vec<u8>>) -> Result<String> {
 const CATALOG_UNRELATED: usize = 10_000;
 
 /// `list_children` latency for D = 100, 1,000, 5,000 direct children with logs of 10 KB (and
-/// 1,000 children with 1 MB logs in the full run) under 10,000 unrelated sessions. Cold: the
-/// first listing in a fresh query (a process after start; the OS page cache is warm, the files
-/// were just written). Warm: the median of the next five listings in that query.
+/// 1,000 children with 1 MB logs in the full run) under 10,000 unrelated sessions, each query
+/// keeping the catalog index as the runtime's does. Without index: the first listing of a fresh
+/// query with no index file (it reads every child log whole, and writes the index). Cold: the
+/// first listing of the next fresh query, a process after start (the OS page cache is warm, the
+/// files were just written). Warm: the median of the next five listings in that query, and how
+/// many times it statted each log per listing.
 fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
-    use crate::session::query::{QueryService, SessionQuery, StoreSource};
+    use crate::session::query::{SessionQuery, StoreSource};
     use crate::subagent::catalog::list_children;
     let root = tmp.join("catalog");
     for i in 0..CATALOG_UNRELATED {
@@ -335,24 +338,35 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     if !quick {
         runs.extend([(5000, 10_000), (1000, 1_000_000)]);
     }
-    let (mut cold_times, mut warm_times) = (Vec::new(), Vec::new());
+    let (mut rebuild_times, mut cold_times, mut warm_times) = (Vec::new(), Vec::new(), Vec::new());
     for (d, bytes) in runs {
         let size = if bytes >= 1_000_000 { "1mb" } else { "10kb" };
         let cwd = format!("/bench/catalog-{d}-{bytes}");
         let parent = write_family(&root, &cwd, d, bytes)?;
         let cancel = tokio_util::sync::CancellationToken::new();
-        let list = |query: &dyn QueryService| -> Result<Duration> {
+        let fresh = || SessionQuery::new(StoreSource::persisted_only(SessionStore::new(root.clone())).with_index());
+        let list = |query: &SessionQuery| -> Result<Duration> {
             let started = Instant::now();
             let listed = list_children(Some(query), &parent.id, &cancel)?;
             let elapsed = started.elapsed();
             anyhow::ensure!(listed.len() == d, "listed {} of {d} children", listed.len());
             Ok(elapsed)
         };
-        let query = SessionQuery::new(StoreSource::persisted_only(SessionStore::new(root.clone())));
+        let index = crate::session::catalog_index::path(&root).context("the bench corpus has no index path")?;
+        match std::fs::remove_file(index) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        let rebuild = list(&fresh())?;
+        let query = fresh();
         let cold = list(&query)?;
         let warm: Vec<Duration> = (0..5).map(|_| list(&query)).collect::<Result<_>>()?;
         let warm = median(&warm);
+        let stats_before = query.source().io().stats;
+        list(&query)?;
+        let stats_per_log = (query.source().io().stats - stats_before) as f64 / (CATALOG_UNRELATED + d + 1) as f64;
         if bytes == 10_000 {
+            rebuild_times.push((d as f64, rebuild.as_secs_f64()));
             cold_times.push((d as f64, cold.as_secs_f64()));
             warm_times.push((d as f64, warm.as_secs_f64()));
         }
@@ -363,14 +377,24 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             )
         };
         report.metric(
+            &format!("list_{d}_children_{size}_unindexed_ms"),
+            millis(rebuild),
+            text("without index (first listing ever: reads every child log, writes the index)", rebuild),
+        )?;
+        report.metric(
             &format!("list_{d}_children_{size}_cold_ms"),
             millis(cold),
-            text("cold (first listing)", cold),
+            text("cold (first listing after start, from the index)", cold),
         )?;
         report.metric(&format!("list_{d}_children_{size}_warm_ms"), millis(warm), text("warm (median of 5)", warm))?;
+        report.metric(
+            &format!("list_{d}_children_{size}_warm_stats_per_log"),
+            stats_per_log,
+            format!("  a warm listing stats each log {stats_per_log:.2} times"),
+        )?;
         std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
     }
-    for (what, times) in [("cold", &cold_times), ("warm", &warm_times)] {
+    for (what, times) in [("unindexed", &rebuild_times), ("cold", &cold_times), ("warm", &warm_times)] {
         let exponent = growth_exponent(times);
         report.metric(
             &format!("list_{what}_growth_exponent"),

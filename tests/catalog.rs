@@ -1095,6 +1095,29 @@ fn read_event_windows_are_bounded_and_missing_events_are_not_found() {
 }
 
 #[test]
+fn a_listing_stats_each_log_once_cold_and_warm() {
+    // Issue 23: the trace's scan stats every log (one `fstatat`); the listing's reads of each
+    // candidate (its descriptor seqs, the exact read, the inbox) answer as of that scan instead of
+    // statting the log three more times. Five logs: the parent, three children, one unrelated.
+    let (_dir, store) = family();
+    parent_log(&store, "22222222-2222-4222-8222-222222222222", 9);
+    let q = query(&store, &[]);
+    let listing = [healthy(A), healthy(B), healthy(C)];
+    assert_eq!(list(&q, P).unwrap(), listing);
+    assert_eq!(q.source().io().stats, 5, "cold: one stat per log");
+    for round in 1..=3 {
+        assert_eq!(list(&q, P).unwrap(), listing);
+        assert_eq!(q.source().io().stats, 5 * (round + 1), "warm: one stat per log per listing");
+    }
+    let tree = kin::subagent::catalog::list_tree(Some(&q), P, 8, &CancellationToken::new()).unwrap();
+    assert_eq!(tree.into_iter().map(|t| t.entry).collect::<Vec<_>>(), listing);
+    assert_eq!(q.source().io().stats, 25, "the agent tree too");
+    // Outside a listing nothing is pinned: a read checks the log it reads.
+    assert_eq!(q.event_seqs(A, &Kind::SubagentDescriptor).unwrap(), [0]);
+    assert_eq!(q.source().io().stats, 26);
+}
+
+#[test]
 fn the_derived_summary_follows_every_change_of_a_log() {
     // The per-log summary is a cache keyed by (path, length, mtime), never an authority: after
     // each hand edit the warm query answers what a fresh one does.
@@ -1607,4 +1630,362 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     std::fs::remove_file(path).unwrap();
     assert_eq!(kin.list_agents(&store, &parent), expect(None), "a deleted log");
     kin.kill();
+}
+
+// ---------------------------------------------------------------------------------------------
+// H. The derived catalog index (issue 23): headers and descriptors stay authoritative; an index
+// that is stale, missing or corrupt in any way lists exactly what no index lists.
+
+const D: &str = "child-d";
+const E: &str = "child-e";
+
+fn indexed(store: &SessionStore) -> SessionQuery {
+    SessionQuery::new(StoreSource::persisted_only(store.clone()).with_index())
+}
+
+fn index_file(store: &SessionStore) -> PathBuf {
+    kin::session::catalog_index::path(store.root()).unwrap()
+}
+
+/// Every kind of candidate below P: three continuable children, a labelled and an unlabelled
+/// one-shot, an ordinary fork, two descriptors, an unsupported version, a grandchild below A;
+/// and an unrelated family in another project directory.
+fn index_corpus() -> (tempfile::TempDir, SessionStore) {
+    let (dir, store) = family();
+    one_shot_child(&store, D, P, 4, Some("d"));
+    one_shot_child(&store, E, P, 5, None);
+    fork_child(&store, "child-fork", P, 6);
+    let mut twice = child_session(
+        &store,
+        header("child-twice", Some(P), 7),
+        vec![descriptor_event(0, continuable("t").to_value())],
+    );
+    twice.append(DESCRIPTOR_EVENT, continuable("t").to_value());
+    twice.flush().unwrap();
+    let future = json!({"version": 3, "mode": "continuable", "provider": "spawn", "label": "x"});
+    child_session(&store, header("child-future", Some(P), 8), vec![descriptor_event(0, future)]).flush().unwrap();
+    continuable_child(&store, "grandchild", A, 9, "below a");
+    let other = "33333333-3333-4333-8333-333333333333";
+    let mut elsewhere = header(other, None, 10);
+    elsewhere.cwd = Some("/elsewhere".into());
+    store.create(elsewhere).unwrap().flush().unwrap();
+    let mut child = header("child-elsewhere", Some(other), 11);
+    child.cwd = Some("/elsewhere".into());
+    child_session(&store, child, vec![descriptor_event(0, continuable("e").to_value())]).flush().unwrap();
+    (dir, store)
+}
+
+/// What a listing shows, as text: `list_children`'s entries (or its error), the `list_agents`
+/// rendering, and the agent tree.
+fn listing_text(q: &dyn QueryService) -> String {
+    let entries = list(q, P);
+    let rendered = entries.as_ref().map(|e| render(e)).unwrap_or_default();
+    let tree = kin::subagent::catalog::list_tree(Some(q), P, 8, &CancellationToken::new());
+    format!("{entries:?}\n{rendered}\n{tree:?}")
+}
+
+/// The listing with no index at all.
+fn unindexed(store: &SessionStore) -> String {
+    listing_text(&query(store, &[]))
+}
+
+/// A fresh indexed query (a kin process after start) lists exactly what no index lists, cold
+/// and warm; its file operations.
+fn lists_as_without_index(store: &SessionStore, what: &str) -> kin::session::query::SourceIo {
+    let expected = unindexed(store);
+    let q = indexed(store);
+    assert_eq!(listing_text(&q), expected, "{what}: cold");
+    assert_eq!(listing_text(&q), expected, "{what}: warm");
+    q.source().io()
+}
+
+/// A fresh indexed query that reads no log whole and no header: the index on disk is sound.
+fn assert_index_used(store: &SessionStore, what: &str) {
+    let io = lists_as_without_index(store, what);
+    assert_eq!((io.whole_reads, io.header_reads), (0, 0), "{what}: the index is sound again: {io:?}");
+    assert!(io.line_reads > 0, "{what}: descriptors are read back from the logs: {io:?}");
+}
+
+#[test]
+fn the_first_listing_after_start_reads_descriptor_lines_not_logs() {
+    let (dir, store) = index_corpus();
+    assert_eq!(index_file(&store).parent(), Some(dir.path()), "the index sits beside the sessions directory");
+    let before = snapshot(dir.path());
+    let first = lists_as_without_index(&store, "no index yet");
+    assert!(first.whole_reads >= 8, "without an index every candidate log is read whole: {first:?}");
+    assert!(index_file(&store).is_file(), "the listing wrote the index");
+    // Only the index was written: every log is byte for byte what it was, with its mtime.
+    let after: Vec<_> = snapshot(dir.path()).into_iter().filter(|(path, ..)| *path != index_file(&store)).collect();
+    assert_eq!(after, before, "a listing writes the index and nothing else (no temp file is left)");
+    let q = indexed(&store);
+    assert_eq!(listing_text(&q), unindexed(&store));
+    let io = q.source().io();
+    assert_eq!((io.whole_reads, io.header_reads), (0, 0), "{io:?}");
+    // One line read per candidate with a descriptor (A, B, C, D, E, twice, future; the grandchild
+    // through the tree), none for the fork; one stat per log per listing (the list, the tree).
+    assert_eq!(io.line_reads, 8, "{io:?}");
+    let logs = before.iter().filter(|(path, ..)| path.ends_with("session.jsonl")).count() as u64;
+    assert_eq!(logs, 12);
+    assert_eq!(io.stats, 2 * logs, "{io:?}");
+    // The index does not grow a second copy of a listing's facts: unchanged, it is not written.
+    let modified = std::fs::metadata(index_file(&store)).unwrap().modified().unwrap();
+    assert_eq!(listing_text(&indexed(&store)), unindexed(&store));
+    assert_eq!(std::fs::metadata(index_file(&store)).unwrap().modified().unwrap(), modified);
+}
+
+/// The index file's first line (parsed) and its entry lines.
+fn index_parts(store: &SessionStore) -> (Value, Vec<String>) {
+    let text = std::fs::read_to_string(index_file(store)).unwrap();
+    let mut lines = text.lines().map(str::to_string);
+    let head: Value = serde_json::from_str(&lines.next().unwrap()).unwrap();
+    (head, lines.collect())
+}
+
+/// Writes an index of these entry lines with a first line that matches them (count and digest),
+/// as kin would: only what the entries say is wrong.
+fn write_index_entries(store: &SessionStore, head: &Value, entries: &[String]) {
+    use sha2::Digest;
+    let body: String = entries.iter().map(|line| format!("{line}\n")).collect();
+    let digest: String = sha2::Sha256::digest(body.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let mut head = head.clone();
+    head["entries"] = json!(entries.len());
+    head["digest"] = json!(digest);
+    std::fs::write(index_file(store), format!("{head}\n{body}")).unwrap();
+}
+
+fn entry_of(entries: &[String], session: &str) -> usize {
+    entries
+        .iter()
+        .position(|line| serde_json::from_str::<Value>(line).unwrap()["session"] == session)
+        .unwrap_or_else(|| panic!("no entry for {session} in {entries:?}"))
+}
+
+#[test]
+fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
+    let (_dir, store) = index_corpus();
+    lists_as_without_index(&store, "building it");
+    let good = std::fs::read(index_file(&store)).unwrap();
+    let text = String::from_utf8(good.clone()).unwrap();
+    let (head, entries) = index_parts(&store);
+    let edited = |f: &dyn Fn(&mut Vec<String>)| {
+        let mut entries = entries.clone();
+        f(&mut entries);
+        entries
+    };
+    let set = |entries: &mut Vec<String>, session: &str, edit: &dyn Fn(&mut Value)| {
+        let i = entry_of(entries, session);
+        let mut entry: Value = serde_json::from_str(&entries[i]).unwrap();
+        edit(&mut entry);
+        entries[i] = entry.to_string();
+    };
+    type Corruption<'c> = (&'c str, Box<dyn Fn() + 'c>);
+    let path = index_file(&store);
+    let write = |bytes: Vec<u8>| {
+        let path = path.clone();
+        move || std::fs::write(&path, &bytes).unwrap()
+    };
+    let consistent = |entries: Vec<String>| {
+        let head = head.clone();
+        let store = store.clone();
+        move || write_index_entries(&store, &head, &entries)
+    };
+    let corruptions: Vec<Corruption<'_>> = vec![
+        ("missing", Box::new(|| std::fs::remove_file(index_file(&store)).unwrap())),
+        ("empty", Box::new(write(Vec::new()))),
+        ("truncated mid-line", Box::new(write(good[..good.len() / 2].to_vec()))),
+        ("truncated after the first line", Box::new(write(text.as_bytes()[..text.find('\n').unwrap() + 1].to_vec()))),
+        (
+            "its last line cut off",
+            Box::new(write(
+                text.lines().take(entries.len()).map(|l| format!("{l}\n")).collect::<String>().into_bytes(),
+            )),
+        ),
+        ("without its final newline", Box::new(write(good[..good.len() - 1].to_vec()))),
+        ("garbage", Box::new(write((0..4096u32).map(|i| (i * 7919 % 251) as u8).collect()))),
+        ("JSON of another shape", Box::new(write(b"{\"hello\": 1}\n[]\n".to_vec()))),
+        (
+            "another version",
+            Box::new(write(text.replacen("\"kinCatalogIndex\":1", "\"kinCatalogIndex\":2", 1).into_bytes())),
+        ),
+        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":1", "\"kinCatalogIndex\":0", 1).into_bytes()))),
+        (
+            "an entry changed under its digest",
+            Box::new(write(text.replacen("\"events\":", "\"events\":1", 1).into_bytes())),
+        ),
+        (
+            "a count that does not match",
+            Box::new(write(text.replacen(&format!("\"entries\":{}", entries.len()), "\"entries\":2", 1).into_bytes())),
+        ),
+        (
+            "a duplicated entry",
+            Box::new(consistent(edited(&|e| {
+                let dup = e[0].clone();
+                e.push(dup)
+            }))),
+        ),
+        (
+            "missing entries",
+            Box::new(consistent(edited(&|e| e.retain(|line| !line.contains(A) && !line.contains("child-future"))))),
+        ),
+        ("no entries at all", Box::new(consistent(Vec::new()))),
+        (
+            "an entry for a log that does not exist",
+            Box::new(consistent(edited(&|e| {
+                let ghost = e[entry_of(e, B)].replace(B, "child-ghost");
+                e.push(ghost);
+            }))),
+        ),
+        (
+            "an entry whose header does not match its digest",
+            Box::new(consistent(edited(&|e| {
+                set(e, C, &|entry| {
+                    entry["header"] =
+                        json!(entry["header"].as_str().unwrap().replace("\"createdAt\":3", "\"createdAt\":30"))
+                });
+            }))),
+        ),
+        (
+            "an entry whose header is another session's",
+            Box::new(consistent(edited(&|e| {
+                let a: Value = serde_json::from_str(&e[entry_of(e, A)]).unwrap();
+                set(e, B, &|entry| {
+                    entry["header"] = a["header"].clone();
+                    entry["headerDigest"] = a["headerDigest"].clone();
+                });
+            }))),
+        ),
+        (
+            "an entry whose descriptor is elsewhere",
+            Box::new(consistent(edited(&|e| {
+                set(e, A, &|entry| entry["summary"]["descriptors"][0]["offset"] = json!(3));
+            }))),
+        ),
+        (
+            "an entry whose descriptor line has another digest",
+            Box::new(consistent(edited(&|e| {
+                set(e, B, &|entry| entry["summary"]["descriptors"][0]["digest"] = json!("00"));
+            }))),
+        ),
+        (
+            "an entry whose descriptor line is longer than the log",
+            Box::new(consistent(edited(&|e| {
+                set(e, C, &|entry| entry["summary"]["descriptors"][0]["len"] = json!(1u64 << 40));
+            }))),
+        ),
+        (
+            "an entry naming a descriptor at another seq",
+            Box::new(consistent(edited(&|e| {
+                set(e, D, &|entry| entry["summary"]["descriptors"][0]["seq"] = json!(0));
+            }))),
+        ),
+        (
+            "an entry with an unknown field",
+            Box::new(consistent(edited(&|e| set(e, E, &|entry| entry["extra"] = json!(1))))),
+        ),
+        ("an entry that is not JSON", Box::new(consistent(edited(&|e| e[1] = "not json".into())))),
+        (
+            "a symlink to a sound index",
+            Box::new(|| {
+                let elsewhere = store.root().parent().unwrap().join("index-copy");
+                std::fs::write(&elsewhere, &good).unwrap();
+                std::fs::remove_file(index_file(&store)).unwrap();
+                std::os::unix::fs::symlink(&elsewhere, index_file(&store)).unwrap();
+            }),
+        ),
+        (
+            "a FIFO",
+            Box::new(|| {
+                std::fs::remove_file(index_file(&store)).unwrap();
+                let path = std::ffi::CString::new(index_file(&store).into_os_string().into_encoded_bytes()).unwrap();
+                // SAFETY: a NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+            }),
+        ),
+        (
+            "not readable (mode 000; root reads it anyway)",
+            Box::new(|| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(index_file(&store), std::fs::Permissions::from_mode(0o000)).unwrap();
+            }),
+        ),
+    ];
+    for (what, corrupt) in &corruptions {
+        std::fs::write(index_file(&store), &good).ok();
+        assert_index_used(&store, &format!("{what}: before"));
+        corrupt();
+        lists_as_without_index(&store, what);
+        assert_index_used(&store, &format!("{what}: after"));
+    }
+}
+
+#[test]
+fn an_index_that_is_a_directory_or_cannot_be_written_changes_no_listing() {
+    let (_dir, store) = index_corpus();
+    std::fs::create_dir(index_file(&store)).unwrap();
+    std::fs::write(index_file(&store).join("stray"), "x").unwrap();
+    for _ in 0..2 {
+        let io = lists_as_without_index(&store, "a directory");
+        assert!(io.whole_reads >= 8, "no index is read: {io:?}");
+    }
+    assert!(index_file(&store).is_dir(), "kin does not remove what it did not write");
+    std::fs::remove_dir_all(index_file(&store)).unwrap();
+    lists_as_without_index(&store, "the directory removed");
+    assert_index_used(&store, "written again");
+}
+
+#[test]
+fn a_stale_entry_is_never_used_for_a_log_that_changed() {
+    let (_dir, store) = index_corpus();
+    lists_as_without_index(&store, "building it");
+    // Grew: a second descriptor appended to A (corrupt now).
+    let mut a = store.load(A).unwrap();
+    a.append(DESCRIPTOR_EVENT, continuable("again").to_value());
+    a.flush().unwrap();
+    drop(a);
+    lists_as_without_index(&store, "a log that grew");
+    assert_index_used(&store, "a log that grew");
+    // Shrank: B rewritten as its header and a descriptor with another label.
+    let b = log_path(&store, B);
+    let text = std::fs::read_to_string(&b).unwrap();
+    let shorter =
+        format!("{}\n{}\n", text.lines().next().unwrap(), ev(0, DESCRIPTOR_EVENT, continuable("short").to_value()));
+    assert!(shorter.len() < text.len());
+    std::fs::write(&b, shorter).unwrap();
+    assert!(unindexed(&store).contains("short") && !unindexed(&store).contains("label child-b"));
+    lists_as_without_index(&store, "a log that shrank");
+    assert_index_used(&store, "a log that shrank");
+    // Replaced with the same length (a new mtime): C's descriptor becomes version 3.
+    let c = log_path(&store, C);
+    let original = std::fs::read_to_string(&c).unwrap();
+    let future = original.replacen("\"version\":2", "\"version\":3", 1);
+    assert_eq!(future.len(), original.len());
+    let mtime = std::fs::metadata(&c).unwrap().modified().unwrap();
+    std::fs::write(&c, &future).unwrap();
+    let later = mtime + Duration::from_secs(5);
+    std::fs::File::options().write(true).open(&c).unwrap().set_modified(later).unwrap();
+    lists_as_without_index(&store, "replaced with the same length");
+    assert_index_used(&store, "replaced with the same length");
+    // Replaced with the same length and the same mtime: the descriptor line read back does not
+    // match its digest, so the log is read whole.
+    std::fs::write(&c, &original).unwrap();
+    std::fs::File::options().write(true).open(&c).unwrap().set_modified(later).unwrap();
+    assert_eq!(std::fs::metadata(&c).unwrap().len(), future.len() as u64);
+    let io = lists_as_without_index(&store, "same length, same mtime, another descriptor");
+    assert!(io.whole_reads >= 1, "{io:?}");
+    // Gone: D's session directory removed; a log replaced by a directory.
+    std::fs::remove_dir_all(log_path(&store, D).parent().unwrap()).unwrap();
+    let e = log_path(&store, E);
+    std::fs::remove_file(&e).unwrap();
+    std::fs::create_dir(&e).unwrap();
+    lists_as_without_index(&store, "logs gone");
+    assert_index_used(&store, "logs gone");
+    // New: a child the index has no entry for.
+    continuable_child(&store, "child-new", P, 12, "new");
+    assert!(unindexed(&store).contains("child-new"));
+    lists_as_without_index(&store, "a new child");
+    assert_index_used(&store, "a new child");
+    // The whole directory of another project removed.
+    std::fs::remove_dir_all(store.root().join(kin::session::layout::project_key("/elsewhere"))).unwrap();
+    lists_as_without_index(&store, "a project gone");
+    assert_index_used(&store, "a project gone");
 }

@@ -1,6 +1,7 @@
 //! Sessions: the dsh-compatible JSONL log format, the store that writes, repairs and reads it,
 //! and the in-memory live session the agent loop appends to.
 
+pub mod catalog_index;
 pub mod chunk;
 pub mod data;
 pub mod descriptor;

@@ -15,23 +15,29 @@
 //! (header, event count, the `subagent/descriptor` events, the surface verdict) keyed by
 //! (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
 //! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
-//! of rescanning the corpus. A file rewritten to the same length within one mtime tick would be
-//! missed until it changes again: logs are append-only, so only a hand edit can do that.
+//! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan
+//! (`pin` / `release`), so it stats each log once. With `with_index` (the runtime's), the source
+//! also keeps the derived catalog index file (`catalog_index`): the first scan takes unchanged
+//! logs' headers from it and their summaries read back only the descriptor lines. A file
+//! rewritten to the same length within one mtime tick would be missed until it changes again:
+//! logs are append-only, so only a hand edit can do that.
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
+use super::catalog_index::{self, Facts, Located};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::{read_header, scan_file};
+use super::scan::{LocatedLine, read_header, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError};
 pub use super::surface::Surface;
 use super::surface::validate;
@@ -249,9 +255,14 @@ pub trait SessionSource: Send + Sync {
         self.log(id).map(|log| Arc::new(LogSummary::of(&log)))
     }
 
-    /// A hint that the summaries of `ids` are about to be asked for: a caching source may build
-    /// them now, in parallel. Never changes a result; the default does nothing.
-    fn prefetch(&self, _ids: &[&str], _cancel: &CancellationToken) {}
+    /// Opens a listing over `ids`, right after its trace: until `release(ids)`, a caching source
+    /// may answer `summary` for them as of the trace's corpus scan (building the missing ones now,
+    /// in parallel) instead of checking each log again, so a listing stats each log once. The
+    /// default does nothing (every `summary` reads as of its call).
+    fn pin(&self, _ids: &[&str], _cancel: &CancellationToken) {}
+
+    /// Closes what one `pin(ids)` opened.
+    fn release(&self, _ids: &[&str]) {}
 }
 
 /// The operations the subagent catalog consumes, as a seam tests can wrap.
@@ -275,9 +286,13 @@ pub trait QueryService: Send + Sync {
         Ok(InboxCounts::default())
     }
 
-    /// A hint that these sessions are about to be read (`event_seqs`, exact reads): a backend
-    /// may warm its caches. Never changes a result or an error; the default does nothing.
-    fn prefetch(&self, _ids: &[&str], _cancel: &CancellationToken) {}
+    /// Opens a listing over these candidates of the trace just made (`SessionSource::pin`): until
+    /// `release(ids)` their reads (`event_seqs`, exact reads, `inbox`) may answer as of that
+    /// trace's scan, a snapshot, rather than checking every log again. The default does nothing.
+    fn pin(&self, _ids: &[&str], _cancel: &CancellationToken) {}
+
+    /// Closes what one `pin(ids)` opened.
+    fn release(&self, _ids: &[&str]) {}
 }
 
 /// Fails unless two headers of one session agree (dsh `assertSessionHeadersCompatible`): every
@@ -483,8 +498,12 @@ impl<S: SessionSource> QueryService for SessionQuery<S> {
         self.source.summary(id).map(|summary| summary.inbox).map_err(QueryFault::Query)
     }
 
-    fn prefetch(&self, ids: &[&str], cancel: &CancellationToken) {
-        self.source.prefetch(ids, cancel);
+    fn pin(&self, ids: &[&str], cancel: &CancellationToken) {
+        self.source.pin(ids, cancel);
+    }
+
+    fn release(&self, ids: &[&str]) {
+        self.source.release(ids);
     }
 }
 
@@ -581,6 +600,34 @@ pub struct StoreSource {
     store: SessionStore,
     live: LiveSet,
     cache: Mutex<Cache>,
+    /// What this source did to the logs (`io`).
+    io: IoCounters,
+}
+
+/// What a `StoreSource` has done to the logs of its store, counted: a listing's cost in file
+/// operations, for tests and `kin bench`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceIo {
+    /// Stats of a log (the scan's `fstatat`, and the check before a read outside a listing).
+    pub stats: u64,
+    /// Header lines read.
+    pub header_reads: u64,
+    /// Logs read whole.
+    pub whole_reads: u64,
+    /// Logs whose descriptor lines alone were read back through the catalog index.
+    pub line_reads: u64,
+}
+
+#[derive(Default)]
+struct IoCounters {
+    stats: AtomicU64,
+    header_reads: AtomicU64,
+    whole_reads: AtomicU64,
+    line_reads: AtomicU64,
+}
+
+fn count(counter: &AtomicU64) {
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[derive(Default)]
@@ -592,6 +639,29 @@ struct Cache {
     corpus: Option<Arc<Corpus>>,
     /// Counts scans, to find the logs the current one did not see.
     generation: u64,
+    /// The summaries open listings hold (`pin`): per id, how many listings hold it and the
+    /// summary as of their scan (`None`: it could not be built then, so reads check the log).
+    pinned: HashMap<String, (usize, Option<Arc<LogSummary>>)>,
+    /// The catalog index, when this source keeps one (`with_index`).
+    index: Option<IndexState>,
+}
+
+/// The source's side of the catalog index file.
+struct IndexState {
+    file: IndexFile,
+    /// The file is behind the cache: it is written when a listing closes.
+    dirty: bool,
+    /// A write failed: this process stops writing (and warned once).
+    write_failed: bool,
+}
+
+enum IndexFile {
+    /// Not read yet: the first scan reads it.
+    Unread,
+    /// Read, waiting for a complete scan to use it.
+    Loaded(HashMap<catalog_index::Key, catalog_index::Entry>),
+    /// Used by a scan (or unusable): from here on the cache holds what it knew.
+    Used,
 }
 
 /// Derived state of one log file at one (length, mtime).
@@ -604,6 +674,11 @@ struct CachedLog {
     summary: Option<Arc<LogSummary>>,
     /// The last scan that saw the file.
     seen: u64,
+    /// That scan (or the read that cached it) statted it as a regular file at (`len`, `modified`).
+    statted: bool,
+    /// The catalog-index facts of the log at (`len`, `modified`): from the index file, or from
+    /// the read that built `summary`.
+    facts: Option<Arc<Facts>>,
 }
 
 impl CachedLog {
@@ -638,12 +713,84 @@ struct FoundLog {
 impl StoreSource {
     /// `live(id)` says whether a session is live in this process.
     pub fn new(store: SessionStore, live: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
-        StoreSource { store, live: Box::new(live), cache: Mutex::default() }
+        StoreSource { store, live: Box::new(live), cache: Mutex::default(), io: IoCounters::default() }
     }
 
     /// A source where nothing is live (another process's store, tools, benchmarks).
     pub fn persisted_only(store: SessionStore) -> Self {
         Self::new(store, |_| false)
+    }
+
+    /// This source with the derived catalog index of its sessions directory
+    /// (`session::catalog_index`): the first scan takes the headers of unchanged logs from it,
+    /// summaries of unchanged logs read only their descriptor lines, and a listing that left the
+    /// file behind writes it again when it closes. Results are those of a source without it.
+    pub fn with_index(mut self) -> Self {
+        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
+        cache.index = Some(IndexState { file: IndexFile::Unread, dirty: false, write_failed: false });
+        self
+    }
+
+    /// The index entries for the scan about to run: the file's, the first time (`None` once used,
+    /// or when it cannot be used: it is then written again).
+    fn take_index(&self, cache: &mut Cache) -> Option<HashMap<catalog_index::Key, catalog_index::Entry>> {
+        let state = cache.index.as_mut()?;
+        match std::mem::replace(&mut state.file, IndexFile::Used) {
+            IndexFile::Loaded(entries) => Some(entries),
+            IndexFile::Used => None,
+            IndexFile::Unread => match catalog_index::load(self.store.root()) {
+                Ok(entries) => Some(entries),
+                Err(e) => {
+                    let missing = catalog_index::path(self.store.root()).is_none_or(|path| !path.exists());
+                    if !missing {
+                        tracing::warn!("ignoring the catalog index (it is rebuilt): {e}");
+                    }
+                    state.dirty = true;
+                    None
+                }
+            },
+        }
+    }
+
+    /// Writes the catalog index if the cache is ahead of it (when a listing closes).
+    fn write_index(&self) {
+        let entries: Vec<(OsString, OsString, catalog_index::Entry)> = {
+            let mut cache = self.cache();
+            let Some(state) = cache.index.as_mut() else { return };
+            if !state.dirty || state.write_failed || matches!(state.file, IndexFile::Unread) {
+                return;
+            }
+            state.dirty = false;
+            cache
+                .logs
+                .iter()
+                .flat_map(|(project, logs)| {
+                    logs.iter().filter_map(move |(session, log)| match &log.header {
+                        Ok(header) if log.statted => Some((
+                            project.clone(),
+                            session.clone(),
+                            catalog_index::Entry {
+                                len: log.len,
+                                modified: log.modified,
+                                header: header.clone(),
+                                facts: log.facts.clone(),
+                            },
+                        )),
+                        _ => None,
+                    })
+                })
+                .collect()
+        };
+        let written = catalog_index::write(
+            self.store.root(),
+            entries.iter().map(|(project, session, entry)| (project.as_os_str(), session.as_os_str(), entry.clone())),
+        );
+        if let Err(e) = written {
+            tracing::warn!("the catalog index cannot be written (listings read logs instead): {e}");
+            if let Some(state) = self.cache().index.as_mut() {
+                state.write_failed = true;
+            }
+        }
     }
 
     pub fn store(&self) -> &SessionStore {
@@ -657,7 +804,7 @@ impl StoreSource {
     /// Every persisted session (one corpus scan). Headers are read only from logs that are new
     /// or changed since the last scan; the merged corpus is rebuilt only when some log was.
     fn corpus(&self, cancel: &CancellationToken) -> Result<Arc<Corpus>, QueryError> {
-        let projects = scan_store(self.store.root(), cancel)?;
+        let projects = scan_store(self.store.root(), &self.io.stats, cancel)?;
         let found: usize = projects.iter().map(|p| p.logs.len()).sum();
         let log_path = |project: &ProjectScan, log: &FoundLog| {
             self.store.root().join(&project.name).join(&log.session).join(LOG_FILE)
@@ -668,8 +815,13 @@ impl StoreSource {
         let mut changed = cache.corpus.is_none();
         // The scanned logs the cache now holds for this generation.
         let mut seen = 0usize;
+        let mut index = self.take_index(&mut cache);
+        let (mut from_index, mut read) = (0usize, 0usize);
         for project in &projects {
             if cancel.is_cancelled() {
+                if let (Some(state), Some(entries)) = (cache.index.as_mut(), index.take()) {
+                    state.file = IndexFile::Loaded(entries);
+                }
                 return Err(QueryError::Aborted);
             }
             let logs = cache.logs.entry(project.name.clone()).or_default();
@@ -689,6 +841,7 @@ impl StoreSource {
                             Some(log) => {
                                 log.seen = generation;
                                 log.summary = None;
+                                log.statted = false;
                                 seen += 1;
                                 tracing::warn!(path = %path().display(), "a session log cannot be read: {e}");
                             }
@@ -700,30 +853,56 @@ impl StoreSource {
                 seen += 1;
                 if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(len, modified)) {
                     log.seen = generation;
+                    log.statted = true;
                     continue;
                 }
-                let header = match read_header(&path()) {
-                    Ok((header, _)) => Ok(Arc::new(header)),
-                    Err(e) => match known(logs) {
-                        // Its header line broke after it was read: it stays a candidate whose
-                        // reads fail, as above.
-                        Some(header) => {
-                            tracing::warn!(path = %path().display(), "a session log's header cannot be read: {e}");
-                            Ok(header)
-                        }
-                        None => {
-                            tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}");
-                            Err(e)
-                        }
+                let indexed = index
+                    .as_mut()
+                    .and_then(|entries| entries.remove(&(project.name.clone(), f.session.clone())))
+                    .filter(|entry| entry.len == len && entry.modified == modified)
+                    // A header is taken only for the directory its id names.
+                    .filter(|entry| f.session == OsStr::new(&super::layout::encode_segment(&entry.header.id)));
+                let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
+                if indexed.is_some() {
+                    from_index += 1;
+                } else {
+                    read += 1;
+                }
+                let header = match indexed.map(|entry| entry.header) {
+                    Some(header) => Ok(header),
+                    None => match self.read_header(&path()) {
+                        Ok((header, _)) => Ok(Arc::new(header)),
+                        Err(e) => match known(logs) {
+                            // Its header line broke after it was read: it stays a candidate whose
+                            // reads fail, as above.
+                            Some(header) => {
+                                tracing::warn!(path = %path().display(), "a session log's header cannot be read: {e}");
+                                Ok(header)
+                            }
+                            None => {
+                                tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}");
+                                Err(e)
+                            }
+                        },
                     },
                 };
-                let log = CachedLog { len, modified, header, summary: None, seen: generation };
+                let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts };
                 // A log that grew under the same header (every live session does) leaves the
                 // corpus as it was.
                 match logs.insert(f.session.clone(), log) {
                     Some(old) if old.header == logs[&f.session].header => {}
                     _ => changed = true,
                 }
+            }
+        }
+        if let Some(state) = cache.index.as_mut() {
+            // Logs read instead of taken from the index, and entries of logs no scan found, put
+            // the file behind the cache.
+            if read > 0 || index.is_some_and(|left| !left.is_empty()) {
+                state.dirty = true;
+            }
+            if from_index > 0 {
+                tracing::debug!(from_index, read, "the catalog index gave the headers of unchanged logs");
             }
         }
         let cached: usize = cache.logs.values().map(HashMap::len).sum();
@@ -734,6 +913,9 @@ impl StoreSource {
             }
             cache.logs.retain(|_, logs| !logs.is_empty());
             changed = true;
+            if let Some(state) = cache.index.as_mut() {
+                state.dirty = true;
+            }
         }
         if changed {
             let mut headers = Vec::with_capacity(found);
@@ -779,35 +961,192 @@ impl SessionSource for StoreSource {
 
     fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
         let path = self.path_of(id)?;
-        stat(&path, id)?;
+        self.stat(&path, id)?;
+        count(&self.io.whole_reads);
         read_log(&path, id)
     }
 
     fn summary(&self, id: &str) -> Result<Arc<LogSummary>, QueryError> {
+        if let Some((_, Some(summary))) = self.cache().pinned.get(id) {
+            return Ok(summary.clone());
+        }
         let path = self.path_of(id)?;
-        let (len, modified) = stat(&path, id)?;
-        let (project, session) = log_key(&path);
-        let cached = self
-            .cache()
-            .logs
-            .get(project)
-            .and_then(|logs| logs.get(session))
-            .filter(|c| c.is_at(len, modified))
-            .and_then(|c| c.summary.clone());
+        let (len, modified) = self.stat(&path, id)?;
+        self.summary_at(&path, id, len, modified)
+    }
+
+    /// Pins each id's summary as of the last scan, building the missing ones on up to
+    /// `SCAN_THREADS` threads (without a stat: the scan just made one). A log the last scan did not
+    /// stat as a regular file is pinned as unknown, so its reads check it and report its failure.
+    fn pin(&self, ids: &[&str], cancel: &CancellationToken) {
+        let summaries: Vec<Option<Arc<LogSummary>>> = {
+            let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(ids.len());
+            if workers <= 1 {
+                ids.iter().map(|id| self.scanned_summary(id, cancel)).collect()
+            } else {
+                let mut out: Vec<Option<Arc<LogSummary>>> = vec![None; ids.len()];
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = (0..workers)
+                        .map(|worker| {
+                            scope.spawn(move || {
+                                ids.iter()
+                                    .enumerate()
+                                    .skip(worker)
+                                    .step_by(workers)
+                                    .map(|(i, id)| (i, self.scanned_summary(id, cancel)))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
+                    for handle in handles {
+                        // A panicked worker pins nothing: its ids are read as of their calls.
+                        for (i, summary) in handle.join().unwrap_or_default() {
+                            out[i] = summary;
+                        }
+                    }
+                });
+                out
+            }
+        };
+        let mut cache = self.cache();
+        for (id, summary) in ids.iter().zip(summaries) {
+            let pin = cache.pinned.entry((*id).to_string()).or_insert((0, None));
+            pin.0 += 1;
+            if summary.is_some() {
+                pin.1 = summary;
+            }
+        }
+    }
+
+    /// Also writes the catalog index, if this listing left it behind.
+    fn release(&self, ids: &[&str]) {
+        {
+            let mut cache = self.cache();
+            for id in ids {
+                if let Some(pin) = cache.pinned.get_mut(*id) {
+                    pin.0 -= 1;
+                    if pin.0 == 0 {
+                        cache.pinned.remove(*id);
+                    }
+                }
+            }
+        }
+        self.write_index();
+    }
+}
+
+impl StoreSource {
+    /// What this source has done to the logs so far.
+    pub fn io(&self) -> SourceIo {
+        let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        SourceIo {
+            stats: get(&self.io.stats),
+            header_reads: get(&self.io.header_reads),
+            whole_reads: get(&self.io.whole_reads),
+            line_reads: get(&self.io.line_reads),
+        }
+    }
+
+    fn stat(&self, path: &Path, id: &str) -> Result<(u64, SystemTime), QueryError> {
+        count(&self.io.stats);
+        stat(path, id)
+    }
+
+    fn read_header(&self, path: &Path) -> Result<(SessionHeader, SystemTime), String> {
+        count(&self.io.header_reads);
+        read_header(path)
+    }
+
+    fn read_descriptors(&self, path: &Path, facts: &Facts) -> Option<Vec<Event>> {
+        if !facts.descriptors.is_empty() {
+            count(&self.io.line_reads);
+        }
+        catalog_index::read_descriptors(path, facts)
+    }
+
+    /// The summary of `id` as of the last scan, which statted its log (`None` when that scan did
+    /// not find it a regular file, or the read fails: the listing's reads then report it).
+    fn scanned_summary(&self, id: &str, cancel: &CancellationToken) -> Option<Arc<LogSummary>> {
+        if cancel.is_cancelled() {
+            return None;
+        }
+        let (path, len, modified) = {
+            let cache = self.cache();
+            let path = cache.corpus.as_ref()?.paths.get(id)?.clone();
+            let (project, session) = log_key(&path);
+            let log = cache.logs.get(project)?.get(session)?;
+            if log.seen != cache.generation || !log.statted {
+                return None;
+            }
+            if let Some(summary) = &log.summary {
+                return Some(summary.clone());
+            }
+            (path.clone(), log.len, log.modified)
+        };
+        self.summary_at(&path, id, len, modified).ok()
+    }
+
+    /// The summary of the log at `path` as statted at (`len`, `modified`): the cached one, else
+    /// built from a read of the log.
+    fn summary_at(&self, path: &Path, id: &str, len: u64, modified: SystemTime) -> Result<Arc<LogSummary>, QueryError> {
+        let (project, session) = log_key(path);
+        let (cached, indexed) = {
+            let cache = self.cache();
+            let at = cache.logs.get(project).and_then(|logs| logs.get(session)).filter(|c| c.is_at(len, modified));
+            let indexed = at.and_then(|c| Some((c.header.clone().ok()?, c.facts.clone()?)));
+            (at.and_then(|c| c.summary.clone()), indexed.filter(|_| cache.index.is_some()))
+        };
         if let Some(summary) = cached {
+            return Ok(summary);
+        }
+        // The index's facts of an unchanged log: only its descriptor lines are read (and must be
+        // there as recorded).
+        if let Some((header, facts)) = indexed.filter(|(header, _)| header.id == id)
+            && let Some(descriptors) = self.read_descriptors(path, &facts)
+        {
+            let summary = Arc::new(LogSummary {
+                header: (*header).clone(),
+                event_count: facts.event_count,
+                indexed: descriptors,
+                surface: facts.surface.clone(),
+                inbox: facts.inbox,
+            });
+            let mut cache = self.cache();
+            if let Some(c) =
+                cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session)).filter(|c| c.is_at(len, modified))
+            {
+                c.summary = Some(summary.clone());
+            }
             return Ok(summary);
         }
         // Stat before reading: if the file grows meanwhile, the entry is keyed by the older
         // state and is rebuilt at the next call.
-        let log = read_log(&path, id)?;
+        let indexing = self.cache().index.is_some();
+        count(&self.io.whole_reads);
+        let (log, located) = if indexing { read_log_located(path, id)? } else { (read_log(path, id)?, Vec::new()) };
         let summary = Arc::new(LogSummary::of(&log));
+        let facts = indexing.then(|| {
+            Arc::new(Facts {
+                event_count: summary.event_count,
+                surface: summary.surface.clone(),
+                inbox: summary.inbox,
+                descriptors: located.iter().map(Located::of).collect(),
+            })
+        });
         let mut cache = self.cache();
+        if let Some(state) = cache.index.as_mut() {
+            state.dirty = true;
+        }
         let logs = cache.logs.entry(project.to_owned()).or_default();
         match logs.get_mut(session) {
-            Some(c) if c.is_at(len, modified) && c.header.is_ok() => c.summary = Some(summary.clone()),
+            Some(c) if c.is_at(len, modified) && c.header.is_ok() => {
+                c.summary = Some(summary.clone());
+                c.facts = facts;
+            }
             _ => {
                 let header = Ok(Arc::new(log.header));
-                let entry = CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0 };
+                let entry =
+                    CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0, statted: true, facts };
                 // A log new to the cache, or whose header changed, leaves the corpus behind; a
                 // log that only grew (a live child) does not.
                 let stale = logs.insert(session.to_owned(), entry).is_none_or(|old| old.header != logs[session].header);
@@ -818,34 +1157,13 @@ impl SessionSource for StoreSource {
         }
         Ok(summary)
     }
-
-    /// Builds the missing summaries on up to `SCAN_THREADS` threads; failures are left for the
-    /// reads that follow to report.
-    fn prefetch(&self, ids: &[&str], cancel: &CancellationToken) {
-        let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(ids.len());
-        if workers <= 1 {
-            return;
-        }
-        std::thread::scope(|scope| {
-            for worker in 0..workers {
-                scope.spawn(move || {
-                    for id in ids.iter().skip(worker).step_by(workers) {
-                        if cancel.is_cancelled() {
-                            return;
-                        }
-                        let _ = self.summary(id);
-                    }
-                });
-            }
-        });
-    }
 }
 
 /// The syscall half of a corpus scan: every project directory of the store, in directory order,
 /// with the session logs in it (and those that are not regular files or cannot be statted, for
 /// the cache to keep a known session listed). Project directories are scanned on
 /// several threads (the scan is a stat per log, and a warm listing is mostly this scan).
-fn scan_store(root: &Path, cancel: &CancellationToken) -> Result<Vec<ProjectScan>, QueryError> {
+fn scan_store(root: &Path, stats: &AtomicU64, cancel: &CancellationToken) -> Result<Vec<ProjectScan>, QueryError> {
     let mut dirs = Vec::new();
     match std::fs::read_dir(root) {
         Ok(entries) => {
@@ -861,7 +1179,7 @@ fn scan_store(root: &Path, cancel: &CancellationToken) -> Result<Vec<ProjectScan
     }
     let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(dirs.len());
     if workers <= 1 {
-        return dirs.into_iter().map(|name| scan_project(root, name, cancel)).collect();
+        return dirs.into_iter().map(|name| scan_project(root, name, stats, cancel)).collect();
     }
     let mut scanned: Vec<Option<ProjectScan>> = std::iter::repeat_with(|| None).take(dirs.len()).collect();
     let mut shares: Vec<Vec<(usize, OsString)>> = (0..workers).map(|_| Vec::new()).collect();
@@ -875,7 +1193,7 @@ fn scan_store(root: &Path, cancel: &CancellationToken) -> Result<Vec<ProjectScan
                 scope.spawn(move || {
                     share
                         .into_iter()
-                        .map(|(i, name)| scan_project(root, name, cancel).map(|p| (i, p)))
+                        .map(|(i, name)| scan_project(root, name, stats, cancel).map(|p| (i, p)))
                         .collect::<Result<Vec<_>, QueryError>>()
                 })
             })
@@ -897,7 +1215,12 @@ const SCAN_THREADS: usize = 4;
 
 /// One project directory: each session directory's log, statted relative to the project
 /// directory (a short lookup instead of a walk of the whole path).
-fn scan_project(root: &Path, name: OsString, cancel: &CancellationToken) -> Result<ProjectScan, QueryError> {
+fn scan_project(
+    root: &Path,
+    name: OsString,
+    stats: &AtomicU64,
+    cancel: &CancellationToken,
+) -> Result<ProjectScan, QueryError> {
     if cancel.is_cancelled() {
         return Err(QueryError::Aborted);
     }
@@ -910,6 +1233,7 @@ fn scan_project(root: &Path, name: OsString, cancel: &CancellationToken) -> Resu
             continue;
         }
         let session = session.file_name();
+        count(stats);
         match stat_at(&dir, &session, LOG_FILE) {
             Ok(Some(found)) => logs.push(FoundLog { session, found: Ok(found) }),
             Ok(None) => logs.push(FoundLog { session, found: Err("not a regular file".into()) }),
@@ -947,14 +1271,27 @@ fn stat(path: &Path, id: &str) -> Result<(u64, SystemTime), QueryError> {
 /// A log damaged before its last complete turn cannot be read: `PersistenceFailed`.
 fn read_log(path: &Path, id: &str) -> Result<SessionLog, QueryError> {
     let scanned = scan_file(path).map_err(|e| QueryError::PersistenceFailed(e.to_string()))?;
-    if scanned.header.id != id {
+    check_names(path, &scanned.header, id)?;
+    Ok(SessionLog { header: scanned.header, events: scanned.events })
+}
+
+/// `read_log`, also locating the log's descriptor lines (for the catalog index).
+fn read_log_located(path: &Path, id: &str) -> Result<(SessionLog, Vec<LocatedLine>), QueryError> {
+    let (scanned, located) = scan_file_locating(path, &Kind::SubagentDescriptor)
+        .map_err(|e| QueryError::PersistenceFailed(e.to_string()))?;
+    check_names(path, &scanned.header, id)?;
+    Ok((SessionLog { header: scanned.header, events: scanned.events }, located))
+}
+
+fn check_names(path: &Path, header: &SessionHeader, id: &str) -> Result<(), QueryError> {
+    if header.id != id {
         return Err(QueryError::PersistenceFailed(format!(
             "{}: header names session {:?}, not {id:?}",
             path.display(),
-            scanned.header.id
+            header.id
         )));
     }
-    Ok(SessionLog { header: scanned.header, events: scanned.events })
+    Ok(())
 }
 
 /// `fstatat(dir, "<session>/<file>", AT_SYMLINK_NOFOLLOW)`: the length and modification time of

@@ -124,7 +124,30 @@ pub fn read_title(path: &Path) -> Option<String> {
 /// the events it holds.
 pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
-    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |_| true)
+    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |_, _| true)
+}
+
+/// One event's line in a log: the event's seq, the byte offset of its line and the line's
+/// bytes without the newline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LocatedLine {
+    pub seq: u64,
+    pub offset: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// `scan_file`, also locating the line of every event of `kind` (the catalog index keeps where
+/// a child's descriptor is, to read that line alone later).
+pub(crate) fn scan_file_locating(path: &Path, kind: &Kind) -> Result<(Scanned, Vec<LocatedLine>), ScanError> {
+    let file = open_log(path).map_err(|e| io_error(path, &e))?;
+    let mut found = Vec::new();
+    let scanned = scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, (offset, raw)| {
+        if event.kind == *kind {
+            found.push(LocatedLine { seq: event.seq, offset, bytes: raw.to_vec() });
+        }
+        true
+    })?;
+    Ok((scanned, found))
 }
 
 /// `scan_file` keeping only the events a live session holds in memory (see `resident`): what
@@ -132,7 +155,7 @@ pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
 pub(crate) fn scan_file_resident(path: &Path) -> Result<Scanned, ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
     let mut resident = Resident::default();
-    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event| {
+    scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, _| {
         let chunk = ChunkOf::event(event);
         resident.keep(event, chunk)
     })
@@ -167,18 +190,19 @@ fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
 
 /// Scans raw log bytes (see `scan_file`).
 pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
-    scan_reader(path, &mut &bytes[..], |_| true)
+    scan_reader(path, &mut &bytes[..], |_, _| true)
 }
 
 /// The scan of `scan_file` over any reader. The header is checked first, from at most
 /// `HEADER_LIMIT` bytes (a huge file of garbage is refused at once); then each line is parsed as
 /// it is read. A bad line is corruption when a complete `turn/end` line follows it, else it and
 /// everything after it are the torn tail.
-/// Only the events `keep` says yes to are kept.
+/// Only the events `keep` says yes to are kept; it is given each event with its line's byte
+/// offset and bytes (without the newline).
 fn scan_reader(
     path: &Path,
     reader: &mut impl std::io::BufRead,
-    mut keep: impl FnMut(&mut Event) -> bool,
+    mut keep: impl FnMut(&mut Event, (u64, &[u8])) -> bool,
 ) -> Result<Scanned, ScanError> {
     use std::io::{BufRead, Read};
     let corrupt = |line: usize, reason: String| ScanError::Corrupt { path: path.to_path_buf(), line, reason };
@@ -207,7 +231,8 @@ fn scan_reader(
         match parse_line(raw, length) {
             Ok(more) => {
                 length += more.len() as u64;
-                events.extend(more.into_iter().filter_map(|mut e| keep(&mut e).then_some(e)));
+                let at = (committed, raw);
+                events.extend(more.into_iter().filter_map(|mut e| keep(&mut e, at).then_some(e)));
                 committed += read;
             }
             Err(reason) => {

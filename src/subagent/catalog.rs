@@ -143,7 +143,7 @@ pub fn list_children(
     };
     check(cancel)?;
     let candidates: Vec<&str> = trace.descendants.iter().map(|node| node.session.header.id.as_str()).collect();
-    query.prefetch(&candidates, cancel);
+    let _pinned = Pinned::new(query, candidates, cancel);
     check(cancel)?;
     let mut entries = Vec::new();
     for node in &trace.descendants {
@@ -153,6 +153,26 @@ pub fn list_children(
         entries.extend(entry);
     }
     Ok(entries)
+}
+
+/// The candidates of one listing, pinned as of its trace (`QueryService::pin`) until it returns,
+/// on every path: the listing is a snapshot of that trace's scan, and stats each log once.
+struct Pinned<'a> {
+    query: &'a dyn QueryService,
+    ids: Vec<&'a str>,
+}
+
+impl<'a> Pinned<'a> {
+    fn new(query: &'a dyn QueryService, ids: Vec<&'a str>, cancel: &CancellationToken) -> Self {
+        query.pin(&ids, cancel);
+        Pinned { query, ids }
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        self.query.release(&self.ids);
+    }
 }
 
 /// One entry of a listed tree: a child with the subagents below it, or a diagnostic (nothing
@@ -191,7 +211,7 @@ pub fn list_tree(
             pending.extend(nodes.iter().map(|n| (n.descendants.as_slice(), depth + 1)));
         }
     }
-    query.prefetch(&ids, cancel);
+    let _pinned = Pinned::new(query, ids, cancel);
     check(cancel)?;
     level(query, root_id, &trace.descendants, max_depth, cancel)
 }

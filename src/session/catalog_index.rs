@@ -1,0 +1,286 @@
+//! The derived catalog index (issue 23): one file per sessions directory, beside it
+//! (`<sessions>.catalog-index.jsonl`, so the directory itself stays dsh's layout and nothing
+//! that walks it meets a file it does not know), holding what a listing needs of each log — its length and
+//! mtime, its header with a digest of it, and, once a listing has summarised the log, its event
+//! count, surface verdict, inbox counts and where each `subagent/descriptor` line sits with a
+//! digest of that line — so the first listing after a start reads one descriptor line per child
+//! instead of every child log whole (protocol/catalog.md, "The catalog index").
+//!
+//! Derived state, never an authority. An entry counts only for a log found at the entry's exact
+//! length and mtime; its header only when it matches its digest; a descriptor only when the line
+//! read back from the log at the recorded place has the recorded digest and is that event. A
+//! file that is missing, unreadable, too large, of another version, garbage, truncated, or holds
+//! a malformed or duplicated entry is no index at all: every log is read as without one, and the
+//! index is written again. It is written whole: a temp file in the same directory, fsync,
+//! rename over the old one, fsync of the directory.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::event::Kind;
+use super::inbox::InboxCounts;
+use super::record::{Event, Record, SessionHeader};
+use super::scan::{LocatedLine, open_log};
+
+/// What the index's file name adds to the sessions directory's name (it sits beside it).
+pub const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
+/// The format version on the first line; any other is ignored.
+pub const INDEX_VERSION: u64 = 1;
+/// An index larger than this is not read (nor written): listings fall back to reading logs.
+const INDEX_LIMIT: u64 = 256 << 20;
+/// A descriptor line longer than this is not read back through the index.
+const LINE_LIMIT: u64 = 1 << 20;
+
+/// Where a log sits: its project directory and session directory names.
+pub(crate) type Key = (OsString, OsString);
+
+/// What the index knows of one log at one (length, mtime).
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub len: u64,
+    pub modified: SystemTime,
+    pub header: Arc<SessionHeader>,
+    pub facts: Option<Arc<Facts>>,
+}
+
+/// A listing's facts of one log, exactly what a full read of the same bytes gives.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Facts {
+    pub event_count: u64,
+    /// The surface fold's verdict (`Err` holds the violation).
+    pub surface: Result<(), String>,
+    pub inbox: InboxCounts,
+    /// Each `subagent/descriptor` event's line, in seq order.
+    pub descriptors: Vec<Located>,
+}
+
+/// Where one descriptor event's line is, and the digest of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Located {
+    pub seq: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub digest: String,
+}
+
+impl Located {
+    pub fn of(line: &LocatedLine) -> Located {
+        Located { seq: line.seq, offset: line.offset, len: line.bytes.len() as u64, digest: digest(&line.bytes) }
+    }
+}
+
+/// The first line.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Head {
+    kin_catalog_index: u64,
+    entries: u64,
+    /// The digest of every byte after the first line.
+    digest: String,
+}
+
+/// One entry line.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct EntryLine {
+    project: String,
+    session: String,
+    len: u64,
+    /// Seconds and nanoseconds since the Unix epoch.
+    mtime: (u64, u32),
+    /// The header as compact JSON.
+    header: String,
+    header_digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    summary: Option<FactsLine>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FactsLine {
+    events: u64,
+    /// The surface violation; `null` when the fold holds.
+    surface: Option<String>,
+    pending: usize,
+    discarded: usize,
+    descriptors: Vec<DescriptorLine>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorLine {
+    seq: u64,
+    offset: u64,
+    len: u64,
+    digest: String,
+}
+
+/// The SHA-256 of `bytes`, lowercase hex.
+fn digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The index file of a sessions directory, beside it; `None` for a directory without a parent
+/// or a name (`/`), which has no index.
+pub fn path(root: &Path) -> Option<PathBuf> {
+    let mut name = root.file_name()?.to_os_string();
+    name.push(INDEX_SUFFIX);
+    Some(root.parent()?.join(name))
+}
+
+fn placed(root: &Path) -> Result<PathBuf, String> {
+    path(root).ok_or_else(|| format!("{} has no place for a catalog index beside it", root.display()))
+}
+
+/// The entries of the index of `root`; `Err` says why there are none to use (the file is
+/// missing, or anything about it is not exactly what `write` writes).
+pub(crate) fn load(root: &Path) -> Result<HashMap<Key, Entry>, String> {
+    let path = placed(root)?;
+    let file = open_log(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    if size > INDEX_LIMIT {
+        return Err(format!("{} is larger than {INDEX_LIMIT} bytes", path.display()));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, INDEX_LIMIT), &mut text)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let Some((first, body)) = text.split_once('\n') else {
+        return Err("the index has no complete first line (truncated)".into());
+    };
+    let head: Head = serde_json::from_str(first).map_err(|e| format!("bad first line: {e}"))?;
+    if head.kin_catalog_index != INDEX_VERSION {
+        return Err(format!("version {} (this kin reads {INDEX_VERSION})", head.kin_catalog_index));
+    }
+    if digest(body.as_bytes()) != head.digest {
+        return Err("the entries do not match the digest on the first line (truncated or changed)".into());
+    }
+    let mut entries = HashMap::new();
+    let lines = body.strip_suffix('\n').map(|b| b.split('\n'));
+    for (number, line) in lines.into_iter().flatten().enumerate() {
+        let (key, entry) = parse_entry(line).map_err(|e| format!("entry {}: {e}", number + 1))?;
+        if entries.insert(key, entry).is_some() {
+            return Err(format!("entry {} repeats a log", number + 1));
+        }
+    }
+    if entries.len() as u64 != head.entries {
+        return Err(format!("{} entries where the first line says {}", entries.len(), head.entries));
+    }
+    Ok(entries)
+}
+
+fn parse_entry(line: &str) -> Result<(Key, Entry), String> {
+    let e: EntryLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    if digest(e.header.as_bytes()) != e.header_digest {
+        return Err("the header does not match its digest".into());
+    }
+    let header = SessionHeader::parse(&e.header)?;
+    let modified = SystemTime::UNIX_EPOCH
+        .checked_add(Duration::new(e.mtime.0, e.mtime.1))
+        .ok_or_else(|| "mtime out of range".to_string())?;
+    let facts = e.summary.map(|f| {
+        Arc::new(Facts {
+            event_count: f.events,
+            surface: f.surface.map_or(Ok(()), Err),
+            inbox: InboxCounts { pending: f.pending, discarded: f.discarded },
+            descriptors: f
+                .descriptors
+                .into_iter()
+                .map(|d| Located { seq: d.seq, offset: d.offset, len: d.len, digest: d.digest })
+                .collect(),
+        })
+    });
+    let key = (OsString::from(e.project), OsString::from(e.session));
+    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts }))
+}
+
+/// Writes the index of `root` whole (temp file beside it, fsync, rename, directory fsync). Logs whose
+/// directory names are not UTF-8 are left out (their listings read them).
+pub(crate) fn write<'a>(
+    root: &Path,
+    entries: impl Iterator<Item = (&'a OsStr, &'a OsStr, Entry)>,
+) -> Result<(), String> {
+    let mut lines = Vec::new();
+    for (project, session, entry) in entries {
+        let (Some(project), Some(session)) = (project.to_str(), session.to_str()) else { continue };
+        let header = serde_json::to_string(&*entry.header).map_err(|e| e.to_string())?;
+        let since = entry.modified.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let summary = entry.facts.map(|f| FactsLine {
+            events: f.event_count,
+            surface: f.surface.clone().err(),
+            pending: f.inbox.pending,
+            discarded: f.inbox.discarded,
+            descriptors: f
+                .descriptors
+                .iter()
+                .map(|d| DescriptorLine { seq: d.seq, offset: d.offset, len: d.len, digest: d.digest.clone() })
+                .collect(),
+        });
+        let line = EntryLine {
+            project: project.into(),
+            session: session.into(),
+            len: entry.len,
+            mtime: (since.as_secs(), since.subsec_nanos()),
+            header_digest: digest(header.as_bytes()),
+            header,
+            summary,
+        };
+        lines.push(serde_json::to_string(&line).map_err(|e| e.to_string())?);
+    }
+    let mut body = String::with_capacity(lines.iter().map(|l| l.len() + 1).sum::<usize>());
+    for line in &lines {
+        body.push_str(line);
+        body.push('\n');
+    }
+    let head = Head { kin_catalog_index: INDEX_VERSION, entries: lines.len() as u64, digest: digest(body.as_bytes()) };
+    let mut text = serde_json::to_string(&head).map_err(|e| e.to_string())?;
+    text.push('\n');
+    text.push_str(&body);
+    if text.len() as u64 > INDEX_LIMIT {
+        return Err(format!("the index would be larger than {INDEX_LIMIT} bytes; not written"));
+    }
+    let path = placed(root)?;
+    let dir = path.parent().unwrap_or(root);
+    let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    let mut temp = tempfile::Builder::new().prefix(".catalog-index.").tempfile_in(dir).map_err(failed)?;
+    temp.write_all(text.as_bytes()).map_err(failed)?;
+    temp.as_file().sync_all().map_err(failed)?;
+    temp.persist(&path).map_err(|e| failed(e.error))?;
+    std::fs::File::open(dir).and_then(|dir| dir.sync_all()).map_err(failed)?;
+    Ok(())
+}
+
+/// The descriptor events of the log at `path` read back from the lines `facts` locates, or
+/// `None` when any line is not there as recorded (the log must then be read whole).
+pub(crate) fn read_descriptors(path: &Path, facts: &Facts) -> Option<Vec<Event>> {
+    use std::os::unix::fs::FileExt;
+    if facts.descriptors.is_empty() {
+        return Some(Vec::new());
+    }
+    let file = open_log(path).ok()?;
+    let mut events = Vec::with_capacity(facts.descriptors.len());
+    for at in &facts.descriptors {
+        if at.len > LINE_LIMIT {
+            return None;
+        }
+        // The line and its newline.
+        let mut bytes = vec![0u8; usize::try_from(at.len).ok()? + 1];
+        file.read_exact_at(&mut bytes, at.offset).ok()?;
+        if bytes.pop() != Some(b'\n') || digest(&bytes) != at.digest {
+            return None;
+        }
+        let text = std::str::from_utf8(&bytes).ok()?;
+        let event = Record::parse(text).ok()?.into_events().into_iter().find(|e| e.seq == at.seq)?;
+        if event.kind != Kind::SubagentDescriptor {
+            return None;
+        }
+        events.push(event);
+    }
+    Some(events)
+}
