@@ -268,17 +268,20 @@ fn sse_body(chunks: usize, text: &str) -> Vec<u8> {
 /// A minimal loopback HTTP/1.1 server answering every POST with one short Chat Completions SSE
 /// stream (keep-alive), for the HTTP client's turn overhead. Returns its base URL.
 async fn mock_chat_server() -> Result<String> {
-    mock_chat_server_with(Arc::new(sse_body(1, "ok"))).await
+    mock_chat_server_with(vec![sse_body(1, "ok")]).await
 }
 
-/// `mock_chat_server`, answering with `body` (an SSE stream).
-async fn mock_chat_server_with(body: Arc<Vec<u8>>) -> Result<String> {
+/// `mock_chat_server`, answering its n-th request (over all connections) with `bodies[n]` (an
+/// SSE stream), and every request past the last with the last.
+async fn mock_chat_server_with(bodies: Vec<Vec<u8>>) -> Result<String> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
+    let bodies: Arc<Vec<Vec<u8>>> = Arc::new(bodies);
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let body = body.clone();
+            let (bodies, served) = (bodies.clone(), served.clone());
             tokio::spawn(async move {
                 let mut reader = TokioBufReader::new(stream);
                 loop {
@@ -300,12 +303,14 @@ async fn mock_chat_server_with(body: Arc<Vec<u8>>) -> Result<String> {
                     if reader.read_exact(&mut request_body).await.is_err() {
                         return;
                     }
+                    let n = served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let body = &bodies[n.min(bodies.len() - 1)];
                     let head = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
                         body.len()
                     );
                     let stream = reader.get_mut();
-                    if stream.write_all(head.as_bytes()).await.is_err() || stream.write_all(&body).await.is_err() {
+                    if stream.write_all(head.as_bytes()).await.is_err() || stream.write_all(body).await.is_err() {
                         return;
                     }
                 }
@@ -911,35 +916,30 @@ async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> 
     kin.close().await?;
 
     let chunks = if quick { 200_000 } else { 1_000_000 };
-    let stream_server = mock_chat_server_with(Arc::new(sse_body(chunks, "x"))).await?;
-    let kin = KinProcess::start(&sessions, Some(&stream_server)).await?;
-    let session = kin.new_session(&cwd).await?;
-    let (before, _) = kin.rss();
-    kin.reset_peak();
-    let started = Instant::now();
-    kin.prompt(&session, "stream").await?;
-    let took = started.elapsed();
-    let (after, peak) = kin.rss();
-    let seen = kin.chunks.load(std::sync::atomic::Ordering::Relaxed);
-    kin.close().await?;
+    let fine = streamed_turn(&sessions, &cwd, sse_body(chunks, "x")).await?;
     let key = if quick { "stream_200k_chunks" } else { "stream_1m_chunks" };
     report.metric(
         &format!("{key}_peak_rss_kib"),
-        peak as f64,
+        fine.peak as f64,
         format!(
-            "a turn of {chunks} one-character chunks ({:.1} MB of text) over HTTP: {} ({seen} chunks forwarded); peak RSS {peak} KiB",
+            "a turn of {chunks} one-character chunks ({:.1} MB of text) over HTTP: {} ({} chunks forwarded); peak RSS {} KiB",
             chunks as f64 / 1e6,
-            ms(took)
+            ms(fine.took),
+            fine.forwarded,
+            fine.peak
         ),
     )?;
-    let retained = after.saturating_sub(before);
     report.metric(
         &format!("{key}_retained_kib"),
-        retained as f64,
-        format!("RSS kept after that turn: {retained} KiB ({:.2}x the text)", retained as f64 * 1024.0 / chunks as f64),
+        fine.kept as f64,
+        format!(
+            "RSS kept after that turn (over the session after a one-line warm-up turn): {} KiB ({:.2}x the text)",
+            fine.kept,
+            fine.kept as f64 * 1024.0 / chunks as f64
+        ),
     )?;
     let kin = KinProcess::start(&sessions, None).await?;
-    kin.call("session/load", json!({"sessionId": session, "cwd": cwd, "mcpServers": []})).await?;
+    kin.call("session/load", json!({"sessionId": fine.session, "cwd": cwd, "mcpServers": []})).await?;
     let (loaded, _) = kin.rss();
     kin.close().await?;
     report.metric(
@@ -949,23 +949,46 @@ async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> 
     )?;
     // The same text in a thousandth of the chunks: what a turn keeps whatever the streaming.
     let coarse = chunks / 1000;
-    let coarse_server = mock_chat_server_with(Arc::new(sse_body(coarse, &"x".repeat(1000)))).await?;
-    let kin = KinProcess::start(&sessions, Some(&coarse_server)).await?;
-    let session = kin.new_session(&cwd).await?;
-    let (before, _) = kin.rss();
-    kin.prompt(&session, "stream").await?;
-    let (after, _) = kin.rss();
-    kin.close().await?;
-    let kept = after.saturating_sub(before);
+    let kept = streamed_turn(&sessions, &cwd, sse_body(coarse, &"x".repeat(1000))).await?.kept;
     report.metric(
         &format!("{key}_coarse_retained_kib"),
         kept as f64,
         format!(
             "RSS kept after the same text in {coarse} chunks of 1,000 characters: {kept} KiB ({} KiB more for the fine stream)",
-            retained as i64 - kept as i64
+            fine.kept as i64 - kept as i64
         ),
     )?;
     Ok(())
+}
+
+/// What one streamed turn cost a `kin acp` process.
+struct StreamedTurn {
+    session: String,
+    took: Duration,
+    forwarded: usize,
+    /// Peak RSS over the turn, KiB.
+    peak: u64,
+    /// RSS after the turn over RSS before it, KiB.
+    kept: u64,
+}
+
+/// A fresh `kin acp` whose session first has a one-line turn (so the HTTP client, its pools and
+/// the session's first-turn tables exist), then a turn the model answers with `body`.
+async fn streamed_turn(sessions: &Path, cwd: &Path, body: Vec<u8>) -> Result<StreamedTurn> {
+    let server = mock_chat_server_with(vec![sse_body(1, "ok"), body]).await?;
+    let kin = KinProcess::start(sessions, Some(&server)).await?;
+    let session = kin.new_session(cwd).await?;
+    kin.prompt(&session, "hi").await?;
+    let (before, _) = kin.rss();
+    let warm_up = kin.chunks.load(std::sync::atomic::Ordering::Relaxed);
+    kin.reset_peak();
+    let started = Instant::now();
+    kin.prompt(&session, "stream").await?;
+    let took = started.elapsed();
+    let (after, peak) = kin.rss();
+    let forwarded = kin.chunks.load(std::sync::atomic::Ordering::Relaxed) - warm_up;
+    kin.close().await?;
+    Ok(StreamedTurn { session, took, forwarded, peak, kept: after.saturating_sub(before) })
 }
 
 /// `session/load` of a stored session in a fresh `kin acp`: the time to its response (every

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
+mod heap;
 pub mod keys;
 pub mod login;
 pub mod mcp;

@@ -5,6 +5,9 @@
 //! line is written to stdout; a model call stops pulling its stream while more than
 //! `MAX_QUEUED` are on their way, and the model server waits (TCP) instead of kin's memory.
 //!
+//! A turn that freed a lot asks for its memory to be handed back to the OS (`release_when_drained`):
+//! the updates still queued hold their share of it, so that happens once the last is written.
+//!
 //! One process serves one stdio connection, so the count is process-wide; without the stdio
 //! transport (`kin run`, tests in process) nothing is counted and nothing waits.
 
@@ -20,10 +23,11 @@ pub(crate) struct Outflow {
     attached: AtomicBool,
     queued: AtomicUsize,
     drained: Notify,
+    /// Free heap memory is handed back when the backlog next empties.
+    release: AtomicBool,
 }
 
-static OUTFLOW: Outflow =
-    Outflow { attached: AtomicBool::new(false), queued: AtomicUsize::new(0), drained: Notify::const_new() };
+static OUTFLOW: Outflow = Outflow::new(false);
 
 /// The process's outflow.
 pub(crate) fn outflow() -> &'static Outflow {
@@ -31,6 +35,15 @@ pub(crate) fn outflow() -> &'static Outflow {
 }
 
 impl Outflow {
+    const fn new(attached: bool) -> Outflow {
+        Outflow {
+            attached: AtomicBool::new(attached),
+            queued: AtomicUsize::new(0),
+            drained: Notify::const_new(),
+            release: AtomicBool::new(false),
+        }
+    }
+
     /// The stdio transport counts what it writes from now on.
     pub(crate) fn attach(&self) {
         self.attached.store(true, Ordering::SeqCst);
@@ -48,6 +61,24 @@ impl Outflow {
         let before = self.queued.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if before == Ok(MAX_QUEUED + 1) {
             self.drained.notify_waiters();
+        }
+        if before == Ok(1) {
+            self.release_if_due();
+        }
+    }
+
+    /// Hands free heap memory back to the OS now if nothing is queued, else once the backlog
+    /// empties (see `heap`).
+    pub(crate) fn release_when_drained(&self) {
+        self.release.store(true, Ordering::SeqCst);
+        if self.backlog() == 0 {
+            self.release_if_due();
+        }
+    }
+
+    fn release_if_due(&self) {
+        if self.release.swap(false, Ordering::SeqCst) {
+            crate::heap::release_freed();
         }
     }
 
@@ -76,7 +107,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_call_waits_while_the_backlog_is_over_the_cap_and_goes_on_as_it_drains() {
-        let flow = Outflow { attached: AtomicBool::new(true), queued: AtomicUsize::new(0), drained: Notify::new() };
+        let flow = Outflow::new(true);
         for _ in 0..MAX_QUEUED + 2 {
             flow.queued();
         }
@@ -88,9 +119,23 @@ mod tests {
         flow.written();
         assert!(futures::poll!(waiting.as_mut()).is_ready(), "at the cap");
         // Nothing counted before attaching, and a stray write never underflows.
-        let idle = Outflow { attached: AtomicBool::new(false), queued: AtomicUsize::new(0), drained: Notify::new() };
+        let idle = Outflow::new(false);
         idle.queued();
         idle.written();
         assert_eq!(idle.backlog(), 0);
+    }
+
+    #[test]
+    fn a_release_waits_for_the_backlog_to_empty() {
+        let flow = Outflow::new(true);
+        flow.queued();
+        flow.queued();
+        flow.release_when_drained();
+        flow.written();
+        assert!(flow.release.load(Ordering::SeqCst), "one update is still queued");
+        flow.written();
+        assert!(!flow.release.load(Ordering::SeqCst), "released as the last was written");
+        flow.release_when_drained();
+        assert!(!flow.release.load(Ordering::SeqCst), "nothing queued: released at once");
     }
 }

@@ -475,6 +475,7 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
+        let log_before = self.session.log_bytes();
         let Queued { message, preamble, reply, durable } = item;
         let mut deferred = Deferred::default();
         let mut end = {
@@ -509,6 +510,11 @@ impl Actor {
             log_durably(&mut self.session, deferred.logs);
         }
         let flushed = self.session.flush().map_err(|e| format!("{e:#}"));
+        // The turn's buffers (its stream, its messages' lines) are gone by now, or with the
+        // updates still on their way to the client.
+        if self.session.log_bytes().saturating_sub(log_before) > crate::heap::RELEASE_AFTER_BYTES {
+            crate::outflow::outflow().release_when_drained();
+        }
         if let Err(e) = &flushed
             && !matches!(end, TurnEnd::Error(_))
         {

@@ -43,20 +43,6 @@ fn completed_history(session: &mut Session) -> Vec<Event> {
     events
 }
 
-/// A call of more chunks than this leaves enough freed memory behind to hand back.
-const FINE_STREAM: usize = 16 * 1024;
-
-/// Hands memory freed by a finely streamed call (its chunk events, their serialized lines, the
-/// list of their seqs) back to the OS: the allocator would otherwise keep it, and the process
-/// would stay as large as the stream's peak for the life of the session.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only returns free heap pages; it takes no pointers.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// How one step ended.
 enum StepEnd {
     /// The model answered without tool calls.
@@ -258,11 +244,7 @@ async fn run_step(
     let Call { blocks, usage, chunk_seqs, .. } = call;
     let message = event::ModelMessage::new(blocks.into_values().collect(), &deps.route.provider, &deps.route.model);
     let calls = message.tool_calls();
-    let streamed = chunk_seqs.len();
     session.push_from(event::AssistantMessage { turn, step, message, usage }, chunk_seqs);
-    if streamed > FINE_STREAM {
-        release_freed_memory();
-    }
     if finish == FinishReason::MaxTokens {
         return abandon(session, turn, step, TurnEndReason::MaxTokens);
     }

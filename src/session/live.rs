@@ -96,6 +96,11 @@ impl Session {
         self.next_seq
     }
 
+    /// The log's size in bytes, counting what is queued to be written.
+    pub fn log_bytes(&self) -> u64 {
+        self.writer.appended_bytes()
+    }
+
     /// Whether the log has no events yet.
     pub fn is_empty(&self) -> bool {
         self.next_seq == 0

@@ -17,6 +17,9 @@ use super::warn::WriteWarnings;
 /// Pending bytes above which an append writes through (without `fsync`).
 const WRITE_THROUGH_BYTES: usize = 1 << 20;
 
+/// The batch buffer's capacity kept after a write.
+const KEPT_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Appends events to one log file.
 #[derive(Debug)]
 pub struct LogWriter {
@@ -153,6 +156,12 @@ impl LogWriter {
         }
     }
 
+    /// The bytes of events appended so far: written or queued (the header not counted until
+    /// the file exists).
+    pub fn appended_bytes(&self) -> u64 {
+        self.committed + self.pending.len() as u64
+    }
+
     /// True when events are queued but not yet durable.
     pub fn is_dirty(&self) -> bool {
         !self.pending.is_empty() || self.unsynced || self.header_line.is_some()
@@ -195,8 +204,9 @@ impl LogWriter {
         }
         self.committed += self.pending.len() as u64;
         self.pending.clear();
-        // One huge line (a message built from a million chunks) must not keep its buffer.
-        self.pending.shrink_to(WRITE_THROUGH_BYTES);
+        // A huge line (a message built from a million chunks) or a full batch must not keep
+        // its buffer for the life of the session.
+        self.pending.shrink_to(KEPT_BUFFER_BYTES);
         self.unsynced = true;
         Ok(())
     }
