@@ -281,6 +281,9 @@ async fn mock_chat_server_with(bodies: Vec<Vec<u8>>) -> Result<String> {
     let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            // The head and the body are two writes: with Nagle on, the body waits for the
+            // client's delayed ACK of the head (40 ms on Linux), which would be timed as kin's.
+            let _ = stream.set_nodelay(true);
             let (bodies, served) = (bodies.clone(), served.clone());
             tokio::spawn(async move {
                 let mut reader = TokioBufReader::new(stream);
