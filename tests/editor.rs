@@ -486,13 +486,7 @@ async fn a_call_waiting_for_permission_is_pending_then_in_progress_once_allowed(
         ("write", json!({"file_path": "b.txt", "content": "two"})),
     ])
     .await;
-    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
-    let mut editor = Editor::start_in("ask", "", &env, "openai/gpt-test");
-    editor.init(json!({}));
-    let session = editor.new_session();
-    let prompt = editor
-        .kin
-        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Write both"}]}));
+    let (mut editor, _, prompt) = prompted(&server, "ask", "", json!({}), "Write both");
     let mut frames = Vec::new();
     // The first write is allowed, the second rejected.
     let mut answers = ["allow-once", "reject-once"].into_iter();
@@ -574,13 +568,7 @@ async fn a_childs_question_is_asked_on_the_parents_delegating_call_for_a_client_
         ("write", json!({"file_path": "note.txt", "content": "noted"})),
     ])
     .await;
-    let env = vec![("OPENAI_BASE_URL", server.uri()), ("OPENAI_API_KEY", "sk-test".into())];
-    let mut editor = Editor::start_in("ask", "", &env, "openai/gpt-test");
-    editor.init(json!({}));
-    let session = editor.new_session();
-    let prompt = editor
-        .kin
-        .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "Delegate"}]}));
+    let (mut editor, session, prompt) = prompted(&server, "ask", "", json!({}), "Delegate");
     let mut frames = Vec::new();
     let mut asked = Vec::new();
     loop {
