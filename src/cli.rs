@@ -9,7 +9,7 @@ use crate::permission::PermissionMode;
 use crate::sandbox::SandboxPolicy;
 
 /// `kin --version`: the crate version and the git commit it was built from.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KIN_GIT_COMMIT"), ")");
+pub(crate) const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("KIN_GIT_COMMIT"), ")");
 
 #[derive(Debug, Parser)]
 #[command(name = "kin", version = VERSION, about = "An ACP agent daemon with durable, continuable child agents")]

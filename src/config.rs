@@ -20,7 +20,7 @@ use crate::subagent::continuation::{ContinuationSettings, ReportDelivery};
 use crate::subagent::external::{AcpPermission, ExternalAgentConfig};
 
 /// The default model route.
-pub const DEFAULT_MODEL: &str = "deepseek/deepseek-v4-flash";
+pub(crate) const DEFAULT_MODEL: &str = "deepseek/deepseek-v4-flash";
 
 /// Settings given on the command line (None = not given).
 #[derive(Debug, Clone, Default)]
@@ -312,7 +312,7 @@ struct AgentSection {
 }
 
 /// Reads environment variables through a function, so tests never touch the process environment.
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// The real process environment (empty values count as unset).
 pub fn process_env(key: &str) -> Option<String> {

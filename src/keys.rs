@@ -63,7 +63,7 @@ impl std::fmt::Display for Stored {
 }
 
 /// The file-name of the credentials file in the config dir.
-pub const FILE_NAME: &str = "credentials.json";
+pub(crate) const FILE_NAME: &str = "credentials.json";
 
 impl KeyStore {
     /// The key stored for `variable`, if any.
@@ -139,7 +139,7 @@ impl KeyStore {
 
 /// The key for `variable`: the environment's (`env`) first, then the store's. A store that
 /// cannot be read counts as holding none (logged without the key).
-pub fn lookup(env: &dyn Fn(&str) -> Option<String>, store: &KeyStore, variable: &str) -> Option<String> {
+pub(crate) fn lookup(env: &dyn Fn(&str) -> Option<String>, store: &KeyStore, variable: &str) -> Option<String> {
     if let Some(key) = env(variable).filter(|v| !v.trim().is_empty()) {
         return Some(key);
     }

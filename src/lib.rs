@@ -4,27 +4,32 @@
 //! (what commands may touch, enforced by the kernel), `prompt` (the system prompt), `agent` (the
 //! turn loop), `runtime` (live sessions), `acp` (the protocol boundary), `scenario` (keyless
 //! replay), then the CLI glue (`cli`, `config`, `commands`). See ARCHITECTURE.md.
+//! Every module is private: the binary, the tests, the example and the fuzz targets use kin
+//! through `testkit`, the one public module.
 
-pub mod acp;
-pub mod agent;
-pub mod bench;
-pub mod cli;
-pub mod commands;
-pub mod config;
+#![warn(unreachable_pub)]
+
+mod acp;
+mod agent;
+mod bench;
+mod cli;
+mod commands;
+mod config;
 mod heap;
-pub mod keys;
-pub mod login;
-pub mod mcp;
-pub mod model;
+mod keys;
+mod login;
+mod mcp;
+mod model;
 mod outflow;
-pub mod permission;
-pub mod prompt;
-pub mod runtime;
-pub mod sandbox;
-pub mod scenario;
-pub mod session;
-pub mod slash;
-pub mod subagent;
-pub mod timefmt;
-pub mod title;
-pub mod tools;
+mod permission;
+mod prompt;
+mod runtime;
+mod sandbox;
+mod scenario;
+mod session;
+mod slash;
+mod subagent;
+pub mod testkit;
+mod timefmt;
+mod title;
+mod tools;

@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use kin::acp::run::{RunRequest, Target};
-use kin::cli::{AcpCommand, Cli, Command, LoginArgs, ScenarioCommand, SessionsCommand};
-use kin::config::{Config, process_env};
-use kin::scenario::RunOptions;
+use kin::testkit::acp::run::{RunRequest, Target};
+use kin::testkit::cli::{AcpCommand, Cli, Command, LoginArgs, ScenarioCommand, SessionsCommand};
+use kin::testkit::config::{Config, process_env};
+use kin::testkit::scenario::RunOptions;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         Command::Run(_)
             | Command::Login(_)
             | Command::Logout { .. }
-            | Command::Acp(kin::cli::AcpArgs { command: Some(_), .. })
+            | Command::Acp(kin::testkit::cli::AcpArgs { command: Some(_), .. })
     );
     let default_level = if quiet { "warn" } else { "info" };
     let logging = init_logging(&config, default_level);
@@ -81,11 +81,11 @@ impl Logging {
 }
 
 /// The runtime `kin acp` and `kin run` serve: the configured model and the coding tools.
-fn build_runtime(config: Config) -> anyhow::Result<std::sync::Arc<kin::runtime::Runtime>> {
-    let model = kin::runtime::model_for(&config)?;
-    let mut tools = kin::tools::ToolRegistry::new();
-    kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
-    kin::runtime::Runtime::new(config, model, tools)
+fn build_runtime(config: Config) -> anyhow::Result<std::sync::Arc<kin::testkit::runtime::Runtime>> {
+    let model = kin::testkit::runtime::model_for(&config)?;
+    let mut tools = kin::testkit::tools::ToolRegistry::new();
+    kin::testkit::tools::builtin::register_coding_tools(&mut tools, kin::testkit::tools::fs::FileState::new());
+    kin::testkit::runtime::Runtime::new(config, model, tools)
 }
 
 /// `kin run`'s prompt: the argument, or stdin for `-` or no argument when stdin is not a
@@ -132,7 +132,7 @@ fn init_logging(config: &Config, default_level: &str) -> Logging {
 
 /// `kin login` (and `kin acp login`, the editor's terminal auth method): 0 when the key is stored.
 async fn login(config: &Config, args: &LoginArgs) -> ExitCode {
-    match kin::login::login(config, args.provider.as_deref(), !args.no_check).await {
+    match kin::testkit::login::login(config, args.provider.as_deref(), !args.no_check).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kin login: {e}");
@@ -143,10 +143,9 @@ async fn login(config: &Config, args: &LoginArgs) -> ExitCode {
 
 async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Acp(kin::cli::AcpArgs { command: Some(AcpCommand::Login(args)), .. }) | Command::Login(args) => {
-            Ok(login(&config, &args).await)
-        }
-        Command::Logout { provider } => Ok(match kin::login::logout(&config, provider.as_deref()) {
+        Command::Acp(kin::testkit::cli::AcpArgs { command: Some(AcpCommand::Login(args)), .. })
+        | Command::Login(args) => Ok(login(&config, &args).await),
+        Command::Logout { provider } => Ok(match kin::testkit::login::logout(&config, provider.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("kin logout: {e}");
@@ -156,7 +155,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         Command::Acp(_) => {
             let max_frame_bytes = config.max_frame_bytes;
             let runtime = build_runtime(config)?;
-            kin::acp::serve_stdio(runtime.clone(), max_frame_bytes).await?;
+            kin::testkit::acp::serve_stdio(runtime.clone(), max_frame_bytes).await?;
             if let Err(unused) = runtime.check_model_consumed() {
                 tracing::error!("replay incomplete: {unused}");
                 return Ok(ExitCode::from(3));
@@ -180,35 +179,44 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             let mode = config.permission_mode;
             let runtime = build_runtime(config)?;
             let request = RunRequest { prompt, cwd, output: args.output.into(), target, mode };
-            let exit = kin::acp::run::run(runtime, request).await?;
+            let exit = kin::testkit::acp::run::run(runtime, request).await?;
             Ok(ExitCode::from(exit.code()))
         }
         Command::Scenario { command: ScenarioCommand::Run { update, compare, out, dirs } } => {
             let exe = std::env::current_exe()?;
             let opts = RunOptions { exe, compare: compare.into(), update, out, record: false };
-            let ok = kin::commands::scenario_run(&dirs, &opts).await?;
+            let ok = kin::testkit::commands::scenario_run(&dirs, &opts).await?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Scenario { command: ScenarioCommand::Record { dirs } } => {
             let exe = std::env::current_exe()?;
-            let opts =
-                RunOptions { exe, compare: kin::scenario::Compare::Exact, update: true, out: None, record: true };
-            let ok = kin::commands::scenario_run(&dirs, &opts).await?;
+            let opts = RunOptions {
+                exe,
+                compare: kin::testkit::scenario::Compare::Exact,
+                update: true,
+                out: None,
+                record: true,
+            };
+            let ok = kin::testkit::commands::scenario_run(&dirs, &opts).await?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         Command::Bench { quick, baseline, save, only } => {
-            let options = kin::bench::Options { quick, baseline, save, only };
-            kin::bench::run(&options, &mut std::io::stdout().lock()).await?;
+            let options = kin::testkit::bench::Options { quick, baseline, save, only };
+            kin::testkit::bench::run(&options, &mut std::io::stdout().lock()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Sessions { command } => match command {
             SessionsCommand::List { cwd } => {
-                kin::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS)
+                kin::testkit::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS)
             }
-            SessionsCommand::Show { id } => kin::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS),
-            SessionsCommand::Delete { id } => kin::commands::sessions_delete(&config, &id).map(|()| ExitCode::SUCCESS),
+            SessionsCommand::Show { id } => {
+                kin::testkit::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS)
+            }
+            SessionsCommand::Delete { id } => {
+                kin::testkit::commands::sessions_delete(&config, &id).map(|()| ExitCode::SUCCESS)
+            }
             SessionsCommand::Check { id } => {
-                let clean = kin::commands::sessions_check(&config, id.as_deref())?;
+                let clean = kin::testkit::commands::sessions_check(&config, id.as_deref())?;
                 Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
             }
         },

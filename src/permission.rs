@@ -201,7 +201,7 @@ pub trait PermissionPrompt: Send + Sync {
 /// when the child starts) or without one (a child resumed later), on a call of its own
 /// (`<child id>/<call id>`), announced first. A grandchild's wrapper asks through its parent's,
 /// so every question reaches the top-level session.
-pub struct OnDelegatingCall {
+pub(crate) struct OnDelegatingCall {
     pub inner: Arc<dyn PermissionPrompt>,
     /// The parent session.
     pub parent: String,
@@ -497,7 +497,7 @@ fn outside_paths(access: &Access, cwd: &Path) -> Vec<PathBuf> {
 /// (`allow_outside` set when the user or the mode let it touch an outside path), or the error that
 /// is its result. Without `permissions` every call runs (and the tools keep their own workspace
 /// check). While a question is open, the call's cancellation dismisses it.
-pub async fn admit(
+pub(crate) async fn admit(
     permissions: Option<Arc<Permissions>>,
     prompt: Option<Arc<dyn PermissionPrompt>>,
     tools: &ToolRegistry,
@@ -568,12 +568,12 @@ fn permission_error(code: &str, message: String) -> ToolError {
 }
 
 /// The result of a call the user rejected (or a request that was dismissed, failed or cancelled).
-pub fn rejected(tool: &str) -> ToolError {
+pub(crate) fn rejected(tool: &str) -> ToolError {
     permission_error("PERMISSION_REJECTED", format!("the user rejected this {tool} call"))
 }
 
 /// The result of a write, edit or command in read-only mode.
-pub fn not_in_read_only(tool: &str) -> ToolError {
+pub(crate) fn not_in_read_only(tool: &str) -> ToolError {
     permission_error("PERMISSION_DENIED", format!("{tool} is not allowed in read-only mode"))
 }
 

@@ -22,7 +22,7 @@ const MAX_INSTRUCTION_BYTES: usize = 64 * 1024;
 
 /// What a prompt is built from.
 #[derive(Debug, Clone, Copy)]
-pub struct PromptSettings<'a> {
+pub(crate) struct PromptSettings<'a> {
     /// The workspace (session cwd).
     pub cwd: Option<&'a Path>,
     pub mode: PermissionMode,
@@ -37,13 +37,13 @@ pub struct PromptSettings<'a> {
 }
 
 /// Today's date in UTC, `YYYY-MM-DD`.
-pub fn today() -> String {
+pub(crate) fn today() -> String {
     let stamp = crate::timefmt::rfc3339(std::time::SystemTime::now());
     stamp.get(..10).unwrap_or(&stamp).to_string()
 }
 
 /// Builds the prompt; fails only when `system_prompt_file` cannot be read.
-pub fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
+pub(crate) fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
     let mut out = match settings.system_prompt_file {
         Some(path) => std::fs::read_to_string(path).map_err(|e| {
             format!("cannot read the system prompt file {} (config key `system_prompt_file`): {e}", path.display())
@@ -57,12 +57,12 @@ pub fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
 }
 
 /// The text of the last `system/prompt` event of a log.
-pub fn recorded(events: &[Event]) -> Option<String> {
+pub(crate) fn recorded(events: &[Event]) -> Option<String> {
     last::<SystemPrompt>(events).map(|p| p.text)
 }
 
 /// The prompt a scenario directory pins: the last `system/prompt` of its `session.jsonl`.
-pub fn pinned(scenario_dir: &Path) -> Option<String> {
+pub(crate) fn pinned(scenario_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(scenario_dir.join("session.jsonl")).ok()?;
     let events: Vec<Event> =
         text.lines().filter_map(|line| Record::parse(line).ok()).flat_map(Record::into_events).collect();

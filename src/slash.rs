@@ -87,7 +87,7 @@ pub struct SlashCommand {
 /// The directories command files are read from for a session in `cwd`, first wins on a name:
 /// the workspace's `.kin/commands` and `.claude/commands`, then `user_dirs` (from the config:
 /// kin's config dir's `commands`, then `~/.claude/commands`).
-pub fn dirs(cwd: Option<&Path>, user_dirs: &[PathBuf]) -> Vec<PathBuf> {
+pub(crate) fn dirs(cwd: Option<&Path>, user_dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(cwd) = cwd {
         dirs.push(cwd.join(".kin/commands"));
@@ -98,7 +98,7 @@ pub fn dirs(cwd: Option<&Path>, user_dirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// The built-ins, then the command files of `dirs` (a name already taken is skipped).
-pub fn discover(dirs: &[PathBuf]) -> Vec<SlashCommand> {
+pub(crate) fn discover(dirs: &[PathBuf]) -> Vec<SlashCommand> {
     let mut commands: Vec<SlashCommand> = Builtin::ALL
         .iter()
         .map(|b| SlashCommand {
@@ -215,7 +215,7 @@ fn front_matter(text: &str) -> (Vec<(&str, &str)>, &str) {
 
 /// A prompt that invokes a command: its first line is `/<name>` or `/<name> <arguments>`.
 /// Returns the name, the arguments and the text after the first line.
-pub fn invocation(text: &str) -> Option<(&str, &str, &str)> {
+pub(crate) fn invocation(text: &str) -> Option<(&str, &str, &str)> {
     let rest = text.trim_start().strip_prefix('/')?;
     let (line, after) = rest.split_once('\n').unwrap_or((rest, ""));
     let (name, arguments) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
@@ -224,7 +224,7 @@ pub fn invocation(text: &str) -> Option<(&str, &str, &str)> {
 
 /// What a prompt that invokes a command becomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expansion {
+pub(crate) enum Expansion {
     /// The text the model gets instead of the invocation.
     Prompt(String),
     /// Compact the history now instead of a turn, the summary focused on this (may be empty).
@@ -233,7 +233,7 @@ pub enum Expansion {
 
 /// The expansion of `command` run with `arguments`, followed by `after` (the rest of the
 /// prompt's text: more lines, an attached file).
-pub fn expand(command: &SlashCommand, arguments: &str, after: &str) -> Expansion {
+pub(crate) fn expand(command: &SlashCommand, arguments: &str, after: &str) -> Expansion {
     let mut text = match &command.action {
         Action::Builtin(Builtin::Compact) => {
             let focus = [arguments, after.trim()].iter().filter(|t| !t.is_empty()).copied().collect::<Vec<_>>();

@@ -29,7 +29,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a title is made from: the prompt the fallback title names and the answer to it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Basis {
+pub(crate) struct Basis {
     pub message_seq: u64,
     pub prompt: String,
     pub answer: String,
@@ -37,7 +37,7 @@ pub struct Basis {
 
 /// The basis for a model title, when the session's last turn wrote its fallback title (so the
 /// model names each session once, right after its first answered prompt).
-pub fn basis(events: &[Event]) -> Option<Basis> {
+pub(crate) fn basis(events: &[Event]) -> Option<Basis> {
     let last_turn = events.iter().rposition(|e| e.kind == Kind::TurnStart)?;
     let title_at = events.iter().rposition(|e| e.kind == Kind::SessionTitle)?;
     let title = events[title_at].get::<SessionTitle>()?;
@@ -70,7 +70,12 @@ fn cut(text: &str, chars: usize) -> String {
 
 /// Asks `route` for a title of the conversation `basis` describes; `None` when the call fails,
 /// times out or answers nothing usable.
-pub async fn ask(model: Arc<dyn Model>, route: ModelRoute, session_id: &str, basis: &Basis) -> Option<SessionTitle> {
+pub(crate) async fn ask(
+    model: Arc<dyn Model>,
+    route: ModelRoute,
+    session_id: &str,
+    basis: &Basis,
+) -> Option<SessionTitle> {
     let conversation =
         format!("User: {}\n\nAssistant: {}", cut(&basis.prompt, MAX_INPUT_CHARS), cut(&basis.answer, MAX_INPUT_CHARS));
     let messages = vec![json!({

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kin::agent::TurnEnd;
-use kin::model::script::ReplayEntry;
-use kin::model::{ModelRoute, text_response, tool_call_response};
-use kin::session::{Event, SessionHeader, SessionStore};
-use kin::subagent::external::{AcpProvider, ExternalAgentConfig};
-use kin::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
-use kin::tools::Caller;
+use kin::testkit::agent::TurnEnd;
+use kin::testkit::model::script::ReplayEntry;
+use kin::testkit::model::{ModelRoute, text_response, tool_call_response};
+use kin::testkit::session::{Event, SessionHeader, SessionStore};
+use kin::testkit::subagent::external::{AcpProvider, ExternalAgentConfig};
+use kin::testkit::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
+use kin::testkit::tools::Caller;
 use serde_json::{Value, json};
 
 #[allow(dead_code)]
@@ -208,7 +208,7 @@ fn sh_agent(key: &str, script: &str, pid_file: &Path) -> ExternalAgentConfig {
 async fn failed_start(dir: &Path, agent: ExternalAgentConfig) -> (SubagentError, Duration) {
     let (rt, _) = runtime(dir, vec![], "");
     let name = agent.name.clone();
-    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent, kin::acp::external_agents()))).unwrap();
+    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent, kin::testkit::acp::external_agents()))).unwrap();
     let started = Instant::now();
     let err = rt.subagents().start(&name, request(&workspace(dir))).await.err().expect("the start fails");
     let took = started.elapsed();
@@ -427,15 +427,15 @@ reply "$prompt" '{"stopReason":"end_turn"}'
 
 /// The editor of these tests: records each question and gives one answer to all.
 struct Editor {
-    answer: kin::permission::PermissionAnswer,
-    asked: std::sync::Mutex<Vec<kin::permission::PermissionRequest>>,
+    answer: kin::testkit::permission::PermissionAnswer,
+    asked: std::sync::Mutex<Vec<kin::testkit::permission::PermissionRequest>>,
 }
 
-impl kin::permission::PermissionPrompt for Editor {
+impl kin::testkit::permission::PermissionPrompt for Editor {
     fn ask(
         &self,
-        request: kin::permission::PermissionRequest,
-    ) -> futures::future::BoxFuture<'static, kin::permission::PermissionAnswer> {
+        request: kin::testkit::permission::PermissionRequest,
+    ) -> futures::future::BoxFuture<'static, kin::testkit::permission::PermissionAnswer> {
         self.asked.lock().unwrap().push(request);
         let answer = self.answer;
         Box::pin(async move { answer })
@@ -448,12 +448,12 @@ impl kin::permission::PermissionPrompt for Editor {
 /// without, a parent this runtime does not hold.
 async fn forwarded(
     dir: &Path,
-    answer: kin::permission::PermissionAnswer,
-    mode: Option<kin::permission::PermissionMode>,
-) -> (String, Vec<kin::permission::PermissionRequest>, PathBuf) {
+    answer: kin::testkit::permission::PermissionAnswer,
+    mode: Option<kin::testkit::permission::PermissionMode>,
+) -> (String, Vec<kin::testkit::permission::PermissionRequest>, PathBuf) {
     let (rt, _) = runtime(dir, vec![], &sh_agent_toml("fw", ASKS_TO_WRITE, "permission = \"forward\"\n"));
     let editor = Arc::new(Editor { answer, asked: Default::default() });
-    rt.connect_client(kin::runtime::ClientLink {
+    rt.connect_client(kin::testkit::runtime::ClientLink {
         prompt: Some(editor.clone()),
         files: None,
         terminals: None,
@@ -480,7 +480,7 @@ async fn forwarded(
 #[tokio::test]
 async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::AllowOnce, None).await;
+    let (output, asked, cwd) = forwarded(dir.path(), kin::testkit::permission::PermissionAnswer::AllowOnce, None).await;
     assert!(output.starts_with("writes offered: yes | "), "{output}");
     assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"yes"}"#), "{output}");
     assert!(output.contains(r#""id":"w","result":null"#), "{output}");
@@ -499,7 +499,8 @@ async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
 #[tokio::test]
 async fn forward_passes_a_rejection_on_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (output, asked, cwd) = forwarded(dir.path(), kin::permission::PermissionAnswer::RejectOnce, None).await;
+    let (output, asked, cwd) =
+        forwarded(dir.path(), kin::testkit::permission::PermissionAnswer::RejectOnce, None).await;
     assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"no"}"#), "{output}");
     assert!(output.contains("the user rejected writing"), "{output}");
     assert!(!cwd.join("notes.txt").exists());
@@ -510,7 +511,7 @@ async fn forward_passes_a_rejection_on_and_writes_nothing() {
 
 #[tokio::test]
 async fn forward_lets_the_parent_session_mode_answer_before_the_editor() {
-    use kin::permission::{PermissionAnswer, PermissionMode};
+    use kin::testkit::permission::{PermissionAnswer, PermissionMode};
     // The editor would reject everything: in bypass the mode allows the edit and the write
     // without asking; in read-only it rejects both without asking.
     for (mode, option, written) in [(PermissionMode::Bypass, "yes", true), (PermissionMode::ReadOnly, "no", false)] {
@@ -527,8 +528,9 @@ async fn forward_lets_the_parent_session_mode_answer_before_the_editor() {
 async fn allow_reads_offers_no_writes_and_rejects_the_edit_without_asking() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), vec![], &sh_agent_toml("ro", ASKS_TO_WRITE, "permission = \"allow-reads\"\n"));
-    let editor = Arc::new(Editor { answer: kin::permission::PermissionAnswer::AllowOnce, asked: Default::default() });
-    rt.connect_client(kin::runtime::ClientLink {
+    let editor =
+        Arc::new(Editor { answer: kin::testkit::permission::PermissionAnswer::AllowOnce, asked: Default::default() });
+    rt.connect_client(kin::testkit::runtime::ClientLink {
         prompt: Some(editor.clone()),
         files: None,
         terminals: None,

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kin::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
-use kin::model::http::RetryPolicy;
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, text_response, tool_call_response};
-use kin::session::{Event, SessionHeader, SessionStore};
-use kin::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use kin::testkit::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
+use kin::testkit::model::http::RetryPolicy;
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::testkit::session::{Event, SessionHeader, SessionStore};
+use kin::testkit::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use serde_json::{Value, json};
 
 /// Echoes its `text` argument after `delay_ms`, counting concurrent calls.
@@ -106,7 +106,7 @@ fn start_with(entries: Vec<ReplayEntry>, max_steps: u32, retry: RetryPolicy) -> 
     Fixture { _dir: dir, store, handle, model, peak, id }
 }
 
-fn chunks(c: Vec<kin::model::StreamChunk>) -> ReplayEntry {
+fn chunks(c: Vec<kin::testkit::model::StreamChunk>) -> ReplayEntry {
     ReplayEntry::Chunks(c)
 }
 
@@ -248,19 +248,19 @@ fn two_calls(name: &str) -> ReplayEntry {
     c.splice(
         3..3,
         second[..3].iter().map(|ch| match ch {
-            kin::model::StreamChunk::BlockStart { block_type, .. } => {
-                kin::model::StreamChunk::BlockStart { index: 1, block_type: block_type.clone() }
+            kin::testkit::model::StreamChunk::BlockStart { block_type, .. } => {
+                kin::testkit::model::StreamChunk::BlockStart { index: 1, block_type: block_type.clone() }
             }
-            kin::model::StreamChunk::ToolCallDelta { id, name, arguments_delta, .. } => {
-                kin::model::StreamChunk::ToolCallDelta {
+            kin::testkit::model::StreamChunk::ToolCallDelta { id, name, arguments_delta, .. } => {
+                kin::testkit::model::StreamChunk::ToolCallDelta {
                     index: 1,
                     id: id.clone(),
                     name: name.clone(),
                     arguments_delta: arguments_delta.clone(),
                 }
             }
-            kin::model::StreamChunk::BlockEnd { block, .. } => {
-                kin::model::StreamChunk::BlockEnd { index: 1, block: block.clone() }
+            kin::testkit::model::StreamChunk::BlockEnd { block, .. } => {
+                kin::testkit::model::StreamChunk::BlockEnd { index: 1, block: block.clone() }
             }
             other => other.clone(),
         }),
@@ -346,7 +346,10 @@ async fn shutdown_disposes_queued_turns_and_flushes() {
 
 /// A response that completes with no content: no block, only the finish.
 fn empty_response() -> ReplayEntry {
-    chunks(vec![kin::model::StreamChunk::Finish { reason: kin::model::FinishReason::Stop, replay_state: None }])
+    chunks(vec![kin::testkit::model::StreamChunk::Finish {
+        reason: kin::testkit::model::FinishReason::Stop,
+        replay_state: None,
+    }])
 }
 
 #[tokio::test(start_paused = true)]

@@ -351,7 +351,7 @@ fn without_the_capability_no_subagent_updates_leak() {
     assert_eq!(usage.len(), 2, "one per model call of the parent");
     assert_eq!(usage[0]["size"], 1_000_000);
     // A child id is still refused for anything but cancel.
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let child = store.list().into_iter().find(|s| s.header.parent_session.is_some()).unwrap().header.id;
     let prompt = json!({"sessionId": child, "prompt": [{"type": "text", "text": "hi"}]});
     refused(&kin.call("session/prompt", prompt), &child);
@@ -463,7 +463,7 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
     let forked = kin.call("session/fork", json!({"sessionId": parent, "cwd": cwd}));
     let fork = forked["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{forked}")).to_string();
     assert!(fork != parent && fork != child);
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let seeded = store.inspect(&fork).unwrap();
     assert!(seeded.header.parent_session.is_none());
     assert!(seeded.events.iter().any(|e| e.kind == "session/end-seed"));
@@ -475,7 +475,7 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
 /// A stored copy of `child`'s log under `id`, created at `created_at`, with `extra` lines
 /// appended (e.g. a second descriptor, which makes it corrupt).
 fn copy_child(sessions: &Path, child: &str, id: &str, created_at: u64, extra: &[Value]) {
-    let store = kin::session::SessionStore::new(sessions);
+    let store = kin::testkit::session::SessionStore::new(sessions);
     let from = store.locate(child).unwrap().unwrap();
     let text = std::fs::read_to_string(&from).unwrap();
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
@@ -490,7 +490,7 @@ fn copy_child(sessions: &Path, child: &str, id: &str, created_at: u64, extra: &[
         lines.push(line.to_string());
     }
     let cwd = header["cwd"].as_str().map(str::to_string);
-    let to = kin::session::layout::log_path(sessions, cwd.as_deref(), id);
+    let to = kin::testkit::session::layout::log_path(sessions, cwd.as_deref(), id);
     std::fs::create_dir_all(to.parent().unwrap()).unwrap();
     std::fs::write(to, lines.join("\n") + "\n").unwrap();
 }
@@ -521,27 +521,29 @@ fn the_reloaded_tree_is_the_catalogs_listing_with_its_diagnostics() {
     let unsupported = "00000000-0000-4000-8000-00000000c002";
     copy_child(&sessions, &child, corrupt, 1, &[descriptor(2)]);
     copy_child(&sessions, &child, unsupported, 2, &[]);
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let path = store.locate(unsupported).unwrap().unwrap();
     let text = std::fs::read_to_string(&path).unwrap().replace("\"version\":2", "\"version\":3");
     std::fs::write(&path, text).unwrap();
     let plain = "00000000-0000-4000-8000-00000000c003";
-    let plain_path = kin::session::layout::log_path(&sessions, cwd.to_str(), plain);
+    let plain_path = kin::testkit::session::layout::log_path(&sessions, cwd.to_str(), plain);
     std::fs::create_dir_all(plain_path.parent().unwrap()).unwrap();
     let header = json!({"type": "session", "version": 0, "id": plain, "createdAt": 3, "cwd": cwd, "parentSession": parent, "delegationDepth": 1});
     std::fs::write(&plain_path, format!("{header}\n")).unwrap();
 
     // What the catalog lists for the parent.
-    let query = kin::session::query::SessionQuery::new(kin::session::query::StoreSource::new(
-        kin::session::SessionStore::new(&sessions),
+    let query = kin::testkit::session::query::SessionQuery::new(kin::testkit::session::query::StoreSource::new(
+        kin::testkit::session::SessionStore::new(&sessions),
         |_: &str| false,
     ));
-    let listed = kin::subagent::catalog::list_children(Some(&query), &parent, &Default::default()).unwrap();
+    let listed = kin::testkit::subagent::catalog::list_children(Some(&query), &parent, &Default::default()).unwrap();
     let listed: Vec<(String, Option<&str>)> = listed
         .iter()
         .map(|e| match e {
-            kin::subagent::catalog::ListEntry::Child { id, .. } => (id.clone(), None),
-            kin::subagent::catalog::ListEntry::Diagnostic { id, reason } => (id.clone(), Some(reason.as_str())),
+            kin::testkit::subagent::catalog::ListEntry::Child { id, .. } => (id.clone(), None),
+            kin::testkit::subagent::catalog::ListEntry::Diagnostic { id, reason } => {
+                (id.clone(), Some(reason.as_str()))
+            }
         })
         .collect();
     assert_eq!(

@@ -58,7 +58,7 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(status.success(), "exit status {status:?}");
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let scanned = store.inspect(&id).unwrap();
     assert!(scanned.torn.is_none());
     let last = scanned.events.last().unwrap();
@@ -73,9 +73,13 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
 fn sessions_commands_list_show_and_check_what_acp_wrote() {
     let tmp = tempfile::tempdir().unwrap();
     let sessions = tmp.path().join("sessions");
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let mut s = store
-        .create(kin::session::SessionHeader::new("cccccccc-0000-4000-8000-000000000001", 5, Some("/proj".into())))
+        .create(kin::testkit::session::SessionHeader::new(
+            "cccccccc-0000-4000-8000-000000000001",
+            5,
+            Some("/proj".into()),
+        ))
         .unwrap();
     s.append("turn/start", json!({"turn":1,"trigger":{"kind":"message","source":{"kind":"user"}}}));
     s.append_surface(
@@ -206,7 +210,7 @@ fn a_full_disk_fails_the_turn_cleanly_and_the_session_recovers() {
     let mut kin = start_limited(&sessions, &replay, &cwd, Some(64));
     let id = open_session(&mut kin, &cwd);
     assert_eq!(prompt(&mut kin, 3, &id, "small")["result"]["stopReason"], "end_turn");
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let committed = store.inspect(&id).unwrap().events.len();
     kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"y".repeat(100_000)}]}}));
     let failed = response(&kin, 4);
@@ -260,7 +264,7 @@ fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_retu
     let mut kin = start_limited(&sessions, &replay, &cwd, None);
     let id = open_session(&mut kin, &cwd);
     assert_eq!(prompt(&mut kin, 3, &id, "small")["result"]["stopReason"], "end_turn");
-    let store = kin::session::SessionStore::new(&sessions);
+    let store = kin::testkit::session::SessionStore::new(&sessions);
     let committed = store.inspect(&id).unwrap().events.len();
     kin.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"z".repeat(200_000)}]}}));
     let failed = response(&kin, 4);

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kin::session::SessionStore;
+use kin::testkit::session::SessionStore;
 use serde_json::{Value, json};
 
 #[allow(dead_code)]

@@ -9,21 +9,21 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use kin::agent::TurnEnd;
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{ModelRoute, text_response, tool_call_response};
-use kin::session::query::{
+use kin::testkit::agent::TurnEnd;
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{ModelRoute, text_response, tool_call_response};
+use kin::testkit::session::query::{
     EventRecord, Lineage, QueryError, QueryFault, QueryService, ReadRequest, SessionLog, SessionQuery, SessionRecord,
     SessionSource, StoreSource, Surface, Trace, Window, merge_records, sibling_order,
 };
-use kin::session::{Event, Kind, Session, SessionHeader, SessionStore};
-use kin::subagent::catalog::{Activity, ListEntry, Mode, QUERY_UNAVAILABLE, Reason, list_children};
-use kin::subagent::control::SendMessageTool;
-use kin::subagent::descriptor::Descriptor;
-use kin::subagent::inprocess::ChildFactory;
-use kin::subagent::list_agents::{DESCRIPTION, ListAgentsTool, render};
-use kin::subagent::{ErrorCode, SubagentError};
-use kin::tools::{Caller, Tool, ToolContext, ToolRegistry};
+use kin::testkit::session::{Event, Kind, Session, SessionHeader, SessionStore};
+use kin::testkit::subagent::catalog::{Activity, ListEntry, Mode, QUERY_UNAVAILABLE, Reason, list_children};
+use kin::testkit::subagent::control::SendMessageTool;
+use kin::testkit::subagent::descriptor::Descriptor;
+use kin::testkit::subagent::inprocess::ChildFactory;
+use kin::testkit::subagent::list_agents::{DESCRIPTION, ListAgentsTool, render};
+use kin::testkit::subagent::{ErrorCode, SubagentError};
+use kin::testkit::tools::{Caller, Tool, ToolContext, ToolRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -153,7 +153,7 @@ fn surface_ev(seq: u64, kind: &str, data: Value, op: Value, sources: Option<Vec<
 
 /// Writes a log as JSONL text, exactly as given.
 fn write_raw(store: &SessionStore, header: &SessionHeader, events: &[Value]) {
-    let path = kin::session::layout::log_path(store.root(), header.cwd.as_deref(), &header.id);
+    let path = kin::testkit::session::layout::log_path(store.root(), header.cwd.as_deref(), &header.id);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let mut text = serde_json::to_string(header).unwrap();
     text.push('\n');
@@ -593,7 +593,7 @@ fn a_known_child_whose_log_or_header_can_no_longer_be_read_is_unavailable_not_go
     std::os::unix::fs::symlink(&file, &d_dir).unwrap();
     let expected = [A, B, C, "child-d"].map(|id| diag(id, Reason::Unavailable));
     assert_eq!(list(&q, P).unwrap(), expected);
-    let tree = kin::subagent::catalog::list_tree(Some(&q), P, 8, &CancellationToken::new()).unwrap();
+    let tree = kin::testkit::subagent::catalog::list_tree(Some(&q), P, 8, &CancellationToken::new()).unwrap();
     assert_eq!(tree.into_iter().map(|t| t.entry).collect::<Vec<_>>(), expected, "the agent tree agrees");
     assert_eq!(list(&q, P).unwrap(), expected, "and stays so at the next scan");
     // Restored, each child lists as before.
@@ -787,7 +787,7 @@ async fn a_child_compacted_for_real_lists_like_its_uncompacted_twin() {
     let before = list(&query(&store, &[]), P).unwrap();
     assert_eq!(before, [cont(A, "twin", Activity::Inactive), cont(B, "twin", Activity::Inactive)]);
     let model = Arc::new(ScriptedModel::new([ReplayEntry::Chunks(text_response(&["Summary of the work."]))]));
-    let deps = kin::agent::AgentDeps {
+    let deps = kin::testkit::agent::AgentDeps {
         model: model.clone(),
         tools: ToolRegistry::new(),
         route: ModelRoute::parse("test/model").unwrap(),
@@ -801,9 +801,9 @@ async fn a_child_compacted_for_real_lists_like_its_uncompacted_twin() {
         retry: Default::default(),
         compaction: Default::default(),
     };
-    let handle = kin::agent::spawn_agent(store.load(A).unwrap(), deps);
+    let handle = kin::testkit::agent::spawn_agent(store.load(A).unwrap(), deps);
     let outcome = handle.compact(None).await.unwrap();
-    assert!(matches!(outcome, kin::agent::compact::Manual::Compacted(_)), "{outcome:?}");
+    assert!(matches!(outcome, kin::testkit::agent::compact::Manual::Compacted(_)), "{outcome:?}");
     handle.shutdown().await;
     let events = store.inspect(A).unwrap().events;
     let replaced = events.iter().find(|e| e.surface_op.as_ref().is_some_and(|op| op["op"] == "replace"));
@@ -1109,7 +1109,7 @@ fn a_listing_stats_each_log_once_cold_and_warm() {
         assert_eq!(list(&q, P).unwrap(), listing);
         assert_eq!(q.source().io().stats, 5 * (round + 1), "warm: one stat per log per listing");
     }
-    let tree = kin::subagent::catalog::list_tree(Some(&q), P, 8, &CancellationToken::new()).unwrap();
+    let tree = kin::testkit::subagent::catalog::list_tree(Some(&q), P, 8, &CancellationToken::new()).unwrap();
     assert_eq!(tree.into_iter().map(|t| t.entry).collect::<Vec<_>>(), listing);
     assert_eq!(q.source().io().stats, 25, "the agent tree too");
     // Outside a listing nothing is pinned: a read checks the log it reads.
@@ -1222,7 +1222,7 @@ fn caller_ctx(id: &str, cancel: CancellationToken) -> ToolContext {
     ToolContext { caller: Some(Arc::new(caller)), ..ToolContext::detached(None, cancel) }
 }
 
-fn text_of(output: &kin::tools::ToolOutput) -> &str {
+fn text_of(output: &kin::testkit::tools::ToolOutput) -> &str {
     output.content[0]["text"].as_str().unwrap()
 }
 
@@ -1644,7 +1644,7 @@ fn indexed(store: &SessionStore) -> SessionQuery {
 }
 
 fn index_file(store: &SessionStore) -> PathBuf {
-    kin::session::catalog_index::path(store.root()).unwrap()
+    kin::testkit::session::catalog_index::path(store.root()).unwrap()
 }
 
 /// Every kind of candidate below P: three continuable children, a labelled and an unlabelled
@@ -1680,7 +1680,7 @@ fn index_corpus() -> (tempfile::TempDir, SessionStore) {
 fn listing_text(q: &dyn QueryService) -> String {
     let entries = list(q, P);
     let rendered = entries.as_ref().map(|e| render(e)).unwrap_or_default();
-    let tree = kin::subagent::catalog::list_tree(Some(q), P, 8, &CancellationToken::new());
+    let tree = kin::testkit::subagent::catalog::list_tree(Some(q), P, 8, &CancellationToken::new());
     format!("{entries:?}\n{rendered}\n{tree:?}")
 }
 
@@ -1691,7 +1691,7 @@ fn unindexed(store: &SessionStore) -> String {
 
 /// A fresh indexed query (a kin process after start) lists exactly what no index lists, cold
 /// and warm; its file operations.
-fn lists_as_without_index(store: &SessionStore, what: &str) -> kin::session::query::SourceIo {
+fn lists_as_without_index(store: &SessionStore, what: &str) -> kin::testkit::session::query::SourceIo {
     let expected = unindexed(store);
     let q = indexed(store);
     assert_eq!(listing_text(&q), expected, "{what}: cold");
@@ -1982,7 +1982,7 @@ fn a_stale_entry_is_never_used_for_a_log_that_changed() {
     lists_as_without_index(&store, "a new child");
     assert_index_used(&store, "a new child");
     // The whole directory of another project removed.
-    std::fs::remove_dir_all(store.root().join(kin::session::layout::project_key("/elsewhere"))).unwrap();
+    std::fs::remove_dir_all(store.root().join(kin::testkit::session::layout::project_key("/elsewhere"))).unwrap();
     lists_as_without_index(&store, "a project gone");
     assert_index_used(&store, "a project gone");
 }

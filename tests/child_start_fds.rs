@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kin::model::script::ReplayEntry;
-use kin::model::text_response;
-use kin::subagent::ErrorCode;
+use kin::testkit::model::script::ReplayEntry;
+use kin::testkit::model::text_response;
+use kin::testkit::subagent::ErrorCode;
 
 #[allow(dead_code)]
 mod common;

@@ -6,13 +6,13 @@
 
 use std::sync::Arc;
 
-use kin::agent::compact::Policy;
-use kin::agent::{AgentDeps, TurnEnd, spawn_agent};
-use kin::model::capacity::{ModelEntry, ModelTable};
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, Purpose, StreamChunk, text_response};
-use kin::session::{SessionHeader, SessionStore};
-use kin::tools::ToolRegistry;
+use kin::testkit::agent::compact::Policy;
+use kin::testkit::agent::{AgentDeps, TurnEnd, spawn_agent};
+use kin::testkit::model::capacity::{ModelEntry, ModelTable};
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{Model, ModelRoute, Purpose, StreamChunk, text_response};
+use kin::testkit::session::{SessionHeader, SessionStore};
+use kin::testkit::tools::ToolRegistry;
 use serde_json::{Value, json};
 
 #[allow(dead_code)]
@@ -267,8 +267,8 @@ async fn overflow_run(provider: &Provider, overflows: usize, compaction: Policy)
         _ => None,
     };
     let route = ModelRoute::parse(provider.route).unwrap();
-    let settings = kin::model::router::ModelSettings::default();
-    let model = kin::model::router::model_for_route(&route, &settings, &env).unwrap();
+    let settings = kin::testkit::model::router::ModelSettings::default();
+    let model = kin::testkit::model::router::model_for_route(&route, &settings, &env).unwrap();
     let (dir, store, end) = prompt_twice(model, route, compaction).await;
     let scripted = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new()));
     (Run { _dir: dir, store, model: scripted }, end, asked)
@@ -484,7 +484,7 @@ async fn slash_compact_is_busy_during_a_turn_then_compacts_with_its_focus_and_sh
 #[test]
 fn the_threshold_scenario_s_step_after_compaction_asks_with_the_summary_and_the_tail() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/compaction-threshold/session.jsonl");
-    let events = kin::session::scan::scan_file(&path).unwrap().events;
+    let events = kin::testkit::session::scan::scan_file(&path).unwrap().events;
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     let start = kinds.iter().position(|k| *k == "compact/start").expect("the scenario compacts");
     assert_eq!(
@@ -498,10 +498,10 @@ fn the_threshold_scenario_s_step_after_compaction_asks_with_the_summary_and_the_
     assert_eq!(checkpoint.surface_op, Some(json!({"op": "replace", "start": prompt, "end": answer})));
     let (opened, summary) = (events[start].seq, events[start + 1].seq);
     assert_eq!(checkpoint.source_event_seqs, Some(vec![opened, summary, prompt, answer]));
-    let request = kin::session::derive_messages(&events[..start + 4]);
+    let request = kin::testkit::session::derive_messages(&events[..start + 4]);
     assert_eq!(request.len(), 2, "{request:?}");
     assert_eq!(request[0]["source"], json!({"kind": "plugin", "plugin": "compact"}));
     assert_eq!(request[0]["content"][1]["text"], "The user gave background for a task and was told it was noted.");
     assert_eq!(request[1]["content"][0]["text"], "What next?");
-    kin::session::surface::validate(&events).unwrap();
+    kin::testkit::session::surface::validate(&events).unwrap();
 }

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use kin::agent::TurnEnd;
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{text_response, tool_call_response};
-use kin::runtime::Runtime;
-use kin::subagent::ErrorCode;
+use kin::testkit::agent::TurnEnd;
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{text_response, tool_call_response};
+use kin::testkit::runtime::Runtime;
+use kin::testkit::subagent::ErrorCode;
 use serde_json::json;
 
 #[allow(dead_code)]

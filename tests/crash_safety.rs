@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kin::session::{Record, SessionStore};
+use kin::testkit::session::{Record, SessionStore};
 use serde_json::{Value, json};
 
 #[allow(dead_code)]

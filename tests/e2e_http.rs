@@ -106,7 +106,7 @@ async fn kin_acp_completes_a_tool_turn_against_a_loopback_deepseek() {
     assert_eq!(tool_message["tool_call_id"], "call_1");
     assert!(tool_message["content"].as_str().unwrap().contains("1: hi"));
     let log = std::fs::read_to_string(
-        kin::session::SessionStore::new(tmp.path().join("sessions")).locate(&id).unwrap().unwrap(),
+        kin::testkit::session::SessionStore::new(tmp.path().join("sessions")).locate(&id).unwrap().unwrap(),
     )
     .unwrap();
     assert!(log.contains("\"type\":\"llm/retry\""), "the retry is in the session log");

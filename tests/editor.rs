@@ -903,7 +903,7 @@ async fn a_cancelled_terminal_command_is_killed_and_released_and_a_timed_out_one
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confined_command_stays_local_and_only_an_allowed_escalation_uses_the_terminal() {
-    if !kin::sandbox::landlock_for_tests() {
+    if !kin::testkit::sandbox::landlock_for_tests() {
         return;
     }
     let calls = [

@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kin::agent::TurnEnd;
-use kin::model::script::ReplayEntry;
-use kin::model::{ModelRoute, text_response, tool_call_response};
-use kin::session::{Event, SessionHeader};
-use kin::subagent::external::{AcpProvider, ExternalAgentConfig, MAX_OUTPUT_BYTES};
-use kin::subagent::{ErrorCode, StartRequest, StopReason, SubagentResult};
-use kin::tools::Caller;
+use kin::testkit::agent::TurnEnd;
+use kin::testkit::model::script::ReplayEntry;
+use kin::testkit::model::{ModelRoute, text_response, tool_call_response};
+use kin::testkit::session::{Event, SessionHeader};
+use kin::testkit::subagent::external::{AcpProvider, ExternalAgentConfig, MAX_OUTPUT_BYTES};
+use kin::testkit::subagent::{ErrorCode, StartRequest, StopReason, SubagentResult};
+use kin::testkit::tools::Caller;
 use serde_json::json;
 
 #[allow(dead_code)]
@@ -55,10 +55,10 @@ fn request(cwd: &Path) -> StartRequest {
 }
 
 /// Runs `agent` once through the service; its result, or the start's error.
-async fn run(dir: &Path, agent: ExternalAgentConfig) -> Result<SubagentResult, kin::subagent::SubagentError> {
+async fn run(dir: &Path, agent: ExternalAgentConfig) -> Result<SubagentResult, kin::testkit::subagent::SubagentError> {
     let (rt, _) = runtime(dir, vec![], "");
     let name = agent.name.clone();
-    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent, kin::acp::external_agents()))).unwrap();
+    rt.subagents().register_provider(Arc::new(AcpProvider::new(agent, kin::testkit::acp::external_agents()))).unwrap();
     let run = match rt.subagents().start(&name, request(&workspace(dir))).await {
         Ok(run) => run,
         Err(e) => {

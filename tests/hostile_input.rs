@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kin::session::query::{SessionQuery, StoreSource};
-use kin::session::{Event, SessionHeader, SessionStore};
-use kin::subagent::catalog::{ListEntry, list_children};
+use kin::testkit::session::query::{SessionQuery, StoreSource};
+use kin::testkit::session::{Event, SessionHeader, SessionStore};
+use kin::testkit::subagent::catalog::{ListEntry, list_children};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +24,7 @@ fn child_header(id: &str, parent: &str) -> SessionHeader {
 
 /// The log path a child with `id` would have, with its directory created.
 fn slot(root: &Path, id: &str) -> PathBuf {
-    let path = kin::session::layout::log_path(root, Some(CWD), id);
+    let path = kin::testkit::session::layout::log_path(root, Some(CWD), id);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     path
 }

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kin::session::{Event, SessionStore};
+use kin::testkit::session::{Event, SessionStore};
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
@@ -559,7 +559,7 @@ fn sigkills_while_follow_ups_queue_lose_and_duplicate_nothing() {
     world.load(&mut kin, &parent);
     let settled = |child: &String| {
         let events = world.events(child);
-        let pending = kin::session::inbox::fold(&events, 0).map(|inbox| inbox.is_idle()).unwrap_or(false);
+        let pending = kin::testkit::session::inbox::fold(&events, 0).map(|inbox| inbox.is_idle()).unwrap_or(false);
         let ran = user_texts(&events);
         pending && inserted(&events).iter().all(|m| ran.contains(m))
     };

@@ -159,7 +159,7 @@ async fn a_piped_key_is_checked_stored_and_used_and_logout_removes_it() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains(GOOD) && !stderr.contains(BAD), "no key in the logs");
     let log = std::fs::read_to_string(
-        kin::session::SessionStore::new(home.path().join("sessions")).locate(&id).unwrap().unwrap(),
+        kin::testkit::session::SessionStore::new(home.path().join("sessions")).locate(&id).unwrap().unwrap(),
     )
     .unwrap();
     assert!(!log.contains(GOOD), "no key in the session log");

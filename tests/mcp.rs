@@ -213,7 +213,7 @@ impl Kin {
 
     /// The session log.
     fn log(&self) -> String {
-        let store = kin::session::SessionStore::new(self.path("sessions"));
+        let store = kin::testkit::session::SessionStore::new(self.path("sessions"));
         std::fs::read_to_string(store.locate(&self.session).unwrap().unwrap()).unwrap()
     }
 
@@ -729,7 +729,7 @@ async fn resume_close_and_load_start_and_stop_the_servers() {
     assert!(forked["result"]["sessionId"].is_string(), "{forked}");
     wait_for("the fork's server", || pids(&second).len() == 2);
     let last = pids(&first)[1];
-    let store = kin::session::SessionStore::new(kin.path("sessions"));
+    let store = kin::testkit::session::SessionStore::new(kin.path("sessions"));
     let path = store.locate(&id).unwrap().unwrap();
     let tmp = kin.stop_keeping_files();
     assert!(!running(last), "stopped on exit");

@@ -7,10 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kin::model::http::{RetryInfo, RetryNotice, RetryPolicy, Server};
-use kin::model::openai::{OpenAiConfig, OpenAiModel};
-use kin::model::router::{ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice};
-use kin::model::{
+use kin::testkit::model::http::{RetryInfo, RetryNotice, RetryPolicy, Server};
+use kin::testkit::model::openai::{OpenAiConfig, OpenAiModel};
+use kin::testkit::model::router::{
+    ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice,
+};
+use kin::testkit::model::{
     ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, ModelRoute, StreamChunk, ToolSchema,
 };
 use serde_json::{Value, json};
@@ -72,7 +74,7 @@ fn request(route: &str, messages: Vec<Value>) -> ModelRequest {
             description: "Read a file".into(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
         }],
-        purpose: kin::model::Purpose::Step,
+        purpose: kin::testkit::model::Purpose::Step,
         max_tokens: None,
     }
 }

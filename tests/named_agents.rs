@@ -168,7 +168,7 @@ fn write(path: &Path, text: &str) {
 }
 
 fn read_log(root: &Path, id: &str) -> Vec<Value> {
-    let store = kin::session::SessionStore::new(root.join("sessions"));
+    let store = kin::testkit::session::SessionStore::new(root.join("sessions"));
     let path = store.locate(id).unwrap().unwrap_or_else(|| panic!("no log for {id}"));
     std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
@@ -181,7 +181,7 @@ fn descriptor(log: &[Value]) -> Value {
 
 /// The id of the one child session kin created (its `session` header names a parent).
 fn only_child(root: &Path, parent: &str) -> String {
-    let store = kin::session::SessionStore::new(root.join("sessions"));
+    let store = kin::testkit::session::SessionStore::new(root.join("sessions"));
     let parent_log = store.locate(parent).unwrap().unwrap();
     // <sessions>/<project>/<session>/<log>: the children are sessions of the same project.
     let dir = parent_log.parent().unwrap().parent().unwrap();
@@ -271,7 +271,7 @@ async fn child_requests(server: &MockServer, marker: &str) -> Vec<Value> {
 /// Waits until the child's log holds `turns` completed turns and no open one.
 async fn until_turns(root: &Path, child: &str, turns: usize) {
     common::until(&format!("{turns} child turns ended"), || {
-        let Ok(Some(path)) = kin::session::SessionStore::new(root.join("sessions")).locate(child) else {
+        let Ok(Some(path)) = kin::testkit::session::SessionStore::new(root.join("sessions")).locate(child) else {
             return false;
         };
         let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -469,7 +469,7 @@ async fn an_agents_permission_mode_only_narrows_and_its_turn_limit_applies() {
         "Error: subagent run failed: the model used all 1 steps of this turn without a final answer \
          (raise agent.max_steps to allow more)"
     );
-    let store = kin::session::SessionStore::new(root.join("sessions"));
+    let store = kin::testkit::session::SessionStore::new(root.join("sessions"));
     let mut brief_log = None;
     for path in walk(store.locate(&session).unwrap().unwrap().parent().unwrap().parent().unwrap()) {
         let text = std::fs::read_to_string(&path).unwrap();

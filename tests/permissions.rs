@@ -8,16 +8,16 @@ use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kin::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, text_response, tool_call_response};
-use kin::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
-use kin::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
-use kin::session::{Event, SessionHeader, SessionStore};
-use kin::tools::bash::BashTool;
-use kin::tools::builtin::register_coding_tools;
-use kin::tools::fs::FileState;
-use kin::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use kin::testkit::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::testkit::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
+use kin::testkit::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
+use kin::testkit::session::{Event, SessionHeader, SessionStore};
+use kin::testkit::tools::bash::BashTool;
+use kin::testkit::tools::builtin::register_coding_tools;
+use kin::testkit::tools::fs::FileState;
+use kin::testkit::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use serde_json::{Value, json};
 
 /// Answers from a list (then dismisses), recording what it was asked.

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kin::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
-use kin::tools::bash::BashTool;
-use kin::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use kin::testkit::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
+use kin::testkit::tools::bash::BashTool;
+use kin::testkit::tools::{Tool, ToolContext, ToolError, ToolOutput};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

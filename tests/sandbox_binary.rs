@@ -226,7 +226,7 @@ fn sandbox_value(response: &Value) -> String {
 }
 
 fn session_events(s: &Setup, id: &str) -> Vec<Value> {
-    let store = kin::session::SessionStore::new(s.root.join("sessions"));
+    let store = kin::testkit::session::SessionStore::new(s.root.join("sessions"));
     store.inspect(id).unwrap().events.into_iter().map(|e| json!({"type": e.kind, "data": e.data})).collect()
 }
 
@@ -302,18 +302,18 @@ fn the_editor_sees_the_sandbox_on_the_call() {
 // ---------------------------------------------------------------------------------------------
 // children inherit the sandbox
 
-fn bash_result(events: &[kin::session::Event]) -> String {
+fn bash_result(events: &[kin::testkit::session::Event]) -> String {
     let result = events.iter().find(|e| e.kind == "tool/result").expect("a bash result");
     result.data["message"]["content"][0]["content"][0]["text"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_child_runs_its_commands_in_the_parents_sandbox() {
-    if !kin::sandbox::landlock_for_tests() {
+    if !kin::testkit::sandbox::landlock_for_tests() {
         return;
     }
-    use kin::model::script::{ReplayEntry, ScriptedModel};
-    use kin::model::{Model, text_response, tool_call_response};
+    use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+    use kin::testkit::model::{Model, text_response, tool_call_response};
     let s = setup();
     let command = format!("echo x > inside; echo x > {}/o; echo ran", s.outside.display());
     let args = json!({"command": command, "description": "write"}).to_string();
@@ -323,20 +323,21 @@ async fn a_background_child_runs_its_commands_in_the_parents_sandbox() {
     );
     let config_path = s.root.join("config.toml");
     std::fs::write(&config_path, "sandbox = \"workspace-write\"\npermission_mode = \"bypass\"\n").unwrap();
-    let overrides = kin::config::Overrides {
+    let overrides = kin::testkit::config::Overrides {
         config: Some(config_path),
         sessions: Some(s.root.join("sessions")),
         ..Default::default()
     };
-    let config = kin::config::Config::resolve(&overrides, &|_| None).unwrap();
-    let mut tools = kin::tools::ToolRegistry::new();
-    kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
+    let config = kin::testkit::config::Config::resolve(&overrides, &|_| None).unwrap();
+    let mut tools = kin::testkit::tools::ToolRegistry::new();
+    kin::testkit::tools::builtin::register_coding_tools(&mut tools, kin::testkit::tools::fs::FileState::new());
     let rt =
-        kin::runtime::Runtime::new(config, std::sync::Arc::new(model) as std::sync::Arc<dyn Model>, tools).unwrap();
+        kin::testkit::runtime::Runtime::new(config, std::sync::Arc::new(model) as std::sync::Arc<dyn Model>, tools)
+            .unwrap();
     let parent = rt.new_session(&s.ws, std::sync::Arc::new(common::Quiet)).unwrap();
     let header = rt.store().inspect(&parent).unwrap().header;
-    let route = kin::model::ModelRoute::parse("test/m").unwrap();
-    let caller = std::sync::Arc::new(kin::tools::Caller { header, depth: 0, route, history: None });
+    let route = kin::testkit::model::ModelRoute::parse("test/m").unwrap();
+    let caller = std::sync::Arc::new(kin::testkit::tools::Caller { header, depth: 0, route, history: None });
     let manager = rt.continuation().clone();
     let (child, _) =
         manager.start("spawn", "writer".into(), common::start_request(&caller, "write around")).await.unwrap();
@@ -350,7 +351,7 @@ async fn a_background_child_runs_its_commands_in_the_parents_sandbox() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acp_child_that_is_kin_runs_in_its_configured_sandbox() {
-    if !kin::sandbox::landlock_for_tests() {
+    if !kin::testkit::sandbox::landlock_for_tests() {
         return;
     }
     let s = setup();
@@ -371,15 +372,15 @@ async fn an_acp_child_that_is_kin_runs_in_its_configured_sandbox() {
         quote(&child_sessions),
     );
     let (rt, _) = common::runtime(&s.root, vec![], &config);
-    let header = kin::session::SessionHeader::new("parent-1", 1, Some(s.ws.display().to_string()));
-    let route = kin::model::ModelRoute::parse("p/m").unwrap();
-    let caller = std::sync::Arc::new(kin::tools::Caller { header, depth: 0, route, history: None });
-    let request = kin::subagent::StartRequest { max_depth: None, ..common::start_request(&caller, PROMPT) };
+    let header = kin::testkit::session::SessionHeader::new("parent-1", 1, Some(s.ws.display().to_string()));
+    let route = kin::testkit::model::ModelRoute::parse("p/m").unwrap();
+    let caller = std::sync::Arc::new(kin::testkit::tools::Caller { header, depth: 0, route, history: None });
+    let request = kin::testkit::subagent::StartRequest { max_depth: None, ..common::start_request(&caller, PROMPT) };
     let run = rt.subagents().start("acp:kin", request).await.unwrap();
     let result = tokio::time::timeout(T, run.result).await.unwrap().unwrap().unwrap();
     (run.dispose)().await.unwrap();
     assert_eq!(result.output, "done");
-    let store = kin::session::SessionStore::new(&child_sessions);
+    let store = kin::testkit::session::SessionStore::new(&child_sessions);
     let child = store.list().into_iter().next().expect("the child's session");
     let result = bash_result(&store.inspect(&child.header.id).unwrap().events);
     assert!(result.starts_with("ran\n"), "{result}");
@@ -390,7 +391,7 @@ async fn an_acp_child_that_is_kin_runs_in_its_configured_sandbox() {
 
 #[test]
 fn kin_run_with_a_sandbox_runs_commands_in_accept_edits_confined_to_the_workspace() {
-    if !kin::sandbox::landlock_for_tests() {
+    if !kin::testkit::sandbox::landlock_for_tests() {
         return;
     }
     let s = setup();

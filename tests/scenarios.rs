@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use kin::commands::scenario_dirs;
-use kin::scenario::{Compare, RunOptions, run};
+use kin::testkit::commands::scenario_dirs;
+use kin::testkit::scenario::{Compare, RunOptions, run};
 
 /// dsh fixtures whose feature belongs to a later issue, with the issue that brings it.
 /// This list only shrinks: a listed fixture that starts passing fails the test until removed.

@@ -9,14 +9,14 @@ use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{text_response, tool_call_response};
-use kin::session::SessionHeader;
-use kin::subagent::catalog::{ListEntry, Mode};
-use kin::subagent::{
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{text_response, tool_call_response};
+use kin::testkit::session::SessionHeader;
+use kin::testkit::subagent::catalog::{ListEntry, Mode};
+use kin::testkit::subagent::{
     Capabilities, ErrorCode, Lifecycle, ResolvedStart, StopReason, SubagentError, SubagentProvider, SubagentRun,
 };
-use kin::tools::Caller;
+use kin::testkit::tools::Caller;
 use serde_json::json;
 
 #[allow(dead_code)]
@@ -64,8 +64,12 @@ async fn a_report_to_a_parent_that_is_not_live_is_parent_unavailable() {
     let (rt, _) = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
     // The parent is a session no agent holds in this process.
     let header = SessionHeader::new("00000000-0000-4000-8000-0000000000aa", 1, Some(dir.path().display().to_string()));
-    let ghost =
-        Arc::new(Caller { header, depth: 0, route: kin::model::ModelRoute::parse("p/m").unwrap(), history: None });
+    let ghost = Arc::new(Caller {
+        header,
+        depth: 0,
+        route: kin::testkit::model::ModelRoute::parse("p/m").unwrap(),
+        history: None,
+    });
     let manager = rt.continuation().clone();
     let (child, _) = manager.start("spawn", "orphan".into(), start_request(&ghost, "work")).await.unwrap();
     let err = manager.report(&child, "progress").await.unwrap_err();
@@ -229,7 +233,10 @@ async fn a_continuable_fork_runs_for_real_with_its_descriptor_right_after_the_se
     let (rt, model) = runtime_with(dir.path(), model, "");
     let (parent_id, _) = parent(&rt, dir.path());
     for prompt in ["remember 42", "fork now"] {
-        assert_eq!(rt.prompt(&parent_id, text(prompt)).unwrap().await.unwrap(), kin::agent::TurnEnd::Completed);
+        assert_eq!(
+            rt.prompt(&parent_id, text(prompt)).unwrap().await.unwrap(),
+            kin::testkit::agent::TurnEnd::Completed
+        );
     }
     let child = rt
         .store()
@@ -278,7 +285,7 @@ async fn a_continuable_childs_persona_and_tool_filter_apply_at_start_and_on_cold
     let mut request = start_request(&caller, "go");
     request.persona = Some("You are PERSONA-X.".into());
     request.tool_filter =
-        Some(kin::subagent::descriptor::ToolFilter { allow: None, deny: Some(vec!["subagent*".into()]) });
+        Some(kin::testkit::subagent::descriptor::ToolFilter { allow: None, deny: Some(vec!["subagent*".into()]) });
     let (child, _) = manager.start("spawn", "styled".into(), request).await.unwrap();
     until("the styled child to settle", || !manager.is_resident(&child)).await;
     // Cold resume: the Activation is gone, the descriptor is read back from the log.
@@ -311,7 +318,10 @@ async fn a_child_whose_agent_stopped_outside_the_manager_still_settles_and_resum
     // Its turn is running (a queued one would stay pending and run again on resume).
     until("the child's model call", || calls_of(&model, &child).len() == 1).await;
     // The child's agent stops behind the manager's back: its final flush can never be retried.
-    kin::subagent::inprocess::ChildFactory::live_agent(&*rt, &child).expect("the child's agent").shutdown().await;
+    kin::testkit::subagent::inprocess::ChildFactory::live_agent(&*rt, &child)
+        .expect("the child's agent")
+        .shutdown()
+        .await;
     until("the stopped child to settle", || !manager.is_resident(&child)).await;
     assert_eq!(epochs(&events.lock().unwrap(), &child).iter().map(|(_, k)| *k).collect::<Vec<_>>(), ["start", "end"]);
     // Its log is intact, so a follow-up resumes it cold.

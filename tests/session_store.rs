@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kin::session::layout::log_path;
-use kin::session::scan::scan_bytes;
-use kin::session::{Record, SessionHeader, SessionStore, StoreError};
+use kin::testkit::session::layout::log_path;
+use kin::testkit::session::scan::scan_bytes;
+use kin::testkit::session::{Record, SessionHeader, SessionStore, StoreError};
 use serde_json::json;
 
 fn fixture_logs() -> Vec<PathBuf> {

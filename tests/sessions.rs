@@ -38,8 +38,8 @@ impl Dirs {
     fn sessions(&self) -> PathBuf {
         self.tmp.path().join("sessions")
     }
-    fn store(&self) -> kin::session::SessionStore {
-        kin::session::SessionStore::new(self.sessions())
+    fn store(&self) -> kin::testkit::session::SessionStore {
+        kin::testkit::session::SessionStore::new(self.sessions())
     }
 }
 

@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::session::{Event, SessionHeader, SessionStore};
-use kin::subagent::control::{InterruptTool, SendMessageTool};
-use kin::tools::{Caller, Tool, ToolContext, ToolError};
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::session::{Event, SessionHeader, SessionStore};
+use kin::testkit::subagent::control::{InterruptTool, SendMessageTool};
+use kin::testkit::tools::{Caller, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -154,11 +154,11 @@ async fn a_child_the_catalog_calls_corrupt_or_unsupported_is_refused_with_that_r
     interrupted(&store, child_header(duplicated, &me), vec![descriptor(0, 2), descriptor(1, 2)]);
     let future = "88888888-8888-4888-8888-888888888888";
     interrupted(&store, child_header(future, &me), vec![descriptor(0, 3)]);
-    let listed = kin::subagent::list_agents::render(
-        &kin::subagent::catalog::list_children(
-            Some(&kin::session::query::SessionQuery::new(kin::session::query::StoreSource::persisted_only(
-                store.clone(),
-            ))),
+    let listed = kin::testkit::subagent::list_agents::render(
+        &kin::testkit::subagent::catalog::list_children(
+            Some(&kin::testkit::session::query::SessionQuery::new(
+                kin::testkit::session::query::StoreSource::persisted_only(store.clone()),
+            )),
             &me,
             &CancellationToken::new(),
         )

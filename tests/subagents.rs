@@ -8,24 +8,24 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kin::agent::{TurnEnd, completed_prefix};
-use kin::config::{Config, Overrides};
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute, text_response, tool_call_response};
-use kin::runtime::Runtime;
-use kin::session::{Event, SessionHeader};
-use kin::subagent::{
+use kin::testkit::agent::{TurnEnd, completed_prefix};
+use kin::testkit::config::{Config, Overrides};
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::testkit::runtime::Runtime;
+use kin::testkit::session::{Event, SessionHeader};
+use kin::testkit::subagent::{
     Capabilities, ErrorCode, Lifecycle, ResolvedStart, StartRequest, StopReason, SubagentError, SubagentProvider,
     SubagentRun, child_depth,
 };
-use kin::tools::{Caller, ToolRegistry};
+use kin::testkit::tools::{Caller, ToolRegistry};
 use serde_json::{Value, json};
 
 #[allow(dead_code)]
 mod common;
 use common::{Quiet, runtime, start_request};
 
-fn chunks(c: Vec<kin::model::StreamChunk>) -> ReplayEntry {
+fn chunks(c: Vec<kin::testkit::model::StreamChunk>) -> ReplayEntry {
     ReplayEntry::Chunks(c)
 }
 
@@ -262,7 +262,7 @@ async fn a_child_inherits_its_parents_permission_mode() {
         Overrides { config: Some(config_path), sessions: Some(dir.path().join("sessions")), ..Default::default() };
     let config = Config::resolve(&overrides, &|_| None).unwrap();
     let mut tools = ToolRegistry::new();
-    kin::tools::builtin::register_coding_tools(&mut tools, kin::tools::fs::FileState::new());
+    kin::testkit::tools::builtin::register_coding_tools(&mut tools, kin::testkit::tools::fs::FileState::new());
     let rt = Runtime::new(config, Arc::new(ScriptedModel::new(entries)) as Arc<dyn Model>, tools).unwrap();
     let cwd = dir.path().join("cwd");
     std::fs::create_dir_all(&cwd).unwrap();
@@ -297,13 +297,17 @@ impl SubagentProvider for FailingRun {
     fn start(&self, _: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
         let (tx, result) = tokio::sync::oneshot::channel();
         let _ = tx.send(Err(SubagentError::new(ErrorCode::Infrastructure, "published run failed")));
-        let dispose: kin::subagent::Dispose = Box::new(|| async { Err("handle disposal failed".to_string()) }.boxed());
+        let dispose: kin::testkit::subagent::Dispose =
+            Box::new(|| async { Err("handle disposal failed".to_string()) }.boxed());
         async move { Ok(SubagentRun { id: "run-1".into(), local: false, cwd: None, result, dispose }) }.boxed()
     }
 }
 
-fn delegate(service: Arc<kin::subagent::SubagentService>, provider: &str) -> kin::subagent::tools::DelegateTool {
-    let config = kin::subagent::tools::DelegateConfig {
+fn delegate(
+    service: Arc<kin::testkit::subagent::SubagentService>,
+    provider: &str,
+) -> kin::testkit::subagent::tools::DelegateTool {
+    let config = kin::testkit::subagent::tools::DelegateConfig {
         tool_name: "subagent".into(),
         provider: provider.into(),
         max_depth: Some(3),
@@ -314,11 +318,11 @@ fn delegate(service: Arc<kin::subagent::SubagentService>, provider: &str) -> kin
         note: None,
         external: false,
     };
-    kin::subagent::tools::DelegateTool::new(config, service, None).unwrap()
+    kin::testkit::subagent::tools::DelegateTool::new(config, service, None).unwrap()
 }
 
-fn tool_context(caller: Arc<Caller>) -> kin::tools::ToolContext {
-    kin::tools::ToolContext {
+fn tool_context(caller: Arc<Caller>) -> kin::testkit::tools::ToolContext {
+    kin::testkit::tools::ToolContext {
         session_id: caller.header.id.clone(),
         cwd: None,
         call_id: "c1".into(),
@@ -333,8 +337,8 @@ fn tool_context(caller: Arc<Caller>) -> kin::tools::ToolContext {
 
 #[tokio::test]
 async fn a_failed_run_names_its_cause_and_the_failed_disposal() {
-    use kin::tools::Tool;
-    let service = Arc::new(kin::subagent::SubagentService::new());
+    use kin::testkit::tools::Tool;
+    let service = Arc::new(kin::testkit::subagent::SubagentService::new());
     service.register_provider(Arc::new(FailingRun)).unwrap();
     let ends = Arc::new(Mutex::new(Vec::new()));
     let seen = ends.clone();
@@ -424,57 +428,64 @@ async fn a_depth_rejection_inside_a_grandchild_reaches_the_parent_in_the_childs_
 /// when `start_agent` returns: the first submission to it fails, after the child's log exists.
 struct ClosingFactory(Arc<Runtime>);
 
-impl kin::subagent::inprocess::ChildFactory for ClosingFactory {
+impl kin::testkit::subagent::inprocess::ChildFactory for ClosingFactory {
     fn mint_id(&self) -> String {
         self.0.mint_id()
     }
-    fn create_session(&self, header: SessionHeader, seed: Vec<Event>) -> Result<kin::session::Session, SubagentError> {
+    fn create_session(
+        &self,
+        header: SessionHeader,
+        seed: Vec<Event>,
+    ) -> Result<kin::testkit::session::Session, SubagentError> {
         self.0.create_session(header, seed)
     }
-    fn load_session(&self, id: &str) -> Result<(kin::session::Session, kin::agent::Restored), String> {
-        kin::subagent::inprocess::ChildFactory::load_session(&*self.0, id)
+    fn load_session(
+        &self,
+        id: &str,
+    ) -> Result<(kin::testkit::session::Session, kin::testkit::agent::Restored), String> {
+        kin::testkit::subagent::inprocess::ChildFactory::load_session(&*self.0, id)
     }
     fn stored_header(&self, id: &str) -> Option<SessionHeader> {
-        kin::subagent::inprocess::ChildFactory::stored_header(&*self.0, id)
+        kin::testkit::subagent::inprocess::ChildFactory::stored_header(&*self.0, id)
     }
     fn stored_events(&self, id: &str) -> Result<Vec<Event>, String> {
         self.0.stored_events(id)
     }
     fn stored_subagents(&self) -> Vec<SessionHeader> {
-        kin::subagent::inprocess::ChildFactory::stored_subagents(&*self.0)
+        kin::testkit::subagent::inprocess::ChildFactory::stored_subagents(&*self.0)
     }
     fn start_agent(
         &self,
-        session: kin::session::Session,
-        restored: kin::agent::Restored,
-        setup: kin::subagent::inprocess::ChildSetup,
-    ) -> kin::agent::AgentHandle {
+        session: kin::testkit::session::Session,
+        restored: kin::testkit::agent::Restored,
+        setup: kin::testkit::subagent::inprocess::ChildSetup,
+    ) -> kin::testkit::agent::AgentHandle {
         let handle = self.0.start_agent(session, restored, setup);
         tokio::task::block_in_place(|| futures::executor::block_on(handle.shutdown()));
         handle
     }
-    fn live_agent(&self, id: &str) -> Option<kin::agent::AgentHandle> {
+    fn live_agent(&self, id: &str) -> Option<kin::testkit::agent::AgentHandle> {
         self.0.live_agent(id)
     }
     fn release(&self, id: &str) {
         self.0.release(id)
     }
-    fn agent_now(&self, session_id: &str, name: &str) -> Option<kin::subagent::agents::Launch> {
-        kin::subagent::inprocess::ChildFactory::agent_now(&*self.0, session_id, name)
+    fn agent_now(&self, session_id: &str, name: &str) -> Option<kin::testkit::subagent::agents::Launch> {
+        kin::testkit::subagent::inprocess::ChildFactory::agent_now(&*self.0, session_id, name)
     }
-    fn roll_back<'a>(&'a self, id: &'a str, handle: Option<kin::agent::AgentHandle>) -> BoxFuture<'a, ()> {
+    fn roll_back<'a>(&'a self, id: &'a str, handle: Option<kin::testkit::agent::AgentHandle>) -> BoxFuture<'a, ()> {
         self.0.roll_back(id, handle)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_fails_after_creating_the_child_leaves_nothing_behind() {
-    use kin::subagent::continuation::{ContinuationManager, ContinuationSettings};
-    use kin::subagent::inprocess::{ChildFactory, InProcessProvider};
+    use kin::testkit::subagent::continuation::{ContinuationManager, ContinuationSettings};
+    use kin::testkit::subagent::inprocess::{ChildFactory, InProcessProvider};
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), vec![], "");
     let factory: Arc<dyn ChildFactory> = Arc::new(ClosingFactory(rt.clone()));
-    let service = Arc::new(kin::subagent::SubagentService::new());
+    let service = Arc::new(kin::testkit::subagent::SubagentService::new());
     service.register_provider(Arc::new(InProcessProvider::spawn(Arc::downgrade(&factory)))).unwrap();
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();

@@ -7,6 +7,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
-        kin::acp::fuzz_params(&value);
+        kin::testkit::acp::fuzz_params(&value);
     }
 });

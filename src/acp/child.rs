@@ -30,9 +30,9 @@ use crate::subagent::external::port::{
 };
 
 /// The ACP protocol version kin speaks as a client.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub(super) const PROTOCOL_VERSION: u16 = 1;
 /// The longest line an external agent may write: one JSON-RPC frame, 16 MiB.
-pub const MAX_FRAME: usize = 16 << 20;
+pub(crate) const MAX_FRAME: usize = 16 << 20;
 
 /// The `RemoteAgent` of `[acp_agents.*]`.
 pub(crate) struct ExternalAgents;

@@ -24,18 +24,18 @@ use crate::tools::files::{DiskFiles, FileAccess};
 use crate::tools::terminal::Terminals;
 
 /// The option ids kin offers in every permission request.
-pub const ALLOW_ONCE: &str = "allow-once";
-pub const ALLOW_ALWAYS: &str = "allow-always";
-pub const REJECT_ONCE: &str = "reject-once";
-pub const REJECT_ALWAYS: &str = "reject-always";
+pub(super) const ALLOW_ONCE: &str = "allow-once";
+pub(super) const ALLOW_ALWAYS: &str = "allow-always";
+pub(super) const REJECT_ONCE: &str = "reject-once";
+pub(super) const REJECT_ALWAYS: &str = "reject-always";
 
 /// Finds the parent of a child session (for clients that watch the agent tree).
-pub type ParentOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+pub(super) type ParentOf = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The client link for a connection whose client advertised these file capabilities (and
 /// `terminal`: `bash` may run in its terminals); with `parent_of`, a child waiting on a
 /// permission answer shows as `requires_action`.
-pub fn link(
+pub(super) fn link(
     cx: &ConnectionTo<Client>,
     read_text_file: bool,
     write_text_file: bool,

@@ -30,7 +30,7 @@ pub(crate) const MAX_RESOURCE_BYTES: usize = 256 * 1024;
 /// text resource `\n[resource uri=<json>]\n<text>\n[/resource]\n`), each image (or embedded
 /// image blob) an image block `{type: "image", mediaType, data}` in its place. Errors name the
 /// block that cannot be taken and what to do instead.
-pub fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, String> {
+pub(super) fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, String> {
     let mut content = Vec::new();
     let mut text = String::new();
     let mut images = 0;
@@ -121,7 +121,7 @@ fn resource_text(text: &str) -> String {
 
 /// The slash commands a session offers, as `available_commands_update` (a command's
 /// `argument-hint` as its unstructured input hint).
-pub fn commands_update(commands: &[crate::slash::SlashCommand]) -> SessionUpdate {
+pub(super) fn commands_update(commands: &[crate::slash::SlashCommand]) -> SessionUpdate {
     let available = commands
         .iter()
         .map(|c| {
@@ -158,7 +158,7 @@ fn image_chunk(block: &Value) -> ContentChunk {
 /// tool calls (shown as their tool among `tools` says) and their progress and results, plans,
 /// retry notices, and compactions (thoughts: "Compacting conversation…", then the outcome).
 /// `cwd` is the session's: the paths a call names are shown resolved against it.
-pub fn live_update(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Option<SessionUpdate> {
+pub(super) fn live_update(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Option<SessionUpdate> {
     match body {
         EventBody::AssistantChunk(c) => chunk_update(&c.chunk),
         EventBody::ToolCall(call) => Some(tool_call_update(call, tools, cwd)),
@@ -194,9 +194,9 @@ pub fn live_update(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Option
 /// committed assistant text and reasoning, tool calls (as their tools among `tools` show them)
 /// and results, plans, and each compaction's outcome (a thought, as it was shown live); paths
 /// resolved against the session's `cwd`, as `live_update` does.
-pub fn replay_updates(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Vec<SessionUpdate> {
+pub(super) fn replay_updates(body: &EventBody, tools: &ToolRegistry, cwd: &Path) -> Vec<SessionUpdate> {
     match body {
-        EventBody::UserMessage(message) if message.from_user() => blocks(&message.content)
+        EventBody::UserMessage(message) if message.is_from_user() => blocks(&message.content)
             .filter_map(|b| match b["type"].as_str() {
                 Some("text") => Some(text_chunk(b["text"].as_str()?)),
                 Some("image") => Some(image_chunk(b)),
@@ -310,7 +310,7 @@ fn compact_failed_update(end: &event::CompactEnd) -> Option<SessionUpdate> {
 }
 
 /// The directory a session's tool paths are shown against: its header's cwd (none: as named).
-pub fn cwd_of(header: &crate::session::SessionHeader) -> PathBuf {
+pub(super) fn cwd_of(header: &crate::session::SessionHeader) -> PathBuf {
     header.cwd.as_deref().map(PathBuf::from).unwrap_or_default()
 }
 
@@ -466,7 +466,7 @@ fn locations(access: &Access, cwd: &Path) -> Vec<ToolCallLocation> {
 /// What a call of `kind` touches, with the paths it names. A kind kin has no word for asks (and
 /// read-only refuses it). This is also the one place a question an external agent forwards gets
 /// its `Access` for the gate (`Permissions::decide_forwarded`, through `acp::child`).
-pub fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
+pub(super) fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
     match kind {
         ToolKind::Read => Access::Read { paths, line: None },
         ToolKind::Search => Access::Search { paths },
@@ -487,7 +487,7 @@ fn blocks(content: &[Value]) -> impl Iterator<Item = &Value> {
 }
 
 /// A turn's end as an ACP stop reason; `Err` carries the failure message of an error turn.
-pub fn stop_reason(end: &TurnEnd) -> Result<StopReason, String> {
+pub(super) fn stop_reason(end: &TurnEnd) -> Result<StopReason, String> {
     match end {
         TurnEnd::Completed => Ok(StopReason::EndTurn),
         TurnEnd::MaxTokens => Ok(StopReason::MaxTokens),

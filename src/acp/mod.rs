@@ -11,7 +11,7 @@ mod convert;
 mod mcp;
 mod modes;
 pub(crate) mod peer;
-pub mod run;
+pub(crate) mod run;
 mod terminal;
 mod transport;
 mod tree;
@@ -98,7 +98,6 @@ pub fn external_agents() -> Arc<dyn crate::subagent::external::port::RemoteAgent
     Arc::new(child::ExternalAgents)
 }
 
-pub use child::MAX_FRAME as MAX_CHILD_FRAME;
 pub use peer::request_frame;
 
 /// Fuzzing entry (see `fuzz/`): runs kin's own checks on a value as `session/new`,
@@ -180,7 +179,9 @@ fn after_response(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_not
     }
 }
 
-pub use transport::{DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
+pub(crate) use transport::DEFAULT_MAX_FRAME_BYTES;
+
+pub(crate) use transport::MIN_MAX_FRAME_BYTES;
 
 /// Serves ACP on stdin/stdout until stdin closes or kin gets SIGTERM, then shuts the runtime
 /// down (both alike: running turns end `disposed`, queued messages stay pending on disk). A

@@ -6,7 +6,7 @@ use agent_client_protocol::v1::schema::{SessionMode, SessionModeState};
 use crate::permission::PermissionMode;
 
 /// The four modes, `current` selected.
-pub fn state(current: PermissionMode) -> SessionModeState {
+pub(super) fn state(current: PermissionMode) -> SessionModeState {
     let modes = PermissionMode::ALL
         .into_iter()
         .map(|mode| SessionMode::new(mode.id(), mode.name()).description(mode.description()))
@@ -15,7 +15,7 @@ pub fn state(current: PermissionMode) -> SessionModeState {
 }
 
 /// The mode with this id, or an error naming it and listing the valid ids.
-pub fn parse(id: &str) -> Result<PermissionMode, String> {
+pub(super) fn parse(id: &str) -> Result<PermissionMode, String> {
     PermissionMode::parse(id)
         .ok_or_else(|| format!("unknown mode \"{id}\"; valid modes are {}", PermissionMode::valid_ids()))
 }

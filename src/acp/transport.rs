@@ -20,9 +20,9 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde_json::{Value, json};
 
 /// The default maximum frame size.
-pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// The smallest maximum frame size accepted (an `initialize` must fit).
-pub const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
+pub(crate) const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
 /// The buffer between kin's async side and the blocking reads of stdin and writes of stdout.
 const PIPE_BYTES: usize = 256 * 1024;
 /// Bytes of an oversize frame kept to recover its id.

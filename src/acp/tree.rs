@@ -47,7 +47,7 @@ const MAX_DEPTH: usize = 32;
 /// What one connection knows about the agent tree, and the routes' context windows and prices
 /// its usage updates report.
 #[derive(Default)]
-pub struct Tree {
+pub(super) struct Tree {
     /// Each route's context window and price.
     models: Arc<ModelTable>,
     /// The client advertised `clientCapabilities.subagents` at `initialize`.
@@ -58,15 +58,15 @@ pub struct Tree {
 
 impl Tree {
     /// A tree whose usage updates take windows and prices from `models`.
-    pub fn new(models: Arc<ModelTable>) -> Self {
+    pub(super) fn new(models: Arc<ModelTable>) -> Self {
         Tree { models, ..Tree::default() }
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(super) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::SeqCst)
     }
 
-    pub fn set_enabled(&self, enabled: bool) {
+    pub(super) fn set_enabled(&self, enabled: bool) {
         self.enabled.store(enabled, Ordering::SeqCst);
     }
 
@@ -90,7 +90,7 @@ impl Tree {
 }
 
 /// Sends one `session/update`; a closed connection drops it.
-pub fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUpdate) {
+pub(super) fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUpdate) {
     match cx.send_notification(SessionNotification::new(session.to_string(), update)) {
         Ok(()) => crate::outflow::outflow().queued(),
         Err(e) => tracing::debug!("dropping a session update: {e}"),
@@ -154,7 +154,7 @@ struct State {
 
 /// Forwards a session's events to the client as `session/update` notifications: a top-level
 /// session's, or (agent tree) a child's, whose parent it knows.
-pub struct Forwarder {
+pub(super) struct Forwarder {
     cx: ConnectionTo<Client>,
     tree: Arc<Tree>,
     /// How the session's tool calls are shown.
@@ -166,7 +166,7 @@ pub struct Forwarder {
 
 impl Forwarder {
     /// The forwarder of a top-level session whose tool calls are shown as `tools` says.
-    pub fn new(cx: ConnectionTo<Client>, tree: Arc<Tree>, tools: ToolRegistry) -> Self {
+    pub(super) fn new(cx: ConnectionTo<Client>, tree: Arc<Tree>, tools: ToolRegistry) -> Self {
         Forwarder { cx, tree, tools, parent: None, state: Mutex::default() }
     }
 
@@ -175,7 +175,7 @@ impl Forwarder {
     }
 
     /// Counts the model usage a loaded log already holds (after any lineage seed).
-    pub fn count(&self, events: &[Event]) {
+    pub(super) fn count(&self, events: &[Event]) {
         let own = events.iter().position(|e| e.kind == Kind::SessionEndSeed).map_or(0, |i| i + 1);
         let mut state = self.state();
         for message in events[own..].iter().filter_map(Event::get::<event::AssistantMessage>) {
@@ -331,7 +331,7 @@ fn route_of(message: &event::AssistantMessage) -> ModelRoute {
 
 /// Makes the forwarder of each child session, announcing the child on its parent (running) and
 /// linking the parent's delegating tool call to it.
-pub struct ChildForwarders {
+pub(super) struct ChildForwarders {
     pub cx: ConnectionTo<Client>,
     pub tree: Arc<Tree>,
     /// How the children's tool calls are shown.
@@ -386,7 +386,7 @@ fn announcement(
 }
 
 /// Tells the editor a child waits on the user (`requires_action`), or works again (`running`).
-pub fn waiting_on_user(cx: &ConnectionTo<Client>, parent: &str, child: &str, waiting: bool) {
+pub(super) fn waiting_on_user(cx: &ConnectionTo<Client>, parent: &str, child: &str, waiting: bool) {
     let state = if waiting { StateUpdate::RequiresAction(RequiresActionStateUpdate::new()) } else { running() };
     notify(cx, parent, SessionUpdate::SubagentUpdate(SubagentUpdate::new(child.to_string()).state(state)));
 }
@@ -442,7 +442,7 @@ fn stored_state(record: &ChildRecord) -> StateUpdate {
 }
 
 /// A stored child of a reloaded parent, with its own children.
-pub struct Node {
+pub(super) struct Node {
     parent: String,
     shown: Shown,
     children: Vec<Node>,
@@ -461,7 +461,7 @@ enum Shown {
 /// The stored children below `parent`, as `list_agents` lists them (the catalog's candidates,
 /// order, activity and diagnostics), at every level; a listing that fails as a whole is logged
 /// and shows no tree (the load itself goes on).
-pub fn stored_tree(runtime: &Runtime, parent: &str) -> Vec<Node> {
+pub(super) fn stored_tree(runtime: &Runtime, parent: &str) -> Vec<Node> {
     match runtime.child_tree(parent, MAX_DEPTH) {
         Ok(entries) => nodes(runtime, parent, entries),
         Err(e) => {
@@ -500,7 +500,7 @@ fn announce(cx: &ConnectionTo<Client>, node: &Node) {
         Shown::Child(record) => {
             let title =
                 record.descriptor.as_ref().and_then(|d| child_title(d.agent().map(|a| a.name.as_str()), d.label()));
-            let task = record.events.iter().filter_map(Event::get::<UserMessage>).find(UserMessage::from_user);
+            let task = record.events.iter().filter_map(Event::get::<UserMessage>).find(UserMessage::is_from_user);
             let description = task.and_then(|m| describe(&m.content));
             announcement(&record.header, title, description, stored_state(record))
         }
@@ -519,7 +519,7 @@ fn diagnostic_announcement(id: &str, reason: Reason) -> SubagentUpdate {
 
 /// The best-effort replay of a reloaded parent's children, before the load response, parent
 /// first: each child is announced on its parent, then its own history is replayed under its id.
-pub fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
+pub(super) fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
     for node in nodes {
         announce(cx, node);
         if let Shown::Child(record) = &node.shown {
@@ -534,7 +534,7 @@ pub fn replay(cx: &ConnectionTo<Client>, tools: &ToolRegistry, nodes: &[Node]) {
 
 /// After the load (or resume) response: re-announces every child that is live or can be resumed
 /// (a continuable child), each after its ancestors.
-pub fn reannounce(cx: &ConnectionTo<Client>, nodes: &[Node]) {
+pub(super) fn reannounce(cx: &ConnectionTo<Client>, nodes: &[Node]) {
     for node in nodes {
         if !continuing(node) {
             continue;

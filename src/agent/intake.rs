@@ -229,7 +229,7 @@ impl Restored {
 /// waiting for a step that will never come (kin stopped during their turn) are appended now, as
 /// between turns. Returns what waits for turns. Fails (writing nothing) when a splice does not
 /// fit, or when the log cannot be written.
-pub fn prepare(session: &mut Session) -> Result<Restored, String> {
+pub(crate) fn prepare(session: &mut Session) -> Result<Restored, String> {
     let seed_length = session.header.seed_length.unwrap_or(0);
     let folded = inbox::fold(session.events(), seed_length).map_err(|e| e.to_string())?;
     let back = |target: InboxTarget| -> Vec<UserMessage> {

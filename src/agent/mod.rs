@@ -7,12 +7,16 @@
 //! loaded with inbox messages pending starts held: they run
 //! once it is woken.
 
-pub mod compact;
+pub(crate) mod compact;
 mod intake;
 pub(crate) mod meter;
 mod turn;
 
-pub use intake::{NotAccepted, Restored, prepare};
+pub(crate) use intake::NotAccepted;
+
+pub use intake::Restored;
+
+pub(crate) use intake::prepare;
 pub use turn::completed_prefix;
 
 use std::collections::VecDeque;
@@ -49,7 +53,7 @@ pub enum TurnEnd {
 }
 
 /// The failure code of a turn that ran out of steps.
-pub const STEP_LIMIT: &str = "STEP_LIMIT";
+pub(crate) const STEP_LIMIT: &str = "STEP_LIMIT";
 
 impl From<&TurnEndReason> for TurnEnd {
     fn from(reason: &TurnEndReason) -> Self {
@@ -336,7 +340,7 @@ pub fn spawn_agent(session: Session, deps: AgentDeps) -> AgentHandle {
 
 /// Starts the actor for a loaded session with what `prepare` restored: its pending messages wait
 /// (held) until `wake`, or until something else is queued behind them.
-pub fn spawn_restored(session: Session, restored: Restored, deps: AgentDeps) -> AgentHandle {
+pub(crate) fn spawn_restored(session: Session, restored: Restored, deps: AgentDeps) -> AgentHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared::default());
     let handle = AgentHandle { id: session.id().to_string(), tx, shared: shared.clone() };

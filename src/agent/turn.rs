@@ -79,7 +79,7 @@ pub(super) async fn run_turn(
     }
     session.push(event::TurnStart { turn, trigger: event::Trigger::message(message.source.clone()) });
     // The first prompt names the session (dsh's fallback title), until a title exists.
-    let untitled = message.from_user() && !session.events().iter().any(|e| e.kind == Kind::SessionTitle);
+    let untitled = message.is_from_user() && !session.events().iter().any(|e| e.kind == Kind::SessionTitle);
     let title = if untitled { event::SessionTitle::fallback(&message, 0) } else { None };
     let message_seq = session.push(message);
     if let Some(mut title) = title {

@@ -68,7 +68,7 @@ impl StderrTail {
     }
 
     /// The kept lines, oldest first.
-    pub fn lines(&self) -> Vec<String> {
+    pub(super) fn lines(&self) -> Vec<String> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
     }
 }
@@ -92,12 +92,12 @@ impl Connection {
     }
 
     /// Whether the connection has ended (the server exited or hung up).
-    pub fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.peer.is_transport_closed()
     }
 
     /// Closes the connection: a grace to exit, then the process group is killed.
-    pub async fn close(&self) {
+    pub(super) async fn close(&self) {
         if let Some(mut service) = self.service.lock().await.take()
             && let Ok(None) = service.close_with_timeout(CLOSE_GRACE).await
         {

@@ -26,10 +26,18 @@ mod session;
 mod spec;
 mod tool;
 
-pub use names::{PREFIX, call_title, is_mcp_tool};
-pub use replay::Recording;
-pub use session::{McpNotice, McpSession};
-pub use spec::{Defaults, Origin, ServerSpec, Settings, Transport, Trust, merge};
+pub(crate) use names::call_title;
+
+pub(crate) use replay::Recording;
+pub(crate) use session::McpNotice;
+pub(crate) use session::McpSession;
+pub(crate) use spec::Defaults;
+pub(crate) use spec::Origin;
+pub(crate) use spec::ServerSpec;
+pub(crate) use spec::Settings;
+pub(crate) use spec::Transport;
+pub(crate) use spec::Trust;
+pub(crate) use spec::merge;
 
 /// Whether kin connects to streamable HTTP servers (ACP `mcpCapabilities.http`).
-pub const HTTP_SUPPORTED: bool = true;
+pub(crate) const HTTP_SUPPORTED: bool = true;

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 /// What every MCP tool name starts with (no built-in tool does).
-pub const PREFIX: &str = "mcp__";
+pub(crate) const PREFIX: &str = "mcp__";
 
 const MAX_LEN: usize = 64;
 
@@ -88,12 +88,12 @@ pub(super) fn prefix_for(server: &str) -> String {
 }
 
 /// Whether a tool name is an MCP tool's.
-pub fn is_mcp_tool(name: &str) -> bool {
+pub(crate) fn is_mcp_tool(name: &str) -> bool {
     name.starts_with(PREFIX)
 }
 
 /// `server: tool` for an MCP tool name (as sanitised), else `None`.
-pub fn display_title(name: &str) -> Option<String> {
+pub(super) fn display_title(name: &str) -> Option<String> {
     let rest = name.strip_prefix(PREFIX)?;
     let (server, tool) = rest.split_once("__")?;
     Some(format!("{server}: {tool}"))
@@ -105,7 +105,7 @@ const TITLE_ARGUMENTS: usize = 120;
 /// The title of a call of an MCP tool: `server: tool {arguments}` (the arguments cut to 120
 /// characters), or `None` for a name that is not an MCP tool's. It is known from the name alone,
 /// so a call shows the same while the server runs and in a loaded session after it is gone.
-pub fn call_title(name: &str, arguments: &serde_json::Value) -> Option<String> {
+pub(crate) fn call_title(name: &str, arguments: &serde_json::Value) -> Option<String> {
     let call = display_title(name)?;
     let text = arguments.to_string();
     let shown = match text.char_indices().nth(TITLE_ARGUMENTS) {

@@ -15,7 +15,7 @@ use crate::tools::{ToolError, ToolOutput};
 
 /// The MCP calls and results of a scenario's recorded logs.
 #[derive(Debug, Default)]
-pub struct Recording {
+pub(crate) struct Recording {
     /// Every MCP tool name the logs called.
     names: BTreeSet<String>,
     /// (tool name, call id) → the recorded `tool/result`s, in log order.
@@ -25,7 +25,7 @@ pub struct Recording {
 impl Recording {
     /// Reads the `session*.jsonl` logs of a scenario directory (an unreadable log is skipped
     /// with a warning: the replay model reports it).
-    pub fn from_dir(dir: &Path) -> Recording {
+    pub(crate) fn from_dir(dir: &Path) -> Recording {
         let mut recording = Recording::default();
         let Ok(entries) = std::fs::read_dir(dir) else {
             return recording;

@@ -80,7 +80,7 @@ pub(super) struct Server {
 }
 
 impl Server {
-    pub fn new(
+    pub(super) fn new(
         spec: ServerSpec,
         cwd: Option<PathBuf>,
         startup_timeout: Duration,
@@ -105,12 +105,12 @@ impl Server {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         &self.spec.name
     }
 
     /// Starts the server in the background; `settled` resolves when the start has finished.
-    pub fn start(self: &Arc<Self>) {
+    pub(super) fn start(self: &Arc<Self>) {
         let server = self.clone();
         tokio::spawn(async move {
             match server.open_unless_closed().await {
@@ -126,13 +126,13 @@ impl Server {
     }
 
     /// Marks a server that is never started (a transport kin does not support) as failed.
-    pub fn fail_unstarted(&self) {
+    pub(super) fn fail_unstarted(&self) {
         self.state().phase = Phase::Failed;
         self.settled.cancel();
     }
 
     /// Waits until the first start has finished.
-    pub async fn settled(&self) {
+    pub(super) async fn settled(&self) {
         self.settled.cancelled().await;
     }
 
@@ -189,7 +189,7 @@ impl Server {
     /// Brings the server up to date for a step: a lost server is restarted (once), the tools are
     /// listed (answered from the connection's cache unless the server said its list changed).
     /// Never fails: what goes wrong is a notice or a warning.
-    pub async fn refresh(&self) {
+    pub(super) async fn refresh(&self) {
         let _one = self.refreshing.lock().await;
         let (phase, connection, restarted) = {
             let state = self.state();
@@ -253,7 +253,7 @@ impl Server {
     }
 
     /// The tools offered now (after the server's tool filters).
-    pub fn tools(&self) -> Vec<Listed> {
+    pub(super) fn tools(&self) -> Vec<Listed> {
         let state = self.state();
         if state.phase != Phase::Ready {
             return Vec::new();
@@ -262,13 +262,18 @@ impl Server {
     }
 
     /// Whether the server's `readOnlyHint` counts (config `trust = "read-only-hints"`).
-    pub fn trusts_hints(&self) -> bool {
+    pub(super) fn trusts_hints(&self) -> bool {
         self.spec.settings.trust == Trust::ReadOnlyHints
     }
 
     /// Calls `tool` with `arguments` (a JSON object), within the tool timeout; cancelling drops
     /// the request, which sends MCP `notifications/cancelled`.
-    pub async fn call(&self, tool: &str, arguments: Value, cancel: CancellationToken) -> Result<ToolOutput, ToolError> {
+    pub(super) async fn call(
+        &self,
+        tool: &str,
+        arguments: Value,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
         let connection = {
             let state = self.state();
             match (&state.phase, &state.connection) {
@@ -323,7 +328,7 @@ impl Server {
 
     /// Closes the server (a grace, then its process group is killed); it stays closed. A start
     /// or restart still running is abandoned first.
-    pub async fn close(&self) {
+    pub(super) async fn close(&self) {
         self.closing.cancel();
         let _no_refresh = self.refreshing.lock().await;
         self.settled().await;

@@ -62,7 +62,7 @@ struct Inner {
 }
 
 /// The MCP servers of one session.
-pub struct McpSession {
+pub(crate) struct McpSession {
     inner: Mutex<Arc<Inner>>,
     cwd: Option<PathBuf>,
     defaults: Defaults,
@@ -73,7 +73,7 @@ pub struct McpSession {
 
 impl McpSession {
     /// Starts `specs` in the background (none in replay, where `recording` answers).
-    pub fn start(
+    pub(crate) fn start(
         specs: Vec<ServerSpec>,
         cwd: Option<PathBuf>,
         defaults: Defaults,
@@ -133,24 +133,24 @@ impl McpSession {
     }
 
     /// The servers the session has now.
-    pub fn specs(&self) -> Vec<ServerSpec> {
+    pub(crate) fn specs(&self) -> Vec<ServerSpec> {
         self.lock().specs.clone()
     }
 
     /// The notices, for whoever tells the user (once; later calls get `None`).
-    pub fn take_notices(&self) -> Option<UnboundedReceiver<McpNotice>> {
+    pub(crate) fn take_notices(&self) -> Option<UnboundedReceiver<McpNotice>> {
         self.notice_rx.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// Closes the current servers and starts `specs` instead (a resume that names other servers).
-    pub async fn replace(&self, specs: Vec<ServerSpec>) {
+    pub(crate) async fn replace(&self, specs: Vec<ServerSpec>) {
         let next = Arc::new(self.launch(specs));
         let old = std::mem::replace(&mut *self.lock(), next);
         join_all(old.servers.iter().map(|s| s.close())).await;
     }
 
     /// Closes every server (each gets a grace, then its process group is killed).
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         let old = std::mem::replace(
             &mut *self.lock(),
             Arc::new(Inner { specs: Vec::new(), servers: Vec::new(), recording: None }),
@@ -159,7 +159,7 @@ impl McpSession {
     }
 
     /// The log's `mcp/servers` data for `specs`.
-    pub fn describe(specs: &[ServerSpec]) -> McpServers {
+    pub(crate) fn describe(specs: &[ServerSpec]) -> McpServers {
         McpServers { servers: specs.iter().map(ServerSpec::describe).collect() }
     }
 }

@@ -142,7 +142,7 @@ impl ServerSpec {
 
 /// A session's servers: the config's, each replaced by the editor's server of the same name,
 /// then the editor's other servers in the order given (a repeated editor name: the last wins).
-pub fn merge(config: &[ServerSpec], editor: Vec<ServerSpec>) -> Vec<ServerSpec> {
+pub(crate) fn merge(config: &[ServerSpec], editor: Vec<ServerSpec>) -> Vec<ServerSpec> {
     let mut editor_last: Vec<ServerSpec> = Vec::new();
     for spec in editor {
         editor_last.retain(|s| s.name != spec.name);

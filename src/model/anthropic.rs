@@ -17,13 +17,13 @@ use super::{Failure, FinishReason, ModelRequest, StreamChunk};
 use crate::tools::image;
 
 /// The `anthropic-version` header kin speaks.
-pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+pub(crate) const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// `max_tokens` when none is configured (the API requires one).
-pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 8192;
 
 /// How to reach one Anthropic Messages endpoint.
 #[derive(Debug, Clone)]
-pub struct AnthropicConfig {
+pub(crate) struct AnthropicConfig {
     /// The client posts to `{base_url}/v1/messages`, with `x-api-key: <key>`.
     pub server: Server,
     pub max_tokens: u32,
@@ -35,15 +35,8 @@ pub struct AnthropicConfig {
     pub images: bool,
 }
 
-impl AnthropicConfig {
-    /// A config with the server's defaults, `DEFAULT_MAX_TOKENS` and no thinking.
-    pub fn new(server: Server) -> Self {
-        AnthropicConfig { server, max_tokens: DEFAULT_MAX_TOKENS, reasoning_effort: None, images: true }
-    }
-}
-
 /// A model behind the Anthropic Messages API.
-pub type AnthropicModel = HttpModel<AnthropicConfig>;
+pub(crate) type AnthropicModel = HttpModel<AnthropicConfig>;
 
 impl Api for AnthropicConfig {
     type Decoder = MessagesDecoder;
@@ -250,7 +243,7 @@ impl OpenBlock {
 
 /// Messages SSE → dsh chunks.
 #[derive(Default)]
-pub struct MessagesDecoder {
+pub(crate) struct MessagesDecoder {
     open: BTreeMap<u64, OpenBlock>,
     tool_calls: bool,
     stop_reason: Option<String>,

@@ -21,38 +21,38 @@ use tokio_util::sync::CancellationToken;
 use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, StreamChunk};
 
 /// No API key: the environment variable named in the message is unset.
-pub const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
+pub(crate) const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
 /// HTTP 401/403: the key was rejected.
-pub const AUTH_FAILED: &str = "AUTH_FAILED";
+pub(crate) const AUTH_FAILED: &str = "AUTH_FAILED";
 /// The provider does not know the model (HTTP 404, or DeepSeek's 400 "Model Not Exist").
-pub const MODEL_NOT_FOUND: &str = "MODEL_NOT_FOUND";
+pub(crate) const MODEL_NOT_FOUND: &str = "MODEL_NOT_FOUND";
 /// The conversation no longer fits the model's context window.
-pub const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
+pub(crate) const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
 /// Any other rejection by the provider (status and a body excerpt in the message).
-pub const PROVIDER_ERROR: &str = "PROVIDER_ERROR";
+pub(crate) const PROVIDER_ERROR: &str = "PROVIDER_ERROR";
 /// The provider's content filter stopped the response.
-pub const CONTENT_FILTERED: &str = "CONTENT_FILTERED";
+pub(crate) const CONTENT_FILTERED: &str = "CONTENT_FILTERED";
 /// The client configuration is unusable (an invalid header or URL).
-pub const INVALID_CONFIG: &str = "INVALID_CONFIG";
+pub(crate) const INVALID_CONFIG: &str = "INVALID_CONFIG";
 /// HTTP 429 (retryable).
-pub const RATE_LIMITED: &str = "RATE_LIMITED";
+pub(crate) const RATE_LIMITED: &str = "RATE_LIMITED";
 /// HTTP 5xx, 408, 409 or an overload reported in the stream (retryable).
-pub const SERVER_ERROR: &str = "SERVER_ERROR";
+pub(crate) const SERVER_ERROR: &str = "SERVER_ERROR";
 /// The server could not be reached (retryable).
-pub const CONNECTION_FAILED: &str = "CONNECTION_FAILED";
+pub(crate) const CONNECTION_FAILED: &str = "CONNECTION_FAILED";
 /// No model data for the idle timeout (retryable).
-pub const TIMEOUT: &str = "TIMEOUT";
+pub(crate) const TIMEOUT: &str = "TIMEOUT";
 /// The stream ended or broke before the response finished (retryable).
-pub const STREAM_INCOMPLETE: &str = "STREAM_INCOMPLETE";
+pub(crate) const STREAM_INCOMPLETE: &str = "STREAM_INCOMPLETE";
 /// A completion with no text, reasoning or tool calls (retryable). The client passes such a
 /// completion on as it came; the agent's step names it and retries it (every model's alike).
-pub const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
+pub(crate) const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
 
 /// The default idle-stream timeout of both HTTP clients (dsh `streamIdleTimeoutMs`).
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Whether a failure with this code may succeed when the call is simply made again.
-pub fn is_retryable(code: &str) -> bool {
+pub(crate) fn is_retryable(code: &str) -> bool {
     matches!(code, RATE_LIMITED | SERVER_ERROR | CONNECTION_FAILED | TIMEOUT | STREAM_INCOMPLETE | EMPTY_RESPONSE)
 }
 
@@ -71,7 +71,7 @@ pub struct RetryPolicy {
 }
 
 /// The default cap on a server's `Retry-After`.
-pub const DEFAULT_MAX_RETRY_AFTER_MS: u64 = 60_000;
+pub(crate) const DEFAULT_MAX_RETRY_AFTER_MS: u64 = 60_000;
 
 impl Default for RetryPolicy {
     fn default() -> Self {

@@ -17,7 +17,7 @@ const BODY_LIMIT: usize = 16 * 1024;
 
 /// Why a key was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyCheckError {
+pub(crate) enum KeyCheckError {
     /// The server said the key is wrong (HTTP 401 or 403).
     Rejected(String),
     /// The check itself did not work (unreachable server, another status): the key is unknown.
@@ -33,7 +33,7 @@ impl std::fmt::Display for KeyCheckError {
 }
 
 /// Checks `key` against the server; Ok when the listing answers 2xx.
-pub async fn check_key(api: WireApi, server: &Server, key: &str) -> Result<(), KeyCheckError> {
+pub(crate) async fn check_key(api: WireApi, server: &Server, key: &str) -> Result<(), KeyCheckError> {
     match api {
         WireApi::OpenAi { .. } => check::<OpenAiConfig>(server, key).await,
         WireApi::Anthropic => check::<AnthropicConfig>(server, key).await,

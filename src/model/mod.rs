@@ -2,16 +2,16 @@
 //! of dsh `StreamChunk`s, honouring a cancellation token. Implementations: `replay` (recorded
 //! scenario logs, keyless) and `scripted` (tests); HTTP clients plug in here unchanged.
 
-pub mod anthropic;
-pub mod capacity;
-pub mod chunk;
-pub mod http;
-pub mod keycheck;
-pub mod openai;
-pub mod replay;
-pub mod retry_log;
-pub mod router;
-pub mod script;
+pub(crate) mod anthropic;
+pub(crate) mod capacity;
+pub(crate) mod chunk;
+pub(crate) mod http;
+pub(crate) mod keycheck;
+pub(crate) mod openai;
+pub(crate) mod replay;
+pub(crate) mod retry_log;
+pub(crate) mod router;
+pub(crate) mod script;
 mod utf16;
 
 use std::path::PathBuf;
@@ -20,8 +20,13 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::session::chunk::{Failure, FinishReason, StreamChunk};
-pub use chunk::{text_response, tool_call_response};
+pub use crate::session::chunk::Failure;
+
+pub use crate::session::chunk::FinishReason;
+
+pub use crate::session::chunk::StreamChunk;
+pub use chunk::text_response;
+pub use chunk::tool_call_response;
 
 /// A model route: `provider/model`, e.g. `deepseek/deepseek-v4-flash`.
 #[derive(Debug, Clone, PartialEq, Eq)]

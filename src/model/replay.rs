@@ -52,13 +52,13 @@ fn sequential_id(n: u64) -> String {
 
 /// Serves recorded model calls.
 #[derive(Debug)]
-pub struct ReplayModel {
+pub(crate) struct ReplayModel {
     state: Mutex<State>,
 }
 
 impl ReplayModel {
     /// Reads the scripts of a scenario directory.
-    pub fn from_dir(dir: &Path) -> Result<Self> {
+    pub(crate) fn from_dir(dir: &Path) -> Result<Self> {
         let parent = dir.join("session.jsonl");
         let mut logs = vec![(
             parent.clone(),
@@ -91,7 +91,7 @@ impl ReplayModel {
                 .iter()
                 .filter(|e| e.seq >= seed_length)
                 .filter_map(Event::get::<UserMessage>)
-                .find(UserMessage::from_user)
+                .find(UserMessage::is_from_user)
                 .map(|m| blocks_text(&m.content));
             let entries = derive_entries(scanned.events.iter().filter(|e| e.kind == Kind::AssistantChunk));
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
@@ -110,7 +110,7 @@ impl ReplayModel {
 }
 
 /// True for the 8-4-4-4-12 hex shape.
-pub fn is_uuid(s: &str) -> bool {
+pub(crate) fn is_uuid(s: &str) -> bool {
     uuid::Uuid::try_parse(s).is_ok() && s.len() == 36
 }
 

@@ -15,13 +15,13 @@ use crate::session::event::LlmRetry;
 
 /// Pending retry events by session.
 #[derive(Default)]
-pub struct RetryLog {
+pub(crate) struct RetryLog {
     pending: Mutex<HashMap<String, Vec<LlmRetry>>>,
 }
 
 impl RetryLog {
     /// A notice callback feeding this log.
-    pub fn notice(self: &Arc<Self>) -> RetryNotice {
+    pub(crate) fn notice(self: &Arc<Self>) -> RetryNotice {
         let log = self.clone();
         Arc::new(move |info: RetryInfo| {
             tracing::warn!(session = %info.session_id, attempt = info.attempt, delay_ms = info.delay_ms, code = %info.code, "retrying a model request: {}", info.reason);
@@ -48,14 +48,14 @@ impl RetryLog {
 }
 
 /// Where a key is looked up by variable name when the environment has none: `kin login`'s store.
-pub type KeyLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+pub(crate) type KeyLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The HTTP models of one process: a client per provider, built on first use for the route a
 /// request names (so a session can switch models between turns), with retries recorded in a
 /// `RetryLog`. Keys come from the environment, else from `stored`. A client is kept only once it
 /// has its key: a provider whose key was missing is looked up again on the next call, so a
 /// `kin login` while kin runs takes effect.
-pub struct Routed {
+pub(crate) struct Routed {
     settings: ModelSettings,
     stored: KeyLookup,
     log: Arc<RetryLog>,
@@ -66,7 +66,7 @@ impl Routed {
     /// Checks that `default` can be served (an unknown provider is a startup error). The key is
     /// not looked up here: `stored` may ask the OS credential store (a D-Bus connection and its
     /// threads), which a process that never calls the model does not need at start.
-    pub fn new(default: &ModelRoute, settings: ModelSettings, stored: KeyLookup) -> Result<Self, String> {
+    pub(crate) fn new(default: &ModelRoute, settings: ModelSettings, stored: KeyLookup) -> Result<Self, String> {
         endpoint(&default.provider, &settings, &crate::config::process_env)
             .map_err(|e| format!("route {default}: {e}"))?;
         Ok(Routed { settings, stored, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) })

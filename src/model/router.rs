@@ -13,7 +13,7 @@ use super::openai::{OpenAiConfig, OpenAiModel};
 use super::{Model, ModelRoute};
 
 /// The providers kin knows without configuration.
-pub const BUILTIN_PROVIDERS: [&str; 3] = ["deepseek", "openai", "anthropic"];
+pub(crate) const BUILTIN_PROVIDERS: [&str; 3] = ["deepseek", "openai", "anthropic"];
 
 /// Which wire protocol a named provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,7 +67,7 @@ impl Default for ModelSettings {
 
 /// Whether the models of `route` take images: DeepSeek's do not, OpenAI's and Anthropic's do,
 /// and a named provider's as its config says (`images`). An unknown provider takes none.
-pub fn takes_images(route: &ModelRoute, settings: &ModelSettings) -> bool {
+pub(crate) fn takes_images(route: &ModelRoute, settings: &ModelSettings) -> bool {
     match settings.providers.iter().find(|p| p.name == route.provider) {
         Some(named) => named.images,
         None => matches!(route.provider.as_str(), "openai" | "anthropic"),
@@ -96,7 +96,7 @@ pub fn model_for_route_with_notice(
 
 /// Which wire API a provider's server speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WireApi {
+pub(crate) enum WireApi {
     /// OpenAI-compatible Chat Completions; `deepseek` adds DeepSeek's extensions.
     OpenAi {
         deepseek: bool,
@@ -107,7 +107,7 @@ pub enum WireApi {
 /// A provider's server as configured: the API it speaks, its base URL (`$<PREFIX>_BASE_URL`
 /// for the built-ins, `base_url` for `[providers.NAME]`), the key variable and the key `env`
 /// gave, and extra headers. Retry and timeout settings are left at their defaults.
-pub fn endpoint(
+pub(crate) fn endpoint(
     provider: &str,
     settings: &ModelSettings,
     env: &dyn Fn(&str) -> Option<String>,
@@ -144,7 +144,7 @@ pub fn endpoint(
 /// The providers that take a key, with the variable each reads it from: the built-ins (unless
 /// a `[providers.NAME]` of the same name replaces them) and each `[providers.NAME]` with an
 /// `api_key_env`, in that order.
-pub fn key_providers(settings: &ModelSettings) -> Vec<(String, String)> {
+pub(crate) fn key_providers(settings: &ModelSettings) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for name in BUILTIN_PROVIDERS {
         match settings.providers.iter().find(|p| p.name == name) {
@@ -165,7 +165,7 @@ pub fn key_providers(settings: &ModelSettings) -> Vec<(String, String)> {
 }
 
 /// The key a server needs and does not have.
-pub fn missing_key(provider: &str, server: &Server) -> Option<super::MissingKey> {
+pub(crate) fn missing_key(provider: &str, server: &Server) -> Option<super::MissingKey> {
     match (&server.api_key, &server.api_key_env) {
         (None, Some(variable)) => {
             Some(super::MissingKey { provider: provider.to_string(), variable: variable.clone() })
@@ -176,7 +176,7 @@ pub fn missing_key(provider: &str, server: &Server) -> Option<super::MissingKey>
 
 /// The client for a provider's server (from [`endpoint`], its key filled in), sending images
 /// when `images` (see [`takes_images`]); `notice` hears about every retry of every call.
-pub fn client_for(
+pub(crate) fn client_for(
     api: WireApi,
     mut server: Server,
     settings: &ModelSettings,

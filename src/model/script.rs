@@ -59,7 +59,7 @@ impl ReplayEntry {
 }
 
 /// Plays one entry onto a fresh channel on a background task.
-pub fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken) -> ChunkStream {
+pub(crate) fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken) -> ChunkStream {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut entry = entry;

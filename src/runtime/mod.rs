@@ -14,9 +14,9 @@ mod settings;
 mod tree;
 mod turns;
 
-pub use error::RuntimeError;
-pub use replay::{SETTLED_MARKER, model_for};
-pub use turns::Prompted;
+pub(crate) use error::RuntimeError;
+pub use replay::model_for;
+pub(crate) use turns::Prompted;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

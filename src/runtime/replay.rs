@@ -13,7 +13,7 @@ use crate::model::replay::ReplayModel;
 use crate::subagent::Lifecycle;
 
 /// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
-pub const SETTLED_MARKER: &str = ".dsh-snapshot-subagent-settled";
+pub(crate) const SETTLED_MARKER: &str = ".dsh-snapshot-subagent-settled";
 
 /// Picks the model for a configuration: replay when a scenario directory is given.
 pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {

@@ -8,14 +8,14 @@ use std::io;
 use std::sync::OnceLock;
 
 /// The Landlock ABI kin's rules are written and tested for; newer kernels get this one.
-pub const TESTED_ABI: i32 = 7;
+pub(crate) const TESTED_ABI: i32 = 7;
 
 /// The environment variable a debug build reads to lower the probed Landlock ABI.
-pub const TEST_ABI_ENV: &str = "KIN_SANDBOX_TEST_ABI";
+pub(crate) const TEST_ABI_ENV: &str = "KIN_SANDBOX_TEST_ABI";
 
 /// What the kernel enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Support {
+pub(crate) struct Support {
     /// The Landlock ABI version, capped at [`TESTED_ABI`]; 0 when there is no Landlock.
     pub landlock_abi: i32,
     /// Seccomp filters can be installed.
@@ -26,7 +26,7 @@ pub struct Support {
 }
 
 /// The running kernel's support (probed on first use).
-pub fn support() -> Support {
+pub(crate) fn support() -> Support {
     static SUPPORT: OnceLock<Support> = OnceLock::new();
     *SUPPORT.get_or_init(|| {
         let mut abi = landlock_abi();

@@ -20,7 +20,7 @@
 
 mod blocked;
 mod confine;
-pub mod kernel;
+pub(crate) mod kernel;
 mod policy;
 pub(crate) mod supervise;
 
@@ -33,8 +33,11 @@ use crate::session::event::SandboxChoice;
 
 pub(crate) use blocked::blocked_paths;
 pub(crate) use confine::{Confinement, Layout};
-pub use kernel::Support;
-pub use policy::{SandboxFallback, SandboxLevel, SandboxPolicy, SandboxSettings};
+pub(crate) use kernel::Support;
+pub(crate) use policy::SandboxFallback;
+pub(crate) use policy::SandboxLevel;
+pub use policy::SandboxPolicy;
+pub use policy::SandboxSettings;
 
 /// A session's sandbox: the settings kin started with and the policy in force now. Children
 /// share their top-level session's.
@@ -121,13 +124,13 @@ pub(crate) struct Confined {
 impl Confined {
     /// The environment the command gets on top of kin's: `$TMPDIR` and friends point to the
     /// private temp dir.
-    pub fn env(&self) -> Vec<(OsString, OsString)> {
+    pub(crate) fn env(&self) -> Vec<(OsString, OsString)> {
         let temp = self.temp.path().as_os_str().to_os_string();
         ["TMPDIR", "TMP", "TEMP"].map(|k| (OsString::from(k), temp.clone())).to_vec()
     }
 
     /// The note the editor sees on the call.
-    pub fn note(&self) -> String {
+    pub(crate) fn note(&self) -> String {
         let mut note = format!("sandboxed: {}", self.policy);
         if !self.gaps.is_empty() {
             note.push_str(&format!(" (the kernel does not enforce: {})", self.gaps.join("; ")));

@@ -18,7 +18,7 @@ use crate::acp::peer::{Answer, ChooseOption, Driver};
 
 /// How one kin process is launched.
 #[derive(Debug, Clone)]
-pub struct Launch {
+pub(crate) struct Launch {
     pub exe: PathBuf,
     pub args: Vec<String>,
     pub cwd: PathBuf,
@@ -28,12 +28,12 @@ pub struct Launch {
 
 /// Frames kin wrote, across restarts.
 #[derive(Default)]
-pub struct Transcript {
+pub(crate) struct Transcript {
     pub frames: Mutex<Vec<Value>>,
 }
 
 impl Transcript {
-    pub fn snapshot(&self) -> Vec<Value> {
+    pub(crate) fn snapshot(&self) -> Vec<Value> {
         self.frames.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
@@ -46,14 +46,14 @@ impl Transcript {
 }
 
 /// One running kin process.
-pub struct Client {
+pub(crate) struct Client {
     child: Child,
     driver: Driver,
 }
 
 impl Client {
     /// Starts kin; `ids` numbers the requests of the whole scenario (restarts continue it).
-    pub async fn start(
+    pub(crate) async fn start(
         launch: &Launch,
         transcript: Arc<Transcript>,
         answers: Arc<Mutex<Vec<String>>>,
@@ -89,21 +89,25 @@ impl Client {
     }
 
     /// Sends a request; resolves with kin's answer (`Err`: kin's output ended without one).
-    pub fn request(&self, method: &str, params: Value) -> impl Future<Output = Result<Answer, String>> + 'static {
+    pub(crate) fn request(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> impl Future<Output = Result<Answer, String>> + 'static {
         self.driver.request(method, params)
     }
 
-    pub async fn notify(&self, method: &str, params: Value) -> Result<()> {
+    pub(crate) async fn notify(&self, method: &str, params: Value) -> Result<()> {
         Ok(self.driver.notify(method, params).await?)
     }
 
     /// Writes one raw line to kin's stdin.
-    pub async fn write_line(&self, line: &str) -> Result<()> {
+    pub(crate) async fn write_line(&self, line: &str) -> Result<()> {
         Ok(self.driver.send_line(line).await?)
     }
 
     /// Closes stdin and waits for kin to exit (killing it after `grace`); returns the exit code.
-    pub async fn close(mut self, grace: Duration) -> Result<Option<i32>> {
+    pub(crate) async fn close(mut self, grace: Duration) -> Result<Option<i32>> {
         self.driver.close().await;
         let status = match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(status) => status?,
@@ -117,7 +121,7 @@ impl Client {
     }
 
     /// Kills kin with SIGKILL (a crash).
-    pub async fn kill(mut self) -> Result<()> {
+    pub(crate) async fn kill(mut self) -> Result<()> {
         self.child.kill().await?;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.driver.output_ended()).await;
         Ok(())
@@ -138,7 +142,7 @@ fn choose_from(answers: Arc<Mutex<Vec<String>>>) -> ChooseOption {
 }
 
 /// Polls `check` until it is true or `timeout` passes.
-pub async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
+pub(super) async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if check() {
@@ -152,6 +156,6 @@ pub async fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> 
 }
 
 /// True when `path` exists.
-pub fn exists(path: &Path) -> bool {
+pub(super) fn exists(path: &Path) -> bool {
     path.exists()
 }

@@ -4,7 +4,7 @@
 //! expected logs), optional `replay.override.json`, `workspace/` and `kin.toml` (config overlay).
 
 mod client;
-pub mod normalize;
+pub(crate) mod normalize;
 mod steps;
 
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 /// Replaces the scenario cwd and UUIDs in every string of a JSON value.
-pub struct Scrubber {
+pub(crate) struct Scrubber {
     cwds: Vec<String>,
     /// False for logs written by `--update`: they keep their ids, because recorded tool
     /// arguments (a `send_message` target) must stay valid for replay.
@@ -15,7 +15,7 @@ pub struct Scrubber {
 }
 
 impl Scrubber {
-    pub fn new(cwd: &std::path::Path) -> Self {
+    pub(crate) fn new(cwd: &std::path::Path) -> Self {
         let mut cwds = vec![cwd.display().to_string()];
         if let Ok(canonical) = cwd.canonicalize() {
             cwds.push(canonical.display().to_string());
@@ -26,11 +26,11 @@ impl Scrubber {
     }
 
     /// The same scrubber leaving UUIDs alone.
-    pub fn keeping_ids(&self) -> Self {
+    pub(crate) fn keeping_ids(&self) -> Self {
         Scrubber { cwds: self.cwds.clone(), ids: false }
     }
 
-    pub fn string(&self, s: &str) -> String {
+    pub(crate) fn string(&self, s: &str) -> String {
         let mut out = s.to_string();
         for cwd in &self.cwds {
             if !cwd.is_empty() {
@@ -41,7 +41,7 @@ impl Scrubber {
     }
 
     /// Scrubs every string; wall-clock fields (`updatedAt`) become `{{updatedAt}}`.
-    pub fn value(&self, value: &mut Value) {
+    pub(crate) fn value(&self, value: &mut Value) {
         match value {
             Value::String(s) => *s = self.string(s),
             Value::Array(items) => items.iter_mut().for_each(|v| self.value(v)),
@@ -60,7 +60,7 @@ impl Scrubber {
 }
 
 /// Replaces every 8-4-4-4-12 hex run with `{{sessionId}}`.
-pub fn scrub_uuids(s: &str) -> String {
+pub(crate) fn scrub_uuids(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
@@ -85,7 +85,7 @@ fn looks_like_uuid(b: &[u8]) -> bool {
 }
 
 /// Normalises a stdout transcript (one JSON-RPC frame per entry).
-pub fn stdout_frames(frames: &[Value], scrubber: &Scrubber) -> Vec<Value> {
+pub(crate) fn stdout_frames(frames: &[Value], scrubber: &Scrubber) -> Vec<Value> {
     let mut ids: HashMap<String, u64> = HashMap::new();
     frames
         .iter()
@@ -105,7 +105,7 @@ pub fn stdout_frames(frames: &[Value], scrubber: &Scrubber) -> Vec<Value> {
 }
 
 /// Normalises one session log: header `createdAt` and event times → 0, then scrubbing.
-pub fn log_lines(text: &str, scrubber: &Scrubber) -> Vec<String> {
+pub(crate) fn log_lines(text: &str, scrubber: &Scrubber) -> Vec<String> {
     text.lines()
         .map(|line| {
             let Ok(mut value) = serde_json::from_str::<Value>(line) else {

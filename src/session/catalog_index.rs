@@ -32,9 +32,9 @@ use super::record::{Event, Record, SessionHeader};
 use super::scan::{LocatedLine, open_log};
 
 /// What the index's file name adds to the sessions directory's name (it sits beside it).
-pub const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
+pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
 /// The format version on the first line; any other is ignored.
-pub const INDEX_VERSION: u64 = 1;
+pub(crate) const INDEX_VERSION: u64 = 1;
 /// An index larger than this is not read (nor written): listings fall back to reading logs.
 const INDEX_LIMIT: u64 = 256 << 20;
 /// A descriptor line longer than this is not read back through the index.
@@ -73,7 +73,7 @@ pub(crate) struct Located {
 }
 
 impl Located {
-    pub fn of(line: &LocatedLine) -> Located {
+    pub(crate) fn of(line: &LocatedLine) -> Located {
         Located { seq: line.seq, offset: line.offset, len: line.bytes.len() as u64, digest: digest(&line.bytes) }
     }
 }

@@ -69,7 +69,7 @@ impl Event {
 
 /// The payload of the last event of `T`'s kind (`None` when there is none, or when that one
 /// does not fit).
-pub fn last<T: Payload>(events: &[Event]) -> Option<T> {
+pub(crate) fn last<T: Payload>(events: &[Event]) -> Option<T> {
     events.iter().rev().find(|e| e.kind == T::KIND)?.get()
 }
 
@@ -190,7 +190,7 @@ impl UserMessage {
     }
 
     /// True when the user (the editor's prompt) sent it.
-    pub fn from_user(&self) -> bool {
+    pub fn is_from_user(&self) -> bool {
         self.source["kind"] == "user"
     }
 }
@@ -719,7 +719,7 @@ pub struct TitleSource {
 /// How many words of the first prompt a fallback title keeps (dsh's rule).
 const FALLBACK_WORDS: usize = 5;
 /// The longest title kin writes, in characters.
-pub const MAX_TITLE_CHARS: usize = 100;
+pub(crate) const MAX_TITLE_CHARS: usize = 100;
 
 impl SessionTitle {
     /// The fallback title of a prompt (message `seq`): its first five words (at most

@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 
 /// File name of a raw (uncompressed) log inside its session directory.
-pub const LOG_FILE: &str = "session.jsonl";
+pub(crate) const LOG_FILE: &str = "session.jsonl";
 /// Directory for sessions without a cwd.
-pub const NO_CWD_DIR: &str = "_no-cwd";
+pub(crate) const NO_CWD_DIR: &str = "_no-cwd";
 
 /// Checks that a session id is usable: 1..=128 characters, no control characters, not `.`/`..`.
 /// Ids are also encoded before use, so this guards against hostile input reaching logs and errors.
-pub fn validate_session_id(id: &str) -> Result<(), String> {
+pub(crate) fn validate_session_id(id: &str) -> Result<(), String> {
     if id.is_empty() {
         return Err("session id is empty".into());
     }
@@ -36,7 +36,7 @@ fn is_literal(c: u16) -> bool {
 
 /// dsh `encodeSegment`: `[A-Za-z0-9_-]` and single interior dots stay literal; every other
 /// UTF-16 unit becomes `~XXXX`. `.` and `..` as whole segments are escaped.
-pub fn encode_segment(segment: &str) -> String {
+pub(crate) fn encode_segment(segment: &str) -> String {
     if segment == "." || segment == ".." {
         return segment.encode_utf16().map(|u| format!("~{u:04X}")).collect();
     }
@@ -79,7 +79,7 @@ pub fn project_key(cwd: &str) -> String {
 }
 
 /// The directory holding one session's log.
-pub fn session_dir(root: &Path, cwd: Option<&str>, id: &str) -> PathBuf {
+pub(crate) fn session_dir(root: &Path, cwd: Option<&str>, id: &str) -> PathBuf {
     let project = match cwd {
         Some(cwd) => project_key(cwd),
         None => NO_CWD_DIR.to_string(),

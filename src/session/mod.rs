@@ -1,28 +1,34 @@
 //! Sessions: the dsh-compatible JSONL log format, the store that writes, repairs and reads it,
 //! and the in-memory live session the agent loop appends to.
 
-pub mod catalog_index;
-pub mod chunk;
-pub mod data;
+pub(crate) mod catalog_index;
+pub(crate) mod chunk;
+pub(crate) mod data;
 pub mod descriptor;
-pub mod event;
-pub mod inbox;
-pub mod layout;
-pub mod live;
-pub mod query;
-pub mod record;
-pub mod repair;
+pub(crate) mod event;
+pub(crate) mod inbox;
+pub(crate) mod layout;
+pub(crate) mod live;
+pub(crate) mod query;
+pub(crate) mod record;
+pub(crate) mod repair;
 mod resident;
-pub mod scan;
-pub mod store;
-pub mod surface;
+pub(crate) mod scan;
+pub(crate) mod store;
+pub(crate) mod surface;
 mod warn;
-pub mod writer;
+pub(crate) mod writer;
 
-pub use data::Data;
-pub use event::{EventBody, Kind, Payload};
-pub use live::{Session, SessionObserver, now_ms};
-pub use record::{Event, Record, SessionHeader};
-pub use scan::{ScanError, Scanned, TornTail};
-pub use store::{SessionStore, StoreError, StoredSession, Titles};
+pub(crate) use event::EventBody;
+pub use event::Kind;
+pub use live::Session;
+pub use live::SessionObserver;
+pub(crate) use live::now_ms;
+pub use record::Event;
+pub use record::Record;
+pub use record::SessionHeader;
+pub use store::SessionStore;
+pub use store::StoreError;
+pub(crate) use store::StoredSession;
+pub(crate) use store::Titles;
 pub use surface::derive_messages;

@@ -43,7 +43,7 @@ pub use super::surface::Surface;
 use super::surface::validate;
 
 /// The largest `before` / `after` of a `read_event` window (dsh `readWindowMax`).
-pub const READ_WINDOW_MAX: u64 = 50;
+pub(crate) const READ_WINDOW_MAX: u64 = 50;
 
 /// Why a query failed; `code()` is the stable dsh `SessionQueryErrorCode`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,7 +297,7 @@ pub trait QueryService: Send + Sync {
 
 /// Fails unless two headers of one session agree (dsh `assertSessionHeadersCompatible`): every
 /// header field is immutable, so they must be equal.
-pub fn assert_headers_compatible(a: &SessionHeader, b: &SessionHeader) -> Result<(), QueryError> {
+pub(crate) fn assert_headers_compatible(a: &SessionHeader, b: &SessionHeader) -> Result<(), QueryError> {
     if a == b {
         return Ok(());
     }
@@ -345,7 +345,7 @@ pub fn sibling_order(a: &SessionHeader, b: &SessionHeader) -> Ordering {
 }
 
 /// The id part of `sibling_order`.
-pub fn compare_ids(a: &str, b: &str) -> Ordering {
+pub(crate) fn compare_ids(a: &str, b: &str) -> Ordering {
     let folded = a.chars().flat_map(char::to_lowercase).cmp(b.chars().flat_map(char::to_lowercase));
     folded.then_with(|| {
         for (x, y) in a.chars().zip(b.chars()) {

@@ -9,7 +9,7 @@ use super::data::Data;
 use super::event::{AssistantChunk, Kind};
 
 /// The only header version readers accept (dsh `SESSION_FORMAT_VERSION`).
-pub const SESSION_FORMAT_VERSION: u64 = 0;
+pub(crate) const SESSION_FORMAT_VERSION: u64 = 0;
 
 /// Line 0 of every log: immutable storage metadata of a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

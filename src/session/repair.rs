@@ -5,10 +5,10 @@ use super::event::{self, EventBody, Kind, TurnEndReason};
 use super::record::Event;
 
 /// Text of the synthetic result for a call whose `tool/call` was recorded but not its result.
-pub const OUTCOME_UNKNOWN_TEXT: &str =
+pub(crate) const OUTCOME_UNKNOWN_TEXT: &str =
     "Error: kin stopped while this tool call was running; its outcome is unknown. Check its effects before retrying.";
 /// Text of the synthetic result for a call the model requested but that never started.
-pub const NOT_STARTED_TEXT: &str = "Error: kin stopped before this tool call started; it was not run.";
+pub(crate) const NOT_STARTED_TEXT: &str = "Error: kin stopped before this tool call started; it was not run.";
 
 /// What a closing event says, before seqs and times are assigned.
 #[derive(Debug, Clone, PartialEq)]

@@ -59,7 +59,7 @@ const HEADER_LIMIT: u64 = 1 << 20;
 
 /// Reads only the header line of the log at `path` (opened as `open_log` does; at most
 /// `HEADER_LIMIT` bytes, ending in a newline) and the log's modification time.
-pub fn read_header(path: &Path) -> Result<(SessionHeader, std::time::SystemTime), String> {
+pub(crate) fn read_header(path: &Path) -> Result<(SessionHeader, std::time::SystemTime), String> {
     use std::io::BufRead;
     let file = open_log(path).map_err(|e| e.to_string())?;
     let modified = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
@@ -78,7 +78,7 @@ const TITLE_LINE_LIMIT: usize = 64 * 1024;
 /// The title of the log at `path`: its last `session/title` event among complete lines. Only a
 /// line that starts as one is parsed; every other line is read past, holding at most
 /// `TITLE_LINE_LIMIT` bytes of it. `None` when there is none or the log cannot be read.
-pub fn read_title(path: &Path) -> Option<String> {
+pub(crate) fn read_title(path: &Path) -> Option<String> {
     use std::io::BufRead;
     const PREFIX: &[u8] = br#"{"type":"session/title","#;
     let mut reader = std::io::BufReader::new(open_log(path).ok()?);
@@ -163,7 +163,7 @@ pub(crate) fn scan_file_resident(path: &Path) -> Result<Scanned, ScanError> {
 
 /// Opens a log for reading without following a symlink and without blocking on a FIFO, and
 /// refuses anything that is not a regular file (a directory, a FIFO, a device).
-pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let file =
         std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(

@@ -296,7 +296,7 @@ fn remove_log(path: &Path) -> anyhow::Result<()> {
 /// The titles of stored sessions (`session/title`), each cached by the length and modification
 /// time of its log: a listing reads again only the logs that changed since the last one.
 #[derive(Debug, Default)]
-pub struct Titles {
+pub(crate) struct Titles {
     cache: std::sync::Mutex<std::collections::HashMap<PathBuf, CachedTitle>>,
 }
 
@@ -305,7 +305,7 @@ type CachedTitle = (u64, SystemTime, Option<String>);
 
 impl Titles {
     /// The title of `stored` (its log's last `session/title`), if it has one.
-    pub fn title(&self, stored: &StoredSession) -> Option<String> {
+    pub(crate) fn title(&self, stored: &StoredSession) -> Option<String> {
         let meta = std::fs::symlink_metadata(&stored.path).ok()?;
         let key = (meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
         let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -19,14 +19,14 @@ use super::record::Event;
 
 /// How strictly the fold reads a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strictness {
+pub(crate) enum Strictness {
     Lenient,
     Validate,
 }
 
 /// What one event does to the model history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
+pub(crate) enum Placement {
     /// A log-only event: no change.
     LogOnly,
     /// A surface event that takes no place (an assistant message without content).
@@ -61,13 +61,13 @@ impl Surface {
 }
 
 /// The `surfaceOp` of a replacement of the nodes from seq `start` through seq `end`.
-pub fn replace_op(start: u64, end: u64) -> Value {
+pub(crate) fn replace_op(start: u64, end: u64) -> Value {
     json!({"op": "replace", "start": start, "end": end})
 }
 
 /// What `event`, the `index`-th event of its log, does to the current nodes (`nodes` holds their
 /// seqs, in surface order). Only `Validate` fails.
-pub fn place(event: &Event, index: usize, nodes: &[u64], strictness: Strictness) -> Result<Placement, String> {
+pub(crate) fn place(event: &Event, index: usize, nodes: &[u64], strictness: Strictness) -> Result<Placement, String> {
     if strictness == Strictness::Validate {
         check_envelope(event, index)?;
     }
@@ -136,7 +136,7 @@ fn replace_bounds(op: Option<&Value>) -> Option<(Option<u64>, Option<u64>)> {
 }
 
 /// Where the nodes from seq `start` through seq `end` are: their index range in `nodes`.
-pub fn resolve(nodes: &[u64], start: u64, end: u64) -> Result<(usize, usize), String> {
+pub(crate) fn resolve(nodes: &[u64], start: u64, end: u64) -> Result<(usize, usize), String> {
     let find = |seq: u64| {
         nodes.iter().position(|n| *n == seq).ok_or_else(|| format!("surface node {seq} is not in the current surface"))
     };
@@ -149,7 +149,7 @@ pub fn resolve(nodes: &[u64], start: u64, end: u64) -> Result<(usize, usize), St
 
 /// Checks dsh's provenance rule for a replacement of `nodes[range]`: `sources` names every
 /// shadowed node.
-pub fn check_provenance(nodes: &[u64], range: (usize, usize), sources: &[u64]) -> Result<(), String> {
+pub(crate) fn check_provenance(nodes: &[u64], range: (usize, usize), sources: &[u64]) -> Result<(), String> {
     let missing: Vec<String> =
         nodes[range.0..range.1].iter().filter(|n| !sources.contains(n)).map(u64::to_string).collect();
     if missing.is_empty() {
@@ -193,19 +193,19 @@ fn strict_op(event: &Event, nodes: &[u64]) -> Result<Placement, String> {
 
 /// The current surface of a log: each node's seq and message, in surface order.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Nodes {
+pub(crate) struct Nodes {
     pub seqs: Vec<u64>,
     pub messages: Vec<Value>,
 }
 
 impl Nodes {
     /// Applies one event (the live fold; a no-op for log-only events).
-    pub fn apply(&mut self, event: &Event) {
+    pub(crate) fn apply(&mut self, event: &Event) {
         apply(&mut self.seqs, &mut self.messages, event);
     }
 
     /// The surface of a whole log, folded leniently.
-    pub fn of(events: &[Event]) -> Nodes {
+    pub(crate) fn of(events: &[Event]) -> Nodes {
         let mut nodes = Nodes::default();
         for event in events {
             nodes.apply(event);
@@ -215,7 +215,7 @@ impl Nodes {
 }
 
 /// Applies one event to the nodes' seqs and messages (the live fold; a no-op for log-only events).
-pub fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<Value>, event: &Event) {
+pub(crate) fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<Value>, event: &Event) {
     let Some(message) = event.surface_message() else {
         return;
     };

@@ -22,7 +22,7 @@ use crate::session::query::{
 /// The message of `ErrorCode::SessionQueryUnavailable`.
 pub const QUERY_UNAVAILABLE: &str = "listing subagents requires session query (load a dsh-session-query backend)";
 /// The message of a cancelled listing (`ErrorCode::Cancelled`).
-pub const LISTING_CANCELLED: &str = "subagent listing was cancelled";
+pub(crate) const LISTING_CANCELLED: &str = "subagent listing was cancelled";
 
 /// A subagent's durable creation policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,7 @@ fn check(cancel: &CancellationToken) -> Result<(), SubagentError> {
 
 /// A query failure as an operation failure: query errors keep their own code, anything else is
 /// an infrastructure failure with its message.
-pub fn fault_error(fault: QueryFault) -> SubagentError {
+pub(crate) fn fault_error(fault: QueryFault) -> SubagentError {
     match fault {
         QueryFault::Query(e) => SubagentError::new(ErrorCode::Query(e.code()), e.to_string()),
         QueryFault::Other(message) => SubagentError::new(ErrorCode::Infrastructure, message),

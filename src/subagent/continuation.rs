@@ -72,7 +72,7 @@ struct State {
 }
 
 /// Builds the tools a continuable child gets (its `report` tool).
-pub type ChildTools = Arc<dyn Fn(&Arc<ContinuationManager>) -> Vec<Arc<dyn Tool>> + Send + Sync>;
+pub(crate) type ChildTools = Arc<dyn Fn(&Arc<ContinuationManager>) -> Vec<Arc<dyn Tool>> + Send + Sync>;
 
 /// Owns every Activation of one process.
 pub struct ContinuationManager {

@@ -70,7 +70,7 @@ impl Tool for SendMessageTool {
 }
 
 /// `report`, scoped to one continuable child.
-pub struct ReportTool(pub Arc<ContinuationManager>);
+pub(crate) struct ReportTool(pub Arc<ContinuationManager>);
 
 impl Tool for ReportTool {
     fn name(&self) -> &str {

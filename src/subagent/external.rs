@@ -22,7 +22,7 @@
 //! runtime's asks the connected client, and with none connected every question is a rejection.
 
 mod answers;
-pub mod port;
+pub(crate) mod port;
 mod process;
 
 use std::fmt;
@@ -49,17 +49,15 @@ use answers::{Answers, Forward};
 use port::{Failure, FileOffer, RemoteAgent, RemoteSession, RemoteStop, StartFailure};
 use process::{AgentProcess, describe_status};
 
-pub use answers::MAX_SERVED_FILE;
-
 /// The agent's answer text beyond this many bytes keeps only its head and tail (with a note).
 pub const MAX_OUTPUT_BYTES: usize = answers::OUTPUT_LIMITS.total();
 
 /// How long `initialize` plus `session/new` may take by default.
-pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a child may take to exit after its stdin closes (dsh's `disposeEofGraceMs`).
-pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(6);
+pub(crate) const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(6);
 /// How long to wait for the child after killing it (dsh's `disposeGraceMs`).
-pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
 /// How long a broken connection waits for the child's exit status, to name it in the error.
 const EXIT_PROBE: Duration = Duration::from_millis(500);
 
@@ -167,7 +165,7 @@ impl ExternalAgentConfig {
 }
 
 /// `delegate_KEY`, with characters a tool name cannot hold replaced by `_`.
-pub fn default_tool_name(key: &str) -> String {
+pub(crate) fn default_tool_name(key: &str) -> String {
     let safe: String =
         key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
     format!("delegate_{safe}")

@@ -39,7 +39,7 @@ pub struct ChildSetup {
 
 /// Reports each tool call of a child session (by its title among the child's `tools`) as
 /// progress on the parent's delegating call.
-pub struct ReportToolCalls {
+pub(crate) struct ReportToolCalls {
     pub progress: Progress,
     pub tools: ToolRegistry,
 }
@@ -67,7 +67,7 @@ const DESCRIPTION_CHARS: usize = 200;
 
 /// A short description of a task: the text of its content blocks, trimmed and cut to
 /// `DESCRIPTION_CHARS` characters (`…` marks a cut); `None` when there is no text.
-pub fn describe<'a>(blocks: impl IntoIterator<Item = &'a Value>) -> Option<String> {
+pub(crate) fn describe<'a>(blocks: impl IntoIterator<Item = &'a Value>) -> Option<String> {
     let text: String = blocks.into_iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(" ");
     let text = text.trim();
     if text.is_empty() {
@@ -143,7 +143,7 @@ impl InProcessProvider {
 }
 
 /// The header of a child of `parent`.
-pub fn child_header(id: String, parent: &SessionHeader, depth: u64, seed_length: usize) -> SessionHeader {
+pub(crate) fn child_header(id: String, parent: &SessionHeader, depth: u64, seed_length: usize) -> SessionHeader {
     let mut header = SessionHeader::new(id, now_ms(), parent.cwd.clone());
     header.parent_session = Some(parent.id.clone());
     header.seed_length = (seed_length > 0).then_some(seed_length as u64);
@@ -282,7 +282,7 @@ fn first_live_seq(events: &[Event]) -> u64 {
 }
 
 /// The text of the last assistant message at or after `from`.
-pub fn last_assistant_text(events: &[Event], from: u64) -> String {
+pub(crate) fn last_assistant_text(events: &[Event], from: u64) -> String {
     events
         .iter()
         .rev()

@@ -18,7 +18,7 @@ use crate::tools::{Access, Tool, ToolContext, ToolError, ToolOutput};
 pub const DESCRIPTION: &str = "List your continuable background subagents by durable id and label. Status is a snapshot of the stored record: running means the subagent session is currently live in this process, complete means it exists only in storage and a `send_message` starts a new turn on the same conversation. The snapshot is not a delivery promise — `send_message` performs the authoritative check and may still fail. Children that could not be read are reported as diagnostics instead of being silently dropped.";
 
 /// What an empty projection renders as.
-pub const NO_SUBAGENTS: &str = "(no subagents)";
+pub(crate) const NO_SUBAGENTS: &str = "(no subagents)";
 
 /// `list_agents`, over the session query (`None`: the deployment has none, and every call fails
 /// with `SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE`).

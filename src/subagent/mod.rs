@@ -3,15 +3,15 @@
 //! capabilities and the depth cap **before** any child exists, snapshots the descriptor, and
 //! observes the run with an observe-only `subagent/start` / `subagent/end` pair.
 
-pub mod agents;
-pub mod catalog;
-pub mod continuation;
-pub mod control;
-pub mod error;
-pub mod external;
-pub mod inprocess;
-pub mod list_agents;
-pub mod tools;
+pub(crate) mod agents;
+pub(crate) mod catalog;
+pub(crate) mod continuation;
+pub(crate) mod control;
+pub(crate) mod error;
+pub(crate) mod external;
+pub(crate) mod inprocess;
+pub(crate) mod list_agents;
+pub(crate) mod tools;
 
 use std::sync::{Arc, Mutex};
 
@@ -24,8 +24,11 @@ use crate::model::ModelRoute;
 /// The `subagent/descriptor` format (disk format, so it lives in `session/`).
 pub use crate::session::descriptor;
 use crate::tools::Caller;
-pub use descriptor::{AgentRecord, Descriptor, ToolFilter};
-pub use error::{ErrorCode, SubagentError};
+pub(crate) use descriptor::AgentRecord;
+pub(crate) use descriptor::Descriptor;
+pub(crate) use descriptor::ToolFilter;
+pub use error::ErrorCode;
+pub use error::SubagentError;
 
 /// Start-time features a provider supports for one-shot runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +92,7 @@ impl NamedAgent {
 }
 
 /// How a child is titled for the editor: `<agent>: <label>` when it was started as a named agent.
-pub fn child_title(agent: Option<&str>, label: Option<&str>) -> Option<String> {
+pub(crate) fn child_title(agent: Option<&str>, label: Option<&str>) -> Option<String> {
     match (agent, label.filter(|l| !l.trim().is_empty())) {
         (Some(agent), Some(label)) => Some(format!("{agent}: {label}")),
         (Some(agent), None) => Some(agent.to_string()),
@@ -194,7 +197,7 @@ impl RemoteRun {
 }
 
 /// Resolves with the result; an `Err` is an infrastructure fault (child failures are stop reasons).
-pub type ResultReceiver = oneshot::Receiver<Result<SubagentResult, SubagentError>>;
+pub(crate) type ResultReceiver = oneshot::Receiver<Result<SubagentResult, SubagentError>>;
 
 /// Disposal of a run: resolves when the child is gone, with the cause when it could not be
 /// disposed cleanly (e.g. its log's final flush failed).

@@ -38,7 +38,7 @@ pub struct DelegateConfig {
 
 /// The title of a call delegating to an external agent: `<tool>: <description>`, or the tool's
 /// name without a description.
-pub fn external_title(tool_name: &str, description: Option<&str>) -> String {
+pub(crate) fn external_title(tool_name: &str, description: Option<&str>) -> String {
     match description.filter(|d| !d.trim().is_empty()) {
         Some(description) => format!("{tool_name}: {description}"),
         None => tool_name.to_string(),
@@ -142,7 +142,7 @@ fn one_line(text: &str) -> String {
 }
 
 /// The model-visible text of a non-completed stop reason.
-pub fn stop_reason_error(reason: StopReason) -> &'static str {
+pub(crate) fn stop_reason_error(reason: StopReason) -> &'static str {
     match reason {
         StopReason::Aborted => "subagent run was cancelled",
         StopReason::Error => "subagent run failed",
@@ -155,7 +155,7 @@ pub fn stop_reason_error(reason: StopReason) -> &'static str {
 /// The model-visible text of a run that did not complete: dsh's words for the stop reason,
 /// then the cause when there is one (`subagent run failed: <cause>`), then the disposal's
 /// failure (`; dispose failed: <cause>`), as dsh-design.md §1.8 words an aggregate failure.
-pub fn stop_text(reason: StopReason, cause: Option<&str>, dispose_failure: Option<&str>) -> String {
+pub(crate) fn stop_text(reason: StopReason, cause: Option<&str>, dispose_failure: Option<&str>) -> String {
     let words = stop_reason_error(reason);
     let mut text = match cause {
         Some(cause) => format!("{words}: {cause}"),

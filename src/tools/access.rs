@@ -60,6 +60,6 @@ impl Access {
 }
 
 /// The path at `key` of `arguments` when it is a string, as a list of at most one.
-pub fn named_path(arguments: &serde_json::Value, key: &str) -> Vec<PathBuf> {
+pub(crate) fn named_path(arguments: &serde_json::Value, key: &str) -> Vec<PathBuf> {
     arguments[key].as_str().map(PathBuf::from).into_iter().collect()
 }

@@ -24,7 +24,7 @@ pub trait FileAccess: Send + Sync + fmt::Debug {
 
 /// The local filesystem.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct DiskFiles;
+pub(crate) struct DiskFiles;
 
 impl FileAccess for DiskFiles {
     /// Only a regular file is read (a FIFO or device is refused without blocking), and at most

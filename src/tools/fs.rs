@@ -174,49 +174,17 @@ pub(crate) fn read_line_capped(reader: &mut impl BufRead, keep: usize, buf: &mut
     }
 }
 
-/// A minimal unified diff of `old` → `new`: one hunk spanning the changed lines, with up to
-/// three lines of context. Empty when the texts are equal.
-pub fn unified_diff(old: &str, new: &str, path: &str) -> String {
-    if old == new {
-        return String::new();
-    }
-    let old_lines: Vec<&str> = old.lines().collect();
-    let new_lines: Vec<&str> = new.lines().collect();
-    let prefix = old_lines.iter().zip(&new_lines).take_while(|(a, b)| a == b).count();
-    let max_suffix = old_lines.len().min(new_lines.len()) - prefix;
-    let suffix =
-        old_lines.iter().rev().zip(new_lines.iter().rev()).take(max_suffix).take_while(|(a, b)| a == b).count();
-    let start = prefix.saturating_sub(3);
-    let old_end = (old_lines.len() - suffix + 3).min(old_lines.len());
-    let new_end = (new_lines.len() - suffix + 3).min(new_lines.len());
-    let mut out = format!("--- a/{path}\n+++ b/{path}\n");
-    let _ = writeln!(out, "@@ -{},{} +{},{} @@", start + 1, old_end - start, start + 1, new_end - start);
-    for line in &old_lines[start..prefix] {
-        let _ = writeln!(out, " {line}");
-    }
-    for line in &old_lines[prefix..old_lines.len() - suffix] {
-        let _ = writeln!(out, "-{line}");
-    }
-    for line in &new_lines[prefix..new_lines.len() - suffix] {
-        let _ = writeln!(out, "+{line}");
-    }
-    for line in &old_lines[old_lines.len() - suffix..old_end] {
-        let _ = writeln!(out, " {line}");
-    }
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // read
 
 /// `read`: numbered lines of a text file.
 #[derive(Debug, Clone)]
-pub struct ReadTool {
+pub(crate) struct ReadTool {
     files: FileState,
 }
 
 impl ReadTool {
-    pub fn new(files: FileState) -> Self {
+    pub(crate) fn new(files: FileState) -> Self {
         ReadTool { files }
     }
 }
@@ -494,12 +462,12 @@ fn render_page(path: &Path, page: &Page, offset: u64) -> String {
 
 /// `write`: creates or replaces a whole file.
 #[derive(Debug, Clone)]
-pub struct WriteTool {
+pub(crate) struct WriteTool {
     files: FileState,
 }
 
 impl WriteTool {
-    pub fn new(files: FileState) -> Self {
+    pub(crate) fn new(files: FileState) -> Self {
         WriteTool { files }
     }
 }
@@ -672,12 +640,12 @@ fn written_text(path: &Path, what: &str) -> String {
 
 /// `edit`: replaces literal text in an existing file.
 #[derive(Debug, Clone)]
-pub struct EditTool {
+pub(crate) struct EditTool {
     files: FileState,
 }
 
 impl EditTool {
-    pub fn new(files: FileState) -> Self {
+    pub(crate) fn new(files: FileState) -> Self {
         EditTool { files }
     }
 }
@@ -1406,16 +1374,5 @@ mod tests {
         assert_eq!(out.meta.unwrap()["diff"]["oldText"], Value::Null);
         assert_eq!(buffers.0.lock().unwrap().get(&f.ws.join("new.txt")).map(String::as_str), Some("fresh\n"));
         assert!(!f.ws.join("new.txt").exists(), "the editor writes the file, not kin");
-    }
-
-    #[test]
-    fn unified_diff_shows_changed_lines_with_context() {
-        let old = "a\nb\nc\nd\ne\nf\ng\nh\n";
-        let new = "a\nb\nc\nd\nE\nf\ng\nh\n";
-        let diff = unified_diff(old, new, "x.txt");
-        assert_eq!(diff, "--- a/x.txt\n+++ b/x.txt\n@@ -2,7 +2,7 @@\n b\n c\n d\n-e\n+E\n f\n g\n h\n");
-        assert_eq!(unified_diff(old, old, "x.txt"), "");
-        let added = unified_diff("a\n", "a\nb\n", "y");
-        assert!(added.ends_with(" a\n+b\n"), "{added}");
     }
 }

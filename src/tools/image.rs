@@ -9,13 +9,13 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 /// The largest image kin passes on, in bytes (3.75 MiB: 5 MiB of base64, the Anthropic limit).
-pub const MAX_IMAGE_BYTES: usize = 3 * 1024 * 1024 + 768 * 1024;
+pub(crate) const MAX_IMAGE_BYTES: usize = 3 * 1024 * 1024 + 768 * 1024;
 /// `MAX_IMAGE_BYTES` as an error names it.
-pub const MAX_IMAGE_SHOWN: &str = "3.75 MiB";
+pub(crate) const MAX_IMAGE_SHOWN: &str = "3.75 MiB";
 
 /// An image format models take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Png,
     Jpeg,
     Gif,
@@ -24,7 +24,7 @@ pub enum Format {
 
 impl Format {
     /// The media type models are told.
-    pub fn media_type(self) -> &'static str {
+    pub(crate) fn media_type(self) -> &'static str {
         match self {
             Format::Png => "image/png",
             Format::Jpeg => "image/jpeg",
@@ -34,7 +34,7 @@ impl Format {
     }
 
     /// The format whose signature `bytes` start with, if any.
-    pub fn sniff(bytes: &[u8]) -> Option<Format> {
+    pub(crate) fn sniff(bytes: &[u8]) -> Option<Format> {
         if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
             Some(Format::Png)
         } else if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
@@ -50,16 +50,16 @@ impl Format {
 }
 
 /// The formats, as an error names them.
-pub const FORMATS: &str = "PNG, JPEG, GIF or WebP";
+pub(crate) const FORMATS: &str = "PNG, JPEG, GIF or WebP";
 
 /// The dsh image block of `bytes` in `format`.
-pub fn block(format: Format, bytes: &[u8]) -> Value {
+pub(crate) fn block(format: Format, bytes: &[u8]) -> Value {
     json!({"type": "image", "mediaType": format.media_type(), "data": STANDARD.encode(bytes)})
 }
 
 /// Why base64 `data` cannot be passed on as an image, if it cannot: it is not base64, it is
 /// larger than `MAX_IMAGE_BYTES`, or it is not one of the four formats. Otherwise its format.
-pub fn check_base64(data: &str) -> Result<Format, String> {
+pub(crate) fn check_base64(data: &str) -> Result<Format, String> {
     // Decoded length, from the base64 length, before decoding anything.
     let approx = data.len() / 4 * 3;
     if approx > MAX_IMAGE_BYTES + 3 {
@@ -90,12 +90,12 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The placeholder a model that takes no images reads instead of one.
-pub fn placeholder(media_type: &str) -> String {
+pub(crate) fn placeholder(media_type: &str) -> String {
     format!("[image {media_type}: not shown, this model takes no images]")
 }
 
 /// True for a dsh image block.
-pub fn is_image(block: &Value) -> bool {
+pub(crate) fn is_image(block: &Value) -> bool {
     block["type"] == "image"
 }
 

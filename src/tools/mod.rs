@@ -3,19 +3,19 @@
 //! agent loop dispatches through. Errors reach the model as `Error: <message>` with
 //! `isError: true`; an unknown name is an error result, not a crash.
 
-pub mod access;
+pub(crate) mod access;
 pub(crate) mod args;
-pub mod bash;
-pub mod builtin;
+pub(crate) mod bash;
+pub(crate) mod builtin;
 pub(crate) mod capture;
-pub mod files;
-pub mod fs;
-pub mod image;
-pub mod paths;
-pub mod regular;
-pub mod search;
-pub mod terminal;
-pub mod todo;
+pub(crate) mod files;
+pub(crate) mod fs;
+pub(crate) mod image;
+pub(crate) mod paths;
+pub(crate) mod regular;
+pub(crate) mod search;
+pub(crate) mod terminal;
+pub(crate) mod todo;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -209,7 +209,7 @@ pub trait ToolSource: Send + Sync {
 }
 
 /// Which names a source's tools may have in one agent (a child's tool filter).
-pub type Keep = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+pub(crate) type Keep = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The tools of one agent, by name (sorted, so the model sees a stable list), remembering the
 /// order they were registered in (the order of their advice in the system prompt), and the
@@ -333,12 +333,12 @@ impl ToolRegistry {
 }
 
 /// The error of a call naming a tool the agent does not have.
-pub fn unknown_tool(name: &str) -> ToolError {
+pub(crate) fn unknown_tool(name: &str) -> ToolError {
     ToolError::new("UNKNOWN_TOOL", format!("unknown tool \"{name}\""))
 }
 
 /// A call's arguments as JSON (`{}` when blank); not JSON is the call's error.
-pub fn parse_arguments(name: &str, raw: &str) -> Result<Value, ToolError> {
+pub(crate) fn parse_arguments(name: &str, raw: &str) -> Result<Value, ToolError> {
     if raw.trim().is_empty() {
         return Ok(json!({}));
     }

@@ -11,7 +11,7 @@ const MAX_SYMLINK_HOPS: usize = 40;
 
 /// `raw` resolved against `cwd` (unless absolute), with `.` and `..` removed lexically. An empty
 /// result (empty `cwd` and `raw`) becomes `.`.
-pub fn resolve(cwd: &Path, raw: &str) -> PathBuf {
+pub(crate) fn resolve(cwd: &Path, raw: &str) -> PathBuf {
     let raw = Path::new(raw);
     let joined = if raw.is_absolute() { raw.to_path_buf() } else { cwd.join(raw) };
     let normalized = normalize(&joined);
@@ -20,7 +20,7 @@ pub fn resolve(cwd: &Path, raw: &str) -> PathBuf {
 
 /// Lexical normalization: drops `.`, lets `..` remove the previous name (never climbing above
 /// the root of an absolute path), and keeps leading `..` of a relative path.
-pub fn normalize(path: &Path) -> PathBuf {
+pub(crate) fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
@@ -44,7 +44,7 @@ fn pop_parent(out: &mut PathBuf) {
 /// True when `path`, with every existing symlink on it followed, lies inside one of `roots`
 /// (themselves resolved the same way). Parts of `path` that do not exist yet are taken
 /// lexically, so a file about to be created inside the workspace is inside.
-pub fn inside_workspace(roots: &[PathBuf], path: &Path) -> bool {
+pub(crate) fn inside_workspace(roots: &[PathBuf], path: &Path) -> bool {
     let Some(real) = real_path(path) else {
         return false;
     };
@@ -54,7 +54,7 @@ pub fn inside_workspace(roots: &[PathBuf], path: &Path) -> bool {
 /// `path` made absolute with every existing symlink followed (including a dangling link, through
 /// its target) and the missing tail re-attached. `None` when a symlink chain is too long or the
 /// process directory is needed but unknown.
-pub fn real_path(path: &Path) -> Option<PathBuf> {
+pub(crate) fn real_path(path: &Path) -> Option<PathBuf> {
     let mut current = absolute(path)?;
     for _ in 0..MAX_SYMLINK_HOPS {
         match resolve_existing(&current) {

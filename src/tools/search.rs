@@ -50,7 +50,7 @@ fn search_title(tool: &str, arguments: &Value) -> String {
 
 /// `glob`: files whose names match a glob pattern, newest first.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GlobTool;
+pub(crate) struct GlobTool;
 
 impl Tool for GlobTool {
     fn name(&self) -> &str {
@@ -185,7 +185,7 @@ fn render_glob(root: &Path, pattern: &str, found: &[(PathBuf, SystemTime)]) -> S
 
 /// `grep`: lines matching a regular expression, as `path:line: text`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GrepTool;
+pub(crate) struct GrepTool;
 
 struct GrepRequest {
     pattern: String,

@@ -12,7 +12,7 @@ use crate::session::event;
 
 /// The state of one todo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TodoStatus {
+pub(crate) enum TodoStatus {
     Pending,
     InProgress,
     Completed,
@@ -20,7 +20,7 @@ pub enum TodoStatus {
 
 impl TodoStatus {
     /// The wire name: `pending`, `in_progress` or `completed`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TodoStatus::Pending => "pending",
             TodoStatus::InProgress => "in_progress",
@@ -28,7 +28,7 @@ impl TodoStatus {
         }
     }
 
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         match name {
             "pending" => Some(TodoStatus::Pending),
             "in_progress" => Some(TodoStatus::InProgress),
@@ -40,14 +40,14 @@ impl TodoStatus {
 
 /// One item of the task list.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Todo {
+pub(crate) struct Todo {
     pub content: String,
     pub status: TodoStatus,
 }
 
 /// The `todos` argument, validated. A JSON string holding the array is accepted too (some models
 /// encode it twice).
-pub fn parse_todos(args: &Value) -> Result<Vec<Todo>, ToolError> {
+pub(crate) fn parse_todos(args: &Value) -> Result<Vec<Todo>, ToolError> {
     let decoded;
     let todos = match args.get("todos") {
         Some(Value::String(text)) => {
@@ -87,7 +87,7 @@ fn invalid(message: impl Into<String>) -> ToolError {
 }
 
 /// dsh's answer to `todo_write` (dsh-design.md §4.1): the counts of the new list by status.
-pub fn render_todos(todos: &[Todo]) -> String {
+pub(crate) fn render_todos(todos: &[Todo]) -> String {
     let count = |status: TodoStatus| todos.iter().filter(|todo| todo.status == status).count();
     format!(
         "Updated todo list: {} pending, {} in progress, {} completed.",
@@ -99,7 +99,7 @@ pub fn render_todos(todos: &[Todo]) -> String {
 
 /// `todo_write`: replaces the session's task list.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TodoWriteTool;
+pub(crate) struct TodoWriteTool;
 
 impl Tool for TodoWriteTool {
     fn name(&self) -> &str {

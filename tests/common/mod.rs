@@ -16,13 +16,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use kin::config::{Config, Overrides};
-use kin::model::script::{ReplayEntry, ScriptedModel};
-use kin::model::{Model, ModelRoute};
-use kin::runtime::Runtime;
-use kin::session::{Event, SessionHeader, SessionObserver};
-use kin::subagent::StartRequest;
-use kin::tools::{Caller, ToolRegistry};
+use kin::testkit::config::{Config, Overrides};
+use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::{Model, ModelRoute};
+use kin::testkit::runtime::Runtime;
+use kin::testkit::session::{Event, SessionHeader, SessionObserver};
+use kin::testkit::subagent::StartRequest;
+use kin::testkit::tools::{Caller, ToolRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +46,7 @@ pub fn acp(sessions: &Path, replay: Option<&Path>) -> Command {
 
 /// A JSON-RPC 2.0 request frame (built by kin's ACP client module).
 pub fn request(id: u64, method: &str, params: Value) -> Value {
-    kin::acp::request_frame(id, method, params).unwrap()
+    kin::testkit::acp::request_frame(id, method, params).unwrap()
 }
 
 /// Whether `frame` is the response to request `id` (not a request from kin with the same id).

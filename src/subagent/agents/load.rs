@@ -28,7 +28,7 @@ pub struct AgentSettings {
 }
 
 /// The agent directories of a workspace.
-pub fn workspace_dirs(cwd: &Path) -> Vec<PathBuf> {
+pub(crate) fn workspace_dirs(cwd: &Path) -> Vec<PathBuf> {
     vec![cwd.join(".kin").join("agents"), cwd.join(".claude").join("agents")]
 }
 

@@ -14,9 +14,12 @@ mod file;
 mod front;
 mod load;
 
+pub(crate) use def::AgentDef;
 pub(crate) use def::Fields;
-pub use def::{AgentDef, ModelChoice, Origin};
-pub use load::{AgentSettings, Agents, workspace_dirs};
+pub(crate) use def::ModelChoice;
+pub(crate) use def::Origin;
+pub(crate) use load::AgentSettings;
+pub(crate) use load::Agents;
 
 use crate::model::ModelRoute;
 use crate::subagent::NamedAgent;

@@ -23,7 +23,7 @@ use crate::tools::{Access, Progress};
 /// The agent's answer text keeps its first and last 40 000 bytes.
 pub(crate) const OUTPUT_LIMITS: Limits = Limits { head: 40_000, tail: 40_000 };
 /// The largest file served to the agent (`fs/read_text_file`), about the size of a frame it may send.
-pub const MAX_SERVED_FILE: u64 = 16 << 20;
+pub(crate) const MAX_SERVED_FILE: u64 = 16 << 20;
 
 /// Where `forward` asks: the parent's editor, on the parent's session and the delegating tool
 /// call; the run's cancellation withdraws an open question.
