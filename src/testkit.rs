@@ -11,7 +11,7 @@ pub mod acp {
     }
 }
 pub mod agent {
-    pub use crate::agent::{AgentDeps, AgentHandle, Restored, TurnEnd, completed_prefix, spawn_agent};
+    pub use crate::agent::{AgentDeps, AgentHandle, PromptRefused, Restored, TurnEnd, completed_prefix, spawn_agent};
     pub mod compact {
         pub use crate::agent::compact::{Manual, Policy};
     }

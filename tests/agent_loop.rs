@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kin::testkit::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
+use kin::testkit::agent::{AgentDeps, AgentHandle, PromptRefused, TurnEnd, spawn_agent};
 use kin::testkit::model::http::RetryPolicy;
 use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
 use kin::testkit::model::{Model, ModelRoute, text_response, tool_call_response};
@@ -417,4 +417,45 @@ async fn a_discard_with_the_cancel_never_lets_the_queued_message_start() {
         assert_eq!(events.iter().filter(|e| e.kind == "turn/start").count(), 1, "round {round}: {:?}", kinds(&events));
         assert_eq!(f.model.requests().len(), 1, "round {round}: the discarded message reached the model");
     }
+}
+
+/// The agent owns the prompt slot: a second prompt is refused while the first is in flight,
+/// also while it only waits behind another turn (when no turn of its own runs yet), and
+/// accepted once the first one's turn has ended.
+#[tokio::test]
+async fn a_prompt_is_refused_while_another_is_in_flight_and_accepted_after_it() {
+    let hang = ReplayEntry::Hang { chunks: vec![], ready_file: None };
+    let f = start(vec![hang, chunks(text_response(&["one"])), chunks(text_response(&["two"]))], 5);
+    let ahead = f.handle.followup(text("ahead"), user()).unwrap();
+    while !f.handle.is_running() {
+        tokio::task::yield_now().await;
+    }
+    let first = f.handle.prompt(text("one"), user()).unwrap();
+    assert!(matches!(f.handle.prompt(text("again"), user()), Err(PromptRefused::Busy)));
+    f.handle.cancel();
+    assert_eq!(ahead.await.unwrap(), TurnEnd::Aborted);
+    assert_eq!(first.await.unwrap(), TurnEnd::Completed);
+    let second = f.handle.prompt(text("two"), user()).unwrap();
+    assert_eq!(second.await.unwrap(), TurnEnd::Completed);
+    assert_eq!(f.model.requests().len(), 3, "the refused prompts never reached the model");
+}
+
+/// The agent owns its route: a route chosen while a turn runs is reported at once, the running
+/// turn keeps the one it started with, and the next turn uses the new one.
+#[tokio::test]
+async fn a_route_chosen_during_a_turn_is_reported_at_once_and_used_from_the_next_turn() {
+    let hang = ReplayEntry::Hang { chunks: vec![], ready_file: None };
+    let f = start(vec![hang, chunks(text_response(&["next"]))], 5);
+    let first = f.handle.followup(text("one"), user()).unwrap();
+    while !f.handle.is_running() {
+        tokio::task::yield_now().await;
+    }
+    let other = ModelRoute::parse("other/model").unwrap();
+    f.handle.set_route(other.clone()).unwrap();
+    assert_eq!(f.handle.route(), other);
+    f.handle.cancel();
+    assert_eq!(first.await.unwrap(), TurnEnd::Aborted);
+    assert_eq!(f.handle.followup(text("two"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    let routes: Vec<String> = f.model.requests().iter().map(|r| r.route.to_string()).collect();
+    assert_eq!(routes, ["test/model", "other/model"]);
 }

@@ -104,9 +104,42 @@ struct Queued {
     message: UserMessage,
     /// Log-only events appended inside the turn, after the user message, before the first step.
     preamble: Vec<EventBody>,
-    reply: Option<oneshot::Sender<TurnEnd>>,
+    reply: Option<Reply>,
     /// An inbox message (its insertion is in the log): its turn starts with its claim.
     durable: bool,
+}
+
+/// The session's prompt slot, held from a user prompt's (or `/compact`'s) arrival until its turn
+/// has ended: while it is held `prompt` answers `Busy`. Dropping it (the turn ended, or what held
+/// it was dropped unanswered) frees the slot.
+pub(crate) struct PromptSlot(Arc<Shared>);
+
+impl Drop for PromptSlot {
+    fn drop(&mut self) {
+        self.0.prompt.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Who hears how a turn ended; a user prompt's turn also holds the prompt slot, freed just before
+/// the answer is sent (so whoever hears it may prompt again at once).
+struct Reply {
+    tx: oneshot::Sender<TurnEnd>,
+    slot: Option<PromptSlot>,
+}
+
+impl Reply {
+    fn send(self, end: TurnEnd) -> Result<(), TurnEnd> {
+        drop(self.slot);
+        self.tx.send(end)
+    }
+}
+
+/// Why `prompt` queued nothing.
+#[derive(Debug)]
+pub enum PromptRefused {
+    /// A user prompt (or `/compact`) of this session is in flight.
+    Busy,
+    Gone(AgentGone),
 }
 
 /// A read of the session, run on the actor between turns.
@@ -117,22 +150,54 @@ type RestoredTurns = Vec<(String, oneshot::Receiver<TurnEnd>)>;
 
 enum Command {
     Arrive(Arrival),
-    Flush { reply: oneshot::Sender<Result<(), String>> },
+    Flush {
+        reply: oneshot::Sender<Result<(), String>>,
+    },
     Read(Reader),
-    SetRoute(crate::model::ModelRoute),
     Log(EventBody),
-    Wake { reply: oneshot::Sender<RestoredTurns> },
-    Discard { reply: oneshot::Sender<Result<usize, String>> },
-    Compact { focus: Option<String>, reply: oneshot::Sender<compact::Manual> },
-    Shutdown { reply: oneshot::Sender<Result<(), String>> },
+    Wake {
+        reply: oneshot::Sender<RestoredTurns>,
+    },
+    Discard {
+        reply: oneshot::Sender<Result<usize, String>>,
+    },
+    /// `slot`: the prompt slot a `/compact` holds until it has answered.
+    Compact {
+        focus: Option<String>,
+        reply: oneshot::Sender<compact::Manual>,
+        slot: Option<PromptSlot>,
+    },
+    Shutdown {
+        reply: oneshot::Sender<Result<(), String>>,
+    },
 }
 
-#[derive(Default)]
+/// What the handles and the actor share: the state the rest of kin asks the agent about.
 struct Shared {
     current: Mutex<Option<CancellationToken>>,
     running: AtomicBool,
     /// Set by `shutdown`: a cancelled turn ends `disposed`, not `aborted`.
     disposing: AtomicBool,
+    /// The prompt slot is held (`PromptSlot`).
+    prompt: AtomicBool,
+    /// The route the next turn (or `/compact`) uses; a running turn keeps the one it started with.
+    route: Mutex<ModelRoute>,
+}
+
+impl Shared {
+    fn new(route: ModelRoute) -> Self {
+        Shared {
+            current: Mutex::default(),
+            running: AtomicBool::new(false),
+            disposing: AtomicBool::new(false),
+            prompt: AtomicBool::new(false),
+            route: Mutex::new(route),
+        }
+    }
+
+    fn route(&self) -> ModelRoute {
+        self.route.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 /// A cheap, clonable handle to a running agent.
@@ -165,6 +230,31 @@ impl AgentHandle {
         self.shared.running.load(Ordering::SeqCst)
     }
 
+    /// True while a user prompt (or `/compact`) of this session is in flight: from `prompt` until
+    /// its turn has ended.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.shared.prompt.load(Ordering::SeqCst)
+    }
+
+    /// The route the session's next turn uses (the last `set_route`, even while a turn still runs
+    /// on the one before).
+    pub fn route(&self) -> ModelRoute {
+        self.shared.route()
+    }
+
+    /// Takes the prompt slot, unless it is held.
+    fn claim(&self) -> Option<PromptSlot> {
+        let taken = self.shared.prompt.swap(true, Ordering::SeqCst);
+        (!taken).then(|| PromptSlot(self.shared.clone()))
+    }
+
+    /// A user prompt: `followup`, one at a time per session. `Busy` while another prompt (or
+    /// `/compact`) is in flight; the slot is free again once the turn's end is answered.
+    pub fn prompt(&self, content: Vec<Value>, source: Value) -> Result<oneshot::Receiver<TurnEnd>, PromptRefused> {
+        let slot = self.claim().ok_or(PromptRefused::Busy)?;
+        self.queue_turn(content, source, Vec::new(), Some(slot)).map_err(PromptRefused::Gone)
+    }
+
     /// Queues a prompt (`content`) as the sole message of its own FIFO turn; the receiver
     /// resolves when that turn has ended and its log is flushed. A prompt is not an inbox
     /// message: nothing is written until its turn starts.
@@ -180,9 +270,19 @@ impl AgentHandle {
         source: Value,
         preamble: Vec<EventBody>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
-        let (reply, rx) = oneshot::channel();
-        let queued =
-            Queued { message: UserMessage::new(content, source), preamble, reply: Some(reply), durable: false };
+        self.queue_turn(content, source, preamble, None)
+    }
+
+    fn queue_turn(
+        &self,
+        content: Vec<Value>,
+        source: Value,
+        preamble: Vec<EventBody>,
+        slot: Option<PromptSlot>,
+    ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
+        let (tx, rx) = oneshot::channel();
+        let reply = Some(Reply { tx, slot });
+        let queued = Queued { message: UserMessage::new(content, source), preamble, reply, durable: false };
         self.send(Command::Arrive(Arrival::Turn { queued, accepted: None }))?;
         Ok(rx)
     }
@@ -195,10 +295,10 @@ impl AgentHandle {
         content: Vec<Value>,
         source: Value,
     ) -> Result<(String, oneshot::Receiver<TurnEnd>), NotAccepted> {
-        let (reply, rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
         let message = UserMessage::new(content, source);
         let id = message.id.clone();
-        let queued = Queued { message, preamble: Vec::new(), reply: Some(reply), durable: true };
+        let queued = Queued { message, preamble: Vec::new(), reply: Some(Reply { tx, slot: None }), durable: true };
         let (accepted, written) = oneshot::channel();
         self.arrive(Arrival::Turn { queued, accepted: Some(accepted) }, written).await?;
         Ok((id, rx))
@@ -261,8 +361,12 @@ impl AgentHandle {
     }
 
     /// Switches the model route from the next turn on (a running turn keeps its route).
-    pub fn set_route(&self, route: crate::model::ModelRoute) -> Result<(), AgentGone> {
-        self.send(Command::SetRoute(route))
+    pub fn set_route(&self, route: ModelRoute) -> Result<(), AgentGone> {
+        if self.is_gone() {
+            return Err(AgentGone(self.id.clone()));
+        }
+        *self.shared.route.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route;
+        Ok(())
     }
 
     /// Records a log-only event between turns (after the running turn, if any).
@@ -283,8 +387,30 @@ impl AgentHandle {
     /// keep). Busy while a turn runs or a message waits for one; prompts sent meanwhile queue
     /// behind it.
     pub async fn compact(&self, focus: Option<String>) -> Result<compact::Manual, AgentGone> {
+        self.compact_holding(focus, None).await
+    }
+
+    /// `/compact` as a user prompt: `None` (busy, nothing sent) while a turn runs or another prompt
+    /// is in flight; else `compact`, holding the prompt slot until it has answered.
+    pub(crate) fn compact_prompt(
+        &self,
+        focus: Option<String>,
+    ) -> Option<impl std::future::Future<Output = Result<compact::Manual, AgentGone>> + Send + 'static> {
+        if self.is_running() {
+            return None;
+        }
+        let slot = self.claim()?;
+        let handle = self.clone();
+        Some(async move { handle.compact_holding(focus, Some(slot)).await })
+    }
+
+    async fn compact_holding(
+        &self,
+        focus: Option<String>,
+        slot: Option<PromptSlot>,
+    ) -> Result<compact::Manual, AgentGone> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Compact { focus, reply })?;
+        self.send(Command::Compact { focus, reply, slot })?;
         rx.await.map_err(|_| AgentGone(self.id.clone()))
     }
 
@@ -342,14 +468,14 @@ pub fn spawn_agent(session: Session, deps: AgentDeps) -> AgentHandle {
 /// (held) until `wake`, or until something else is queued behind them.
 pub(crate) fn spawn_restored(session: Session, restored: Restored, deps: AgentDeps) -> AgentHandle {
     let (tx, rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared::new(deps.route.clone()));
     let handle = AgentHandle { id: session.id().to_string(), tx, shared: shared.clone() };
     let mut queue = VecDeque::new();
     let mut turns = Vec::new();
     for message in restored.next_turn {
-        let (reply, rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
         turns.push((message.id.clone(), rx));
-        queue.push_back(Queued { message, preamble: Vec::new(), reply: Some(reply), durable: true });
+        queue.push_back(Queued { message, preamble: Vec::new(), reply: Some(Reply { tx, slot: None }), durable: true });
     }
     let held = !queue.is_empty();
     let actor = Actor { session, deps, shared, intake: Intake::with_queue(queue), held, restored: Some(turns) };
@@ -372,7 +498,6 @@ struct Actor {
 struct Deferred {
     flushes: Vec<oneshot::Sender<Result<(), String>>>,
     readers: Vec<Reader>,
-    next_route: Option<crate::model::ModelRoute>,
     logs: Vec<EventBody>,
     wakes: Vec<oneshot::Sender<RestoredTurns>>,
     discards: Vec<oneshot::Sender<Result<usize, String>>>,
@@ -427,14 +552,14 @@ impl Actor {
                 let _ = reply.send(self.session.flush().map_err(|e| format!("{e:#}")));
             }
             Command::Read(reader) => reader(&self.session),
-            Command::SetRoute(route) => self.deps.route = route,
             Command::Log(body) => log_durably(&mut self.session, vec![body]),
             Command::Wake { reply } => self.wake(reply),
             Command::Discard { reply } => {
                 let _ = reply.send(self.intake.discard(&mut self.session));
             }
-            Command::Compact { focus, reply } => {
+            Command::Compact { focus, reply, slot } => {
                 let outcome = self.compact_now(focus.as_deref()).await;
+                drop(slot);
                 let _ = reply.send(outcome);
             }
             Command::Shutdown { reply } => *shutdown = Some(reply),
@@ -447,6 +572,7 @@ impl Actor {
         if self.intake.has_queued() || self.shared.disposing.load(Ordering::SeqCst) {
             return compact::Manual::Busy;
         }
+        self.deps.route = self.shared.route();
         let cancel = CancellationToken::new();
         if let Ok(mut current) = self.shared.current.lock() {
             *current = Some(cancel.clone());
@@ -479,6 +605,8 @@ impl Actor {
             *current = Some(cancel.clone());
         }
         self.shared.running.store(true, Ordering::SeqCst);
+        // A route chosen since the last turn applies from this one.
+        self.deps.route = self.shared.route();
         let log_before = self.session.log_bytes();
         let Queued { message, preamble, reply, durable } = item;
         let mut deferred = Deferred::default();
@@ -536,10 +664,6 @@ impl Actor {
         for reply in deferred.wakes {
             self.wake(reply);
         }
-        // A model change asked for during the turn applies from the next turn.
-        if let Some(route) = deferred.next_route {
-            self.deps.route = route;
-        }
         if let Ok(mut current) = self.shared.current.lock() {
             *current = None;
         }
@@ -585,7 +709,6 @@ impl During<'_> {
             Some(Command::Arrive(arrival)) => self.intake.arrive(arrival),
             Some(Command::Flush { reply }) => deferred.flushes.push(reply),
             Some(Command::Read(reader)) => deferred.readers.push(reader),
-            Some(Command::SetRoute(route)) => deferred.next_route = Some(route),
             Some(Command::Log(body)) => deferred.logs.push(body),
             Some(Command::Wake { reply }) => deferred.wakes.push(reply),
             Some(Command::Compact { reply, .. }) => {

@@ -3,7 +3,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 
@@ -70,7 +69,7 @@ impl Runtime {
         let existing = {
             let mut live = self.live();
             match live.get(session_id) {
-                Some(entry) if entry.prompt_in_flight.load(Ordering::SeqCst) => {
+                Some(entry) if entry.handle.is_busy() => {
                     return Err(RuntimeError::InvalidParams(format!(
                         "session {session_id} has a prompt in flight; cancel it before loading"
                     )));

@@ -20,7 +20,6 @@ pub(crate) use turns::Prompted;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use crate::agent::AgentHandle;
@@ -41,11 +40,9 @@ use crate::tools::files::FileAccess;
 use crate::tools::terminal::Terminals;
 
 struct Live {
+    /// Its agent, which also answers whether a prompt is in flight and the route of its next turn.
     handle: AgentHandle,
-    prompt_in_flight: Arc<AtomicBool>,
     permissions: Arc<Permissions>,
-    /// The model route the session's next turn uses.
-    model: Mutex<crate::model::ModelRoute>,
     /// The session's MCP servers (its children use them too).
     mcp: Arc<McpSession>,
     /// The named agents its delegation tools offer (its children's too), read when it started.

@@ -2,8 +2,7 @@
 //! close, delete, shutdown; its MCP servers; new session ids.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Result;
 
@@ -105,12 +104,10 @@ impl Runtime {
         let sandbox = Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), recorded));
         let workspace = session.header.cwd.clone();
         let mut deps = self.deps(&permissions, &mcp, &agents, &sandbox, workspace.as_deref(), system);
-        deps.route = route.clone();
+        deps.route = route;
         let cwd = session.header.cwd.as_deref().map(PathBuf::from);
         let handle = spawn_restored(session, restored, deps);
-        let model = Mutex::new(route);
-        let prompt_in_flight = Arc::new(AtomicBool::new(false));
-        let live = Live { handle, prompt_in_flight, permissions, model, mcp, agents, sandbox, cwd };
+        let live = Live { handle, permissions, mcp, agents, sandbox, cwd };
         self.live().insert(id, live);
     }
 

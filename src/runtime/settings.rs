@@ -62,7 +62,7 @@ impl Runtime {
 
     /// The route a live session's next turn uses.
     pub fn session_model(&self, session_id: &str) -> Option<crate::model::ModelRoute> {
-        self.live().get(session_id).map(|l| l.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+        self.live().get(session_id).map(|l| l.handle.route())
     }
 
     /// Switches a live session's model from its next turn on, and records the choice in its log
@@ -83,7 +83,6 @@ impl Runtime {
         let live = self.live();
         let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
         entry.handle.set_route(route.clone()).map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        *entry.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route.clone();
         entry
             .handle
             .inject_log(event::SessionModel { provider: route.provider.clone(), model: route.model.clone() })

@@ -1,7 +1,6 @@
 //! Prompts: a user turn or a command kin runs itself (`/compact`), slash expansion, cancel.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 use futures::FutureExt;
@@ -11,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::Runtime;
 use super::error::RuntimeError;
-use crate::agent::TurnEnd;
+use crate::agent::{PromptRefused, TurnEnd};
 use crate::slash;
 
 /// What a prompt started.
@@ -52,36 +51,32 @@ impl Runtime {
             Some(slash::Expansion::Compact(focus)) => return self.compact(session_id, focus),
             None => content,
         };
-        let live = self.live();
-        let Some(entry) = live.get(session_id) else {
+        let handle = self.live().get(session_id).map(|l| l.handle.clone());
+        let Some(handle) = handle else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
-        if entry.prompt_in_flight.swap(true, Ordering::SeqCst) {
-            return Err(RuntimeError::InvalidParams("a prompt is already in flight for this session".into()));
-        }
-        let turn = entry.handle.followup(content, json!({"kind": "user"})).map_err(|e| {
-            entry.prompt_in_flight.store(false, Ordering::SeqCst);
-            RuntimeError::Internal(e.to_string())
+        let turn = handle.prompt(content, json!({"kind": "user"})).map_err(|refused| match refused {
+            PromptRefused::Busy => RuntimeError::InvalidParams("a prompt is already in flight for this session".into()),
+            PromptRefused::Gone(gone) => RuntimeError::Internal(gone.to_string()),
         })?;
-        let flag = entry.prompt_in_flight.clone();
-        let (tx, rx) = oneshot::channel();
         // `title_model`: a title after the turn that wrote the fallback one (never in replay).
-        let titler = match (&self.config.title_model, &self.config.replay) {
-            (Some(route), None) => Some((self.model.clone(), route.clone(), entry.handle.clone())),
-            _ => None,
+        let (Some(route), None) = (&self.config.title_model, &self.config.replay) else {
+            return Ok(Prompted::Turn(turn));
         };
+        let (model, route) = (self.model.clone(), route.clone());
+        let (tx, rx) = oneshot::channel();
         tokio::spawn(async move {
             let end = turn.await.unwrap_or(TurnEnd::Disposed);
-            flag.store(false, Ordering::SeqCst);
             let completed = end == TurnEnd::Completed;
             let _ = tx.send(end);
-            if let Some((model, route, handle)) = titler.filter(|_| completed) {
-                let basis = handle.read(|session| crate::title::basis(session.events())).await.ok().flatten();
-                if let Some(basis) = basis
-                    && let Some(title) = crate::title::ask(model, route, handle.id(), &basis).await
-                {
-                    let _ = handle.inject_log(title);
-                }
+            if !completed {
+                return;
+            }
+            let basis = handle.read(|session| crate::title::basis(session.events())).await.ok().flatten();
+            if let Some(basis) = basis
+                && let Some(title) = crate::title::ask(model, route, handle.id(), &basis).await
+            {
+                let _ = handle.inject_log(title);
             }
         });
         Ok(Prompted::Turn(rx))
@@ -90,23 +85,21 @@ impl Runtime {
     /// `/compact [focus]`: compacts the session's history now; busy (nothing written) while a
     /// turn runs or another prompt is in flight. Holds the session's prompt slot meanwhile.
     pub(super) fn compact(&self, session_id: &str, focus: String) -> Result<Prompted, RuntimeError> {
-        let live = self.live();
-        let Some(entry) = live.get(session_id) else {
+        let handle = self.live().get(session_id).map(|l| l.handle.clone());
+        let Some(handle) = handle else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
         let (tx, rx) = oneshot::channel();
-        if entry.handle.is_running() || entry.prompt_in_flight.swap(true, Ordering::SeqCst) {
+        let focus = Some(focus).filter(|f| !f.trim().is_empty());
+        let Some(compaction) = handle.compact_prompt(focus) else {
             let _ = tx.send(crate::agent::compact::Manual::Busy.text());
             return Ok(Prompted::Answer(rx));
-        }
-        let (handle, flag) = (entry.handle.clone(), entry.prompt_in_flight.clone());
-        let focus = Some(focus).filter(|f| !f.trim().is_empty());
+        };
         tokio::spawn(async move {
-            let text = match handle.compact(focus).await {
+            let text = match compaction.await {
                 Ok(outcome) => outcome.text(),
                 Err(gone) => format!("Compaction did not run: {gone}."),
             };
-            flag.store(false, Ordering::SeqCst);
             let _ = tx.send(text);
         });
         Ok(Prompted::Answer(rx))
