@@ -96,6 +96,9 @@ pub mod session {
     pub mod surface {
         pub use crate::session::surface::validate;
     }
+    pub mod watch {
+        pub use crate::session::watch::LogWatch;
+    }
 }
 pub mod subagent {
     pub use crate::subagent::{

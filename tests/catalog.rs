@@ -1986,3 +1986,77 @@ fn a_stale_entry_is_never_used_for_a_log_that_changed() {
     lists_as_without_index(&store, "a project gone");
     assert_index_used(&store, "a project gone");
 }
+
+/// Issue 23: kin's own writes keep the index current. A child that a watched store (the
+/// runtime's arrangement) publishes, flushes and closes is in the index once the watch settles,
+/// so the next process's first listing reads its descriptor line and not its log; a log that
+/// grew without the watch (another kin, a hand edit) is still detected by its length and read
+/// whole; a child removed loses its entry. Every listing is the one no index gives.
+#[test]
+fn children_kin_writes_are_listed_cold_from_the_index_without_reading_their_logs() {
+    let (_dir, plain) = index_corpus();
+    lists_as_without_index(&plain, "building it");
+    // The writing process: a query that keeps the index (it never lists here) and a store that
+    // reports to it.
+    let keeper = StoreSource::persisted_only(plain.clone()).with_index();
+    let store = plain.clone().watched(keeper.watch());
+    continuable_child(&store, "child-new", P, 12, "new");
+    one_shot_child(&store, "child-one", P, 13, Some("one"));
+    let mut a = store.load(A).unwrap();
+    a.append(DESCRIPTOR_EVENT, continuable("again").to_value());
+    a.flush().unwrap();
+    drop(a);
+    keeper.settle();
+    let listed = unindexed(&plain);
+    assert!(listed.contains("child-new") && listed.contains("child-one"), "{listed}");
+    assert!(listed.contains(&format!("{A:?}, reason: Corrupt")), "A has two descriptors now: {listed}");
+    let io = lists_as_without_index(&plain, "children kin wrote");
+    assert_eq!((io.whole_reads, io.header_reads), (0, 0), "every log kin wrote is in the index: {io:?}");
+    // Every candidate with a descriptor has its lines read back (the fork has none).
+    assert!(io.line_reads >= 9, "{io:?}");
+    // A write kin's watch does not see: detected by the length, read whole, listed the same.
+    let mut b = plain.load(B).unwrap();
+    b.append(DESCRIPTOR_EVENT, continuable("unwatched").to_value());
+    b.flush().unwrap();
+    drop(b);
+    let io = lists_as_without_index(&plain, "a log that grew unwatched");
+    assert_eq!((io.whole_reads, io.header_reads), (1, 1), "only B is read: {io:?}");
+    // A child removed through the watched store: its entry goes with it.
+    let index_text = || std::fs::read_to_string(index_file(&plain)).unwrap();
+    assert!(index_text().contains("child-one"));
+    store.discard_unaccepted("child-one").unwrap();
+    keeper.settle();
+    assert!(!index_text().contains("child-one"), "the removed child's entry is gone");
+    assert!(!unindexed(&plain).contains("child-one"));
+    assert_index_used(&plain, "a child removed");
+}
+
+/// The same through the runtime: a continuable child it starts and settles is listed by the
+/// next process's first listing from the index, without its log being read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_the_runtime_writes_is_in_the_index_after_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ScriptedModel::new([]).route("first", [ReplayEntry::Chunks(text_response(&["one"]))]);
+    let (rt, _) = runtime_with(dir.path(), model, "");
+    let store = rt.store().clone();
+    let (parent_id, caller) = parent(&rt, dir.path());
+    let (child, _) = rt.continuation().start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    until("the child to settle", || !rt.continuation().is_resident(&child)).await;
+    rt.shutdown().await;
+    drop(caller);
+    // The runtime's query goes with it, and settles its watch first.
+    drop(rt);
+    let expected = listing_text_of(&query(&store, &[]), &parent_id);
+    assert!(expected.contains(&child), "{expected}");
+    let cold = indexed(&store);
+    assert_eq!(listing_text_of(&cold, &parent_id), expected);
+    let io = cold.source().io();
+    assert_eq!((io.whole_reads, io.header_reads, io.line_reads), (0, 0, 1), "{io:?}");
+}
+
+/// `listing_text` below another parent.
+fn listing_text_of(q: &dyn QueryService, parent: &str) -> String {
+    let entries = list(q, parent);
+    let rendered = entries.as_ref().map(|e| render(e)).unwrap_or_default();
+    format!("{entries:?}\n{rendered}")
+}

@@ -124,12 +124,14 @@ impl Runtime {
                 live_set.upgrade().is_some_and(|rt| rt.live_agent(id).is_some())
             })
             .with_index();
+            // Every log this runtime writes is reported to the query, which keeps the index current.
+            let watch = source.watch();
             let query: Arc<dyn QueryService> = Arc::new(SessionQuery::new(source));
             tools.register(Arc::new(ListAgentsTool(Some(query.clone()))));
             for problem in problems {
                 tracing::error!("subagent setup: {problem}");
             }
-            let store = SessionStore::new(config.sessions_dir.clone());
+            let store = SessionStore::new(config.sessions_dir.clone()).watched(watch);
             let default_child = delegate_config(&config, "subagent", "spawn");
             let defaults = Defaults {
                 persona: default_child.persona,

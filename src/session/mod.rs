@@ -17,6 +17,7 @@ pub(crate) mod scan;
 pub(crate) mod store;
 pub(crate) mod surface;
 mod warn;
+pub(crate) mod watch;
 pub(crate) mod writer;
 
 pub(crate) use event::EventBody;

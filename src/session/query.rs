@@ -18,7 +18,9 @@
 //! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan
 //! (`pin` / `release`), so it stats each log once. With `with_index` (the runtime's), the source
 //! also keeps the derived catalog index file (`catalog_index`): the first scan takes unchanged
-//! logs' headers from it and their summaries read back only the descriptor lines. A file
+//! logs' headers from it and their summaries read back only the descriptor lines; its `watch`
+//! (`session::watch`), which the runtime's store reports its writes to, keeps the cache and the
+//! file current as kin writes children, in batches on the watch's thread. A file
 //! rewritten to the same length within one mtime tick would be missed until it changes again:
 //! logs are append-only, so only a hand edit can do that.
 
@@ -41,6 +43,7 @@ use super::scan::{LocatedLine, read_header, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError};
 pub use super::surface::Surface;
 use super::surface::validate;
+use super::watch::LogWatch;
 
 /// The largest `before` / `after` of a `read_event` window (dsh `readWindowMax`).
 pub(crate) const READ_WINDOW_MAX: u64 = 50;
@@ -597,9 +600,19 @@ type LiveSet = Box<dyn Fn(&str) -> bool + Send + Sync>;
 /// is read from disk too, like any other (the valid prefix, without repair). The live side of the
 /// corpus is therefore the live *set*; activity is the only thing it adds.
 pub struct StoreSource {
-    store: SessionStore,
     live: LiveSet,
+    /// Shared with the thread of `watch`, which keeps it (and the index) current as kin writes.
+    state: Arc<SourceState>,
+    /// With the index: told of the logs kin writes (`watch`).
+    watch: Option<Arc<LogWatch>>,
+}
+
+/// What a `StoreSource` knows of its store.
+struct SourceState {
+    store: SessionStore,
     cache: Mutex<Cache>,
+    /// Held while the index file is written (a listing and the watch's thread both write it).
+    writing: Mutex<()>,
     /// What this source did to the logs (`io`).
     io: IoCounters,
 }
@@ -713,7 +726,9 @@ struct FoundLog {
 impl StoreSource {
     /// `live(id)` says whether a session is live in this process.
     pub fn new(store: SessionStore, live: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
-        StoreSource { store, live: Box::new(live), cache: Mutex::default(), io: IoCounters::default() }
+        let state =
+            SourceState { store, cache: Mutex::default(), writing: Mutex::default(), io: IoCounters::default() };
+        StoreSource { live: Box::new(live), state: Arc::new(state), watch: None }
     }
 
     /// A source where nothing is live (another process's store, tools, benchmarks).
@@ -726,41 +741,96 @@ impl StoreSource {
     /// summaries of unchanged logs read only their descriptor lines, and a listing that left the
     /// file behind writes it again when it closes. Results are those of a source without it.
     pub fn with_index(mut self) -> Self {
-        let cache = self.cache.get_mut().unwrap_or_else(PoisonError::into_inner);
-        cache.index = Some(IndexState { file: IndexFile::Unread, dirty: false, write_failed: false });
+        self.state.cache().index = Some(IndexState { file: IndexFile::Unread, dirty: false, write_failed: false });
+        let state = Arc::downgrade(&self.state);
+        self.watch = Some(LogWatch::new(move |paths| {
+            if let Some(state) = state.upgrade() {
+                state.refresh(paths);
+            }
+        }));
         self
     }
 
-    /// The index entries for the scan about to run: the file's, the first time (`None` once used,
-    /// or when it cannot be used: it is then written again).
-    fn take_index(&self, cache: &mut Cache) -> Option<HashMap<catalog_index::Key, catalog_index::Entry>> {
-        let state = cache.index.as_mut()?;
-        match std::mem::replace(&mut state.file, IndexFile::Used) {
-            IndexFile::Loaded(entries) => Some(entries),
-            IndexFile::Used => None,
-            IndexFile::Unread => match catalog_index::load(self.store.root()) {
-                Ok(entries) => Some(entries),
-                Err(e) => {
-                    let missing = catalog_index::path(self.store.root()).is_none_or(|path| !path.exists());
-                    if !missing {
-                        tracing::warn!("ignoring the catalog index (it is rebuilt): {e}");
-                    }
-                    state.dirty = true;
-                    None
-                }
-            },
+    /// With the index, the watch a `SessionStore` that writes this source's logs reports to
+    /// (`SessionStore::watched`): each log it publishes, flushes, closes or deletes is brought
+    /// into the cache and the index, in batches on the watch's thread.
+    pub fn watch(&self) -> Option<Arc<LogWatch>> {
+        self.watch.clone()
+    }
+
+    /// Waits until every log reported to `watch` so far is in the cache and the index file.
+    pub fn settle(&self) {
+        if let Some(watch) = &self.watch {
+            watch.settle();
         }
     }
 
-    /// Writes the catalog index if the cache is ahead of it (when a listing closes).
+    pub fn store(&self) -> &SessionStore {
+        &self.state.store
+    }
+}
+
+impl Drop for StoreSource {
+    /// What kin wrote is in the index before the source goes (a runtime shutting down).
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
+impl SourceState {
+    /// Reads the index file, the first time it is needed (`Unread` becomes `Loaded`, or `Used`
+    /// and dirty when the file cannot be used: it is then written again).
+    fn read_index(&self, cache: &mut Cache) {
+        let Some(state) = cache.index.as_mut() else { return };
+        if !matches!(state.file, IndexFile::Unread) {
+            return;
+        }
+        state.file = match catalog_index::load(self.store.root()) {
+            Ok(entries) => IndexFile::Loaded(entries),
+            Err(e) => {
+                let missing = catalog_index::path(self.store.root()).is_none_or(|path| !path.exists());
+                if !missing {
+                    tracing::warn!("ignoring the catalog index (it is rebuilt): {e}");
+                }
+                state.dirty = true;
+                IndexFile::Used
+            }
+        };
+    }
+
+    /// The index entries for the scan about to run: the file's, the first time (`None` once used,
+    /// or when it cannot be used).
+    fn take_index(&self, cache: &mut Cache) -> Option<HashMap<catalog_index::Key, catalog_index::Entry>> {
+        self.read_index(cache);
+        let state = cache.index.as_mut()?;
+        match std::mem::replace(&mut state.file, IndexFile::Used) {
+            IndexFile::Loaded(entries) => Some(entries),
+            IndexFile::Used | IndexFile::Unread => None,
+        }
+    }
+
+    /// Writes the catalog index if the cache is ahead of it (when a listing closes, and after a
+    /// batch of logs kin wrote). Before the first scan, the file's entries for logs the cache does
+    /// not know are written back as they were (each is checked again where it is used).
     fn write_index(&self) {
+        let _one_writer = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         let entries: Vec<(OsString, OsString, catalog_index::Entry)> = {
-            let mut cache = self.cache();
+            let mut guard = self.cache();
+            let cache = &mut *guard;
             let Some(state) = cache.index.as_mut() else { return };
             if !state.dirty || state.write_failed || matches!(state.file, IndexFile::Unread) {
                 return;
             }
             state.dirty = false;
+            let known = &cache.logs;
+            let unscanned: Vec<(OsString, OsString, catalog_index::Entry)> = match &state.file {
+                IndexFile::Loaded(entries) => entries
+                    .iter()
+                    .filter(|((project, session), _)| known.get(project).is_none_or(|logs| !logs.contains_key(session)))
+                    .map(|((project, session), entry)| (project.clone(), session.clone(), entry.clone()))
+                    .collect(),
+                IndexFile::Used | IndexFile::Unread => Vec::new(),
+            };
             cache
                 .logs
                 .iter()
@@ -779,6 +849,7 @@ impl StoreSource {
                         _ => None,
                     })
                 })
+                .chain(unscanned)
                 .collect()
         };
         let written = catalog_index::write(
@@ -793,12 +864,92 @@ impl StoreSource {
         }
     }
 
-    pub fn store(&self) -> &SessionStore {
-        &self.store
-    }
-
     fn cache(&self) -> MutexGuard<'_, Cache> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Brings the logs at `paths`, which kin just published, flushed, closed or removed (the
+    /// watch's batch), into the cache as the next scan finds them, and writes the index if that
+    /// put the file behind. A child log (one naming a parent: a listing candidate) is summarised
+    /// here, read whole once, so the next process's first listing reads only its descriptor
+    /// lines; another log gets its length and mtime (its header is immutable), which alone does
+    /// not rewrite the file. A log gone loses its entry. Paths outside the store's layout are
+    /// ignored.
+    fn refresh(&self, paths: &[PathBuf]) {
+        {
+            // Until a scan uses the file, it is read again for each batch: what another process
+            // wrote since is kept, not overwritten with an older copy.
+            let mut cache = self.cache();
+            if let Some(state) = cache.index.as_mut().filter(|s| matches!(s.file, IndexFile::Loaded(_))) {
+                state.file = IndexFile::Unread;
+            }
+            self.read_index(&mut cache);
+        }
+        for path in paths {
+            let root = path.parent().and_then(Path::parent).and_then(Path::parent);
+            if path.file_name() == Some(OsStr::new(LOG_FILE)) && root == Some(self.store.root()) {
+                self.refresh_log(path);
+            }
+        }
+        self.write_index();
+    }
+
+    fn refresh_log(&self, path: &Path) {
+        let (project, session) = log_key(path);
+        let found = match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.is_file() => Some((meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH))),
+            _ => None,
+        };
+        let known = {
+            let mut cache = self.cache();
+            let key = (project.to_owned(), session.to_owned());
+            let in_file = match cache.index.as_mut().map(|state| &mut state.file) {
+                Some(IndexFile::Loaded(entries)) => entries.remove(&key).is_some(),
+                _ => false,
+            };
+            let Some((len, modified)) = found else {
+                let cached = cache.logs.get_mut(project).and_then(|logs| logs.remove(session)).is_some();
+                if cached {
+                    cache.corpus = None;
+                }
+                if let Some(state) = cache.index.as_mut().filter(|_| cached || in_file) {
+                    state.dirty = true;
+                }
+                return;
+            };
+            let at = cache.logs.get(project).and_then(|logs| logs.get(session));
+            if at.is_some_and(|c| c.is_at(len, modified) && (c.facts.is_some() || c.header.is_err())) {
+                return;
+            }
+            at.and_then(|c| c.header.clone().ok()).map(|header| (header, len, modified))
+        };
+        let (header, len, modified) = match known {
+            Some(known) => known,
+            None => {
+                let Some((len, modified)) = found else { return };
+                match self.read_header(path) {
+                    Ok((header, _)) => (Arc::new(header), len, modified),
+                    // Left to the next scan, which reports it.
+                    Err(_) => return,
+                }
+            }
+        };
+        if session != OsStr::new(&super::layout::encode_segment(&header.id)) {
+            return; // Not where its id puts it: a scan leaves it out of the index too.
+        }
+        if header.parent_session.is_some() {
+            // Builds the summary and the index facts, and makes the file dirty.
+            let _ = self.summary_at(path, &header.id, len, modified);
+            return;
+        }
+        let mut cache = self.cache();
+        let logs = cache.logs.entry(project.to_owned()).or_default();
+        let seen = logs.get(session).map_or(0, |c| c.seen);
+        let log = CachedLog { len, modified, header: Ok(header), summary: None, seen, statted: true, facts: None };
+        match logs.insert(session.to_owned(), log) {
+            Some(old) if old.header == logs[session].header => {}
+            _ => cache.corpus = None,
+        }
     }
 
     /// Every persisted session (one corpus scan). Headers are read only from logs that are new
@@ -950,7 +1101,7 @@ impl StoreSource {
 
 impl SessionSource for StoreSource {
     fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError> {
-        let mut records = self.corpus(cancel)?.merged.clone()?;
+        let mut records = self.state.corpus(cancel)?.merged.clone()?;
         for record in &mut records {
             record.live = (self.live)(record.header.id.as_str());
         }
@@ -960,19 +1111,19 @@ impl SessionSource for StoreSource {
     }
 
     fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
-        let path = self.path_of(id)?;
-        self.stat(&path, id)?;
-        count(&self.io.whole_reads);
+        let path = self.state.path_of(id)?;
+        self.state.stat(&path, id)?;
+        count(&self.state.io.whole_reads);
         read_log(&path, id)
     }
 
     fn summary(&self, id: &str) -> Result<Arc<LogSummary>, QueryError> {
-        if let Some((_, Some(summary))) = self.cache().pinned.get(id) {
+        if let Some((_, Some(summary))) = self.state.cache().pinned.get(id) {
             return Ok(summary.clone());
         }
-        let path = self.path_of(id)?;
-        let (len, modified) = self.stat(&path, id)?;
-        self.summary_at(&path, id, len, modified)
+        let path = self.state.path_of(id)?;
+        let (len, modified) = self.state.stat(&path, id)?;
+        self.state.summary_at(&path, id, len, modified)
     }
 
     /// Pins each id's summary as of the last scan, building the missing ones on up to
@@ -982,7 +1133,7 @@ impl SessionSource for StoreSource {
         let summaries: Vec<Option<Arc<LogSummary>>> = {
             let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(ids.len());
             if workers <= 1 {
-                ids.iter().map(|id| self.scanned_summary(id, cancel)).collect()
+                ids.iter().map(|id| self.state.scanned_summary(id, cancel)).collect()
             } else {
                 let mut out: Vec<Option<Arc<LogSummary>>> = vec![None; ids.len()];
                 std::thread::scope(|scope| {
@@ -993,7 +1144,7 @@ impl SessionSource for StoreSource {
                                     .enumerate()
                                     .skip(worker)
                                     .step_by(workers)
-                                    .map(|(i, id)| (i, self.scanned_summary(id, cancel)))
+                                    .map(|(i, id)| (i, self.state.scanned_summary(id, cancel)))
                                     .collect::<Vec<_>>()
                             })
                         })
@@ -1008,7 +1159,7 @@ impl SessionSource for StoreSource {
                 out
             }
         };
-        let mut cache = self.cache();
+        let mut cache = self.state.cache();
         for (id, summary) in ids.iter().zip(summaries) {
             let pin = cache.pinned.entry((*id).to_string()).or_insert((0, None));
             pin.0 += 1;
@@ -1021,7 +1172,7 @@ impl SessionSource for StoreSource {
     /// Also writes the catalog index, if this listing left it behind.
     fn release(&self, ids: &[&str]) {
         {
-            let mut cache = self.cache();
+            let mut cache = self.state.cache();
             for id in ids {
                 if let Some(pin) = cache.pinned.get_mut(*id) {
                     pin.0 -= 1;
@@ -1031,7 +1182,7 @@ impl SessionSource for StoreSource {
                 }
             }
         }
-        self.write_index();
+        self.state.write_index();
     }
 }
 
@@ -1039,14 +1190,17 @@ impl StoreSource {
     /// What this source has done to the logs so far.
     pub fn io(&self) -> SourceIo {
         let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let io = &self.state.io;
         SourceIo {
-            stats: get(&self.io.stats),
-            header_reads: get(&self.io.header_reads),
-            whole_reads: get(&self.io.whole_reads),
-            line_reads: get(&self.io.line_reads),
+            stats: get(&io.stats),
+            header_reads: get(&io.header_reads),
+            whole_reads: get(&io.whole_reads),
+            line_reads: get(&io.line_reads),
         }
     }
+}
 
+impl SourceState {
     fn stat(&self, path: &Path, id: &str) -> Result<(u64, SystemTime), QueryError> {
         count(&self.io.stats);
         stat(path, id)

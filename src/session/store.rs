@@ -2,6 +2,7 @@
 //! (read-only) and deleting logs under one root directory.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::layout::{LOG_FILE, encode_segment, log_path, validate_session_id};
@@ -9,6 +10,7 @@ use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
 use super::scan::{ScanError, Scanned, read_header, scan_file, scan_file_resident};
+use super::watch::LogWatch;
 use super::writer::LogWriter;
 
 /// Why a session could not be opened.
@@ -48,11 +50,28 @@ pub struct StoredSession {
 #[derive(Debug, Clone)]
 pub struct SessionStore {
     root: PathBuf,
+    /// Told of every log this store's writers publish, flush or close, and of the logs it
+    /// deletes (`watched`).
+    watch: Option<Arc<LogWatch>>,
 }
 
 impl SessionStore {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        SessionStore { root: root.into() }
+        SessionStore { root: root.into(), watch: None }
+    }
+
+    /// This store, reporting the logs it writes and deletes to `watch` (the runtime's session
+    /// query keeps its catalog index current through it; `session::watch`).
+    pub fn watched(mut self, watch: Option<Arc<LogWatch>>) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// Reports a removed log to the watch.
+    fn removed(&self, path: &Path) {
+        if let Some(watch) = &self.watch {
+            watch.changed(path);
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -79,7 +98,7 @@ impl SessionStore {
             return Err(StoreError::Io(anyhow::anyhow!("session {} already exists", header.id)));
         }
         let path = log_path(&self.root, header.cwd.as_deref(), &header.id);
-        let mut writer = LogWriter::create(path, &header).map_err(StoreError::Io)?;
+        let mut writer = LogWriter::create(path, &header).map_err(StoreError::Io)?.watched(self.watch.clone());
         for event in &seed {
             writer.append(event);
         }
@@ -150,7 +169,9 @@ impl SessionStore {
         if let Some(torn) = &scanned.torn {
             tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
         }
-        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes).map_err(StoreError::Io)?;
+        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes)
+            .map_err(StoreError::Io)?
+            .watched(self.watch.clone());
         let mut session = Session::restore(scanned.header, scanned.events, scanned.length, writer);
         let repairs = closers(session.events());
         if !repairs.is_empty() {
@@ -200,6 +221,7 @@ impl SessionStore {
         };
         remove_log(&path).map_err(StoreError::Io)?;
         drop(lock);
+        self.removed(&path);
         Ok(())
     }
 
@@ -253,7 +275,9 @@ impl SessionStore {
             }
         }
         for (_, path) in tree.iter().rev() {
-            remove_log(path).map_err(StoreError::Io)?;
+            let removed = remove_log(path).map_err(StoreError::Io);
+            self.removed(path);
+            removed?;
         }
         drop(locks);
         Ok(tree.into_iter().rev().map(|(sid, _)| sid).collect())

@@ -8,11 +8,13 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
 use super::record::{Event, SessionHeader};
 use super::warn::WriteWarnings;
+use super::watch::LogWatch;
 
 /// Pending bytes above which an append writes through (without `fsync`).
 const WRITE_THROUGH_BYTES: usize = 1 << 20;
@@ -35,6 +37,8 @@ pub struct LogWriter {
     created: Option<Created>,
     /// Failed writes are logged through this, rate-limited.
     warnings: WriteWarnings,
+    /// Told when the header is published, after each `fsync` and when the writer closes.
+    watch: Option<Arc<LogWatch>>,
 }
 
 /// What `materialize` created.
@@ -59,6 +63,7 @@ impl LogWriter {
             unsynced: false,
             created: None,
             warnings: WriteWarnings::default(),
+            watch: None,
         })
     }
 
@@ -85,11 +90,27 @@ impl LogWriter {
             unsynced: false,
             created: None,
             warnings: WriteWarnings::default(),
+            watch: None,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This writer, reporting its log to `watch` (see `session::watch`).
+    pub(crate) fn watched(mut self, watch: Option<Arc<LogWatch>>) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// Reports the log to the watch, if there is one and the file exists.
+    fn report(&self) {
+        if let Some(watch) = &self.watch
+            && self.file.is_some()
+        {
+            watch.changed(&self.path);
+        }
     }
 
     /// Queues one event. Writes through when the batch is large; never `fsync`s. A failed
@@ -114,6 +135,7 @@ impl LogWriter {
                 return Err(e);
             }
             self.unsynced = false;
+            self.report();
         }
         Ok(())
     }
@@ -145,6 +167,7 @@ impl LogWriter {
             return Err(e);
         }
         self.unsynced = false;
+        self.report();
         Ok(())
     }
 
@@ -248,6 +271,7 @@ impl LogWriter {
                 self.file = Some(file);
                 self.header_line = None;
                 self.created = Some(created);
+                self.report();
                 Ok(())
             }
             Err(e) => {
@@ -261,10 +285,19 @@ impl LogWriter {
     /// file was published): the file, and its directory when this writer created it. A writer
     /// that did not publish its file (a reopened log) removes nothing.
     pub fn discard(mut self) {
+        let Some(created) = self.created.take() else { return };
         self.file = None;
-        if let Some(created) = self.created.take() {
-            remove_published(&self.path, true, created);
+        remove_published(&self.path, true, created);
+        if let Some(watch) = &self.watch {
+            watch.changed(&self.path);
         }
+    }
+}
+
+impl Drop for LogWriter {
+    /// A closed log is reported (a discarded one was, when it was removed).
+    fn drop(&mut self) {
+        self.report();
     }
 }
 
