@@ -181,10 +181,13 @@ async fn a_cold_resume_keeps_the_stored_depth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_message_to_a_live_child_outside_its_activation_is_an_ownership_conflict() {
     let dir = tempfile::tempdir().unwrap();
-    let (rt, _) = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
+    let (rt, model) = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
     let (_, caller) = parent(&rt, dir.path());
     // A live one-shot child of the caller: running, but no Activation of the manager holds it.
     let run = rt.subagents().start("spawn", start_request(&caller, "work")).await.unwrap();
+    // Its turn is running, so its task is in its log (`start` only queues the turn: a child
+    // disposed before the turn starts never logs its task).
+    until("the child's model call", || calls_of(&model, &run.id).len() == 1).await;
     let source = json!({"kind": "coordinator", "senderSessionId": caller.header.id});
     let err = rt
         .continuation()
@@ -322,7 +325,9 @@ async fn a_child_whose_agent_stopped_outside_the_manager_still_settles_and_resum
         .expect("the child's agent")
         .shutdown()
         .await;
-    until("the stopped child to settle", || !manager.is_resident(&child)).await;
+    // Settled once its `subagent/end` is out (the Activation is gone before that is emitted).
+    until("the stopped child to settle", || epochs(&events.lock().unwrap(), &child).len() == 2).await;
+    assert!(!manager.is_resident(&child));
     assert_eq!(epochs(&events.lock().unwrap(), &child).iter().map(|(_, k)| *k).collect::<Vec<_>>(), ["start", "end"]);
     // Its log is intact, so a follow-up resumes it cold.
     let source = json!({"kind": "user"});

@@ -10,6 +10,7 @@
 //! line is JSON-RPC 2.0) stays in that test, through the callback of [`Peer::response`] or its
 //! own loop over [`Peer::frame`].
 
+use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -123,6 +124,19 @@ impl Peer {
                 return frame;
             }
         }
+    }
+
+    /// Reads frames (each within `timeout`) until every request of `ids` is answered, in
+    /// whatever order the answers come; returns them by id.
+    pub fn responses(&self, ids: &[u64], timeout: Duration) -> HashMap<u64, Value> {
+        let mut answers = HashMap::new();
+        while answers.len() < ids.len() {
+            let frame = self.frame(timeout);
+            if let Some(&id) = ids.iter().find(|&&id| is_response(&frame, id)) {
+                answers.insert(id, frame);
+            }
+        }
+        answers
     }
 
     /// Sends a request and returns its response, reading each frame within `timeout`.
