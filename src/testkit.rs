@@ -35,22 +35,20 @@ pub mod login {
 }
 pub mod model {
     pub use crate::model::{
-        ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, ModelRoute, Purpose, StreamChunk,
-        ToolSchema, text_response, tool_call_response,
+        ChunkStream, Failure, FinishReason, Model, ModelEvent, ModelRequest, ModelResult, ModelRoute, Purpose,
+        RetryInfo, StreamChunk, ToolSchema, text_response, tool_call_response,
     };
     pub mod capacity {
         pub use crate::model::capacity::{ModelEntry, ModelTable};
     }
     pub mod http {
-        pub use crate::model::http::{RetryInfo, RetryNotice, RetryPolicy, Server};
+        pub use crate::model::http::{RetryPolicy, Server};
     }
     pub mod openai {
         pub use crate::model::openai::{OpenAiConfig, OpenAiModel};
     }
     pub mod router {
-        pub use crate::model::router::{
-            ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice,
-        };
+        pub use crate::model::router::{ModelSettings, NamedProvider, ProviderKind, model_for_route};
     }
     pub mod script {
         pub use crate::model::script::{ReplayEntry, ScriptedModel};

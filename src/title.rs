@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{Model, ModelRequest, ModelRoute, StreamChunk};
+use crate::model::{Model, ModelEvent, ModelRequest, ModelRoute, StreamChunk};
 use crate::session::event::{self, EventBody, SessionTitle};
 use crate::session::{Event, Kind};
 
@@ -84,10 +84,9 @@ pub(crate) async fn ask(
         "source": {"kind": "user"},
         "id": uuid::Uuid::new_v4().to_string(),
     })];
-    // Its own id: the call's retries are not the session's.
-    let call_id = format!("{session_id}#title");
     let request = ModelRequest {
-        session_id: call_id.clone(),
+        // Its own id: the title call is not one of the session's calls.
+        session_id: format!("{session_id}#title"),
         turn: 0,
         step: 0,
         cwd: None,
@@ -104,14 +103,15 @@ pub(crate) async fn ask(
         let mut text = String::new();
         while let Some(item) = stream.recv().await {
             match item {
-                Ok(StreamChunk::TextDelta { text: delta, .. }) => {
+                Ok(ModelEvent::Chunk(StreamChunk::TextDelta { text: delta, .. })) => {
                     text.push_str(&delta);
                     if text.chars().count() > MAX_ANSWER_CHARS {
                         break;
                     }
                 }
-                Ok(StreamChunk::Finish { .. }) => break,
-                Ok(_) => {}
+                Ok(ModelEvent::Chunk(StreamChunk::Finish { .. })) => break,
+                // A retry of the title call is not the session's: it is not written.
+                Ok(ModelEvent::Chunk(_) | ModelEvent::Retry(_)) => {}
                 Err(failure) => {
                     tracing::debug!(session = session_id, "the title model failed: {}", failure.message);
                     return None;
@@ -122,7 +122,6 @@ pub(crate) async fn ask(
     };
     let text = tokio::time::timeout(TIMEOUT, read).await.ok().flatten();
     cancel.cancel();
-    drop(model.take_retries(&call_id));
     let text = text?;
     let first = text.lines().map(str::trim).find(|l| !l.is_empty())?;
     SessionTitle::by_model(

@@ -10,10 +10,13 @@ use futures::future::BoxFuture;
 use kin::testkit::agent::{AgentDeps, AgentHandle, PromptRefused, TurnEnd, spawn_agent};
 use kin::testkit::model::http::RetryPolicy;
 use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
-use kin::testkit::model::{Model, ModelRoute, text_response, tool_call_response};
+use kin::testkit::model::{
+    ChunkStream, Model, ModelEvent, ModelRequest, ModelRoute, RetryInfo, text_response, tool_call_response,
+};
 use kin::testkit::session::{Event, SessionHeader, SessionStore};
 use kin::testkit::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 /// Echoes its `text` argument after `delay_ms`, counting concurrent calls.
 struct Echo {
@@ -78,18 +81,23 @@ fn start(entries: Vec<ReplayEntry>, max_steps: u32) -> Fixture {
 }
 
 fn start_with(entries: Vec<ReplayEntry>, max_steps: u32, retry: RetryPolicy) -> Fixture {
+    let model = Arc::new(ScriptedModel::new(entries));
+    start_on(model.clone(), model, max_steps, retry)
+}
+
+/// An agent whose calls `serving` answers (`model` keeps the fixture's scripted model).
+fn start_on(model: Arc<ScriptedModel>, serving: Arc<dyn Model>, max_steps: u32, retry: RetryPolicy) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let store = SessionStore::new(dir.path());
     let id = "bbbbbbbb-0000-4000-8000-000000000001".to_string();
     let session = store.create(SessionHeader::new(id.clone(), 1, Some("/w".into()))).unwrap();
-    let model = Arc::new(ScriptedModel::new(entries));
     let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let mut tools = ToolRegistry::new();
     for (name, parallel) in [("echo", false), ("pecho", true)] {
         tools.register(Arc::new(Echo { name, parallel, running: running.clone(), peak: peak.clone() }));
     }
     let deps = AgentDeps {
-        model: model.clone() as Arc<dyn Model>,
+        model: serving,
         tools,
         route: ModelRoute::parse("test/model").unwrap(),
         system: "be brief".into(),
@@ -458,4 +466,62 @@ async fn a_route_chosen_during_a_turn_is_reported_at_once_and_used_from_the_next
     assert_eq!(f.handle.followup(text("two"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
     let routes: Vec<String> = f.model.requests().iter().map(|r| r.route.to_string()).collect();
     assert_eq!(routes, ["test/model", "other/model"]);
+}
+
+/// A model whose call reports a retry in band, waits the hour the retry said, then answers.
+struct RetriedAfterAnHour;
+
+impl Model for RetriedAfterAnHour {
+    fn stream(&self, _request: ModelRequest, _cancel: CancellationToken) -> ChunkStream {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let retry = RetryInfo {
+                attempt: 2,
+                max_attempts: 3,
+                delay_ms: 3_600_000,
+                code: "RATE_LIMITED".into(),
+                reason: "HTTP 429: slow down".into(),
+                requested_delay_ms: Some(7_200_000),
+            };
+            let _ = tx.send(Ok(ModelEvent::Retry(retry))).await;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            for chunk in text_response(&["after the wait"]) {
+                let _ = tx.send(Ok(ModelEvent::Chunk(chunk))).await;
+            }
+        });
+        rx
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_reported_in_band_is_written_when_it_happens_in_order_with_the_chunks() {
+    let f = start_on(Arc::new(ScriptedModel::new([])), Arc::new(RetriedAfterAnHour), 5, RetryPolicy::default());
+    let turn = f.handle.followup(text("hi"), user()).unwrap();
+    // Half the wait: the paused clock moves only once every task is idle, so the agent has heard
+    // all the model said so far; the retry is in the log (and before the editor) already.
+    tokio::time::sleep(Duration::from_secs(1800)).await;
+    let written = f.store.inspect(&f.id).unwrap().events;
+    // The log line is the one the client's retry notice wrote before it came in band.
+    let expected = concat!(
+        r#"{"turn":1,"step":1,"attempt":2,"maxAttempts":3,"delayMs":3600000,"code":"RATE_LIMITED","#,
+        r#""reason":"HTTP 429: slow down","requestedDelayMs":7200000}"#
+    );
+    let retries: Vec<&str> = written.iter().filter(|e| e.kind == "llm/retry").map(|e| e.data.text()).collect();
+    assert_eq!(retries, [expected], "{written:#?}");
+    assert!(written.iter().all(|e| e.kind != "assistant/chunk"), "{written:#?}");
+    assert_eq!(turn.await.unwrap(), TurnEnd::Completed);
+    let events = f.events().await;
+    let order: Vec<&str> = events
+        .iter()
+        .map(|e| e.kind.as_str())
+        .filter(|k| ["step/start", "llm/retry", "assistant/chunk", "assistant/message"].contains(k))
+        .collect();
+    let chunks = text_response(&["after the wait"]).len();
+    let expected_order: Vec<&str> = ["step/start", "llm/retry"]
+        .into_iter()
+        .chain(std::iter::repeat_n("assistant/chunk", chunks))
+        .chain(["assistant/message"])
+        .collect();
+    assert_eq!(order, expected_order);
+    assert_eq!(events.iter().filter(|e| e.kind == "llm/retry").count(), 1);
 }

@@ -7,13 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kin::testkit::model::http::{RetryInfo, RetryNotice, RetryPolicy, Server};
+use kin::testkit::model::http::{RetryPolicy, Server};
 use kin::testkit::model::openai::{OpenAiConfig, OpenAiModel};
-use kin::testkit::model::router::{
-    ModelSettings, NamedProvider, ProviderKind, model_for_route, model_for_route_with_notice,
-};
+use kin::testkit::model::router::{ModelSettings, NamedProvider, ProviderKind, model_for_route};
 use kin::testkit::model::{
-    ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, ModelRoute, StreamChunk, ToolSchema,
+    ChunkStream, Failure, FinishReason, Model, ModelEvent, ModelRequest, ModelResult, ModelRoute, RetryInfo,
+    StreamChunk, ToolSchema,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -42,11 +41,35 @@ fn fast_settings() -> ModelSettings {
     }
 }
 
-fn recorder() -> (RetryNotice, Arc<Mutex<Vec<RetryInfo>>>) {
+/// A model whose calls pass on every item of `inner`'s stream, keeping a copy of each retry
+/// reported in band (`seen`).
+struct Recorded {
+    inner: Arc<dyn Model>,
+    seen: Arc<Mutex<Vec<RetryInfo>>>,
+}
+
+impl Model for Recorded {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
+        let mut inner = self.inner.stream(request, cancel);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let seen = self.seen.clone();
+        tokio::spawn(async move {
+            while let Some(item) = inner.recv().await {
+                if let Ok(ModelEvent::Retry(retry)) = &item {
+                    seen.lock().unwrap().push(retry.clone());
+                }
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+}
+
+fn recorded(inner: Arc<dyn Model>) -> (Arc<dyn Model>, Arc<Mutex<Vec<RetryInfo>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    let notice: RetryNotice = Arc::new(move |info: RetryInfo| sink.lock().unwrap().push(info));
-    (notice, seen)
+    (Arc::new(Recorded { inner, seen: seen.clone() }), seen)
 }
 
 fn routed(
@@ -54,10 +77,8 @@ fn routed(
     settings: &ModelSettings,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> (Arc<dyn Model>, Arc<Mutex<Vec<RetryInfo>>>) {
-    let (notice, seen) = recorder();
     let route = ModelRoute::parse(route).unwrap();
-    let model = model_for_route_with_notice(&route, settings, env, Some(notice)).unwrap();
-    (model, seen)
+    recorded(model_for_route(&route, settings, env).unwrap())
 }
 
 fn request(route: &str, messages: Vec<Value>) -> ModelRequest {
@@ -119,8 +140,17 @@ async fn call(model: &Arc<dyn Model>, request: ModelRequest) -> Vec<ModelResult>
     collect(model.stream(request, CancellationToken::new())).await
 }
 
+/// The chunks of a call that did not fail, after checking that its retries came in band before
+/// every chunk (a call is retried only while nothing of the failed attempt reached the consumer).
 fn chunks(results: Vec<ModelResult>) -> Vec<StreamChunk> {
-    results.into_iter().map(|r| r.expect("a chunk, not a failure")).collect()
+    let mut chunks = Vec::new();
+    for result in results {
+        match result.expect("a chunk or a retry, not a failure") {
+            ModelEvent::Chunk(chunk) => chunks.push(chunk),
+            ModelEvent::Retry(retry) => assert!(chunks.is_empty(), "a retry after chunks: {retry:?} after {chunks:?}"),
+        }
+    }
+    chunks
 }
 
 /// The failure a call ended with (thrown), after checking the key is nowhere in the results.
@@ -438,18 +468,7 @@ async fn rate_limit_honours_retry_after_then_succeeds() {
     let retries = retries.lock().unwrap().clone();
     assert_eq!(retries.len(), 1, "{retries:?}");
     let retry = &retries[0];
-    assert_eq!(
-        (
-            retry.session_id.as_str(),
-            retry.turn,
-            retry.step,
-            retry.attempt,
-            retry.max_attempts,
-            retry.delay_ms,
-            retry.code.as_str()
-        ),
-        ("session-1", 1, 1, 2, 3, 1000, "RATE_LIMITED")
-    );
+    assert_eq!((retry.attempt, retry.max_attempts, retry.delay_ms, retry.code.as_str()), (2, 3, 1000, "RATE_LIMITED"));
     assert!(retry.reason.contains("HTTP 429"), "{}", retry.reason);
     assert_eq!(requests(&server).await.len(), 2);
 }
@@ -532,14 +551,13 @@ async fn disconnect_after_chunks_finishes_with_an_error_and_no_retry() {
     assert_eq!(requests(&server).await.len(), 1);
 }
 
-fn stalling_model(server: &MockServer, max_attempts: u32) -> (OpenAiModel, Arc<Mutex<Vec<RetryInfo>>>) {
+fn stalling_model(server: &MockServer, max_attempts: u32) -> (Arc<dyn Model>, Arc<Mutex<Vec<RetryInfo>>>) {
     let mut endpoint = Server::new(server.uri(), Some("DEEPSEEK_API_KEY"));
     endpoint.api_key = Some(KEY.into());
     endpoint.retry = RetryPolicy { max_attempts, base_delay_ms: 1, max_delay_ms: 5, ..RetryPolicy::default() };
     endpoint.idle_timeout = Duration::from_millis(300);
     let config = OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) };
-    let (notice, seen) = recorder();
-    (OpenAiModel::new(config).with_retry_notice(Some(notice)), seen)
+    recorded(Arc::new(OpenAiModel::new(config)))
 }
 
 #[tokio::test]

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::AgentDeps;
 use super::meter::{self, message_tokens};
 use crate::model::capacity::ModelTable;
-use crate::model::{FinishReason, ModelRequest, ModelRoute, Purpose, StreamChunk, ToolSchema};
+use crate::model::{FinishReason, ModelEvent, ModelRequest, ModelRoute, Purpose, StreamChunk, ToolSchema};
 use crate::session::Session;
 use crate::session::event::{CompactEnd, CompactStart, CompactSummary, SeqRange, UserMessage};
 
@@ -192,7 +192,7 @@ async fn commit(
         purpose: Purpose::Compaction,
         max_tokens: Some(deps.compaction.max_tokens),
     };
-    let (raw, usage) = summarize(deps, call, request.cancel).await?;
+    let (raw, usage) = summarize(session, deps, call, request.cancel).await?;
     let summary: Vec<Value> = raw.iter().filter(|b| b["type"] == "text").cloned().collect();
     if summary.iter().all(|b| b["text"].as_str().is_none_or(|t| t.trim().is_empty())) {
         return Err("summarization produced no text summary content".into());
@@ -225,12 +225,15 @@ async fn commit(
     Ok(Compacted { items: shadowed.len(), tokens, checkpoint: framed })
 }
 
-/// Runs the summary call: every finished block and the usage, or why it failed.
+/// Runs the summary call: every finished block and the usage, or why it failed. A retry of the
+/// call is written as it comes (`llm/retry`, with the call's turn and step).
 async fn summarize(
+    session: &mut Session,
     deps: &AgentDeps,
     call: ModelRequest,
     cancel: &CancellationToken,
 ) -> Result<(Vec<Value>, Option<Value>), String> {
+    let (turn, step) = (call.turn, call.step);
     let mut stream = deps.model.stream(call, cancel.child_token());
     let mut blocks = std::collections::BTreeMap::new();
     let mut usage = None;
@@ -240,12 +243,21 @@ async fn summarize(
             () = cancel.cancelled() => return Err("compaction cancelled".into()),
             item = stream.recv() => item,
         };
-        match item {
-            Some(Ok(StreamChunk::BlockEnd { index, block })) => {
+        let chunk = match item {
+            Some(Ok(ModelEvent::Chunk(chunk))) => chunk,
+            Some(Ok(ModelEvent::Retry(retry))) => {
+                super::turn::write_retry(session, retry, turn, step);
+                continue;
+            }
+            Some(Err(failure)) => return Err(failure.message),
+            None => return Err("the summary stream ended without a finish".into()),
+        };
+        match chunk {
+            StreamChunk::BlockEnd { index, block } => {
                 blocks.insert(index, block);
             }
-            Some(Ok(StreamChunk::Usage { usage: u })) => usage = Some(u),
-            Some(Ok(StreamChunk::Finish { reason, .. })) => {
+            StreamChunk::Usage { usage: u } => usage = Some(u),
+            StreamChunk::Finish { reason, .. } => {
                 return match reason {
                     FinishReason::Stop | FinishReason::ToolCalls => Ok((blocks.into_values().collect(), usage)),
                     FinishReason::MaxTokens => {
@@ -255,9 +267,7 @@ async fn summarize(
                     FinishReason::Error { failure } => Err(failure.message),
                 };
             }
-            Some(Ok(_)) => {}
-            Some(Err(failure)) => return Err(failure.message),
-            None => return Err("the summary stream ended without a finish".into()),
+            _ => {}
         }
     }
 }

@@ -17,7 +17,7 @@ use super::compact::Overflow;
 use super::intake::Intake;
 use super::{AgentDeps, TurnEnd};
 use crate::model::http::{CONTEXT_WINDOW_EXCEEDED, EMPTY_RESPONSE};
-use crate::model::{Failure, FinishReason, ModelRequest, Purpose, StreamChunk};
+use crate::model::{Failure, FinishReason, ModelEvent, ModelRequest, Purpose, RetryInfo, StreamChunk};
 use crate::permission::admit;
 use crate::session::event::{self, EventBody, InboxSplice, InboxTarget, ToolCallBlock, TurnEndReason};
 use crate::session::{Event, Kind, Session};
@@ -223,17 +223,13 @@ async fn run_step(
         let delay = deps.retry.delay(attempt, None);
         attempt += 1;
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        tracing::warn!(session = %session.id(), turn, step, attempt, delay_ms, "model call failed, retrying: {}", failure.message);
-        session.push(event::LlmRetry {
+        let (code, reason) = (failure.code, failure.message);
+        write_retry(
+            session,
+            RetryInfo { attempt, max_attempts, delay_ms, code, reason, requested_delay_ms: None },
             turn,
             step,
-            attempt,
-            max_attempts,
-            delay_ms,
-            code: failure.code,
-            reason: failure.message,
-            requested_delay_ms: None,
-        });
+        );
         session.write_eager();
         tokio::select! {
             biased;
@@ -314,11 +310,10 @@ async fn call_model(
                 continue;
             }
         };
-        for retry in deps.model.take_retries(session.id()) {
-            session.push(retry);
-        }
         match item {
-            Some(Ok(chunk)) => {
+            // Word of a retry comes in band, before the retried attempt's first chunk.
+            Some(Ok(ModelEvent::Retry(retry))) => write_retry(session, retry, turn, step),
+            Some(Ok(ModelEvent::Chunk(chunk))) => {
                 // What the step keeps of a chunk is taken before the chunk goes into the log.
                 let finish = match &chunk {
                     StreamChunk::BlockEnd { index, block } => {
@@ -348,6 +343,14 @@ async fn call_model(
         }
     };
     call
+}
+
+/// Writes a retry of the model call serving `turn` and `step` as `llm/retry` (which the editor
+/// shows as a thought).
+pub(super) fn write_retry(session: &mut Session, retry: RetryInfo, turn: u64, step: u64) {
+    let RetryInfo { attempt, delay_ms, code, reason, .. } = &retry;
+    tracing::warn!(session = %session.id(), turn, step, attempt, delay_ms, code = %code, "model call failed, retrying: {reason}");
+    session.push(retry.event(turn, step));
 }
 
 /// A cancelled call's text stays in the log (and the history) as an `assistant/message`: its

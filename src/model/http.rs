@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{ChunkStream, Failure, FinishReason, Model, ModelRequest, ModelResult, StreamChunk};
+use super::{ChunkStream, Failure, FinishReason, Model, ModelEvent, ModelRequest, ModelResult, RetryInfo, StreamChunk};
 
 /// No API key: the environment variable named in the message is unset.
 pub(crate) const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
@@ -66,7 +66,7 @@ pub struct RetryPolicy {
     /// The backoff never grows beyond this.
     pub max_delay_ms: u64,
     /// A server's `Retry-After` is honoured up to this; a longer one waits this long (and the
-    /// retry notice says the wait was capped).
+    /// retry it reports says the wait was capped).
     pub max_retry_after_ms: u64,
 }
 
@@ -98,29 +98,6 @@ impl RetryPolicy {
         Duration::from_millis(jittered as u64)
     }
 }
-
-/// One retry of a model call, reported before the client waits `delay_ms`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryInfo {
-    /// The session, turn and step the call serves (from the `ModelRequest`).
-    pub session_id: String,
-    pub turn: u64,
-    pub step: u64,
-    /// The attempt about to start (2 for the first retry).
-    pub attempt: u32,
-    pub max_attempts: u32,
-    pub delay_ms: u64,
-    /// The failure code of the failed attempt (`RATE_LIMITED`, `TIMEOUT`, ...).
-    pub code: String,
-    /// The failure message of the failed attempt (never contains the API key).
-    pub reason: String,
-    /// The server's `Retry-After` when it asked for longer than `max_retry_after_ms`: the wait
-    /// (`delay_ms`) was capped.
-    pub requested_delay_ms: Option<u64>,
-}
-
-/// Called for every retry (the integrator turns it into an `llm/retry` event and a notice).
-pub type RetryNotice = Arc<dyn Fn(RetryInfo) + Send + Sync>;
 
 /// Builds the HTTP client both model clients use.
 pub(crate) fn client() -> Result<reqwest::Client, String> {
@@ -194,7 +171,6 @@ pub(crate) struct HttpCall {
     pub body: Vec<u8>,
     pub retry: RetryPolicy,
     pub idle_timeout: Duration,
-    pub notice: Option<RetryNotice>,
     /// The base URL as configured (for messages).
     pub base_url: String,
     /// The variable the key came from (for messages).
@@ -204,24 +180,15 @@ pub(crate) struct HttpCall {
     pub request: RequestIds,
 }
 
-/// What a retry notice and the messages say about the call.
+/// What the messages say about the call.
 pub(crate) struct RequestIds {
-    pub session_id: String,
-    pub turn: u64,
-    pub step: u64,
     pub route: String,
     pub model: String,
 }
 
 impl RequestIds {
     pub(crate) fn of(request: &ModelRequest) -> Self {
-        RequestIds {
-            session_id: request.session_id.clone(),
-            turn: request.turn,
-            step: request.step,
-            route: request.route.to_string(),
-            model: request.route.model.clone(),
-        }
+        RequestIds { route: request.route.to_string(), model: request.route.model.clone() }
     }
 }
 
@@ -308,19 +275,17 @@ pub trait Api: Send + Sync + 'static {
     fn request_body(&self, request: &ModelRequest) -> Value;
 }
 
-/// A model behind an HTTP API: the API's configuration, one connection pool, and where retries
-/// are reported.
+/// A model behind an HTTP API: the API's configuration and one connection pool.
 pub struct HttpModel<A> {
     api: A,
     /// Built by the first call (TLS roots and the pool cost memory a session that never calls
     /// the model should not pay for).
     client: std::sync::OnceLock<reqwest::Client>,
-    notice: Option<RetryNotice>,
 }
 
 impl<A: Api> HttpModel<A> {
     pub fn new(api: A) -> Self {
-        HttpModel { api, client: std::sync::OnceLock::new(), notice: None }
+        HttpModel { api, client: std::sync::OnceLock::new() }
     }
 
     /// The connection pool, created on first use.
@@ -330,12 +295,6 @@ impl<A: Api> HttpModel<A> {
         }
         let built = client().map_err(|message| Failure::new(message, INVALID_CONFIG))?;
         Ok(self.client.get_or_init(|| built).clone())
-    }
-
-    /// Reports every retry to `notice` (without one, retries are only logged).
-    pub fn with_retry_notice(mut self, notice: Option<RetryNotice>) -> Self {
-        self.notice = notice;
-        self
     }
 
     /// The API's configuration.
@@ -367,7 +326,6 @@ impl<A: Api> HttpModel<A> {
             body,
             retry: server.retry,
             idle_timeout: server.idle_timeout,
-            notice: self.notice.clone(),
             base_url,
             key_env: server.api_key_env.clone(),
             key,
@@ -443,10 +401,10 @@ pub(crate) fn start<D: Decoder + Default + Send + 'static>(call: HttpCall, cance
         };
         if cancelled {
             tracing::debug!(route = %call.request.route, "model call cancelled");
-            let _ = tx.try_send(Ok(StreamChunk::Finish {
+            let _ = tx.try_send(Ok(ModelEvent::Chunk(StreamChunk::Finish {
                 reason: FinishReason::Aborted { failure: None },
                 replay_state: None,
-            }));
+            })));
         }
     });
     rx
@@ -477,9 +435,8 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
                 "model stream failed mid-response: {}",
                 failure.message
             );
-            let _ = tx
-                .send(Ok(StreamChunk::Finish { reason: FinishReason::Error { failure: *failure }, replay_state: None }))
-                .await;
+            let finish = StreamChunk::Finish { reason: FinishReason::Error { failure: *failure }, replay_state: None };
+            let _ = tx.send(Ok(ModelEvent::Chunk(finish))).await;
             return;
         }
         if !retryable || attempt >= max_attempts {
@@ -512,18 +469,17 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
             "model call failed, retrying: {}",
             failure.message
         );
-        if let Some(notice) = &call.notice {
-            notice(RetryInfo {
-                session_id: call.request.session_id.clone(),
-                turn: call.request.turn,
-                step: call.request.step,
-                attempt,
-                max_attempts,
-                delay_ms,
-                code: failure.code,
-                reason: failure.message,
-                requested_delay_ms,
-            });
+        // In band, before the wait: the consumer hears of the retry when it happens.
+        let retry = RetryInfo {
+            attempt,
+            max_attempts,
+            delay_ms,
+            code: failure.code,
+            reason: failure.message,
+            requested_delay_ms,
+        };
+        if tx.send(Ok(ModelEvent::Retry(retry))).await.is_err() {
+            return;
         }
         tokio::time::sleep(delay).await;
     }
@@ -660,7 +616,7 @@ async fn attempt_once<D: Decoder + Default>(
             deadline = tokio::time::Instant::now() + idle;
         }
         for chunk in out.drain(..) {
-            if tx.send(Ok(chunk)).await.is_err() {
+            if tx.send(Ok(ModelEvent::Chunk(chunk))).await.is_err() {
                 return Ok(());
             }
             *forwarded = true;

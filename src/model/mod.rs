@@ -1,6 +1,8 @@
-//! The model seam: `trait Model` turns a request (messages, tools, system prompt) into a stream
-//! of dsh `StreamChunk`s, honouring a cancellation token. Implementations: `replay` (recorded
-//! scenario logs, keyless) and `scripted` (tests); HTTP clients plug in here unchanged.
+//! The model seam: `trait Model` has one method, which turns a request (messages, tools, system
+//! prompt) into a stream of `ModelEvent`s (dsh `StreamChunk`s, and word of each retry in band,
+//! where it happened), honouring a cancellation token. Implementations: the HTTP clients
+//! (`http`, `openai`, `anthropic`, routed by `retry_log::Routed`), `replay` (recorded scenario
+//! logs, keyless) and `scripted` (tests).
 
 pub(crate) mod anthropic;
 pub(crate) mod capacity;
@@ -9,7 +11,7 @@ pub(crate) mod http;
 pub(crate) mod keycheck;
 pub(crate) mod openai;
 pub(crate) mod replay;
-pub(crate) mod retry_log;
+pub(crate) mod routed;
 pub(crate) mod router;
 pub(crate) mod script;
 mod utf16;
@@ -96,8 +98,51 @@ pub enum Purpose {
     Title,
 }
 
-/// A failed model call before or during streaming.
-pub type ModelResult = Result<StreamChunk, Failure>;
+/// One item of a model call's stream: a chunk of the answer, or word that an attempt failed and
+/// the call is about to be retried (sent before the wait, so it comes in order: after the failed
+/// attempt, before the retried attempt's first chunk or the call's failure).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelEvent {
+    Chunk(StreamChunk),
+    Retry(RetryInfo),
+}
+
+/// One retry of a model call, reported before the client waits `delay_ms`. The consumer knows
+/// which call it made: the agent loop writes it as `llm/retry` with the call's turn and step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryInfo {
+    /// The attempt about to start (2 for the first retry).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub delay_ms: u64,
+    /// The failure code of the failed attempt (`RATE_LIMITED`, `TIMEOUT`, ...).
+    pub code: String,
+    /// The failure message of the failed attempt (never contains the API key).
+    pub reason: String,
+    /// The server's `Retry-After` when it asked for longer than `max_retry_after_ms`: the wait
+    /// (`delay_ms`) was capped.
+    pub requested_delay_ms: Option<u64>,
+}
+
+impl RetryInfo {
+    /// The `llm/retry` event of this retry of the call serving `turn` and `step`.
+    pub(crate) fn event(self, turn: u64, step: u64) -> crate::session::event::LlmRetry {
+        let RetryInfo { attempt, max_attempts, delay_ms, code, reason, requested_delay_ms } = self;
+        crate::session::event::LlmRetry {
+            turn,
+            step,
+            attempt,
+            max_attempts,
+            delay_ms,
+            code,
+            reason,
+            requested_delay_ms,
+        }
+    }
+}
+
+/// One item of a model call, or the failure that ends it (before or during streaming).
+pub type ModelResult = Result<ModelEvent, Failure>;
 /// What a model call yields.
 pub type ChunkStream = mpsc::Receiver<ModelResult>;
 
@@ -110,12 +155,6 @@ pub trait Model: Send + Sync {
     /// (replay: every recorded call was made).
     fn check_consumed(&self) -> Result<(), String> {
         Ok(())
-    }
-
-    /// The `llm/retry` events recorded for `session_id` since the last call (HTTP clients
-    /// report each retry; the agent loop writes them to the log).
-    fn take_retries(&self, _session_id: &str) -> Vec<crate::session::event::LlmRetry> {
-        Vec::new()
     }
 
     /// Hears that a stored session was loaded with these events (replay: the calls its log

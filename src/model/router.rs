@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::anthropic::{AnthropicConfig, AnthropicModel, DEFAULT_MAX_TOKENS};
-use super::http::{RetryNotice, RetryPolicy, Server};
+use super::http::{RetryPolicy, Server};
 use super::openai::{OpenAiConfig, OpenAiModel};
 use super::{Model, ModelRoute};
 
@@ -74,24 +74,14 @@ pub(crate) fn takes_images(route: &ModelRoute, settings: &ModelSettings) -> bool
     }
 }
 
-/// The client for `route`, without retry notices; `env` gives base URLs and keys.
+/// The client for `route`; `env` gives base URLs and keys.
 pub fn model_for_route(
     route: &ModelRoute,
     settings: &ModelSettings,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn Model>, String> {
-    model_for_route_with_notice(route, settings, env, None)
-}
-
-/// The client for `route`; `notice` hears about every retry of every call.
-pub fn model_for_route_with_notice(
-    route: &ModelRoute,
-    settings: &ModelSettings,
-    env: &dyn Fn(&str) -> Option<String>,
-    notice: Option<RetryNotice>,
-) -> Result<Arc<dyn Model>, String> {
     let (api, server) = endpoint(&route.provider, settings, env).map_err(|e| format!("route {route}: {e}"))?;
-    client_for(api, server, settings, takes_images(route, settings), notice)
+    client_for(api, server, settings, takes_images(route, settings))
 }
 
 /// Which wire API a provider's server speaks.
@@ -175,13 +165,12 @@ pub(crate) fn missing_key(provider: &str, server: &Server) -> Option<super::Miss
 }
 
 /// The client for a provider's server (from [`endpoint`], its key filled in), sending images
-/// when `images` (see [`takes_images`]); `notice` hears about every retry of every call.
+/// when `images` (see [`takes_images`]).
 pub(crate) fn client_for(
     api: WireApi,
     mut server: Server,
     settings: &ModelSettings,
     images: bool,
-    notice: Option<RetryNotice>,
 ) -> Result<Arc<dyn Model>, String> {
     server.retry = settings.retry;
     server.idle_timeout = Duration::from_secs(settings.idle_timeout_secs.max(1));
@@ -189,14 +178,11 @@ pub(crate) fn client_for(
     let model: Arc<dyn Model> = match api {
         WireApi::OpenAi { deepseek } => {
             let config = OpenAiConfig { server, max_tokens: settings.max_tokens, reasoning_effort, deepseek, images };
-            Arc::new(OpenAiModel::new(config).with_retry_notice(notice))
+            Arc::new(OpenAiModel::new(config))
         }
         WireApi::Anthropic => {
             let max_tokens = settings.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-            Arc::new(
-                AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort, images })
-                    .with_retry_notice(notice),
-            )
+            Arc::new(AnthropicModel::new(AnthropicConfig { server, max_tokens, reasoning_effort, images }))
         }
     };
     Ok(model)

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{ChunkStream, Failure, Model, ModelRequest, StreamChunk};
+use super::{ChunkStream, Failure, Model, ModelEvent, ModelRequest, StreamChunk};
 
 /// What one scripted model call does.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +80,7 @@ pub(crate) fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: Cancellatio
             ReplayEntry::Hang { chunks, ready_file } => (chunks, Some(Err(ready_file))),
         };
         for chunk in chunks {
-            if cancel.is_cancelled() || tx.send(Ok(chunk)).await.is_err() {
+            if cancel.is_cancelled() || tx.send(Ok(ModelEvent::Chunk(chunk))).await.is_err() {
                 return;
             }
         }

@@ -21,9 +21,9 @@ pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
         return Ok(Arc::new(ReplayModel::from_dir(dir)?));
     }
     let store = config.keys.clone();
-    let stored: crate::model::retry_log::KeyLookup =
+    let stored: crate::model::routed::KeyLookup =
         Arc::new(move |variable: &str| crate::keys::lookup(&|_| None, &store, variable));
-    let routed = crate::model::retry_log::Routed::new(&config.model, config.models.clone(), stored)
+    let routed = crate::model::routed::Routed::new(&config.model, config.models.clone(), stored)
         .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
     Ok(Arc::new(routed))
 }

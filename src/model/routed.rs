@@ -1,64 +1,27 @@
-//! Wraps an HTTP model so the retries it reports become `llm/retry` events: the client's retry
-//! notice lands here, keyed by session, and the agent loop takes the entries when it next hears
-//! from the stream (before the retried attempt's first chunk, or its failure).
+//! The HTTP models of one process behind one `Model`: a client per provider, built on first use
+//! for the route a request names. A route that cannot be served fails its call with
+//! `INVALID_CONFIG` (the HTTP clients' own failure path, `http::failed`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::http::Server;
-use super::http::{RetryInfo, RetryNotice};
+use super::http::{INVALID_CONFIG, Server, failed};
 use super::router::{ModelSettings, WireApi, client_for, endpoint, missing_key, takes_images};
-use super::{ChunkStream, MissingKey, Model, ModelRequest, ModelRoute};
-use crate::session::event::LlmRetry;
-
-/// Pending retry events by session.
-#[derive(Default)]
-pub(crate) struct RetryLog {
-    pending: Mutex<HashMap<String, Vec<LlmRetry>>>,
-}
-
-impl RetryLog {
-    /// A notice callback feeding this log.
-    pub(crate) fn notice(self: &Arc<Self>) -> RetryNotice {
-        let log = self.clone();
-        Arc::new(move |info: RetryInfo| {
-            tracing::warn!(session = %info.session_id, attempt = info.attempt, delay_ms = info.delay_ms, code = %info.code, "retrying a model request: {}", info.reason);
-            let event = LlmRetry {
-                turn: info.turn,
-                step: info.step,
-                attempt: info.attempt,
-                max_attempts: info.max_attempts,
-                delay_ms: info.delay_ms,
-                code: info.code,
-                reason: info.reason,
-                // Set when the server asked for a longer wait than the cap allows.
-                requested_delay_ms: info.requested_delay_ms,
-            };
-            if let Ok(mut pending) = log.pending.lock() {
-                pending.entry(info.session_id).or_default().push(event);
-            }
-        })
-    }
-
-    fn take(&self, session_id: &str) -> Vec<LlmRetry> {
-        self.pending.lock().ok().and_then(|mut p| p.remove(session_id)).unwrap_or_default()
-    }
-}
+use super::{ChunkStream, Failure, MissingKey, Model, ModelRequest, ModelRoute};
 
 /// Where a key is looked up by variable name when the environment has none: `kin login`'s store.
 pub(crate) type KeyLookup = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The HTTP models of one process: a client per provider, built on first use for the route a
-/// request names (so a session can switch models between turns), with retries recorded in a
-/// `RetryLog`. Keys come from the environment, else from `stored`. A client is kept only once it
-/// has its key: a provider whose key was missing is looked up again on the next call, so a
-/// `kin login` while kin runs takes effect.
+/// request names (so a session can switch models between turns). Keys come from the
+/// environment, else from `stored`. A client is kept only once it has its key: a provider whose
+/// key was missing is looked up again on the next call, so a `kin login` while kin runs takes
+/// effect.
 pub(crate) struct Routed {
     settings: ModelSettings,
     stored: KeyLookup,
-    log: Arc<RetryLog>,
     clients: Mutex<HashMap<String, Arc<dyn Model>>>,
 }
 
@@ -69,7 +32,7 @@ impl Routed {
     pub(crate) fn new(default: &ModelRoute, settings: ModelSettings, stored: KeyLookup) -> Result<Self, String> {
         endpoint(&default.provider, &settings, &crate::config::process_env)
             .map_err(|e| format!("route {default}: {e}"))?;
-        Ok(Routed { settings, stored, log: Arc::new(RetryLog::default()), clients: Mutex::new(HashMap::new()) })
+        Ok(Routed { settings, stored, clients: Mutex::new(HashMap::new()) })
     }
 
     /// The provider's server with its key: the environment's, else the stored one.
@@ -89,8 +52,7 @@ impl Routed {
         }
         let (api, server) = self.server(route)?;
         let keyed = missing_key(&route.provider, &server).is_none();
-        let client =
-            client_for(api, server, &self.settings, takes_images(route, &self.settings), Some(self.log.notice()))?;
+        let client = client_for(api, server, &self.settings, takes_images(route, &self.settings))?;
         if keyed {
             clients.insert(route.provider.clone(), client.clone());
         }
@@ -102,16 +64,8 @@ impl Model for Routed {
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream {
         match self.client(&request.route) {
             Ok(client) => client.stream(request, cancel),
-            Err(message) => {
-                let failure =
-                    super::script::ReplayEntry::Throw { chunks: Vec::new(), message, code: "INVALID_CONFIG".into() };
-                super::script::play(failure, request.cwd, cancel)
-            }
+            Err(message) => failed(Failure::new(message, INVALID_CONFIG)),
         }
-    }
-
-    fn take_retries(&self, session_id: &str) -> Vec<LlmRetry> {
-        self.log.take(session_id)
     }
 
     fn missing_key(&self, route: &ModelRoute) -> Option<MissingKey> {
