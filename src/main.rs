@@ -82,10 +82,9 @@ impl Logging {
 
 /// The runtime `kin acp` and `kin run` serve: the configured model and the coding tools.
 fn build_runtime(config: Config) -> anyhow::Result<std::sync::Arc<kin::testkit::runtime::Runtime>> {
-    let model = kin::testkit::runtime::model_for(&config)?;
     let mut tools = kin::testkit::tools::ToolRegistry::new();
     kin::testkit::tools::builtin::register_coding_tools(&mut tools, kin::testkit::tools::fs::FileState::new());
-    kin::testkit::runtime::Runtime::new(config, model, tools)
+    kin::testkit::runtime::Runtime::for_config(config, tools)
 }
 
 /// `kin run`'s prompt: the argument, or stdin for `-` or no argument when stdin is not a
@@ -156,7 +155,7 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             let max_frame_bytes = config.max_frame_bytes;
             let runtime = build_runtime(config)?;
             kin::testkit::acp::serve_stdio(runtime.clone(), max_frame_bytes).await?;
-            if let Err(unused) = runtime.check_model_consumed() {
+            if let Err(unused) = runtime.check_fixture() {
                 tracing::error!("replay incomplete: {unused}");
                 return Ok(ExitCode::from(3));
             }

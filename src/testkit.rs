@@ -58,7 +58,7 @@ pub mod permission {
     pub use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
 }
 pub mod runtime {
-    pub use crate::runtime::{ClientLink, Runtime, model_for};
+    pub use crate::runtime::{ClientLink, Runtime};
 }
 pub mod sandbox {
     pub use crate::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};

@@ -146,25 +146,11 @@ pub type ModelResult = Result<ModelEvent, Failure>;
 /// What a model call yields.
 pub type ChunkStream = mpsc::Receiver<ModelResult>;
 
-/// A language model behind some transport.
+/// A language model behind some transport. Replay and test hooks are not here: a replayed run
+/// reaches the runtime through its fixture (`scenario::fixture`).
 pub trait Model: Send + Sync {
     /// Starts one call. The stream ends after `finish`, after an error, or when cancelled.
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream;
-
-    /// Checks at shutdown that everything the model expected to serve was served
-    /// (replay: every recorded call was made).
-    fn check_consumed(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// Hears that a stored session was loaded with these events (replay: the calls its log
-    /// already holds count as made).
-    fn session_loaded(&self, _session_id: &str, _events: &[crate::session::Event]) {}
-
-    /// The session id to use for the next new session, when the model pins them (replay).
-    fn next_session_id(&self) -> Option<String> {
-        None
-    }
 
     /// The API key a call on `route` would need and cannot find (HTTP models; replay and
     /// scripted models need none), so a session can be refused before its first turn fails.

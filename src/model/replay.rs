@@ -211,8 +211,11 @@ impl Model for ReplayModel {
         };
         play(entry, request.cwd, cancel)
     }
+}
 
-    fn check_consumed(&self) -> Result<(), String> {
+impl ReplayModel {
+    /// Checks that every recorded call was made (the fixture's end check).
+    pub(crate) fn check_consumed(&self) -> Result<(), String> {
         let state = self.state.lock().map_err(|_| "replay state poisoned".to_string())?;
         let unused: Vec<String> = state
             .scripts
@@ -223,7 +226,9 @@ impl Model for ReplayModel {
         if unused.is_empty() { Ok(()) } else { Err(unused.join("; ")) }
     }
 
-    fn session_loaded(&self, session_id: &str, events: &[crate::session::Event]) {
+    /// A stored session was loaded with these events: the calls its log already holds count as
+    /// made.
+    pub(crate) fn session_loaded(&self, session_id: &str, events: &[crate::session::Event]) {
         let Ok(mut state) = self.state.lock() else { return };
         let index = match state.bindings.get(session_id) {
             Some(&i) => Some(i),
@@ -237,7 +242,8 @@ impl Model for ReplayModel {
         state.scripts[i].entries.retain(|(key, _)| key.is_none_or(|k| !done.contains(&k)));
     }
 
-    fn next_session_id(&self) -> Option<String> {
+    /// The id of the next new session: the recorded headers' in order, then sequential ones.
+    pub(crate) fn next_session_id(&self) -> Option<String> {
         let mut state = self.state.lock().ok()?;
         state.minted += 1;
         let minted = state.minted;

@@ -189,10 +189,4 @@ impl Model for ScriptedModel {
         });
         play(entry, cwd, cancel)
     }
-
-    fn check_consumed(&self) -> Result<(), String> {
-        let routed: usize = self.routed.lock().map(|r| r.iter().map(|(_, q)| q.len()).sum()).unwrap_or(0);
-        let left = self.entries.lock().map(|e| e.len()).unwrap_or(0) + routed;
-        if left == 0 { Ok(()) } else { Err(format!("scripted model has {left} unused responses")) }
-    }
 }

@@ -1,5 +1,6 @@
-//! The composition root: `Runtime::new` wires the subagent service, its providers (`spawn`,
-//! `fork`, every `[acp_agents.*]`), the delegation and control tools and the catalog's query.
+//! The composition root: `Runtime::new` (and `with_fixture`, for a replay) wires the subagent
+//! service, its providers (`spawn`, `fork`, every `[acp_agents.*]`), the delegation and control
+//! tools and the catalog's query.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use super::permission::ForwardPrompt;
 use super::{ClientLink, Runtime};
 use crate::config::Config;
 use crate::model::Model;
+use crate::scenario::fixture::Fixture;
 use crate::session::SessionStore;
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
 use crate::subagent::agents::Defaults;
@@ -59,8 +61,20 @@ impl Runtime {
     /// Builds the runtime: the subagent service with the `spawn` and `fork` providers (which
     /// create children through this runtime) and the delegation tools on top of `tools`.
     pub fn new(config: Config, model: Arc<dyn Model>, tools: ToolRegistry) -> Result<Arc<Self>> {
+        Self::with_fixture(config, model, tools, None)
+    }
+
+    /// Builds the runtime with a fixture (a replay's, see `scenario::fixture`): its hooks pin
+    /// new session ids and the system prompt, hear loads and settlements, stand in for the MCP
+    /// servers and make the end check.
+    pub(crate) fn with_fixture(
+        config: Config,
+        model: Arc<dyn Model>,
+        tools: ToolRegistry,
+        fixture: Option<Arc<dyn Fixture>>,
+    ) -> Result<Arc<Self>> {
         let subagents = Arc::new(SubagentService::new());
-        let mcp_recording = config.replay.as_deref().map(|dir| Arc::new(crate::mcp::Recording::from_dir(dir)));
+        let mcp_recording = fixture.as_ref().and_then(|f| f.mcp_recording());
         let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
             let factory: std::sync::Weak<dyn ChildFactory> = weak.clone();
             let report_tool: ChildTools = Arc::new(|m| vec![Arc::new(ReportTool(m.clone())) as Arc<dyn Tool>]);
@@ -151,13 +165,14 @@ impl Runtime {
                 client: Mutex::new(ClientLink::default()),
                 loading: Mutex::new(HashMap::new()),
                 mcp_recording,
+                fixture,
                 sandbox_settings: Arc::new(config.sandbox.clone()),
                 titles: crate::session::Titles::default(),
                 config,
                 query,
             }
         });
-        runtime.mark_settlements();
+        runtime.report_settlements();
         Ok(runtime)
     }
 }

@@ -90,7 +90,7 @@ impl Runtime {
         let restored = crate::agent::prepare(&mut session)
             .map_err(|e| RuntimeError::Internal(format!("session {session_id} cannot be loaded: {e}")))?;
         let events = session.snapshot();
-        self.model.session_loaded(session_id, &events);
+        self.session_loaded(session_id, &events);
         // A resumed session keeps the prompt it was created with.
         let system = match prompt::recorded(&events) {
             Some(text) => text,

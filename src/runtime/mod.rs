@@ -15,7 +15,6 @@ mod tree;
 mod turns;
 
 pub(crate) use error::RuntimeError;
-pub use replay::model_for;
 pub(crate) use turns::Prompted;
 
 use std::collections::HashMap;
@@ -113,6 +112,8 @@ pub struct Runtime {
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Replay: the recorded MCP results that stand in for the servers.
     mcp_recording: Option<Arc<crate::mcp::Recording>>,
+    /// A replay's hooks (`scenario::fixture`); none in a real run.
+    fixture: Option<Arc<dyn crate::scenario::fixture::Fixture>>,
     /// The in-process delegation tools as registered (offering only the built-in agents); each
     /// session gets copies offering its own agents.
     delegates: Vec<DelegateTool>,

@@ -1,5 +1,7 @@
-//! The replay switch: the model a configuration picks (replay when a scenario directory is
-//! given), dsh's settlement marker and the replay model's end check.
+//! What a configuration runs on: the model, and the replay fixture when a scenario directory is
+//! given (`--replay DIR`). The runtime's replay behaviours are the fixture's hooks
+//! (`scenario::fixture`): the settlement marker is written through it, and its end check is what
+//! makes `kin acp` exit 3.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,44 +11,57 @@ use anyhow::Result;
 use super::Runtime;
 use crate::config::Config;
 use crate::model::Model;
-use crate::model::replay::ReplayModel;
+use crate::scenario::fixture::{Fixture, Replay};
 use crate::subagent::Lifecycle;
+use crate::tools::ToolRegistry;
 
-/// The empty file written into a child's cwd whenever a subagent ends, in replay mode.
-pub(crate) const SETTLED_MARKER: &str = ".dsh-snapshot-subagent-settled";
+/// The model of a runtime, and its fixture in a replay.
+type ModelAndFixture = (Arc<dyn Model>, Option<Arc<dyn Fixture>>);
 
-/// Picks the model for a configuration: replay when a scenario directory is given.
-pub fn model_for(config: &Config) -> Result<Arc<dyn Model>> {
+/// Picks the model for a configuration: the recorded calls and their fixture when a scenario
+/// directory is given, else the HTTP clients of its routes.
+fn model_for(config: &Config) -> Result<ModelAndFixture> {
     if let Some(dir) = &config.replay {
-        return Ok(Arc::new(ReplayModel::from_dir(dir)?));
+        let replay = Replay::from_dir(dir)?;
+        let model: Arc<dyn Model> = replay.model();
+        return Ok((model, Some(Arc::new(replay))));
     }
     let store = config.keys.clone();
     let stored: crate::model::routed::KeyLookup =
         Arc::new(move |variable: &str| crate::keys::lookup(&|_| None, &store, variable));
     let routed = crate::model::routed::Routed::new(&config.model, config.models.clone(), stored)
         .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
-    Ok(Arc::new(routed))
+    Ok((Arc::new(routed), None))
 }
 
 impl Runtime {
-    /// In replay, writes dsh's settlement marker into a child's cwd when it ends: scenarios
-    /// fence on it to know a child has ended.
-    pub(super) fn mark_settlements(&self) {
-        if self.config.replay.is_none() {
-            return;
-        }
-        self.subagents.observe(|event| {
+    /// The runtime a configuration asks for (what `kin acp` and `kin run` serve): its model, and
+    /// with `--replay DIR` the scenario's recorded calls and their fixture, over `tools`.
+    pub fn for_config(config: Config, tools: ToolRegistry) -> Result<Arc<Self>> {
+        let (model, fixture) = model_for(&config)?;
+        Self::with_fixture(config, model, tools, fixture)
+    }
+
+    /// With a fixture, tells it of every child that ends (in replay it writes the settlement
+    /// marker scenarios fence on).
+    pub(super) fn report_settlements(&self) {
+        let Some(fixture) = self.fixture.clone() else { return };
+        self.subagents.observe(move |event| {
             if let Lifecycle::End { cwd: Some(cwd), .. } = event {
-                let marker = Path::new(cwd).join(SETTLED_MARKER);
-                if let Err(e) = std::fs::write(&marker, b"") {
-                    tracing::warn!(path = %marker.display(), "cannot write the settlement marker: {e}");
-                }
+                fixture.child_settled(Path::new(cwd));
             }
         });
     }
 
-    /// Checks that the model served everything it expected (replay).
-    pub fn check_model_consumed(&self) -> Result<(), String> {
-        self.model.check_consumed()
+    /// Hears that a stored session was loaded with these events (the fixture's hook).
+    pub(super) fn session_loaded(&self, session_id: &str, events: &[crate::session::Event]) {
+        if let Some(fixture) = &self.fixture {
+            fixture.session_loaded(session_id, events);
+        }
+    }
+
+    /// The fixture's end check (a replay: every recorded model call was made); none without one.
+    pub fn check_fixture(&self) -> Result<(), String> {
+        self.fixture.as_ref().map_or(Ok(()), |fixture| fixture.check())
     }
 }

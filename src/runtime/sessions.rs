@@ -111,23 +111,22 @@ impl Runtime {
         self.live().insert(id, live);
     }
 
-    /// A new top-level session's system prompt, and whether to record it: the scenario's pinned
-    /// prompt in replay (recorded), else the built prompt (recorded, except in replay, where it
+    /// A new top-level session's system prompt, and whether to record it: the fixture's pinned
+    /// prompt (recorded), else the built prompt (recorded, except under a fixture, where it
     /// would make transcripts depend on the date).
     pub(super) fn session_prompt(&self, cwd: &Path) -> Result<(String, bool), RuntimeError> {
-        let pinned = self.config.replay.as_deref().map(prompt::pinned);
-        if let Some(Some(text)) = pinned {
-            return Ok((text.replace("{{cwd}}", &cwd.display().to_string()), true));
+        if let Some(text) = self.fixture.as_ref().and_then(|f| f.pinned_prompt(cwd)) {
+            return Ok((text, true));
         }
         let built = self
             .build_prompt(Some(cwd), &self.tools, self.config.persona.as_deref(), self.config.permission_mode)
             .map_err(RuntimeError::Internal)?;
-        Ok((built, pinned.is_none()))
+        Ok((built, self.fixture.is_none()))
     }
 
-    /// A new session id: the model's pinned id (replay) unless already used, else a UUID.
+    /// A new session id: the fixture's pinned id (replay) unless already used, else a UUID.
     pub(super) fn mint_session_id(&self) -> String {
-        while let Some(id) = self.model.next_session_id() {
+        while let Some(id) = self.fixture.as_ref().and_then(|f| f.next_session_id()) {
             if matches!(self.store.locate(&id), Ok(None)) && !self.live().contains_key(&id) {
                 return id;
             }

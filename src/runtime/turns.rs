@@ -60,7 +60,7 @@ impl Runtime {
             PromptRefused::Gone(gone) => RuntimeError::Internal(gone.to_string()),
         })?;
         // `title_model`: a title after the turn that wrote the fallback one (never in replay).
-        let (Some(route), None) = (&self.config.title_model, &self.config.replay) else {
+        let (Some(route), None) = (&self.config.title_model, &self.fixture) else {
             return Ok(Prompted::Turn(turn));
         };
         let (model, route) = (self.model.clone(), route.clone());

@@ -4,6 +4,7 @@
 //! expected logs), optional `replay.override.json`, `workspace/` and `kin.toml` (config overlay).
 
 mod client;
+pub(crate) mod fixture;
 pub(crate) mod normalize;
 mod steps;
 
