@@ -467,6 +467,9 @@ impl kin::testkit::subagent::inprocess::ChildFactory for ClosingFactory {
     fn live_agent(&self, id: &str) -> Option<kin::testkit::agent::AgentHandle> {
         self.0.live_agent(id)
     }
+    fn live_ancestors(&self, id: &str) -> Vec<String> {
+        self.0.live_ancestors(id)
+    }
     fn release(&self, id: &str) {
         self.0.release(id)
     }

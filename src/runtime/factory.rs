@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::{Child, Runtime};
+use super::Runtime;
+use super::agents::{Agent, Child, Role};
 use crate::agent::{AgentDeps, AgentHandle, Restored, spawn_restored};
 use crate::permission::Permissions;
 use crate::sandbox::SessionSandbox;
@@ -123,20 +124,21 @@ impl ChildFactory for Runtime {
             session.add_observer(Arc::new(reporter));
         }
         let handle = spawn_restored(session, restored, deps);
-        self.children()
-            .insert(handle.id().to_string(), Child { handle: handle.clone(), parent: parent_id, permissions, prompt });
+        let child = Agent { handle: handle.clone(), role: Role::Child(Child { permissions, prompt }) };
+        self.agents.insert(handle.id().to_string(), child, parent_id);
         handle
     }
 
     fn live_agent(&self, id: &str) -> Option<AgentHandle> {
-        if let Some(live) = self.live().get(id) {
-            return Some(live.handle.clone());
-        }
-        self.children().get(id).map(|c| c.handle.clone())
+        self.agents.get(id).map(|agent| agent.handle)
+    }
+
+    fn live_ancestors(&self, id: &str) -> Vec<String> {
+        self.agents.ancestors(id)
     }
 
     fn release(&self, id: &str) {
-        self.children().remove(id);
+        self.agents.remove_if(id, |agent| agent.child().is_some()).ok();
     }
 
     fn agent_now(&self, session_id: &str, name: &str) -> Option<Launch> {
@@ -151,7 +153,7 @@ impl ChildFactory for Runtime {
             {
                 tracing::warn!(child = %id, "rolling back a child: {e}");
             }
-            self.children().remove(id);
+            self.agents.remove_if(id, |agent| agent.child().is_some()).ok();
             if let Err(e) = self.store.discard_unaccepted(id) {
                 tracing::error!(child = %id, "rolling back a child: its log stays: {e}");
             }

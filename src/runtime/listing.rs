@@ -32,7 +32,7 @@ impl Runtime {
         let own = scanned.header.seed_length.unwrap_or(0);
         let events: Vec<Event> = scanned.events.into_iter().filter(|e| e.seq >= own).collect();
         let descriptor = Descriptor::fold(events.iter()).ok().flatten();
-        let running = self.children().get(id).is_some_and(|c| c.handle.is_running());
+        let running = self.agents.child(id).is_some_and(|(handle, _)| handle.is_running());
         Some(ChildRecord { header: scanned.header, events, descriptor, live: activity == Activity::Running, running })
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::Runtime;
+use super::agents::Node;
 use super::error::{RuntimeError, store_error, subagent_only};
 use crate::mcp::{McpSession, ServerSpec};
 use crate::prompt::{self};
@@ -17,8 +18,7 @@ impl Runtime {
     /// pending inbox messages, in order, and each stored background child below it that has
     /// messages pending (cold-resumed, parents first). Nothing to do for a session that was live.
     pub async fn run_restored(&self, session_id: &str) {
-        let handle = self.live().get(session_id).map(|l| l.handle.clone());
-        let Some(handle) = handle else { return };
+        let Some((handle, _)) = self.agents.top_level(session_id) else { return };
         // The turns of a top-level session have no waiter: their results are in its log.
         let _ = handle.wake().await;
         let route = self.session_model(session_id).unwrap_or_else(|| self.config.model.clone());
@@ -66,21 +66,20 @@ impl Runtime {
         servers: Vec<ServerSpec>,
     ) -> Result<Arc<Vec<Event>>, RuntimeError> {
         self.reject_child(session_id)?;
-        let existing = {
-            let mut live = self.live();
-            match live.get(session_id) {
-                Some(entry) if entry.handle.is_busy() => {
-                    return Err(RuntimeError::InvalidParams(format!(
-                        "session {session_id} has a prompt in flight; cancel it before loading"
-                    )));
-                }
-                Some(_) => live.remove(session_id),
-                None => None,
+        let existing = match self.agents.remove_if(session_id, |a| a.is_top_level() && !a.handle.is_busy()) {
+            Ok(existing) => existing,
+            Err(kept) if kept.is_top_level() => {
+                return Err(RuntimeError::InvalidParams(format!(
+                    "session {session_id} has a prompt in flight; cancel it before loading"
+                )));
             }
+            Err(_) => None,
         };
-        if let Some(entry) = existing {
-            entry.handle.shutdown().await;
-            entry.mcp.close().await;
+        if let Some(agent) = existing
+            && let Some(top) = agent.top_level()
+        {
+            agent.handle.shutdown().await;
+            top.mcp.close().await;
         }
         let mut session = self.store.load(session_id).map_err(store_error)?;
         if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
@@ -117,8 +116,8 @@ impl Runtime {
         servers: Vec<ServerSpec>,
     ) -> Result<Arc<Vec<Event>>, RuntimeError> {
         self.reject_child(session_id)?;
-        let live = self.live().get(session_id).map(|l| (l.mcp.clone(), l.handle.clone()));
-        if let Some((mcp, handle)) = live {
+        if let Some((handle, top)) = self.agents.top_level(session_id) {
+            let mcp = &top.mcp;
             // The servers named now replace other ones (the agent keeps running).
             let specs = crate::mcp::merge(&self.config.mcp_servers, servers);
             if specs != mcp.specs() {
@@ -130,7 +129,7 @@ impl Runtime {
         let gate = self.load_gate(session_id);
         let resumed = {
             let _turn = gate.lock().await;
-            if self.live().contains_key(session_id) {
+            if self.agents.is_top_level(session_id) {
                 Ok(Arc::default())
             } else {
                 self.load_now(session_id, observer, servers).await

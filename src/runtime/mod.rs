@@ -1,6 +1,7 @@
 //! The runtime: the live agents of one `kin` process and the operations the protocol layer
 //! calls (new, prompt, cancel, load, list, shutdown). It knows nothing about ACP.
 
+mod agents;
 mod build;
 mod deps;
 mod error;
@@ -18,18 +19,14 @@ pub(crate) use error::RuntimeError;
 pub(crate) use turns::Prompted;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::agent::AgentHandle;
 use crate::config::Config;
-use crate::mcp::McpSession;
 use crate::model::Model;
-use crate::permission::{PermissionPrompt, Permissions};
-use crate::sandbox::SessionSandbox;
+use crate::permission::PermissionPrompt;
 use crate::session::query::QueryService;
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore};
-use crate::subagent::agents::{Agents, Defaults};
+use crate::subagent::agents::Defaults;
 use crate::subagent::continuation::ContinuationManager;
 use crate::subagent::inprocess::ChildDisplay;
 use crate::subagent::tools::DelegateTool;
@@ -37,20 +34,6 @@ use crate::subagent::{Descriptor, SubagentService};
 use crate::tools::ToolRegistry;
 use crate::tools::files::FileAccess;
 use crate::tools::terminal::Terminals;
-
-struct Live {
-    /// Its agent, which also answers whether a prompt is in flight and the route of its next turn.
-    handle: AgentHandle,
-    permissions: Arc<Permissions>,
-    /// The session's MCP servers (its children use them too).
-    mcp: Arc<McpSession>,
-    /// The named agents its delegation tools offer (its children's too), read when it started.
-    agents: Arc<Agents>,
-    /// The session's working directory (its workspace slash commands; what its sandbox lets write).
-    cwd: Option<PathBuf>,
-    /// The sandbox its commands (and its children's) run in.
-    sandbox: Arc<SessionSandbox>,
-}
 
 /// What the connected client (the editor) offers top-level sessions: a way to ask the user for
 /// permission, and its view of files; and, when it watches the agent tree, the observers of child
@@ -69,15 +52,6 @@ pub trait ChildObservers: Send + Sync {
     /// Called when a child's agent is about to start, before the child's next event is appended:
     /// the observer may announce the child here.
     fn child_observer(&self, session: &Session, display: &ChildDisplay) -> Arc<dyn SessionObserver>;
-}
-
-/// A live child agent, its parent session and its permissions (its parent's, narrowed).
-struct Child {
-    handle: AgentHandle,
-    parent: Option<String>,
-    permissions: Arc<Permissions>,
-    /// How the child asks the user (its own children ask through it).
-    prompt: Option<Arc<dyn PermissionPrompt>>,
 }
 
 /// A stored child session of some parent, for an editor reloading the parent.
@@ -103,9 +77,8 @@ pub struct Runtime {
     tools: ToolRegistry,
     subagents: Arc<SubagentService>,
     continuation: Arc<ContinuationManager>,
-    live: Mutex<HashMap<String, Live>>,
-    /// Live child agents (subagents), by session id.
-    children: Mutex<HashMap<String, Child>>,
+    /// Every live agent, top-level and child, with its parent link and role.
+    agents: agents::Registry,
     client: Mutex<ClientLink>,
     /// One gate per session being loaded or resumed: a second load or resume of the same
     /// session waits for the first instead of racing it for the log.
@@ -158,13 +131,5 @@ impl Runtime {
 
     fn client(&self) -> ClientLink {
         self.client.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
-
-    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
-        self.children.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

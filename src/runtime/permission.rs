@@ -39,26 +39,22 @@ impl Runtime {
     /// The permissions of a live session, top-level or child (a child's are its parent's,
     /// narrowed by its agent).
     pub(super) fn permissions_of(&self, id: &str) -> Option<Arc<Permissions>> {
-        if let Some(child) = self.children().get(id) {
-            return Some(child.permissions.clone());
-        }
-        self.live().get(id).map(|l| l.permissions.clone())
+        self.agents.permissions_of(id)
     }
 
     /// The permission mode of a live session.
     pub fn permission_mode(&self, session_id: &str) -> Option<PermissionMode> {
-        self.live().get(session_id).map(|l| l.permissions.mode())
+        self.agents.top_level(session_id).map(|(_, top)| top.permissions.mode())
     }
 
     /// Changes the permission mode of a live session (it applies to the next tool call).
     pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<(), RuntimeError> {
         self.reject_child(session_id)?;
-        match self.live().get(session_id) {
-            Some(entry) => {
-                entry.permissions.set_mode(mode);
+        match self.agents.top_level(session_id) {
+            Some((handle, top)) => {
+                top.permissions.set_mode(mode);
                 // Recorded so that a later `session/load` keeps the mode.
-                entry
-                    .handle
+                handle
                     .inject_log(event::SessionMode { mode: mode.id().to_string() })
                     .map_err(|e| RuntimeError::Internal(e.to_string()))?;
                 Ok(())
@@ -81,8 +77,8 @@ impl Runtime {
         let (Some(parent), None) = (parent, client.children.as_ref()) else {
             return client.prompt.clone();
         };
-        let above = match self.children().get(parent) {
-            Some(child) => child.prompt.clone(),
+        let above = match self.agents.child(parent) {
+            Some((_, child)) => child.prompt,
             None => client.prompt.clone(),
         };
         let title = display.title.clone().unwrap_or_else(|| "subagent".to_string());

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
+use super::Runtime;
+use super::agents::{Agent, Node, Role, TopLevel};
 use super::error::{RuntimeError, store_error};
-use super::{Live, Runtime};
-use crate::agent::{AgentHandle, Restored, spawn_restored};
+use crate::agent::{Restored, spawn_restored};
 use crate::mcp::{McpNotice, McpSession, ServerSpec};
 use crate::permission::{PermissionMode, Permissions};
 use crate::prompt::{self};
@@ -66,7 +67,7 @@ impl Runtime {
 
     /// The notices of a live session's MCP servers (once: whoever tells the user takes them).
     pub fn take_mcp_notices(&self, session_id: &str) -> Option<tokio::sync::mpsc::UnboundedReceiver<McpNotice>> {
-        self.live().get(session_id).and_then(|l| l.mcp.take_notices())
+        self.agents.top_level(session_id).and_then(|(_, top)| top.mcp.take_notices())
     }
 
     /// Starts the agent of a top-level session. A session whose log (or fork seed) records a
@@ -107,8 +108,8 @@ impl Runtime {
         deps.route = route;
         let cwd = session.header.cwd.as_deref().map(PathBuf::from);
         let handle = spawn_restored(session, restored, deps);
-        let live = Live { handle, permissions, mcp, agents, sandbox, cwd };
-        self.live().insert(id, live);
+        let top = TopLevel { permissions, mcp, named: agents, sandbox, cwd };
+        self.agents.insert(id, Agent { handle, role: Role::TopLevel(Arc::new(top)) }, None);
     }
 
     /// A new top-level session's system prompt, and whether to record it: the fixture's pinned
@@ -127,7 +128,7 @@ impl Runtime {
     /// A new session id: the fixture's pinned id (replay) unless already used, else a UUID.
     pub(super) fn mint_session_id(&self) -> String {
         while let Some(id) = self.fixture.as_ref().and_then(|f| f.next_session_id()) {
-            if matches!(self.store.locate(&id), Ok(None)) && !self.live().contains_key(&id) {
+            if matches!(self.store.locate(&id), Ok(None)) && !self.agents.is_top_level(&id) {
                 return id;
             }
         }
@@ -140,18 +141,19 @@ impl Runtime {
     /// it. The session stays on disk and can be loaded again.
     pub async fn close_session(&self, session_id: &str) -> Result<(), RuntimeError> {
         self.reject_child(session_id)?;
-        let removed = self.live().remove(session_id);
-        let Some(entry) = removed else {
+        let removed = self.agents.remove_if(session_id, Agent::is_top_level);
+        let Some((handle, top)) = removed.ok().flatten().and_then(|a| Some((a.handle.clone(), a.top_level()?.clone())))
+        else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
-        entry.handle.stop();
+        handle.stop();
         self.continuation.close_descendants(session_id).await;
         for (id, handle) in self.descendants(session_id) {
             handle.shutdown().await;
-            self.children().remove(&id);
+            self.agents.remove(&id);
         }
-        entry.handle.shutdown().await;
-        entry.mcp.close().await;
+        handle.shutdown().await;
+        top.mcp.close().await;
         Ok(())
     }
 
@@ -197,7 +199,7 @@ impl Runtime {
     /// The logs are gone from disk when it returns.
     pub fn delete_session(&self, session_id: &str) -> Result<(), RuntimeError> {
         self.reject_child(session_id)?;
-        if self.live().contains_key(session_id) {
+        if self.agents.is_top_level(session_id) {
             return Err(RuntimeError::InvalidParams(format!(
                 "session {session_id} is open; close it (session/close) before deleting it"
             )));
@@ -211,15 +213,18 @@ impl Runtime {
     /// turns) and flushes every session.
     pub async fn shutdown(&self) {
         // Nothing starts a new turn from here on: what is queued stays pending in the logs.
-        for live in self.live().values() {
-            live.handle.stop();
+        for (_, agent) in self.agents.all() {
+            if agent.top_level().is_some() {
+                agent.handle.stop();
+            }
         }
         self.continuation.drain().await;
-        let children: Vec<AgentHandle> = self.children().drain().map(|(_, c)| c.handle).collect();
-        futures::future::join_all(children.iter().map(AgentHandle::shutdown)).await;
-        let live: Vec<Live> = self.live().drain().map(|(_, l)| l).collect();
-        futures::future::join_all(live.iter().map(|l| l.handle.shutdown())).await;
+        let children = self.agents.drain(|agent| agent.child().is_some());
+        futures::future::join_all(children.iter().map(|(_, child)| child.handle.shutdown())).await;
+        let top: Vec<Agent> =
+            self.agents.drain(|agent| agent.top_level().is_some()).into_iter().map(|(_, a)| a).collect();
+        futures::future::join_all(top.iter().map(|agent| agent.handle.shutdown())).await;
         // The MCP servers go last: an agent winding down may still call them.
-        futures::future::join_all(live.iter().map(|l| l.mcp.close())).await;
+        futures::future::join_all(top.iter().filter_map(Agent::top_level).map(|top| top.mcp.close())).await;
     }
 }

@@ -10,35 +10,30 @@ use crate::session::event;
 impl Runtime {
     /// The named agents a live top-level session's delegation tools offer: name and description.
     pub fn session_agents(&self, session_id: &str) -> Option<Vec<(String, String)>> {
-        let live = self.live();
-        let agents = &live.get(session_id)?.agents;
-        Some(agents.iter().map(|def| (def.name.clone(), def.description.clone())).collect())
+        let (_, top) = self.agents.top_level(session_id)?;
+        Some(top.named.iter().map(|def| (def.name.clone(), def.description.clone())).collect())
     }
 
     /// The sandbox policy of a live session.
     pub fn sandbox(&self, session_id: &str) -> Option<SandboxPolicy> {
-        self.live().get(session_id).map(|l| l.sandbox.policy())
+        self.agents.top_level(session_id).map(|(_, top)| top.sandbox.policy())
     }
 
     /// Whether a live session's commands run confined by the kernel now.
     pub fn sandbox_in_force(&self, session_id: &str) -> Option<bool> {
-        let live = self.live();
-        let entry = live.get(session_id)?;
-        Some(entry.sandbox.in_force(entry.cwd.as_deref()))
+        let (_, top) = self.agents.top_level(session_id)?;
+        Some(top.sandbox.in_force(top.cwd.as_deref()))
     }
 
     /// Changes a live session's sandbox (from its next command on) and records it
     /// (`session/sandbox`) so that a later load keeps it, unless kin starts stricter then.
     pub fn set_sandbox(&self, session_id: &str, policy: &str) -> Result<SandboxPolicy, RuntimeError> {
         self.reject_child(session_id)?;
-        let live = self.live();
-        let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let (handle, top) =
+            self.agents.top_level(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
         let policy = SandboxPolicy::parse_arg(policy).map_err(RuntimeError::InvalidParams)?;
-        entry
-            .handle
-            .inject_log(SessionSandbox::event_body(policy))
-            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        entry.sandbox.set(policy);
+        handle.inject_log(SessionSandbox::event_body(policy)).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        top.sandbox.set(policy);
         Ok(policy)
     }
 
@@ -62,14 +57,14 @@ impl Runtime {
 
     /// The route a live session's next turn uses.
     pub fn session_model(&self, session_id: &str) -> Option<crate::model::ModelRoute> {
-        self.live().get(session_id).map(|l| l.handle.route())
+        self.agents.top_level(session_id).map(|(handle, _)| handle.route())
     }
 
     /// Switches a live session's model from its next turn on, and records the choice in its log
     /// (`session/model`) so a later `session/load` keeps it.
     pub fn set_model(&self, session_id: &str, route: &str) -> Result<crate::model::ModelRoute, RuntimeError> {
         self.reject_child(session_id)?;
-        if !self.live().contains_key(session_id) {
+        if !self.agents.is_top_level(session_id) {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         }
         let route = crate::model::ModelRoute::parse(route).map_err(RuntimeError::InvalidParams)?;
@@ -80,11 +75,10 @@ impl Runtime {
                 valid.join(", ")
             )));
         }
-        let live = self.live();
-        let entry = live.get(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
-        entry.handle.set_route(route.clone()).map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        entry
-            .handle
+        let (handle, _) =
+            self.agents.top_level(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        handle.set_route(route.clone()).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        handle
             .inject_log(event::SessionModel { provider: route.provider.clone(), model: route.model.clone() })
             .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         Ok(route)

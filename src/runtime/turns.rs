@@ -41,7 +41,7 @@ impl Runtime {
     pub fn prompt(&self, session_id: &str, content: Vec<Value>) -> Result<Prompted, RuntimeError> {
         self.reject_child(session_id)?;
         // Command files are read before the live table is locked.
-        let cwd = self.live().get(session_id).map(|l| l.cwd.clone()).unwrap_or_default();
+        let cwd = self.agents.top_level(session_id).and_then(|(_, top)| top.cwd.clone());
         let content = match self.slash_expansion(cwd.as_deref(), &content) {
             Some(slash::Expansion::Prompt(text)) => {
                 let mut content = content;
@@ -51,8 +51,7 @@ impl Runtime {
             Some(slash::Expansion::Compact(focus)) => return self.compact(session_id, focus),
             None => content,
         };
-        let handle = self.live().get(session_id).map(|l| l.handle.clone());
-        let Some(handle) = handle else {
+        let Some((handle, _)) = self.agents.top_level(session_id) else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
         let turn = handle.prompt(content, json!({"kind": "user"})).map_err(|refused| match refused {
@@ -85,8 +84,7 @@ impl Runtime {
     /// `/compact [focus]`: compacts the session's history now; busy (nothing written) while a
     /// turn runs or another prompt is in flight. Holds the session's prompt slot meanwhile.
     pub(super) fn compact(&self, session_id: &str, focus: String) -> Result<Prompted, RuntimeError> {
-        let handle = self.live().get(session_id).map(|l| l.handle.clone());
-        let Some(handle) = handle else {
+        let Some((handle, _)) = self.agents.top_level(session_id) else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
         let (tx, rx) = oneshot::channel();
@@ -108,7 +106,7 @@ impl Runtime {
     /// The slash commands a live top-level session offers (built-ins, then its workspace's and
     /// the user's command files); none for an unknown session.
     pub fn slash_commands(&self, session_id: &str) -> Vec<slash::SlashCommand> {
-        let Some(cwd) = self.live().get(session_id).map(|l| l.cwd.clone()) else {
+        let Some(cwd) = self.agents.top_level(session_id).map(|(_, top)| top.cwd.clone()) else {
             return Vec::new();
         };
         slash::discover(&slash::dirs(cwd.as_deref(), &self.config.command_dirs))
@@ -130,13 +128,13 @@ impl Runtime {
     /// in the agent tree) stops its turn and discards its queued messages. Unknown ids are
     /// ignored.
     pub fn cancel(&self, session_id: &str) {
-        if let Some(entry) = self.live().get(session_id) {
-            entry.handle.cancel();
+        if let Some((handle, _)) = self.agents.top_level(session_id) {
+            handle.cancel();
         }
         if !self.continuation.cancel_child(session_id)
-            && let Some(child) = self.children().get(session_id)
+            && let Some((handle, _)) = self.agents.child(session_id)
         {
-            child.handle.cancel();
+            handle.cancel();
         }
         for handle in self.foreground_descendants(session_id) {
             handle.cancel();

@@ -871,23 +871,15 @@ impl ContinuationManager {
     /// caller itself included — and another tree's session).
     pub async fn interrupt(&self, caller_id: &str, target: &str, discard: bool) -> Result<usize, SubagentError> {
         valid_target(target)?;
+        // The live tree's links are the runtime's; the caller must be reached through
+        // continuable children only.
+        let above = self.factory()?.live_ancestors(target);
         let (settling, handle) = {
             let state = self.state();
             match state.activations.get(target) {
                 Some(act) => {
-                    let mut ancestor = Some(act.parent_id.as_str());
-                    let mut found = false;
-                    for _ in 0..=state.activations.len() {
-                        match ancestor {
-                            Some(id) if id == caller_id => {
-                                found = true;
-                                break;
-                            }
-                            Some(id) => ancestor = state.activations.get(id).map(|a| a.parent_id.as_str()),
-                            None => break,
-                        }
-                    }
-                    if !found {
+                    let through = above.iter().position(|id| id == caller_id || !state.activations.contains_key(id));
+                    if through.is_none_or(|at| above[at] != caller_id) {
                         return Err(another_parent(target));
                     }
                     (false, Some(act.handle.clone()))

@@ -109,6 +109,9 @@ pub trait ChildFactory: Send + Sync {
     fn start_agent(&self, session: Session, restored: Restored, setup: ChildSetup) -> AgentHandle;
     /// The live agent of a session, top-level or child.
     fn live_agent(&self, id: &str) -> Option<AgentHandle>;
+    /// The sessions above a live agent, nearest first, through live agents (the runtime's one
+    /// registry of the live tree).
+    fn live_ancestors(&self, id: &str) -> Vec<String>;
     /// Forgets a child agent that was shut down.
     fn release(&self, id: &str);
     /// The named agent `name` as the live top-level session at or above `session_id` defines it
