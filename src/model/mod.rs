@@ -146,17 +146,12 @@ pub type ModelResult = Result<ModelEvent, Failure>;
 /// What a model call yields.
 pub type ChunkStream = mpsc::Receiver<ModelResult>;
 
-/// A language model behind some transport. Replay and test hooks are not here: a replayed run
-/// reaches the runtime through its fixture (`scenario::fixture`).
+/// A language model behind some transport: one streaming method. Replay and test hooks are not
+/// here (a replayed run reaches the runtime through its fixture, `scenario::fixture`), nor is the
+/// key check of the HTTP models (`routed::Routed::missing_key`, which the runtime holds beside).
 pub trait Model: Send + Sync {
     /// Starts one call. The stream ends after `finish`, after an error, or when cancelled.
     fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> ChunkStream;
-
-    /// The API key a call on `route` would need and cannot find (HTTP models; replay and
-    /// scripted models need none), so a session can be refused before its first turn fails.
-    fn missing_key(&self, _route: &ModelRoute) -> Option<MissingKey> {
-        None
-    }
 }
 
 /// A provider's key that is neither in the environment nor stored by `kin login`.

@@ -67,8 +67,12 @@ impl Model for Routed {
             Err(message) => failed(Failure::new(message, INVALID_CONFIG)),
         }
     }
+}
 
-    fn missing_key(&self, route: &ModelRoute) -> Option<MissingKey> {
+impl Routed {
+    /// The API key a call on `route` would need and cannot find, so a session can be refused
+    /// before its first turn fails.
+    pub(crate) fn missing_key(&self, route: &ModelRoute) -> Option<MissingKey> {
         if self.clients.lock().is_ok_and(|c| c.contains_key(&route.provider)) {
             return None;
         }

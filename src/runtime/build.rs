@@ -1,4 +1,5 @@
-//! The composition root: `Runtime::new` (and `with_fixture`, for a replay) wires the subagent
+//! The composition root: `Runtime::new` (and `with_backend`, with a key check or a replay's
+//! fixture) wires the subagent
 //! service, its providers (`spawn`, `fork`, every `[acp_agents.*]`), the delegation and control
 //! tools and the catalog's query.
 
@@ -11,6 +12,7 @@ use super::permission::ForwardPrompt;
 use super::{ClientLink, Runtime};
 use crate::config::Config;
 use crate::model::Model;
+use crate::model::routed::Routed;
 use crate::scenario::fixture::Fixture;
 use crate::session::SessionStore;
 use crate::session::query::{QueryService, SessionQuery, StoreSource};
@@ -57,22 +59,28 @@ fn acp_delegate_config(agent: &crate::subagent::external::ExternalAgentConfig) -
     }
 }
 
+/// What a runtime runs on besides its tools.
+pub(crate) struct Backend {
+    pub(crate) model: Arc<dyn Model>,
+    /// The HTTP models' key check (`Runtime::missing_key`); none for other models.
+    pub(crate) keys: Option<Arc<Routed>>,
+    /// A replay's hooks.
+    pub(crate) fixture: Option<Arc<dyn Fixture>>,
+}
+
 impl Runtime {
     /// Builds the runtime: the subagent service with the `spawn` and `fork` providers (which
     /// create children through this runtime) and the delegation tools on top of `tools`.
+    /// Without a key check or a fixture.
     pub fn new(config: Config, model: Arc<dyn Model>, tools: ToolRegistry) -> Result<Arc<Self>> {
-        Self::with_fixture(config, model, tools, None)
+        Self::with_backend(config, Backend { model, keys: None, fixture: None }, tools)
     }
 
-    /// Builds the runtime with a fixture (a replay's, see `scenario::fixture`): its hooks pin
-    /// new session ids and the system prompt, hear loads and settlements, stand in for the MCP
-    /// servers and make the end check.
-    pub(crate) fn with_fixture(
-        config: Config,
-        model: Arc<dyn Model>,
-        tools: ToolRegistry,
-        fixture: Option<Arc<dyn Fixture>>,
-    ) -> Result<Arc<Self>> {
+    /// Builds the runtime on `backend`: with a fixture (a replay's, see `scenario::fixture`),
+    /// its hooks pin new session ids and the system prompt, hear loads and settlements, stand in
+    /// for the MCP servers and make the end check.
+    pub(crate) fn with_backend(config: Config, backend: Backend, tools: ToolRegistry) -> Result<Arc<Self>> {
+        let Backend { model, keys, fixture } = backend;
         let subagents = Arc::new(SubagentService::new());
         let mcp_recording = fixture.as_ref().and_then(|f| f.mcp_recording());
         let runtime = Arc::new_cyclic(|weak: &std::sync::Weak<Runtime>| {
@@ -165,6 +173,7 @@ impl Runtime {
                 loading: Mutex::new(HashMap::new()),
                 mcp_recording,
                 fixture,
+                keys,
                 sandbox_settings: Arc::new(config.sandbox.clone()),
                 titles: crate::session::Titles::default(),
                 config,

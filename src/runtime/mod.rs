@@ -87,6 +87,8 @@ pub struct Runtime {
     mcp_recording: Option<Arc<crate::mcp::Recording>>,
     /// A replay's hooks (`scenario::fixture`); none in a real run.
     fixture: Option<Arc<dyn crate::scenario::fixture::Fixture>>,
+    /// The HTTP models' key check; none for other models (replay and scripted need no key).
+    keys: Option<Arc<crate::model::routed::Routed>>,
     /// The in-process delegation tools as registered (offering only the built-in agents); each
     /// session gets copies offering its own agents.
     delegates: Vec<DelegateTool>,

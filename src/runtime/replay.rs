@@ -1,5 +1,5 @@
-//! What a configuration runs on: the model, and the replay fixture when a scenario directory is
-//! given (`--replay DIR`). The runtime's replay behaviours are the fixture's hooks
+//! What a configuration runs on: the HTTP models and their key check, or the replay's model and
+//! fixture when a scenario directory is given (`--replay DIR`). The runtime's replay behaviours are the fixture's hooks
 //! (`scenario::fixture`): the settlement marker is written through it, and its end check is what
 //! makes `kin acp` exit 3.
 
@@ -9,37 +9,36 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::Runtime;
+use super::build::Backend;
 use crate::config::Config;
 use crate::model::Model;
-use crate::scenario::fixture::{Fixture, Replay};
+use crate::scenario::fixture::Replay;
 use crate::subagent::Lifecycle;
 use crate::tools::ToolRegistry;
 
-/// The model of a runtime, and its fixture in a replay.
-type ModelAndFixture = (Arc<dyn Model>, Option<Arc<dyn Fixture>>);
-
-/// Picks the model for a configuration: the recorded calls and their fixture when a scenario
-/// directory is given, else the HTTP clients of its routes.
-fn model_for(config: &Config) -> Result<ModelAndFixture> {
+/// Picks the backend for a configuration: the recorded calls and their fixture when a scenario
+/// directory is given, else the HTTP clients of its routes with their key check.
+fn backend_for(config: &Config) -> Result<Backend> {
     if let Some(dir) = &config.replay {
         let replay = Replay::from_dir(dir)?;
         let model: Arc<dyn Model> = replay.model();
-        return Ok((model, Some(Arc::new(replay))));
+        return Ok(Backend { model, keys: None, fixture: Some(Arc::new(replay)) });
     }
     let store = config.keys.clone();
     let stored: crate::model::routed::KeyLookup =
         Arc::new(move |variable: &str| crate::keys::lookup(&|_| None, &store, variable));
     let routed = crate::model::routed::Routed::new(&config.model, config.models.clone(), stored)
         .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
-    Ok((Arc::new(routed), None))
+    let routed = Arc::new(routed);
+    Ok(Backend { model: routed.clone(), keys: Some(routed), fixture: None })
 }
 
 impl Runtime {
     /// The runtime a configuration asks for (what `kin acp` and `kin run` serve): its model, and
     /// with `--replay DIR` the scenario's recorded calls and their fixture, over `tools`.
     pub fn for_config(config: Config, tools: ToolRegistry) -> Result<Arc<Self>> {
-        let (model, fixture) = model_for(&config)?;
-        Self::with_fixture(config, model, tools, fixture)
+        let backend = backend_for(&config)?;
+        Self::with_backend(config, backend, tools)
     }
 
     /// With a fixture, tells it of every child that ends (in replay it writes the settlement

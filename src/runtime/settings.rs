@@ -40,7 +40,7 @@ impl Runtime {
     /// The key a new session's route needs and nobody has given (neither the environment nor
     /// `kin login`); never in replay, whose model needs none.
     pub fn missing_key(&self) -> Option<crate::model::MissingKey> {
-        self.model.missing_key(&self.config.model)
+        self.keys.as_ref().and_then(|keys| keys.missing_key(&self.config.model))
     }
 
     /// Whether the route a live session's next turn uses takes images (false for an unknown
