@@ -35,7 +35,7 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
-use crate::runtime::{ChildObservers, Runtime, RuntimeError};
+use crate::runtime::{ChildObservers, Runtime, RuntimeError, SessionView};
 use crate::sandbox::SandboxPolicy;
 use tree::{ChildForwarders, Forwarder, Tree};
 
@@ -124,10 +124,11 @@ const SANDBOX_OPTION: &str = "sandbox";
 /// The `_meta` of a session's `session/new`, `load`, `resume` and `fork` answers: the named
 /// agents its delegation tools offer, `{"kin": {"agents": [{name, description}]}}`, so a client
 /// can show them.
-fn session_meta(runtime: &Runtime, session_id: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
-    let agents = runtime.session_agents(session_id)?;
-    let agents: Vec<serde_json::Value> = agents
-        .into_iter()
+fn session_meta(view: &SessionView) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let agents: Vec<serde_json::Value> = view
+        .agents
+        .as_ref()?
+        .iter()
         .map(|(name, description)| serde_json::json!({"name": name, "description": description}))
         .collect();
     let mut meta = serde_json::Map::new();
@@ -137,22 +138,20 @@ fn session_meta(runtime: &Runtime, session_id: &str) -> Option<serde_json::Map<S
 
 /// The session's config options: the model selector (the configured choices, the session's
 /// current route selected) and the sandbox selector (every policy, the session's selected).
-fn config_options(runtime: &Runtime, session_id: &str) -> Vec<SessionConfigOption> {
-    let current = runtime.session_model(session_id).unwrap_or_else(|| runtime.model_choices()[0].clone());
+fn config_options(view: &SessionView) -> Vec<SessionConfigOption> {
     let choices: Vec<SessionConfigSelectOption> =
-        runtime.model_choices().iter().map(|r| SessionConfigSelectOption::new(r.to_string(), r.to_string())).collect();
-    let sandbox = runtime.sandbox(session_id).unwrap_or_default();
+        view.choices.iter().map(|r| SessionConfigSelectOption::new(r.to_string(), r.to_string())).collect();
     let policies: Vec<SessionConfigSelectOption> =
         SandboxPolicy::ALL.iter().map(|p| SessionConfigSelectOption::new(p.id(), p.name())).collect();
     let mut about = "What commands may touch, enforced by the kernel, from the next command on".to_string();
-    if sandbox.is_sandboxed() && runtime.sandbox_in_force(session_id) == Some(false) {
+    if view.sandbox.is_sandboxed() && view.unenforced {
         about.push_str(" (this kernel cannot enforce it: commands run unconfined, after the permission questions)");
     }
     vec![
-        SessionConfigOption::select(MODEL_OPTION, "Model", current.to_string(), choices)
+        SessionConfigOption::select(MODEL_OPTION, "Model", view.route.to_string(), choices)
             .category(SessionConfigOptionCategory::Model)
             .description("The model route used from the next turn on".to_string()),
-        SessionConfigOption::select(SANDBOX_OPTION, "Sandbox", sandbox.id(), policies).description(about),
+        SessionConfigOption::select(SANDBOX_OPTION, "Sandbox", view.sandbox.id(), policies).description(about),
     ]
 }
 
@@ -291,14 +290,13 @@ async fn serve_until(
                 }
                 let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_new.clone(), rt_new.tools().clone()));
                 match rt_new.new_session_with(&req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
-                    Ok(id) => {
-                        let mode = rt_new.permission_mode(&id).unwrap_or_default();
-                        let options = config_options(&rt_new, &id);
+                    Ok(view) => {
+                        let id = view.id.clone();
                         let sent = responder.respond(
                             NewSessionResponse::new(id.clone())
-                                .modes(modes::state(mode))
-                                .config_options(options)
-                                .meta(session_meta(&rt_new, &id)),
+                                .modes(modes::state(view.mode))
+                                .config_options(config_options(&view))
+                                .meta(session_meta(&view)),
                         );
                         after_response(&cx, &rt_new, &id, &notices_new);
                         sent
@@ -370,7 +368,7 @@ async fn serve_until(
                     async move {
                         let id = req.session_id.0.to_string();
                         match runtime.load_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
-                            Ok(events) => {
+                            Ok(crate::runtime::Loaded { events, view }) => {
                                 forwarder.count(&events);
                                 let tools = runtime.tools();
                                 let header = runtime.store().header(&id).ok();
@@ -387,13 +385,11 @@ async fn serve_until(
                                 let children =
                                     if agents.enabled() { tree::stored_tree(&runtime, &id) } else { Vec::new() };
                                 tree::replay(&cx, tools, &children);
-                                let mode = runtime.permission_mode(&id).unwrap_or_default();
-                                let options = config_options(&runtime, &id);
                                 let _ = responder.respond(
                                     LoadSessionResponse::new()
-                                        .modes(modes::state(mode))
-                                        .config_options(options)
-                                        .meta(session_meta(&runtime, &id)),
+                                        .modes(modes::state(view.mode))
+                                        .config_options(config_options(&view))
+                                        .meta(session_meta(&view)),
                                 );
                                 after_response(&cx, &runtime, &id, &notices);
                                 tree::reannounce(&cx, &children);
@@ -447,7 +443,9 @@ async fn serve_until(
                     _ => rt_config.set_model(id, &value.0).map(|_| ()),
                 };
                 match set {
-                    Ok(()) => responder.respond(SetSessionConfigOptionResponse::new(config_options(&rt_config, id))),
+                    Ok(()) => {
+                        responder.respond(SetSessionConfigOptionResponse::new(config_options(&rt_config.view(id))))
+                    }
                     Err(e) => responder.respond_with_error(to_acp(e)),
                 }
             },
@@ -484,16 +482,14 @@ async fn serve_until(
                     async move {
                         let id = req.session_id.0.to_string();
                         match runtime.resume_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
-                            Ok(events) => {
+                            Ok(crate::runtime::Loaded { events, view }) => {
                                 forwarder.count(&events);
                                 drop(events);
-                                let mode = runtime.permission_mode(&id).unwrap_or_default();
-                                let options = config_options(&runtime, &id);
                                 let _ = responder.respond(
                                     ResumeSessionResponse::new()
-                                        .modes(modes::state(mode))
-                                        .config_options(options)
-                                        .meta(session_meta(&runtime, &id)),
+                                        .modes(modes::state(view.mode))
+                                        .config_options(config_options(&view))
+                                        .meta(session_meta(&view)),
                                 );
                                 after_response(&cx, &runtime, &id, &notices);
                                 if agents.enabled() {
@@ -535,14 +531,13 @@ async fn serve_until(
                 }
                 let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_fork.clone(), rt_fork.tools().clone()));
                 match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
-                    Ok(id) => {
-                        let mode = rt_fork.permission_mode(&id).unwrap_or_default();
-                        let options = config_options(&rt_fork, &id);
+                    Ok(view) => {
+                        let id = view.id.clone();
                         let sent = responder.respond(
                             ForkSessionResponse::new(id.clone())
-                                .modes(modes::state(mode))
-                                .config_options(options)
-                                .meta(session_meta(&rt_fork, &id)),
+                                .modes(modes::state(view.mode))
+                                .config_options(config_options(&view))
+                                .meta(session_meta(&view)),
                         );
                         after_response(&cx, &rt_fork, &id, &notices_fork);
                         sent

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::Runtime;
 use super::agents::Node;
 use super::error::{RuntimeError, store_error, subagent_only};
+use super::{Loaded, Runtime};
 use crate::mcp::{McpSession, ServerSpec};
 use crate::prompt::{self};
 use crate::session::{Event, SessionObserver};
@@ -26,21 +26,21 @@ impl Runtime {
     }
 
     /// Loads a stored session (repairing a crash-interrupted turn), returns its events for
-    /// replay to the client, and makes it live. A live idle session is flushed and reloaded. A
+    /// replay to the client with its view, and makes it live. A live idle session is flushed and reloaded. A
     /// load or resume of the same session already under way is waited for first.
-    pub async fn load_session(
+    pub(crate) async fn load_session(
         &self,
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
+    ) -> Result<Loaded, RuntimeError> {
         let gate = self.load_gate(session_id);
         let loaded = {
             let _turn = gate.lock().await;
             self.load_now(session_id, observer, servers).await
         };
         self.release_load_gate(session_id, gate);
-        loaded
+        Ok(Loaded { events: loaded?, view: self.view(session_id) })
     }
 
     /// The gate of `session_id`'s loads and resumes.
@@ -109,12 +109,12 @@ impl Runtime {
     /// (its observer keeps forwarding), a stored one is loaded and made live with `observer`.
     /// Returns the events of a session it loaded (none for a live one). A load or resume of the
     /// same session already under way is waited for first (and then usually finds it live).
-    pub async fn resume_session(
+    pub(crate) async fn resume_session(
         &self,
         session_id: &str,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<Arc<Vec<Event>>, RuntimeError> {
+    ) -> Result<Loaded, RuntimeError> {
         self.reject_child(session_id)?;
         if let Some((handle, top)) = self.agents.top_level(session_id) {
             let mcp = &top.mcp;
@@ -124,7 +124,7 @@ impl Runtime {
                 let _ = handle.inject_log(McpSession::describe(&specs));
                 mcp.replace(specs).await;
             }
-            return Ok(Arc::default());
+            return Ok(Loaded { events: Arc::default(), view: self.view(session_id) });
         }
         let gate = self.load_gate(session_id);
         let resumed = {
@@ -136,6 +136,6 @@ impl Runtime {
             }
         };
         self.release_load_gate(session_id, gate);
-        resumed
+        Ok(Loaded { events: resumed?, view: self.view(session_id) })
     }
 }

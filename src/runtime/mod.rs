@@ -14,9 +14,11 @@ mod sessions;
 mod settings;
 mod tree;
 mod turns;
+mod view;
 
 pub(crate) use error::RuntimeError;
 pub(crate) use turns::Prompted;
+pub(crate) use view::{Loaded, SessionView};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -42,11 +42,6 @@ impl Runtime {
         self.agents.permissions_of(id)
     }
 
-    /// The permission mode of a live session.
-    pub fn permission_mode(&self, session_id: &str) -> Option<PermissionMode> {
-        self.agents.top_level(session_id).map(|(_, top)| top.permissions.mode())
-    }
-
     /// Changes the permission mode of a live session (it applies to the next tool call).
     pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<(), RuntimeError> {
         self.reject_child(session_id)?;

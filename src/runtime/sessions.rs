@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::Runtime;
 use super::agents::{Agent, Node, Role, TopLevel};
 use super::error::{RuntimeError, store_error};
+use super::{Runtime, SessionView};
 use crate::agent::{Restored, spawn_restored};
 use crate::mcp::{McpNotice, McpSession, ServerSpec};
 use crate::permission::{PermissionMode, Permissions};
@@ -22,26 +22,39 @@ impl Runtime {
     /// Creates a top-level session in `cwd` (absolute) with the config's MCP servers and starts
     /// its agent.
     pub fn new_session(&self, cwd: &Path, observer: Arc<dyn SessionObserver>) -> Result<String, RuntimeError> {
-        self.new_session_with(cwd, observer, Vec::new())
+        self.new_session_with(cwd, observer, Vec::new()).map(|view| view.id)
     }
 
     /// `new_session` with the editor's MCP servers (which replace config servers of the same name).
-    pub fn new_session_with(
+    pub(crate) fn new_session_with(
         &self,
         cwd: &Path,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<String, RuntimeError> {
+    ) -> Result<SessionView, RuntimeError> {
         if !cwd.is_absolute() {
             return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
         }
         let (system, record) = self.session_prompt(cwd)?;
         let id = self.mint_session_id();
-        let header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
+        let header = SessionHeader::new(id, now_ms(), Some(cwd.display().to_string()));
         let mut session = self.store.create(header).map_err(|e| RuntimeError::Internal(e.to_string()))?;
         if record {
             session.push(event::SystemPrompt { text: system.clone() });
         }
+        self.publish(session, system, servers, observer)
+    }
+
+    /// Makes a just-created top-level session live (`new_session`, `fork_session`): starts its
+    /// MCP servers, writes its log (a log that cannot be written is discarded: the session never
+    /// existed), attaches `observer` and starts its agent; returns its view.
+    fn publish(
+        &self,
+        mut session: Session,
+        system: String,
+        servers: Vec<ServerSpec>,
+        observer: Arc<dyn SessionObserver>,
+    ) -> Result<SessionView, RuntimeError> {
         let mcp = self.mcp_for(&mut session, servers);
         // The session exists on disk before the client learns its id.
         if let Err(e) = session.flush() {
@@ -49,8 +62,9 @@ impl Runtime {
             return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
         }
         session.add_observer(observer);
+        let id = session.id().to_string();
         self.start(session, system, mcp, Restored::none());
-        Ok(id)
+        Ok(self.view(&id))
     }
 
     /// Starts a session's MCP servers (the config's, each replaced by the editor's server of the
@@ -160,14 +174,14 @@ impl Runtime {
     /// Forks a top-level session (`session/fork`): a new top-level session in `cwd` seeded with
     /// the source's completed turns as they are on disk (the prompt it was created with comes
     /// along), in the source's recorded mode and model as `start` restores them. Returns the new
-    /// session's id.
-    pub fn fork_session(
+    /// session's view.
+    pub(crate) fn fork_session(
         &self,
         source_id: &str,
         cwd: &Path,
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
-    ) -> Result<String, RuntimeError> {
+    ) -> Result<SessionView, RuntimeError> {
         self.reject_child(source_id)?;
         if !cwd.is_absolute() {
             return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
@@ -181,17 +195,10 @@ impl Runtime {
                 .map_err(RuntimeError::Internal)?,
         };
         let id = self.mint_session_id();
-        let mut header = SessionHeader::new(id.clone(), now_ms(), Some(cwd.display().to_string()));
+        let mut header = SessionHeader::new(id, now_ms(), Some(cwd.display().to_string()));
         header.seed_length = (!seed.is_empty()).then_some(seed.len() as u64);
-        let mut session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        let mcp = self.mcp_for(&mut session, servers);
-        if let Err(e) = session.flush() {
-            session.discard();
-            return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
-        }
-        session.add_observer(observer);
-        self.start(session, system, mcp, Restored::none());
-        Ok(id)
+        let session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        self.publish(session, system, servers, observer)
     }
 
     /// Deletes a stored top-level session and its subagent sessions (`session/delete`): refused

@@ -1,4 +1,4 @@
-//! A live session's settings: its named agents, its sandbox and its model.
+//! A live session's settings: its sandbox and its model.
 
 use anyhow::Result;
 
@@ -8,23 +8,6 @@ use crate::sandbox::{SandboxPolicy, SessionSandbox};
 use crate::session::event;
 
 impl Runtime {
-    /// The named agents a live top-level session's delegation tools offer: name and description.
-    pub fn session_agents(&self, session_id: &str) -> Option<Vec<(String, String)>> {
-        let (_, top) = self.agents.top_level(session_id)?;
-        Some(top.named.iter().map(|def| (def.name.clone(), def.description.clone())).collect())
-    }
-
-    /// The sandbox policy of a live session.
-    pub fn sandbox(&self, session_id: &str) -> Option<SandboxPolicy> {
-        self.agents.top_level(session_id).map(|(_, top)| top.sandbox.policy())
-    }
-
-    /// Whether a live session's commands run confined by the kernel now.
-    pub fn sandbox_in_force(&self, session_id: &str) -> Option<bool> {
-        let (_, top) = self.agents.top_level(session_id)?;
-        Some(top.sandbox.in_force(top.cwd.as_deref()))
-    }
-
     /// Changes a live session's sandbox (from its next command on) and records it
     /// (`session/sandbox`) so that a later load keeps it, unless kin starts stricter then.
     pub fn set_sandbox(&self, session_id: &str, policy: &str) -> Result<SandboxPolicy, RuntimeError> {
@@ -48,11 +31,6 @@ impl Runtime {
     pub fn takes_images(&self, session_id: &str) -> bool {
         self.session_model(session_id)
             .is_some_and(|route| crate::model::router::takes_images(&route, &self.config.models))
-    }
-
-    /// The routes a session may switch to.
-    pub fn model_choices(&self) -> &[crate::model::ModelRoute] {
-        &self.config.model_choices
     }
 
     /// The route a live session's next turn uses.
