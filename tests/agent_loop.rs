@@ -18,12 +18,24 @@ use kin::testkit::tools::{Access, Tool, ToolContext, ToolError, ToolOutput, Tool
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// Echoes its `text` argument after `delay_ms`, counting concurrent calls.
+#[allow(dead_code)]
+mod common;
+
+/// Echoes its `text` argument after `delay_ms`, counting concurrent calls. With `"hold": true`
+/// it says it started (`Gate::entered`) and waits for `Gate::release` (or its cancellation)
+/// instead: a test fences "while the tool runs" on that, not on a delay.
 struct Echo {
     name: &'static str,
     parallel: bool,
     running: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
 }
 
 impl Tool for Echo {
@@ -44,13 +56,21 @@ impl Tool for Echo {
         self.parallel
     }
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let (running, peak) = (self.running.clone(), self.peak.clone());
+        let (running, peak, gate) = (self.running.clone(), self.peak.clone(), self.gate.clone());
         async move {
             let now = running.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(now, Ordering::SeqCst);
             let delay = arguments["delay_ms"].as_u64().unwrap_or(0);
+            let ran = async {
+                if arguments["hold"] == true {
+                    gate.entered.notify_one();
+                    gate.release.notified().await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
+            };
             let cancelled = tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(delay)) => false,
+                () = ran => false,
                 () = ctx.cancel.cancelled() => true,
             };
             running.fetch_sub(1, Ordering::SeqCst);
@@ -73,6 +93,7 @@ struct Fixture {
     handle: AgentHandle,
     model: Arc<ScriptedModel>,
     peak: Arc<AtomicUsize>,
+    gate: Arc<Gate>,
     id: String,
 }
 
@@ -92,9 +113,11 @@ fn start_on(model: Arc<ScriptedModel>, serving: Arc<dyn Model>, max_steps: u32, 
     let id = "bbbbbbbb-0000-4000-8000-000000000001".to_string();
     let session = store.create(SessionHeader::new(id.clone(), 1, Some("/w".into()))).unwrap();
     let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let gate = Arc::new(Gate::default());
     let mut tools = ToolRegistry::new();
     for (name, parallel) in [("echo", false), ("pecho", true)] {
-        tools.register(Arc::new(Echo { name, parallel, running: running.clone(), peak: peak.clone() }));
+        let (running, peak, gate) = (running.clone(), peak.clone(), gate.clone());
+        tools.register(Arc::new(Echo { name, parallel, running, peak, gate }));
     }
     let deps = AgentDeps {
         model: serving,
@@ -111,7 +134,7 @@ fn start_on(model: Arc<ScriptedModel>, serving: Arc<dyn Model>, max_steps: u32, 
         compaction: Default::default(),
     };
     let handle = spawn_agent(session, deps);
-    Fixture { _dir: dir, store, handle, model, peak, id }
+    Fixture { _dir: dir, store, handle, model, peak, gate, id }
 }
 
 fn chunks(c: Vec<kin::testkit::model::StreamChunk>) -> ReplayEntry {
@@ -127,6 +150,11 @@ fn user() -> Value {
 }
 
 impl Fixture {
+    /// Until the model was called `n` times (a hanging call is running once it was made).
+    async fn called(&self, n: usize) {
+        common::until(&format!("model call {n}"), || self.model.requests().len() >= n).await;
+    }
+
     async fn events(&self) -> Vec<Event> {
         self.handle.flush().await.unwrap();
         self.store.inspect(&self.id).unwrap().events
@@ -169,7 +197,7 @@ async fn a_followup_sent_during_a_turn_becomes_its_own_later_turn() {
         5,
     );
     let first = f.handle.followup(text("one"), user()).unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    f.called(1).await;
     assert!(f.handle.is_running());
     let second = f.handle.followup(text("two"), user()).unwrap();
     f.handle.cancel();
@@ -202,15 +230,13 @@ async fn inject_between_turns_appends_without_running_the_model() {
 #[tokio::test]
 async fn inject_during_a_turn_lands_before_the_next_step() {
     let f = start(
-        vec![
-            chunks(tool_call_response("c1", "echo", r#"{"text":"a","delay_ms":100}"#)),
-            chunks(text_response(&["done"])),
-        ],
+        vec![chunks(tool_call_response("c1", "echo", r#"{"text":"a","hold":true}"#)), chunks(text_response(&["done"]))],
         5,
     );
     let turn = f.handle.followup(text("go"), user()).unwrap();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    f.gate.entered.notified().await;
     f.handle.inject(text("steer"), json!({"kind": "plugin", "plugin": "test"})).await.unwrap();
+    f.gate.release.notify_one();
     assert_eq!(turn.await.unwrap(), TurnEnd::Completed);
     let events = f.events().await;
     let k = kinds(&events);
@@ -296,9 +322,9 @@ async fn parallel_safe_calls_overlap_and_exclusive_calls_do_not() {
 
 #[tokio::test]
 async fn cancelling_during_a_tool_call_aborts_it_and_the_turn() {
-    let f = start(vec![chunks(tool_call_response("c1", "echo", r#"{"text":"slow","delay_ms":5000}"#))], 5);
+    let f = start(vec![chunks(tool_call_response("c1", "echo", r#"{"text":"slow","hold":true}"#))], 5);
     let turn = f.handle.followup(text("go"), user()).unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    f.gate.entered.notified().await;
     f.handle.cancel();
     let end = tokio::time::timeout(Duration::from_secs(2), turn).await.expect("cancel is prompt").unwrap();
     assert_eq!(end, TurnEnd::Aborted);
@@ -343,7 +369,7 @@ async fn shutdown_disposes_queued_turns_and_flushes() {
     let f = start(vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], 5);
     let first = f.handle.followup(text("one"), user()).unwrap();
     let queued = f.handle.followup(text("two"), user()).unwrap();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    f.called(1).await;
     f.handle.shutdown().await;
     assert_eq!(first.await.unwrap(), TurnEnd::Disposed);
     assert_eq!(queued.await.unwrap(), TurnEnd::Disposed);

@@ -1117,6 +1117,15 @@ fn a_listing_stats_each_log_once_cold_and_warm() {
     assert_eq!(q.source().io().stats, 26);
 }
 
+/// Rewrites `path` with `text` and sets its mtime at least a second past the one it had, so
+/// that a same-length rewrite is told by its mtime on any filesystem, without waiting for a tick.
+fn rewrite_later(path: &Path, text: &str) {
+    let before = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::write(path, text).unwrap();
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(SystemTime::now().max(before + Duration::from_secs(1))).unwrap();
+}
+
 #[test]
 fn the_derived_summary_follows_every_change_of_a_log() {
     // The per-log summary is a cache keyed by (path, length, mtime), never an authority: after
@@ -1136,13 +1145,11 @@ fn the_derived_summary_follows_every_change_of_a_log() {
     std::fs::write(&path, format!("{original}{second}\n")).unwrap();
     check(diag(A, Reason::Corrupt));
     // Same length as the original: only the mtime tells the change.
-    std::thread::sleep(Duration::from_millis(50));
     let future = original.replacen("\"version\":2", "\"version\":3", 1);
     assert_eq!(future.len(), original.len());
-    std::fs::write(&path, future.as_bytes()).unwrap();
+    rewrite_later(&path, &future);
     check(diag(A, Reason::Unsupported));
-    std::thread::sleep(Duration::from_millis(50));
-    std::fs::write(path.as_path(), original.as_bytes()).unwrap();
+    rewrite_later(&path, &original);
     check(healthy(A));
 }
 
@@ -1194,8 +1201,7 @@ fn the_cached_corpus_follows_logs_added_removed_and_rewritten() {
     let text = std::fs::read_to_string(&path).unwrap();
     let reparented = text.replacen(other, P, 1);
     assert_eq!(reparented.len(), text.len());
-    std::thread::sleep(Duration::from_millis(50));
-    std::fs::write(&path, &reparented).unwrap();
+    rewrite_later(&path, &reparented);
     check(&[A, B, C, d, stray]);
     std::fs::write(&path, "not a header\n").unwrap();
     // A fresh query never read the broken header, so nothing names stray's parent; the warm one
@@ -1566,7 +1572,6 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
         let children = children_of(&store, &parent);
         children.len() == 3 && children.iter().all(|c| turn_ends(&store, c) == 1)
     });
-    std::thread::sleep(Duration::from_millis(300));
     kin.kill();
 
     // A new process lists them from storage alone: complete, with their labels.

@@ -8,7 +8,7 @@ use kin::testkit::agent::TurnEnd;
 use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
 use kin::testkit::model::{text_response, tool_call_response};
 use kin::testkit::runtime::Runtime;
-use kin::testkit::subagent::ErrorCode;
+use kin::testkit::subagent::{ErrorCode, Lifecycle};
 use serde_json::json;
 
 #[allow(dead_code)]
@@ -63,7 +63,8 @@ async fn a_followup_racing_settlement_is_delivered_exactly_once() {
         let (_, caller) = parent(&rt, dir.path());
         let manager = rt.continuation().clone();
         let (child, _) = manager.start("spawn", "racer".into(), start_request(&caller, "first")).await.unwrap();
-        // Sleep a little so some rounds race the settlement and some cold-resume.
+        // A deliberate race probe, not a fence: sleep a little so some rounds race the
+        // settlement and some cold-resume (either way the message is delivered once).
         tokio::time::sleep(Duration::from_millis(round)).await;
         let source = json!({"kind": "coordinator", "senderSessionId": caller.header.id});
         manager.followup(&caller, &child, vec![json!({"type": "text", "text": "second"})], source).await.unwrap();
@@ -166,6 +167,13 @@ async fn a_child_owning_a_live_grandchild_waits_and_settles_after_it() {
         )
         .route("leaf", [ReplayEntry::Hang { chunks: vec![], ready_file: None }]);
     let (rt, _) = runtime_with(dir.path(), model, "");
+    let ends = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = ends.clone();
+    rt.subagents().observe(move |e| {
+        if let Lifecycle::End { id, .. } = e {
+            sink.lock().unwrap().push(id.clone());
+        }
+    });
     let (_, caller) = parent(&rt, dir.path());
     let manager = rt.continuation().clone();
     let (child, _) = manager.start("spawn", "middle".into(), start_request(&caller, "start a leaf")).await.unwrap();
@@ -178,14 +186,17 @@ async fn a_child_owning_a_live_grandchild_waits_and_settles_after_it() {
         .unwrap()
         .header
         .id;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(manager.is_resident(&child), "waiting: quiescent but owns a live grandchild");
     assert!(manager.is_resident(&grandchild));
+    // (Whether the child settled too early is told by the order of the ends below, not by
+    // waiting a while here and finding it still resident.)
+    assert!(manager.is_resident(&child), "waiting: quiescent but owns a live grandchild");
     // Only an ancestor may interrupt; the parent is one (two levels up).
     let err = manager.interrupt("someone-else", &grandchild, false).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Unauthorized);
     manager.interrupt(&caller.header.id, &grandchild, false).await.unwrap();
-    until("both to settle", || !manager.is_resident(&child) && !manager.is_resident(&grandchild)).await;
+    until("both to settle", || ends.lock().unwrap().len() == 2).await;
+    assert_eq!(*ends.lock().unwrap(), [grandchild.clone(), child.clone()], "the child settled after its grandchild");
+    assert!(!manager.is_resident(&child) && !manager.is_resident(&grandchild));
     assert_eq!(turn_ends(&rt, &grandchild), ["aborted"]);
     manager.interrupt(&caller.header.id, &grandchild, false).await.unwrap();
     rt.shutdown().await;

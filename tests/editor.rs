@@ -954,55 +954,6 @@ fn asked_by(prompt: &'static str) -> impl Fn(&wiremock::Request) -> bool + Send 
     }
 }
 
-/// A response held back until the test opens the gate (or `WAIT` passes): the mock server
-/// serves nothing else meanwhile, so what the held request's answer causes comes after what the
-/// test saw before opening it.
-struct Held {
-    open: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
-    response: ResponseTemplate,
-}
-
-impl Held {
-    fn new(response: ResponseTemplate) -> (Held, impl Fn()) {
-        let open = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-        let opener = open.clone();
-        let release = move || {
-            *opener.0.lock().unwrap() = true;
-            opener.1.notify_all();
-        };
-        (Held { open, response }, release)
-    }
-}
-
-impl wiremock::Respond for Held {
-    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
-        let (open, changed) = &*self.open;
-        let (open, _) = changed.wait_timeout_while(open.lock().unwrap(), WAIT, |open| !*open).unwrap();
-        assert!(*open, "the held response was never released");
-        self.response.clone()
-    }
-}
-
-/// A response that tells the test its request arrived.
-struct Heard {
-    arrived: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
-    response: ResponseTemplate,
-}
-
-impl Heard {
-    fn new(response: ResponseTemplate) -> (Heard, std::sync::mpsc::Receiver<()>) {
-        let (arrived, heard) = std::sync::mpsc::channel();
-        (Heard { arrived: std::sync::Mutex::new(arrived), response }, heard)
-    }
-}
-
-impl wiremock::Respond for Heard {
-    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
-        let _ = self.arrived.lock().unwrap().send(());
-        self.response.clone()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_childs_question_after_its_call_ended_is_asked_on_the_parent_on_a_call_of_its_own() {
     // The parent starts a background child and ends its turn; the child then writes a file
@@ -1012,10 +963,10 @@ async fn a_background_childs_question_after_its_call_ended_is_asked_on_the_paren
     let post = || Mock::given(method("POST")).and(path("/chat/completions"));
     let write = json!({"file_path": "note.txt", "content": "noted"});
     // The child's first answer (its write) waits until the editor saw the delegating call end.
-    let (held, release) = Held::new(openai_tool_call("child_call", "write", write));
+    let (held, release) = common::Held::new(openai_tool_call("child_call", "write", write));
     post().and(asked_by(child)).respond_with(held).up_to_n_times(1).with_priority(1).mount(&server).await;
     // Its next request carries the write's result: the file is written by then.
-    let (heard, written) = Heard::new(openai_text("Written."));
+    let (heard, written) = common::Heard::new(openai_text("Written."));
     post().and(asked_by(child)).respond_with(heard).with_priority(2).mount(&server).await;
     let start = json!({"description": "Note taker", "prompt": child, "run_in_background": true});
     post()

@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
+#[allow(dead_code)]
+mod common;
+
 const KEY: &str = "sk-test-secret-0123456789";
 const CHAT: &str = "/chat/completions";
 const MESSAGES: &str = "/v1/messages";
@@ -231,7 +234,7 @@ fn sse(body: String) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")
 }
 
-async fn once(server: &MockServer, route_path: &str, response: ResponseTemplate) {
+async fn once(server: &MockServer, route_path: &str, response: impl wiremock::Respond + 'static) {
     Mock::given(method("POST")).and(path(route_path)).respond_with(response).up_to_n_times(1).mount(server).await;
 }
 
@@ -625,8 +628,9 @@ fn raw_model(base_url: String, idle: Duration) -> Arc<dyn Model> {
     Arc::new(OpenAiModel::new(OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) }))
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn keep_alive_comments_do_not_stop_the_idle_timeout() {
+    // On a paused clock: the server's pauses and the watchdog's timeout are exact.
     use tokio::io::AsyncWriteExt;
     // A server that only ever sends keep-alive comments.
     let silent = raw_sse_server(|mut socket| async move {
@@ -767,17 +771,20 @@ async fn an_empty_completion_is_passed_on_for_the_step_to_retry() {
 #[tokio::test]
 async fn cancellation_aborts_the_request_at_once() {
     let server = MockServer::start().await;
-    once(&server, CHAT, sse(text_answer("hello")).set_delay(Duration::from_secs(10))).await;
+    let (slow, arrived) = common::Heard::new(sse(text_answer("hello")).set_delay(Duration::from_secs(10)));
+    once(&server, CHAT, slow).await;
     let (model, _) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
     let cancel = CancellationToken::new();
     let stream = model.stream(request("deepseek/deepseek-v4-flash", vec![user("Hi")]), cancel.clone());
-    let started = Instant::now();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Cancelled once the server holds the request (its answer is ten seconds away).
+    let cancelled = tokio::task::spawn_blocking(move || {
+        arrived.recv_timeout(Duration::from_secs(30)).expect("the request reached the server");
         cancel.cancel();
+        Instant::now()
     });
     let got = chunks(collect(stream).await);
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let took = cancelled.await.unwrap().elapsed();
+    assert!(took < Duration::from_secs(5), "the stream ended {took:?} after the cancel");
     assert_eq!(got, vec![finish(FinishReason::Aborted { failure: None })]);
 }
 

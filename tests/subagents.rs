@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 #[allow(dead_code)]
 mod common;
-use common::{Quiet, runtime, start_request};
+use common::{Quiet, runtime, start_request, until};
 
 fn chunks(c: Vec<kin::testkit::model::StreamChunk>) -> ReplayEntry {
     ReplayEntry::Chunks(c)
@@ -197,19 +197,15 @@ async fn cancelling_the_parent_turn_cancels_the_child() {
         chunks(tool_call_response("c1", "subagent", r#"{"description":"slow","prompt":"take forever"}"#)),
         ReplayEntry::Hang { chunks: vec![], ready_file: None },
     ];
-    let (rt, _) = runtime(dir.path(), entries, "");
+    let (rt, model) = runtime(dir.path(), entries, "");
     let cwd = dir.path().join("cwd");
     std::fs::create_dir_all(&cwd).unwrap();
     let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
     let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
-    let child = loop {
-        if let Some(c) = rt.store().list().into_iter().find(|s| s.header.parent_session.as_deref() == Some(id.as_str()))
-        {
-            break c.header.id;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The child's (hanging) model call is made: its turn is running.
+    let child_call = || model.requests().into_iter().map(|r| r.session_id).find(|s| *s != id);
+    until("the child's model call", || child_call().is_some()).await;
+    let child = child_call().unwrap();
     rt.cancel(&id);
     let end = tokio::time::timeout(Duration::from_secs(5), turn).await.unwrap().unwrap();
     assert_eq!(end, TurnEnd::Aborted);

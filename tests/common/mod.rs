@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use kin::testkit::config::{Config, Overrides};
@@ -26,6 +26,7 @@ use kin::testkit::subagent::StartRequest;
 use kin::testkit::tools::{Caller, ToolRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use wiremock::{Respond, ResponseTemplate};
 
 /// The binary under test.
 pub const KIN: &str = env!("CARGO_BIN_EXE_kin");
@@ -235,4 +236,57 @@ pub fn chat_sse(events: &[Value]) -> String {
 /// One `chat.completion.chunk` with `delta` (and a finish reason).
 pub fn chunk(delta: Value, finish: Option<&str>) -> Value {
     json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+/// A mock-server response held back until the test releases it (or half a minute passes): the
+/// server serves nothing else meanwhile, so what the held answer causes comes after what the test
+/// saw before releasing it.
+pub struct Held {
+    open: Arc<(Mutex<bool>, Condvar)>,
+    response: ResponseTemplate,
+}
+
+impl Held {
+    /// The response, and the release.
+    pub fn new(response: ResponseTemplate) -> (Held, impl Fn()) {
+        let open = Arc::new((Mutex::new(false), Condvar::new()));
+        let opener = open.clone();
+        let release = move || {
+            *opener.0.lock().unwrap() = true;
+            opener.1.notify_all();
+        };
+        (Held { open, response }, release)
+    }
+}
+
+impl Respond for Held {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        let (open, changed) = &*self.open;
+        let wait = Duration::from_secs(30);
+        let (open, _) = changed.wait_timeout_while(open.lock().unwrap(), wait, |open| !*open).unwrap();
+        assert!(*open, "the held response was never released");
+        self.response.clone()
+    }
+}
+
+/// A mock-server response that tells the test its request arrived (before any delay of the
+/// response).
+pub struct Heard {
+    arrived: Mutex<mpsc::Sender<()>>,
+    response: ResponseTemplate,
+}
+
+impl Heard {
+    /// The response, and the receiver that hears of each request it answers.
+    pub fn new(response: ResponseTemplate) -> (Heard, mpsc::Receiver<()>) {
+        let (arrived, heard) = mpsc::channel();
+        (Heard { arrived: Mutex::new(arrived), response }, heard)
+    }
+}
+
+impl Respond for Heard {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        let _ = self.arrived.lock().unwrap().send(());
+        self.response.clone()
+    }
 }
