@@ -163,7 +163,8 @@ fn a_session_written_by_one_kin_is_refused_by_another() {
     );
     assert!(response(&second, 3).get("result").is_some());
     second.close_stdin();
-    assert!(second.child.wait().is_ok());
+    // Exit 3 as well: the replay's call was never made by this kin either.
+    assert_eq!(second.child.wait().unwrap().code(), Some(3));
 }
 
 /// A replay directory whose model answers "fine" `n` times.
