@@ -122,4 +122,27 @@ mod tests {
         let error = Routed::new(&route, settings(), Arc::new(|_: &str| None)).err().unwrap();
         assert!(error.contains("nowhere"), "{error}");
     }
+
+    #[tokio::test]
+    async fn a_route_it_cannot_serve_fails_the_call_alone_with_invalid_config() {
+        let default = ModelRoute::parse("local/some-model").unwrap();
+        let routed = Routed::new(&default, settings(), Arc::new(|_: &str| None)).unwrap();
+        let request = ModelRequest {
+            session_id: "s".into(),
+            turn: 1,
+            step: 1,
+            cwd: None,
+            route: ModelRoute::parse("nowhere/some-model").unwrap(),
+            system: String::new(),
+            messages: Arc::new(Vec::new()),
+            tools: Vec::new(),
+            purpose: crate::model::Purpose::Step,
+            max_tokens: None,
+        };
+        let mut stream = routed.stream(request, CancellationToken::new());
+        let Some(Err(failure)) = stream.recv().await else { panic!("the call did not fail") };
+        assert_eq!(failure.code, INVALID_CONFIG);
+        assert!(failure.message.contains("nowhere"), "{}", failure.message);
+        assert!(stream.recv().await.is_none(), "the failure ends the stream");
+    }
 }
