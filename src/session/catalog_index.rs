@@ -15,13 +15,13 @@
 //! rename over the old one, fsync of the directory.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -40,8 +40,8 @@ const INDEX_LIMIT: u64 = 256 << 20;
 /// A descriptor line longer than this is not read back through the index.
 const LINE_LIMIT: u64 = 1 << 20;
 
-/// Where a log sits: its project directory and session directory names.
-pub(crate) type Key = (OsString, OsString);
+/// The entries of an index: per project directory name, per session directory name.
+pub(crate) type Entries = HashMap<OsString, HashMap<OsString, Entry>>;
 
 /// What the index knows of one log at one (length, mtime).
 #[derive(Debug, Clone)]
@@ -130,7 +130,7 @@ struct DescriptorLine {
 
 /// The SHA-256 of `bytes`, lowercase hex.
 fn digest(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// The index file of a sessions directory, beside it; `None` for a directory without a parent
@@ -147,7 +147,7 @@ fn placed(root: &Path) -> Result<PathBuf, String> {
 
 /// The entries of the index of `root`; `Err` says why there are none to use (the file is
 /// missing, or anything about it is not exactly what `write` writes).
-pub(crate) fn load(root: &Path) -> Result<HashMap<Key, Entry>, String> {
+pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     let path = placed(root)?;
     let file = open_log(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let size = file.metadata().map_err(|e| e.to_string())?.len();
@@ -168,21 +168,23 @@ pub(crate) fn load(root: &Path) -> Result<HashMap<Key, Entry>, String> {
         return Err("the entries do not match the digest on the first line (truncated or changed)".into());
     }
     let lines: Vec<&str> = body.strip_suffix('\n').map(|b| b.split('\n').collect()).unwrap_or_default();
-    let mut entries = HashMap::with_capacity(lines.len());
+    let mut entries = Entries::new();
+    let mut count = 0u64;
     for (number, parsed) in parse_entries(&lines).into_iter().enumerate() {
-        let (key, entry) = parsed.map_err(|e| format!("entry {}: {e}", number + 1))?;
-        if entries.insert(key, entry).is_some() {
+        let ((project, session), entry) = parsed.map_err(|e| format!("entry {}: {e}", number + 1))?;
+        if entries.entry(project).or_default().insert(session, entry).is_some() {
             return Err(format!("entry {} repeats a log", number + 1));
         }
+        count += 1;
     }
-    if entries.len() as u64 != head.entries {
-        return Err(format!("{} entries where the first line says {}", entries.len(), head.entries));
+    if count != head.entries {
+        return Err(format!("{count} entries where the first line says {}", head.entries));
     }
     Ok(entries)
 }
 
 /// Each line parsed, in order, on up to four threads (a start reads one entry per log).
-fn parse_entries(lines: &[&str]) -> Vec<Result<(Key, Entry), String>> {
+fn parse_entries(lines: &[&str]) -> Vec<Result<((OsString, OsString), Entry), String>> {
     let workers = std::thread::available_parallelism().map_or(1, usize::from).min(4);
     let share = lines.len().div_ceil(workers.max(1)).max(1024);
     if lines.len() <= share {
@@ -200,7 +202,7 @@ fn parse_entries(lines: &[&str]) -> Vec<Result<(Key, Entry), String>> {
     })
 }
 
-fn parse_entry(line: &str) -> Result<(Key, Entry), String> {
+fn parse_entry(line: &str) -> Result<((OsString, OsString), Entry), String> {
     let e: EntryLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
     if digest(e.header.get().as_bytes()) != e.header_digest {
         return Err("the header does not match its digest".into());

@@ -34,6 +34,13 @@ fn is_literal(c: u16) -> bool {
     matches!(c, 0x30..=0x39 | 0x41..=0x5A | 0x61..=0x7A) || c == u16::from(b'_') || c == u16::from(b'-')
 }
 
+/// Whether `dir` is `encode_segment(id)`, without building it when `id` needs no escape (every
+/// id kin mints: a scan compares thousands).
+pub(crate) fn is_segment_of(dir: &std::ffi::OsStr, id: &str) -> bool {
+    let plain = id != "." && id != ".." && id.bytes().all(|b| b.is_ascii() && (is_literal(u16::from(b)) || b == b'.'));
+    if plain { dir.as_encoded_bytes() == id.as_bytes() } else { dir == std::ffi::OsStr::new(&encode_segment(id)) }
+}
+
 /// dsh `encodeSegment`: `[A-Za-z0-9_-]` and single interior dots stay literal; every other
 /// UTF-16 unit becomes `~XXXX`. `.` and `..` as whole segments are escaped.
 pub(crate) fn encode_segment(segment: &str) -> String {

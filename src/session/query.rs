@@ -24,8 +24,8 @@
 //! rewritten to the same length within one mtime tick would be missed until it changes again:
 //! logs are append-only, so only a hand edit can do that.
 
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -314,22 +314,24 @@ pub fn merge_records(
     live: Vec<Arc<SessionHeader>>,
     persisted: Vec<Arc<SessionHeader>>,
 ) -> Result<Vec<SessionRecord>, QueryError> {
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut out: Vec<SessionRecord> = Vec::with_capacity(live.len() + persisted.len());
-    for (header, is_live) in live.into_iter().map(|h| (h, true)).chain(persisted.into_iter().map(|h| (h, false))) {
-        let existing = index.get(&header.id).copied();
-        match existing {
+    let all: Vec<(Arc<SessionHeader>, bool)> =
+        live.into_iter().map(|h| (h, true)).chain(persisted.into_iter().map(|h| (h, false))).collect();
+    // Positions in `out` by id, borrowed from `all` (no id is copied).
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(all.len());
+    let mut out: Vec<SessionRecord> = Vec::with_capacity(all.len());
+    for (header, is_live) in &all {
+        match index.get(header.id.as_str()).copied() {
             Some(i) => {
-                assert_headers_compatible(&out[i].header, &header)?;
-                if is_live {
+                assert_headers_compatible(&out[i].header, header)?;
+                if *is_live {
                     out[i].live = true;
                 } else {
                     out[i].persisted = true;
                 }
             }
             None => {
-                index.insert(header.id.clone(), out.len());
-                out.push(SessionRecord { header, live: is_live, persisted: !is_live });
+                index.insert(header.id.as_str(), out.len());
+                out.push(SessionRecord { header: header.clone(), live: *is_live, persisted: !*is_live });
             }
         }
     }
@@ -672,7 +674,7 @@ enum IndexFile {
     /// Not read yet: the first scan reads it.
     Unread,
     /// Read, waiting for a complete scan to use it.
-    Loaded(HashMap<catalog_index::Key, catalog_index::Entry>),
+    Loaded(catalog_index::Entries),
     /// Used by a scan (or unusable): from here on the cache holds what it knew.
     Used,
 }
@@ -706,8 +708,21 @@ struct Corpus {
     /// One record per id (`merge_records` over every readable log, nothing live yet), or why
     /// the logs cannot be merged.
     merged: Result<Vec<SessionRecord>, QueryError>,
-    /// Where the scan found each session (the last log in scan order that names it).
-    paths: HashMap<String, PathBuf>,
+    /// Where the scan found each session (the last log in scan order that names it): its
+    /// project and log in `projects`.
+    located: HashMap<String, (usize, usize)>,
+    /// What the scan found (a path is made only for a log that is read).
+    projects: Vec<ProjectScan>,
+    root: PathBuf,
+}
+
+impl Corpus {
+    /// The log file of session `id`, where the scan found it.
+    fn path(&self, id: &str) -> Option<PathBuf> {
+        let &(project, log) = self.located.get(id)?;
+        let project = &self.projects[project];
+        Some(self.root.join(&project.name).join(&project.logs[log].session).join(LOG_FILE))
+    }
 }
 
 /// One project directory as a scan found it: its name and its session logs.
@@ -800,7 +815,7 @@ impl SourceState {
 
     /// The index entries for the scan about to run: the file's, the first time (`None` once used,
     /// or when it cannot be used).
-    fn take_index(&self, cache: &mut Cache) -> Option<HashMap<catalog_index::Key, catalog_index::Entry>> {
+    fn take_index(&self, cache: &mut Cache) -> Option<catalog_index::Entries> {
         self.read_index(cache);
         let state = cache.index.as_mut()?;
         match std::mem::replace(&mut state.file, IndexFile::Used) {
@@ -826,8 +841,9 @@ impl SourceState {
             let unscanned: Vec<(OsString, OsString, catalog_index::Entry)> = match &state.file {
                 IndexFile::Loaded(entries) => entries
                     .iter()
-                    .filter(|((project, session), _)| known.get(project).is_none_or(|logs| !logs.contains_key(session)))
-                    .map(|((project, session), entry)| (project.clone(), session.clone(), entry.clone()))
+                    .flat_map(|(project, logs)| logs.iter().map(move |(session, entry)| (project, session, entry)))
+                    .filter(|(project, session, _)| known.get(*project).is_none_or(|logs| !logs.contains_key(*session)))
+                    .map(|(project, session, entry)| (project.clone(), session.clone(), entry.clone()))
                     .collect(),
                 IndexFile::Used | IndexFile::Unread => Vec::new(),
             };
@@ -902,9 +918,10 @@ impl SourceState {
         };
         let known = {
             let mut cache = self.cache();
-            let key = (project.to_owned(), session.to_owned());
             let in_file = match cache.index.as_mut().map(|state| &mut state.file) {
-                Some(IndexFile::Loaded(entries)) => entries.remove(&key).is_some(),
+                Some(IndexFile::Loaded(entries)) => {
+                    entries.get_mut(project).and_then(|logs| logs.remove(session)).is_some()
+                }
                 _ => false,
             };
             let Some((len, modified)) = found else {
@@ -934,7 +951,7 @@ impl SourceState {
                 }
             }
         };
-        if session != OsStr::new(&super::layout::encode_segment(&header.id)) {
+        if !super::layout::is_segment_of(session, &header.id) {
             return; // Not where its id puts it: a scan leaves it out of the index too.
         }
         if header.parent_session.is_some() {
@@ -1009,10 +1026,10 @@ impl SourceState {
                 }
                 let indexed = index
                     .as_mut()
-                    .and_then(|entries| entries.remove(&(project.name.clone(), f.session.clone())))
+                    .and_then(|entries| entries.get_mut(&project.name)?.remove(&f.session))
                     .filter(|entry| entry.len == len && entry.modified == modified)
                     // A header is taken only for the directory its id names.
-                    .filter(|entry| f.session == OsStr::new(&super::layout::encode_segment(&entry.header.id)));
+                    .filter(|entry| super::layout::is_segment_of(&f.session, &entry.header.id));
                 let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
                 if indexed.is_some() {
                     from_index += 1;
@@ -1049,7 +1066,7 @@ impl SourceState {
         if let Some(state) = cache.index.as_mut() {
             // Logs read instead of taken from the index, and entries of logs no scan found, put
             // the file behind the cache.
-            if read > 0 || index.is_some_and(|left| !left.is_empty()) {
+            if read > 0 || index.is_some_and(|left| left.values().any(|logs| !logs.is_empty())) {
                 state.dirty = true;
             }
             if from_index > 0 {
@@ -1070,24 +1087,26 @@ impl SourceState {
         }
         if changed {
             let mut headers = Vec::with_capacity(found);
-            let mut paths = HashMap::with_capacity(found);
-            for project in &projects {
+            let mut located = HashMap::with_capacity(found);
+            for (p, project) in projects.iter().enumerate() {
                 let Some(logs) = cache.logs.get(&project.name) else { continue };
-                for f in &project.logs {
+                for (l, f) in project.logs.iter().enumerate() {
                     if let Some(CachedLog { header: Ok(header), .. }) = logs.get(&f.session) {
-                        paths.insert(header.id.clone(), log_path(project, f));
+                        located.insert(header.id.clone(), (p, l));
                         headers.push(header.clone());
                     }
                 }
             }
-            cache.corpus = Some(Arc::new(Corpus { merged: merge_records(Vec::new(), headers), paths }));
+            let merged = merge_records(Vec::new(), headers);
+            let root = self.store.root().to_path_buf();
+            cache.corpus = Some(Arc::new(Corpus { merged, located, projects, root }));
         }
         Ok(cache.corpus.clone().unwrap_or_else(|| unreachable!("the corpus was just built")))
     }
 
     /// The log file of `id`: where the last scan saw it, else wherever the store finds it.
     fn path_of(&self, id: &str) -> Result<PathBuf, QueryError> {
-        let known = self.cache().corpus.as_ref().and_then(|corpus| corpus.paths.get(id).cloned());
+        let known = self.cache().corpus.as_ref().and_then(|corpus| corpus.path(id));
         if let Some(path) = known {
             return Ok(path);
         }
@@ -1226,7 +1245,7 @@ impl SourceState {
         }
         let (path, len, modified) = {
             let cache = self.cache();
-            let path = cache.corpus.as_ref()?.paths.get(id)?.clone();
+            let path = cache.corpus.as_ref()?.path(id)?;
             let (project, session) = log_key(&path);
             let log = cache.logs.get(project)?.get(session)?;
             if log.seen != cache.generation || !log.statted {
