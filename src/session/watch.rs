@@ -138,7 +138,11 @@ fn run(rx: &Receiver<Message>, handler: &Handler, progress: &(Mutex<(u64, u64)>,
         }
         if !paths.is_empty() {
             let paths: Vec<PathBuf> = paths.into_iter().collect();
-            handler(&paths);
+            // A panicking handler loses its batch, not the thread (`settle` would wait forever).
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&paths)));
+            if handled.is_err() {
+                tracing::warn!("the log watch's handler panicked; {} reports dropped", paths.len());
+            }
         }
         let (counts, signal) = progress;
         lock(counts).1 += count;
