@@ -183,8 +183,11 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     Ok(entries)
 }
 
+/// One entry line parsed: its (project, session) directory names and the entry.
+type Parsed = ((OsString, OsString), Entry);
+
 /// Each line parsed, in order, on up to four threads (a start reads one entry per log).
-fn parse_entries(lines: &[&str]) -> Vec<Result<((OsString, OsString), Entry), String>> {
+fn parse_entries(lines: &[&str]) -> Vec<Result<Parsed, String>> {
     let workers = std::thread::available_parallelism().map_or(1, usize::from).min(4);
     let share = lines.len().div_ceil(workers.max(1)).max(1024);
     if lines.len() <= share {
@@ -202,7 +205,7 @@ fn parse_entries(lines: &[&str]) -> Vec<Result<((OsString, OsString), Entry), St
     })
 }
 
-fn parse_entry(line: &str) -> Result<((OsString, OsString), Entry), String> {
+fn parse_entry(line: &str) -> Result<Parsed, String> {
     let e: EntryLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
     if digest(e.header.get().as_bytes()) != e.header_digest {
         return Err("the header does not match its digest".into());
