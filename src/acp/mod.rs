@@ -8,6 +8,7 @@
 mod child;
 mod client;
 mod convert;
+mod handlers;
 mod mcp;
 mod modes;
 pub(crate) mod peer;
@@ -18,26 +19,19 @@ mod tree;
 pub(crate) mod wire;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, AuthMethod, AuthMethodTerminal, CancelNotification, CloseSessionRequest, CloseSessionResponse,
-    CurrentModeUpdate, DeleteSessionRequest, DeleteSessionResponse, ForkSessionRequest, ForkSessionResponse,
-    Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
-    LoadSessionRequest, LoadSessionResponse, McpCapabilities, NewSessionRequest, NewSessionResponse,
-    PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
-    SessionCapabilities, SessionCloseCapabilities, SessionConfigOption, SessionConfigOptionCategory,
-    SessionConfigSelectOption, SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo,
-    SessionListCapabilities, SessionNotification, SessionResumeCapabilities, SessionUpdate,
-    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
-    StopReason,
+    AuthMethod, AuthMethodTerminal, CancelNotification, CloseSessionRequest, DeleteSessionRequest, ForkSessionRequest,
+    InitializeRequest, ListSessionsRequest, LoadSessionRequest, NewSessionRequest, PromptRequest, ResumeSessionRequest,
+    SessionConfigOption, SessionConfigOptionCategory, SessionConfigSelectOption, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionModeRequest,
 };
 use agent_client_protocol::{Agent, Client, ConnectTo, Error, ErrorCode, on_receive_notification, on_receive_request};
 
-use crate::runtime::{ChildObservers, Runtime, RuntimeError, SessionView};
+use crate::runtime::{Runtime, RuntimeError, SessionView};
 use crate::sandbox::SandboxPolicy;
-use tree::{ChildForwarders, Forwarder, Tree};
+use handlers::AcpServer;
 
 fn invalid_params(message: impl std::fmt::Display) -> Error {
     Error::new(ErrorCode::from(-32602), format!("Invalid params: {message}"))
@@ -215,343 +209,76 @@ async fn serve_until(
     transport: impl ConnectTo<Agent>,
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let rt_init = runtime.clone();
-    let rt_new = runtime.clone();
-    let rt_prompt = runtime.clone();
-    let rt_cancel = runtime.clone();
-    let rt_load = runtime.clone();
-    let rt_list = runtime.clone();
-    let rt_mode = runtime.clone();
-    let rt_config = runtime.clone();
-    let rt_resume = runtime.clone();
-    let rt_close = runtime.clone();
-    let rt_fork = runtime.clone();
-    let rt_delete = runtime.clone();
-    let agents = Arc::new(Tree::new(runtime.models()));
-    let (tree_init, tree_new, tree_load) = (agents.clone(), agents.clone(), agents.clone());
-    let (tree_resume, tree_fork) = (agents.clone(), agents);
-    // Whether the client shows `notice` updates (`clientCapabilities.session.notices`).
-    let notices = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (notices_init, notices_new, notices_load) = (notices.clone(), notices.clone(), notices.clone());
-    let notices_prompt = notices.clone();
-    let (notices_resume, notices_fork) = (notices.clone(), notices);
+    let server = AcpServer::new(runtime.clone());
+    let (init, new, prompt, cancel) = (server.clone(), server.clone(), server.clone(), server.clone());
+    let (load, mode, config, list) = (server.clone(), server.clone(), server.clone(), server.clone());
+    let (resume, close, fork, delete) = (server.clone(), server.clone(), server.clone(), server);
     let connection = Agent
         .v1()
         .name("kin")
         .on_receive_request(
             async move |req: InitializeRequest, responder, cx: ConnectionTo<Client>| {
-                // Permission requests always go to the client; files only when it offers them.
-                let fs = &req.client_capabilities.fs;
-                // The agent tree is shown only to clients that advertised subagent sessions.
-                let subagents = req.client_capabilities.subagents.is_some();
-                let parent_of: Option<client::ParentOf> = subagents.then(|| {
-                    let runtime = Arc::downgrade(&rt_init);
-                    Arc::new(move |id: &str| runtime.upgrade().and_then(|rt| rt.parent_of(id))) as client::ParentOf
-                });
-                let terminal = req.client_capabilities.terminal;
-                let mut link = client::link(&cx, fs.read_text_file, fs.write_text_file, terminal, parent_of);
-                tree_init.set_enabled(subagents);
-                if subagents {
-                    let tools = rt_init.tools().clone();
-                    let children = ChildForwarders { cx: cx.clone(), tree: tree_init.clone(), tools };
-                    link.children = Some(Arc::new(children) as Arc<dyn ChildObservers>);
-                }
-                rt_init.connect_client(link);
-                let takes_notices = req.client_capabilities.session.as_ref().is_some_and(|s| s.notices.is_some());
-                notices_init.store(takes_notices, std::sync::atomic::Ordering::SeqCst);
-                let sessions = SessionCapabilities::new()
-                    .list(SessionListCapabilities::new())
-                    .fork(SessionForkCapabilities::new())
-                    .resume(SessionResumeCapabilities::new())
-                    .close(SessionCloseCapabilities::new())
-                    .delete(SessionDeleteCapabilities::new());
-                let capabilities = AgentCapabilities::new()
-                    .load_session(true)
-                    .mcp_capabilities(McpCapabilities::new().http(crate::mcp::HTTP_SUPPORTED))
-                    .prompt_capabilities(PromptCapabilities::new().image(true).embedded_context(true))
-                    .session_capabilities(sessions);
-                responder.respond(
-                    InitializeResponse::new(agent_client_protocol::schema::ProtocolVersion::V1)
-                        .agent_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")))
-                        .agent_capabilities(capabilities)
-                        .auth_methods(auth_methods(req.client_capabilities.auth.terminal)),
-                )
+                init.initialize(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
             async move |req: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some())
-                {
-                    return responder.respond_with_error(e);
-                }
-                if let Some(missing) = rt_new.missing_key() {
-                    return responder.respond_with_error(auth_required(&missing));
-                }
-                let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_new.clone(), rt_new.tools().clone()));
-                match rt_new.new_session_with(&req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
-                    Ok(view) => {
-                        let id = view.id.clone();
-                        let sent = responder.respond(
-                            NewSessionResponse::new(id.clone())
-                                .modes(modes::state(view.mode))
-                                .config_options(config_options(&view))
-                                .meta(session_meta(&view)),
-                        );
-                        after_response(&cx, &rt_new, &id, &notices_new);
-                        sent
-                    }
-                    Err(e) => responder.respond_with_error(to_acp(e)),
-                }
+                new.new_session(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
-            async move |req: PromptRequest, responder, cx: ConnectionTo<Client>| {
-                let content = match convert::prompt_content(&req.prompt) {
-                    Ok(content) => content,
-                    Err(e) => return responder.respond_with_error(invalid_params(e)),
-                };
-                let images = content.iter().filter(|b| crate::tools::image::is_image(b)).count();
-                let turn = match rt_prompt.prompt(&req.session_id.0, content) {
-                    Ok(turn) => turn,
-                    Err(e) => return responder.respond_with_error(to_acp(e)),
-                };
-                if images > 0 && !rt_prompt.takes_images(&req.session_id.0) {
-                    let notice =
-                        no_images(&rt_prompt, &req.session_id.0, images, notices_prompt.load(Ordering::SeqCst));
-                    tree::notify(&cx, &req.session_id.0, notice);
-                }
-                let turn = match turn {
-                    crate::runtime::Prompted::Turn(turn) => turn,
-                    crate::runtime::Prompted::Answer(answer) => {
-                        let (session, to) = (req.session_id.0.to_string(), cx.clone());
-                        return cx.spawn(async move {
-                            let text = answer.await.unwrap_or_else(|_| "The command did not finish.".into());
-                            tree::notify(&to, &session, convert::agent_text(&text));
-                            if let Err(e) = responder.respond(PromptResponse::new(StopReason::EndTurn)) {
-                                tracing::debug!("prompt response not delivered: {e}");
-                            }
-                            Ok(())
-                        });
-                    }
-                };
-                cx.spawn(async move {
-                    let end = turn.await.unwrap_or(crate::agent::TurnEnd::Disposed);
-                    let sent = match convert::stop_reason(&end) {
-                        Ok(reason) => responder.respond(PromptResponse::new(reason)),
-                        Err(message) => responder.respond_with_error(internal(format!("turn failed: {message}"))),
-                    };
-                    if let Err(e) = sent {
-                        tracing::debug!("prompt response not delivered: {e}");
-                    }
-                    Ok(())
-                })
-            },
+            async move |req: PromptRequest, responder, cx: ConnectionTo<Client>| prompt.prompt(req, responder, &cx),
             on_receive_request!(),
         )
         .on_receive_notification(
             async move |n: CancelNotification, _cx| {
-                rt_cancel.cancel(&n.session_id.0);
+                cancel.cancel(&n);
                 Ok(())
             },
             on_receive_notification!(),
         )
         .on_receive_request(
             async move |req: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
-                let runtime = rt_load.clone();
-                let notices = notices_load.clone();
-                let agents = tree_load.clone();
-                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone(), runtime.tools().clone()));
-                cx.spawn({
-                    let cx = cx.clone();
-                    async move {
-                        let id = req.session_id.0.to_string();
-                        match runtime.load_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
-                            Ok(crate::runtime::Loaded { events, view }) => {
-                                forwarder.count(&events);
-                                let tools = runtime.tools();
-                                let header = runtime.store().header(&id).ok();
-                                let cwd = header.as_ref().map(convert::cwd_of).unwrap_or_default();
-                                for update in
-                                    events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools, &cwd))
-                                {
-                                    tree::notify(&cx, &id, update);
-                                }
-                                // Shared with the live session: let go before it appends.
-                                drop(events);
-                                // The agent tree: children replayed before the response, the
-                                // continuing ones re-announced after it.
-                                let children =
-                                    if agents.enabled() { tree::stored_tree(&runtime, &id) } else { Vec::new() };
-                                tree::replay(&cx, tools, &children);
-                                let _ = responder.respond(
-                                    LoadSessionResponse::new()
-                                        .modes(modes::state(view.mode))
-                                        .config_options(config_options(&view))
-                                        .meta(session_meta(&view)),
-                                );
-                                after_response(&cx, &runtime, &id, &notices);
-                                tree::reannounce(&cx, &children);
-                                runtime.run_restored(&id).await;
-                            }
-                            Err(e) => {
-                                let _ = responder.respond_with_error(to_acp(e));
-                            }
-                        }
-                        Ok(())
-                    }
-                })
+                load.load_session(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
             async move |req: SetSessionModeRequest, responder, cx: ConnectionTo<Client>| {
-                let mode = match modes::parse(&req.mode_id.0) {
-                    Ok(mode) => mode,
-                    Err(e) => return responder.respond_with_error(invalid_params(e)),
-                };
-                if let Err(e) = rt_mode.set_permission_mode(&req.session_id.0, mode) {
-                    return responder.respond_with_error(to_acp(e));
-                }
-                let update = SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(mode.id()));
-                if let Err(e) = cx.send_notification(SessionNotification::new(req.session_id.clone(), update)) {
-                    tracing::debug!("dropping a mode update: {e}");
-                }
-                responder.respond(SetSessionModeResponse::new())
+                mode.set_mode(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
-            async move |req: SetSessionConfigOptionRequest, responder, _cx| {
-                let option = req.config_id.0.as_ref();
-                let hint = match option {
-                    MODEL_OPTION => "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string(),
-                    SANDBOX_OPTION => format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids()),
-                    other => {
-                        return responder.respond_with_error(invalid_params(format!(
-                            "unknown config option {other}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\""
-                        )));
-                    }
-                };
-                let Some(value) = req.value.as_value_id() else {
-                    return responder.respond_with_error(invalid_params(hint));
-                };
-                let id = &req.session_id.0;
-                let set = match option {
-                    SANDBOX_OPTION => rt_config.set_sandbox(id, &value.0).map(|_| ()),
-                    _ => rt_config.set_model(id, &value.0).map(|_| ()),
-                };
-                match set {
-                    Ok(()) => {
-                        responder.respond(SetSessionConfigOptionResponse::new(config_options(&rt_config.view(id))))
-                    }
-                    Err(e) => responder.respond_with_error(to_acp(e)),
-                }
-            },
+            async move |req: SetSessionConfigOptionRequest, responder, _cx| config.set_config_option(req, responder),
             on_receive_request!(),
         )
         .on_receive_request(
-            async move |req: ListSessionsRequest, responder, _cx| {
-                let sessions = rt_list
-                    .list_sessions(req.cwd.as_deref())
-                    .into_iter()
-                    .filter_map(|s| {
-                        let cwd = s.header.cwd.clone()?;
-                        let info = SessionInfo::new(s.header.id.clone(), cwd)
-                            .updated_at(crate::timefmt::rfc3339(s.modified))
-                            .title(rt_list.session_title(&s));
-                        Some(info)
-                    })
-                    .collect();
-                responder.respond(ListSessionsResponse::new(sessions))
-            },
+            async move |req: ListSessionsRequest, responder, _cx| list.list_sessions(req, responder),
             on_receive_request!(),
         )
         .on_receive_request(
             async move |req: ResumeSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), false) {
-                    return responder.respond_with_error(e);
-                }
-                let runtime = rt_resume.clone();
-                let notices = notices_resume.clone();
-                let agents = tree_resume.clone();
-                let forwarder = Arc::new(Forwarder::new(cx.clone(), agents.clone(), runtime.tools().clone()));
-                cx.spawn({
-                    let cx = cx.clone();
-                    async move {
-                        let id = req.session_id.0.to_string();
-                        match runtime.resume_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
-                            Ok(crate::runtime::Loaded { events, view }) => {
-                                forwarder.count(&events);
-                                drop(events);
-                                let _ = responder.respond(
-                                    ResumeSessionResponse::new()
-                                        .modes(modes::state(view.mode))
-                                        .config_options(config_options(&view))
-                                        .meta(session_meta(&view)),
-                                );
-                                after_response(&cx, &runtime, &id, &notices);
-                                if agents.enabled() {
-                                    tree::reannounce(&cx, &tree::stored_tree(&runtime, &id));
-                                }
-                                runtime.run_restored(&id).await;
-                            }
-                            Err(e) => {
-                                let _ = responder.respond_with_error(to_acp(e));
-                            }
-                        }
-                        Ok(())
-                    }
-                })
+                resume.resume_session(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
             async move |req: CloseSessionRequest, responder, cx: ConnectionTo<Client>| {
-                let runtime = rt_close.clone();
-                cx.spawn(async move {
-                    let sent = match runtime.close_session(&req.session_id.0).await {
-                        Ok(()) => responder.respond(CloseSessionResponse::new()),
-                        Err(e) => responder.respond_with_error(to_acp(e)),
-                    };
-                    if let Err(e) = sent {
-                        tracing::debug!("close response not delivered: {e}");
-                    }
-                    Ok(())
-                })
+                close.close_session(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
             async move |req: ForkSessionRequest, responder, cx: ConnectionTo<Client>| {
-                if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some())
-                {
-                    return responder.respond_with_error(e);
-                }
-                let forwarder = Arc::new(Forwarder::new(cx.clone(), tree_fork.clone(), rt_fork.tools().clone()));
-                match rt_fork.fork_session(&req.session_id.0, &req.cwd, forwarder, mcp::specs(&req.mcp_servers)) {
-                    Ok(view) => {
-                        let id = view.id.clone();
-                        let sent = responder.respond(
-                            ForkSessionResponse::new(id.clone())
-                                .modes(modes::state(view.mode))
-                                .config_options(config_options(&view))
-                                .meta(session_meta(&view)),
-                        );
-                        after_response(&cx, &rt_fork, &id, &notices_fork);
-                        sent
-                    }
-                    Err(e) => responder.respond_with_error(to_acp(e)),
-                }
+                fork.fork_session(req, responder, &cx)
             },
             on_receive_request!(),
         )
         .on_receive_request(
-            async move |req: DeleteSessionRequest, responder, _cx| match rt_delete.delete_session(&req.session_id.0) {
-                Ok(()) => responder.respond(DeleteSessionResponse::new()),
-                Err(e) => responder.respond_with_error(to_acp(e)),
-            },
+            async move |req: DeleteSessionRequest, responder, _cx| delete.delete_session(req, responder),
             on_receive_request!(),
         )
         .connect_to(transport);
