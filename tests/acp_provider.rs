@@ -112,14 +112,6 @@ fn assert_reaped(pid: &str) {
     assert!(!Path::new("/proc").join(pid).exists(), "process {pid} is still there (running or an unreaped zombie)");
 }
 
-async fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn kin_as_the_child_answers_through_the_provider() {
     let dir = tempfile::tempdir().unwrap();
@@ -305,10 +297,8 @@ async fn cancelling_the_run_cancels_the_kin_child() {
     let req = request(&workspace(dir.path()));
     let cancel = req.cancel.clone();
     let run = rt.subagents().start("acp:kin", req).await.unwrap();
-    wait_until("the child's turn to start", Duration::from_secs(20), || {
-        child_events(&child_sessions).iter().any(|e| e.kind == "step/start")
-    })
-    .await;
+    common::until("the child's turn to start", || child_events(&child_sessions).iter().any(|e| e.kind == "step/start"))
+        .await;
     let pids = pids_mentioning(replay.to_str().unwrap());
     assert_eq!(pids.len(), 1, "{pids:?}");
     cancel.cancel();

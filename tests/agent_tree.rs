@@ -7,7 +7,7 @@
 //! answer every time). A client without the capability sees none of it.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -106,21 +106,7 @@ impl Kin {
 
     /// Closes stdin and waits for kin to exit.
     fn stop(&mut self) {
-        self.peer.close_stdin();
-        let started = Instant::now();
-        while self.peer.child.try_wait().unwrap().is_none() {
-            assert!(started.elapsed() < Duration::from_secs(20), "kin did not exit after stdin EOF");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Kin {
-    fn drop(&mut self) {
-        if self.peer.child.try_wait().ok().flatten().is_none() {
-            let _ = self.peer.child.kill();
-            let _ = self.peer.child.wait();
-        }
+        self.peer.exit();
     }
 }
 
@@ -189,11 +175,7 @@ fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::until_blocking(&path.display().to_string(), || path.exists());
 }
 
 #[test]

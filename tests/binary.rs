@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -43,20 +43,8 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
     kin.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":cwd,"mcpServers":[]}}));
     let id = response(&kin, 2)["result"]["sessionId"].as_str().unwrap().to_string();
     kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"go"}]}}));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !cwd.join(".ready").exists() {
-        assert!(Instant::now() < deadline, "the turn never started streaming");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    kin.close_stdin();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = kin.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "kin did not exit after stdin EOF");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    common::until_blocking("the turn to start streaming", || cwd.join(".ready").exists());
+    let status = kin.exit();
     assert!(status.success(), "exit status {status:?}");
     let store = kin::testkit::session::SessionStore::new(&sessions);
     let scanned = store.inspect(&id).unwrap();

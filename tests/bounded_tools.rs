@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kin::testkit::session::SessionStore;
 use serde_json::{Value, json};
@@ -83,16 +83,8 @@ fn peak_rss(pid: u32) -> u64 {
 }
 
 fn stop(mut kin: Peer) {
-    kin.close_stdin();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = kin.child.try_wait().unwrap() {
-            assert!(status.success(), "kin exited with {status:?}");
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "kin did not exit after stdin closed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let status = kin.exit();
+    assert!(status.success(), "kin exited with {status:?}");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use kin::testkit::agent::TurnEnd;
 use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
@@ -1544,14 +1544,6 @@ fn children_of(store: &SessionStore, parent: &str) -> Vec<String> {
     children.into_iter().map(|h| h.id).collect()
 }
 
-fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matching_diagnostic() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1568,7 +1560,7 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     let created = kin.request("session/new", json!({"cwd": cwd.display().to_string(), "mcpServers": []}));
     let parent = created["result"]["sessionId"].as_str().expect("a session id").to_string();
     kin.prompt(&parent, "Start three children.");
-    wait_until("three settled children", || {
+    common::until_blocking("three settled children", || {
         let children = children_of(&store, &parent);
         children.len() == 3 && children.iter().all(|c| turn_ends(&store, c) == 1)
     });

@@ -87,10 +87,8 @@ async fn kin_acp_completes_a_tool_turn_against_a_loopback_deepseek() {
         .filter_map(|u| u["content"]["text"].as_str())
         .collect();
     assert_eq!(text, "The note says hi.");
-    kin.close_stdin();
-    let output = kin.child.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (status, stderr) = kin.exit_with_stderr();
+    assert!(status.success());
     assert!(!stderr.contains("sk-e2e-secret"), "the key never reaches the logs");
 
     let requests = server.received_requests().await.unwrap();

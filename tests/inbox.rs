@@ -230,15 +230,6 @@ impl World {
         children.sort();
         children.into_iter().map(|(_, id)| id).collect()
     }
-
-    /// Waits until `check` holds for what is on disk.
-    fn until(&self, what: &str, mut check: impl FnMut() -> bool) {
-        let deadline = Instant::now() + WAIT;
-        while !check() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
 }
 
 fn prompt(kin: &mut Peer, session: &str, text: &str) -> Value {
@@ -320,7 +311,7 @@ fn queued_messages_survive(stop: Stop) {
     let parent = world.new_session(&mut kin);
     let gate = world.cwd.join("gate");
     let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    world.until("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
     for m in ["m1", "m2", "m3"] {
         let result = send(&world, &mut kin, &parent, &child, m);
         assert!(result.contains("queued"), "{result}");
@@ -349,7 +340,7 @@ fn queued_messages_survive(stop: Stop) {
         kin = world.kin();
     }
     world.load(&mut kin, &parent);
-    world.until("the restored messages to run", || {
+    common::until_blocking("the restored messages to run", || {
         let events = world.events(&child);
         turn_ends(&events).len() == 4 && turn_ends(&events)[1..].iter().all(|e| e == "completed")
     });
@@ -382,18 +373,18 @@ fn session_cancel_on_the_parent_lets_the_background_turn_complete() {
     let parent = world.new_session(&mut kin);
     let gate = world.cwd.join("gate");
     let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    world.until("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
     // The parent runs a turn of its own (a tool waiting for a file), and is cancelled in it.
     let hold = world.cwd.join("hold");
     let id = kin.request(
         "session/prompt",
         json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("wait {}", hold.display())}]}),
     );
-    world.until("the parent's tool to run", || world.cwd.join("hold.started").exists());
+    common::until_blocking("the parent's tool to run", || world.cwd.join("hold.started").exists());
     kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": parent}}));
     assert_eq!(kin.response(id, WAIT, |_| {})["result"]["stopReason"], "cancelled");
     std::fs::write(&gate, "").unwrap();
-    world.until("the child's turn to end", || !turn_ends(&world.events(&child)).is_empty());
+    common::until_blocking("the child's turn to end", || !turn_ends(&world.events(&child)).is_empty());
     assert_eq!(turn_ends(&world.events(&child)), ["completed"], "the accepted background turn went on");
     std::fs::write(&hold, "").unwrap();
     kin.close_stdin();
@@ -407,16 +398,16 @@ fn a_report_accepted_while_the_parent_runs_a_tool_survives_a_sigkill() {
     let parent = world.new_session(&mut kin);
     let gate = world.cwd.join("gate");
     let child = start_child(&world, &mut kin, &parent, &format!("gate {} report R_OK", gate.display()));
-    world.until("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
     let hold = world.cwd.join("hold");
     kin.request(
         "session/prompt",
         json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("wait {}", hold.display())}]}),
     );
-    world.until("the parent's tool to run", || world.cwd.join("hold.started").exists());
+    common::until_blocking("the parent's tool to run", || world.cwd.join("hold.started").exists());
     std::fs::write(&gate, "").unwrap();
     // The child's report result is in its log: the parent accepted the report while its tool ran.
-    world.until("the report to be accepted", || {
+    common::until_blocking("the report to be accepted", || {
         tool_results(&world.events(&child)).iter().any(|r| r.starts_with("report accepted"))
     });
     kin.child.kill().unwrap();
@@ -452,7 +443,7 @@ fn a_full_disk_loses_no_accepted_follow_up_and_warns_a_bounded_number_of_times()
     let parent = world.new_session(&mut kin);
     let gate = world.cwd.join("gate");
     let child = start_child(&world, &mut kin, &parent, &format!("gate {} big", gate.display()));
-    world.until("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
     for m in ["m1", "m2", "m3"] {
         let result = send(&world, &mut kin, &parent, &child, m);
         assert!(result.contains("queued"), "{result}");
@@ -461,7 +452,7 @@ fn a_full_disk_loses_no_accepted_follow_up_and_warns_a_bounded_number_of_times()
     std::fs::write(&gate, "").unwrap();
     let warned =
         || std::fs::read_to_string(&stderr).unwrap_or_default().matches("cannot write the session log").count();
-    world.until("the child's log to fill up", || warned() > 0);
+    common::until_blocking("the child's log to fill up", || warned() > 0);
     // A follow-up that cannot be written is refused, naming the cause; nothing claims it queued.
     let refused = send(&world, &mut kin, &parent, &child, "m4");
     assert!(
@@ -471,13 +462,13 @@ fn a_full_disk_loses_no_accepted_follow_up_and_warns_a_bounded_number_of_times()
     assert!(!refused.contains("queued"), "{refused}");
     // The child runs its accepted messages meanwhile (in memory) and then keeps trying to write
     // them; give it a few retries while the disk stays full, then let space return.
-    world.until("the child to retry its writes", || {
+    common::until_blocking("the child to retry its writes", || {
         std::fs::read_to_string(&stderr).unwrap_or_default().matches("more such failures").count() > 0
             || turn_ends(&world.events(&child)).is_empty()
     });
     let raised = Command::new("prlimit").args(["--pid", &kin.child.id().to_string(), "--fsize=unlimited"]).status();
     assert!(raised.unwrap().success(), "prlimit raises kin's soft file-size limit");
-    world.until("every accepted follow-up to reach the log", || {
+    common::until_blocking("every accepted follow-up to reach the log", || {
         let events = world.events(&child);
         turn_ends(&events).len() == 4
     });
@@ -563,7 +554,7 @@ fn sigkills_while_follow_ups_queue_lose_and_duplicate_nothing() {
         let ran = user_texts(&events);
         pending && inserted(&events).iter().all(|m| ran.contains(m))
     };
-    world.until("every child to run what it accepted", || children.iter().all(settled));
+    common::until_blocking("every child to run what it accepted", || children.iter().all(settled));
     let mut accepted = 0;
     for child in &children {
         let events = world.events(child);
@@ -604,7 +595,7 @@ fn a_discard_shows_in_list_agents(how: Discard) {
     let parent = world.new_session(&mut kin);
     let gate = world.cwd.join("gate");
     let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    world.until("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
     for m in ["m1", "m2"] {
         assert!(send(&world, &mut kin, &parent, &child, m).contains("queued"));
     }
@@ -623,8 +614,8 @@ fn a_discard_shows_in_list_agents(how: Discard) {
         }
     }
     // Its turn stops and its queue is discarded, on disk.
-    world.until("the discard", || discards(&world.events(&child)) == 1);
-    world.until("the child to settle", || {
+    common::until_blocking("the discard", || discards(&world.events(&child)) == 1);
+    common::until_blocking("the child to settle", || {
         world.events(&child).iter().any(|e| e.kind == "turn/end") && {
             assert!(prompt(&mut kin, &parent, "list")["result"].is_object());
             tool_results(&world.events(&parent)).pop().unwrap().contains("[complete]")
@@ -635,7 +626,7 @@ fn a_discard_shows_in_list_agents(how: Discard) {
     assert_eq!(turn_ends(&world.events(&child)), ["aborted"]);
     // The conversation goes on with the next message; the discarded ones never run.
     assert!(send(&world, &mut kin, &parent, &child, "m3").contains("queued"));
-    world.until("m3 to run", || turn_ends(&world.events(&child)).len() == 2);
+    common::until_blocking("m3 to run", || turn_ends(&world.events(&child)).len() == 2);
     let ran: Vec<String> = user_texts(&world.events(&child)).into_iter().filter(|t| t.starts_with('m')).collect();
     assert_eq!(ran, ["m3"]);
     assert!(prompt(&mut kin, &parent, "list")["result"].is_object());
@@ -675,16 +666,16 @@ fn a_parent_killed_with_a_pending_report() -> (World, String, PathBuf) {
         prompt(&mut kin, &parent, &format!("start 2 gate {} report wait {}", gate.display(), hold1.display()));
     assert_eq!(started["result"]["stopReason"], "end_turn", "{started}");
     assert_eq!(world.children(&parent).len(), 2);
-    world.until("the children to wait at their gate", || world.cwd.join("gate.started").exists());
+    common::until_blocking("the children to wait at their gate", || world.cwd.join("gate.started").exists());
     kin.request(
         "session/prompt",
         json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("wait {}", hold0.display())}]}),
     );
-    world.until("the parent's tool to run", || world.cwd.join("hold0.started").exists());
+    common::until_blocking("the parent's tool to run", || world.cwd.join("hold0.started").exists());
     std::fs::write(&gate, "").unwrap();
-    world.until("both reports to be queued on the parent", || inserted(&world.events(&parent)).len() == 2);
+    common::until_blocking("both reports to be queued on the parent", || inserted(&world.events(&parent)).len() == 2);
     std::fs::write(&hold0, "").unwrap();
-    world.until("the first report's turn to run its tool", || world.cwd.join("hold1.started").exists());
+    common::until_blocking("the first report's turn to run its tool", || world.cwd.join("hold1.started").exists());
     kin.child.kill().unwrap();
     kin.child.wait().unwrap();
     let events = world.events(&parent);
@@ -700,7 +691,7 @@ fn a_top_level_pending_message_runs_after_a_restart(method: &str) {
     let mut kin = world.kin();
     let answer = kin.call(method, json!({"sessionId": parent, "cwd": world.cwd, "mcpServers": []}), WAIT);
     assert!(answer.get("result").is_some(), "{answer}");
-    world.until("the pending report to run", || turn_ends(&world.events(&parent)).len() == 4);
+    common::until_blocking("the pending report to run", || turn_ends(&world.events(&parent)).len() == 4);
     let events = world.events(&parent);
     assert_eq!(turn_ends(&events), ["completed", "completed", "interrupted", "completed"]);
     assert_eq!(events.iter().filter(|e| report_turn(e)).count(), 2, "each report ran once");
@@ -747,7 +738,7 @@ fn a_fork_does_not_inherit_pending_inbox_messages() {
     assert_eq!(turn_ends(&own), ["completed", "completed"]);
     // The source still has its pending report, and runs it when loaded.
     world.load(&mut kin, &parent);
-    world.until("the source's pending report to run", || turn_ends(&world.events(&parent)).len() == 4);
+    common::until_blocking("the source's pending report to run", || turn_ends(&world.events(&parent)).len() == 4);
     assert_eq!(world.events(&parent).iter().filter(|e| report_turn(e)).count(), 2);
     kin.close_stdin();
     assert!(kin.child.wait().unwrap().success());

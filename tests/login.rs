@@ -153,10 +153,8 @@ async fn a_piped_key_is_checked_stored_and_used_and_logout_removes_it() {
     let requests = server.received_requests().await.unwrap();
     let chat = requests.iter().find(|r| r.url.path() == "/chat/completions").expect("the turn reached the mock");
     assert_eq!(chat.headers.get("authorization").unwrap(), format!("Bearer {GOOD}").as_str());
-    kin.close_stdin();
-    let output = kin.child.wait_with_output().unwrap();
-    assert!(output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (status, stderr) = kin.exit_with_stderr();
+    assert!(status.success());
     assert!(!stderr.contains(GOOD) && !stderr.contains(BAD), "no key in the logs");
     let log = std::fs::read_to_string(
         kin::testkit::session::SessionStore::new(home.path().join("sessions")).locate(&id).unwrap().unwrap(),

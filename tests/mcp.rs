@@ -265,15 +265,6 @@ fn running(pid: i32) -> bool {
     }
 }
 
-/// Waits (polling, bounded) until `check` holds.
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The tool names of a model request.
 fn tool_names(request: &Value) -> Vec<String> {
     request["tools"]
@@ -446,7 +437,7 @@ async fn a_slow_call_times_out_and_cancelling_the_turn_cancels_the_call() {
     let requests = kin.model_requests().await;
     let timed_out = tool_result(&requests[1], "t1");
     assert!(timed_out.contains("did not answer within 1 s"), "{timed_out}");
-    wait_for("the server to see the timeout's cancellation", || count(&log, "cancelled slow") == 1);
+    common::until_blocking("the server to see the timeout's cancellation", || count(&log, "cancelled slow") == 1);
 
     // The config server waits 60 s; cancelling the turn cancels its call.
     kin.script.calls(&[("t2", "mcp__patient__slow", json!({"seconds": 20}))]);
@@ -454,11 +445,11 @@ async fn a_slow_call_times_out_and_cancelling_the_turn_cancels_the_call() {
     let prompt = kin
         .peer
         .request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "wait more"}]}));
-    wait_for("the call to reach the server", || count(&slow_log, "call slow") == 1);
+    common::until_blocking("the call to reach the server", || count(&slow_log, "call slow") == 1);
     kin.peer.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
     let response = kin.until("the prompt's response", |f| common::is_response(f, prompt));
     assert_eq!(response["result"]["stopReason"], "cancelled", "{response}");
-    wait_for("the server to see the cancellation", || count(&slow_log, "cancelled slow") == 1);
+    common::until_blocking("the server to see the cancellation", || count(&slow_log, "cancelled slow") == 1);
     kin.stop();
 }
 
@@ -553,7 +544,7 @@ async fn servers_kin_cannot_use_get_one_notice_each_and_the_others_work() {
     let shells: Vec<i32> =
         std::fs::read_to_string(&shell_pids).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
     assert_eq!(shells.len(), 2);
-    wait_for("the failed servers' processes to be gone", || shells.iter().all(|pid| !running(*pid)));
+    common::until_blocking("the failed servers' processes to be gone", || shells.iter().all(|pid| !running(*pid)));
     kin.stop();
 }
 
@@ -705,7 +696,7 @@ async fn resume_close_and_load_start_and_stop_the_servers() {
     );
     assert!(other.get("result").is_some(), "{other}");
     assert!(!running(pids(&first)[0]), "the replaced server is stopped before the resume answers");
-    wait_for("the second server", || pids(&second).len() == 1);
+    common::until_blocking("the second server", || pids(&second).len() == 1);
     kin.script.calls(&[("r1", "mcp__fy__echo", json!({"text": "fy"}))]).text("done");
     assert_eq!(kin.prompt("which"), "end_turn");
     let requests = kin.model_requests().await;
@@ -720,14 +711,14 @@ async fn resume_close_and_load_start_and_stop_the_servers() {
         json!({"sessionId": id, "cwd": kin.cwd, "mcpServers": [fixture_entry("fx", &first, &[])]}),
     );
     assert!(loaded.get("result").is_some(), "{loaded}");
-    wait_for("the server of the loaded session", || pids(&first).len() == 2);
+    common::until_blocking("the server of the loaded session", || pids(&first).len() == 2);
     // A fork gets the servers its request names.
     let forked = kin.call(
         "session/fork",
         json!({"sessionId": id, "cwd": kin.cwd, "mcpServers": [fixture_entry("fy", &second, &[])]}),
     );
     assert!(forked["result"]["sessionId"].is_string(), "{forked}");
-    wait_for("the fork's server", || pids(&second).len() == 2);
+    common::until_blocking("the fork's server", || pids(&second).len() == 2);
     let last = pids(&first)[1];
     let store = kin::testkit::session::SessionStore::new(kin.path("sessions"));
     let path = store.locate(&id).unwrap().unwrap();

@@ -6,13 +6,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use kin::testkit::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
 use kin::testkit::tools::bash::BashTool;
 use kin::testkit::tools::{Tool, ToolContext, ToolError, ToolOutput};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+#[allow(dead_code)]
+mod common;
 
 /// A workspace `ws/` (a git checkout with hooks) beside `outside/`, under one temp dir.
 struct Layout {
@@ -156,15 +158,6 @@ async fn off_runs_unconfined_and_says_nothing() {
 // ---------------------------------------------------------------------------------------------
 // no escapes from the process tree
 
-/// Waits (up to 5 s) until `check` holds.
-async fn eventually(what: &str, check: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Starts a `setsid` grandchild (`a.pid`) and a double-forked `setsid` daemon (`b.pid`), both
 /// detached from the group and from the output pipes, then runs `rest`.
 fn escapees(rest: &str) -> String {
@@ -178,7 +171,7 @@ fn escapees(rest: &str) -> String {
 /// The pids the escapees wrote in `ws`, once both are there.
 async fn escapee_pids(ws: &Path) -> Vec<String> {
     let read = |name: &str| std::fs::read_to_string(ws.join(name)).ok().filter(|p| p.ends_with('\n'));
-    eventually("the escapees to write their pids", || read("a.pid").is_some() && read("b.pid").is_some()).await;
+    common::until("the escapees to write their pids", || read("a.pid").is_some() && read("b.pid").is_some()).await;
     let pids: Vec<String> = ["a.pid", "b.pid"].iter().map(|n| read(n).unwrap().trim().to_string()).collect();
     for pid in &pids {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -189,7 +182,7 @@ async fn escapee_pids(ws: &Path) -> Vec<String> {
 
 /// Every pid is gone: not running, not an unreaped zombie.
 async fn all_gone(what: &str, pids: &[String]) {
-    eventually(what, || pids.iter().all(|pid| !Path::new("/proc").join(pid).exists())).await;
+    common::until(what, || pids.iter().all(|pid| !Path::new("/proc").join(pid).exists())).await;
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{KIN, Peer};
 use serde_json::{Value, json};
@@ -92,15 +92,6 @@ fn start_turn(peer: &mut Peer, ws: &Path) -> (u64, String) {
     (prompt, id)
 }
 
-/// Waits (up to 10 s) until `check` holds.
-fn eventually(what: &str, check: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A `setsid` grandchild and a double-forked daemon writing their pids to `a.pid` and `b.pid`,
 /// then a long sleep.
 const ESCAPEES: &str = "setsid sh -c 'echo $$ > a.pid; exec sleep 60' >/dev/null 2>&1 </dev/null & \
@@ -109,14 +100,16 @@ const ESCAPEES: &str = "setsid sh -c 'echo $$ > a.pid; exec sleep 60' >/dev/null
 
 fn marker_pids(ws: &Path) -> Vec<String> {
     let read = |name: &str| std::fs::read_to_string(ws.join(name)).ok().filter(|p| p.ends_with('\n'));
-    eventually("the marker processes to write their pids", || read("a.pid").is_some() && read("b.pid").is_some());
+    common::until_blocking("the marker processes to write their pids", || {
+        read("a.pid").is_some() && read("b.pid").is_some()
+    });
     let pids: Vec<String> = ["a.pid", "b.pid"].iter().map(|n| read(n).unwrap().trim().to_string()).collect();
     // A shell writes its pid just before it execs `sleep`: wait for the exec.
     let is_sleep = |pid: &String| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         String::from_utf8_lossy(&cmdline).starts_with("sleep\0")
     };
-    eventually("the marker processes to exec sleep", || pids.iter().all(is_sleep));
+    common::until_blocking("the marker processes to exec sleep", || pids.iter().all(is_sleep));
     pids
 }
 
@@ -133,7 +126,7 @@ fn after_kill_9_of_kin_no_command_process_survives() {
         let pids = marker_pids(&s.ws);
         peer.child.kill().unwrap();
         peer.child.wait().unwrap();
-        eventually(&format!("the marker processes to die with kin ({sandbox})"), || gone(&pids));
+        common::until_blocking(&format!("the marker processes to die with kin ({sandbox})"), || gone(&pids));
     }
 }
 
@@ -143,13 +136,8 @@ fn kin_exiting_kills_a_running_command_and_its_escapees() {
     let mut peer = Peer::spawn(&mut kin(&s, ESCAPEES, "", &[]));
     start_turn(&mut peer, &s.ws);
     let pids = marker_pids(&s.ws);
-    peer.close_stdin();
-    let deadline = Instant::now() + T;
-    while peer.child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "kin did not exit after stdin closed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eventually("the marker processes to die when kin exits", || gone(&pids));
+    peer.exit();
+    common::until_blocking("the marker processes to die when kin exits", || gone(&pids));
 }
 
 /// Runs one turn writing inside and outside the workspace; returns every frame kin sent.

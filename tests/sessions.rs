@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
@@ -224,11 +224,7 @@ fn a_cancelled_turn_keeps_its_partial_text_for_load() {
     let mut kin = kin(&dirs, &dirs.replay(), "bypass");
     let id = open(&mut kin, &dirs.cwd());
     let turn = kin.request("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]}));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !dirs.cwd().join(".ready").exists() {
-        assert!(Instant::now() < deadline, "the turn never started streaming");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::until_blocking("the turn to start streaming", || dirs.cwd().join(".ready").exists());
     kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": id}}));
     let cancelled = kin.response(turn, Duration::from_secs(20), |_| {});
     assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");

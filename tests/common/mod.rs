@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -163,6 +163,41 @@ impl Peer {
     pub fn close_stdin(&mut self) {
         drop(self.child.stdin.take());
     }
+
+    /// Closes kin's stdin and returns its exit status once it exited (within [`WAIT`]).
+    pub fn exit(&mut self) -> ExitStatus {
+        self.close_stdin();
+        let mut status = None;
+        until_blocking("kin to exit after stdin closed", || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        status.unwrap()
+    }
+}
+
+impl Peer {
+    /// [`Peer::exit`] for a kin spawned with stderr piped: its status and all it wrote there.
+    pub fn exit_with_stderr(&mut self) -> (ExitStatus, String) {
+        let mut stderr = self.child.stderr.take().expect("kin's stderr is piped");
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
+        let status = self.exit();
+        (status, reader.join().unwrap())
+    }
+}
+
+impl Drop for Peer {
+    /// A kin still running when its test ends (or fails) is killed and reaped.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// A session observer that ignores every event.
@@ -197,15 +232,27 @@ pub fn parent(rt: &Arc<Runtime>, dir: &Path) -> (String, Arc<Caller>) {
     (id, Arc::new(Caller { header, depth: 0, route: ModelRoute::parse("test/m").unwrap(), history: None }))
 }
 
-/// Polls `check` every 10 ms until it holds; panics after about ten seconds naming `what`.
+/// How long a test waits for something before it fails.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The one wait for a condition no event announces (a file on disk, a process gone, a log line):
+/// polls `check` every 10 ms until it holds; panics after [`WAIT`] naming `what`. The runtime
+/// keeps running meanwhile.
 pub async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if check() {
-            return;
-        }
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("timed out waiting for {what}");
+}
+
+/// [`until`] for a test without a runtime (the thread sleeps between polls).
+pub fn until_blocking(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A start request from `parent` with the text `prompt`, a depth limit of 3 and nothing else.
