@@ -878,8 +878,7 @@ impl ContinuationManager {
             let state = self.state();
             match state.activations.get(target) {
                 Some(act) => {
-                    let through = above.iter().position(|id| id == caller_id || !state.activations.contains_key(id));
-                    if through.is_none_or(|at| above[at] != caller_id) {
+                    if !through_continuable(&above, |id| state.activations.contains_key(id), caller_id) {
                         return Err(another_parent(target));
                     }
                     (false, Some(act.handle.clone()))
@@ -938,11 +937,18 @@ impl ContinuationManager {
     /// descendants and disposes them child-first, flushing each log. Other sessions' children
     /// are untouched and admission stays open. Child sessions survive on disk.
     pub async fn close_descendants(self: &Arc<Self>, root_id: &str) {
+        let factory = self.factory().ok();
+        let above = |id: &str| factory.as_ref().map(|f| f.live_ancestors(id)).unwrap_or_default();
         let acts: Vec<(String, Activation)> = {
             let mut state = self.state();
             let below: Vec<String> = {
                 let st: &State = &state;
-                st.activations.keys().filter(|id| descends_from(st, id, root_id)).cloned().collect()
+                let continuable = |id: &str| st.activations.contains_key(id);
+                st.activations
+                    .keys()
+                    .filter(|id| through_continuable(&above(id), continuable, root_id))
+                    .cloned()
+                    .collect()
             };
             below.into_iter().filter_map(|id| state.activations.remove(&id).map(|act| (id, act))).collect()
         };
@@ -955,14 +961,11 @@ impl ContinuationManager {
         for (_, act) in &acts {
             act.handle.stop();
         }
+        // How many of the given ones are above it, and the session they hang from.
+        let factory = self.factory().ok();
         let depth = |id: &str| {
-            let mut d = 0;
-            let mut cur = acts.iter().find(|(i, _)| i == id).map(|(_, a)| a.parent_id.clone());
-            while let Some(p) = cur {
-                d += 1;
-                cur = acts.iter().find(|(i, _)| *i == p).map(|(_, a)| a.parent_id.clone());
-            }
-            d
+            let above = factory.as_ref().map(|f| f.live_ancestors(id)).unwrap_or_default();
+            above.iter().position(|p| !acts.iter().any(|(i, _)| i == p)).map_or(above.len(), |at| at + 1)
         };
         let depths: HashMap<String, usize> = acts.iter().map(|(id, _)| (id.clone(), depth(id))).collect();
         acts.sort_by_key(|(id, _)| std::cmp::Reverse(depths.get(id).copied().unwrap_or(0)));
@@ -988,16 +991,10 @@ impl ContinuationManager {
 }
 
 /// True when `root_id` is an ancestor of the Activation `id` (through live Activations).
-fn descends_from(state: &State, id: &str, root_id: &str) -> bool {
-    let mut parent = state.activations.get(id).map(|a| a.parent_id.as_str());
-    for _ in 0..=state.activations.len() {
-        match parent {
-            Some(p) if p == root_id => return true,
-            Some(p) => parent = state.activations.get(p).map(|a| a.parent_id.as_str()),
-            None => return false,
-        }
-    }
-    false
+/// True when `target` is among `above` (the live ancestors of a child, nearest first) with only
+/// continuable children before it.
+fn through_continuable(above: &[String], continuable: impl Fn(&str) -> bool, target: &str) -> bool {
+    above.iter().position(|id| id == target || !continuable(id)).is_some_and(|at| above[at] == target)
 }
 
 fn stop_reason(end: Option<&TurnEnd>) -> StopReason {
