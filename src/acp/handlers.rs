@@ -296,6 +296,7 @@ impl AcpServer {
         &self,
         req: SetSessionConfigOptionRequest,
         responder: Responder<SetSessionConfigOptionResponse>,
+        _cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
         let option = req.config_id.0.as_ref();
         let hint = match option {
@@ -325,6 +326,7 @@ impl AcpServer {
         &self,
         req: ListSessionsRequest,
         responder: Responder<ListSessionsResponse>,
+        _cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
         let sessions = self
             .runtime
@@ -364,6 +366,7 @@ impl AcpServer {
         &self,
         req: DeleteSessionRequest,
         responder: Responder<DeleteSessionResponse>,
+        _cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
         match self.runtime.delete_session(&req.session_id.0) {
             Ok(()) => responder.respond(DeleteSessionResponse::new()),

@@ -203,6 +203,17 @@ async fn serve(runtime: Arc<Runtime>, transport: impl ConnectTo<Agent>) -> anyho
     serve_until(runtime, transport, std::future::pending()).await
 }
 
+/// `$builder` with `AcpServer::$method` (on a copy of `$server`) as the handler of `$req`.
+macro_rules! on_request {
+    ($builder:expr, $server:expr, $req:ty, $method:ident) => {{
+        let server = $server.clone();
+        $builder.on_receive_request(
+            async move |req: $req, responder, cx: ConnectionTo<Client>| server.$method(req, responder, &cx),
+            on_receive_request!(),
+        )
+    }};
+}
+
 /// `serve`, also ending (as if the transport had closed) when `stop` resolves.
 async fn serve_until(
     runtime: Arc<Runtime>,
@@ -210,78 +221,27 @@ async fn serve_until(
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let server = AcpServer::new(runtime.clone());
-    let (init, new, prompt, cancel) = (server.clone(), server.clone(), server.clone(), server.clone());
-    let (load, mode, config, list) = (server.clone(), server.clone(), server.clone(), server.clone());
-    let (resume, close, fork, delete) = (server.clone(), server.clone(), server.clone(), server);
-    let connection = Agent
-        .v1()
-        .name("kin")
-        .on_receive_request(
-            async move |req: InitializeRequest, responder, cx: ConnectionTo<Client>| {
-                init.initialize(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
-                new.new_session(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: PromptRequest, responder, cx: ConnectionTo<Client>| prompt.prompt(req, responder, &cx),
-            on_receive_request!(),
-        )
-        .on_receive_notification(
-            async move |n: CancelNotification, _cx| {
-                cancel.cancel(&n);
-                Ok(())
-            },
-            on_receive_notification!(),
-        )
-        .on_receive_request(
-            async move |req: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
-                load.load_session(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: SetSessionModeRequest, responder, cx: ConnectionTo<Client>| {
-                mode.set_mode(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: SetSessionConfigOptionRequest, responder, _cx| config.set_config_option(req, responder),
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: ListSessionsRequest, responder, _cx| list.list_sessions(req, responder),
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: ResumeSessionRequest, responder, cx: ConnectionTo<Client>| {
-                resume.resume_session(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: CloseSessionRequest, responder, cx: ConnectionTo<Client>| {
-                close.close_session(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: ForkSessionRequest, responder, cx: ConnectionTo<Client>| {
-                fork.fork_session(req, responder, &cx)
-            },
-            on_receive_request!(),
-        )
-        .on_receive_request(
-            async move |req: DeleteSessionRequest, responder, _cx| delete.delete_session(req, responder),
-            on_receive_request!(),
-        )
-        .connect_to(transport);
+    let kin = Agent.v1().name("kin");
+    let kin = on_request!(kin, server, InitializeRequest, initialize);
+    let kin = on_request!(kin, server, NewSessionRequest, new_session);
+    let kin = on_request!(kin, server, PromptRequest, prompt);
+    let cancel = server.clone();
+    let kin = kin.on_receive_notification(
+        async move |n: CancelNotification, _cx| {
+            cancel.cancel(&n);
+            Ok(())
+        },
+        on_receive_notification!(),
+    );
+    let kin = on_request!(kin, server, LoadSessionRequest, load_session);
+    let kin = on_request!(kin, server, SetSessionModeRequest, set_mode);
+    let kin = on_request!(kin, server, SetSessionConfigOptionRequest, set_config_option);
+    let kin = on_request!(kin, server, ListSessionsRequest, list_sessions);
+    let kin = on_request!(kin, server, ResumeSessionRequest, resume_session);
+    let kin = on_request!(kin, server, CloseSessionRequest, close_session);
+    let kin = on_request!(kin, server, ForkSessionRequest, fork_session);
+    let kin = on_request!(kin, server, DeleteSessionRequest, delete_session);
+    let connection = kin.connect_to(transport);
     let result = tokio::select! {
         result = connection => result,
         () = stop => Ok(()),
