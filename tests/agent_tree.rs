@@ -7,13 +7,12 @@
 //! answer every time). A client without the capability sees none of it.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 #[allow(dead_code)]
 mod common;
-use common::Peer;
+use common::{Peer, WAIT};
 
 const SPAWN_PROMPT: &str = "Delegate: have a child reply CHILD_OK, then say PARENT_DONE.";
 const FOLLOWUPS_PROMPT: &str = "Start a background child, send it two more messages, then try an unknown id.";
@@ -23,91 +22,32 @@ fn scenario(name: &str) -> PathBuf {
 }
 
 /// `kin acp` over pipes, in replay mode and `bypass`.
-struct Kin {
-    peer: Peer,
+fn replaying(sessions: &Path, replay: &Path, cwd: &Path) -> Peer {
+    replaying_in_mode(sessions, replay, cwd, "bypass")
 }
 
-impl Kin {
-    fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
-        Kin::start_in_mode(sessions, replay, cwd, "bypass")
-    }
+fn replaying_in_mode(sessions: &Path, replay: &Path, cwd: &Path, mode: &str) -> Peer {
+    let mut command = common::acp(sessions, Some(replay));
+    command.args(["--permission-mode", mode]).current_dir(cwd);
+    spawn(command)
+}
 
-    fn start_in_mode(sessions: &Path, replay: &Path, cwd: &Path, mode: &str) -> Kin {
-        let mut command = common::acp(sessions, Some(replay));
-        command.args(["--permission-mode", mode]).current_dir(cwd);
-        Kin::spawn(command)
-    }
-
-    /// Runs `command` without the caller's `KIN_*` settings.
-    fn spawn(mut command: std::process::Command) -> Kin {
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("KIN_") {
-                command.env_remove(key);
-            }
-        }
-        Kin { peer: Peer::spawn(&mut command) }
-    }
-
-    fn send(&mut self, frame: Value) {
-        self.peer.send(frame);
-    }
-
-    /// Sends a request; returns its id.
-    fn request(&mut self, method: &str, params: Value) -> u64 {
-        self.peer.request(method, params)
-    }
-
-    fn notify(&mut self, method: &str, params: Value) {
-        self.send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
-    }
-
-    /// The next stdout frame; every line must be JSON-RPC.
-    fn frame(&self) -> Value {
-        let frame = self.peer.frame(Duration::from_secs(20));
-        assert_eq!(frame["jsonrpc"], "2.0", "{frame}");
-        frame
-    }
-
-    /// Frames up to and including the first one `stop` accepts.
-    fn until(&self, stop: impl Fn(&Value) -> bool) -> Vec<Value> {
-        let mut frames = Vec::new();
-        loop {
-            let frame = self.frame();
-            let done = stop(&frame);
-            frames.push(frame);
-            if done {
-                return frames;
-            }
+/// Runs `command` without the caller's `KIN_*` settings.
+fn spawn(mut command: std::process::Command) -> Peer {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("KIN_") {
+            command.env_remove(key);
         }
     }
+    Peer::spawn(&mut command)
+}
 
-    /// Frames up to and including the response to request `id`.
-    fn until_response(&self, id: u64) -> Vec<Value> {
-        self.until(|f| common::is_response(f, id))
-    }
-
-    /// Sends a request and returns its response.
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        let id = self.request(method, params);
-        self.until_response(id).pop().unwrap()
-    }
-
-    fn initialize(&mut self, subagents: bool) -> Value {
-        let capabilities = if subagents { json!({"subagents": {}}) } else { json!({}) };
-        let response = self.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": capabilities}));
-        assert_eq!(response["result"]["agentInfo"]["name"], "kin", "{response}");
-        response
-    }
-
-    fn new_session(&mut self, cwd: &Path) -> String {
-        let response = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
-        response["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session id: {response}")).to_string()
-    }
-
-    /// Closes stdin and waits for kin to exit.
-    fn stop(&mut self) {
-        self.peer.exit();
-    }
+/// `initialize`, with or without `clientCapabilities.subagents`.
+fn initialize(kin: &mut Peer, subagents: bool) -> Value {
+    let capabilities = if subagents { json!({"subagents": {}}) } else { json!({}) };
+    let response = kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": capabilities}), WAIT);
+    assert_eq!(response["result"]["agentInfo"]["name"], "kin", "{response}");
+    response
 }
 
 /// The `session/update` in a frame as (session id, update).
@@ -181,8 +121,8 @@ fn wait_for(path: &Path) {
 #[test]
 fn a_subscribed_client_sees_the_child_announced_linked_streamed_and_settled() {
     let (_tmp, cwd, sessions) = dirs();
-    let mut kin = Kin::start(&sessions, &scenario("subagent-spawn"), &cwd);
-    let init = kin.initialize(true);
+    let mut kin = replaying(&sessions, &scenario("subagent-spawn"), &cwd);
+    let init = initialize(&mut kin, true);
     let capabilities = &init["result"]["agentCapabilities"]["sessionCapabilities"];
     for method in ["list", "resume", "close", "fork"] {
         assert_eq!(capabilities[method], json!({}), "sessionCapabilities.{method}: {init}");
@@ -190,7 +130,7 @@ fn a_subscribed_client_sees_the_child_announced_linked_streamed_and_settled() {
     let parent = kin.new_session(&cwd);
     let id =
         kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
-    let frames = kin.until_response(id);
+    let frames = kin.frames_to(id);
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
 
     // Announced on the parent before anything names the child.
@@ -246,20 +186,20 @@ fn a_subscribed_client_sees_the_child_announced_linked_streamed_and_settled() {
 
     // Only session/cancel may name a child.
     let prompt = json!({"sessionId": child, "prompt": [{"type": "text", "text": "hi"}]});
-    refused(&kin.call("session/prompt", prompt), &child);
-    refused(&kin.call("session/set_mode", json!({"sessionId": child, "modeId": "ask"})), &child);
-    refused(&kin.call("session/load", json!({"sessionId": child, "cwd": cwd, "mcpServers": []})), &child);
-    refused(&kin.call("session/resume", json!({"sessionId": child, "cwd": cwd})), &child);
-    refused(&kin.call("session/close", json!({"sessionId": child})), &child);
-    refused(&kin.call("session/fork", json!({"sessionId": child, "cwd": cwd})), &child);
+    refused(&kin.call("session/prompt", prompt, WAIT), &child);
+    refused(&kin.call("session/set_mode", json!({"sessionId": child, "modeId": "ask"}), WAIT), &child);
+    refused(&kin.call("session/load", json!({"sessionId": child, "cwd": cwd, "mcpServers": []}), WAIT), &child);
+    refused(&kin.call("session/resume", json!({"sessionId": child, "cwd": cwd}), WAIT), &child);
+    refused(&kin.call("session/close", json!({"sessionId": child}), WAIT), &child);
+    refused(&kin.call("session/fork", json!({"sessionId": child, "cwd": cwd}), WAIT), &child);
     kin.notify("session/cancel", json!({"sessionId": child}));
 
     // Children are never listed.
-    let listed = kin.call("session/list", json!({}));
+    let listed = kin.call("session/list", json!({}), WAIT);
     let ids: Vec<&str> =
         listed["result"]["sessions"].as_array().unwrap().iter().filter_map(|s| s["sessionId"].as_str()).collect();
     assert_eq!(ids, [parent.as_str()]);
-    kin.stop();
+    kin.exit();
 }
 
 #[test]
@@ -278,18 +218,18 @@ fn cancelling_a_child_by_its_id_cancels_that_child_only() {
     let entry = json!({"kind": "hang", "readyFile": ".child-ready", "chunks": chunks});
     let hang = json!({"patches": [{"script": 1, "at": 0, "entry": entry}]});
     std::fs::write(replay.join("replay.override.json"), hang.to_string()).unwrap();
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.initialize(true);
+    let mut kin = replaying(&sessions, &replay, &cwd);
+    initialize(&mut kin, true);
     let parent = kin.new_session(&cwd);
     let id =
         kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
-    let mut frames =
-        kin.until(|f| update(f).is_some_and(|(s, u)| s != parent && u["sessionUpdate"] == "agent_message_chunk"));
+    let mut frames = kin
+        .frames_until(|f| update(f).is_some_and(|(s, u)| s != parent && u["sessionUpdate"] == "agent_message_chunk"));
     let (child, index) = first_child(&frames, &parent);
     nothing_names_before(&frames, &child, index);
     wait_for(&cwd.join(".child-ready"));
     kin.notify("session/cancel", json!({"sessionId": child}));
-    frames.extend(kin.until_response(id));
+    frames.extend(kin.frames_to(id));
 
     // The parent carries on: only the child was cancelled.
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
@@ -303,18 +243,18 @@ fn cancelling_a_child_by_its_id_cancels_that_child_only() {
     assert_eq!(result["status"], "failed");
     assert_eq!(result["content"][0]["content"]["text"], "Error: subagent run was cancelled");
     assert_eq!(result["content"][1], json!({"type": "session", "sessionId": child}));
-    kin.stop();
+    kin.exit();
 }
 
 #[test]
 fn without_the_capability_no_subagent_updates_leak() {
     let (_tmp, cwd, sessions) = dirs();
-    let mut kin = Kin::start(&sessions, &scenario("subagent-spawn"), &cwd);
-    kin.initialize(false);
+    let mut kin = replaying(&sessions, &scenario("subagent-spawn"), &cwd);
+    initialize(&mut kin, false);
     let parent = kin.new_session(&cwd);
     let id =
         kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
-    let frames = kin.until_response(id);
+    let frames = kin.frames_to(id);
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
     for frame in &frames {
         if let Some((session, u)) = update(frame) {
@@ -336,28 +276,28 @@ fn without_the_capability_no_subagent_updates_leak() {
     let store = kin::testkit::session::SessionStore::new(&sessions);
     let child = store.list().into_iter().find(|s| s.header.parent_session.is_some()).unwrap().header.id;
     let prompt = json!({"sessionId": child, "prompt": [{"type": "text", "text": "hi"}]});
-    refused(&kin.call("session/prompt", prompt), &child);
-    kin.stop();
+    refused(&kin.call("session/prompt", prompt, WAIT), &child);
+    kin.exit();
 }
 
 #[test]
 fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
     let (_tmp, cwd, sessions) = dirs();
     let replay = scenario("continuable-followups");
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.initialize(true);
+    let mut kin = replaying(&sessions, &replay, &cwd);
+    initialize(&mut kin, true);
     let parent = kin.new_session(&cwd);
     let id = kin.request(
         "session/prompt",
         json!({"sessionId": parent, "prompt": [{"type": "text", "text": FOLLOWUPS_PROMPT}]}),
     );
-    let mut frames = kin.until_response(id);
+    let mut frames = kin.frames_to(id);
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
     std::fs::write(cwd.join(".parent-done"), b"").unwrap();
     wait_for(&cwd.join(".dsh-snapshot-subagent-settled"));
     // A response is written after every notification queued before it.
     let fence = kin.request("session/list", json!({}));
-    frames.extend(kin.until_response(fence));
+    frames.extend(kin.frames_to(fence));
 
     let (child, index) = first_child(&frames, &parent);
     nothing_names_before(&frames, &child, index);
@@ -381,17 +321,17 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
         .expect("the outgoing view in the parent's transcript");
     assert_eq!(outgoing["recipientSessionId"], child.as_str());
     assert_eq!(outgoing["recipientMessageId"], incoming[0]["messageId"]);
-    kin.stop();
+    kin.exit();
 
     // After a restart, loading the parent replays the child and re-announces it, idle.
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.initialize(true);
+    let mut kin = replaying(&sessions, &replay, &cwd);
+    initialize(&mut kin, true);
     // The frames up to the load response, and the notifications after it.
-    let load = |kin: &mut Kin| -> (Vec<Value>, Vec<Value>) {
+    let load = |kin: &mut Peer| -> (Vec<Value>, Vec<Value>) {
         let id = kin.request("session/load", json!({"sessionId": parent, "cwd": cwd, "mcpServers": []}));
-        let before = kin.until_response(id);
+        let before = kin.frames_to(id);
         let fence = kin.request("session/list", json!({}));
-        let mut after = kin.until_response(fence);
+        let mut after = kin.frames_to(fence);
         after.pop();
         (before, after)
     };
@@ -430,28 +370,28 @@ fn a_reloaded_parent_replays_and_reannounces_its_continuable_child() {
     assert_eq!(after_again, after);
 
     // Close frees the parent; resume reattaches it without replay and re-announces the child.
-    assert_eq!(kin.call("session/close", json!({"sessionId": parent}))["result"], json!({}));
+    assert_eq!(kin.call("session/close", json!({"sessionId": parent}), WAIT)["result"], json!({}));
     let prompt = json!({"sessionId": parent, "prompt": [{"type": "text", "text": "hi"}]});
-    assert_eq!(kin.call("session/prompt", prompt)["error"]["code"], -32002);
+    assert_eq!(kin.call("session/prompt", prompt, WAIT)["error"]["code"], -32002);
     let id = kin.request("session/resume", json!({"sessionId": parent, "cwd": cwd}));
-    let resumed = kin.until_response(id);
+    let resumed = kin.frames_to(id);
     assert!(resumed.last().unwrap()["result"]["modes"].is_object(), "{resumed:#?}");
     assert!(resumed.iter().all(|f| update(f).is_none()), "no replay before the resume response: {resumed:#?}");
     let fence = kin.request("session/list", json!({}));
-    let after = kin.until_response(fence);
+    let after = kin.frames_to(fence);
     assert_eq!(announcements(&after, &parent, &child).len(), 1, "{after:#?}");
 
     // Fork: a new top-level session seeded with the parent's completed turns.
-    let forked = kin.call("session/fork", json!({"sessionId": parent, "cwd": cwd}));
+    let forked = kin.call("session/fork", json!({"sessionId": parent, "cwd": cwd}), WAIT);
     let fork = forked["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{forked}")).to_string();
     assert!(fork != parent && fork != child);
     let store = kin::testkit::session::SessionStore::new(&sessions);
     let seeded = store.inspect(&fork).unwrap();
     assert!(seeded.header.parent_session.is_none());
     assert!(seeded.events.iter().any(|e| e.kind == "session/end-seed"));
-    let listed = kin.call("session/list", json!({}));
+    let listed = kin.call("session/list", json!({}), WAIT);
     assert_eq!(listed["result"]["sessions"].as_array().unwrap().len(), 2, "{listed}");
-    kin.stop();
+    kin.exit();
 }
 
 /// A stored copy of `child`'s log under `id`, created at `created_at`, with `extra` lines
@@ -481,19 +421,19 @@ fn copy_child(sessions: &Path, child: &str, id: &str, created_at: u64, extra: &[
 fn the_reloaded_tree_is_the_catalogs_listing_with_its_diagnostics() {
     let (_tmp, cwd, sessions) = dirs();
     let replay = scenario("continuable-followups");
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.initialize(true);
+    let mut kin = replaying(&sessions, &replay, &cwd);
+    initialize(&mut kin, true);
     let parent = kin.new_session(&cwd);
     let id = kin.request(
         "session/prompt",
         json!({"sessionId": parent, "prompt": [{"type": "text", "text": FOLLOWUPS_PROMPT}]}),
     );
-    let frames = kin.until_response(id);
+    let frames = kin.frames_to(id);
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
     std::fs::write(cwd.join(".parent-done"), b"").unwrap();
     wait_for(&cwd.join(".dsh-snapshot-subagent-settled"));
     let (child, _) = first_child(&frames, &parent);
-    kin.stop();
+    kin.exit();
 
     // Siblings of the child: one with a second descriptor (corrupt), one whose descriptor has
     // another version (unsupported), and one with no descriptor of its own (an ordinary child
@@ -534,10 +474,10 @@ fn the_reloaded_tree_is_the_catalogs_listing_with_its_diagnostics() {
     );
 
     // The tree on load announces exactly those, in that order: the diagnostics as such.
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.initialize(true);
+    let mut kin = replaying(&sessions, &replay, &cwd);
+    initialize(&mut kin, true);
     let id = kin.request("session/load", json!({"sessionId": parent, "cwd": cwd, "mcpServers": []}));
-    let before = kin.until_response(id);
+    let before = kin.frames_to(id);
     let announced: Vec<&Value> = updates(&before, &parent, "subagent_update");
     let ids: Vec<&str> = announced.iter().map(|u| u["sessionId"].as_str().unwrap()).collect();
     assert_eq!(ids, [corrupt, unsupported, child.as_str()], "{before:#?}");
@@ -551,7 +491,7 @@ fn the_reloaded_tree_is_the_catalogs_listing_with_its_diagnostics() {
         "{announced:#?}"
     );
     assert!(before.iter().all(|f| update(f).is_none_or(|(s, _)| s != corrupt && s != plain)), "{before:#?}");
-    kin.stop();
+    kin.exit();
 }
 
 /// A replay log of chunk groups `(turn, step, chunks)`, optionally led by the session's prompt.
@@ -614,14 +554,14 @@ fn a_child_waiting_on_permission_is_shown_as_requiring_action() {
             (1, 2, text_chunks("ran")),
         ],
     );
-    let mut kin = Kin::start_in_mode(&sessions, &replay, &cwd, "ask");
-    kin.initialize(true);
+    let mut kin = replaying_in_mode(&sessions, &replay, &cwd, "ask");
+    initialize(&mut kin, true);
     let parent = kin.new_session(&cwd);
     let prompt =
         kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": "go"}]}));
     let mut frames = Vec::new();
     loop {
-        let frame = kin.frame();
+        let frame = kin.frame(WAIT);
         if frame["method"] == "session/request_permission" {
             assert_ne!(frame["params"]["sessionId"], json!(parent), "the request carries the child's session id");
             let answer = json!({"jsonrpc": "2.0", "id": frame["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow-once"}}});
@@ -651,7 +591,7 @@ fn a_child_waiting_on_permission_is_shown_as_requiring_action() {
     let waiting = states.iter().find(|(_, s)| s == "requires_action").expect("requires_action was sent");
     assert!(waiting.0 < asked, "requires_action comes before the request: {states:?}");
     assert!(states.iter().any(|(i, s)| *i > asked && s == "running"), "running again after the answer: {states:?}");
-    kin.stop();
+    kin.exit();
 }
 
 #[test]
@@ -664,12 +604,12 @@ fn a_childs_tool_calls_show_on_the_delegating_call_only_without_the_tree() {
         command.args(["acp", "--permission-mode", "bypass", "--config"]).arg(replay.join("kin.toml"));
         command.arg("--sessions").arg(&sessions).arg("--replay").arg(&replay).current_dir(&cwd);
         command.stderr(std::process::Stdio::null());
-        let mut kin = Kin::spawn(command);
-        kin.initialize(subagents);
+        let mut kin = spawn(command);
+        initialize(&mut kin, subagents);
         let parent = kin.new_session(&cwd);
         let prompt = json!([{"type": "text", "text": "Delegate to a child that delegates again."}]);
         let id = kin.request("session/prompt", json!({"sessionId": parent, "prompt": prompt}));
-        let frames = kin.until_response(id);
+        let frames = kin.frames_to(id);
         assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
         let progress: Vec<&Value> = updates(&frames, &parent, "tool_call_update")
             .into_iter()
@@ -683,6 +623,6 @@ fn a_childs_tool_calls_show_on_the_delegating_call_only_without_the_tree() {
             assert_eq!(progress.len(), 1, "{frames:#?}");
             assert_eq!(progress[0]["content"][0]["content"]["text"], "Grandchild");
         }
-        kin.stop();
+        kin.exit();
     }
 }

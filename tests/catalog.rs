@@ -1438,37 +1438,22 @@ async fn send_message_works_without_session_query() {
 // ---------------------------------------------------------------------------------------------
 // The real binary over pipes: restart, then hand-corrupted child logs.
 
-struct Kin {
-    peer: Peer,
+/// `kin acp` over pipes, in replay mode and `bypass`.
+fn start_kin(sessions: &Path, replay: &Path, cwd: &Path) -> Peer {
+    let mut command = common::acp(sessions, Some(replay));
+    command.args(["--permission-mode", "bypass"]).current_dir(cwd);
+    Peer::spawn(&mut command)
 }
 
-impl Kin {
-    fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Kin {
-        let mut command = common::acp(sessions, Some(replay));
-        command.args(["--permission-mode", "bypass"]).current_dir(cwd);
-        Kin { peer: Peer::spawn(&mut command) }
-    }
+fn prompt(kin: &mut Peer, session: &str, text: &str) {
+    let answer = kin.call("session/prompt", json!({"sessionId": session, "prompt": user_text(text)}), common::WAIT);
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+}
 
-    /// Sends a request and returns its response (notifications are skipped).
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        self.peer.call(method, params, Duration::from_secs(60))
-    }
-
-    fn prompt(&mut self, session: &str, text: &str) {
-        let answer = self.request("session/prompt", json!({"sessionId": session, "prompt": user_text(text)}));
-        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-    }
-
-    /// One `list_agents` turn; returns the tool's text from the parent's log.
-    fn list_agents(&mut self, store: &SessionStore, parent: &str) -> String {
-        self.prompt(parent, "List your subagents.");
-        tool_results(store, parent).pop().unwrap()
-    }
-
-    fn kill(mut self) {
-        let _ = self.peer.child.kill();
-        let _ = self.peer.child.wait();
-    }
+/// One `list_agents` turn; returns the tool's text from the parent's log.
+fn list_agents(kin: &mut Peer, store: &SessionStore, parent: &str) -> String {
+    prompt(kin, parent, "List your subagents.");
+    tool_results(store, parent).pop().unwrap()
 }
 
 fn chunk_lines(seq: &mut u64, turn: u64, step: u64, chunks: Vec<Value>) -> Vec<String> {
@@ -1555,22 +1540,25 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     let store = SessionStore::new(sessions.clone());
 
     // Three background children start and settle; then kin is killed.
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let created = kin.request("session/new", json!({"cwd": cwd.display().to_string(), "mcpServers": []}));
+    let mut kin = start_kin(&sessions, &replay, &cwd);
+    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), common::WAIT);
+    let created = kin.call("session/new", json!({"cwd": cwd.display().to_string(), "mcpServers": []}), common::WAIT);
     let parent = created["result"]["sessionId"].as_str().expect("a session id").to_string();
-    kin.prompt(&parent, "Start three children.");
+    prompt(&mut kin, &parent, "Start three children.");
     common::until_blocking("three settled children", || {
         let children = children_of(&store, &parent);
         children.len() == 3 && children.iter().all(|c| turn_ends(&store, c) == 1)
     });
-    kin.kill();
+    drop(kin); // Killed: a dropped Peer kills a kin still running.
 
     // A new process lists them from storage alone: complete, with their labels.
-    let mut kin = Kin::start(&sessions, &replay, &cwd);
-    kin.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let loaded =
-        kin.request("session/load", json!({"sessionId": parent, "cwd": cwd.display().to_string(), "mcpServers": []}));
+    let mut kin = start_kin(&sessions, &replay, &cwd);
+    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), common::WAIT);
+    let loaded = kin.call(
+        "session/load",
+        json!({"sessionId": parent, "cwd": cwd.display().to_string(), "mcpServers": []}),
+        common::WAIT,
+    );
     assert!(loaded.get("error").is_none(), "{loaded}");
     let children = children_of(&store, &parent);
     let label = |id: &str| match Descriptor::fold(store.inspect(id).unwrap().events.iter()).unwrap() {
@@ -1582,7 +1570,7 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     let mut labels: Vec<String> = children.iter().map(|id| label(id.as_str())).collect();
     labels.sort();
     assert_eq!(labels, ["Alpha", "Beta", "Gamma"]);
-    assert_eq!(kin.list_agents(&store, &parent), lines.join("\n"), "after the restart");
+    assert_eq!(list_agents(&mut kin, &store, &parent), lines.join("\n"), "after the restart");
 
     // One child's log corrupted by hand, four ways; its siblings keep listing.
     let target = children[0].clone();
@@ -1596,7 +1584,7 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     let second = ev(events, DESCRIPTOR_EVENT, descriptor.data.to_value());
     std::fs::write(&path, format!("{original}{second}\n")).unwrap();
     assert_eq!(
-        kin.list_agents(&store, &parent),
+        list_agents(&mut kin, &store, &parent),
         expect(Some(format!("{target} [diagnostic: corrupt]"))),
         "a second descriptor"
     );
@@ -1606,7 +1594,7 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     assert_ne!(bad, original);
     std::fs::write(&path, bad.as_bytes()).unwrap();
     assert_eq!(
-        kin.list_agents(&store, &parent),
+        list_agents(&mut kin, &store, &parent),
         expect(Some(format!("{target} [diagnostic: corrupt]"))),
         "a bad payload"
     );
@@ -1617,7 +1605,7 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     assert_ne!(future, original);
     std::fs::write(&path, future.as_bytes()).unwrap();
     assert_eq!(
-        kin.list_agents(&store, &parent),
+        list_agents(&mut kin, &store, &parent),
         expect(Some(format!("{target} [diagnostic: unsupported]"))),
         "a future descriptor version"
     );
@@ -1625,8 +1613,8 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     // A deleted log is no longer in the corpus: the child is gone from the trace, so nothing
     // lists for it (`unavailable` needs the log to vanish between the trace and the read).
     std::fs::remove_file(path).unwrap();
-    assert_eq!(kin.list_agents(&store, &parent), expect(None), "a deleted log");
-    kin.kill();
+    assert_eq!(list_agents(&mut kin, &store, &parent), expect(None), "a deleted log");
+    drop(kin); // Killed: a dropped Peer kills a kin still running.
 }
 
 // ---------------------------------------------------------------------------------------------

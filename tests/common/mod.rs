@@ -159,6 +159,37 @@ impl Peer {
         None
     }
 
+    /// Sends a notification.
+    pub fn notify(&mut self, method: &str, params: Value) {
+        self.send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    }
+
+    /// Frames (each within [`WAIT`], each JSON-RPC 2.0) up to and including the first one
+    /// `stop` accepts.
+    pub fn frames_until(&self, stop: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self.frame(WAIT);
+            assert_eq!(frame["jsonrpc"], "2.0", "{frame}");
+            let done = stop(&frame);
+            frames.push(frame);
+            if done {
+                return frames;
+            }
+        }
+    }
+
+    /// Frames up to and including the response to request `id`.
+    pub fn frames_to(&self, id: u64) -> Vec<Value> {
+        self.frames_until(|f| is_response(f, id))
+    }
+
+    /// A `session/new` in `cwd`; its session id.
+    pub fn new_session(&mut self, cwd: &Path) -> String {
+        let response = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}), WAIT);
+        response["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session id: {response}")).to_string()
+    }
+
     /// Closes kin's stdin (EOF on its protocol channel).
     pub fn close_stdin(&mut self) {
         drop(self.child.stdin.take());
