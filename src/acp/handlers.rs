@@ -36,6 +36,15 @@ macro_rules! with_view {
     }};
 }
 
+/// Which of the two requests that reopen a stored or live session is served.
+#[derive(Clone, Copy)]
+enum Reopen {
+    /// `session/load`: the session's events and children are replayed to the client.
+    Load,
+    /// `session/resume`: reattached without replay.
+    Resume,
+}
+
 /// What every handler works with; cheap to clone (a spawned task takes a copy).
 #[derive(Clone)]
 pub(super) struct AcpServer {
@@ -206,36 +215,9 @@ impl AcpServer {
         responder: Responder<LoadSessionResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        let (server, forwarder, cx) = (self.clone(), self.forwarder(cx), cx.clone());
-        cx.clone().spawn(async move {
-            let runtime = &server.runtime;
-            let id = req.session_id.0.to_string();
-            let Loaded { events, view } =
-                match runtime.load_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
-                    Ok(loaded) => loaded,
-                    Err(e) => {
-                        let _ = responder.respond_with_error(to_acp(e));
-                        return Ok(());
-                    }
-                };
-            forwarder.count(&events);
-            let tools = runtime.tools();
-            let header = runtime.store().header(&id).ok();
-            let cwd = header.as_ref().map(convert::cwd_of).unwrap_or_default();
-            for update in events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools, &cwd)) {
-                tree::notify(&cx, &id, update);
-            }
-            // Shared with the live session: let go before it appends.
-            drop(events);
-            // The agent tree: children replayed before the response, the continuing ones
-            // re-announced after it.
-            let children = if server.tree.enabled() { tree::stored_tree(runtime, &id) } else { Vec::new() };
-            tree::replay(&cx, tools, &children);
-            let _ = responder.respond(with_view!(LoadSessionResponse::new(), &view));
-            after_response(&cx, runtime, &id, &server.notices);
-            tree::reannounce(&cx, &children);
-            runtime.run_restored(&id).await;
-            Ok(())
+        let servers = mcp::specs(&req.mcp_servers);
+        self.reopen(Reopen::Load, req.session_id.0.to_string(), servers, responder, cx, |view| {
+            with_view!(LoadSessionResponse::new(), view)
         })
     }
 
@@ -248,25 +230,66 @@ impl AcpServer {
         if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), false) {
             return responder.respond_with_error(e);
         }
+        let servers = mcp::specs(&req.mcp_servers);
+        self.reopen(Reopen::Resume, req.session_id.0.to_string(), servers, responder, cx, |view| {
+            with_view!(ResumeSessionResponse::new(), view)
+        })
+    }
+
+    /// `session/load` or `session/resume` of `id`, on a spawned task: the runtime makes the
+    /// session live; a load replays its events and (to a client that shows the agent tree) its
+    /// children before the response; both answer with `answer` of its view, re-announce the
+    /// children that continue and then let the restored session run.
+    fn reopen<R: JsonRpcResponse + Send + 'static>(
+        &self,
+        how: Reopen,
+        id: String,
+        servers: Vec<crate::mcp::ServerSpec>,
+        responder: Responder<R>,
+        cx: &ConnectionTo<Client>,
+        answer: fn(&SessionView) -> R,
+    ) -> Result<(), Error> {
         let (server, forwarder, cx) = (self.clone(), self.forwarder(cx), cx.clone());
         cx.clone().spawn(async move {
             let runtime = &server.runtime;
-            let id = req.session_id.0.to_string();
-            let Loaded { events, view } =
-                match runtime.resume_session(&id, forwarder.clone(), mcp::specs(&req.mcp_servers)).await {
-                    Ok(resumed) => resumed,
-                    Err(e) => {
-                        let _ = responder.respond_with_error(to_acp(e));
-                        return Ok(());
-                    }
-                };
+            let opened = match how {
+                Reopen::Load => runtime.load_session(&id, forwarder.clone(), servers).await,
+                Reopen::Resume => runtime.resume_session(&id, forwarder.clone(), servers).await,
+            };
+            let Loaded { events, view } = match opened {
+                Ok(loaded) => loaded,
+                Err(e) => {
+                    let _ = responder.respond_with_error(to_acp(e));
+                    return Ok(());
+                }
+            };
             forwarder.count(&events);
-            drop(events);
-            let _ = responder.respond(with_view!(ResumeSessionResponse::new(), &view));
+            let tools = runtime.tools();
+            let replayed = match how {
+                Reopen::Load => {
+                    let header = runtime.store().header(&id).ok();
+                    let cwd = header.as_ref().map(convert::cwd_of).unwrap_or_default();
+                    for update in events.iter().flat_map(|e| convert::replay_updates(&e.body(), tools, &cwd)) {
+                        tree::notify(&cx, &id, update);
+                    }
+                    // Shared with the live session: let go before it appends.
+                    drop(events);
+                    // The agent tree: children replayed before the response.
+                    let children = if server.tree.enabled() { tree::stored_tree(runtime, &id) } else { Vec::new() };
+                    tree::replay(&cx, tools, &children);
+                    Some(children)
+                }
+                Reopen::Resume => {
+                    drop(events);
+                    None
+                }
+            };
+            let _ = responder.respond(answer(&view));
             after_response(&cx, runtime, &id, &server.notices);
-            if server.tree.enabled() {
-                tree::reannounce(&cx, &tree::stored_tree(runtime, &id));
-            }
+            // The continuing children re-announced after the response.
+            let children = replayed
+                .unwrap_or_else(|| if server.tree.enabled() { tree::stored_tree(runtime, &id) } else { Vec::new() });
+            tree::reannounce(&cx, &children);
             runtime.run_restored(&id).await;
             Ok(())
         })
