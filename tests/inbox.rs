@@ -509,7 +509,11 @@ fn sigkills_while_follow_ups_queue_lose_and_duplicate_nothing() {
         let mut kin = world.kin();
         world.load(&mut kin, &parent);
         let deadline = Instant::now() + Duration::from_micros(rng.u64(0..60_000));
-        for _ in 0..rng.usize(1..5) {
+        // Every fourth round waits for its first acknowledgement before the kill, so that kills
+        // land after acknowledgements however slow the machine is; the others kill at a
+        // random point, often before one.
+        let patient = kill % 4 == 0;
+        for sent in 0..rng.usize(1..5) {
             let child = &children[rng.usize(0..CHILDREN)];
             let message = format!("m{next}");
             next += 1;
@@ -517,7 +521,11 @@ fn sigkills_while_follow_ups_queue_lose_and_duplicate_nothing() {
                 "session/prompt",
                 json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("send {child} {message}")}]}),
             );
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else { break };
+            let left = match deadline.checked_duration_since(Instant::now()) {
+                _ if patient && sent == 0 => common::WAIT,
+                Some(left) => left,
+                None => break,
+            };
             match kin.response_within(id, left) {
                 Some(frame) => {
                     assert_eq!(frame["result"]["stopReason"], "end_turn", "kill {kill}: {frame}");
