@@ -49,11 +49,20 @@ impl Outflow {
         self.attached.store(true, Ordering::SeqCst);
     }
 
-    /// An update was handed to the SDK.
-    pub(crate) fn queued(&self) {
-        if self.attached.load(Ordering::Relaxed) {
+    /// Hands an update to the SDK through `send`, counted from before the hand-off: the writer
+    /// may write it (and count it written) before `send` returns, and a count taken after would
+    /// then never come back to zero (model calls would wait for a backlog that is gone, and the
+    /// memory a turn freed would never be handed back). An update `send` refuses is not counted.
+    pub(crate) fn send<E>(&self, send: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let counted = self.attached.load(Ordering::Relaxed);
+        if counted {
             self.queued.fetch_add(1, Ordering::SeqCst);
         }
+        let sent = send();
+        if sent.is_err() && counted {
+            self.written();
+        }
+        sent
     }
 
     /// An update's line was written to the client.
@@ -109,7 +118,7 @@ mod tests {
     async fn a_call_waits_while_the_backlog_is_over_the_cap_and_goes_on_as_it_drains() {
         let flow = Outflow::new(true);
         for _ in 0..MAX_QUEUED + 2 {
-            flow.queued();
+            flow.send(|| Ok::<_, ()>(())).unwrap();
         }
         let waiting = flow.room();
         tokio::pin!(waiting);
@@ -120,16 +129,33 @@ mod tests {
         assert!(futures::poll!(waiting.as_mut()).is_ready(), "at the cap");
         // Nothing counted before attaching, and a stray write never underflows.
         let idle = Outflow::new(false);
-        idle.queued();
+        idle.send(|| Ok::<_, ()>(())).unwrap();
         idle.written();
         assert_eq!(idle.backlog(), 0);
     }
 
     #[test]
+    fn an_update_written_before_its_hand_off_returns_leaves_no_backlog() {
+        let flow = Outflow::new(true);
+        // The writer (another thread) writes the line while the hand-off is still returning.
+        flow.send(|| {
+            flow.written();
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        assert_eq!(flow.backlog(), 0, "counted before it was handed off");
+        // A refused hand-off is not on its way.
+        assert_eq!(flow.send(|| Err("closed")), Err("closed"));
+        assert_eq!(flow.backlog(), 0);
+        flow.release_when_drained();
+        assert!(!flow.release.load(Ordering::SeqCst), "the backlog is empty: released at once");
+    }
+
+    #[test]
     fn a_release_waits_for_the_backlog_to_empty() {
         let flow = Outflow::new(true);
-        flow.queued();
-        flow.queued();
+        flow.send(|| Ok::<_, ()>(())).unwrap();
+        flow.send(|| Ok::<_, ()>(())).unwrap();
         flow.release_when_drained();
         flow.written();
         assert!(flow.release.load(Ordering::SeqCst), "one update is still queued");

@@ -91,9 +91,9 @@ impl Tree {
 
 /// Sends one `session/update`; a closed connection drops it.
 pub(super) fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUpdate) {
-    match cx.send_notification(SessionNotification::new(session.to_string(), update)) {
-        Ok(()) => crate::outflow::outflow().queued(),
-        Err(e) => tracing::debug!("dropping a session update: {e}"),
+    let notification = SessionNotification::new(session.to_string(), update);
+    if let Err(e) = crate::outflow::outflow().send(|| cx.send_notification(notification)) {
+        tracing::debug!("dropping a session update: {e}");
     }
 }
 
