@@ -11,6 +11,7 @@ use kin::testkit::scenario::RunOptions;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    kin::testkit::heap::configure();
     let cli = Cli::parse();
     let config = match Config::resolve(&cli.overrides(), &process_env) {
         Ok(config) => config,

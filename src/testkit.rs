@@ -27,6 +27,9 @@ pub mod commands {
         scenario_dirs, scenario_run, sessions_check, sessions_delete, sessions_list, sessions_show,
     };
 }
+pub mod heap {
+    pub use crate::heap::configure;
+}
 pub mod config {
     pub use crate::config::{Config, Overrides, process_env};
 }

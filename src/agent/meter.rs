@@ -79,7 +79,7 @@ fn surface_at(session: &Session, index: usize, nodes: &[u64]) -> u64 {
     let events = session.events();
     let replaced = |e: &Event| e.surface_op.as_ref().is_some_and(|op| op["op"] == "replace");
     if events[index + 1..].iter().any(replaced) {
-        return Nodes::of(&events[..=index]).messages.iter().map(message_tokens).sum();
+        return Nodes::of(&events[..=index]).messages.iter().map(|m| message_tokens(&m.value())).sum();
     }
     let seq = events[index].seq;
     session.surface_seqs().iter().zip(nodes).filter(|(s, _)| **s <= seq).map(|(_, t)| t).sum()

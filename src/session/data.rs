@@ -3,11 +3,15 @@
 //! session of a million events keeps a million short strings, not a million JSON trees (a
 //! `serde_json::Value` object costs about twenty times its text).
 //!
+//! The text is shared, not copied, by clones: the model history holds the text of the events
+//! that put its messages there (`surface::HistoryMessage`), so a message of a megabyte is in
+//! memory once.
+//!
 //! Typed reads (`Data::read`) parse the text straight into the payload struct and keep nothing.
 //! `Data::value` (and indexing, `data["turn"]`) parses once and keeps the tree beside the text:
 //! for tests and rare inspections, never for a pass over every event of a log.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -16,7 +20,7 @@ use serde_json::value::RawValue;
 
 /// The `data` of one event (see the module doc).
 pub struct Data {
-    raw: Box<RawValue>,
+    raw: Arc<RawValue>,
     parsed: OnceLock<Box<Value>>,
 }
 
@@ -33,7 +37,7 @@ impl Data {
     }
 
     fn from_raw(raw: Box<RawValue>) -> Data {
-        Data { raw, parsed: OnceLock::new() }
+        Data { raw: Arc::from(raw), parsed: OnceLock::new() }
     }
 
     /// The JSON text.
@@ -71,9 +75,10 @@ impl From<Value> for Data {
     }
 }
 
+/// A clone shares the text (not a parsed tree).
 impl Clone for Data {
     fn clone(&self) -> Self {
-        Data::from_raw(self.raw.clone())
+        Data { raw: Arc::clone(&self.raw), parsed: OnceLock::new() }
     }
 }
 
@@ -152,6 +157,7 @@ mod tests {
         let data = Data::of(&json!({"turn": 2, "reason": {"kind": "completed"}}));
         assert_eq!(data.text(), r#"{"turn":2,"reason":{"kind":"completed"}}"#);
         assert_eq!(data.clone(), data);
+        assert_eq!(data.clone().text().as_ptr(), data.text().as_ptr(), "a clone shares the text");
         assert_ne!(data, Data::of(&json!({"turn": 3})));
         assert_eq!(data.read::<Value>().unwrap()["turn"], 2);
     }

@@ -51,19 +51,7 @@ impl Event {
     /// `data.message` for the other surface kinds; `null` when it has none), parsed afresh;
     /// `None` for log-only events.
     pub fn surface_message(&self) -> Option<Value> {
-        /// The one field of a surface payload the history takes.
-        #[derive(Deserialize)]
-        struct Carrier {
-            #[serde(default)]
-            message: Value,
-        }
-        match self.kind {
-            Kind::UserMessage => Some(self.data.to_value()),
-            Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage => {
-                Some(self.data.read::<Carrier>().map_or(Value::Null, |c| c.message))
-            }
-            _ => None,
-        }
+        super::surface::HistoryMessage::of(self).map(|m| m.value())
     }
 }
 

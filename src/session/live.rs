@@ -12,7 +12,7 @@ use super::event::{self, EventBody, Kind};
 use super::record::{Event, SessionHeader};
 use super::repair::Closer;
 use super::resident::{ChunkOf, Resident};
-use super::surface::{self, Nodes};
+use super::surface::{self, HistoryMessage, Nodes};
 use super::writer::LogWriter;
 
 /// Sees every event appended to a session, in order, on the appending task.
@@ -40,9 +40,9 @@ pub struct Session {
     partial: bool,
     writer: LogWriter,
     observers: Vec<Arc<dyn SessionObserver>>,
-    /// The surface fold of `events`, kept up to date on every append (O(1) per appended event)
-    /// and shared with model requests (copy on write).
-    messages: Arc<Vec<Value>>,
+    /// The surface fold of `events`, kept up to date on every append (O(1) per appended event):
+    /// each message is its event's text, shared with the resident event.
+    messages: Vec<HistoryMessage>,
     /// The seq of each message's node, in the same order.
     nodes: Vec<u64>,
 }
@@ -75,7 +75,7 @@ impl Session {
             partial,
             writer,
             observers: Vec::new(),
-            messages: Arc::new(messages),
+            messages,
             nodes: seqs,
         }
     }
@@ -227,9 +227,8 @@ impl Session {
         for observer in &self.observers {
             observer.on_event(&self.header, &event);
         }
-        // Only a surface event may change the history (and only then is a shared one copied).
         if event.kind.is_surface() {
-            surface::apply(&mut self.nodes, Arc::make_mut(&mut self.messages), &event);
+            surface::apply(&mut self.nodes, &mut self.messages, &event);
         }
         if self.resident.keep(&mut event, chunk) {
             Arc::make_mut(&mut self.events).push(event);
@@ -255,9 +254,10 @@ impl Session {
         self.writer.write_eager();
     }
 
-    /// The model-visible history: the surface fold of dsh `deriveMessages`.
+    /// The model-visible history (the surface fold of dsh `deriveMessages`), parsed afresh from
+    /// the text the session keeps: what a request holds for its life and then lets go.
     pub fn messages(&self) -> Arc<Vec<Value>> {
-        self.messages.clone()
+        Arc::new(self.messages.iter().map(HistoryMessage::value).collect())
     }
 
     /// The number the next turn gets (continuing a fork seed's numbering).
@@ -336,6 +336,7 @@ mod tests {
         assert_eq!(session.events()[3].surface_op, Some(json!({"op": "replace", "start": 0, "end": 1})));
         // A fresh fold of the same events agrees with the live one.
         let again = Nodes::of(session.events());
-        assert_eq!((again.seqs.as_slice(), &again.messages), (session.surface_seqs(), &*session.messages()));
+        let messages: Vec<Value> = again.messages.iter().map(HistoryMessage::value).collect();
+        assert_eq!((again.seqs.as_slice(), &messages), (session.surface_seqs(), &*session.messages()));
     }
 }

@@ -11,11 +11,57 @@
 //! nor `sourceEventSeqs`, and `sourceEventSeqs` is non-empty, without duplicates, and names
 //! earlier events; the first violation is the error. In both modes an appended assistant message
 //! without content takes no place in the history.
+//!
+//! A node's message is kept as its event's text (`HistoryMessage`, shared with the resident
+//! event, not copied) and parsed when a request is built: a session holds each message once.
 
 use serde_json::{Value, json};
 
+use super::data::Data;
 use super::event::Kind;
 use super::record::Event;
+
+/// A message of the model history: the text of the surface event that put it there, shared
+/// with that event, parsed afresh by `value`.
+#[derive(Debug, Clone)]
+pub(crate) struct HistoryMessage {
+    data: Data,
+    /// A `user/message`'s data is its message; the other surface kinds carry it as `message`.
+    whole: bool,
+}
+
+impl HistoryMessage {
+    /// The message `event` puts into the history (`None` for log-only events).
+    pub(crate) fn of(event: &Event) -> Option<HistoryMessage> {
+        let whole = match event.kind {
+            Kind::UserMessage => true,
+            Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage => false,
+            _ => return None,
+        };
+        Some(HistoryMessage { data: event.data.clone(), whole })
+    }
+
+    /// The message, parsed (`null` when a carrier has none).
+    pub(crate) fn value(&self) -> Value {
+        /// The one field of a surface payload the history takes.
+        #[derive(serde::Deserialize)]
+        struct Carrier {
+            #[serde(default)]
+            message: Value,
+        }
+        if self.whole {
+            return self.data.to_value();
+        }
+        self.data.read::<Carrier>().map_or(Value::Null, |c| c.message)
+    }
+}
+
+/// Equal when the messages are.
+impl PartialEq for HistoryMessage {
+    fn eq(&self, other: &Self) -> bool {
+        self.value() == other.value()
+    }
+}
 
 /// How strictly the fold reads a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +241,7 @@ fn strict_op(event: &Event, nodes: &[u64]) -> Result<Placement, String> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Nodes {
     pub seqs: Vec<u64>,
-    pub messages: Vec<Value>,
+    pub messages: Vec<HistoryMessage>,
 }
 
 impl Nodes {
@@ -215,8 +261,8 @@ impl Nodes {
 }
 
 /// Applies one event to the nodes' seqs and messages (the live fold; a no-op for log-only events).
-pub(crate) fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<Value>, event: &Event) {
-    let Some(message) = event.surface_message() else {
+pub(crate) fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<HistoryMessage>, event: &Event) {
+    let Some(message) = HistoryMessage::of(event) else {
         return;
     };
     // Lenient placement never fails.
@@ -235,7 +281,7 @@ pub(crate) fn apply(seqs: &mut Vec<u64>, messages: &mut Vec<Value>, event: &Even
 
 /// The model history of a log: its surface events folded leniently.
 pub fn derive_messages(events: &[Event]) -> Vec<Value> {
-    Nodes::of(events).messages
+    Nodes::of(events).messages.iter().map(HistoryMessage::value).collect()
 }
 
 /// The validating fold: each event's surface status, or the first violation.
@@ -295,7 +341,9 @@ mod tests {
         // The live fold agrees: the checkpoint takes the place of the first two nodes.
         let nodes = Nodes::of(&events);
         assert_eq!(nodes.seqs, [4, 2]);
-        assert_eq!(nodes.messages, [events[4].data.clone(), events[2].data.clone()]);
+        let messages: Vec<Value> = nodes.messages.iter().map(HistoryMessage::value).collect();
+        assert_eq!(messages, [events[4].data.to_value(), events[2].data.to_value()]);
+        assert_eq!(nodes.messages[0].data.text().as_ptr(), events[4].data.text().as_ptr(), "shared, not copied");
     }
 
     #[test]
