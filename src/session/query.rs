@@ -673,6 +673,9 @@ struct IndexState {
 enum IndexFile {
     /// Not read yet: the first scan reads it.
     Unread,
+    /// Being read on a thread of its own while the first scan stats the logs (`start_index`);
+    /// the scan then waits for it.
+    Loading(std::thread::JoinHandle<Result<catalog_index::Entries, String>>),
     /// Read, waiting for a complete scan to use it.
     Loaded(catalog_index::Entries),
     /// Used by a scan (or unusable): from here on the cache holds what it knew.
@@ -710,7 +713,7 @@ struct Corpus {
     merged: Result<Vec<SessionRecord>, QueryError>,
     /// Where the scan found each session (the last log in scan order that names it): its
     /// project and log in `projects`.
-    located: HashMap<String, (usize, usize)>,
+    located: HashMap<IdKey, (usize, usize)>,
     /// What the scan found (a path is made only for a log that is read).
     projects: Vec<ProjectScan>,
     root: PathBuf,
@@ -722,6 +725,31 @@ impl Corpus {
         let &(project, log) = self.located.get(id)?;
         let project = &self.projects[project];
         Some(self.root.join(&project.name).join(&project.logs[log].session).join(LOG_FILE))
+    }
+}
+
+/// A session id as a map key, held by its header (a corpus of thousands is indexed without
+/// copying an id).
+struct IdKey(Arc<SessionHeader>);
+
+impl PartialEq for IdKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for IdKey {}
+
+impl std::hash::Hash for IdKey {
+    /// As the id's `str` hashes (`Borrow<str>` lookups).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.id.as_str().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for IdKey {
+    fn borrow(&self) -> &str {
+        &self.0.id
     }
 }
 
@@ -793,14 +821,22 @@ impl Drop for StoreSource {
 }
 
 impl SourceState {
-    /// Reads the index file, the first time it is needed (`Unread` becomes `Loaded`, or `Used`
-    /// and dirty when the file cannot be used: it is then written again).
+    /// Reads the index file, the first time it is needed, or waits for the read `start_index`
+    /// began (`Unread` or `Loading` becomes `Loaded`, or `Used` and dirty when the file cannot be
+    /// used: it is then written again).
     fn read_index(&self, cache: &mut Cache) {
         let Some(state) = cache.index.as_mut() else { return };
-        if !matches!(state.file, IndexFile::Unread) {
-            return;
-        }
-        state.file = match catalog_index::load(self.store.root()) {
+        let loaded = match std::mem::replace(&mut state.file, IndexFile::Used) {
+            IndexFile::Unread => catalog_index::load(self.store.root()),
+            IndexFile::Loading(reading) => {
+                reading.join().unwrap_or_else(|_| Err("the thread reading the catalog index panicked".into()))
+            }
+            file @ (IndexFile::Loaded(_) | IndexFile::Used) => {
+                state.file = file;
+                return;
+            }
+        };
+        state.file = match loaded {
             Ok(entries) => IndexFile::Loaded(entries),
             Err(e) => {
                 let missing = catalog_index::path(self.store.root()).is_none_or(|path| !path.exists());
@@ -813,6 +849,22 @@ impl SourceState {
         };
     }
 
+    /// Starts reading the index file on a thread of its own if it is still unread (at the start
+    /// of a scan, which uses it once its stats are done); a thread that cannot be made leaves it
+    /// to `read_index`.
+    fn start_index(&self) {
+        let mut cache = self.cache();
+        let Some(state) = cache.index.as_mut().filter(|state| matches!(state.file, IndexFile::Unread)) else {
+            return;
+        };
+        let root = self.store.root().to_path_buf();
+        if let Ok(reading) =
+            std::thread::Builder::new().name("kin-catalog-index".into()).spawn(move || catalog_index::load(&root))
+        {
+            state.file = IndexFile::Loading(reading);
+        }
+    }
+
     /// The index entries for the scan about to run: the file's, the first time (`None` once used,
     /// or when it cannot be used).
     fn take_index(&self, cache: &mut Cache) -> Option<catalog_index::Entries> {
@@ -820,7 +872,7 @@ impl SourceState {
         let state = cache.index.as_mut()?;
         match std::mem::replace(&mut state.file, IndexFile::Used) {
             IndexFile::Loaded(entries) => Some(entries),
-            IndexFile::Used | IndexFile::Unread => None,
+            IndexFile::Used | IndexFile::Unread | IndexFile::Loading(_) => None,
         }
     }
 
@@ -833,7 +885,7 @@ impl SourceState {
             let mut guard = self.cache();
             let cache = &mut *guard;
             let Some(state) = cache.index.as_mut() else { return };
-            if !state.dirty || state.write_failed || matches!(state.file, IndexFile::Unread) {
+            if !state.dirty || state.write_failed || matches!(state.file, IndexFile::Unread | IndexFile::Loading(_)) {
                 return;
             }
             state.dirty = false;
@@ -845,7 +897,7 @@ impl SourceState {
                     .filter(|(project, session, _)| known.get(*project).is_none_or(|logs| !logs.contains_key(*session)))
                     .map(|(project, session, entry)| (project.clone(), session.clone(), entry.clone()))
                     .collect(),
-                IndexFile::Used | IndexFile::Unread => Vec::new(),
+                IndexFile::Used | IndexFile::Unread | IndexFile::Loading(_) => Vec::new(),
             };
             cache
                 .logs
@@ -896,7 +948,10 @@ impl SourceState {
             // Until a scan uses the file, it is read again for each batch: what another process
             // wrote since is kept, not overwritten with an older copy.
             let mut cache = self.cache();
-            if let Some(state) = cache.index.as_mut().filter(|s| matches!(s.file, IndexFile::Loaded(_))) {
+            // (A read a scan started and has not waited for yet is left to finish on its own.)
+            if let Some(state) =
+                cache.index.as_mut().filter(|s| matches!(s.file, IndexFile::Loaded(_) | IndexFile::Loading(_)))
+            {
                 state.file = IndexFile::Unread;
             }
             self.read_index(&mut cache);
@@ -972,6 +1027,7 @@ impl SourceState {
     /// Every persisted session (one corpus scan). Headers are read only from logs that are new
     /// or changed since the last scan; the merged corpus is rebuilt only when some log was.
     fn corpus(&self, cancel: &CancellationToken) -> Result<Arc<Corpus>, QueryError> {
+        self.start_index();
         let projects = scan_store(self.store.root(), &self.io.stats, cancel)?;
         let found: usize = projects.iter().map(|p| p.logs.len()).sum();
         let log_path = |project: &ProjectScan, log: &FoundLog| {
@@ -992,7 +1048,9 @@ impl SourceState {
                 }
                 return Err(QueryError::Aborted);
             }
-            let logs = cache.logs.entry(project.name.clone()).or_default();
+            let logs =
+                cache.logs.entry(project.name.clone()).or_insert_with(|| HashMap::with_capacity(project.logs.len()));
+            let mut indexed_here = index.as_mut().and_then(|entries| entries.get_mut(&project.name));
             for f in &project.logs {
                 let path = || log_path(project, f);
                 let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
@@ -1024,9 +1082,9 @@ impl SourceState {
                     log.statted = true;
                     continue;
                 }
-                let indexed = index
+                let indexed = indexed_here
                     .as_mut()
-                    .and_then(|entries| entries.get_mut(&project.name)?.remove(&f.session))
+                    .and_then(|entries| entries.remove(&f.session))
                     .filter(|entry| entry.len == len && entry.modified == modified)
                     // A header is taken only for the directory its id names.
                     .filter(|entry| super::layout::is_segment_of(&f.session, &entry.header.id));
@@ -1092,7 +1150,7 @@ impl SourceState {
                 let Some(logs) = cache.logs.get(&project.name) else { continue };
                 for (l, f) in project.logs.iter().enumerate() {
                     if let Some(CachedLog { header: Ok(header), .. }) = logs.get(&f.session) {
-                        located.insert(header.id.clone(), (p, l));
+                        located.insert(IdKey(header.clone()), (p, l));
                         headers.push(header.clone());
                     }
                 }
@@ -1400,13 +1458,15 @@ fn scan_project(
     let path = root.join(&name);
     let dir = std::fs::File::open(&path).map_err(|e| read_failed(&path, e))?;
     let mut logs = Vec::new();
+    // Counted once per directory (the threads would contend for the counter per log).
+    let mut statted = 0u64;
     for session in std::fs::read_dir(&path).map_err(|e| read_failed(&path, e))? {
         let session = session.map_err(|e| read_failed(&path, e))?;
         if session.file_type().is_ok_and(|t| t.is_file()) {
             continue;
         }
         let session = session.file_name();
-        count(stats);
+        statted += 1;
         match stat_at(&dir, &session, LOG_FILE) {
             Ok(Some(found)) => logs.push(FoundLog { session, found: Ok(found) }),
             Ok(None) => logs.push(FoundLog { session, found: Err("not a regular file".into()) }),
@@ -1414,6 +1474,7 @@ fn scan_project(
             Err(e) => logs.push(FoundLog { session, found: Err(e.to_string()) }),
         }
     }
+    stats.fetch_add(statted, std::sync::atomic::Ordering::Relaxed);
     Ok(ProjectScan { name, logs })
 }
 
@@ -1472,10 +1533,22 @@ fn check_names(path: &Path, header: &SessionHeader, id: &str) -> Result<(), Quer
 fn stat_at(dir: &std::fs::File, session: &std::ffi::OsStr, file: &str) -> std::io::Result<Option<(u64, SystemTime)>> {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
-    let mut rel = session.as_bytes().to_vec();
-    rel.push(b'/');
-    rel.extend_from_slice(file.as_bytes());
-    let rel = std::ffi::CString::new(rel).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // `<session>/<file>\0`, on the stack when it fits (it is made once per log per scan).
+    let (session, file) = (session.as_bytes(), file.as_bytes());
+    let len = session.len() + 1 + file.len() + 1;
+    let mut stack = [0u8; 256];
+    let mut heap = Vec::new();
+    let buf = if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap[..]
+    };
+    buf[..session.len()].copy_from_slice(session);
+    buf[session.len()] = b'/';
+    buf[session.len() + 1..len - 1].copy_from_slice(file);
+    let rel =
+        std::ffi::CStr::from_bytes_with_nul(buf).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     // SAFETY: an all-zero `stat` is a valid value for fstatat to fill.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a valid directory fd, a NUL-terminated relative path and a writable stat buffer.
