@@ -13,4 +13,5 @@ trap 'rm -rf "$work"' EXIT
 cd "$root"
 KIN_LINK_MAP="$work/kin.map" cargo build --release
 cc -O2 -o "$work/trace" scripts/startup-trace.c
-python3 scripts/startup-order.py "$work/trace" target/release/kin "$work/kin.map" scripts/startup.order
+# The tracer runs kin from a temporary directory: its path is absolute.
+python3 scripts/startup-order.py "$work/trace" "$root/target/release/kin" "$work/kin.map" scripts/startup.order
