@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::record::{Event, Record, SessionHeader};
-use super::scan::{LocatedLine, open_log};
+use super::scan::{LocatedLine, open_log, open_log_unchecked};
 
 /// What the index's file name adds to the sessions directory's name (it sits beside it).
 pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
@@ -299,12 +299,9 @@ pub(crate) fn read_descriptors(path: &Path, facts: &Facts) -> Option<Vec<Event>>
     if facts.descriptors.is_empty() {
         return Some(Vec::new());
     }
-    // Opened as `open_log` opens a log but without its `fstat`: the scan just statted the log as
-    // a regular file, and anything else at the path now fails the read or the digest below.
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).ok()?
-    };
+    // The scan just statted the log as a regular file; anything else at the path now fails the
+    // read or the digest below.
+    let file = open_log_unchecked(path).ok()?;
     let mut events = Vec::with_capacity(facts.descriptors.len());
     for at in &facts.descriptors {
         if at.len > LINE_LIMIT {

@@ -164,24 +164,27 @@ pub(crate) fn scan_file_resident(path: &Path) -> Result<Scanned, ScanError> {
 /// Opens a log for reading without following a symlink and without blocking on a FIFO, and
 /// refuses anything that is not a regular file (a directory, a FIFO, a device).
 pub(crate) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file =
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(
-            |e| {
-                if e.raw_os_error() == Some(libc::ELOOP) {
-                    std::io::Error::new(
-                        std::io::ErrorKind::InvalidInput,
-                        "the session log is a symlink, which kin does not follow",
-                    )
-                } else {
-                    e
-                }
-            },
-        )?;
+    let file = open_log_unchecked(path)?;
     if !file.metadata()?.is_file() {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
     }
     Ok(file)
+}
+
+/// `open_log` without its `fstat`, for a caller that has just statted the path as a regular
+/// file and checks what it reads (anything else at the path fails the read or the check).
+pub(crate) fn open_log_unchecked(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the session log is a symlink, which kin does not follow",
+            )
+        } else {
+            e
+        }
+    })
 }
 
 fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
