@@ -523,6 +523,10 @@ impl Actor {
             let end = self.turn(item, &mut rx, &mut shutdown).await;
             tracing::debug!(session = %self.session.id(), ?end, "turn ended");
         }
+        // Nothing sent from here on is taken (the sender hears the agent is gone): a command
+        // that slipped in between the shutdown reply and the end of this task was accepted and
+        // then dropped with the channel.
+        rx.close();
         // Queued inbox messages stay pending in the log: a later load runs them.
         self.intake.close();
         let flushed = self
