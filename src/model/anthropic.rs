@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use eventsource_stream::Event;
+use super::sse::Event;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::{Value, json};
 

@@ -7,17 +7,15 @@
 //! completion with no content is passed on as it came: the agent's step retries it. Errors the user must act on (missing or rejected key, unknown model, context overflow)
 //! are terminal and say what to do. The API key never appears in a message or a log line.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::StreamExt;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::sse::{Event, EventStream, SseError};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelEvent, ModelRequest, ModelResult, RetryInfo, StreamChunk};
 
 /// No API key: the environment variable named in the message is unset.
@@ -485,56 +483,9 @@ async fn run<D: Decoder + Default>(call: &HttpCall, tx: &mpsc::Sender<ModelResul
     }
 }
 
-/// Bytes one stream event may take (its data lines together); a longer one fails the attempt
-/// instead of growing the event buffer without bound.
+/// Bytes one unfinished stream event may hold (its data lines so far and a partial line); a
+/// longer one fails the attempt instead of growing the event's buffer without bound.
 const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
-
-/// Why the byte stream stopped delivering.
-enum ByteError {
-    Transport(reqwest::Error),
-    /// More than `MAX_EVENT_BYTES` arrived since the last complete event.
-    Oversize,
-}
-
-/// The response bytes re-cut at line ends: the event parser rescans an incomplete line on every
-/// piece it gets, so it only ever gets whole lines (the partial one is held here, its end
-/// searched only in new bytes), which keeps parsing linear. `pending` counts the bytes since the
-/// last complete event (the parser resets it); more than `MAX_EVENT_BYTES` ends the stream with
-/// `ByteError::Oversize`.
-fn whole_lines<B: AsRef<[u8]>>(
-    bytes: impl futures::Stream<Item = reqwest::Result<B>> + Send + 'static,
-    pending: Arc<AtomicUsize>,
-) -> impl futures::Stream<Item = Result<Vec<u8>, ByteError>> + Send {
-    let state = (Box::pin(bytes), Vec::new(), false);
-    futures::stream::unfold(state, move |(mut bytes, mut partial, ended)| {
-        let pending = pending.clone();
-        async move {
-            if ended {
-                return None;
-            }
-            loop {
-                let piece = match bytes.next().await {
-                    Some(Ok(piece)) => piece,
-                    Some(Err(e)) => return Some((Err(ByteError::Transport(e)), (bytes, partial, true))),
-                    None if partial.is_empty() => return None,
-                    None => return Some((Ok(partial), (bytes, Vec::new(), true))),
-                };
-                let piece = piece.as_ref();
-                if pending.fetch_add(piece.len(), Ordering::Relaxed) + piece.len() > MAX_EVENT_BYTES {
-                    return Some((Err(ByteError::Oversize), (bytes, Vec::new(), true)));
-                }
-                let Some(end) = piece.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
-                    partial.extend_from_slice(piece);
-                    continue;
-                };
-                let mut lines = std::mem::take(&mut partial);
-                lines.extend_from_slice(&piece[..=end]);
-                partial.extend_from_slice(&piece[end + 1..]);
-                return Some((Ok(lines), (bytes, partial, false)));
-            }
-        }
-    })
-}
 
 /// One attempt. `Ok` means the call is over (finished, or the consumer went away);
 /// `forwarded` records whether any chunk reached the channel.
@@ -561,70 +512,74 @@ async fn attempt_once<D: Decoder + Default>(
         error.retry_after = retry_after;
         return Err(error);
     }
-    // Bytes since the last complete event: the event parser buffers them, so they are capped.
-    let pending = Arc::new(AtomicUsize::new(0));
-    let mut events = Box::pin(whole_lines(response.bytes_stream(), pending.clone())).eventsource();
+    let mut body = response.bytes_stream();
+    let mut events = EventStream::new(MAX_EVENT_BYTES);
     let mut decoder = D::default();
     let mut out = Vec::new();
     // The idle watchdog counts model data: it is rearmed when an event yields chunks, so SSE
     // comments (keep-alives) and events without content do not keep a silent model alive.
     let mut deadline = tokio::time::Instant::now() + idle;
     loop {
-        let next = match tokio::time::timeout_at(deadline, events.next()).await {
-            Ok(next) => next,
+        let piece = match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(piece) => piece,
             Err(_) => return Err(idle_error(call)),
         };
-        let done = match next {
+        let piece = match piece {
             None => {
                 decoder.end(&mut out)?;
-                true
+                forward(&mut out, tx, forwarded).await;
+                return Ok(());
             }
-            Some(Ok(event)) => {
-                pending.store(0, Ordering::Relaxed);
-                decoder.event(&event, &mut out)?
-            }
-            Some(Err(EventStreamError::Transport(ByteError::Oversize))) => {
-                return Err(AttemptError::new(
-                    PROVIDER_ERROR,
-                    format!(
-                        "the response stream from {} sent an event larger than {} MiB; kin does not buffer more",
-                        call.base_url,
-                        MAX_EVENT_BYTES >> 20
-                    ),
-                ));
-            }
-            Some(Err(EventStreamError::Transport(ByteError::Transport(e)))) => {
+            Some(Ok(piece)) => piece,
+            Some(Err(e)) => {
                 return Err(AttemptError::new(
                     STREAM_INCOMPLETE,
                     format!("the response stream from {} broke off: {}", call.base_url, error_chain(&e)),
                 ));
             }
-            Some(Err(EventStreamError::Utf8(e))) => {
-                return Err(AttemptError::new(
-                    PROVIDER_ERROR,
-                    format!("the response stream from {} is not UTF-8: {e}", call.base_url),
-                ));
-            }
-            Some(Err(EventStreamError::Parser(e))) => {
-                return Err(AttemptError::new(
-                    PROVIDER_ERROR,
-                    format!("the response stream from {} is not a valid event stream: {e:?}", call.base_url),
-                ));
-            }
         };
-        if !out.is_empty() {
-            deadline = tokio::time::Instant::now() + idle;
-        }
-        for chunk in out.drain(..) {
-            if tx.send(Ok(ModelEvent::Chunk(chunk))).await.is_err() {
+        let mut rest = &piece[..];
+        loop {
+            let event = match events.next(&mut rest) {
+                Ok(Some(event)) => event,
+                Ok(None) => break,
+                Err(SseError::Oversize) => {
+                    return Err(AttemptError::new(
+                        PROVIDER_ERROR,
+                        format!(
+                            "the response stream from {} sent an event larger than {} MiB; kin does not buffer more",
+                            call.base_url,
+                            MAX_EVENT_BYTES >> 20
+                        ),
+                    ));
+                }
+                Err(SseError::NotUtf8) => {
+                    return Err(AttemptError::new(
+                        PROVIDER_ERROR,
+                        format!("the response stream from {} is not UTF-8", call.base_url),
+                    ));
+                }
+            };
+            let done = decoder.event(event, &mut out)?;
+            if !out.is_empty() {
+                deadline = tokio::time::Instant::now() + idle;
+            }
+            if !forward(&mut out, tx, forwarded).await || done {
                 return Ok(());
             }
-            *forwarded = true;
-        }
-        if done {
-            return Ok(());
         }
     }
+}
+
+/// Hands the decoded chunks on; false when the consumer went away.
+async fn forward(out: &mut Vec<StreamChunk>, tx: &mpsc::Sender<ModelResult>, forwarded: &mut bool) -> bool {
+    for chunk in out.drain(..) {
+        if tx.send(Ok(ModelEvent::Chunk(chunk))).await.is_err() {
+            return false;
+        }
+        *forwarded = true;
+    }
+    true
 }
 
 fn idle_error(call: &HttpCall) -> AttemptError {

@@ -14,6 +14,7 @@ pub(crate) mod replay;
 pub(crate) mod routed;
 pub(crate) mod router;
 pub(crate) mod script;
+mod sse;
 mod utf16;
 
 use std::path::PathBuf;

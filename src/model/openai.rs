@@ -4,7 +4,7 @@
 //! the SSE deltas become dsh chunks: text and `reasoning_content` blocks, tool calls assembled
 //! from indexed deltas with raw JSON arguments, usage, and the finish reason.
 
-use eventsource_stream::Event;
+use super::sse::Event;
 use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
