@@ -2,7 +2,7 @@
 //! outgoing messages without a bound, so a client that reads slower than a model streams (or a
 //! stream of a million one-character deltas) would grow that queue with every delta. Once the
 //! stdio transport is attached, every `session/update` handed to the SDK is counted until its
-//! line is written to stdout; a model call stops pulling its stream while more than
+//! line is in the stdout pipe (`transport`, 256 KiB, drained to stdout by its own thread); a model call stops pulling its stream while more than
 //! `MAX_QUEUED` are on their way, and the model server waits (TCP) instead of kin's memory.
 //!
 //! A turn that freed a lot asks for its memory to be handed back to the OS (`release_when_drained`):
@@ -15,8 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
-/// The most `session/update`s queued for the client before model calls wait.
-pub(crate) const MAX_QUEUED: usize = 1024;
+/// The most `session/update`s queued for the client before model calls wait. Few: the stdout
+/// pipe behind the SDK's queue (`transport`, 256 KiB) is what absorbs a burst, and each update
+/// in the queue is a handful of small allocations, freed on another thread. A queue of 1,024 kept
+/// that many in flight through a finely streamed turn, spread over the heap, and the freed chunks
+/// glibc's per-thread caches hold afterwards pinned pages all over it: after a turn of a million
+/// one-character deltas kin kept 2.9-3.1x the text; with 4, 1.5-1.8x (`kin bench --only memory`).
+pub(crate) const MAX_QUEUED: usize = 4;
 
 /// The updates on their way to the client.
 pub(crate) struct Outflow {

@@ -180,7 +180,10 @@ pub(crate) use transport::MIN_MAX_FRAME_BYTES;
 /// down (both alike: running turns end `disposed`, queued messages stay pending on disk). A
 /// frame longer than `max_frame_bytes` is answered with an error and dropped (see `transport`).
 pub async fn serve_stdio(runtime: Arc<Runtime>, max_frame_bytes: usize) -> anyhow::Result<()> {
-    serve_until(runtime, transport::stdio(max_frame_bytes), terminated()).await
+    let (lines, output) = transport::stdio(max_frame_bytes);
+    let served = serve_until(runtime, lines, terminated()).await;
+    output.flush().await;
+    served
 }
 
 /// Resolves when kin gets SIGTERM (never, if the handler cannot be installed: kin then dies of

@@ -8,6 +8,12 @@
 //! the SDK's lines; an oversize *response* to one of kin's own requests reaches the SDK as an
 //! error response for that id, so the request fails instead of waiting forever. A frame that is
 //! not UTF-8 is answered the same way with -32700. Either way kin keeps serving.
+//!
+//! Lines go out through a pipe of `PIPE_BYTES` to a blocking thread that writes them to stdout
+//! as they come, and are not flushed one by one: a flush of the `blocking` crate's writer stops
+//! that thread and drops its pipe, so the next line started a new one (a 256 KiB buffer and a
+//! thread hand-off per line, most of the cost of a finely streamed turn). [`Output::flush`]
+//! drains the pipe once, when kin is done serving.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -30,10 +36,11 @@ const ID_PREFIX_BYTES: usize = 64 * 1024;
 
 type Writer = Arc<Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
 
-/// The SDK transport over kin's stdin and stdout.
+/// The SDK transport over kin's stdin and stdout, and kin's output to drain when it is done.
 pub(crate) fn stdio(
     max_frame_bytes: usize,
-) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
+) -> (Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send>, Output)
+{
     // The client's pace bounds what model calls produce (`outflow`).
     crate::outflow::outflow().attach();
     // The blocking crate's default pipes hold 8 MiB each, all of it touched once a stream has
@@ -46,13 +53,14 @@ pub(crate) fn stdio(
 }
 
 /// The transport over any byte streams: frames of `input` (each at most `max_frame_bytes`) in,
-/// lines to `output` out; the answers to refused frames are written to `output` too, never in the
-/// middle of another line.
+/// lines to `output` out (unflushed: see [`Output`]); the answers to refused frames are written to
+/// `output` too, never in the middle of another line.
 pub(crate) fn framed(
     input: impl AsyncRead + Send + 'static,
     output: impl AsyncWrite + Send + 'static,
     max_frame_bytes: usize,
-) -> Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send> {
+) -> (Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send>, Output)
+{
     let writer: Writer = Arc::new(Mutex::new(Box::pin(output)));
     let outgoing = futures::sink::unfold(writer.clone(), |writer: Writer, line: String| async move {
         let update = is_session_update(&line);
@@ -62,7 +70,25 @@ pub(crate) fn framed(
         }
         Ok::<_, std::io::Error>(writer)
     });
-    Lines::new(outgoing, incoming(input, writer, max_frame_bytes))
+    (Lines::new(outgoing, incoming(input, writer.clone(), max_frame_bytes)), Output(writer))
+}
+
+/// The transport's output, written line by line and never flushed until [`Output::flush`].
+pub(crate) struct Output(Writer);
+
+impl Output {
+    /// How long kin waits at exit for its last lines to reach a client that stopped reading.
+    const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// Writes out whatever is still on its way (waiting at most `DRAIN`).
+    pub(crate) async fn flush(&self) {
+        let flushed = async { self.0.lock().await.flush().await };
+        match tokio::time::timeout(Self::DRAIN, flushed).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("cannot write kin's last output: {e}"),
+            Err(_) => tracing::warn!("the client did not read kin's last output within {:?}", Self::DRAIN),
+        }
+    }
 }
 
 /// Whether an outgoing line is a `session/update` notification (what `outflow` counts): the
@@ -108,9 +134,7 @@ fn incoming(
 async fn write_line(writer: &Writer, line: String) -> std::io::Result<()> {
     let mut bytes = line.into_bytes();
     bytes.push(b'\n');
-    let mut writer = writer.lock().await;
-    writer.write_all(&bytes).await?;
-    writer.flush().await
+    writer.lock().await.write_all(&bytes).await
 }
 
 /// One frame read from the input.
@@ -295,6 +319,40 @@ mod tests {
             }
             out
         })
+    }
+
+    /// An output that records what it was given and how often it was flushed.
+    #[derive(Default, Clone)]
+    struct Recorder(Arc<std::sync::Mutex<(Vec<u8>, usize)>>);
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.0.lock().unwrap().0.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+            self.0.lock().unwrap().1 += 1;
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_close(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_are_written_unflushed_and_the_output_is_flushed_once_at_the_end() {
+        let recorder = Recorder::default();
+        let writer: Writer = Arc::new(Mutex::new(Box::pin(recorder.clone())));
+        for line in ["{\"a\":1}", "{\"b\":2}"] {
+            write_line(&writer, line.to_string()).await.unwrap();
+        }
+        assert_eq!(*recorder.0.lock().unwrap(), (b"{\"a\":1}\n{\"b\":2}\n".to_vec(), 0));
+        Output(writer).flush().await;
+        assert_eq!(recorder.0.lock().unwrap().1, 1);
     }
 
     #[test]
