@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use super::canonical::{self, Cursor};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::record::{Event, Record, SessionHeader};
@@ -178,7 +179,11 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     let mut count = 0u64;
     for (number, parsed) in parse_entries(&lines).into_iter().enumerate() {
         let ((project, session), entry) = parsed.map_err(|e| format!("entry {}: {e}", number + 1))?;
-        if entries.entry(project).or_default().insert(session, entry).is_some() {
+        let logs = match entries.get_mut(OsStr::new(project.as_ref())) {
+            Some(logs) => logs,
+            None => entries.entry(OsString::from(project.as_ref())).or_default(),
+        };
+        if logs.insert(session, entry).is_some() {
             return Err(format!("entry {} repeats a log", number + 1));
         }
         count += 1;
@@ -189,11 +194,12 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     Ok(entries)
 }
 
-/// One entry line parsed: its (project, session) directory names and the entry.
-type Parsed = ((OsString, OsString), Entry);
+/// One entry line parsed: its (project, session) directory names and the entry (the project's
+/// name borrowed: a few projects hold thousands of logs).
+type Parsed<'a> = ((Cow<'a, str>, OsString), Entry);
 
 /// Each line parsed, in order, on up to four threads (a start reads one entry per log).
-fn parse_entries(lines: &[&str]) -> Vec<Result<Parsed, String>> {
+fn parse_entries<'a>(lines: &[&'a str]) -> Vec<Result<Parsed<'a>, String>> {
     let workers = std::thread::available_parallelism().map_or(1, usize::from).min(4);
     let share = lines.len().div_ceil(workers.max(1)).max(1024);
     if lines.len() <= share {
@@ -211,12 +217,30 @@ fn parse_entries(lines: &[&str]) -> Vec<Result<Parsed, String>> {
     })
 }
 
-fn parse_entry(line: &str) -> Result<Parsed, String> {
-    let e: EntryLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    if !digest_is(e.header.get().as_bytes(), &e.header_digest) {
+fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
+    let e = match canonical_entry(line) {
+        Some(fast) => fast,
+        None => {
+            let e: EntryLine = serde_json::from_str(line).map_err(|e| e.to_string())?;
+            Fields {
+                project: e.project,
+                session: e.session,
+                len: e.len,
+                mtime: e.mtime,
+                header_text: e.header.get(),
+                header: None,
+                header_digest: e.header_digest,
+                summary: e.summary,
+            }
+        }
+    };
+    if !digest_is(e.header_text.as_bytes(), &e.header_digest) {
         return Err("the header does not match its digest".into());
     }
-    let header = SessionHeader::parse(e.header.get())?;
+    let header = match e.header {
+        Some(header) => header.validated()?,
+        None => SessionHeader::parse(e.header_text)?,
+    };
     let modified = SystemTime::UNIX_EPOCH
         .checked_add(Duration::new(e.mtime.0, e.mtime.1))
         .ok_or_else(|| "mtime out of range".to_string())?;
@@ -232,8 +256,64 @@ fn parse_entry(line: &str) -> Result<Parsed, String> {
                 .collect(),
         })
     });
-    let key = (OsString::from(e.project.as_ref()), OsString::from(e.session.as_ref()));
+    let key = (e.project, OsString::from(e.session.as_ref()));
     Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts }))
+}
+
+/// An entry line's fields, as read by serde or by `canonical_entry`.
+struct Fields<'a> {
+    project: Cow<'a, str>,
+    session: Cow<'a, str>,
+    len: u64,
+    mtime: (u64, u32),
+    /// The header's text, which `header_digest` is the digest of.
+    header_text: &'a str,
+    /// The header, when `canonical_entry` read it (not validated yet).
+    header: Option<SessionHeader>,
+    header_digest: Cow<'a, str>,
+    summary: Option<FactsLine>,
+}
+
+/// An entry line exactly as `write` writes one (`session::canonical`), or `None` for serde to
+/// read (or refuse) instead. The summary, on child logs only, is read by serde.
+fn canonical_entry(line: &str) -> Option<Fields<'_>> {
+    let mut c = Cursor::new(line);
+    c.expect("{\"project\":")?;
+    let project = c.string()?;
+    c.expect(",\"session\":")?;
+    let session = c.string()?;
+    c.expect(",\"len\":")?;
+    let len = c.uint()?;
+    c.expect(",\"mtime\":[")?;
+    let seconds = c.uint()?;
+    c.expect(",")?;
+    let nanos = u32::try_from(c.uint()?).ok()?;
+    c.expect("],\"header\":")?;
+    let start = c.at();
+    let header = canonical::header(&mut c)?;
+    let header_text = &line[start..c.at()];
+    c.expect(",\"headerDigest\":")?;
+    let header_digest = c.string()?;
+    let summary = if c.eat(",\"summary\":") {
+        let text = c.rest().strip_suffix('}')?;
+        Some(serde_json::from_str::<FactsLine>(text).ok()?)
+    } else {
+        c.expect("}")?;
+        if !c.is_done() {
+            return None;
+        }
+        None
+    };
+    Some(Fields {
+        project: project.into(),
+        session: session.into(),
+        len,
+        mtime: (seconds, nanos),
+        header_text,
+        header: Some(header),
+        header_digest: header_digest.into(),
+        summary,
+    })
 }
 
 /// Writes the index of `root` whole (temp file beside it, fsync, rename, directory fsync). Logs whose
@@ -321,4 +401,64 @@ pub(crate) fn read_descriptors(path: &Path, facts: &Facts) -> Option<Vec<Event>>
         events.push(event);
     }
     Some(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 23: every line `write` writes is read by `canonical_entry` (serde only parses what
+    /// kin did not write), as serde reads it.
+    #[test]
+    fn the_lines_kin_writes_are_read_without_serde_as_serde_reads_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("sessions");
+        let mut child = SessionHeader::new("child", 3, Some("/w/{odd} c,wd}".into()));
+        child.parent_session = Some("parent".into());
+        child.origin = Some("subagent".into());
+        child.delegation_depth = 1;
+        let facts = Facts {
+            event_count: 9,
+            surface: Err("a violation".into()),
+            inbox: InboxCounts { pending: 1, discarded: 2 },
+            descriptors: vec![Located { seq: 0, offset: 120, len: 80, digest: digest(b"line") }],
+        };
+        let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+        let entry = |header: SessionHeader, facts: Option<Facts>| Entry {
+            len: 4096,
+            modified: at,
+            header: Arc::new(header),
+            facts: facts.map(Arc::new),
+        };
+        let entries = [
+            ("--p--", "parent", entry(SessionHeader::new("parent", 1, Some("/w".into())), None)),
+            ("--p--", "child", entry(child, Some(facts))),
+        ];
+        write(&root, entries.iter().map(|(p, s, e)| (OsStr::new(p), OsStr::new(s), e.clone()))).unwrap();
+        let text = std::fs::read_to_string(path(&root).unwrap()).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines.len(), 2);
+        for (line, (project, session, written)) in lines.iter().zip(&entries) {
+            let fast = canonical_entry(line).unwrap_or_else(|| panic!("not read fast: {line}"));
+            let serde: EntryLine = serde_json::from_str(line).unwrap();
+            assert_eq!((fast.project.as_ref(), fast.session.as_ref()), (&*serde.project, &*serde.session));
+            assert_eq!((fast.len, fast.mtime, fast.header_text), (serde.len, serde.mtime, serde.header.get()));
+            assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
+            assert_eq!(fast.header_digest, serde.header_digest);
+            assert_eq!(fast.summary.is_some(), serde.summary.is_some());
+            let ((p, s), read) = parse_entry(line).unwrap();
+            assert_eq!((p.as_ref(), s.as_os_str()), (*project, OsStr::new(session)));
+            assert_eq!(
+                (read.len, read.modified, &read.header, &read.facts),
+                (4096, at, &written.header, &written.facts)
+            );
+        }
+        assert_eq!(load(&root).unwrap().len(), 1, "one project");
+        // A line with an escape (outside the header, which its digest covers) is serde's to
+        // read, and reads the same.
+        let escaped = lines[0].replacen("\"project\":\"--p--\"", "\"project\":\"--\\u0070--\"", 1);
+        assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());
+        let ((project, _), read) = parse_entry(&escaped).unwrap();
+        assert_eq!((project.as_ref(), &read.header), ("--p--", &entries[0].2.header));
+    }
 }

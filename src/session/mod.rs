@@ -1,6 +1,7 @@
 //! Sessions: the dsh-compatible JSONL log format, the store that writes, repairs and reads it,
 //! and the in-memory live session the agent loop appends to.
 
+pub(crate) mod canonical;
 pub(crate) mod catalog_index;
 pub(crate) mod chunk;
 pub(crate) mod data;

@@ -1041,7 +1041,11 @@ impl SourceState {
         let mut seen = 0usize;
         let mut index = self.take_index(&mut cache);
         let (mut from_index, mut read) = (0usize, 0usize);
-        for project in &projects {
+        // Every log the corpus holds, where the scan found it, with its header when the loop made
+        // it (a merge after the loop would look each log up again; an unchanged one is looked up
+        // only if the corpus is rebuilt).
+        let mut headers = Vec::with_capacity(found);
+        for (p, project) in projects.iter().enumerate() {
             if cancel.is_cancelled() {
                 if let (Some(state), Some(entries)) = (cache.index.as_mut(), index.take()) {
                     state.file = IndexFile::Loaded(entries);
@@ -1051,7 +1055,7 @@ impl SourceState {
             let logs =
                 cache.logs.entry(project.name.clone()).or_insert_with(|| HashMap::with_capacity(project.logs.len()));
             let mut indexed_here = index.as_mut().and_then(|entries| entries.get_mut(&project.name));
-            for f in &project.logs {
+            for (l, f) in project.logs.iter().enumerate() {
                 let path = || log_path(project, f);
                 let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
                     Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
@@ -1069,6 +1073,7 @@ impl SourceState {
                                 log.summary = None;
                                 log.statted = false;
                                 seen += 1;
+                                headers.push((None, (p, l)));
                                 tracing::warn!(path = %path().display(), "a session log cannot be read: {e}");
                             }
                             None => tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}"),
@@ -1080,11 +1085,15 @@ impl SourceState {
                 if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(len, modified)) {
                     log.seen = generation;
                     log.statted = true;
+                    headers.push((None, (p, l)));
                     continue;
                 }
-                let indexed = indexed_here
-                    .as_mut()
-                    .and_then(|entries| entries.remove(&f.session))
+                // The entry's key becomes the cache's (no copy of the name per log).
+                let (key, indexed) = match indexed_here.as_mut().and_then(|entries| entries.remove_entry(&f.session)) {
+                    Some((key, entry)) => (key, Some(entry)),
+                    None => (f.session.clone(), None),
+                };
+                let indexed = indexed
                     .filter(|entry| entry.len == len && entry.modified == modified)
                     // A header is taken only for the directory its id names.
                     .filter(|entry| super::layout::is_segment_of(&f.session, &entry.header.id));
@@ -1112,10 +1121,13 @@ impl SourceState {
                         },
                     },
                 };
+                if let Ok(header) = &header {
+                    headers.push((Some(header.clone()), (p, l)));
+                }
                 let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts };
                 // A log that grew under the same header (every live session does) leaves the
                 // corpus as it was.
-                match logs.insert(f.session.clone(), log) {
+                match logs.insert(key, log) {
                     Some(old) if old.header == logs[&f.session].header => {}
                     _ => changed = true,
                 }
@@ -1144,18 +1156,19 @@ impl SourceState {
             }
         }
         if changed {
-            let mut headers = Vec::with_capacity(found);
-            let mut located = HashMap::with_capacity(found);
-            for (p, project) in projects.iter().enumerate() {
-                let Some(logs) = cache.logs.get(&project.name) else { continue };
-                for (l, f) in project.logs.iter().enumerate() {
-                    if let Some(CachedLog { header: Ok(header), .. }) = logs.get(&f.session) {
-                        located.insert(IdKey(header.clone()), (p, l));
-                        headers.push(header.clone());
-                    }
+            let mut located = HashMap::with_capacity(headers.len());
+            let mut persisted = Vec::with_capacity(headers.len());
+            for (made, (p, l)) in headers {
+                let header = made.or_else(|| {
+                    let project = &projects[p];
+                    cache.logs.get(&project.name)?.get(&project.logs[l].session)?.header.clone().ok()
+                });
+                if let Some(header) = header {
+                    located.insert(IdKey(header.clone()), (p, l));
+                    persisted.push(header);
                 }
             }
-            let merged = merge_records(Vec::new(), headers);
+            let merged = merge_records(Vec::new(), persisted);
             let root = self.store.root().to_path_buf();
             cache.corpus = Some(Arc::new(Corpus { merged, located, projects, root }));
         }

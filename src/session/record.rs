@@ -51,6 +51,12 @@ impl SessionHeader {
     /// Parses and validates a header line.
     pub fn parse(line: &str) -> Result<Self, String> {
         let header: SessionHeader = serde_json::from_str(line).map_err(|e| format!("invalid session header: {e}"))?;
+        header.validated()
+    }
+
+    /// This header, if it is one `parse` accepts (its type and format version).
+    pub(crate) fn validated(self) -> Result<Self, String> {
+        let header = self;
         if header.tag != "session" {
             return Err(format!("invalid session header: type is {:?}, expected \"session\"", header.tag));
         }
