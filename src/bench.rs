@@ -869,18 +869,25 @@ impl KinProcess {
 
     /// VmRSS and VmHWM (peak) of the process, in KiB.
     fn rss(&self) -> (u64, u64) {
+        (self.status("VmRSS:"), self.status("VmHWM:"))
+    }
+
+    /// RssAnon of the process (its heap and stacks, not the pages of its binary), in KiB.
+    fn anon(&self) -> u64 {
+        self.status("RssAnon:")
+    }
+
+    /// A KiB field of `/proc/PID/status` (0 when it cannot be read).
+    fn status(&self, name: &str) -> u64 {
         let status = self.child.id().and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok());
-        let field = |name: &str| {
-            status
-                .as_deref()
-                .unwrap_or_default()
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
+        status
+            .as_deref()
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Resets the peak (VmHWM) to the current RSS (`/proc/PID/clear_refs`, Linux 4.0+).
@@ -963,6 +970,15 @@ async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> 
             fine.kept as f64 * 1024.0 / chunks as f64
         ),
     )?;
+    report.metric(
+        &format!("{key}_retained_anon_kib"),
+        fine.kept_anon as f64,
+        format!(
+            "  of it anonymous memory (the heap; the rest is pages of kin's binary and libraries the turn ran first): {} KiB ({:.2}x the text)",
+            fine.kept_anon,
+            fine.kept_anon as f64 * 1024.0 / chunks as f64
+        ),
+    )?;
     let kin = KinProcess::start(&sessions, None).await?;
     kin.call("session/load", json!({"sessionId": fine.session, "cwd": cwd, "mcpServers": []})).await?;
     let (loaded, _) = kin.rss();
@@ -995,6 +1011,8 @@ struct StreamedTurn {
     peak: u64,
     /// RSS after the turn over RSS before it, KiB.
     kept: u64,
+    /// The same for anonymous memory only (what the turn left on the heap), KiB.
+    kept_anon: u64,
 }
 
 /// A fresh `kin acp` whose session first has a one-line turn (so the HTTP client, its pools and
@@ -1004,16 +1022,17 @@ async fn streamed_turn(sessions: &Path, cwd: &Path, body: Vec<u8>) -> Result<Str
     let kin = KinProcess::start(sessions, Some(&server)).await?;
     let session = kin.new_session(cwd).await?;
     kin.prompt(&session, "hi").await?;
-    let (before, _) = kin.rss();
+    let (before, before_anon) = (kin.rss().0, kin.anon());
     let warm_up = kin.chunks.load(std::sync::atomic::Ordering::Relaxed);
     kin.reset_peak();
     let started = Instant::now();
     kin.prompt(&session, "stream").await?;
     let took = started.elapsed();
     let (after, peak) = kin.rss();
+    let kept_anon = kin.anon().saturating_sub(before_anon);
     let forwarded = kin.chunks.load(std::sync::atomic::Ordering::Relaxed) - warm_up;
     kin.close().await?;
-    Ok(StreamedTurn { session, took, forwarded, peak, kept: after.saturating_sub(before) })
+    Ok(StreamedTurn { session, took, forwarded, peak, kept: after.saturating_sub(before), kept_anon })
 }
 
 /// `session/load` of a stored session in a fresh `kin acp`: the time to its response (every
