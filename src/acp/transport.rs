@@ -405,31 +405,8 @@ mod tests {
         let big = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"x\",\"params\":\"{}\"}}", "y".repeat(300_000));
         let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{{\"content\":\"{}\"}}}}", "z".repeat(300_000));
         let input = format!("{{\"first\":1}}\n{big}\n{answer}\n{{\"second\":2}}\n");
-        let output = Arc::new(std::sync::Mutex::new(Vec::new()));
-        struct Shared(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl AsyncWrite for Shared {
-            fn poll_write(
-                self: Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-                buf: &[u8],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                std::task::Poll::Ready(Ok(buf.len()))
-            }
-            fn poll_flush(
-                self: Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-            fn poll_close(
-                self: Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-        }
-        let writer: Writer = Arc::new(Mutex::new(Box::pin(Shared(output.clone()))));
+        let recorder = Recorder::default();
+        let writer: Writer = Arc::new(Mutex::new(Box::pin(recorder.clone())));
         let input = futures::io::Cursor::new(input.into_bytes());
         let lines: Vec<String> =
             futures::executor::block_on(incoming(input, writer, 100_000).map(|line| line.unwrap()).collect::<Vec<_>>());
@@ -438,7 +415,7 @@ mod tests {
         let failed: Value = serde_json::from_str(&lines[1]).unwrap();
         assert_eq!((failed["id"].clone(), failed["error"]["code"].clone()), (json!(4), json!(-32600)));
         assert_eq!(lines[2], "{\"second\":2}");
-        let written: Value = serde_json::from_slice(output.lock().unwrap().strip_suffix(b"\n").unwrap()).unwrap();
+        let written: Value = serde_json::from_slice(recorder.0.lock().unwrap().0.strip_suffix(b"\n").unwrap()).unwrap();
         assert_eq!(written["id"], 9);
         assert_eq!(written["error"]["code"], -32600);
         assert_eq!(written["error"]["data"], json!({"frameBytes": big.len(), "maxFrameBytes": 100_000}));
