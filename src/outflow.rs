@@ -2,8 +2,9 @@
 //! outgoing messages without a bound, so a client that reads slower than a model streams (or a
 //! stream of a million one-character deltas) would grow that queue with every delta. Once the
 //! stdio transport is attached, every `session/update` handed to the SDK is counted until its
-//! line is in the stdout pipe (`transport`, 256 KiB, drained to stdout by its own thread); a model call stops pulling its stream while more than
-//! `MAX_QUEUED` are on their way, and the model server waits (TCP) instead of kin's memory.
+//! line is in the stdout pipe (`transport`, 256 KiB, drained to stdout by its own thread); a
+//! model call stops pulling its stream while more than `MAX_QUEUED` are on their way, and the
+//! model server waits (TCP) instead of kin's memory.
 //!
 //! A turn that freed a lot asks for its memory to be handed back to the OS (`release_when_drained`):
 //! the updates still queued hold their share of it, so that happens once the last is written.
