@@ -9,10 +9,10 @@
 //! `StoreSource` is the real one (the JSONL store plus the runtime's live set); tests wrap it to
 //! inject failures.
 //!
-//! Cost. One corpus scan per trace: a stat per log (relative to its project directory, project
-//! directories spread over a few threads); headers are read only from new or changed logs, and
-//! the merged corpus is rebuilt only when some log was added, removed or changed. Per log, `StoreSource` keeps a derived `LogSummary`
-//! (header, event count, the `subagent/descriptor` events, the surface verdict) keyed by
+//! Cost. One corpus scan per trace: a stat per log (`store_scan`: relative to its project
+//! directory, the logs shared among a few threads in chunks); headers are read only from new or
+//! changed logs, and the merged corpus is rebuilt only when some log was added, removed or
+//! changed. Per log, `StoreSource` keeps a derived `LogSummary` (header, event count, the `subagent/descriptor` events, the surface verdict) keyed by
 //! (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
 //! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
 //! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan
@@ -41,6 +41,7 @@ use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
 use super::scan::{LocatedLine, read_header, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError};
+use super::store_scan::{FoundLog, ProjectScan, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
 use super::surface::validate;
 use super::watch::LogWatch;
@@ -706,6 +707,25 @@ impl CachedLog {
     }
 }
 
+/// One project's part of the cache and of the index, while a scan matches it (`match_project`).
+struct ProjectCache {
+    logs: HashMap<OsString, CachedLog>,
+    indexed: Option<HashMap<OsString, catalog_index::Entry>>,
+}
+
+/// What `match_project` made of one project: its cached logs, the index entries it did not
+/// take, its counts, and each log the corpus holds (its place in the project's scan, with its
+/// header when it was made).
+struct Matched {
+    logs: HashMap<OsString, CachedLog>,
+    indexed: Option<HashMap<OsString, catalog_index::Entry>>,
+    seen: usize,
+    from_index: usize,
+    read: usize,
+    changed: bool,
+    headers: Vec<(Option<Arc<SessionHeader>>, usize)>,
+}
+
 /// The persisted sessions as of one scan.
 struct Corpus {
     /// One record per id (`merge_records` over every readable log, nothing live yet), or why
@@ -751,19 +771,6 @@ impl std::borrow::Borrow<str> for IdKey {
     fn borrow(&self) -> &str {
         &self.0.id
     }
-}
-
-/// One project directory as a scan found it: its name and its session logs.
-struct ProjectScan {
-    name: OsString,
-    logs: Vec<FoundLog>,
-}
-
-/// One session log a scan found: its session directory name, length and mtime, or why it
-/// could not be statted as a regular file.
-struct FoundLog {
-    session: OsString,
-    found: Result<(u64, SystemTime), String>,
 }
 
 impl StoreSource {
@@ -1030,9 +1037,6 @@ impl SourceState {
         self.start_index();
         let projects = scan_store(self.store.root(), &self.io.stats, cancel)?;
         let found: usize = projects.iter().map(|p| p.logs.len()).sum();
-        let log_path = |project: &ProjectScan, log: &FoundLog| {
-            self.store.root().join(&project.name).join(&log.session).join(LOG_FILE)
-        };
         let mut cache = self.cache();
         cache.generation += 1;
         let generation = cache.generation;
@@ -1044,99 +1048,47 @@ impl SourceState {
         // Every log the corpus holds, where the scan found it, with its header when the loop made
         // it (a merge after the loop would look each log up again; an unchanged one is looked up
         // only if the corpus is rebuilt).
+        if cancel.is_cancelled() {
+            if let (Some(state), Some(entries)) = (cache.index.as_mut(), index.take()) {
+                state.file = IndexFile::Loaded(entries);
+            }
+            return Err(QueryError::Aborted);
+        }
+        // Each project's cached logs and index entries, taken out for the thread that matches
+        // the project's scan against them (projects are independent; one task each).
+        let slots: Vec<Mutex<Option<ProjectCache>>> = projects
+            .iter()
+            .map(|project| {
+                let logs =
+                    cache.logs.remove(&project.name).unwrap_or_else(|| HashMap::with_capacity(project.logs.len()));
+                let indexed = index.as_mut().and_then(|entries| entries.remove(&project.name));
+                Mutex::new(Some(ProjectCache { logs, indexed }))
+            })
+            .collect();
+        let matched = in_parallel(workers_for(projects.len()), projects.len(), |p| {
+            let taken = slots[p].lock().unwrap_or_else(PoisonError::into_inner).take();
+            taken.map(|project_cache| self.match_project(&projects[p], project_cache, generation))
+        })
+        .map_err(|_| QueryError::PersistenceFailed("a session scan thread panicked".into()))?;
+        // Every log the corpus holds, where the scan found it, with its header when matching made
+        // it (a merge after the loop would look each log up again; an unchanged one is looked up
+        // only if the corpus is rebuilt).
         let mut headers = Vec::with_capacity(found);
-        for (p, project) in projects.iter().enumerate() {
-            if cancel.is_cancelled() {
-                if let (Some(state), Some(entries)) = (cache.index.as_mut(), index.take()) {
-                    state.file = IndexFile::Loaded(entries);
-                }
-                return Err(QueryError::Aborted);
-            }
-            let logs =
-                cache.logs.entry(project.name.clone()).or_insert_with(|| HashMap::with_capacity(project.logs.len()));
-            let mut indexed_here = index.as_mut().and_then(|entries| entries.get_mut(&project.name));
-            for (l, f) in project.logs.iter().enumerate() {
-                let path = || log_path(project, f);
-                let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
-                    Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
-                    _ => None,
-                };
-                let (len, modified) = match &f.found {
-                    Ok(found) => *found,
-                    Err(e) => {
-                        // A session this cache has read before keeps its place under its last
-                        // header: its reads fail, so a listing shows it `unavailable` instead of
-                        // losing it. One never read names no parent and is left out.
-                        match logs.get_mut(&f.session).filter(|log| log.header.is_ok()) {
-                            Some(log) => {
-                                log.seen = generation;
-                                log.summary = None;
-                                log.statted = false;
-                                seen += 1;
-                                headers.push((None, (p, l)));
-                                tracing::warn!(path = %path().display(), "a session log cannot be read: {e}");
-                            }
-                            None => tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}"),
-                        }
-                        continue;
-                    }
-                };
-                seen += 1;
-                if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(len, modified)) {
-                    log.seen = generation;
-                    log.statted = true;
-                    headers.push((None, (p, l)));
-                    continue;
-                }
-                // The entry's key becomes the cache's (no copy of the name per log).
-                let (key, indexed) = match indexed_here.as_mut().and_then(|entries| entries.remove_entry(&f.session)) {
-                    Some((key, entry)) => (key, Some(entry)),
-                    None => (f.session.clone(), None),
-                };
-                let indexed = indexed
-                    .filter(|entry| entry.len == len && entry.modified == modified)
-                    // A header is taken only for the directory its id names.
-                    .filter(|entry| super::layout::is_segment_of(&f.session, &entry.header.id));
-                let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
-                if indexed.is_some() {
-                    from_index += 1;
-                } else {
-                    read += 1;
-                }
-                let header = match indexed.map(|entry| entry.header) {
-                    Some(header) => Ok(header),
-                    None => match self.read_header(&path()) {
-                        Ok((header, _)) => Ok(Arc::new(header)),
-                        Err(e) => match known(logs) {
-                            // Its header line broke after it was read: it stays a candidate whose
-                            // reads fail, as above.
-                            Some(header) => {
-                                tracing::warn!(path = %path().display(), "a session log's header cannot be read: {e}");
-                                Ok(header)
-                            }
-                            None => {
-                                tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}");
-                                Err(e)
-                            }
-                        },
-                    },
-                };
-                if let Ok(header) = &header {
-                    headers.push((Some(header.clone()), (p, l)));
-                }
-                let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts };
-                // A log that grew under the same header (every live session does) leaves the
-                // corpus as it was.
-                match logs.insert(key, log) {
-                    Some(old) if old.header == logs[&f.session].header => {}
-                    _ => changed = true,
-                }
-            }
+        let mut left_in_index = false;
+        for (p, matched) in matched.into_iter().enumerate() {
+            let Some(matched) = matched else { continue };
+            seen += matched.seen;
+            from_index += matched.from_index;
+            read += matched.read;
+            changed |= matched.changed;
+            left_in_index |= matched.indexed.is_some_and(|left| !left.is_empty());
+            headers.extend(matched.headers.into_iter().map(|(header, l)| (header, (p, l))));
+            cache.logs.insert(projects[p].name.clone(), matched.logs);
         }
         if let Some(state) = cache.index.as_mut() {
             // Logs read instead of taken from the index, and entries of logs no scan found, put
             // the file behind the cache.
-            if read > 0 || index.is_some_and(|left| left.values().any(|logs| !logs.is_empty())) {
+            if read > 0 || left_in_index || index.is_some_and(|left| left.values().any(|logs| !logs.is_empty())) {
                 state.dirty = true;
             }
             if from_index > 0 {
@@ -1173,6 +1125,95 @@ impl SourceState {
             cache.corpus = Some(Arc::new(Corpus { merged, located, projects, root }));
         }
         Ok(cache.corpus.clone().unwrap_or_else(|| unreachable!("the corpus was just built")))
+    }
+
+    /// One project's scan matched against what the cache knew of it and the index's entries for
+    /// it: each log's cached state is kept while it is at the same (length, mtime), else its
+    /// header comes from the index entry at exactly that state, else from the log.
+    fn match_project(&self, project: &ProjectScan, known_here: ProjectCache, generation: u64) -> Matched {
+        let ProjectCache { mut logs, mut indexed } = known_here;
+        let logs = &mut logs;
+        let (mut seen, mut from_index, mut read, mut changed) = (0usize, 0usize, 0usize, false);
+        let mut headers = Vec::with_capacity(project.logs.len());
+        let log_path = |log: &FoundLog| self.store.root().join(&project.name).join(&log.session).join(LOG_FILE);
+        for (l, f) in project.logs.iter().enumerate() {
+            let path = || log_path(f);
+            let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
+                Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
+                _ => None,
+            };
+            let (len, modified) = match &f.found {
+                Ok(found) => *found,
+                Err(e) => {
+                    // A session this cache has read before keeps its place under its last
+                    // header: its reads fail, so a listing shows it `unavailable` instead of
+                    // losing it. One never read names no parent and is left out.
+                    match logs.get_mut(&f.session).filter(|log| log.header.is_ok()) {
+                        Some(log) => {
+                            log.seen = generation;
+                            log.summary = None;
+                            log.statted = false;
+                            seen += 1;
+                            headers.push((None, l));
+                            tracing::warn!(path = %path().display(), "a session log cannot be read: {e}");
+                        }
+                        None => tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}"),
+                    }
+                    continue;
+                }
+            };
+            seen += 1;
+            if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(len, modified)) {
+                log.seen = generation;
+                log.statted = true;
+                headers.push((None, l));
+                continue;
+            }
+            // The entry's key becomes the cache's (no copy of the name per log).
+            let (key, indexed) = match indexed.as_mut().and_then(|entries| entries.remove_entry(&f.session)) {
+                Some((key, entry)) => (key, Some(entry)),
+                None => (f.session.clone(), None),
+            };
+            let indexed = indexed
+                .filter(|entry| entry.len == len && entry.modified == modified)
+                // A header is taken only for the directory its id names.
+                .filter(|entry| super::layout::is_segment_of(&f.session, &entry.header.id));
+            let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
+            if indexed.is_some() {
+                from_index += 1;
+            } else {
+                read += 1;
+            }
+            let header = match indexed.map(|entry| entry.header) {
+                Some(header) => Ok(header),
+                None => match self.read_header(&path()) {
+                    Ok((header, _)) => Ok(Arc::new(header)),
+                    Err(e) => match known(logs) {
+                        // Its header line broke after it was read: it stays a candidate whose
+                        // reads fail, as above.
+                        Some(header) => {
+                            tracing::warn!(path = %path().display(), "a session log's header cannot be read: {e}");
+                            Ok(header)
+                        }
+                        None => {
+                            tracing::warn!(path = %path().display(), "skipping an unreadable session log: {e}");
+                            Err(e)
+                        }
+                    },
+                },
+            };
+            if let Ok(header) = &header {
+                headers.push((Some(header.clone()), l));
+            }
+            let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts };
+            // A log that grew under the same header (every live session does) leaves the
+            // corpus as it was.
+            match logs.insert(key, log) {
+                Some(old) if old.header == logs[&f.session].header => {}
+                _ => changed = true,
+            }
+        }
+        Matched { logs: std::mem::take(logs), indexed, seen, from_index, read, changed, headers }
     }
 
     /// The log file of `id`: where the last scan saw it, else wherever the store finds it.
@@ -1220,35 +1261,9 @@ impl SessionSource for StoreSource {
     /// `SCAN_THREADS` threads (without a stat: the scan just made one). A log the last scan did not
     /// stat as a regular file is pinned as unknown, so its reads check it and report its failure.
     fn pin(&self, ids: &[&str], cancel: &CancellationToken) {
-        let summaries: Vec<Option<Arc<LogSummary>>> = {
-            let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(ids.len());
-            if workers <= 1 {
-                ids.iter().map(|id| self.state.scanned_summary(id, cancel)).collect()
-            } else {
-                let mut out: Vec<Option<Arc<LogSummary>>> = vec![None; ids.len()];
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = (0..workers)
-                        .map(|worker| {
-                            scope.spawn(move || {
-                                ids.iter()
-                                    .enumerate()
-                                    .skip(worker)
-                                    .step_by(workers)
-                                    .map(|(i, id)| (i, self.state.scanned_summary(id, cancel)))
-                                    .collect::<Vec<_>>()
-                            })
-                        })
-                        .collect();
-                    for handle in handles {
-                        // A panicked worker pins nothing: its ids are read as of their calls.
-                        for (i, summary) in handle.join().unwrap_or_default() {
-                            out[i] = summary;
-                        }
-                    }
-                });
-                out
-            }
-        };
+        // A panicked worker pins nothing: the ids are read as of their calls.
+        let summaries = in_parallel(workers_for(ids.len()), ids.len(), |i| self.state.scanned_summary(ids[i], cancel))
+            .unwrap_or_else(|_| vec![None; ids.len()]);
         let mut cache = self.state.cache();
         for (id, summary) in ids.iter().zip(summaries) {
             let pin = cache.pinned.entry((*id).to_string()).or_insert((0, None));
@@ -1403,98 +1418,6 @@ impl SourceState {
     }
 }
 
-/// The syscall half of a corpus scan: every project directory of the store, in directory order,
-/// with the session logs in it (and those that are not regular files or cannot be statted, for
-/// the cache to keep a known session listed). Project directories are scanned on
-/// several threads (the scan is a stat per log, and a warm listing is mostly this scan).
-fn scan_store(root: &Path, stats: &AtomicU64, cancel: &CancellationToken) -> Result<Vec<ProjectScan>, QueryError> {
-    let mut dirs = Vec::new();
-    match std::fs::read_dir(root) {
-        Ok(entries) => {
-            for entry in entries {
-                let entry = entry.map_err(|e| read_failed(root, e))?;
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    dirs.push(entry.file_name());
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(read_failed(root, e)),
-    }
-    let workers = std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(dirs.len());
-    if workers <= 1 {
-        return dirs.into_iter().map(|name| scan_project(root, name, stats, cancel)).collect();
-    }
-    let mut scanned: Vec<Option<ProjectScan>> = std::iter::repeat_with(|| None).take(dirs.len()).collect();
-    let mut shares: Vec<Vec<(usize, OsString)>> = (0..workers).map(|_| Vec::new()).collect();
-    for (i, name) in dirs.into_iter().enumerate() {
-        shares[i % workers].push((i, name));
-    }
-    std::thread::scope(|scope| -> Result<(), QueryError> {
-        let handles: Vec<_> = shares
-            .into_iter()
-            .map(|share| {
-                scope.spawn(move || {
-                    share
-                        .into_iter()
-                        .map(|(i, name)| scan_project(root, name, stats, cancel).map(|p| (i, p)))
-                        .collect::<Result<Vec<_>, QueryError>>()
-                })
-            })
-            .collect();
-        for handle in handles {
-            let share =
-                handle.join().map_err(|_| QueryError::PersistenceFailed("a session scan thread panicked".into()))??;
-            for (i, project) in share {
-                scanned[i] = Some(project);
-            }
-        }
-        Ok(())
-    })?;
-    Ok(scanned.into_iter().flatten().collect())
-}
-
-/// At most this many threads scan the store.
-const SCAN_THREADS: usize = 4;
-
-/// One project directory: each session directory's log, statted relative to the project
-/// directory (a short lookup instead of a walk of the whole path).
-fn scan_project(
-    root: &Path,
-    name: OsString,
-    stats: &AtomicU64,
-    cancel: &CancellationToken,
-) -> Result<ProjectScan, QueryError> {
-    if cancel.is_cancelled() {
-        return Err(QueryError::Aborted);
-    }
-    let path = root.join(&name);
-    let dir = std::fs::File::open(&path).map_err(|e| read_failed(&path, e))?;
-    let mut logs = Vec::new();
-    // Counted once per directory (the threads would contend for the counter per log).
-    let mut statted = 0u64;
-    for session in std::fs::read_dir(&path).map_err(|e| read_failed(&path, e))? {
-        let session = session.map_err(|e| read_failed(&path, e))?;
-        if session.file_type().is_ok_and(|t| t.is_file()) {
-            continue;
-        }
-        let session = session.file_name();
-        statted += 1;
-        match stat_at(&dir, &session, LOG_FILE) {
-            Ok(Some(found)) => logs.push(FoundLog { session, found: Ok(found) }),
-            Ok(None) => logs.push(FoundLog { session, found: Err("not a regular file".into()) }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => logs.push(FoundLog { session, found: Err(e.to_string()) }),
-        }
-    }
-    stats.fetch_add(statted, std::sync::atomic::Ordering::Relaxed);
-    Ok(ProjectScan { name, logs })
-}
-
-fn read_failed(at: &Path, e: std::io::Error) -> QueryError {
-    QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()))
-}
-
 /// The (project directory, session directory) names of a log path `<root>/<project>/<session>/<LOG_FILE>`.
 fn log_key(path: &Path) -> (&OsStr, &OsStr) {
     fn name(dir: Option<&Path>) -> &OsStr {
@@ -1539,45 +1462,6 @@ fn check_names(path: &Path, header: &SessionHeader, id: &str) -> Result<(), Quer
         )));
     }
     Ok(())
-}
-
-/// `fstatat(dir, "<session>/<file>", AT_SYMLINK_NOFOLLOW)`: the length and modification time of
-/// a regular file, `None` for anything else (a symlink, a directory, a FIFO).
-fn stat_at(dir: &std::fs::File, session: &std::ffi::OsStr, file: &str) -> std::io::Result<Option<(u64, SystemTime)>> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    // `<session>/<file>\0`, on the stack when it fits (it is made once per log per scan).
-    let (session, file) = (session.as_bytes(), file.as_bytes());
-    let len = session.len() + 1 + file.len() + 1;
-    let mut stack = [0u8; 256];
-    let mut heap = Vec::new();
-    let buf = if len <= stack.len() {
-        &mut stack[..len]
-    } else {
-        heap.resize(len, 0);
-        &mut heap[..]
-    };
-    buf[..session.len()].copy_from_slice(session);
-    buf[session.len()] = b'/';
-    buf[session.len() + 1..len - 1].copy_from_slice(file);
-    let rel =
-        std::ffi::CStr::from_bytes_with_nul(buf).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: an all-zero `stat` is a valid value for fstatat to fill.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid directory fd, a NUL-terminated relative path and a writable stat buffer.
-    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), rel.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Ok(None);
-    }
-    let modified = SystemTime::UNIX_EPOCH
-        + std::time::Duration::new(
-            u64::try_from(st.st_mtime).unwrap_or(0),
-            u32::try_from(st.st_mtime_nsec).unwrap_or(0),
-        );
-    Ok(Some((u64::try_from(st.st_size).unwrap_or(0), modified)))
 }
 
 #[cfg(test)]

@@ -1,0 +1,282 @@
+//! The stat pass of a session query's corpus scan: every session log under the sessions
+//! directory, its length and modification time, from one `fstatat` per log relative to its
+//! project directory (a short lookup instead of a walk of the whole path). The work is spread
+//! over a few threads in two steps: each project directory is listed (a directory per task),
+//! then the logs are statted in chunks that any thread takes next, so one large project (the
+//! usual store: most sessions under one working directory) is shared instead of falling to one
+//! thread. Scan order is kept: projects as the sessions directory lists them, logs as their
+//! project directory does.
+
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::SystemTime;
+
+use tokio_util::sync::CancellationToken;
+
+use super::layout::LOG_FILE;
+use super::query::QueryError;
+
+/// One project directory as a scan found it: its name and its session logs.
+pub(super) struct ProjectScan {
+    pub(super) name: OsString,
+    pub(super) logs: Vec<FoundLog>,
+}
+
+/// One session log a scan found: its session directory name, length and mtime, or why it
+/// could not be statted as a regular file.
+pub(super) struct FoundLog {
+    pub(super) session: OsString,
+    pub(super) found: Result<(u64, SystemTime), String>,
+}
+
+/// At most this many threads scan the store (or build a listing's summaries).
+pub(super) const SCAN_THREADS: usize = 4;
+
+/// The logs a thread stats per task it takes.
+const CHUNK: usize = 128;
+
+/// How many threads to use for `tasks` tasks: at most `SCAN_THREADS` and the machine's cores.
+pub(super) fn workers_for(tasks: usize) -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(tasks)
+}
+
+/// A thread of `in_parallel` panicked.
+#[derive(Debug)]
+pub(super) struct Panicked;
+
+/// `task(0..tasks)` on up to `workers` threads (the caller's among them), each taking the next
+/// task as it finishes one; the results in task order.
+pub(super) fn in_parallel<T: Send>(
+    workers: usize,
+    tasks: usize,
+    task: impl Fn(usize) -> T + Sync,
+) -> Result<Vec<T>, Panicked> {
+    if workers <= 1 || tasks <= 1 {
+        return Ok((0..tasks).map(task).collect());
+    }
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= tasks {
+                return done;
+            }
+            done.push((i, task(i)));
+        }
+    };
+    let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(tasks).collect();
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..workers).map(|_| scope.spawn(work)).collect();
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        let theirs = helpers.into_iter().map(|h| h.join().map_err(|_| Panicked)).collect::<Result<Vec<_>, _>>()?;
+        for (i, result) in std::iter::once(mine.map_err(|_| Panicked)?).chain(theirs).flatten() {
+            out[i] = Some(result);
+        }
+        Ok(())
+    })?;
+    // Every index below `tasks` was taken by exactly one thread, and none panicked.
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// One project directory, listed: the directory open for `fstatat`, and its session directories.
+struct Listed {
+    name: OsString,
+    dir: std::fs::File,
+    sessions: Vec<OsString>,
+}
+
+/// Every session log under `root` (see the module comment); `stats` counts the `fstatat`s.
+pub(super) fn scan_store(
+    root: &Path,
+    stats: &AtomicU64,
+    cancel: &CancellationToken,
+) -> Result<Vec<ProjectScan>, QueryError> {
+    let mut dirs = Vec::new();
+    match std::fs::read_dir(root) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(|e| read_failed(root, e))?;
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(entry.file_name());
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(read_failed(root, e)),
+    }
+    let panicked = |_| QueryError::PersistenceFailed("a session scan thread panicked".into());
+    let listed = in_parallel(workers_for(dirs.len()), dirs.len(), |i| list_project(root, &dirs[i], cancel))
+        .map_err(panicked)?
+        .into_iter()
+        .collect::<Result<Vec<Listed>, QueryError>>()?;
+    let chunks: Vec<(usize, usize)> = listed
+        .iter()
+        .enumerate()
+        .flat_map(|(p, project)| (0..project.sessions.len()).step_by(CHUNK).map(move |start| (p, start)))
+        .collect();
+    let statted = in_parallel(workers_for(chunks.len()), chunks.len(), |c| {
+        let (p, start) = chunks[c];
+        let project = &listed[p];
+        let sessions = &project.sessions[start..(start + CHUNK).min(project.sessions.len())];
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        stats.fetch_add(sessions.len() as u64, Ordering::Relaxed);
+        Ok(sessions.iter().map(|session| stat_log(&project.dir, session)).collect::<Vec<_>>())
+    })
+    .map_err(panicked)?;
+    let mut projects: Vec<ProjectScan> = listed
+        .iter()
+        .map(|p| ProjectScan { name: p.name.clone(), logs: Vec::with_capacity(p.sessions.len()) })
+        .collect();
+    let mut names: Vec<std::vec::IntoIter<OsString>> = listed.into_iter().map(|p| p.sessions.into_iter()).collect();
+    for (&(p, _), found) in chunks.iter().zip(statted) {
+        for (found, session) in found?.into_iter().zip(&mut names[p]) {
+            if let Some(found) = found {
+                projects[p].logs.push(FoundLog { session, found });
+            }
+        }
+    }
+    Ok(projects)
+}
+
+/// The session directories of one project directory (entries that are not files).
+fn list_project(root: &Path, name: &OsStr, cancel: &CancellationToken) -> Result<Listed, QueryError> {
+    if cancel.is_cancelled() {
+        return Err(QueryError::Aborted);
+    }
+    let path = root.join(name);
+    let dir = std::fs::File::open(&path).map_err(|e| read_failed(&path, e))?;
+    let mut sessions = Vec::new();
+    for session in std::fs::read_dir(&path).map_err(|e| read_failed(&path, e))? {
+        let session = session.map_err(|e| read_failed(&path, e))?;
+        if !session.file_type().is_ok_and(|t| t.is_file()) {
+            sessions.push(session.file_name());
+        }
+    }
+    Ok(Listed { name: name.to_owned(), dir, sessions })
+}
+
+/// A session directory's log: `None` when there is none.
+fn stat_log(dir: &std::fs::File, session: &OsStr) -> Option<Result<(u64, SystemTime), String>> {
+    match stat_at(dir, session, LOG_FILE) {
+        Ok(Some(found)) => Some(Ok(found)),
+        Ok(None) => Some(Err("not a regular file".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(Err(e.to_string())),
+    }
+}
+
+pub(super) fn read_failed(at: &Path, e: std::io::Error) -> QueryError {
+    QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()))
+}
+
+/// `fstatat(dir, "<session>/<file>", AT_SYMLINK_NOFOLLOW)`: the length and modification time of
+/// a regular file, `None` for anything else (a symlink, a directory, a FIFO).
+fn stat_at(dir: &std::fs::File, session: &OsStr, file: &str) -> std::io::Result<Option<(u64, SystemTime)>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // `<session>/<file>\0`, on the stack when it fits (it is made once per log per scan).
+    let (session, file) = (session.as_bytes(), file.as_bytes());
+    let len = session.len() + 1 + file.len() + 1;
+    let mut stack = [0u8; 256];
+    let mut heap = Vec::new();
+    let buf = if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap[..]
+    };
+    buf[..session.len()].copy_from_slice(session);
+    buf[session.len()] = b'/';
+    buf[session.len() + 1..len - 1].copy_from_slice(file);
+    let rel =
+        std::ffi::CStr::from_bytes_with_nul(buf).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: an all-zero `stat` is a valid value for fstatat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid directory fd, a NUL-terminated relative path and a writable stat buffer.
+    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), rel.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(None);
+    }
+    let modified = SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(
+            u64::try_from(st.st_mtime).unwrap_or(0),
+            u32::try_from(st.st_mtime_nsec).unwrap_or(0),
+        );
+    Ok(Some((u64::try_from(st.st_size).unwrap_or(0), modified)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_parallel_gives_every_result_in_task_order() {
+        for workers in [1, 2, 4] {
+            let out = in_parallel(workers, 1000, |i| i * 2).unwrap();
+            assert_eq!(out, (0..1000).map(|i| i * 2).collect::<Vec<_>>(), "{workers} workers");
+        }
+        assert!(in_parallel(2, 0, |i| i).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_panicking_task_is_reported() {
+        let out = in_parallel(2, 10, |i| {
+            if i == 7 {
+                panic!("task 7");
+            }
+            i
+        });
+        // Whichever thread took task 7, the caller's or a helper.
+        assert!(out.is_err());
+    }
+
+    #[test]
+    fn a_large_project_is_statted_in_chunks_and_kept_in_order() {
+        let root = tempfile::tempdir().unwrap();
+        let big = root.path().join("big");
+        let mut expected = Vec::new();
+        for i in 0..(3 * CHUNK + 5) {
+            let session = big.join(format!("s{i:04}"));
+            std::fs::create_dir_all(&session).unwrap();
+            if i % 50 != 3 {
+                std::fs::write(session.join(LOG_FILE), "x".repeat(i)).unwrap();
+                expected.push((format!("s{i:04}"), i as u64));
+            }
+        }
+        std::fs::write(big.join("stray-file"), "").unwrap();
+        std::fs::create_dir_all(root.path().join("small/one")).unwrap();
+        std::fs::create_dir(root.path().join("small/one").join(LOG_FILE)).unwrap();
+        let stats = AtomicU64::new(0);
+        let projects = scan_store(root.path(), &stats, &CancellationToken::new()).unwrap();
+        assert_eq!(stats.load(Ordering::Relaxed), 3 * CHUNK as u64 + 5 + 1, "one stat per session directory");
+        let big = projects.iter().find(|p| p.name == "big").unwrap();
+        let mut found: Vec<(String, u64)> = big
+            .logs
+            .iter()
+            .map(|log| (log.session.to_string_lossy().into_owned(), log.found.as_ref().unwrap().0))
+            .collect();
+        let listed_order: Vec<OsString> = std::fs::read_dir(root.path().join("big"))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| e.file_name())
+            .filter(|name| root.path().join("big").join(name).join(LOG_FILE).exists())
+            .collect();
+        assert_eq!(big.logs.iter().map(|l| l.session.clone()).collect::<Vec<_>>(), listed_order, "directory order");
+        found.sort();
+        assert_eq!(found, expected, "every log with its length; session directories without one are left out");
+        let small = projects.iter().find(|p| p.name == "small").unwrap();
+        assert_eq!(small.logs.len(), 1);
+        assert_eq!(small.logs[0].found, Err("not a regular file".to_string()));
+        let cancelled = CancellationToken::new();
+        cancelled.cancel();
+        assert!(matches!(scan_store(root.path(), &stats, &cancelled), Err(QueryError::Aborted)));
+    }
+}
