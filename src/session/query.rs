@@ -728,7 +728,7 @@ struct Matched {
 
 /// The persisted sessions as of one scan.
 struct Corpus {
-    /// One record per id (`merge_records` over every readable log, nothing live yet), or why
+    /// One record per id (as `merge_records` over every readable log, nothing live yet), or why
     /// the logs cannot be merged.
     merged: Result<Vec<SessionRecord>, QueryError>,
     /// Where the scan found each session (the last log in scan order that names it): its
@@ -1108,19 +1108,30 @@ impl SourceState {
             }
         }
         if changed {
-            let mut located = HashMap::with_capacity(headers.len());
-            let mut persisted = Vec::with_capacity(headers.len());
+            // One pass makes both: where the scan found each session (the last log in scan order
+            // that names it), and `merge_records` over the persisted headers, one record per id in
+            // first-found order, without a second map of the ids (two logs of one session, in two
+            // project directories, must agree).
+            let mut located: HashMap<IdKey, (usize, usize)> = HashMap::with_capacity(headers.len());
+            let mut merged = Ok(Vec::with_capacity(headers.len()));
             for (made, (p, l)) in headers {
                 let header = made.or_else(|| {
                     let project = &projects[p];
                     cache.logs.get(&project.name)?.get(&project.logs[l].session)?.header.clone().ok()
                 });
-                if let Some(header) = header {
-                    located.insert(IdKey(header.clone()), (p, l));
-                    persisted.push(header);
+                let Some(header) = header else { continue };
+                if located.insert(IdKey(header.clone()), (p, l)).is_none() {
+                    if let Ok(records) = &mut merged {
+                        records.push(SessionRecord { header, live: false, persisted: true });
+                    }
+                } else if merged.is_ok() {
+                    // The map kept the first log's key (its header).
+                    let first = located.get_key_value(header.id.as_str()).map(|(first, _)| first.0.clone());
+                    if let Some(Err(conflict)) = first.map(|first| assert_headers_compatible(&first, &header)) {
+                        merged = Err(conflict);
+                    }
                 }
             }
-            let merged = merge_records(Vec::new(), persisted);
             let root = self.store.root().to_path_buf();
             cache.corpus = Some(Arc::new(Corpus { merged, located, projects, root }));
         }
@@ -1467,6 +1478,40 @@ fn check_names(path: &Path, header: &SessionHeader, id: &str) -> Result<(), Quer
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The corpus merges the logs of one session found in two project directories into one
+    /// record, and fails the whole corpus when their headers disagree (as `merge_records` does).
+    #[test]
+    fn two_logs_of_one_session_are_one_record_or_a_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |project: &str, id: &str, created: u64| {
+            let session = dir.path().join(project).join(id);
+            std::fs::create_dir_all(&session).unwrap();
+            let header = format!(
+                "{{\"type\":\"session\",\"version\":0,\"id\":\"{id}\",\"createdAt\":{created},\"delegationDepth\":0}}\n"
+            );
+            std::fs::write(session.join(LOG_FILE), header).unwrap();
+        };
+        write("a", "s-1", 5);
+        write("b", "s-1", 5);
+        write("a", "t-2", 7);
+        let records = |what: &str| {
+            let source = StoreSource::persisted_only(SessionStore::new(dir.path().to_path_buf()));
+            let records = source.records(&CancellationToken::new());
+            records.map(|r| r.iter().map(|r| (r.header.id.clone(), r.persisted, r.live)).collect::<Vec<_>>()).map_err(
+                |e| {
+                    assert_eq!(e.code(), "SESSION_QUERY_SOURCE_CONFLICT", "{what}: {e}");
+                    e.to_string()
+                },
+            )
+        };
+        let mut agreeing = records("agreeing").unwrap();
+        agreeing.sort();
+        assert_eq!(agreeing, [("s-1".to_string(), true, false), ("t-2".to_string(), true, false)]);
+        write("b", "s-1", 6);
+        let conflict = records("disagreeing").unwrap_err();
+        assert!(conflict.starts_with("session s-1 has conflicting headers"), "{conflict}");
+    }
 
     #[test]
     fn ids_compare_case_insensitively_with_lowercase_first() {
