@@ -12,8 +12,9 @@
 //! Cost. One corpus scan per trace: a stat per log (`store_scan`: relative to its project
 //! directory, the logs shared among a few threads in chunks); headers are read only from new or
 //! changed logs, and the merged corpus is rebuilt only when some log was added, removed or
-//! changed. Per log, `StoreSource` keeps a derived `LogSummary` (header, event count, the `subagent/descriptor` events, the surface verdict) keyed by
-//! (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
+//! changed. Per log, `StoreSource` keeps a derived `LogSummary` (header, event count, the
+//! `subagent/descriptor` events, the surface verdict) keyed by (path, length, mtime) and rebuilt
+//! on any mismatch; the summary is never an authority, only a
 //! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
 //! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan
 //! (`pin` / `release`), so it stats each log once. With `with_index` (the runtime's), the source
