@@ -173,10 +173,13 @@ async fn escapee_pids(ws: &Path) -> Vec<String> {
     let read = |name: &str| std::fs::read_to_string(ws.join(name)).ok().filter(|p| p.ends_with('\n'));
     common::until("the escapees to write their pids", || read("a.pid").is_some() && read("b.pid").is_some()).await;
     let pids: Vec<String> = ["a.pid", "b.pid"].iter().map(|n| read(n).unwrap().trim().to_string()).collect();
-    for pid in &pids {
+    // A pid is written by its shell just before that shell execs the marker `sleep`, so the
+    // cmdline is awaited, not read once.
+    let is_sleep = |pid: &String| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(String::from_utf8_lossy(&cmdline).starts_with("sleep\0"), "{pid} is the marker sleep");
-    }
+        String::from_utf8_lossy(&cmdline).starts_with("sleep\0")
+    };
+    common::until("the escapees to exec the marker sleep", || pids.iter().all(is_sleep)).await;
     pids
 }
 
