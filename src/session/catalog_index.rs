@@ -177,16 +177,28 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     let lines: Vec<&str> = body.strip_suffix('\n').map(|b| b.split('\n').collect()).unwrap_or_default();
     let mut entries = Entries::new();
     let mut count = 0u64;
+    // `write` groups a project's entries: each run of one project's lines fills its map without
+    // hashing the (long) project name per line; a project met again later resumes its map.
+    let mut run: Option<(Cow<'_, str>, HashMap<OsString, Entry>)> = None;
     for (number, parsed) in parse_entries(&lines).into_iter().enumerate() {
         let ((project, session), entry) = parsed.map_err(|e| format!("entry {}: {e}", number + 1))?;
-        let logs = match entries.get_mut(OsStr::new(project.as_ref())) {
-            Some(logs) => logs,
-            None => entries.entry(OsString::from(project.as_ref())).or_default(),
+        let logs = match &mut run {
+            Some((current, logs)) if *current == project => logs,
+            _ => {
+                if let Some((done, logs)) = run.take() {
+                    entries.insert(OsString::from(done.as_ref()), logs);
+                }
+                let resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
+                &mut run.insert((project, resumed)).1
+            }
         };
         if logs.insert(session, entry).is_some() {
             return Err(format!("entry {} repeats a log", number + 1));
         }
         count += 1;
+    }
+    if let Some((done, logs)) = run {
+        entries.insert(OsString::from(done.as_ref()), logs);
     }
     if count != head.entries {
         return Err(format!("{count} entries where the first line says {}", head.entries));
@@ -460,5 +472,35 @@ mod tests {
         assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());
         let ((project, _), read) = parse_entry(&escaped).unwrap();
         assert_eq!((project.as_ref(), &read.header), ("--p--", &entries[0].2.header));
+    }
+
+    /// A project whose lines are not all in one run (what `write` writes is grouped, a hand-made
+    /// index need not be) is read whole, and a log it repeats across its runs is refused.
+    #[test]
+    fn a_project_met_again_later_in_the_file_keeps_its_earlier_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("sessions");
+        let entry = |id: &str| Entry {
+            len: 10,
+            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
+            header: Arc::new(SessionHeader::new(id, 1, None)),
+            facts: None,
+        };
+        let interleaved = [("--a--", "a1"), ("--b--", "b1"), ("--a--", "a2"), ("--b--", "b2"), ("--a--", "a3")];
+        let written = |logs: &[(&'static str, &'static str)]| {
+            write(&root, logs.iter().map(|(p, s)| (OsStr::new(*p), OsStr::new(*s), entry(s)))).unwrap();
+            load(&root)
+        };
+        let loaded = written(&interleaved).unwrap();
+        let names = |project: &str| {
+            let mut names: Vec<_> = loaded[OsStr::new(project)].keys().cloned().collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names("--a--"), ["a1", "a2", "a3"]);
+        assert_eq!(names("--b--"), ["b1", "b2"]);
+        assert_eq!(loaded[OsStr::new("--a--")][OsStr::new("a2")].header.id, "a2");
+        let repeated = written(&[("--a--", "a1"), ("--b--", "b1"), ("--a--", "a1")]).unwrap_err();
+        assert_eq!(repeated, "entry 3 repeats a log");
     }
 }

@@ -520,7 +520,19 @@ fn invalid_surface(id: &str, violation: &str) -> QueryError {
 
 /// Lineage from one corpus snapshot.
 fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
-    let by_id: HashMap<&str, &SessionRecord> = records.iter().map(|r| (r.header.id.as_str(), r)).collect();
+    let mut children: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
+    for record in records {
+        if let Some(parent) = record.header.parent_session.as_deref() {
+            children.entry(parent).or_default().push(record);
+        }
+    }
+    // By id, only what the walk up can meet: the target and the sessions some session names as
+    // its parent (an ancestor is one). Most of a store has no children: it is not mapped.
+    let by_id: HashMap<&str, &SessionRecord> = records
+        .iter()
+        .filter(|r| r.header.id == id || children.contains_key(r.header.id.as_str()))
+        .map(|r| (r.header.id.as_str(), r))
+        .collect();
     let target = by_id.get(id).copied().ok_or_else(|| QueryError::SessionNotFound(id.to_string()))?;
     let cycle = |at: &str| QueryError::InvalidLineage(format!("the lineage of session {id} has a cycle through {at}"));
     let mut seen: HashSet<&str> = HashSet::new();
@@ -542,12 +554,6 @@ fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Res
                 lineage = Lineage::Incomplete { unresolved_parent_id: parent_id.to_string() };
                 next = None;
             }
-        }
-    }
-    let mut children: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
-    for record in records {
-        if let Some(parent) = record.header.parent_session.as_deref() {
-            children.entry(parent).or_default().push(record);
         }
     }
     for siblings in children.values_mut() {
@@ -1273,11 +1279,22 @@ impl SessionSource for StoreSource {
     /// `SCAN_THREADS` threads (without a stat: the scan just made one). A log the last scan did not
     /// stat as a regular file is pinned as unknown, so its reads check it and report its failure.
     fn pin(&self, ids: &[&str], cancel: &CancellationToken) {
+        // What each candidate needs, under one lock; its summary built without the lock (the
+        // threads would contend for it per log); all of them kept under one lock again.
+        let planned: Vec<Option<Planned>> = {
+            let cache = self.state.cache();
+            ids.iter().map(|id| self.state.scanned(&cache, id)).collect()
+        };
         // A panicked worker pins nothing: the ids are read as of their calls.
-        let summaries = in_parallel(workers_for(ids.len()), ids.len(), |i| self.state.scanned_summary(ids[i], cancel))
-            .unwrap_or_else(|_| vec![None; ids.len()]);
+        let built = in_parallel(workers_for(ids.len()), ids.len(), |i| {
+            let planned = planned[i].as_ref().filter(|_| !cancel.is_cancelled())?;
+            self.state.build_summary(&planned.path, ids[i], planned.toward.clone()).ok()
+        })
+        .unwrap_or_else(|_| std::iter::repeat_with(|| None).take(ids.len()).collect());
         let mut cache = self.state.cache();
-        for (id, summary) in ids.iter().zip(summaries) {
+        for ((id, built), planned) in ids.iter().zip(built).zip(&planned) {
+            let summary =
+                built.zip(planned.as_ref()).map(|(built, p)| keep(&mut cache, &p.path, p.len, p.modified, built));
             let pin = cache.pinned.entry((*id).to_string()).or_insert((0, None));
             pin.0 += 1;
             if summary.is_some() {
@@ -1335,64 +1352,55 @@ impl SourceState {
         catalog_index::read_descriptors(path, facts)
     }
 
-    /// The summary of `id` as of the last scan, which statted its log (`None` when that scan did
-    /// not find it a regular file, or the read fails: the listing's reads then report it).
-    fn scanned_summary(&self, id: &str, cancel: &CancellationToken) -> Option<Arc<LogSummary>> {
-        if cancel.is_cancelled() {
+    /// What a listing's pin needs of `id` as of the last scan, which statted its log (`None`
+    /// when that scan did not find it a regular file: the listing's reads then report it).
+    fn scanned(&self, cache: &Cache, id: &str) -> Option<Planned> {
+        let path = cache.corpus.as_ref()?.path(id)?;
+        let (project, session) = log_key(&path);
+        let log = cache.logs.get(project)?.get(session)?;
+        if log.seen != cache.generation || !log.statted {
             return None;
         }
-        let (path, len, modified) = {
-            let cache = self.cache();
-            let path = cache.corpus.as_ref()?.path(id)?;
-            let (project, session) = log_key(&path);
-            let log = cache.logs.get(project)?.get(session)?;
-            if log.seen != cache.generation || !log.statted {
-                return None;
-            }
-            if let Some(summary) = &log.summary {
-                return Some(summary.clone());
-            }
-            (path.clone(), log.len, log.modified)
-        };
-        self.summary_at(&path, id, len, modified).ok()
+        let toward = toward(log, cache.index.is_some());
+        Some(Planned { len: log.len, modified: log.modified, toward, path })
     }
 
     /// The summary of the log at `path` as statted at (`len`, `modified`): the cached one, else
     /// built from a read of the log.
     fn summary_at(&self, path: &Path, id: &str, len: u64, modified: SystemTime) -> Result<Arc<LogSummary>, QueryError> {
         let (project, session) = log_key(path);
-        let (cached, indexed) = {
+        let toward = {
             let cache = self.cache();
             let at = cache.logs.get(project).and_then(|logs| logs.get(session)).filter(|c| c.is_at(len, modified));
-            let indexed = at.and_then(|c| Some((c.header.clone().ok()?, c.facts.clone()?)));
-            (at.and_then(|c| c.summary.clone()), indexed.filter(|_| cache.index.is_some()))
+            let indexing = cache.index.is_some();
+            at.map_or(Toward::Nothing { indexing }, |c| toward(c, indexing))
         };
-        if let Some(summary) = cached {
-            return Ok(summary);
-        }
-        // The index's facts of an unchanged log: only its descriptor lines are read (and must be
-        // there as recorded).
-        if let Some((header, facts)) = indexed.filter(|(header, _)| header.id == id)
-            && let Some(descriptors) = self.read_descriptors(path, &facts)
-        {
-            let summary = Arc::new(LogSummary {
-                header: (*header).clone(),
-                event_count: facts.event_count,
-                indexed: descriptors,
-                surface: facts.surface.clone(),
-                inbox: facts.inbox,
-            });
-            let mut cache = self.cache();
-            if let Some(c) =
-                cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session)).filter(|c| c.is_at(len, modified))
-            {
-                c.summary = Some(summary.clone());
+        let built = self.build_summary(path, id, toward)?;
+        Ok(keep(&mut self.cache(), path, len, modified, built))
+    }
+
+    /// A log's summary made from what the cache held toward it (`toward`), without the cache's
+    /// lock: the index's facts of an unchanged log need only its descriptor lines read back (and
+    /// there as recorded); anything else reads the log whole.
+    fn build_summary(&self, path: &Path, id: &str, toward: Toward) -> Result<Built, QueryError> {
+        let indexing = match toward {
+            Toward::Built(summary) => return Ok(Built::Cached(summary)),
+            Toward::Indexed(header, facts) => {
+                if header.id == id
+                    && let Some(descriptors) = self.read_descriptors(path, &facts)
+                {
+                    return Ok(Built::FromIndex(Arc::new(LogSummary {
+                        header: (*header).clone(),
+                        event_count: facts.event_count,
+                        indexed: descriptors,
+                        surface: facts.surface.clone(),
+                        inbox: facts.inbox,
+                    })));
+                }
+                true
             }
-            return Ok(summary);
-        }
-        // Stat before reading: if the file grows meanwhile, the entry is keyed by the older
-        // state and is rebuilt at the next call.
-        let indexing = self.cache().index.is_some();
+            Toward::Nothing { indexing } => indexing,
+        };
         count(&self.io.whole_reads);
         let (log, located) = if indexing { read_log_located(path, id)? } else { (read_log(path, id)?, Vec::new()) };
         let summary = Arc::new(LogSummary::of(&log));
@@ -1404,30 +1412,94 @@ impl SourceState {
                 descriptors: located.iter().map(Located::of).collect(),
             })
         });
-        let mut cache = self.cache();
-        if let Some(state) = cache.index.as_mut() {
-            state.dirty = true;
-        }
-        let logs = cache.logs.entry(project.to_owned()).or_default();
-        match logs.get_mut(session) {
-            Some(c) if c.is_at(len, modified) && c.header.is_ok() => {
-                c.summary = Some(summary.clone());
-                c.facts = facts;
-            }
-            _ => {
-                let header = Ok(Arc::new(log.header));
-                let entry =
-                    CachedLog { len, modified, header, summary: Some(summary.clone()), seen: 0, statted: true, facts };
-                // A log new to the cache, or whose header changed, leaves the corpus behind; a
-                // log that only grew (a live child) does not.
-                let stale = logs.insert(session.to_owned(), entry).is_none_or(|old| old.header != logs[session].header);
-                if stale {
-                    cache.corpus = None;
-                }
-            }
-        }
-        Ok(summary)
+        Ok(Built::Read { summary, header: log.header, facts })
     }
+}
+
+/// What a pin found of one candidate under the cache's lock, to build its summary after.
+struct Planned {
+    path: PathBuf,
+    len: u64,
+    modified: SystemTime,
+    toward: Toward,
+}
+
+/// What the cache holds toward the summary of a log at one (length, mtime).
+#[derive(Clone)]
+enum Toward {
+    /// The summary itself.
+    Built(Arc<LogSummary>),
+    /// The log's header and its catalog-index facts (with the index kept).
+    Indexed(Arc<SessionHeader>, Arc<Facts>),
+    /// Nothing: the log is read whole (locating its descriptor lines when `indexing`).
+    Nothing { indexing: bool },
+}
+
+/// What the cache holds toward `log`'s summary at its (length, mtime).
+fn toward(log: &CachedLog, indexing: bool) -> Toward {
+    if let Some(summary) = &log.summary {
+        return Toward::Built(summary.clone());
+    }
+    match (&log.header, &log.facts) {
+        (Ok(header), Some(facts)) if indexing => Toward::Indexed(header.clone(), facts.clone()),
+        _ => Toward::Nothing { indexing },
+    }
+}
+
+/// A summary `build_summary` made, and what the cache learns from it.
+enum Built {
+    /// The cache had it.
+    Cached(Arc<LogSummary>),
+    /// From the index's facts.
+    FromIndex(Arc<LogSummary>),
+    /// From a read of the whole log: its header too, and its index facts when the index is kept.
+    Read { summary: Arc<LogSummary>, header: SessionHeader, facts: Option<Arc<Facts>> },
+}
+
+/// Puts what `build_summary` made of the log at `path` (statted at `len`, `modified`) into the
+/// cache, and returns the summary.
+fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: Built) -> Arc<LogSummary> {
+    let (project, session) = log_key(path);
+    let (summary, header, facts) = match built {
+        Built::Cached(summary) => return summary,
+        Built::FromIndex(summary) => {
+            if let Some(c) =
+                cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session)).filter(|c| c.is_at(len, modified))
+            {
+                c.summary = Some(summary.clone());
+            }
+            return summary;
+        }
+        Built::Read { summary, header, facts } => (summary, header, facts),
+    };
+    if let Some(state) = cache.index.as_mut() {
+        state.dirty = true;
+    }
+    let logs = cache.logs.entry(project.to_owned()).or_default();
+    match logs.get_mut(session) {
+        Some(c) if c.is_at(len, modified) && c.header.is_ok() => {
+            c.summary = Some(summary.clone());
+            c.facts = facts;
+        }
+        _ => {
+            let entry = CachedLog {
+                len,
+                modified,
+                header: Ok(Arc::new(header)),
+                summary: Some(summary.clone()),
+                seen: 0,
+                statted: true,
+                facts,
+            };
+            // A log new to the cache, or whose header changed, leaves the corpus behind; a log
+            // that only grew (a live child) does not.
+            let stale = logs.insert(session.to_owned(), entry).is_none_or(|old| old.header != logs[session].header);
+            if stale {
+                cache.corpus = None;
+            }
+        }
+    }
+    summary
 }
 
 /// The (project directory, session directory) names of a log path `<root>/<project>/<session>/<LOG_FILE>`.
