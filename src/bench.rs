@@ -1083,7 +1083,7 @@ impl Model for GrowingModel {
     ) -> crate::model::ChunkStream {
         use crate::agent::meter;
         let tokens = meter::header_tokens(&request.system, &request.tools)
-            + request.messages.iter().map(meter::message_tokens).sum::<u64>();
+            + request.messages.iter().map(crate::session::estimate::message_tokens).sum::<u64>();
         let text = match request.purpose {
             crate::model::Purpose::Compaction => {
                 "The user asked a long series of numbered questions; each was answered.".to_string()

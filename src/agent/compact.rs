@@ -16,10 +16,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::AgentDeps;
-use super::meter::{self, message_tokens};
+use super::meter;
 use crate::model::capacity::ModelTable;
 use crate::model::{FinishReason, ModelEvent, ModelRequest, ModelRoute, Purpose, StreamChunk, ToolSchema};
 use crate::session::Session;
+use crate::session::estimate::message_tokens;
 use crate::session::event::{CompactEnd, CompactStart, CompactSummary, SeqRange, UserMessage};
 
 /// The instruction that ends the summary request (dsh's, exact).

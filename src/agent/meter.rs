@@ -11,33 +11,10 @@
 use serde_json::{Value, json};
 
 use crate::model::{ModelRoute, ToolSchema};
+use crate::session::estimate::{quarter, units};
 use crate::session::event::AssistantMessage;
 use crate::session::surface::Nodes;
 use crate::session::{Event, Session};
-
-fn units(text: &str) -> u64 {
-    text.encode_utf16().count() as u64
-}
-
-fn quarter(units: u64) -> u64 {
-    units.div_ceil(4)
-}
-
-/// The estimate of one content block.
-pub(crate) fn block_tokens(block: &Value) -> u64 {
-    let text = |key: &str| units(block[key].as_str().unwrap_or_default());
-    match block["type"].as_str() {
-        Some("text" | "reasoning") => quarter(text("text")) + 4,
-        Some("tool-call") => quarter(text("name")) + quarter(text("arguments")) + 4,
-        Some("tool-result") => block["content"].as_array().map_or(0, |c| c.iter().map(block_tokens).sum::<u64>()) + 4,
-        _ => 4 + quarter(units(&block.to_string())),
-    }
-}
-
-/// The estimate of one model message (its blocks, plus 4).
-pub(crate) fn message_tokens(message: &Value) -> u64 {
-    message["content"].as_array().map_or(0, |c| c.iter().map(block_tokens).sum::<u64>()) + 4
-}
 
 /// The estimate of what every request carries besides the history: the system prompt and tools.
 pub(crate) fn header_tokens(system: &str, tools: &[ToolSchema]) -> u64 {
@@ -58,7 +35,7 @@ pub(crate) struct Measure {
 
 /// Measures `session`'s next request on `route` with this header.
 pub(crate) fn measure(session: &Session, route: &ModelRoute, system: &str, tools: &[ToolSchema]) -> Measure {
-    let nodes: Vec<u64> = session.messages().iter().map(message_tokens).collect();
+    let nodes: Vec<u64> = session.message_tokens();
     let surface: u64 = nodes.iter().sum();
     let header = header_tokens(system, tools);
     let total = match anchor(session.events(), route) {
@@ -79,7 +56,7 @@ fn surface_at(session: &Session, index: usize, nodes: &[u64]) -> u64 {
     let events = session.events();
     let replaced = |e: &Event| e.surface_op.as_ref().is_some_and(|op| op["op"] == "replace");
     if events[index + 1..].iter().any(replaced) {
-        return Nodes::of(&events[..=index]).messages.iter().map(|m| message_tokens(&m.value())).sum();
+        return Nodes::of(&events[..=index]).messages.iter().map(|m| m.tokens()).sum();
     }
     let seq = events[index].seq;
     session.surface_seqs().iter().zip(nodes).filter(|(s, _)| **s <= seq).map(|(_, t)| t).sum()
@@ -103,6 +80,7 @@ fn anchor(events: &[Event], route: &ModelRoute) -> Option<(usize, u64)> {
 mod tests {
     use super::*;
     use crate::session::SessionHeader;
+    use crate::session::estimate::{block_tokens, message_tokens};
     use crate::session::event::{ModelMessage, UserMessage};
     use crate::session::store::SessionStore;
 

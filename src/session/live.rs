@@ -260,6 +260,12 @@ impl Session {
         Arc::new(self.messages.iter().map(HistoryMessage::value).collect())
     }
 
+    /// Each history message's token estimate (`session::estimate`), in surface order; a message
+    /// is parsed for it once, not at every step that prices the next request.
+    pub(crate) fn message_tokens(&self) -> Vec<u64> {
+        self.messages.iter().map(HistoryMessage::tokens).collect()
+    }
+
     /// The number the next turn gets (continuing a fork seed's numbering).
     pub fn next_turn(&self) -> u64 {
         event::last::<event::TurnStart>(&self.events).map_or(1, |start| start.turn + 1)
@@ -274,6 +280,29 @@ mod tests {
 
     fn message(text: &str) -> UserMessage {
         UserMessage::new(vec![json!({"type": "text", "text": text})], json!({"kind": "user"}))
+    }
+
+    /// A history message's kept estimate is the estimate of the message as the request carries
+    /// it, for a message that is its event's data (a user message) and one carried inside it
+    /// (an assistant message), and for a message added after the estimates were kept.
+    #[test]
+    fn each_history_message_is_priced_as_the_message_the_request_carries() {
+        use super::super::estimate::message_tokens;
+        use super::super::event::{AssistantMessage, ModelMessage};
+        let dir = tempfile::tempdir().unwrap();
+        let mut session = SessionStore::new(dir.path()).create(SessionHeader::new("s", 0, None)).unwrap();
+        session.push(message("a question of some length"));
+        let reply =
+            ModelMessage::new(vec![json!({"type": "text", "text": format!("{} 😀", "b".repeat(99))})], "p", "m");
+        session.push(AssistantMessage { turn: 1, step: 1, message: reply, usage: None });
+        let priced = |session: &Session| session.messages().iter().map(message_tokens).collect::<Vec<u64>>();
+        let expected = priced(&session);
+        assert_eq!(expected.len(), 2);
+        assert_ne!(expected[0], expected[1]);
+        assert_eq!(session.message_tokens(), expected);
+        assert_eq!(session.message_tokens(), expected, "as kept");
+        session.push(message("x"));
+        assert_eq!(session.message_tokens(), priced(&session));
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! A node's message is kept as its event's text (`HistoryMessage`, shared with the resident
 //! event, not copied) and parsed when a request is built: a session holds each message once.
 
+use std::sync::OnceLock;
+
 use serde_json::{Value, json};
 
 use super::data::Data;
@@ -22,12 +24,15 @@ use super::event::Kind;
 use super::record::Event;
 
 /// A message of the model history: the text of the surface event that put it there, shared
-/// with that event, parsed afresh by `value`.
+/// with that event, parsed afresh by `value`; and its token estimate once asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct HistoryMessage {
     data: Data,
     /// A `user/message`'s data is its message; the other surface kinds carry it as `message`.
     whole: bool,
+    /// `estimate::message_tokens` of the message, made by the first `tokens` (a message never
+    /// changes: a compaction replaces history messages, it does not edit them).
+    tokens: OnceLock<u64>,
 }
 
 impl HistoryMessage {
@@ -38,7 +43,12 @@ impl HistoryMessage {
             Kind::AssistantMessage | Kind::ToolResult | Kind::SteeringMessage => false,
             _ => return None,
         };
-        Some(HistoryMessage { data: event.data.clone(), whole })
+        Some(HistoryMessage { data: event.data.clone(), whole, tokens: OnceLock::new() })
+    }
+
+    /// The message's token estimate (`estimate::message_tokens`), parsed for only once.
+    pub(crate) fn tokens(&self) -> u64 {
+        *self.tokens.get_or_init(|| super::estimate::message_tokens(&self.value()))
     }
 
     /// The message, parsed (`null` when a carrier has none).
