@@ -251,6 +251,16 @@ pub trait SessionSource: Send + Sync {
     /// `PersistenceFailed`.
     fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError>;
 
+    /// The lineage of `id` from one `records` read (`trace_session`). A source that keeps its
+    /// corpus walkable may answer from that instead: the same trace.
+    fn trace(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
+        let records = self.records(cancel)?;
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        trace(&RecordLineage::of(&records, id), id, cancel)
+    }
+
     /// The raw log of one session (live preferred; a persisted log read without repair).
     fn log(&self, id: &str) -> Result<SessionLog, QueryError>;
 
@@ -403,11 +413,7 @@ impl<S: SessionSource> SessionQuery<S> {
         if cancel.is_cancelled() {
             return Err(QueryError::Aborted);
         }
-        let records = self.source.records(cancel)?;
-        if cancel.is_cancelled() {
-            return Err(QueryError::Aborted);
-        }
-        trace(&records, id, cancel)
+        self.source.trace(id, cancel)
     }
 
     fn list_events_impl(&self, id: &str) -> Result<Vec<EventRecord>, QueryError> {
@@ -518,22 +524,54 @@ fn invalid_surface(id: &str, violation: &str) -> QueryError {
     QueryError::InvalidSurface(format!("session {id}: {violation}"))
 }
 
-/// Lineage from one corpus snapshot.
-fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
-    let mut children: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
-    for record in records {
-        if let Some(parent) = record.header.parent_session.as_deref() {
-            children.entry(parent).or_default().push(record);
+/// The sessions of one corpus snapshot as `trace` walks them: by id, and each one's children in
+/// sibling order.
+trait Lineages<'r> {
+    fn session(&self, id: &str) -> Option<&'r SessionRecord>;
+    fn children(&self, id: &str) -> Vec<&'r SessionRecord>;
+}
+
+/// A list of records made walkable (`SessionSource::trace`'s default).
+struct RecordLineage<'r> {
+    by_id: HashMap<&'r str, &'r SessionRecord>,
+    children: HashMap<&'r str, Vec<&'r SessionRecord>>,
+}
+
+impl<'r> RecordLineage<'r> {
+    fn of(records: &'r [SessionRecord], id: &str) -> Self {
+        let mut children: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
+        for record in records {
+            if let Some(parent) = record.header.parent_session.as_deref() {
+                children.entry(parent).or_default().push(record);
+            }
         }
+        for siblings in children.values_mut() {
+            siblings.sort_by(|a, b| sibling_order(&a.header, &b.header));
+        }
+        // By id, only what the walk up can meet: the target and the sessions some session names
+        // as its parent (an ancestor is one). Most of a store has no children: it is not mapped.
+        let by_id = records
+            .iter()
+            .filter(|r| r.header.id == id || children.contains_key(r.header.id.as_str()))
+            .map(|r| (r.header.id.as_str(), r))
+            .collect();
+        RecordLineage { by_id, children }
     }
-    // By id, only what the walk up can meet: the target and the sessions some session names as
-    // its parent (an ancestor is one). Most of a store has no children: it is not mapped.
-    let by_id: HashMap<&str, &SessionRecord> = records
-        .iter()
-        .filter(|r| r.header.id == id || children.contains_key(r.header.id.as_str()))
-        .map(|r| (r.header.id.as_str(), r))
-        .collect();
-    let target = by_id.get(id).copied().ok_or_else(|| QueryError::SessionNotFound(id.to_string()))?;
+}
+
+impl<'r> Lineages<'r> for RecordLineage<'r> {
+    fn session(&self, id: &str) -> Option<&'r SessionRecord> {
+        self.by_id.get(id).copied()
+    }
+
+    fn children(&self, id: &str) -> Vec<&'r SessionRecord> {
+        self.children.get(id).cloned().unwrap_or_default()
+    }
+}
+
+/// Lineage from one corpus snapshot.
+fn trace<'r>(sessions: &impl Lineages<'r>, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
+    let target = sessions.session(id).ok_or_else(|| QueryError::SessionNotFound(id.to_string()))?;
     let cycle = |at: &str| QueryError::InvalidLineage(format!("the lineage of session {id} has a cycle through {at}"));
     let mut seen: HashSet<&str> = HashSet::new();
     seen.insert(target.header.id.as_str());
@@ -544,7 +582,7 @@ fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Res
         if !seen.insert(parent_id) {
             return Err(cycle(parent_id));
         }
-        match by_id.get(parent_id).copied() {
+        match sessions.session(parent_id) {
             Some(parent) => {
                 ancestors.push(parent.clone());
                 lineage = Lineage::Complete { root: parent_id.to_string() };
@@ -556,17 +594,14 @@ fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Res
             }
         }
     }
-    for siblings in children.values_mut() {
-        siblings.sort_by(|a, b| sibling_order(&a.header, &b.header));
-    }
     // Depth-first, without recursion (a long fork chain must not overflow the stack).
     struct Frame<'r> {
         record: &'r SessionRecord,
-        kids: &'r [&'r SessionRecord],
+        kids: Vec<&'r SessionRecord>,
         next: usize,
         built: Vec<LineageNode>,
     }
-    let mut stack = vec![Frame { record: target, kids: kids_of(&children, id), next: 0, built: Vec::new() }];
+    let mut stack = vec![Frame { record: target, kids: sessions.children(id), next: 0, built: Vec::new() }];
     let mut steps: u64 = 0;
     loop {
         steps += 1;
@@ -576,13 +611,12 @@ fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Res
         let Some(top) = stack.last_mut() else {
             unreachable!("the target frame is popped last");
         };
-        let kids = top.kids;
-        if let Some(&kid) = kids.get(top.next) {
+        if let Some(&kid) = top.kids.get(top.next) {
             top.next += 1;
             if !seen.insert(kid.header.id.as_str()) {
                 return Err(cycle(kid.header.id.as_str()));
             }
-            stack.push(Frame { record: kid, kids: kids_of(&children, &kid.header.id), next: 0, built: Vec::new() });
+            stack.push(Frame { record: kid, kids: sessions.children(&kid.header.id), next: 0, built: Vec::new() });
             continue;
         }
         let Some(done) = stack.pop() else {
@@ -595,10 +629,6 @@ fn trace(records: &[SessionRecord], id: &str, cancel: &CancellationToken) -> Res
             }
         }
     }
-}
-
-fn kids_of<'r>(children: &'r HashMap<&str, Vec<&'r SessionRecord>>, id: &str) -> &'r [&'r SessionRecord] {
-    children.get(id).map(Vec::as_slice).unwrap_or(&[])
 }
 
 type LiveSet = Box<dyn Fn(&str) -> bool + Send + Sync>;
@@ -738,9 +768,12 @@ struct Corpus {
     /// One record per id (as `merge_records` over every readable log, nothing live yet), or why
     /// the logs cannot be merged.
     merged: Result<Vec<SessionRecord>, QueryError>,
-    /// Where the scan found each session (the last log in scan order that names it): its
-    /// project and log in `projects`.
-    located: HashMap<IdKey, (usize, usize)>,
+    /// Where the scan found each session (the last log in scan order that names it), and its
+    /// record in `merged`.
+    located: HashMap<IdKey, Place>,
+    /// Per parent id, its children's records in `merged`, in sibling order (the trace's map,
+    /// made once per corpus).
+    children: HashMap<String, Vec<usize>>,
     /// What the scan found (a path is made only for a log that is read).
     projects: Vec<ProjectScan>,
     root: PathBuf,
@@ -749,10 +782,54 @@ struct Corpus {
 impl Corpus {
     /// The log file of session `id`, where the scan found it.
     fn path(&self, id: &str) -> Option<PathBuf> {
-        let &(project, log) = self.located.get(id)?;
-        let project = &self.projects[project];
-        Some(self.root.join(&project.name).join(&project.logs[log].session).join(LOG_FILE))
+        let place = self.located.get(id)?;
+        let project = &self.projects[place.project];
+        Some(self.root.join(&project.name).join(&project.logs[place.log].session).join(LOG_FILE))
     }
+}
+
+/// Where a corpus holds one session: the log the scan found (its project and log in
+/// `Corpus::projects`) and its record in `Corpus::merged`.
+struct Place {
+    project: usize,
+    log: usize,
+    record: usize,
+}
+
+/// A corpus's sessions as `trace` walks them.
+struct CorpusLineage<'c> {
+    records: &'c [SessionRecord],
+    corpus: &'c Corpus,
+}
+
+impl<'c> Lineages<'c> for CorpusLineage<'c> {
+    fn session(&self, id: &str) -> Option<&'c SessionRecord> {
+        self.records.get(self.corpus.located.get(id)?.record)
+    }
+
+    fn children(&self, id: &str) -> Vec<&'c SessionRecord> {
+        let kids = self.corpus.children.get(id).map(Vec::as_slice).unwrap_or_default();
+        kids.iter().filter_map(|&i| self.records.get(i)).collect()
+    }
+}
+
+/// Per parent id, the positions of its children in `records`, in sibling order.
+fn children_of(records: &[SessionRecord]) -> HashMap<String, Vec<usize>> {
+    let mut children: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, record) in records.iter().enumerate() {
+        if let Some(parent) = &record.header.parent_session {
+            match children.get_mut(parent.as_str()) {
+                Some(kids) => kids.push(i),
+                None => {
+                    children.insert(parent.clone(), vec![i]);
+                }
+            }
+        }
+    }
+    for kids in children.values_mut() {
+        kids.sort_by(|&a, &b| sibling_order(&records[a].header, &records[b].header));
+    }
+    children
 }
 
 /// A session id as a map key, held by its header (a corpus of thousands is indexed without
@@ -1119,28 +1196,39 @@ impl SourceState {
             // that names it), and `merge_records` over the persisted headers, one record per id in
             // first-found order, without a second map of the ids (two logs of one session, in two
             // project directories, must agree).
-            let mut located: HashMap<IdKey, (usize, usize)> = HashMap::with_capacity(headers.len());
-            let mut merged = Ok(Vec::with_capacity(headers.len()));
+            let mut located: HashMap<IdKey, Place> = HashMap::with_capacity(headers.len());
+            let mut merged: Result<Vec<SessionRecord>, QueryError> = Ok(Vec::with_capacity(headers.len()));
             for (made, (p, l)) in headers {
                 let header = made.or_else(|| {
                     let project = &projects[p];
                     cache.logs.get(&project.name)?.get(&project.logs[l].session)?.header.clone().ok()
                 });
                 let Some(header) = header else { continue };
-                if located.insert(IdKey(header.clone()), (p, l)).is_none() {
-                    if let Ok(records) = &mut merged {
-                        records.push(SessionRecord { header, live: false, persisted: true });
+                let record = merged.as_ref().map_or(0, Vec::len);
+                match located.insert(IdKey(header.clone()), Place { project: p, log: l, record }) {
+                    None => {
+                        if let Ok(records) = &mut merged {
+                            records.push(SessionRecord { header, live: false, persisted: true });
+                        }
                     }
-                } else if merged.is_ok() {
-                    // The map kept the first log's key (its header).
-                    let first = located.get_key_value(header.id.as_str()).map(|(first, _)| first.0.clone());
-                    if let Some(Err(conflict)) = first.map(|first| assert_headers_compatible(&first, &header)) {
-                        merged = Err(conflict);
+                    Some(first_place) => {
+                        // The map kept the first log's key (its header) and now holds this log's
+                        // place; the session's record stays the first one.
+                        let first = located.get_key_value(header.id.as_str()).map(|(first, _)| first.0.clone());
+                        if let Some(place) = located.get_mut(header.id.as_str()) {
+                            place.record = first_place.record;
+                        }
+                        if merged.is_ok()
+                            && let Some(Err(conflict)) = first.map(|first| assert_headers_compatible(&first, &header))
+                        {
+                            merged = Err(conflict);
+                        }
                     }
                 }
             }
+            let children = merged.as_ref().map(|records| children_of(records)).unwrap_or_default();
             let root = self.store.root().to_path_buf();
-            cache.corpus = Some(Arc::new(Corpus { merged, located, projects, root }));
+            cache.corpus = Some(Arc::new(Corpus { merged, located, children, projects, root }));
         }
         Ok(cache.corpus.clone().unwrap_or_else(|| unreachable!("the corpus was just built")))
     }
@@ -1257,6 +1345,26 @@ impl SessionSource for StoreSource {
         // Live first, as `merge_records(live, persisted)` orders them.
         records.sort_by_key(|record| !record.live);
         Ok(records)
+    }
+
+    /// From the corpus's own maps (no copy of its records, no map of its ids per trace); only the
+    /// sessions of the trace are asked whether they are live.
+    fn trace(&self, id: &str, cancel: &CancellationToken) -> Result<Trace, QueryError> {
+        let corpus = self.state.corpus(cancel)?;
+        let records = corpus.merged.as_deref().map_err(Clone::clone)?;
+        if cancel.is_cancelled() {
+            return Err(QueryError::Aborted);
+        }
+        let mut trace = trace(&CorpusLineage { records, corpus: &corpus }, id, cancel)?;
+        let live = |record: &mut SessionRecord| record.live = (self.live)(record.header.id.as_str());
+        live(&mut trace.target);
+        trace.ancestors.iter_mut().for_each(live);
+        let mut nodes: Vec<&mut LineageNode> = trace.descendants.iter_mut().collect();
+        while let Some(node) = nodes.pop() {
+            live(&mut node.session);
+            nodes.extend(node.descendants.iter_mut());
+        }
+        Ok(trace)
     }
 
     fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
@@ -1584,6 +1692,66 @@ mod tests {
         write("b", "s-1", 6);
         let conflict = records("disagreeing").unwrap_err();
         assert!(conflict.starts_with("session s-1 has conflicting headers"), "{conflict}");
+    }
+
+    /// The store's trace (from the corpus's own maps, live asked only of the trace's sessions)
+    /// is the trace the records give (`SessionSource::trace`'s default), for every session of a
+    /// corpus with grandchildren, siblings created at the same time, a session logged in two
+    /// projects, a parent outside the corpus, a cycle, and live sessions; and both see a new log.
+    #[test]
+    fn the_corpus_trace_is_the_records_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |project: &str, id: &str, created: u64, parent: Option<&str>| {
+            let session = dir.path().join(project).join(id);
+            std::fs::create_dir_all(&session).unwrap();
+            let mut header = SessionHeader::new(id, created, None);
+            header.parent_session = parent.map(str::to_string);
+            std::fs::write(session.join(LOG_FILE), format!("{}\n", serde_json::to_string(&header).unwrap())).unwrap();
+        };
+        write("a", "root", 1, None);
+        for (id, created) in [("c-b", 5), ("c-a", 5), ("C-c", 5), ("c-0", 9), ("c-1", 2)] {
+            write("a", id, created, Some("root"));
+        }
+        write("b", "c-a", 5, Some("root"));
+        write("b", "g-1", 3, Some("c-a"));
+        write("b", "g-2", 1, Some("c-a"));
+        write("a", "gg", 1, Some("g-2"));
+        write("a", "orphan", 1, Some("not-here"));
+        write("a", "orphan-kid", 1, Some("orphan"));
+        write("b", "x", 1, Some("y"));
+        write("b", "y", 1, Some("x"));
+        write("a", "x-kid", 1, Some("x"));
+        struct ByRecords(StoreSource);
+        impl SessionSource for ByRecords {
+            fn records(&self, cancel: &CancellationToken) -> Result<Vec<SessionRecord>, QueryError> {
+                self.0.records(cancel)
+            }
+            fn log(&self, id: &str) -> Result<SessionLog, QueryError> {
+                self.0.log(id)
+            }
+        }
+        let live = |id: &str| ["c-a", "gg", "orphan"].contains(&id);
+        let store = StoreSource::new(SessionStore::new(dir.path().to_path_buf()), live);
+        let records = ByRecords(StoreSource::new(SessionStore::new(dir.path().to_path_buf()), live));
+        let cancel = CancellationToken::new();
+        let ids =
+            ["root", "c-b", "c-a", "C-c", "c-0", "c-1", "g-1", "g-2", "gg", "orphan", "orphan-kid", "x", "y", "x-kid"];
+        let compare = |ids: &[&str]| {
+            for id in ids.iter().chain(&["absent"]) {
+                assert_eq!(store.trace(id, &cancel), records.trace(id, &cancel), "{id}");
+            }
+        };
+        compare(&ids);
+        let root = store.trace("root", &cancel).unwrap();
+        let order: Vec<&str> = root.descendants.iter().map(|n| n.session.header.id.as_str()).collect();
+        assert_eq!(order, ["c-1", "c-a", "c-b", "C-c", "c-0"]);
+        assert!(root.descendants[1].session.live && !root.descendants[0].session.live);
+        assert_eq!(root.descendants[1].descendants[0].descendants[0].session.header.id, "gg");
+        assert!(root.descendants[1].descendants[0].descendants[0].session.live);
+        assert_eq!(store.trace("x-kid", &cancel).unwrap_err().code(), "SESSION_QUERY_INVALID_LINEAGE");
+        write("b", "late", 1, Some("g-1"));
+        compare(&["root", "g-1", "late"]);
+        assert_eq!(store.trace("g-1", &cancel).unwrap().descendants[0].session.header.id, "late");
     }
 
     #[test]
