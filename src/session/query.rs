@@ -12,7 +12,8 @@
 //! Cost. One corpus scan per trace: a stat per log (`store_scan`: relative to its project
 //! directory, the logs shared among a few threads in chunks); headers are read only from new or
 //! changed logs, and the merged corpus is rebuilt only when some log was added, removed or
-//! changed. Per log, `StoreSource` keeps a derived `LogSummary` (header, event count, the
+//! changed; it keeps the maps a trace walks (each session's record, each parent's children in
+//! sibling order), so a trace copies only the sessions it returns. Per log, `StoreSource` keeps a derived `LogSummary` (header, event count, the
 //! `subagent/descriptor` events, the surface verdict) keyed by (path, length, mtime) and rebuilt
 //! on any mismatch; the summary is never an authority, only a
 //! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
