@@ -534,21 +534,14 @@ trait Lineages<'r> {
 
 /// A list of records made walkable (`SessionSource::trace`'s default).
 struct RecordLineage<'r> {
+    records: &'r [SessionRecord],
     by_id: HashMap<&'r str, &'r SessionRecord>,
-    children: HashMap<&'r str, Vec<&'r SessionRecord>>,
+    children: HashMap<String, Vec<usize>>,
 }
 
 impl<'r> RecordLineage<'r> {
     fn of(records: &'r [SessionRecord], id: &str) -> Self {
-        let mut children: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
-        for record in records {
-            if let Some(parent) = record.header.parent_session.as_deref() {
-                children.entry(parent).or_default().push(record);
-            }
-        }
-        for siblings in children.values_mut() {
-            siblings.sort_by(|a, b| sibling_order(&a.header, &b.header));
-        }
+        let children = children_of(records);
         // By id, only what the walk up can meet: the target and the sessions some session names
         // as its parent (an ancestor is one). Most of a store has no children: it is not mapped.
         let by_id = records
@@ -556,7 +549,7 @@ impl<'r> RecordLineage<'r> {
             .filter(|r| r.header.id == id || children.contains_key(r.header.id.as_str()))
             .map(|r| (r.header.id.as_str(), r))
             .collect();
-        RecordLineage { by_id, children }
+        RecordLineage { records, by_id, children }
     }
 }
 
@@ -566,8 +559,13 @@ impl<'r> Lineages<'r> for RecordLineage<'r> {
     }
 
     fn children(&self, id: &str) -> Vec<&'r SessionRecord> {
-        self.children.get(id).cloned().unwrap_or_default()
+        kids(self.records, &self.children, id)
     }
+}
+
+/// The records of `id`'s children (`children_of`'s positions).
+fn kids<'r>(records: &'r [SessionRecord], children: &HashMap<String, Vec<usize>>, id: &str) -> Vec<&'r SessionRecord> {
+    children.get(id).map(Vec::as_slice).unwrap_or_default().iter().filter_map(|&i| records.get(i)).collect()
 }
 
 /// Lineage from one corpus snapshot.
@@ -809,8 +807,7 @@ impl<'c> Lineages<'c> for CorpusLineage<'c> {
     }
 
     fn children(&self, id: &str) -> Vec<&'c SessionRecord> {
-        let kids = self.corpus.children.get(id).map(Vec::as_slice).unwrap_or_default();
-        kids.iter().filter_map(|&i| self.records.get(i)).collect()
+        kids(self.records, &self.corpus.children, id)
     }
 }
 
