@@ -3,10 +3,9 @@
 //! `inputTokens + outputTokens` (kin's `inputTokens` already includes cache reads and writes), or
 //! the heuristic price of that request when that is larger; the total is the anchor plus the
 //! signed change of the surface estimate since then (negative after a compaction). Without an
-//! anchor the total is the heuristic estimate of the header and the surface. The heuristic counts
-//! UTF-16 units (JavaScript `.length`): a text or reasoning block `ceil(len/4)+4`, a tool call
-//! `ceil(name/4)+ceil(arguments/4)+4`, a tool result its content `+4`, any other block
-//! `4+ceil(JSON/4)`, `+4` per message; the header `ceil(system/4)+4` plus `ceil(JSON(tools)/4)+4`.
+//! anchor the total is the heuristic estimate of the header and the surface. A message's estimate
+//! is `session::estimate`'s (kept by the message); the header's is `ceil(system/4)+4` plus
+//! `ceil(JSON(tools)/4)+4`, in UTF-16 units.
 
 use serde_json::{Value, json};
 

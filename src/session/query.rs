@@ -13,12 +13,12 @@
 //! directory, the logs shared among a few threads in chunks); headers are read only from new or
 //! changed logs, and the merged corpus is rebuilt only when some log was added, removed or
 //! changed; it keeps the maps a trace walks (each session's record, each parent's children in
-//! sibling order), so a trace copies only the sessions it returns. Per log, `StoreSource` keeps a derived `LogSummary` (header, event count, the
-//! `subagent/descriptor` events, the surface verdict) keyed by (path, length, mtime) and rebuilt
-//! on any mismatch; the summary is never an authority, only a
-//! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
-//! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan
-//! (`pin` / `release`), so it stats each log once. With `with_index` (the runtime's), the source
+//! sibling order), so a trace copies only the sessions it returns. Per log, `StoreSource` keeps a
+//! derived `LogSummary` (header, event count, the `subagent/descriptor` events, the surface
+//! verdict) keyed by (path, length, mtime) and rebuilt on any mismatch; the summary is never an
+//! authority, only a cache of what a full read of the same bytes returns. Exact reads reuse the
+//! scan's paths instead of rescanning the corpus. A listing pins its candidates' summaries as of
+//! its trace's scan (`pin` / `release`), so it stats each log once. With `with_index` (the runtime's), the source
 //! also keeps the derived catalog index file (`catalog_index`): the first scan takes unchanged
 //! logs' headers from it and their summaries read back only the descriptor lines; its `watch`
 //! (`session::watch`), which the runtime's store reports its writes to, keeps the cache and the
@@ -1563,7 +1563,8 @@ enum Built {
 }
 
 /// Puts what `build_summary` made of the log at `path` (statted at `len`, `modified`) into the
-/// cache, and returns the summary.
+/// cache, and returns the summary. It is keyed by the stat made before the read: if the file grew
+/// meanwhile, the next call's stat misses it and it is built again.
 fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: Built) -> Arc<LogSummary> {
     let (project, session) = log_key(path);
     let (summary, header, facts) = match built {
