@@ -11,20 +11,20 @@
 //!
 //! Cost. One corpus scan per trace: a stat per log (`store_scan`: relative to its project
 //! directory, the logs shared among a few threads in chunks); headers are read only from new or
-//! changed logs, and the merged corpus is rebuilt only when some log was added, removed or
-//! changed; it keeps the maps a trace walks (each session's record, each parent's children in
-//! sibling order), so a trace copies only the sessions it returns. Per log, `StoreSource` keeps a
-//! derived `LogSummary` (header, event count, the `subagent/descriptor` events, the surface
-//! verdict) keyed by (path, length, mtime) and rebuilt on any mismatch; the summary is never an
-//! authority, only a cache of what a full read of the same bytes returns. Exact reads reuse the
-//! scan's paths instead of rescanning the corpus. A listing pins its candidates' summaries as of
-//! its trace's scan (`pin` / `release`), so it stats each log once. With `with_index` (the runtime's), the source
-//! also keeps the derived catalog index file (`catalog_index`): the first scan takes unchanged
-//! logs' headers from it and their summaries read back only the descriptor lines; its `watch`
+//! changed logs, and the merged corpus is rebuilt only when some log was added, removed or changed;
+//! it keeps the maps a trace walks (each session's record, each parent's children in sibling
+//! order), so a trace copies only the sessions it returns. Per log, `StoreSource` keeps a derived
+//! `LogSummary` (header, event count, the `subagent/descriptor` events, the surface verdict) keyed
+//! by (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
+//! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
+//! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan (`pin`
+//! / `release`), so it stats each log once. With `with_index` (the runtime's), the source also
+//! keeps the derived catalog index file (`catalog_index`): the first scan takes unchanged logs'
+//! headers from it and their summaries read back only the descriptor lines; its `watch`
 //! (`session::watch`), which the runtime's store reports its writes to, keeps the cache and the
-//! file current as kin writes children, in batches on the watch's thread. A file
-//! rewritten to the same length within one mtime tick would be missed until it changes again:
-//! logs are append-only, so only a hand edit can do that.
+//! file current as kin writes children, in batches on the watch's thread. A file rewritten to the
+//! same length within one mtime tick would be missed until it changes again: logs are append-only,
+//! so only a hand edit can do that.
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::cmp::Ordering;
