@@ -44,6 +44,7 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
     let store = SessionStore::new(&sessions);
     let mut session: Option<String> = None;
     let mut acknowledged = 0usize;
+    let mut killed_mid_turn = 0usize;
     for kill in 0..KILLS {
         let mut kin = Peer::spawn(&mut common::acp(&sessions, Some(&replay)));
         // Writes may fail once kin is killed; that is expected here.
@@ -69,24 +70,35 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
                 id.clone()
             }
         };
-        // A few prompts; the kill lands somewhere among them (maybe mid-write).
+        // A few prompts, one at a time (kin refuses a second prompt while one is in flight).
+        // The first `awaited` are answered before the next is sent: the kill point is fenced by
+        // their responses, so a slow machine moves it in time but not in order. If `awaited` is
+        // short of `prompts`, one more prompt is sent and the kill lands while it runs (maybe
+        // mid-write), after a random short wait in which its answer counts too.
         let prompts = rng.u64(1..4);
-        for n in 0..prompts {
-            send(
-                &mut kin,
-                10 + n,
-                "session/prompt",
-                json!({"sessionId": id, "prompt": [{"type": "text", "text": format!("p{kill}.{n}")}]}),
-            );
+        let awaited = rng.u64(0..=prompts);
+        let prompt = |kin: &mut Peer, n: u64| {
+            let text = format!("p{kill}.{n}");
+            send(kin, 10 + n, "session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": text}]}));
+        };
+        let answered = |frame: Value| assert_eq!(frame["result"]["stopReason"], "end_turn", "kill {kill}: {frame}");
+        for n in 0..awaited {
+            prompt(&mut kin, n);
+            answered(kin.response_within(10 + n, Duration::from_secs(20)).expect("an awaited prompt is answered"));
+            acknowledged += 1;
         }
-        let kill_after = Duration::from_micros(rng.u64(0..10_000));
-        let started = std::time::Instant::now();
-        for n in 0..prompts {
-            let Some(left) = kill_after.checked_sub(started.elapsed()) else { break };
-            if let Some(frame) = kin.response_within(10 + n, left) {
-                assert_eq!(frame["result"]["stopReason"], "end_turn", "kill {kill}: {frame}");
-                acknowledged += 1;
+        let grace = Duration::from_micros(rng.u64(0..3_000));
+        if awaited < prompts {
+            prompt(&mut kin, awaited);
+            match kin.response_within(10 + awaited, grace) {
+                Some(frame) => {
+                    answered(frame);
+                    acknowledged += 1;
+                }
+                None => killed_mid_turn += 1,
             }
+        } else {
+            std::thread::sleep(grace);
         }
         kin.child.kill().unwrap();
         kin.child.wait().unwrap();
@@ -104,8 +116,9 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
             "kill {kill}: {acknowledged} turns acknowledged but {completed} completed on disk"
         );
     }
-    eprintln!("{acknowledged} turns acknowledged across {KILLS} kills");
-    assert!(acknowledged >= 10, "the kills should land both before and after acknowledgements");
+    eprintln!("{acknowledged} turns acknowledged across {KILLS} kills, {killed_mid_turn} kills with a turn unanswered");
+    assert!(acknowledged >= 10, "the kills should land after acknowledgements");
+    assert!(killed_mid_turn >= 10, "the kills should land before acknowledgements");
     let log = store.load(session.as_deref().unwrap()).expect("the final log loads (repairing)");
     assert!(log.events().len() > KILLS, "the session grew across {KILLS} kills");
 }
