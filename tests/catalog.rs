@@ -1729,9 +1729,8 @@ fn index_parts(store: &SessionStore) -> (Value, Vec<String>) {
 /// Writes an index of these entry lines with a first line that matches them (count and digest),
 /// as kin would: only what the entries say is wrong.
 fn write_index_entries(store: &SessionStore, head: &Value, entries: &[String]) {
-    use sha2::Digest;
     let body: String = entries.iter().map(|line| format!("{line}\n")).collect();
-    let digest: String = sha2::Sha256::digest(body.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let digest = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(body.as_bytes()));
     let mut head = head.clone();
     head["entries"] = json!(entries.len());
     head["digest"] = json!(digest);
@@ -1790,9 +1789,12 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
         ("JSON of another shape", Box::new(write(b"{\"hello\": 1}\n[]\n".to_vec()))),
         (
             "another version",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":1", "\"kinCatalogIndex\":2", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":2", "\"kinCatalogIndex\":3", 1).into_bytes())),
         ),
-        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":1", "\"kinCatalogIndex\":0", 1).into_bytes()))),
+        (
+            "version 1 (SHA-256 digests)",
+            Box::new(write(text.replacen("\"kinCatalogIndex\":2", "\"kinCatalogIndex\":1", 1).into_bytes())),
+        ),
         (
             "an entry changed under its digest",
             Box::new(write(text.replacen("\"events\":", "\"events\":1", 1).into_bytes())),

@@ -49,8 +49,8 @@ impl<'a> Cursor<'a> {
     pub(crate) fn string(&mut self) -> Option<&'a str> {
         self.expect("\"")?;
         let bytes = &self.text.as_bytes()[self.at..];
-        let end = bytes.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-        if bytes[end] != b'"' {
+        let end = memchr::memchr(b'"', bytes)?;
+        if bytes[..end].iter().any(|&b| b == b'\\' || b < 0x20) {
             return None;
         }
         let value = &self.text[self.at..self.at + end];

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 use foldhash::{HashMap, HashMapExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
+use xxhash_rust::xxh3::xxh3_128;
 
 use super::canonical::{self, Cursor};
 use super::event::Kind;
@@ -35,7 +35,8 @@ use super::scan::{LocatedLine, open_log, open_log_unchecked};
 /// What the index's file name adds to the sessions directory's name (it sits beside it).
 pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
 /// The format version on the first line; any other is ignored.
-pub(crate) const INDEX_VERSION: u64 = 1;
+/// Version 2: the digests are XXH3-128 (version 1's were SHA-256, a third of reading the index).
+pub(crate) const INDEX_VERSION: u64 = 2;
 /// An index larger than this is not read (nor written): listings fall back to reading logs.
 const INDEX_LIMIT: u64 = 256 << 20;
 /// A descriptor line longer than this is not read back through the index.
@@ -129,15 +130,17 @@ struct DescriptorLine {
     digest: String,
 }
 
-/// The SHA-256 of `bytes`, lowercase hex.
+/// The XXH3-128 of `bytes`: 32 lowercase hex digits. An integrity check against a torn or
+/// damaged file, not a forger's (who could as well edit the logs it stands for).
 fn digest(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    format!("{:032x}", xxh3_128(bytes))
 }
 
-/// Whether `hex` is `digest(bytes)` (made on the stack: a start checks one per log).
+/// Whether `hex` is `digest(bytes)` (without making it: a start checks one per log).
 fn digest_is(bytes: &[u8], hex: &str) -> bool {
-    let mut text = [0u8; 64];
-    hex::encode_to_slice(Sha256::digest(bytes), &mut text).is_ok() && text[..] == *hex.as_bytes()
+    hex.len() == 32
+        && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && u128::from_str_radix(hex, 16).is_ok_and(|value| value == xxh3_128(bytes))
 }
 
 /// The index file of a sessions directory, beside it; `None` for a directory without a parent
@@ -152,7 +155,8 @@ fn placed(root: &Path) -> Result<PathBuf, String> {
     path(root).ok_or_else(|| format!("{} has no place for a catalog index beside it", root.display()))
 }
 
-/// The entries of the index of `root`; `Err` says why there are none to use (the file is
+/// The entries of the index of `root`, but for those whose session directory is not the one
+/// their header's id names (unusable); `Err` says why there are none to use (the file is
 /// missing, or anything about it is not exactly what `write` writes).
 pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     let path = placed(root)?;
@@ -174,60 +178,55 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     if !digest_is(body.as_bytes(), &head.digest) {
         return Err("the entries do not match the digest on the first line (truncated or changed)".into());
     }
-    let lines: Vec<&str> = body.strip_suffix('\n').map(|b| b.split('\n').collect()).unwrap_or_default();
+    // Each line parsed, in order, on this thread (the index's own, beside the scan): parsing on
+    // more threads made them contend for the process's one malloc arena (`heap::configure`) and
+    // cost more CPU than it saved wall time, on cores the scan needs.
+    let lines = body.strip_suffix('\n').map(|body| body.split('\n'));
+    let parsed = lines
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(number, line)| parse_entry(line).map_err(|e| format!("entry {}: {e}", number + 1)))
+        .collect::<Result<Vec<Parsed<'_>>, String>>()?;
+    if parsed.len() as u64 != head.entries {
+        return Err(format!("{} entries where the first line says {}", parsed.len(), head.entries));
+    }
+    // `write` groups a project's entries: each run of one project's lines fills its map, sized
+    // for the run, without hashing the (long) project name per line; a project met again later
+    // resumes its map.
+    let runs: Vec<usize> = parsed.chunk_by(|a, b| a.0.0 == b.0.0).map(<[_]>::len).collect();
     let mut entries = Entries::new();
-    let mut count = 0u64;
-    // `write` groups a project's entries: each run of one project's lines fills its map without
-    // hashing the (long) project name per line; a project met again later resumes its map.
-    let mut run: Option<(Cow<'_, str>, HashMap<OsString, Entry>)> = None;
-    for (number, parsed) in parse_entries(&lines).into_iter().enumerate() {
-        let ((project, session), entry) = parsed.map_err(|e| format!("entry {}: {e}", number + 1))?;
-        let logs = match &mut run {
-            Some((current, logs)) if *current == project => logs,
-            _ => {
-                if let Some((done, logs)) = run.take() {
-                    entries.insert(OsString::from(done.as_ref()), logs);
-                }
-                let resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
-                &mut run.insert((project, resumed)).1
+    let mut misnamed = Vec::new();
+    let mut parsed = parsed.into_iter().enumerate();
+    for len in runs {
+        let mut run = parsed.by_ref().take(len).peekable();
+        let Some((_, ((project, _), ..))) = run.peek() else { break };
+        let project = OsString::from(project.as_ref());
+        let logs = entries.entry(project.clone()).or_default();
+        logs.reserve(len);
+        for (number, ((_, session), entry, named)) in run {
+            if !named {
+                misnamed.push((project.clone(), session.clone()));
             }
-        };
-        if logs.insert(session, entry).is_some() {
-            return Err(format!("entry {} repeats a log", number + 1));
+            if logs.insert(session, entry).is_some() {
+                return Err(format!("entry {} repeats a log", number + 1));
+            }
         }
-        count += 1;
     }
-    if let Some((done, logs)) = run {
-        entries.insert(OsString::from(done.as_ref()), logs);
-    }
-    if count != head.entries {
-        return Err(format!("{count} entries where the first line says {}", head.entries));
+    // An entry is taken only for the directory its header's id names (checked here, where the
+    // line is in the cache, rather than by each scan that matches it).
+    for (project, session) in misnamed {
+        if let Some(logs) = entries.get_mut(&project) {
+            logs.remove(&session);
+        }
     }
     Ok(entries)
 }
 
-/// One entry line parsed: its (project, session) directory names and the entry (the project's
-/// name borrowed: a few projects hold thousands of logs).
-type Parsed<'a> = ((Cow<'a, str>, OsString), Entry);
-
-/// Each line parsed, in order, on up to four threads (a start reads one entry per log).
-fn parse_entries<'a>(lines: &[&'a str]) -> Vec<Result<Parsed<'a>, String>> {
-    let workers = std::thread::available_parallelism().map_or(1, usize::from).min(4);
-    let share = lines.len().div_ceil(workers.max(1)).max(1024);
-    if lines.len() <= share {
-        return lines.iter().map(|line| parse_entry(line)).collect();
-    }
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = lines
-            .chunks(share)
-            .map(|chunk| scope.spawn(move || chunk.iter().map(|line| parse_entry(line)).collect::<Vec<_>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|handle| handle.join().unwrap_or_else(|_| vec![Err("a parsing thread panicked".into())]))
-            .collect()
-    })
-}
+/// One entry line parsed: its (project, session) directory names, the entry (the project's
+/// name borrowed: a few projects hold thousands of logs), and whether the session directory is
+/// the one its header's id names.
+type Parsed<'a> = ((Cow<'a, str>, OsString), Entry, bool);
 
 fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
     let e = match canonical_entry(line) {
@@ -268,8 +267,9 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
                 .collect(),
         })
     });
+    let named = super::layout::is_segment_of(OsStr::new(e.session.as_ref()), &header.id);
     let key = (e.project, OsString::from(e.session.as_ref()));
-    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts }))
+    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts }, named))
 }
 
 /// An entry line's fields, as read by serde or by `canonical_entry`.
@@ -458,7 +458,8 @@ mod tests {
             assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
             assert_eq!(fast.header_digest, serde.header_digest);
             assert_eq!(fast.summary.is_some(), serde.summary.is_some());
-            let ((p, s), read) = parse_entry(line).unwrap();
+            let ((p, s), read, named) = parse_entry(line).unwrap();
+            assert!(named);
             assert_eq!((p.as_ref(), s.as_os_str()), (*project, OsStr::new(session)));
             assert_eq!(
                 (read.len, read.modified, &read.header, &read.facts),
@@ -470,7 +471,7 @@ mod tests {
         // read, and reads the same.
         let escaped = lines[0].replacen("\"project\":\"--p--\"", "\"project\":\"--\\u0070--\"", 1);
         assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());
-        let ((project, _), read) = parse_entry(&escaped).unwrap();
+        let ((project, _), read, _) = parse_entry(&escaped).unwrap();
         assert_eq!((project.as_ref(), &read.header), ("--p--", &entries[0].2.header));
     }
 

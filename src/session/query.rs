@@ -1278,10 +1278,8 @@ impl SourceState {
                 Some((key, entry)) => (key, Some(entry)),
                 None => (f.session.clone(), None),
             };
-            let indexed = indexed
-                .filter(|entry| entry.len == len && entry.modified == modified)
-                // A header is taken only for the directory its id names.
-                .filter(|entry| super::layout::is_segment_of(&f.session, &entry.header.id));
+            // (`catalog_index::load` gives only entries in the directory their header's id names.)
+            let indexed = indexed.filter(|entry| entry.len == len && entry.modified == modified);
             let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
             if indexed.is_some() {
                 from_index += 1;
