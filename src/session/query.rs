@@ -779,11 +779,17 @@ struct Corpus {
 }
 
 impl Corpus {
-    /// The log file of session `id`, where the scan found it.
-    fn path(&self, id: &str) -> Option<PathBuf> {
+    /// The (project, session) directory names of session `id`'s log, where the scan found it.
+    fn names(&self, id: &str) -> Option<(&OsStr, &OsStr)> {
         let place = self.located.get(id)?;
         let project = &self.projects[place.project];
-        Some(self.root.join(&project.name).join(&project.logs[place.log].session).join(LOG_FILE))
+        Some((&project.name, &project.logs[place.log].session))
+    }
+
+    /// The log file of session `id`, where the scan found it.
+    fn path(&self, id: &str) -> Option<PathBuf> {
+        let (project, session) = self.names(id)?;
+        Some(self.root.join(project).join(session).join(LOG_FILE))
     }
 }
 
@@ -1459,13 +1465,14 @@ impl SourceState {
     /// What a listing's pin needs of `id` as of the last scan, which statted its log (`None`
     /// when that scan did not find it a regular file: the listing's reads then report it).
     fn scanned(&self, cache: &Cache, id: &str) -> Option<Planned> {
-        let path = cache.corpus.as_ref()?.path(id)?;
-        let (project, session) = log_key(&path);
+        let corpus = cache.corpus.as_ref()?;
+        let (project, session) = corpus.names(id)?;
         let log = cache.logs.get(project)?.get(session)?;
         if log.seen != cache.generation || !log.statted {
             return None;
         }
         let toward = toward(log, cache.index.is_some());
+        let path = corpus.root.join(project).join(session).join(LOG_FILE);
         Some(Planned { len: log.len, modified: log.modified, toward, path })
     }
 
