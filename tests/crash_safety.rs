@@ -98,6 +98,9 @@ fn sigkill_at_random_points_loses_nothing_acknowledged() {
                 None => killed_mid_turn += 1,
             }
         } else {
+            // Every prompt answered: the kill lands at a random point after the last answer
+            // (kin may still be writing what follows a turn); the wait is the randomness, no
+            // event is missed by it.
             std::thread::sleep(grace);
         }
         kin.child.kill().unwrap();
