@@ -1795,6 +1795,7 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
             "version 1 (SHA-256 digests)",
             Box::new(write(text.replacen("\"kinCatalogIndex\":2", "\"kinCatalogIndex\":1", 1).into_bytes())),
         ),
+        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":2", "\"kinCatalogIndex\":0", 1).into_bytes()))),
         (
             "an entry changed under its digest",
             Box::new(write(text.replacen("\"events\":", "\"events\":1", 1).into_bytes())),

@@ -789,8 +789,13 @@ impl Corpus {
     /// The log file of session `id`, where the scan found it.
     fn path(&self, id: &str) -> Option<PathBuf> {
         let (project, session) = self.names(id)?;
-        Some(self.root.join(project).join(session).join(LOG_FILE))
+        Some(log_file(&self.root, project, session))
     }
+}
+
+/// The log file `<root>/<project>/<session>/<LOG_FILE>` (`log_key` reads the names back).
+fn log_file(root: &Path, project: &OsStr, session: &OsStr) -> PathBuf {
+    root.join(project).join(session).join(LOG_FILE)
 }
 
 /// Where a corpus holds one session: the log the scan found (its project and log in
@@ -1245,7 +1250,7 @@ impl SourceState {
         let logs = &mut logs;
         let (mut seen, mut from_index, mut read, mut changed) = (0usize, 0usize, 0usize, false);
         let mut headers = Vec::with_capacity(project.logs.len());
-        let log_path = |log: &FoundLog| self.store.root().join(&project.name).join(&log.session).join(LOG_FILE);
+        let log_path = |log: &FoundLog| log_file(self.store.root(), &project.name, &log.session);
         for (l, f) in project.logs.iter().enumerate() {
             let path = || log_path(f);
             let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
@@ -1472,7 +1477,7 @@ impl SourceState {
             return None;
         }
         let toward = toward(log, cache.index.is_some());
-        let path = corpus.root.join(project).join(session).join(LOG_FILE);
+        let path = log_file(&corpus.root, project, session);
         Some(Planned { len: log.len, modified: log.modified, toward, path })
     }
 
