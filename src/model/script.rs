@@ -90,6 +90,12 @@ pub(crate) fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: Cancellatio
                 let _ = tx.send(Err(failure)).await;
             }
             Some(Err(ready_file)) => {
+                // Ready means the consumer has taken every prefix chunk, not only that they are
+                // queued: a cancel sent on seeing the file must find them already in the log.
+                match tx.reserve_many(tx.max_capacity()).await {
+                    Ok(permits) => drop(permits),
+                    Err(_) => return,
+                }
                 if let Some(name) = ready_file {
                     let path = cwd.map_or_else(|| PathBuf::from(&name), |cwd| cwd.join(&name));
                     if let Err(e) = std::fs::write(&path, b"") {
@@ -188,5 +194,38 @@ impl Model for ScriptedModel {
             code: "SCRIPT_EXHAUSTED".into(),
         });
         play(entry, cwd, cancel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hang's ready file appears only once the consumer has taken every prefix chunk (a scenario
+    /// cancels on seeing it and expects the prefix in the log): queued is not enough.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hang_is_ready_only_after_its_prefix_is_taken() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ready = dir.path().join(".ready");
+        let text = |text: &str| StreamChunk::TextDelta { index: 0, text: text.into() };
+        let entry = ReplayEntry::Hang { chunks: vec![text("a"), text("b")], ready_file: Some(".ready".into()) };
+        let cancel = CancellationToken::new();
+        let mut stream = play(entry, Some(dir.path().to_path_buf()), cancel.clone());
+        // On one thread, a few yields let the player run until it waits for the consumer.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!ready.exists(), "the ready file came before the prefix was taken");
+        for _ in 0..2 {
+            assert!(matches!(stream.recv().await, Some(Ok(ModelEvent::Chunk(StreamChunk::TextDelta { .. })))));
+        }
+        let mut yields = 0;
+        while !ready.exists() {
+            assert!(yields < 64, "the ready file never came after the prefix was taken");
+            tokio::task::yield_now().await;
+            yields += 1;
+        }
+        cancel.cancel();
+        assert!(stream.recv().await.is_none(), "a cancelled hang ends its stream");
     }
 }
