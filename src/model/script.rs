@@ -62,9 +62,11 @@ impl ReplayEntry {
 pub(crate) fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: CancellationToken) -> ChunkStream {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
+        // A file an entry names, relative to the session cwd.
+        let in_cwd = |name: &str| cwd.as_ref().map_or_else(|| PathBuf::from(name), |cwd| cwd.join(name));
         let mut entry = entry;
         while let ReplayEntry::Gated { file, entry: inner } = entry {
-            let path = cwd.as_ref().map_or_else(|| PathBuf::from(&file), |cwd| cwd.join(&file));
+            let path = in_cwd(&file);
             while !path.exists() {
                 tokio::select! {
                     () = cancel.cancelled() => return,
@@ -97,7 +99,7 @@ pub(crate) fn play(entry: ReplayEntry, cwd: Option<PathBuf>, cancel: Cancellatio
                     Err(_) => return,
                 }
                 if let Some(name) = ready_file {
-                    let path = cwd.map_or_else(|| PathBuf::from(&name), |cwd| cwd.join(&name));
+                    let path = in_cwd(&name);
                     if let Err(e) = std::fs::write(&path, b"") {
                         tracing::warn!(path = %path.display(), "cannot write replay ready file: {e}");
                     }
