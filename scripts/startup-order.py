@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""scripts/startup-order.py TRACER KIN MAP ORDER (run by scripts/startup-order.sh): runs KIN under
+"""scripts/startup-order.py TRACER KIN MAP ORDER KEY (run by scripts/startup-order.sh): runs KIN under
 TRACER through `initialize`, `session/new` and one prompt answered by a loopback Chat Completions
 server, then writes to ORDER the functions it ran, in the order they first ran, named as the
-linker map MAP names their sections (one function per section)."""
+linker map MAP names their sections (one function per section), after a first line `# key KEY`
+(the linker skips lines that start with #)."""
 import bisect
 import http.server
 import json
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import threading
 
-tracer, kin, link_map, order = sys.argv[1:5]
+tracer, kin, link_map, order, key = sys.argv[1:6]
 BODY = (b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":null}]}\n\n'
         b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
 # Names longer than this (deeply nested generic types) are left out: they would make the file
@@ -89,5 +90,5 @@ for _, offset in points:
             names.append(name)
 kept = [n for n in names if len(n) <= LONGEST]
 with open(order, "w") as out:
-    out.write("".join(n + "\n" for n in kept))
+    out.write(f"# key {key}\n" + "".join(n + "\n" for n in kept))
 print(f"{order}: {len(kept)} functions ({len(names) - len(kept)} with names over {LONGEST} characters left out)")

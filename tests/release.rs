@@ -1,6 +1,7 @@
 //! Install and release parts that run here: `kin --version` names the commit, scripts/dist.sh
 //! builds the archive layout and checksum file the release workflow publishes, and agent.json
-//! (the ACP registry manifest) agrees with Cargo.toml and the workflow's target matrix.
+//! (the ACP registry manifest) agrees with Cargo.toml and the workflow's target matrix, and the
+//! start-up link order (scripts/startup.order) was made for this toolchain and these manifests.
 
 use std::path::Path;
 use std::process::Command;
@@ -74,6 +75,33 @@ fn agent_manifest_matches_the_crate_and_the_release_matrix() {
     let mut wanted: Vec<String> = PLATFORMS.iter().map(|(_, t)| t.to_string()).collect();
     wanted.sort();
     assert_eq!(built, wanted, "release.yml matrix targets");
+}
+
+/// Issue 23: a release build links the functions `kin acp` runs to its first turn together, named
+/// in scripts/startup.order by their mangled symbols. Those carry a hash of the crate's
+/// dependencies and the toolchain, so a dependency change or a new toolchain leaves a file whose
+/// names match none of kin's functions: nothing fails, but an idle kin's RSS rose from 6 to 9-10
+/// MiB each of the three times that went unnoticed. The file's first line is the key it was made
+/// for (scripts/startup-order.sh): SHA-256 of `rustc -V`'s output, Cargo.toml and Cargo.lock.
+#[test]
+fn the_startup_order_was_made_for_this_toolchain_and_these_manifests() {
+    use sha2::Digest;
+    let root = Path::new(ROOT);
+    let order = std::fs::read_to_string(root.join("scripts/startup.order")).expect("scripts/startup.order");
+    let recorded = order.lines().next().and_then(|line| line.strip_prefix("# key ")).unwrap_or("none");
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let mut key = sha2::Sha256::new();
+    key.update(run(Command::new(rustc).arg("-V")));
+    for manifest in ["Cargo.toml", "Cargo.lock"] {
+        key.update(std::fs::read(root.join(manifest)).expect(manifest));
+    }
+    let key: String = key.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        recorded, key,
+        "scripts/startup.order was made for another toolchain or other dependencies, so a release build \
+         would not find kin's start-up functions in it (an idle kin's RSS grows by a half): run \
+         scripts/startup-order.sh and commit the file it writes"
+    );
 }
 
 #[test]
