@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kin::testkit::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
 use kin::testkit::tools::bash::BashTool;
-use kin::testkit::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use kin::testkit::tools::{Access, Tool, ToolContext, ToolError, ToolOutput};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -39,9 +39,17 @@ fn tool(policy: &str) -> BashTool {
     BashTool::with_sandbox(Arc::new(SessionSandbox::restored(Arc::new(settings), None)), None)
 }
 
+/// A context for `args` as the permission gate admits the call: an unconfined command (`Execute`:
+/// the sandbox is off, or `sandbox: "off"`) may run outside the sandbox, a sandboxed one may not.
+fn admitted(tool: &BashTool, args: &serde_json::Value, cwd: &Path, cancel: CancellationToken) -> ToolContext {
+    let mut ctx = ToolContext::detached(Some(cwd.to_path_buf()), cancel);
+    ctx.allow_unsandboxed = matches!(tool.access(args), Access::Execute { .. });
+    ctx
+}
+
 async fn run(tool: &BashTool, cwd: &Path, command: &str) -> Result<ToolOutput, ToolError> {
-    let ctx = ToolContext::detached(Some(cwd.to_path_buf()), CancellationToken::new());
-    tool.execute(json!({"command": command, "description": "test"}), ctx).await
+    let args = json!({"command": command, "description": "test"});
+    tool.execute(args.clone(), admitted(tool, &args, cwd, CancellationToken::new())).await
 }
 
 fn text(output: &ToolOutput) -> &str {
@@ -206,8 +214,8 @@ async fn setsid_and_double_forked_processes_die_when_the_command_exits() {
 #[tokio::test]
 async fn setsid_and_double_forked_processes_die_on_timeout() {
     let l = layout();
-    let ctx = ToolContext::detached(Some(l.ws.clone()), CancellationToken::new());
     let args = json!({"command": escapees("sleep 60"), "description": "t", "timeoutMs": 1500});
+    let ctx = admitted(&tool("off"), &args, &l.ws, CancellationToken::new());
     let call = tokio::spawn(tool("off").execute(args, ctx));
     let pids = escapee_pids(&l.ws).await;
     let err = call.await.unwrap().unwrap_err();
@@ -233,8 +241,8 @@ async fn setsid_and_double_forked_processes_die_on_cancel() {
 #[tokio::test]
 async fn a_dropped_call_kills_its_processes_too() {
     let l = layout();
-    let ctx = ToolContext::detached(Some(l.ws.clone()), CancellationToken::new());
     let args = json!({"command": escapees("sleep 60"), "description": "t"});
+    let ctx = admitted(&tool("off"), &args, &l.ws, CancellationToken::new());
     let call = tokio::spawn(tool("off").execute(args, ctx));
     let pids = escapee_pids(&l.ws).await;
     call.abort();
@@ -244,6 +252,30 @@ async fn a_dropped_call_kills_its_processes_too() {
 
 // ---------------------------------------------------------------------------------------------
 // escalations (the gate's side is in tests/permissions.rs)
+
+/// Fail closed: a call the gate admitted as a sandboxed command (no question asked) does not run
+/// unconfined when the session's sandbox is switched off before it starts; called again, it is an
+/// unconfined command, which the gate asks about.
+#[tokio::test]
+async fn a_call_admitted_as_sandboxed_does_not_run_unconfined_after_the_sandbox_is_switched_off() {
+    let l = layout();
+    let settings = SandboxSettings { policy: SandboxPolicy::parse("workspace-write").unwrap(), ..Default::default() };
+    let sandbox = Arc::new(SessionSandbox::restored(Arc::new(settings), None));
+    let bash = BashTool::with_sandbox(sandbox.clone(), None);
+    let target = l.outside.join("escaped");
+    let args = json!({"command": format!("echo x > {}", target.display()), "description": "d"});
+    let ctx = admitted(&bash, &args, &l.ws, CancellationToken::new());
+    assert!(!ctx.allow_unsandboxed, "admitted as a sandboxed command");
+    sandbox.set(SandboxPolicy::parse("off").unwrap());
+    let err = bash.execute(args.clone(), ctx).await.unwrap_err();
+    assert_eq!(err.code, "SANDBOX_UNAVAILABLE", "{}", err.message);
+    assert!(err.message.contains("switched off after this command was allowed"), "{}", err.message);
+    assert!(!target.exists(), "the command did not run");
+    // Called again, the gate sees an unconfined command (and asks); allowed, it runs.
+    assert!(matches!(bash.access(&args), Access::Execute { .. }));
+    bash.execute(args.clone(), admitted(&bash, &args, &l.ws, CancellationToken::new())).await.unwrap();
+    assert!(target.exists());
+}
 
 #[tokio::test]
 async fn an_escalation_without_the_gate_is_refused_and_the_schema_offers_it_only_under_a_sandbox() {

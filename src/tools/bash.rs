@@ -230,12 +230,20 @@ impl BashTool {
                 }
                 None => Plan::Unconfined { notice: None },
             };
-            // A sandbox the kernel cannot enforce runs a command unconfined only when the gate
-            // admitted it as such (asked, or by the mode), never on the strength of a sandbox.
-            if let Plan::Unconfined { notice: Some(notice) } = &plan
+            // Under a session sandbox, a command runs unconfined only when the gate admitted it as
+            // such (asked, or by the mode), never on the strength of a sandbox: not when the
+            // kernel cannot enforce it, nor when it was switched off after the gate admitted this
+            // call as a sandboxed one (without a question).
+            if let (Some(_), Plan::Unconfined { notice }) = (&sandbox, &plan)
                 && !ctx.allow_unsandboxed
             {
-                return Err(ToolError::new("SANDBOX_UNAVAILABLE", format!("{notice}; the command did not run")));
+                let why = notice.as_deref().unwrap_or(
+                    "the session's sandbox was switched off after this command was allowed as a sandboxed one",
+                );
+                return Err(ToolError::new(
+                    "SANDBOX_UNAVAILABLE",
+                    format!("{why}; the command did not run (called again, it is asked about as an unsandboxed command)"),
+                ));
             }
             let note = match &plan {
                 Plan::Confined(confined) => Some(confined.note()),
