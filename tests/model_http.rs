@@ -594,6 +594,16 @@ where
     F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
+    raw_server("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n", body).await
+}
+
+/// A loopback HTTP server that answers every request with `head` (status line and headers,
+/// through the blank line), then whatever `body` writes, until the client goes away.
+async fn raw_server<F, Fut>(head: &'static str, body: F) -> String
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -610,7 +620,6 @@ where
                         Ok(n) => request.extend_from_slice(&buf[..n]),
                     }
                 }
-                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
                 if socket.write_all(head.as_bytes()).await.is_ok() {
                     body(socket).await;
                 }
@@ -620,12 +629,21 @@ where
     format!("http://{address}")
 }
 
-fn raw_model(base_url: String, idle: Duration) -> Arc<dyn Model> {
+/// The DeepSeek endpoint at `base_url`, with the key, one attempt and the idle timeout `idle`.
+fn raw_endpoint(base_url: String, idle: Duration) -> Server {
     let mut endpoint = Server::new(base_url, Some("DEEPSEEK_API_KEY"));
     endpoint.api_key = Some(KEY.into());
     endpoint.retry = RetryPolicy { max_attempts: 1, ..RetryPolicy::default() };
     endpoint.idle_timeout = idle;
+    endpoint
+}
+
+fn endpoint_model(endpoint: Server) -> Arc<dyn Model> {
     Arc::new(OpenAiModel::new(OpenAiConfig { deepseek: true, ..OpenAiConfig::new(endpoint) }))
+}
+
+fn raw_model(base_url: String, idle: Duration) -> Arc<dyn Model> {
+    endpoint_model(raw_endpoint(base_url, idle))
 }
 
 #[tokio::test(start_paused = true)]
@@ -679,6 +697,76 @@ async fn an_endless_event_is_cut_off_not_buffered() {
     let failure = thrown(&call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
     assert_eq!(failure.code, "PROVIDER_ERROR");
     assert!(failure.message.contains("an event larger than 16 MiB"), "{}", failure.message);
+}
+
+#[tokio::test]
+async fn an_endless_error_body_is_cut_and_says_so() {
+    use tokio::io::AsyncWriteExt;
+    // HTTP 500 with a chunked body that never ends: kin quotes its first 16 KiB and fails at
+    // once, instead of reading until the idle timeout (a minute here, beyond `collect`'s 20 s).
+    let head = "HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    let endless = raw_server(head, |mut socket| async move {
+        let text = "upstream exploded ".repeat(256);
+        let chunk = format!("{:x}\r\n{text}\r\n", text.len());
+        while socket.write_all(chunk.as_bytes()).await.is_ok() {}
+    })
+    .await;
+    let model = raw_model(endless, Duration::from_secs(60));
+    let failure = thrown(&call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(failure.code, "SERVER_ERROR");
+    assert!(failure.message.contains("HTTP 500"), "{}", failure.message);
+    assert!(failure.message.contains("upstream exploded upstream exploded"), "{}", failure.message);
+    assert!(failure.message.ends_with("… (body cut at 16 KiB)"), "{}", failure.message);
+}
+
+#[tokio::test]
+async fn an_endless_response_is_stopped_at_the_byte_budget() {
+    use tokio::io::AsyncWriteExt;
+    // Valid text deltas forever: each one rearms the idle watchdog, only the budget ends it.
+    let looping = raw_sse_server(|mut socket| async move {
+        let event = format!("data: {}\n\n", delta(json!({"content": "again and again "})));
+        while socket.write_all(event.as_bytes()).await.is_ok() {}
+    })
+    .await;
+    let mut endpoint = raw_endpoint(looping, Duration::from_secs(60));
+    endpoint.max_response_bytes = 64 * 1024;
+    let model = endpoint_model(endpoint);
+    let got = chunks(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(got[..2], [start(0, "text"), text_delta(0, "again and again ")]);
+    match got.last() {
+        Some(StreamChunk::Finish { reason: FinishReason::Error { failure }, .. }) => {
+            assert_eq!(failure.code, "PROVIDER_ERROR");
+            assert!(failure.message.contains("larger than 64 KiB"), "{}", failure.message);
+            assert!(failure.message.contains("is the server looping?"), "{}", failure.message);
+        }
+        other => panic!("expected an error finish, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_response_over_the_byte_budget_is_not_retried() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    // Before any chunk reached the consumer a retry would be allowed: the budget's failure is
+    // not retryable, so the server is called once even with attempts to spare.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let padded = raw_sse_server(move |mut socket| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let comment = format!(": {}\n\n", "padding ".repeat(128));
+            while socket.write_all(comment.as_bytes()).await.is_ok() {}
+        }
+    })
+    .await;
+    let mut endpoint = raw_endpoint(padded, Duration::from_secs(60));
+    endpoint.max_response_bytes = 64 * 1024;
+    endpoint.retry = RetryPolicy { max_attempts: 3, base_delay_ms: 1, max_delay_ms: 5, ..RetryPolicy::default() };
+    let model = endpoint_model(endpoint);
+    let failure = thrown(&call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(failure.code, "PROVIDER_ERROR");
+    assert!(failure.message.contains("larger than 64 KiB"), "{}", failure.message);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -6,6 +6,9 @@
 //! `Retry-After` up to a cap, but only while nothing of the failed attempt reached the channel. A
 //! completion with no content is passed on as it came: the agent's step retries it. Errors the user must act on (missing or rejected key, unknown model, context overflow)
 //! are terminal and say what to do. The API key never appears in a message or a log line.
+//! What a server sends is bounded: an error body is read to its first 16 KiB (`BodyHead`, which
+//! `keycheck` shares; a cut body says so), a stream event to 16 MiB, and a response stream to
+//! `Server::max_response_bytes` (64 MiB by default), past which the call fails unretried.
 
 use std::time::Duration;
 
@@ -48,6 +51,13 @@ pub(crate) const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
 
 /// The default idle-stream timeout of both HTTP clients (dsh `streamIdleTimeoutMs`).
 pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The default cap on the bytes of one response stream: far above the longest answer a model
+/// writes (128k tokens of per-token events are some 32 MiB), so only a looping server reaches it.
+pub(crate) const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most of an error body kin reads to quote it in a message.
+pub(crate) const ERROR_BODY_LIMIT: usize = 16 * 1024;
 
 /// Whether a failure with this code may succeed when the call is simply made again.
 pub(crate) fn is_retryable(code: &str) -> bool {
@@ -169,6 +179,8 @@ pub(crate) struct HttpCall {
     pub body: Vec<u8>,
     pub retry: RetryPolicy,
     pub idle_timeout: Duration,
+    /// The most bytes one attempt's response stream may send.
+    pub max_response_bytes: usize,
     /// The base URL as configured (for messages).
     pub base_url: String,
     /// The variable the key came from (for messages).
@@ -208,6 +220,9 @@ pub struct Server {
     /// A call whose stream delivers no model data for this long fails with `TIMEOUT`
     /// (retryable); keep-alive comments do not count.
     pub idle_timeout: Duration,
+    /// A response stream that sends more bytes than this fails the call with `PROVIDER_ERROR`
+    /// (not retried): what a call decodes stays bounded even when a server streams forever.
+    pub max_response_bytes: usize,
 }
 
 impl std::fmt::Debug for Server {
@@ -219,12 +234,14 @@ impl std::fmt::Debug for Server {
             .field("extra_headers", &self.extra_headers.iter().map(|(n, _)| n).collect::<Vec<_>>())
             .field("retry", &self.retry)
             .field("idle_timeout", &self.idle_timeout)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
 
 impl Server {
-    /// A server with the defaults: no key, no extra headers, default retry and idle timeout.
+    /// A server with the defaults: no key, no extra headers, default retry, idle timeout and
+    /// response cap.
     pub fn new(base_url: impl Into<String>, api_key_env: Option<&str>) -> Self {
         Server {
             base_url: base_url.into(),
@@ -233,6 +250,7 @@ impl Server {
             extra_headers: Vec::new(),
             retry: RetryPolicy::default(),
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 
@@ -324,6 +342,7 @@ impl<A: Api> HttpModel<A> {
             body,
             retry: server.retry,
             idle_timeout: server.idle_timeout,
+            max_response_bytes: server.max_response_bytes,
             base_url,
             key_env: server.api_key_env.clone(),
             key,
@@ -504,10 +523,7 @@ async fn attempt_once<D: Decoder + Default>(
     let status = response.status();
     if !status.is_success() {
         let retry_after = retry_after(response.headers());
-        let body = match tokio::time::timeout(idle, response.text()).await {
-            Ok(Ok(text)) => text,
-            Ok(Err(_)) | Err(_) => String::new(),
-        };
+        let body = BodyHead::read(response, ERROR_BODY_LIMIT, idle).await;
         let mut error = status_error(call, status.as_u16(), &body);
         error.retry_after = retry_after;
         return Err(error);
@@ -519,6 +535,7 @@ async fn attempt_once<D: Decoder + Default>(
     // The idle watchdog counts model data: it is rearmed when an event yields chunks, so SSE
     // comments (keep-alives) and events without content do not keep a silent model alive.
     let mut deadline = tokio::time::Instant::now() + idle;
+    let mut received = 0usize;
     loop {
         let piece = match tokio::time::timeout_at(deadline, body.next()).await {
             Ok(piece) => piece,
@@ -538,6 +555,10 @@ async fn attempt_once<D: Decoder + Default>(
                 ));
             }
         };
+        received = received.saturating_add(piece.len());
+        if received > call.max_response_bytes {
+            return Err(too_large(call));
+        }
         let mut rest = &piece[..];
         loop {
             let event = match events.next(&mut rest) {
@@ -547,9 +568,9 @@ async fn attempt_once<D: Decoder + Default>(
                     return Err(AttemptError::new(
                         PROVIDER_ERROR,
                         format!(
-                            "the response stream from {} sent an event larger than {} MiB; kin does not buffer more",
+                            "the response stream from {} sent an event larger than {}; kin does not buffer more",
                             call.base_url,
-                            MAX_EVENT_BYTES >> 20
+                            size(MAX_EVENT_BYTES)
                         ),
                     ));
                 }
@@ -592,6 +613,20 @@ fn idle_error(call: &HttpCall) -> AttemptError {
     )
 }
 
+/// The response stream went past `max_response_bytes`: not retried, as the same request would
+/// likely loop again.
+fn too_large(call: &HttpCall) -> AttemptError {
+    AttemptError::new(
+        PROVIDER_ERROR,
+        format!(
+            "the model's response from {} for {} is larger than {}: kin stopped reading it (is the server looping?)",
+            call.base_url,
+            call.request.route,
+            size(call.max_response_bytes)
+        ),
+    )
+}
+
 fn transport_error(call: &HttpCall, error: &reqwest::Error) -> AttemptError {
     if error.is_builder() {
         return AttemptError::new(
@@ -605,10 +640,10 @@ fn transport_error(call: &HttpCall, error: &reqwest::Error) -> AttemptError {
     )
 }
 
-/// Classifies a non-success HTTP status (the body is the provider's error document).
-fn status_error(call: &HttpCall, status: u16, body: &str) -> AttemptError {
-    let detail = excerpt(body);
-    let lower = body.to_lowercase();
+/// Classifies a non-success HTTP status (the body is the provider's error document, or its head).
+fn status_error(call: &HttpCall, status: u16, body: &BodyHead) -> AttemptError {
+    let detail = body.excerpt();
+    let lower = body.text.to_lowercase();
     let (route, model, base_url) = (&call.request.route, &call.request.model, &call.base_url);
     let model_missing = status == 404
         || (matches!(status, 400 | 422)
@@ -716,6 +751,57 @@ pub(crate) fn excerpt(body: &str) -> String {
     short
 }
 
+/// The start of a response body, read only to quote it in an error: at most a limit of bytes,
+/// so a server answering an error with an endless body costs kin no more than that.
+pub(crate) struct BodyHead {
+    /// The bytes read, decoded lossily.
+    text: String,
+    /// The limit, when the body went on past it (the rest was not read).
+    cut_at: Option<usize>,
+}
+
+impl BodyHead {
+    /// Reads at most `limit` bytes of `response`'s body within `patience`. A body that breaks
+    /// off or stalls is quoted as far as it came; one longer than `limit` is cut and says so.
+    pub(crate) async fn read(mut response: reqwest::Response, limit: usize, patience: Duration) -> Self {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut body = Vec::new();
+        let mut cut_at = None;
+        while let Ok(Ok(Some(bytes))) = tokio::time::timeout_at(deadline, response.chunk()).await {
+            let room = limit - body.len();
+            if bytes.len() > room {
+                body.extend_from_slice(&bytes[..room]);
+                cut_at = Some(limit);
+                break;
+            }
+            body.extend_from_slice(&bytes);
+        }
+        BodyHead { text: String::from_utf8_lossy(&body).into_owned(), cut_at }
+    }
+
+    /// The body's [`excerpt`], followed by a note when the body was cut.
+    pub(crate) fn excerpt(&self) -> String {
+        let detail = excerpt(&self.text);
+        match self.cut_at {
+            Some(limit) => format!("{detail} (body cut at {})", size(limit)),
+            None => detail,
+        }
+    }
+}
+
+/// A byte count as messages say it: `64 MiB`, `16 KiB`, `100 bytes`.
+fn size(bytes: usize) -> String {
+    const KIB: usize = 1024;
+    const MIB: usize = KIB * KIB;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else if bytes >= KIB && bytes.is_multiple_of(KIB) {
+        format!("{} KiB", bytes / KIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 /// Removes every occurrence of the key from a message.
 pub(crate) fn redact(message: &str, key: Option<&str>) -> String {
     match key {
@@ -784,6 +870,24 @@ mod tests {
         assert_eq!(excerpt("  bad\n\ngateway "), "bad gateway");
         assert_eq!(excerpt(""), "(empty body)");
         assert_eq!(excerpt(&"x".repeat(400)).chars().count(), 301);
+    }
+
+    #[test]
+    fn sizes_are_named_in_the_largest_whole_unit() {
+        assert_eq!(size(MAX_EVENT_BYTES), "16 MiB");
+        assert_eq!(size(DEFAULT_MAX_RESPONSE_BYTES), "64 MiB");
+        assert_eq!(size(ERROR_BODY_LIMIT), "16 KiB");
+        assert_eq!(size(1536), "1536 bytes");
+        assert_eq!(size(100), "100 bytes");
+    }
+
+    #[test]
+    fn a_cut_body_says_so_after_its_excerpt() {
+        let whole = BodyHead { text: "bad gateway".into(), cut_at: None };
+        assert_eq!(whole.excerpt(), "bad gateway");
+        let cut = BodyHead { text: "x".repeat(ERROR_BODY_LIMIT), cut_at: Some(ERROR_BODY_LIMIT) };
+        let excerpt = cut.excerpt();
+        assert!(excerpt.ends_with("… (body cut at 16 KiB)"), "{excerpt}");
     }
 
     #[test]

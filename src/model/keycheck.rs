@@ -12,8 +12,8 @@ use super::http::{self, Api, Server};
 use super::openai::OpenAiConfig;
 use super::router::WireApi;
 
-/// The most of an error body read for the message.
-const BODY_LIMIT: usize = 16 * 1024;
+/// How long the check may take, the error body's read included.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a key was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,21 +51,14 @@ async fn check<A: Api>(server: &Server, key: &str) -> Result<(), KeyCheckError> 
     let base = server.base_url.trim_end_matches('/');
     let url = format!("{base}{}", A::MODELS_PATH);
     let client = http::client().map_err(unchecked)?;
-    let sent = client.get(&url).headers(headers).timeout(Duration::from_secs(30)).send().await;
-    let mut response = sent.map_err(|e| unchecked(format!("cannot reach {base}: {}", http::error_chain(&e))))?;
+    let sent = client.get(&url).headers(headers).timeout(CHECK_TIMEOUT).send().await;
+    let response = sent.map_err(|e| unchecked(format!("cannot reach {base}: {}", http::error_chain(&e))))?;
     let status = response.status().as_u16();
     if response.status().is_success() {
         return Ok(());
     }
-    let mut body = Vec::new();
-    while body.len() < BODY_LIMIT {
-        match response.chunk().await {
-            Ok(Some(bytes)) => body.extend_from_slice(&bytes),
-            _ => break,
-        }
-    }
-    body.truncate(BODY_LIMIT);
-    let detail = http::redact(&http::excerpt(&String::from_utf8_lossy(&body)), Some(key));
+    let body = http::BodyHead::read(response, http::ERROR_BODY_LIMIT, CHECK_TIMEOUT).await;
+    let detail = http::redact(&body.excerpt(), Some(key));
     Err(match status {
         401 | 403 => KeyCheckError::Rejected(format!("{base} rejected the key (HTTP {status}): {detail}")),
         _ => {
