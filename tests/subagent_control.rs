@@ -2,13 +2,18 @@
 //! runtime and store with the scripted model, through the tools as the model calls them: a
 //! refused call writes nothing anywhere (authorization comes from headers, before any repairing
 //! load), both tools refuse the same targets with the same codes and texts, and a child the
-//! catalog calls corrupt or unsupported is refused with that reason.
+//! catalog calls corrupt or unsupported is refused with that reason. And a `send_message` called
+//! off says the truth about its message: cancelled before the hand-off, nothing is written;
+//! cancelled or dropped after it, the message is on disk, runs, and the child still settles.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
+use kin::testkit::model::text_response;
+use kin::testkit::runtime::Runtime;
 use kin::testkit::session::{Event, SessionHeader, SessionStore};
+use kin::testkit::subagent::Lifecycle;
 use kin::testkit::subagent::control::{InterruptTool, SendMessageTool};
 use kin::testkit::tools::{Caller, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
@@ -16,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(dead_code)]
 mod common;
-use common::{parent, runtime_with, until};
+use common::{parent, runtime, runtime_with, start_request, until};
 
 /// Every file under `root` with its bytes, in path order.
 fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
@@ -71,7 +76,12 @@ fn descriptor(seq: u64, version: u64) -> Event {
 }
 
 fn ctx(caller: &Arc<Caller>) -> ToolContext {
-    let mut ctx = ToolContext::detached(None, CancellationToken::new());
+    ctx_with(caller, CancellationToken::new())
+}
+
+/// A call of `caller`'s cancelled by `cancel`.
+fn ctx_with(caller: &Arc<Caller>, cancel: CancellationToken) -> ToolContext {
+    let mut ctx = ToolContext::detached(None, cancel);
     ctx.caller = Some(caller.clone());
     ctx
 }
@@ -180,5 +190,152 @@ async fn a_child_the_catalog_calls_corrupt_or_unsupported_is_refused_with_that_r
         );
     }
     assert_eq!(snapshot(&sessions), before, "nothing was resumed or repaired");
+    rt.shutdown().await;
+}
+
+/// The ids of the children whose `subagent/end` was emitted, in order.
+fn ended(rt: &Runtime) -> Arc<Mutex<Vec<String>>> {
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let sink = ends.clone();
+    rt.subagents().observe(move |e| {
+        if let Lifecycle::End { id, .. } = e {
+            sink.lock().unwrap().push(id.clone());
+        }
+    });
+    ends
+}
+
+fn log(rt: &Runtime, id: &str) -> Vec<Event> {
+    rt.store().inspect(id).unwrap().events
+}
+
+fn first_text(message: &Value) -> String {
+    message["content"][0]["text"].as_str().unwrap_or_default().to_string()
+}
+
+/// How many of a log's inbox insertions and of its `user/message`s carry `text`.
+fn carried(events: &[Event], text: &str) -> (usize, usize) {
+    let inserted = events
+        .iter()
+        .filter(|e| e.kind == "agent/inbox/spliced")
+        .flat_map(|e| e.data["inserted"].as_array().cloned().unwrap_or_default())
+        .filter(|m| first_text(m) == text)
+        .count();
+    let run = events.iter().filter(|e| e.kind == "user/message" && e.data["content"][0]["text"] == text).count();
+    (inserted, run)
+}
+
+fn turn_ends(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.kind == "turn/end")
+        .map(|e| e.data["reason"]["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The file a `gated` model call waits for, in the caller's (and so its children's) cwd.
+fn gate(caller: &Caller) -> PathBuf {
+    PathBuf::from(caller.header.cwd.clone().unwrap()).join("release")
+}
+
+/// A model call that waits for the `gate` file, then answers `text`.
+fn gated(text: &str) -> ReplayEntry {
+    ReplayEntry::Gated { file: "release".into(), entry: Box::new(ReplayEntry::Chunks(text_response(&[text]))) }
+}
+
+/// On one thread, one poll of the call hands the message over (or commits to it): the child's
+/// agent cannot run before this task waits, so the call is cancelled while the write is still to
+/// come. The answer must be what became of the message — delivered — and the message's turn must
+/// still count: the child settles after it, with one `subagent/end`.
+#[tokio::test(flavor = "current_thread")]
+async fn a_send_message_cancelled_after_its_hand_off_answers_delivered_and_the_child_settles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![gated("one"), ReplayEntry::Chunks(text_response(&["two"]))], "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let ends = ended(&rt);
+    let (child, _) = manager.start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    let tool = SendMessageTool(manager.clone());
+    let cancel = CancellationToken::new();
+    let mut call = tool.execute(json!({"subagent_id": child, "message": "do more"}), ctx_with(&caller, cancel.clone()));
+    assert!(futures::poll!(&mut call).is_pending(), "the write waits for the child's agent");
+    assert_eq!(carried(&log(&rt, &child), "do more"), (0, 0), "not written yet when the call is cancelled");
+    cancel.cancel();
+    let answer = match call.await {
+        Ok(out) => out.content[0]["text"].as_str().unwrap().to_string(),
+        Err(e) => panic!("the message is on its way, yet the call answered {}: {}", e.code, e.message),
+    };
+    assert_eq!(answer, format!("message queued as the next turn for subagent {child}"));
+    // Accepted means on disk: the insertion was written before the answer.
+    assert_eq!(carried(&log(&rt, &child), "do more"), (1, 0));
+    assert!(manager.is_resident(&child), "its first turn is still gated");
+    std::fs::write(gate(&caller), b"").unwrap();
+    until("the child to settle", || !ends.lock().unwrap().is_empty()).await;
+    assert_eq!(*ends.lock().unwrap(), [child.clone()]);
+    assert!(!manager.is_resident(&child));
+    let events = log(&rt, &child);
+    assert_eq!(turn_ends(&events), ["completed", "completed"], "the message ran as its own turn");
+    assert_eq!(carried(&events, "do more"), (1, 1));
+    rt.shutdown().await;
+}
+
+/// A call cancelled before anything reached the child is aborted, says the message was not
+/// delivered, and writes nothing: the child's inbox never holds it and it settles after its
+/// first turn as if the call had not been made.
+#[tokio::test(flavor = "current_thread")]
+async fn a_send_message_cancelled_before_its_hand_off_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![gated("one")], "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let ends = ended(&rt);
+    let (child, _) = manager.start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    let tool = SendMessageTool(manager.clone());
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let err = tool
+        .execute(json!({"subagent_id": child, "message": "do more"}), ctx_with(&caller, cancel))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code.as_str(), err.message.clone()),
+        (
+            "ABORTED",
+            format!("tool call aborted before the message was handed to subagent \"{child}\"; it was not delivered")
+        )
+    );
+    std::fs::write(gate(&caller), b"").unwrap();
+    until("the child to settle", || !ends.lock().unwrap().is_empty()).await;
+    assert!(!manager.is_resident(&child));
+    let events = log(&rt, &child);
+    assert_eq!(turn_ends(&events), ["completed"]);
+    assert_eq!(carried(&events, "do more"), (0, 0), "nothing of the message was written");
+    rt.shutdown().await;
+}
+
+/// A call to a settled child dropped after its first poll (its turn went away without an answer):
+/// the resume and the hand-off it committed to still complete, so the message runs and the
+/// resumed child settles again instead of staying resident for good.
+#[tokio::test(flavor = "current_thread")]
+async fn a_send_message_dropped_while_resuming_its_child_still_delivers_and_the_child_settles() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![ReplayEntry::Chunks(text_response(&["one"])), ReplayEntry::Chunks(text_response(&["two"]))];
+    let (rt, _) = runtime(dir.path(), entries, "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let ends = ended(&rt);
+    let (child, _) = manager.start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    until("the child to settle", || ends.lock().unwrap().len() == 1).await;
+    assert!(!manager.is_resident(&child));
+    let tool = SendMessageTool(manager.clone());
+    let mut call = tool.execute(json!({"subagent_id": child, "message": "do more"}), ctx(&caller));
+    assert!(futures::poll!(&mut call).is_pending());
+    drop(call);
+    until("the resumed child to settle again", || ends.lock().unwrap().len() == 2).await;
+    assert_eq!(*ends.lock().unwrap(), [child.clone(), child.clone()]);
+    assert!(!manager.is_resident(&child));
+    let events = log(&rt, &child);
+    assert_eq!(turn_ends(&events), ["completed", "completed"]);
+    assert_eq!(carried(&events, "do more"), (1, 1), "delivered once, and run");
     rt.shutdown().await;
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::agents::Launch;
 use super::descriptor::{Descriptor, ToolFilter};
@@ -162,6 +163,28 @@ fn another_parent(id: &str) -> SubagentError {
 
 fn unavailable(id: &str) -> SubagentError {
     err(ErrorCode::NotResumable, format!("subagent \"{id}\" is unavailable"))
+}
+
+/// A follow-up its caller called off before the message was handed to the child: nothing of it
+/// was written.
+fn not_handed_over(id: &str) -> SubagentError {
+    err(
+        ErrorCode::Cancelled,
+        format!("tool call aborted before the message was handed to subagent \"{id}\"; it was not delivered"),
+    )
+}
+
+/// Runs an acceptance on a task of its own and awaits its outcome. Once a message is handed to a
+/// child (or a child is resumed to take one), its acceptance must end whatever becomes of the
+/// caller: the durable write awaited and its turn watched (so the child settles after it), or a
+/// refusal rolled back. A caller whose future is dropped meanwhile only stops listening.
+async fn to_completion<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, SubagentError>> + Send + 'static,
+) -> Result<T, SubagentError> {
+    tokio::spawn(work).await.unwrap_or_else(|e| {
+        let cause = format!("the delivery of the message ended abnormally (it may have arrived): {e}");
+        Err(err(ErrorCode::Infrastructure, cause))
+    })
 }
 
 /// A control call's target must be a session id before it is looked up anywhere.
@@ -592,6 +615,21 @@ impl ContinuationManager {
         content: Vec<Value>,
         source: Value,
     ) -> Result<String, SubagentError> {
+        self.followup_unless(caller, child_id, content, source, &CancellationToken::new()).await
+    }
+
+    /// `followup`, called off (`ErrorCode::Cancelled`, nothing written) when `cancel` fires
+    /// before the message is handed to the child. From the hand-off on, neither `cancel` nor a
+    /// dropped future cuts the acceptance short (`to_completion`): the answer is the outcome of
+    /// the durable write, and the child settles after the message's turn as after any other.
+    pub async fn followup_unless(
+        self: &Arc<Self>,
+        caller: &Caller,
+        child_id: &str,
+        content: Vec<Value>,
+        source: Value,
+        cancel: &CancellationToken,
+    ) -> Result<String, SubagentError> {
         valid_target(child_id)?;
         loop {
             self.assert_admitting()?;
@@ -607,16 +645,32 @@ impl ContinuationManager {
                 }
             };
             if transitioning {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    () = cancel.cancelled() => return Err(not_handed_over(child_id)),
+                }
                 continue;
             }
-            if self.is_resident(child_id) {
-                match self.submit(child_id, content.clone(), source.clone()).await {
-                    Err(e) if e.code == ErrorCode::ActivationClosing => continue,
-                    other => return other,
-                }
+            // The last point where the caller may still call it off: nothing has reached the
+            // child yet (a resume, too, is part of the acceptance).
+            if cancel.is_cancelled() {
+                return Err(not_handed_over(child_id));
             }
-            return self.cold_resume(caller, child_id, content, source).await;
+            let resident = self.is_resident(child_id);
+            let (manager, child) = (self.clone(), child_id.to_string());
+            let (message, from) = (content.clone(), source.clone());
+            let outcome = if resident {
+                to_completion(async move { manager.submit(&child, message, from).await }).await
+            } else {
+                let (parent_id, route) = (caller.header.id.clone(), caller.route.clone());
+                to_completion(async move { manager.cold_resume(&parent_id, &route, &child, message, from).await })
+                    .await
+            };
+            match outcome {
+                // Nothing was handed over: the Activation closed first.
+                Err(e) if resident && e.code == ErrorCode::ActivationClosing => continue,
+                other => return other,
+            }
         }
     }
 
@@ -679,15 +733,17 @@ impl ContinuationManager {
     }
 
     /// Resumes a settled child from its log (no provider involved) and submits the message
-    /// (after the ones its log still holds).
+    /// (after the ones its log still holds). `parent_id` is the caller's (the child's parent),
+    /// `route` its route (the fallback of a descriptor without one).
     async fn cold_resume(
         self: &Arc<Self>,
-        caller: &Caller,
+        parent_id: &str,
+        route: &ModelRoute,
         child_id: &str,
         content: Vec<Value>,
         source: Value,
     ) -> Result<String, SubagentError> {
-        self.materialize(&caller.header.id, child_id, &caller.route).await?;
+        self.materialize(parent_id, child_id, route).await?;
         match self.submit_then(child_id, content, source, OnRefusal::Abandon).await {
             Ok(id) => Ok(id),
             Err(e) => {

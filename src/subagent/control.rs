@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use super::ErrorCode;
 use super::continuation::ContinuationManager;
 use crate::tools::{Access, Caller, Tool, ToolContext, ToolError, ToolOutput};
 
@@ -58,12 +59,14 @@ impl Tool for SendMessageTool {
             let parent = caller(&ctx, "send_message")?;
             let (id, message) = (string_arg(&arguments, "subagent_id")?, string_arg(&arguments, "message")?);
             let source = json!({"kind": "coordinator", "senderSessionId": parent.header.id});
-            let deliver = manager.followup(&parent, &id, vec![json!({"type": "text", "text": message})], source);
-            tokio::select! {
-                result = deliver => result?,
-                () = ctx.cancel.cancelled() => return Err(ToolError::new("ABORTED", "tool call aborted")),
-            };
-            Ok(ToolOutput::text(format!("message queued as the next turn for subagent {id}")))
+            let content = vec![json!({"type": "text", "text": message})];
+            // The call's cancellation holds only until the message is handed to the child; from
+            // then on the answer is what became of it (accepted means on disk).
+            match manager.followup_unless(&parent, &id, content, source, &ctx.cancel).await {
+                Ok(_) => Ok(ToolOutput::text(format!("message queued as the next turn for subagent {id}"))),
+                Err(e) if e.code == ErrorCode::Cancelled => Err(ToolError::new("ABORTED", e.message)),
+                Err(e) => Err(e.into()),
+            }
         }
         .boxed()
     }
