@@ -191,6 +191,14 @@ pub struct CallShown {
 pub trait PermissionPrompt: Send + Sync {
     /// Resolves with the answer; any failure is `Dismissed`.
     fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer>;
+
+    /// What the session's permission mode answers about `request` now, asking nobody; `None`
+    /// when the user would be asked (or this prompt knows no mode). An answer given earlier (an
+    /// external child's allowed edit) stands only where this is `None`, so it never overrides a
+    /// read-only refusal.
+    fn decided_by_mode(&self, _request: &PermissionRequest) -> Option<PermissionAnswer> {
+        None
+    }
 }
 
 /// Asks a child's questions on its parent session, for an editor that does not show child

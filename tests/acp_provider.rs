@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use kin::testkit::agent::TurnEnd;
 use kin::testkit::model::script::ReplayEntry;
 use kin::testkit::model::{ModelRoute, text_response, tool_call_response};
+use kin::testkit::runtime::Runtime;
 use kin::testkit::session::{Event, SessionHeader, SessionStore};
 use kin::testkit::subagent::external::{AcpProvider, ExternalAgentConfig};
 use kin::testkit::subagent::{ErrorCode, StartRequest, StopReason, SubagentError};
@@ -19,7 +20,7 @@ use serde_json::{Value, json};
 
 #[allow(dead_code)]
 mod common;
-use common::{Quiet, runtime, start_request};
+use common::{Quiet, runtime, start_request, until};
 
 const KIN: &str = env!("CARGO_BIN_EXE_kin");
 
@@ -401,12 +402,13 @@ async fn a_failed_remote_run_is_recorded_in_the_parent_log_too() {
 }
 
 /// A child that asks to write `notes.txt` (an `edit` permission request), then writes it through
-/// `fs/write_text_file`, and reports whether kin offered writes, the permission outcome and the
-/// write's answer as its output.
+/// `fs/write_text_file` (once no file `hold` is left in its working directory), and reports
+/// whether kin offered writes, the permission outcome and the write's answer as its output.
 const ASKS_TO_WRITE: &str = script_child!(
     r#"say() { text=$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'); printf '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"%s"}}}}\n' "$text"; }
 printf '%s\n' '{"jsonrpc":"2.0","id":"perm","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1","title":"Write notes.txt","kind":"edit","rawInput":{"path":"notes.txt"}},"options":[{"optionId":"yes","name":"Allow","kind":"allow_once"},{"optionId":"no","name":"Reject","kind":"reject_once"}]}}'
 read perm
+while [ -e hold ]; do sleep 0.05; done
 printf '{"jsonrpc":"2.0","id":"w","method":"fs/write_text_file","params":{"sessionId":"s1","path":"%s/notes.txt","content":"hello"}}\n' "$(pwd -P)"
 read wrote
 case $init in *'"writeTextFile":true'*) offered=yes;; *) offered=no;; esac
@@ -432,15 +434,25 @@ impl kin::testkit::permission::PermissionPrompt for Editor {
     }
 }
 
-/// Runs `ASKS_TO_WRITE` under `permission = "forward"` with an editor giving `answer`; returns
-/// the run's output, the editor's questions and the workspace.
-/// With `mode`, the delegating parent is a live top-level session in that permission mode;
-/// without, a parent this runtime does not hold.
-async fn forwarded(
+/// A runtime whose agent `acp:fw` runs `ASKS_TO_WRITE` under `permission = "forward"`, with an
+/// editor giving `answer` connected, and a request to start it from the workspace on the
+/// delegating call `call-7`.
+struct Forwarding {
+    rt: Arc<Runtime>,
+    editor: Arc<Editor>,
+    request: StartRequest,
+    cwd: PathBuf,
+    /// The delegating parent, when it is a live session of `rt`.
+    parent: Option<String>,
+}
+
+/// [`Forwarding`] in `dir`. With `mode`, the delegating parent is a live top-level session in
+/// that permission mode; without, a parent this runtime does not hold.
+fn forwarding(
     dir: &Path,
     answer: kin::testkit::permission::PermissionAnswer,
     mode: Option<kin::testkit::permission::PermissionMode>,
-) -> (String, Vec<kin::testkit::permission::PermissionRequest>, PathBuf) {
+) -> Forwarding {
     let (rt, _) = runtime(dir, vec![], &sh_agent_toml("fw", ASKS_TO_WRITE, "permission = \"forward\"\n"));
     let editor = Arc::new(Editor { answer, asked: Default::default() });
     rt.connect_client(kin::testkit::runtime::ClientLink {
@@ -450,15 +462,27 @@ async fn forwarded(
         children: None,
     });
     let cwd = workspace(dir);
-    let mut req = request(&cwd);
-    req.call_id = Some("call-7".into());
-    if let Some(mode) = mode {
+    let mut start = request(&cwd);
+    start.call_id = Some("call-7".into());
+    let parent = mode.map(|mode| {
         let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
         rt.set_permission_mode(&id, mode).unwrap();
         let header = rt.store().inspect(&id).unwrap().header;
-        req.parent = Arc::new(Caller { header, ..(*req.parent).clone() });
-    }
-    let run = rt.subagents().start("acp:fw", req).await.unwrap();
+        start.parent = Arc::new(Caller { header, ..(*start.parent).clone() });
+        id
+    });
+    Forwarding { rt, editor, request: start, cwd, parent }
+}
+
+/// Runs `ASKS_TO_WRITE` as [`forwarding`] sets it up; returns the run's output, the editor's
+/// questions and the workspace.
+async fn forwarded(
+    dir: &Path,
+    answer: kin::testkit::permission::PermissionAnswer,
+    mode: Option<kin::testkit::permission::PermissionMode>,
+) -> (String, Vec<kin::testkit::permission::PermissionRequest>, PathBuf) {
+    let Forwarding { rt, editor, request, cwd, .. } = forwarding(dir, answer, mode);
+    let run = rt.subagents().start("acp:fw", request).await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
     (run.dispose)().await.unwrap();
     rt.shutdown().await;
@@ -512,6 +536,30 @@ async fn forward_lets_the_parent_session_mode_answer_before_the_editor() {
         assert_eq!(cwd.join("notes.txt").exists(), written, "{mode:?}: {output}");
         assert!(asked.is_empty(), "{mode:?}: {asked:?}");
     }
+}
+
+#[tokio::test]
+async fn read_only_refuses_a_write_the_editor_allowed_always_before() {
+    use kin::testkit::permission::{PermissionAnswer, PermissionMode};
+    // In `ask`, the editor allows the child's edit always; the session is switched to read-only
+    // before the child writes.
+    let dir = tempfile::tempdir().unwrap();
+    let Forwarding { rt, editor, request, cwd, parent } =
+        forwarding(dir.path(), PermissionAnswer::AllowAlways, Some(PermissionMode::Ask));
+    std::fs::write(cwd.join("hold"), "").unwrap();
+    let run = rt.subagents().start("acp:fw", request).await.unwrap();
+    until("the editor is asked about the edit", || editor.asked.lock().unwrap().len() == 1).await;
+    rt.set_permission_mode(&parent.unwrap(), PermissionMode::ReadOnly).unwrap();
+    std::fs::remove_file(cwd.join("hold")).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(20), run.result).await.unwrap().unwrap().unwrap();
+    (run.dispose)().await.unwrap();
+    rt.shutdown().await;
+    let output = result.output;
+    assert!(output.contains(r#""outcome":{"outcome":"selected","optionId":"yes"}"#), "the edit was allowed: {output}");
+    assert!(output.contains(r#""id":"w","error""#), "the write is refused: {output}");
+    assert!(output.contains("the session's permission mode refuses writing"), "{output}");
+    assert!(!cwd.join("notes.txt").exists(), "nothing is written");
+    assert_eq!(editor.asked.lock().unwrap().len(), 1, "the write is not asked about");
 }
 
 #[tokio::test]

@@ -23,10 +23,12 @@ mod common;
 use common::{Quiet, runtime, start_request};
 
 /// The handshake every scripted child makes (session `s1`), then the prompt read into `$prompt`;
-/// `reply LINE RESULT` answers a request, `chunks N TEXT` streams N text updates of TEXT.
+/// `reply LINE RESULT` answers a request, `chunks N TEXT` streams N text updates of TEXT,
+/// `tool_calls N SIZE` starts N tool calls titled with SIZE bytes of `T`.
 const PREAMBLE: &str = r#"
 reply() { id=$(printf '%s' "$1" | sed 's/.*"id":\([0-9]*\).*/\1/'); printf '{"jsonrpc":"2.0","id":%s,"result":%s}\n' "$id" "$2"; }
 chunks() { awk -v n="$1" -v t="$2" 'BEGIN { for (i = 0; i < n; i++) printf "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"s1\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"%s\"}}}}\n", t }'; }
+tool_calls() { awk -v n="$1" -v size="$2" 'BEGIN { t = "T"; while (length(t) < size) t = t t; t = substr(t, 1, size); for (i = 0; i < n; i++) printf "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"s1\",\"update\":{\"sessionUpdate\":\"tool_call\",\"toolCallId\":\"t%d\",\"title\":\"%s\",\"kind\":\"other\",\"status\":\"pending\"}}}\n", i, t }'; }
 read init; reply "$init" '{"protocolVersion":1}'
 read new; reply "$new" '{"sessionId":"s1"}'
 read prompt
@@ -210,6 +212,30 @@ async fn the_parent_records_and_passes_on_a_bounded_result() {
         "{}",
         &text[..80]
     );
+}
+
+#[tokio::test]
+async fn a_flood_of_tool_calls_is_reported_within_the_call_cap_on_progress() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    // 1000 tool calls titled with 20 kB each: 20 MB of progress if every one were reported whole.
+    let end = "reply \"$prompt\" '{\"stopReason\":\"end_turn\"}'";
+    let script = format!("{PREAMBLE}tool_calls 1000 20000\nchunks 1 done\n{end}\n");
+    let log = delegate_once("busy", &script).await;
+    let reports: Vec<&str> =
+        log.iter().filter(|e| e.kind == "tool/progress").map(|e| e.data["text"].as_str().unwrap()).collect();
+    // A call's progress is capped (`tools::MAX_PROGRESS_REPORTS`, `MAX_PROGRESS_REPORT_BYTES`):
+    // 120 reports of at most 8192 bytes and their notes.
+    assert_eq!(reports.len(), 120, "the reports of the call");
+    let (prefix, cap) = ("acp:busy: ", 8192);
+    let kept = "T".repeat(cap - prefix.len());
+    let first = format!("{prefix}{kept}\n[... {} more bytes not shown ...]", 20_000 + prefix.len() - cap);
+    assert_eq!(reports[0], first, "a long title is cut, saying so");
+    assert!(reports.iter().all(|r| r.len() <= cap + 200), "every report is cut");
+    let stops = "[progress stops here; the call's result follows when it ends]";
+    assert!(reports.last().unwrap().ends_with(stops), "the last report says so");
+    let result = log.iter().find(|e| e.kind == "tool/result").unwrap();
+    let text = result.data["message"]["content"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(text.ends_with("done"), "the run itself completes: {text}");
 }
 
 #[tokio::test]

@@ -24,14 +24,20 @@ impl PermissionPrompt for ForwardPrompt {
         let Some(rt) = self.0.upgrade() else {
             return async { PermissionAnswer::Dismissed }.boxed();
         };
-        let decided = rt
-            .permissions_of(&request.session_id)
-            .and_then(|p| p.decide_forwarded(&request.access, request.in_workspace));
-        match (decided, rt.client().prompt) {
+        match (self.decided_by_mode(&request), rt.client().prompt) {
             (Some(answer), _) => async move { answer }.boxed(),
             (None, Some(prompt)) => prompt.ask(request),
             (None, None) => async { PermissionAnswer::Dismissed }.boxed(),
         }
+    }
+
+    /// The mode of the session asking (a child's under its cap); once the runtime is gone,
+    /// `Dismissed`, as `ask` answers then.
+    fn decided_by_mode(&self, request: &PermissionRequest) -> Option<PermissionAnswer> {
+        let Some(rt) = self.0.upgrade() else {
+            return Some(PermissionAnswer::Dismissed);
+        };
+        rt.permissions_of(&request.session_id)?.decide_forwarded(&request.access, request.in_workspace)
     }
 }
 

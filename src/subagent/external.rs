@@ -18,8 +18,10 @@
 //! permission mode answer first), and the answer is passed back as the child's matching option.
 //! Reads inside the working directory are served; a write inside it is served right after the
 //! editor allowed one of the child's edits (or allowed them always), else the editor is asked
-//! about that write. A provider built without an editor answers `forward` like `allow-reads`; the
-//! runtime's asks the connected client, and with none connected every question is a rejection.
+//! about that write; the session's permission mode answers first each time, so a session switched
+//! to read-only refuses the write whatever was allowed before. A provider built without an editor
+//! answers `forward` like `allow-reads`; the runtime's asks the connected client, and with none
+//! connected every question is a rejection.
 
 mod answers;
 pub(crate) mod port;

@@ -513,31 +513,31 @@ fn with_exit_code(output: String, code: i32) -> String {
 
 /// How often the editor is shown a running command's output (when it grew).
 const LIVE_EVERY: Duration = Duration::from_millis(500);
-/// The most output one live report shows: the last 4 KiB.
+/// The most output one live report shows: the last 4 KiB. With the call's cap on progress
+/// reports (`MAX_PROGRESS_REPORTS`), at most about 480 KiB of a command's output is logged for
+/// the editor; after that the result shows it.
 const LIVE_TAIL: usize = 4096;
-/// The most live reports of one call (each a `tool/progress` event): with `LIVE_TAIL`, at most
-/// about 480 KiB of a command's output is logged for the editor; after that the result shows it.
-const MAX_LIVE_REPORTS: usize = 120;
+/// How the call's last live report ends.
+const LIVE_STOPS: &str = "[live output stops here; the call's result shows the output]";
 
 /// A running command's output as the editor sees it: every `LIVE_EVERY`, when there is new
 /// output, a progress report of its last `LIVE_TAIL` bytes (stdout, then stderr, as the result
-/// has them), after the sandbox note; at most `MAX_LIVE_REPORTS` of them.
+/// has them), after the sandbox note; as many as the call's progress takes.
 struct Live {
     progress: super::Progress,
     note: Option<String>,
     /// Output bytes seen at the last report.
     shown: usize,
-    reports: usize,
 }
 
 impl Live {
     fn new(progress: super::Progress, note: Option<String>) -> Self {
-        Live { progress, note, shown: 0, reports: 0 }
+        Live { progress, note, shown: 0 }
     }
 
     /// True while more reports may be sent.
     fn open(&self) -> bool {
-        self.reports < MAX_LIVE_REPORTS
+        self.progress.has_room()
     }
 
     /// Reports the output so far, if it grew since the last report.
@@ -548,17 +548,13 @@ impl Live {
             return;
         }
         self.shown = total;
-        self.reports += 1;
         let output = render(&[&out, &err], Limits { head: 0, tail: LIVE_TAIL });
         let mut text = match &self.note {
             Some(note) => format!("{note}\n"),
             None => String::new(),
         };
         text.push_str(output.trim_start_matches('\n'));
-        if !self.open() {
-            text.push_str("\n[live output stops here; the call's result shows the output]");
-        }
-        self.progress.report(text);
+        self.progress.report_ending(text, LIVE_STOPS);
     }
 }
 
@@ -616,12 +612,14 @@ mod tests {
         let (_, text) = rx.try_recv().unwrap();
         assert!(text.starts_with("sandboxed: read-only\n[... 5910 bytes omitted ...]\nxxx"), "{text}");
         assert_eq!(text.len(), "sandboxed: read-only\n[... 5910 bytes omitted ...]\n".len() + LIVE_TAIL);
-        for _ in live.reports..MAX_LIVE_REPORTS {
+        while live.open() {
             stdout.lock().unwrap().push(b".");
             live.show(&stdout, &stderr);
         }
-        let last = std::iter::from_fn(|| rx.try_recv().ok()).last().unwrap().1;
-        assert!(last.ends_with("[live output stops here; the call's result shows the output]"), "{last}");
+        let rest: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).map(|(_, text)| text).collect();
+        assert_eq!(rest.len(), super::super::MAX_PROGRESS_REPORTS - 2, "the call's cap on progress reports");
+        let last = rest.last().unwrap();
+        assert!(last.ends_with(&format!("xxx\n{LIVE_STOPS}")), "the output, then the note: {last}");
         stdout.lock().unwrap().push(b"more");
         live.show(&stdout, &stderr);
         assert!(!live.open() && rx.try_recv().is_err(), "no report past the cap");

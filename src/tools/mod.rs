@@ -20,6 +20,7 @@ pub(crate) mod todo;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -66,18 +67,32 @@ pub struct ToolContext {
     pub progress: Option<Progress>,
 }
 
+/// The most progress reports one call makes (each a `tool/progress` event, kept in memory,
+/// logged and sent to the editor); the last one says that progress stops there.
+pub(crate) const MAX_PROGRESS_REPORTS: usize = 120;
+/// The most bytes of one progress report: a longer text keeps its first bytes and a note of how
+/// many more it had. Twice `bash`'s live tail, so its reports pass whole.
+pub(crate) const MAX_PROGRESS_REPORT_BYTES: usize = 8192;
+/// How a call's last progress report ends, unless its tool says what shows the rest.
+pub(crate) const PROGRESS_STOPS: &str = "[progress stops here; the call's result follows when it ends]";
+
 /// A running call's progress reports: the agent records each as a log-only `tool/progress`
-/// event (in order, before the call's result), and the editor shows it on the call.
+/// event (in order, before the call's result), and the editor shows it on the call. Bounded per
+/// call, whatever feeds it (a command's output, a child's tool calls): at most
+/// `MAX_PROGRESS_REPORTS` reports of at most `MAX_PROGRESS_REPORT_BYTES` each (and their notes),
+/// counted across every clone of the call's `Progress`.
 #[derive(Debug, Clone)]
 pub struct Progress {
     call_id: String,
     tx: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+    /// Reports made so far, shared by the clones.
+    made: Arc<AtomicUsize>,
 }
 
 impl Progress {
     /// A sink for `call_id` whose reports arrive on `tx` as `(call id, text)`.
     pub fn new(call_id: &str, tx: tokio::sync::mpsc::UnboundedSender<(String, String)>) -> Self {
-        Progress { call_id: call_id.to_string(), tx }
+        Progress { call_id: call_id.to_string(), tx, made: Arc::default() }
     }
 
     /// True while the call's batch runs (reports still reach it).
@@ -85,10 +100,52 @@ impl Progress {
         !self.tx.is_closed()
     }
 
-    /// Reports what the call is doing now (dropped once the call's batch has ended).
-    pub fn report(&self, text: impl Into<String>) {
-        let _ = self.tx.send((self.call_id.clone(), text.into()));
+    /// True while the call may make more reports (fewer than `MAX_PROGRESS_REPORTS` so far).
+    pub(crate) fn has_room(&self) -> bool {
+        self.made.load(Ordering::Relaxed) < MAX_PROGRESS_REPORTS
     }
+
+    /// Reports what the call is doing now: `text` cut to `MAX_PROGRESS_REPORT_BYTES` (with a
+    /// note), the call's last report ending with `PROGRESS_STOPS`. Dropped once the call's batch
+    /// has ended, or once the call made `MAX_PROGRESS_REPORTS`.
+    pub fn report(&self, text: impl Into<String>) {
+        self.report_ending(text, PROGRESS_STOPS);
+    }
+
+    /// [`report`](Self::report), the call's last report ending with `end` instead (what the
+    /// call shows from then on).
+    pub(crate) fn report_ending(&self, text: impl Into<String>, end: &str) {
+        let Some(last) = self.take_report() else {
+            return;
+        };
+        let mut text = cut_report(text.into());
+        if last {
+            text.push('\n');
+            text.push_str(end);
+        }
+        let _ = self.tx.send((self.call_id.clone(), text));
+    }
+
+    /// Counts one more report: `None` when the call has made all it may, else whether this one
+    /// is its last.
+    fn take_report(&self) -> Option<bool> {
+        let room = |made: usize| (made < MAX_PROGRESS_REPORTS).then_some(made + 1);
+        let before = self.made.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).ok()?;
+        Some(before + 1 == MAX_PROGRESS_REPORTS)
+    }
+}
+
+/// `text` whole when it is at most `MAX_PROGRESS_REPORT_BYTES` long; else its first bytes up to
+/// that (on a character boundary) and a note of how many more it had.
+fn cut_report(mut text: String) -> String {
+    if text.len() <= MAX_PROGRESS_REPORT_BYTES {
+        return text;
+    }
+    let keep = (0..=MAX_PROGRESS_REPORT_BYTES).rev().find(|&at| text.is_char_boundary(at)).unwrap_or(0);
+    let cut = text.len() - keep;
+    text.truncate(keep);
+    text.push_str(&format!("\n[... {cut} more bytes not shown ...]"));
+    text
 }
 
 impl ToolContext {
@@ -386,6 +443,46 @@ mod tests {
         assert_eq!(registry.guidance(), [("zeta".to_string(), "replaced in place"), ("mid".to_string(), "second")]);
         let filtered = registry.filtered(|name| name != "zeta");
         assert_eq!(filtered.guidance(), [("mid".to_string(), "second")]);
+    }
+
+    #[test]
+    fn progress_is_capped_per_call_in_number_and_size_and_the_last_report_says_so() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let progress = Progress::new("c", tx);
+        progress.report("short");
+        assert_eq!(rx.try_recv().unwrap(), ("c".to_string(), "short".to_string()));
+        // A clone is the same call: it shares the count.
+        let clone = progress.clone();
+        // A character straddling the cut is left out whole.
+        let long = format!("{}é{}", "a".repeat(MAX_PROGRESS_REPORT_BYTES - 1), "b".repeat(1 << 20));
+        for _ in 0..1000 {
+            clone.report(long.as_str());
+            progress.report(long.as_str());
+        }
+        assert!(!progress.has_room() && !clone.has_room());
+        let reports: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).map(|(_, text)| text).collect();
+        assert_eq!(reports.len(), MAX_PROGRESS_REPORTS - 1, "the first report counts too");
+        let kept = "a".repeat(MAX_PROGRESS_REPORT_BYTES - 1);
+        let cut = format!("{kept}\n[... {} more bytes not shown ...]", (1 << 20) + 2);
+        assert_eq!(reports[0], cut);
+        assert!(reports.iter().all(|r| r.len() <= MAX_PROGRESS_REPORT_BYTES + 200), "every report is cut");
+        assert_eq!(reports.last().unwrap(), &format!("{cut}\n{PROGRESS_STOPS}"));
+        progress.report("more");
+        assert!(rx.try_recv().is_err(), "no report past the cap");
+    }
+
+    #[test]
+    fn a_tool_may_end_its_last_progress_report_in_its_own_words() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let progress = Progress::new("c", tx);
+        for n in 0..MAX_PROGRESS_REPORTS {
+            progress.report_ending(n.to_string(), "[the result shows the rest]");
+        }
+        let reports: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).map(|(_, text)| text).collect();
+        assert_eq!(reports.len(), MAX_PROGRESS_REPORTS);
+        assert_eq!(reports[MAX_PROGRESS_REPORTS - 2], (MAX_PROGRESS_REPORTS - 2).to_string());
+        let last = format!("{}\n[the result shows the rest]", MAX_PROGRESS_REPORTS - 1);
+        assert_eq!(reports[MAX_PROGRESS_REPORTS - 1], last);
     }
 
     #[test]

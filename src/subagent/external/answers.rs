@@ -2,7 +2,9 @@
 //! requests (by policy, or forwarded to the parent's editor), its `fs/read_text_file` and
 //! `fs/write_text_file` requests (served inside the run's working directory only, regular files
 //! only through `tools::regular`, never blocking on a FIFO), and what it streams: its answer text, kept bounded (head and
-//! tail, like `bash`), and its tool calls, reported as progress on the delegating call.
+//! tail, like `bash`), and its tool calls, reported as progress on the delegating call (within
+//! the call's cap on progress, `tools::Progress`). A write is served only while the session's
+//! permission mode allows it: an edit the editor allowed earlier never overrides read-only.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,16 @@ pub(crate) struct Forward {
     /// How the editor shows the delegating call, shown again once a question was answered.
     pub(crate) call: CallShown,
     pub(crate) cancel: CancellationToken,
+}
+
+impl Forward {
+    /// Asks the editor `request`; `None` when the run was cancelled first.
+    async fn ask(&self, request: PermissionRequest) -> Option<PermissionAnswer> {
+        tokio::select! {
+            answer = self.editor.ask(request) => Some(answer),
+            () = self.cancel.cancelled() => None,
+        }
+    }
 }
 
 struct State {
@@ -102,7 +114,7 @@ impl Answers {
         let in_workspace = names_only_workspace_paths(&self.root, &ask.paths);
         let asked =
             Asked { kind: ask.kind, title, raw_input: ask.raw_input.clone(), access: ask.access.clone(), in_workspace };
-        let Some(answer) = self.ask_editor(forward, asked).await else {
+        let Some(answer) = forward.ask(self.request(forward, asked)).await else {
             return PermissionChoice::Cancelled;
         };
         let allowed: &[OfferKind] = match answer {
@@ -124,10 +136,9 @@ impl Answers {
         select_option(&ask, allowed)
     }
 
-    /// One question to the editor, titled with the provider's name; `None` when the run was
-    /// cancelled first.
-    async fn ask_editor(&self, forward: &Forward, asked: Asked<'_>) -> Option<PermissionAnswer> {
-        let request = PermissionRequest {
+    /// The question about `asked` on the delegating call, titled with the provider's name.
+    fn request(&self, forward: &Forward, asked: Asked<'_>) -> PermissionRequest {
+        PermissionRequest {
             session_id: forward.session_id.clone(),
             call_id: forward.call_id.clone(),
             tool: asked.kind.to_string(),
@@ -138,10 +149,6 @@ impl Answers {
             in_workspace: asked.in_workspace,
             on_behalf_of: Some(forward.call.clone()),
             unannounced: false,
-        };
-        tokio::select! {
-            answer = forward.editor.ask(request) => Some(answer),
-            () = forward.cancel.cancelled() => None,
         }
     }
 
@@ -154,35 +161,15 @@ impl Answers {
         Refusal::new(RefusalKind::Internal, message)
     }
 
-    /// `fs/write_text_file` inside the working directory, under `forward` only: served when the
-    /// editor allowed the agent's edit just before (or always), else after the editor allows
-    /// this write.
+    /// `fs/write_text_file` inside the working directory, under `forward` only, once
+    /// `admit_write` lets it through.
     async fn write(&self, path: PathBuf, content: String) -> Result<(), Refusal> {
         let Some(forward) = &self.forward else {
             return Err(self.refused("writing files", ", which allows no writes"));
         };
         let target = confined_new(&self.root, &path).await?;
-        let granted = {
-            let mut state = self.lock();
-            let granted = state.writes_always || state.write_grants > 0;
-            state.write_grants = state.write_grants.saturating_sub(1);
-            granted
-        };
         let shown = path.display().to_string();
-        if !granted {
-            let title = format!("Write {shown}");
-            let access = Access::Edit { paths: vec![target.clone()] };
-            let asked =
-                Asked { kind: "edit", title: &title, raw_input: json!({"path": shown}), access, in_workspace: true };
-            match self.ask_editor(forward, asked).await {
-                Some(PermissionAnswer::AllowOnce) => {}
-                Some(PermissionAnswer::AllowAlways) => self.lock().writes_always = true,
-                Some(PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed)
-                | None => {
-                    return Err(Refusal::new(RefusalKind::Internal, format!("the user rejected writing {shown}")));
-                }
-            }
-        }
+        self.admit_write(forward, &shown, &target).await?;
         let written = tokio::task::spawn_blocking(move || write_regular(&target, content.as_bytes())).await;
         match written {
             Ok(Ok(())) => Ok(()),
@@ -192,6 +179,40 @@ impl Answers {
             Ok(Err(e)) => Err(Refusal::new(RefusalKind::Internal, format!("cannot write {shown}: {e}"))),
             Err(e) => Err(Refusal::new(RefusalKind::Internal, format!("cannot write {shown}: {e}"))),
         }
+    }
+
+    /// Whether the agent may write `target` (`shown` as it named it). The session's permission
+    /// mode answers first, as it is now: a read-only session refuses the write whatever the
+    /// editor allowed before. Where the mode would ask, an edit the editor allowed just before
+    /// (or always) lets the write through; else the editor is asked about this write.
+    async fn admit_write(&self, forward: &Forward, shown: &str, target: &Path) -> Result<(), Refusal> {
+        let granted = self.take_grant();
+        let title = format!("Write {shown}");
+        let access = Access::Edit { paths: vec![target.to_path_buf()] };
+        let asked =
+            Asked { kind: "edit", title: &title, raw_input: json!({"path": shown}), access, in_workspace: true };
+        let request = self.request(forward, asked);
+        let refusal = |who: &str| Refusal::new(RefusalKind::Internal, format!("{who} writing {shown}"));
+        if let Some(answer) = forward.editor.decided_by_mode(&request) {
+            return if allows(answer) { Ok(()) } else { Err(refusal("the session's permission mode refuses")) };
+        }
+        if granted {
+            return Ok(());
+        }
+        let answer = forward.ask(request).await.unwrap_or(PermissionAnswer::Dismissed);
+        if answer == PermissionAnswer::AllowAlways {
+            self.lock().writes_always = true;
+        }
+        if allows(answer) { Ok(()) } else { Err(refusal("the user rejected")) }
+    }
+
+    /// Uses up what the editor allowed for one write: true when it allowed the agent's edits
+    /// always, or an edit not written yet.
+    fn take_grant(&self) -> bool {
+        let mut state = self.lock();
+        let granted = state.writes_always || state.write_grants > 0;
+        state.write_grants = state.write_grants.saturating_sub(1);
+        granted
     }
 
     /// `fs/read_text_file` inside the working directory: a regular file of at most
@@ -245,7 +266,9 @@ impl RemoteAnswers for Answers {
     }
 
     fn tool_call(&self, title: &str) {
+        // Past the call's cap nothing is reported: a long title is not even copied.
         if let Some(progress) = &self.progress
+            && progress.has_room()
             && !title.trim().is_empty()
         {
             progress.report(format!("{}: {title}", self.provider));
@@ -263,6 +286,14 @@ fn permission_answer(policy: AcpPermission, ask: &PermissionAsk) -> PermissionCh
         &[OfferKind::RejectOnce, OfferKind::RejectAlways]
     };
     select_option(ask, preferred)
+}
+
+/// Whether `answer` lets the agent go ahead.
+fn allows(answer: PermissionAnswer) -> bool {
+    match answer {
+        PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways => true,
+        PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed => false,
+    }
 }
 
 /// The first offered option whose kind is in `preferred` (in that order), else `cancelled`.
@@ -345,6 +376,8 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+    use crate::permission::{PermissionMode, Permissions};
+    use crate::tools::{MAX_PROGRESS_REPORT_BYTES, MAX_PROGRESS_REPORTS, PROGRESS_STOPS};
 
     fn ask(kind: &'static str, paths: &[&str]) -> PermissionAsk {
         let paths: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
@@ -389,14 +422,41 @@ mod tests {
 
     fn forwarding(root: &Path, answer: PermissionAnswer) -> (Answers, Arc<AtomicU64>) {
         let asked = Arc::new(AtomicU64::new(0));
+        (forwarding_to(root, Arc::new(Editor(answer, asked.clone()))), asked)
+    }
+
+    /// The answers of a `forward` run asking `editor`.
+    fn forwarding_to(root: &Path, editor: Arc<dyn PermissionPrompt>) -> Answers {
         let forward = Forward {
-            editor: Arc::new(Editor(answer, asked.clone())),
+            editor,
             session_id: "p".into(),
             call_id: "c".into(),
             call: CallShown { title: "delegate_t: task".into(), tool: "delegate_t".into(), access: Access::Delegate },
             cancel: CancellationToken::new(),
         };
-        (Answers::new("acp:t", AcpPermission::Forward, Some(forward), None, root.to_path_buf()), asked)
+        Answers::new("acp:t", AcpPermission::Forward, Some(forward), None, root.to_path_buf())
+    }
+
+    /// An editor behind a session's permission mode, as the runtime's `forward` prompt is: the
+    /// mode answers where it decides, else the user answers `answer` (counted).
+    struct ModeEditor {
+        permissions: Arc<Permissions>,
+        answer: PermissionAnswer,
+        asked: Arc<AtomicU64>,
+    }
+
+    impl PermissionPrompt for ModeEditor {
+        fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+            let answer = self.decided_by_mode(&request).unwrap_or_else(|| {
+                self.asked.fetch_add(1, Ordering::Relaxed);
+                self.answer
+            });
+            async move { answer }.boxed()
+        }
+
+        fn decided_by_mode(&self, request: &PermissionRequest) -> Option<PermissionAnswer> {
+            self.permissions.decide_forwarded(&request.access, request.in_workspace)
+        }
     }
 
     /// `dir/ws` (the working directory, resolved) and `dir` itself.
@@ -435,6 +495,29 @@ mod tests {
         assert_eq!(asked.load(Ordering::Relaxed), 1, "the write rode on the allowed edit");
         allows.write_text_file(root.join("a.txt"), "y".into()).await.unwrap();
         assert_eq!(asked.load(Ordering::Relaxed), 2, "the second write is asked about");
+    }
+
+    #[tokio::test]
+    async fn read_only_refuses_a_write_the_editor_allowed_always_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        let (permissions, asked) = (Arc::new(Permissions::new(PermissionMode::Ask)), Arc::new(AtomicU64::new(0)));
+        let (answer, mode) = (PermissionAnswer::AllowAlways, permissions.clone());
+        let editor = ModeEditor { permissions: mode, answer, asked: asked.clone() };
+        let run = forwarding_to(&root, Arc::new(editor));
+        let notes = root.join("notes.txt");
+        let shown = notes.display().to_string();
+        assert_eq!(run.permission(ask("edit", &[&shown])).await, PermissionChoice::Selected("a1".into()));
+        run.write_text_file(notes.clone(), "allowed".into()).await.unwrap();
+        permissions.set_mode(PermissionMode::ReadOnly);
+        let refused = run.write_text_file(notes.clone(), "after".into()).await.unwrap_err();
+        assert_eq!(refused.message, format!("the session's permission mode refuses writing {shown}"));
+        assert_eq!(std::fs::read_to_string(&notes).unwrap(), "allowed", "the file is unchanged");
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "only the edit was asked about");
+        // Out of read-only, the "allow always" answer stands again.
+        permissions.set_mode(PermissionMode::Ask);
+        run.write_text_file(notes.clone(), "again".into()).await.unwrap();
+        assert_eq!((std::fs::read_to_string(&notes).unwrap().as_str(), asked.load(Ordering::Relaxed)), ("again", 1));
     }
 
     #[tokio::test]
@@ -516,6 +599,25 @@ mod tests {
         std::fs::File::create(&big).unwrap().set_len(MAX_SERVED_FILE + 1).unwrap();
         let refused = reads.read_text_file(big, None, None).await.unwrap_err();
         assert!(refused.message.contains("kin serves files of at most 16777216 bytes"), "{refused:?}");
+    }
+
+    #[test]
+    fn the_agent_tool_calls_are_reported_within_the_call_cap_on_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let progress = Some(Progress::new("c", tx));
+        let run = Answers::new("acp:t", AcpPermission::Reject, None, progress, dir.path().to_path_buf());
+        let title = "t".repeat(1 << 20);
+        for _ in 0..1000 {
+            run.tool_call(&title);
+        }
+        let reports: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok()).map(|(_, text)| text).collect();
+        assert_eq!(reports.len(), MAX_PROGRESS_REPORTS);
+        let kept = "t".repeat(MAX_PROGRESS_REPORT_BYTES - "acp:t: ".len());
+        let cut = (1 << 20) + "acp:t: ".len() - MAX_PROGRESS_REPORT_BYTES;
+        assert_eq!(reports[0], format!("acp:t: {kept}\n[... {cut} more bytes not shown ...]"));
+        assert!(reports.iter().all(|r| r.len() <= MAX_PROGRESS_REPORT_BYTES + 200), "every title is cut");
+        assert!(reports.last().unwrap().ends_with(&format!(" more bytes not shown ...]\n{PROGRESS_STOPS}")));
     }
 
     #[test]
