@@ -271,7 +271,7 @@ async fn a_send_message_cancelled_after_its_hand_off_answers_delivered_and_the_c
     assert!(manager.is_resident(&child), "its first turn is still gated");
     std::fs::write(gate(&caller), b"").unwrap();
     until("the child to settle", || !ends.lock().unwrap().is_empty()).await;
-    assert_eq!(*ends.lock().unwrap(), [child.clone()]);
+    assert_eq!(*ends.lock().unwrap(), std::slice::from_ref(&child));
     assert!(!manager.is_resident(&child));
     let events = log(&rt, &child);
     assert_eq!(turn_ends(&events), ["completed", "completed"], "the message ran as its own turn");
@@ -293,10 +293,8 @@ async fn a_send_message_cancelled_before_its_hand_off_writes_nothing() {
     let tool = SendMessageTool(manager.clone());
     let cancel = CancellationToken::new();
     cancel.cancel();
-    let err = tool
-        .execute(json!({"subagent_id": child, "message": "do more"}), ctx_with(&caller, cancel))
-        .await
-        .unwrap_err();
+    let err =
+        tool.execute(json!({"subagent_id": child, "message": "do more"}), ctx_with(&caller, cancel)).await.unwrap_err();
     assert_eq!(
         (err.code.as_str(), err.message.clone()),
         (

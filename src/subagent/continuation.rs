@@ -663,8 +663,7 @@ impl ContinuationManager {
                 to_completion(async move { manager.submit(&child, message, from).await }).await
             } else {
                 let (parent_id, route) = (caller.header.id.clone(), caller.route.clone());
-                to_completion(async move { manager.cold_resume(&parent_id, &route, &child, message, from).await })
-                    .await
+                to_completion(async move { manager.cold_resume(&parent_id, &route, &child, message, from).await }).await
             };
             match outcome {
                 // Nothing was handed over: the Activation closed first.

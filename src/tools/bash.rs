@@ -242,7 +242,9 @@ impl BashTool {
                 );
                 return Err(ToolError::new(
                     "SANDBOX_UNAVAILABLE",
-                    format!("{why}; the command did not run (called again, it is asked about as an unsandboxed command)"),
+                    format!(
+                        "{why}; the command did not run (called again, it is asked about as an unsandboxed command)"
+                    ),
                 ));
             }
             let note = match &plan {
