@@ -876,8 +876,15 @@ fn seconds(value: f64, positive: bool, key: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
+/// The largest config file read, in bytes.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The config file at `path`: any file, not only a regular one (`--config <(…)` is a pipe), but
+/// never more of it than `MAX_CONFIG_BYTES`.
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    let text = std::fs::File::open(path)
+        .and_then(|file| crate::tools::regular::text_within(file, MAX_CONFIG_BYTES, &path.display().to_string()))
+        .with_context(|| format!("reading config file {}", path.display()))?;
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {}", path.display(), e.to_string().trim_end()))
 }
 
@@ -931,6 +938,23 @@ mod tests {
         let err = Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
         assert!(err.contains(&file.display().to_string()), "{err}");
         assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn an_oversized_config_file_is_refused_naming_it_and_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let large = dir.path().join("large.toml");
+        std::fs::write(&large, format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES as usize))).unwrap();
+        // An endless file is read only up to the limit.
+        for file in [large, PathBuf::from("/dev/zero")] {
+            let flags = Overrides { config: Some(file.clone()), ..Default::default() };
+            let err = format!("{:#}", Config::resolve(&flags, &env_of(&[("HOME", "/h")])).unwrap_err());
+            let shown = file.display();
+            assert!(
+                err.contains(&format!("reading config file {shown}: {shown} is larger than 1048576 bytes")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -88,10 +88,14 @@ fn build_runtime(config: Config) -> anyhow::Result<std::sync::Arc<kin::testkit::
     kin::testkit::runtime::Runtime::for_config(config, tools)
 }
 
+/// The most bytes of a prompt `kin run` reads from stdin.
+const MAX_STDIN_PROMPT_BYTES: u64 = 16 * 1024 * 1024;
+
 /// `kin run`'s prompt: the argument, or stdin for `-` or no argument when stdin is not a
-/// terminal; `None` when there is none (or it is blank).
+/// terminal (at most `MAX_STDIN_PROMPT_BYTES` of UTF-8, else an error); `None` when there is none
+/// (or it is blank).
 fn run_prompt(arg: Option<&str>) -> anyhow::Result<Option<String>> {
-    use std::io::{IsTerminal, Read};
+    use std::io::IsTerminal;
     let text = match arg {
         Some("-") => None,
         Some(text) => Some(text.to_string()),
@@ -100,11 +104,11 @@ fn run_prompt(arg: Option<&str>) -> anyhow::Result<Option<String>> {
     };
     let text = match text {
         Some(text) => text,
-        None => {
-            let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text)?;
-            text
-        }
+        None => kin::testkit::tools::regular::text_within(
+            std::io::stdin().lock(),
+            MAX_STDIN_PROMPT_BYTES,
+            "the prompt on stdin",
+        )?,
     };
     Ok(Some(text).filter(|t| !t.trim().is_empty()))
 }

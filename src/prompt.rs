@@ -13,12 +13,16 @@ use std::path::Path;
 use crate::permission::PermissionMode;
 use crate::session::event::{SystemPrompt, last};
 use crate::session::{Event, Record};
+use crate::tools::regular;
 
 /// Project instruction files read from the workspace root, in this order.
 const INSTRUCTION_FILES: [&str; 2] = ["AGENTS.md", "CLAUDE.md"];
 
 /// Bytes of one instruction file included at most.
-const MAX_INSTRUCTION_BYTES: usize = 64 * 1024;
+const MAX_INSTRUCTION_BYTES: u64 = 64 * 1024;
+
+/// The largest `system_prompt_file` read, in bytes.
+const MAX_SYSTEM_PROMPT_FILE_BYTES: u64 = 1024 * 1024;
 
 /// What a prompt is built from.
 #[derive(Debug, Clone, Copy)]
@@ -42,11 +46,17 @@ pub(crate) fn today() -> String {
     stamp.get(..10).unwrap_or(&stamp).to_string()
 }
 
-/// Builds the prompt; fails only when `system_prompt_file` cannot be read.
+/// Builds the prompt; fails only when `system_prompt_file` cannot be read (it must be a regular
+/// UTF-8 file of at most `MAX_SYSTEM_PROMPT_FILE_BYTES`).
 pub(crate) fn build(settings: &PromptSettings<'_>) -> Result<String, String> {
     let mut out = match settings.system_prompt_file {
-        Some(path) => std::fs::read_to_string(path).map_err(|e| {
-            format!("cannot read the system prompt file {} (config key `system_prompt_file`): {e}", path.display())
+        Some(path) => regular::read_text(path, MAX_SYSTEM_PROMPT_FILE_BYTES).map_err(|e| {
+            format!(
+                "cannot read the system prompt file {} (config key `system_prompt_file`): {e}; point the key at a \
+                 regular text file of at most {} KiB",
+                path.display(),
+                MAX_SYSTEM_PROMPT_FILE_BYTES / 1024
+            )
         })?,
         None => built(settings),
     };
@@ -111,16 +121,24 @@ fn built(settings: &PromptSettings<'_>) -> String {
     out
 }
 
-/// The text of an instruction file, cut at `MAX_INSTRUCTION_BYTES`; `None` when absent or empty.
+/// The text of an instruction file, cut at `MAX_INSTRUCTION_BYTES`; `None` when absent or empty,
+/// and when it cannot be read or is not a regular file (a FIFO would block, `/dev/zero` never
+/// end; a workspace may hold such a symlink): that is warned about.
 fn instructions(path: &Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    let cut = bytes.len().min(MAX_INSTRUCTION_BYTES);
-    let mut text = String::from_utf8_lossy(&bytes[..cut]).trim().to_string();
+    let head = match regular::read_head(path, MAX_INSTRUCTION_BYTES) {
+        Ok(head) => head,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "project instructions left out of the system prompt: {e}");
+            return None;
+        }
+    };
+    let mut text = String::from_utf8_lossy(&head.bytes).trim().to_string();
     if text.is_empty() {
         return None;
     }
-    if bytes.len() > cut {
-        let _ = write!(text, "\n\n(… cut: the file has {} bytes; read it for the rest)", bytes.len());
+    if head.is_cut() {
+        let _ = write!(text, "\n\n(… cut: the file has {} bytes; read it for the rest)", head.size);
     }
     Some(text)
 }
@@ -193,9 +211,62 @@ mod tests {
     #[test]
     fn long_instruction_files_are_cut() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("AGENTS.md"), "x".repeat(MAX_INSTRUCTION_BYTES + 10)).unwrap();
+        let size = MAX_INSTRUCTION_BYTES as usize + 10;
+        std::fs::write(dir.path().join("AGENTS.md"), "x".repeat(size)).unwrap();
         let text = build(&settings(dir.path(), &[])).unwrap();
-        assert!(text.contains("(… cut: the file has"), "cut note");
+        assert!(text.contains(&format!("(… cut: the file has {size} bytes; read it for the rest)")), "cut note");
+        let kept = "x".repeat(MAX_INSTRUCTION_BYTES as usize);
+        assert!(text.contains(&format!("\n{kept}\n")), "the first {MAX_INSTRUCTION_BYTES} bytes are kept, no more");
+    }
+
+    /// `build` for a workspace at `dir`, failing the test when it does not return within 10 s.
+    fn build_promptly(dir: &Path) -> Result<String, String> {
+        let dir = dir.to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _worker = std::thread::spawn(move || tx.send(build(&settings(&dir, &[]))));
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("build returns promptly")
+    }
+
+    /// A FIFO at `path`.
+    fn mkfifo(path: &Path) {
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    }
+
+    #[test]
+    fn instruction_files_that_are_not_regular_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        // git stores symlinks: a cloned repo may point AGENTS.md at an endless device.
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join("AGENTS.md")).unwrap();
+        mkfifo(&dir.path().join("CLAUDE.md"));
+        let text = build_promptly(dir.path()).unwrap();
+        assert!(!text.contains("Project instructions"), "{text}");
+        // A regular file beside them is still read.
+        std::fs::remove_file(dir.path().join("CLAUDE.md")).unwrap();
+        std::fs::write(dir.path().join("CLAUDE.md"), "Use tabs.\n").unwrap();
+        let text = build_promptly(dir.path()).unwrap();
+        assert!(!text.contains("# Project instructions (AGENTS.md)"), "{text}");
+        assert!(text.contains("# Project instructions (CLAUDE.md)") && text.ends_with("Use tabs."), "{text}");
+    }
+
+    #[test]
+    fn a_prompt_file_must_be_a_bounded_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("prompt.fifo");
+        mkfifo(&fifo);
+        let large = dir.path().join("large.md");
+        std::fs::write(&large, "x".repeat(MAX_SYSTEM_PROMPT_FILE_BYTES as usize + 1)).unwrap();
+        let zero = dir.path().join("zero.md");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let cases = [(&fifo, "is a FIFO"), (&large, "is larger than 1048576 bytes"), (&zero, "is a character device")];
+        for (path, why) in cases {
+            let mut s = settings(dir.path(), &[]);
+            s.system_prompt_file = Some(path.as_path());
+            let err = build(&s).unwrap_err();
+            assert!(err.contains(&path.display().to_string()) && err.contains(why), "{err}");
+            assert!(err.contains("system_prompt_file") && err.contains("at most 1024 KiB"), "{err}");
+        }
     }
 
     #[test]

@@ -5,13 +5,16 @@
 //! replaced (or the arguments appended when it has none); its front matter gives
 //! `description` and `argument-hint`. Knows nothing of ACP.
 //!
-//! Bounded: at most `MAX_FILES` files are read per directory and `MAX_COMMANDS` commands
-//! offered; a file over `MAX_FILE_BYTES` or with a name that is not a plain command name is
-//! skipped (and logged). A prompt whose first word is not a known command goes to the model
-//! unchanged, so `/usr/bin/ls fails` is just text.
+//! Bounded: at most `MAX_ENTRIES` entries of a directory are looked at, `MAX_FILES` files read
+//! per directory and `MAX_COMMANDS` commands offered; a file that is not regular, is over
+//! `MAX_FILE_BYTES` or has a name that is not a plain command name is skipped (and logged). A
+//! prompt whose first word is not a known command goes to the model unchanged, so
+//! `/usr/bin/ls fails` is just text.
 
 use std::path::{Path, PathBuf};
 
+/// The most entries of one directory looked at (in the order the directory lists them).
+const MAX_ENTRIES: usize = 4096;
 /// The most `.md` files read from one directory (in name order).
 const MAX_FILES: usize = 100;
 /// The most commands offered to the editor.
@@ -126,11 +129,19 @@ pub(crate) fn discover(dirs: &[PathBuf]) -> Vec<SlashCommand> {
 
 /// The command files of one directory, in name order; a missing directory has none.
 fn read_dir(dir: &Path) -> Vec<SlashCommand> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Ok(mut entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
-    let mut paths: Vec<PathBuf> =
-        entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "md")).collect();
+    let mut paths: Vec<PathBuf> = entries
+        .by_ref()
+        .take(MAX_ENTRIES)
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    if entries.next().is_some() {
+        tracing::warn!(dir = %dir.display(), "more than {MAX_ENTRIES} entries; only the first listed are looked at");
+    }
     paths.sort();
     if paths.len() > MAX_FILES {
         tracing::warn!(dir = %dir.display(), "more than {MAX_FILES} command files; only the first are read");
@@ -145,14 +156,10 @@ fn read_file(path: &Path) -> Option<SlashCommand> {
         tracing::warn!(path = %path.display(), "command file name is not a plain command name (letters, digits, - _ .); skipped");
         return None;
     }
-    // Through symlinks (a shared commands dir), but only a regular file.
-    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
-    if meta.len() > MAX_FILE_BYTES {
-        tracing::warn!(path = %path.display(), bytes = meta.len(), "command file over {MAX_FILE_BYTES} bytes; skipped");
-        return None;
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| tracing::warn!(path = %path.display(), "cannot read command file: {e}"))
+    // Through symlinks (a shared commands dir), but only a regular file, and never more of it
+    // than the cap.
+    let text = crate::tools::regular::read_text(path, MAX_FILE_BYTES)
+        .map_err(|e| tracing::warn!(path = %path.display(), "command file skipped: {e}"))
         .ok()?;
     let (front, body) = front_matter(&text);
     let field = |key: &str| front.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string()).filter(|v| !v.is_empty());
@@ -276,6 +283,12 @@ mod tests {
         std::fs::write(cwd.join(".claude/commands/bad name.md"), "x").unwrap();
         std::fs::write(cwd.join(".claude/commands/notes.txt"), "x").unwrap();
         std::fs::write(user.join("big.md"), "x".repeat(MAX_FILE_BYTES as usize + 1)).unwrap();
+        // Not regular: skipped without blocking or reading forever.
+        std::os::unix::fs::symlink("/dev/zero", user.join("zero.md")).unwrap();
+        let fifo = std::ffi::CString::new(user.join("pipe.md").to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::fs::create_dir(user.join("dir.md")).unwrap();
         std::fs::write(user.join("hello.md"), "Say hello.").unwrap();
         let found = discover(&dirs(Some(&cwd), std::slice::from_ref(&user)));
         let listed: Vec<(&str, &str, Option<&str>)> =

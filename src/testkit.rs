@@ -141,6 +141,9 @@ pub mod tools {
     pub mod builtin {
         pub use crate::tools::builtin::register_coding_tools;
     }
+    pub mod regular {
+        pub use crate::tools::regular::text_within;
+    }
     pub mod fs {
         pub use crate::tools::fs::FileState;
     }

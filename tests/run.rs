@@ -161,6 +161,17 @@ async fn the_prompt_comes_from_stdin_when_absent_or_dash() {
 }
 
 #[tokio::test]
+async fn an_endless_prompt_on_stdin_is_refused_at_the_limit() {
+    let server = server_answering("unused").await;
+    let home = Home::new();
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    let out = home.kin(&server, &["-"]).stdin(zero).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the prompt on stdin is larger than 16777216 bytes"), "{}", stderr(&out));
+    assert!(home.logs().is_empty(), "no session is started");
+}
+
+#[tokio::test]
 async fn bad_usage_exits_two() {
     let server = server_answering("unused").await;
     let home = Home::new();

@@ -553,18 +553,10 @@ fn write_file(
     let path = paths::resolve(cwd, file_path);
     check_access(cwd, &path, allow_outside)?;
     let before = match existing_regular(&path)? {
-        Some(meta) => {
+        Some(_) => {
             require_read(files, &path)?;
-            if meta.len() as usize > MAX_DIFF_BYTES {
-                Before::Unknown
-            } else {
-                let mut bytes = Vec::new();
-                regular::open_regular(&path)
-                    .and_then(|mut file| file.read_to_end(&mut bytes))
-                    .ok()
-                    .and_then(|_| String::from_utf8(bytes).ok())
-                    .map_or(Before::Unknown, Before::Text)
-            }
+            // Read under the cap whatever the file became since it was checked.
+            regular::read_text(&path, MAX_DIFF_BYTES as u64).map_or(Before::Unknown, Before::Text)
         }
         None => Before::Missing,
     };
@@ -1305,6 +1297,22 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.code, "EDIT_NO_MATCH");
+    }
+
+    #[tokio::test]
+    async fn a_write_over_a_large_or_binary_file_carries_no_diff() {
+        let f = fixture();
+        let write = WriteTool::new(f.files.clone());
+        let olds = [("big.txt", "x".repeat(MAX_DIFF_BYTES + 1).into_bytes()), ("bin.dat", vec![b'a', 0xff, 0xfe])];
+        for (name, old) in olds {
+            let path = f.ws.join(name);
+            std::fs::write(&path, old).unwrap();
+            f.files.mark_read(&path);
+            let out = write.execute(json!({"file_path": name, "content": "small\n"}), f.ctx()).await.unwrap();
+            assert_eq!(out.meta, None, "{name}");
+            assert!(text(out).contains("Updated file"), "{name}");
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), "small\n");
+        }
     }
 
     #[tokio::test]

@@ -4,6 +4,8 @@
 //! 2000 characters of a line; lines of at most 8 MiB are searched) with a note of what was left
 //! out.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -135,17 +137,16 @@ fn glob_files(
             format!("glob path {} is a file, not a directory; pass the directory to search in", root.display()),
         ));
     }
-    let mut found = find_files(&root, &filter, cancel);
+    let found = find_files(&root, &filter, cancel);
     if cancel.is_cancelled() {
         return Err(aborted());
     }
-    found.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    Ok(render_glob(&root, pattern, &found))
+    Ok(render_glob(&root, pattern, found))
 }
 
-/// Every non-ignored file under `root` matching `filter`, with its modification time.
-fn find_files(root: &Path, filter: &NameFilter, cancel: &CancellationToken) -> Vec<(PathBuf, SystemTime)> {
-    let mut found = Vec::new();
+/// The non-ignored files under `root` matching `filter`: the `MAX_GLOB_RESULTS` newest.
+fn find_files(root: &Path, filter: &NameFilter, cancel: &CancellationToken) -> Newest {
+    let mut found = Newest::new(MAX_GLOB_RESULTS);
     for entry in walker(root).flatten() {
         if cancel.is_cancelled() {
             break;
@@ -154,27 +155,57 @@ fn find_files(root: &Path, filter: &NameFilter, cancel: &CancellationToken) -> V
             continue;
         }
         let modified = entry.metadata().ok().and_then(|meta| meta.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
-        found.push((entry.into_path(), modified));
+        found.offer(entry.into_path(), modified);
     }
     found
 }
 
-fn render_glob(root: &Path, pattern: &str, found: &[(PathBuf, SystemTime)]) -> String {
-    if found.is_empty() {
+/// The newest of the paths offered (by modification time, then by path), at most `keep` of
+/// them, and how many were offered in all: memory stays bounded however many files match.
+#[derive(Debug)]
+struct Newest {
+    keep: usize,
+    /// A max-heap whose top is the worst kept: the oldest, the last by path among equals.
+    heap: BinaryHeap<(Reverse<SystemTime>, PathBuf)>,
+    total: usize,
+}
+
+impl Newest {
+    fn new(keep: usize) -> Self {
+        Newest { keep, heap: BinaryHeap::with_capacity(keep), total: 0 }
+    }
+
+    fn offer(&mut self, path: PathBuf, modified: SystemTime) {
+        self.total += 1;
+        let item = (Reverse(modified), path);
+        if self.heap.len() < self.keep {
+            self.heap.push(item);
+        } else if let Some(mut worst) = self.heap.peek_mut()
+            && item < *worst
+        {
+            *worst = item;
+        }
+    }
+
+    /// The kept paths, newest first (then by path).
+    fn into_sorted(self) -> Vec<PathBuf> {
+        self.heap.into_sorted_vec().into_iter().map(|(_, path)| path).collect()
+    }
+}
+
+fn render_glob(root: &Path, pattern: &str, found: Newest) -> String {
+    let total = found.total;
+    if total == 0 {
         return format!("No files found matching `{pattern}` in {}", root.display());
     }
-    let mut text = found
-        .iter()
-        .take(MAX_GLOB_RESULTS)
-        .map(|(path, _)| relative_display(path, root))
-        .collect::<Vec<_>>()
-        .join("\n");
-    if found.len() > MAX_GLOB_RESULTS {
+    let shown = found.into_sorted();
+    let mut text = shown.iter().map(|path| relative_display(path, root)).collect::<Vec<_>>().join("\n");
+    if total > shown.len() {
         text.push_str(&format!(
-            "\n\n({} more files omitted: showing the {MAX_GLOB_RESULTS} most recently modified \
-             of {}. Use a more specific pattern or path to see the rest.)",
-            found.len() - MAX_GLOB_RESULTS,
-            found.len()
+            "\n\n({} more files omitted: showing the {} most recently modified of {total}. Use a \
+             more specific pattern or path to see the rest.)",
+            total - shown.len(),
+            shown.len()
         ));
     }
     text
@@ -282,11 +313,21 @@ struct Hits {
     /// True when `MAX_GREP_BYTES` stopped the listing.
     capped: bool,
     total: usize,
-    /// `path: why` of each file whose search failed (its matches so far are kept).
-    skipped: Vec<String>,
+    /// How many files' searches failed (their matches so far are kept).
+    skipped: usize,
+    /// `path: why` of the first `MAX_NAMED_SKIPS` of them.
+    named_skips: Vec<String>,
 }
 
 impl Hits {
+    /// Counts a file whose search failed, naming it (`shown: why`) if it is one of the first.
+    fn skip(&mut self, shown: &str, why: &str) {
+        self.skipped += 1;
+        if self.named_skips.len() < MAX_NAMED_SKIPS {
+            self.named_skips.push(format!("{shown}: {why}"));
+        }
+    }
+
     /// Adds one file's matches (shown as `shown:line: text`) unless the file turned out binary.
     fn add_file(&mut self, shown: &str, found: FileMatches) {
         if found.binary {
@@ -384,7 +425,7 @@ fn grep_files(
             } else {
                 error.to_string()
             };
-            hits.skipped.push(format!("{shown}: {why}"));
+            hits.skip(&shown, &why);
         }
         hits.add_file(&shown, found);
     }
@@ -409,15 +450,14 @@ fn render_grep(pattern: &str, root: &Path, hits: &Hits) -> String {
             hits.total
         ));
     }
-    if !hits.skipped.is_empty() {
-        let named: Vec<&str> = hits.skipped.iter().take(MAX_NAMED_SKIPS).map(String::as_str).collect();
-        let more = hits.skipped.len() - named.len();
+    if hits.skipped > 0 {
+        let more = hits.skipped - hits.named_skips.len();
         let more = if more > 0 { format!("; and {more} more") } else { String::new() };
         text.push_str(&format!(
             "\n\n({} file(s) could not be searched to the end, so matches in them may be missing: {}{more}. \
              Use bash (e.g. `grep -o` with a bounded pattern) for those.)",
-            hits.skipped.len(),
-            named.join("; ")
+            hits.skipped,
+            hits.named_skips.join("; ")
         ));
     }
     text
@@ -573,6 +613,43 @@ mod tests {
         assert!(out.starts_with("f000.txt\n"), "{out}");
         assert_eq!(out.lines().filter(|l| l.ends_with(".txt")).count(), 100);
         assert!(out.contains("5 more files omitted"), "{out}");
+    }
+
+    #[test]
+    fn glob_keeps_only_the_newest_while_walking() {
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        let mut offered: Vec<(PathBuf, SystemTime)> =
+            (0..1000u64).map(|i| (PathBuf::from(format!("f{:04}", (i * 7919) % 1000)), at(i % 37))).collect();
+        let mut newest = Newest::new(MAX_GLOB_RESULTS);
+        for (path, modified) in offered.clone() {
+            newest.offer(path, modified);
+            assert!(newest.heap.len() <= MAX_GLOB_RESULTS);
+        }
+        assert_eq!(newest.total, 1000);
+        offered.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let expected: Vec<PathBuf> = offered.into_iter().take(MAX_GLOB_RESULTS).map(|(path, _)| path).collect();
+        assert_eq!(newest.into_sorted(), expected, "newest first, then by path");
+        let dir = Path::new("/w");
+        let mut few = Newest::new(MAX_GLOB_RESULTS);
+        few.offer(dir.join("old.rs"), at(1));
+        few.offer(dir.join("new.rs"), at(2));
+        assert_eq!(render_glob(dir, "*.rs", few), "new.rs\nold.rs");
+    }
+
+    #[test]
+    fn grep_counts_failed_files_and_names_only_the_first() {
+        let mut hits = Hits::default();
+        for i in 0..10_000 {
+            hits.skip(&format!("f{i}"), "unreadable");
+        }
+        assert_eq!((hits.skipped, hits.named_skips.len()), (10_000, MAX_NAMED_SKIPS));
+        let out = render_grep("x", Path::new("/w"), &hits);
+        assert!(
+            out.contains("(10000 file(s) could not be searched to the end")
+                && out.contains("f4: unreadable; and 9995 more."),
+            "{out}"
+        );
+        assert!(!out.contains("f5:"), "{out}");
     }
 
     #[tokio::test]
