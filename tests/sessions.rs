@@ -2,8 +2,9 @@
 //! delete`) removes a closed top-level session with its children's logs and refuses a child id
 //! and a live session; unknown and deleted ids answer `-32002` on every request; `session/fork`
 //! and `session/resume` carry the model selector; a cancelled turn keeps its partial text for
-//! `session/load`; and a restored session never runs in a mode more permissive than kin's start
-//! mode.
+//! `session/load`; a restored session never runs in a mode more permissive than kin's start
+//! mode; a mode, model or sandbox is answered once it is on disk (also during a turn), and
+//! refused, unchanged, when the log cannot be written; and a close whose last write fails says so.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -344,4 +345,125 @@ fn open_then_set(kin: &mut Peer, cwd: &Path, mode: &str) -> String {
     let id = created["result"]["sessionId"].as_str().unwrap().to_string();
     assert!(call(kin, "session/set_mode", json!({"sessionId": id, "modeId": mode}))["result"].is_object());
     id
+}
+
+/// [`kin`] through `sh` with SIGXFSZ ignored, so that a file-size limit set on it later
+/// ([`fill_disk`]) fails its writes with EFBIG, as a full disk fails them with ENOSPC (the writer
+/// treats both alike), instead of killing it.
+fn kin_on_a_disk_that_fills(dirs: &Dirs, replay: &Path, mode: &str) -> Peer {
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", "trap '' XFSZ; exec \"$0\" \"$@\"", KIN, "acp", "--config", "/dev/null", "--sessions"])
+        .arg(dirs.sessions())
+        .arg("--replay")
+        .arg(replay)
+        .args(["--permission-mode", mode])
+        .current_dir(dirs.cwd())
+        .env("DEEPSEEK_API_KEY", "sk-placeholder-never-sent")
+        .stderr(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("KIN_") {
+            command.env_remove(key);
+        }
+    }
+    Peer::spawn(&mut command)
+}
+
+/// Fills kin's disk: its soft file-size limit drops to one byte (`prlimit --pid`), so that every
+/// append to a log fails from now on.
+fn fill_disk(kin: &Peer) {
+    let status = Command::new("prlimit").args(["--pid", &kin.child.id().to_string(), "--fsize=1:"]).status();
+    assert!(status.unwrap().success(), "prlimit lowers kin's soft file-size limit");
+}
+
+/// The `data` of every event of `kind` in session `id`'s log, as the file holds it now.
+fn logged(dirs: &Dirs, id: &str, kind: &str) -> Vec<Value> {
+    let log = std::fs::read_to_string(dirs.store().locate(id).unwrap().unwrap()).unwrap();
+    log.lines()
+        .skip(1)
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|event| event["type"] == kind)
+        .map(|event| event["data"].clone())
+        .collect()
+}
+
+#[test]
+fn settings_are_answered_once_on_disk_and_refused_unchanged_when_the_log_cannot_be_written() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin_on_a_disk_that_fills(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    let set = |kin: &mut Peer, option: &str, value: &str| {
+        call(kin, "session/set_config_option", json!({"sessionId": id, "configId": option, "value": value}))
+    };
+
+    // Between turns, each answer comes once its event is in the log (written and synced).
+    let mode = call(&mut kin, "session/set_mode", json!({"sessionId": id, "modeId": "ask"}));
+    assert!(mode["result"].is_object(), "{mode}");
+    assert_eq!(logged(&dirs, &id, "session/mode"), [json!({"mode": "ask"})]);
+    let model = set(&mut kin, "model", "deepseek/deepseek-v4-pro");
+    assert!(model["result"].is_object(), "{model}");
+    assert_eq!(logged(&dirs, &id, "session/model"), [json!({"provider": "deepseek", "model": "deepseek-v4-pro"})]);
+    let sandbox = set(&mut kin, "sandbox", "read-only");
+    assert!(sandbox["result"].is_object(), "{sandbox}");
+    assert_eq!(logged(&dirs, &id, "session/sandbox"), [json!({"level": "read-only", "network": false})]);
+
+    // Once the log cannot be written, each is refused naming the cause, and nothing changes.
+    fill_disk(&kin);
+    let refusals = [
+        call(&mut kin, "session/set_mode", json!({"sessionId": id, "modeId": "read-only"})),
+        set(&mut kin, "model", "deepseek/deepseek-v4-flash"),
+        set(&mut kin, "sandbox", "workspace-write"),
+    ];
+    for refused in &refusals {
+        assert_eq!(refused["error"]["code"], -32603, "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains("was not changed") && message.contains("File too large"), "{refused}");
+    }
+    let resumed = call(&mut kin, "session/resume", json!({"sessionId": id, "cwd": dirs.cwd()}));
+    assert_eq!(current_mode(&resumed), "ask", "the mode is unchanged");
+    let options = &resumed["result"]["configOptions"];
+    assert_eq!(options[0]["currentValue"], "deepseek/deepseek-v4-pro", "the model is unchanged: {resumed}");
+    assert_eq!(options[1]["currentValue"], "read-only", "the sandbox is unchanged: {resumed}");
+    assert_eq!(logged(&dirs, &id, "session/mode").len(), 1);
+    assert_eq!(logged(&dirs, &id, "session/model").len(), 1);
+    assert_eq!(logged(&dirs, &id, "session/sandbox").len(), 1);
+
+    // A turn that cannot be saved leaves events the close cannot write either: the close says so,
+    // and the session is closed all the same.
+    let turn = prompt(&mut kin, &id, "hello");
+    assert_eq!(turn["error"]["code"], -32603, "{turn}");
+    let closed = call(&mut kin, "session/close", json!({"sessionId": id}));
+    assert_eq!(closed["error"]["code"], -32603, "{closed}");
+    let message = closed["error"]["message"].as_str().unwrap();
+    assert!(message.contains("is closed") && message.contains("could not write"), "{closed}");
+    assert!(message.contains("File too large"), "{closed}");
+    let again = call(&mut kin, "session/close", json!({"sessionId": id}));
+    assert_eq!(again["error"]["code"], -32002, "{again}");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+#[test]
+fn a_mode_set_during_a_turn_is_on_disk_when_answered_while_the_turn_runs() {
+    let dirs = Dirs::new();
+    replay_of(
+        &dirs.replay(),
+        json!([{"kind":"hang","readyFile":".ready","chunks":[{"type":"block-start","index":0,"blockType":"text"},{"type":"text-delta","index":0,"text":"thinking"}]}]),
+    );
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    let turn = kin.request("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]}));
+    common::until_blocking("the turn to reach the model", || dirs.cwd().join(".ready").exists());
+    let set = call(&mut kin, "session/set_mode", json!({"sessionId": id, "modeId": "read-only"}));
+    assert!(set["result"].is_object(), "{set}");
+    assert_eq!(logged(&dirs, &id, "session/mode"), [json!({"mode": "read-only"})], "written by the running turn");
+    assert!(logged(&dirs, &id, "turn/end").is_empty(), "the turn still runs");
+    kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": id}}));
+    let cancelled = kin.response(turn, Duration::from_secs(20), |_| {});
+    assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
+    let resumed = call(&mut kin, "session/resume", json!({"sessionId": id, "cwd": dirs.cwd()}));
+    assert_eq!(current_mode(&resumed), "read-only");
+    kin.close_stdin();
+    let _ = kin.child.wait();
 }

@@ -1,8 +1,8 @@
 //! One handler per ACP method kin serves as the agent, on `AcpServer` (the runtime, the agent
 //! tree shown to the editor, and whether the editor shows `notice` updates). `serve_until`
 //! registers each with the SDK's builder. A handler converts the request, makes one call into
-//! the runtime and converts its answer; work that waits (a turn, a load, a close) runs on a
-//! spawned task so the dispatch loop never blocks.
+//! the runtime and converts its answer; work that waits (a turn, a load, a close, a setting
+//! being written to the session's log) runs on a spawned task so the dispatch loop never blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -305,21 +305,36 @@ impl AcpServer {
             Ok(mode) => mode,
             Err(e) => return responder.respond_with_error(invalid_params(e)),
         };
-        if let Err(e) = self.runtime.set_permission_mode(&req.session_id.0, mode) {
-            return responder.respond_with_error(to_acp(e));
-        }
-        let update = SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(mode.id()));
-        if let Err(e) = cx.send_notification(SessionNotification::new(req.session_id.clone(), update)) {
-            tracing::debug!("dropping a mode update: {e}");
-        }
-        responder.respond(SetSessionModeResponse::new())
+        // Handed to the session now (a prompt sent after this request comes after it); answered
+        // once it is on disk, or with why it is not (the mode is then unchanged).
+        let recording = match self.runtime.set_permission_mode(&req.session_id.0, mode) {
+            Ok(recording) => recording,
+            Err(e) => return responder.respond_with_error(to_acp(e)),
+        };
+        let to = cx.clone();
+        cx.spawn(async move {
+            let sent = match recording.await {
+                Ok(()) => {
+                    let update = SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(mode.id()));
+                    if let Err(e) = to.send_notification(SessionNotification::new(req.session_id.clone(), update)) {
+                        tracing::debug!("dropping a mode update: {e}");
+                    }
+                    responder.respond(SetSessionModeResponse::new())
+                }
+                Err(e) => responder.respond_with_error(to_acp(e)),
+            };
+            if let Err(e) = sent {
+                tracing::debug!("mode response not delivered: {e}");
+            }
+            Ok(())
+        })
     }
 
     pub(super) fn set_config_option(
         &self,
         req: SetSessionConfigOptionRequest,
         responder: Responder<SetSessionConfigOptionResponse>,
-        _cx: &ConnectionTo<Client>,
+        cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
         let option = req.config_id.0.as_ref();
         let hint = match option {
@@ -334,15 +349,27 @@ impl AcpServer {
         let Some(value) = req.value.as_value_id() else {
             return responder.respond_with_error(invalid_params(hint));
         };
-        let id = &req.session_id.0;
+        let id = req.session_id.0.to_string();
         let set = match option {
-            SANDBOX_OPTION => self.runtime.set_sandbox(id, &value.0).map(|_| ()),
-            _ => self.runtime.set_model(id, &value.0).map(|_| ()),
+            SANDBOX_OPTION => self.runtime.set_sandbox(&id, &value.0),
+            _ => self.runtime.set_model(&id, &value.0),
         };
-        match set {
-            Ok(()) => responder.respond(SetSessionConfigOptionResponse::new(config_options(&self.runtime.view(id)))),
-            Err(e) => responder.respond_with_error(to_acp(e)),
-        }
+        // As for the mode: answered once the choice is on disk, or with why it is not.
+        let recording = match set {
+            Ok(recording) => recording,
+            Err(e) => return responder.respond_with_error(to_acp(e)),
+        };
+        let runtime = self.runtime.clone();
+        cx.spawn(async move {
+            let sent = match recording.await {
+                Ok(()) => responder.respond(SetSessionConfigOptionResponse::new(config_options(&runtime.view(&id)))),
+                Err(e) => responder.respond_with_error(to_acp(e)),
+            };
+            if let Err(e) = sent {
+                tracing::debug!("config option response not delivered: {e}");
+            }
+            Ok(())
+        })
     }
 
     pub(super) fn list_sessions(

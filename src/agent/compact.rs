@@ -140,14 +140,23 @@ pub(crate) struct Request<'a> {
     pub cancel: &'a CancellationToken,
 }
 
-/// Compacts the head of `session`'s history. `Ok(None)`: nothing to compact, nothing written.
-/// An error after `compact/start` is recorded in `compact/end` and leaves the history as it was.
+/// Compacts the head of `session`'s history, writing the transaction at once (unsynced, as a
+/// turn writes). `Ok(None)`: nothing to compact, nothing written. An error after `compact/start`
+/// is recorded in `compact/end` and leaves the history as it was.
 pub(crate) async fn compact(session: &mut Session, request: Request<'_>) -> Result<Option<Compacted>, String> {
-    let messages = session.messages();
-    let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
-    let Some(keep) = select(&messages, &tokens, request.retain) else {
+    let Some(result) = transact(session, request).await else {
         return Ok(None);
     };
+    session.write_eager();
+    result.map(Some)
+}
+
+/// The transaction, queued through `compact/end` (the caller writes it): `None` when nothing can
+/// be compacted (nothing is appended then), else whether the history was replaced.
+async fn transact(session: &mut Session, request: Request<'_>) -> Option<Result<Compacted, String>> {
+    let messages = session.messages();
+    let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
+    let keep = select(&messages, &tokens, request.retain)?;
     let shadowed: Vec<u64> = session.surface_seqs()[..keep].to_vec();
     let shadowed_tokens: u64 = tokens[..keep].iter().sum();
     let turn = request.turn;
@@ -156,12 +165,7 @@ pub(crate) async fn compact(session: &mut Session, request: Request<'_>) -> Resu
     let result = commit(session, &request, &messages[..keep], &shadowed, shadowed_tokens, start).await;
     let error = result.as_ref().err().cloned();
     session.push(CompactEnd { turn, error });
-    if turn.is_none() {
-        session.flush().map_err(|e| format!("compaction finished, but the session could not be saved: {e:#}"))?;
-    } else {
-        session.write_eager();
-    }
-    result.map(Some)
+    Some(result)
 }
 
 /// The summary call and the replacement, between `compact/start` and `compact/end`.
@@ -330,17 +334,27 @@ pub(crate) async fn relieve_pressure(
     }
 }
 
-/// How `/compact` went (dsh's `command-compact` outcomes).
+/// How `/compact` went (dsh's `command-compact` outcomes, and what kin adds when the session log
+/// cannot be written).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Manual {
+    /// The history is replaced and the transaction is on disk (written and `fsync`ed).
     Compacted(Compacted),
     /// Nothing before the newest item to compact; nothing written.
     Nothing,
     /// A turn runs or a message waits for one.
     Busy,
+    /// Cancelled before the history was replaced; the attempt is in the log, the history as it was.
     Cancelled,
     /// The attempt is recorded in the log (`compact/end` with the error); the history is as it was.
     Failed(String),
+    /// The history was replaced in memory (the session goes on from the checkpoint), but the log
+    /// could not be written (`cause`): the transaction stays queued and goes to disk with the
+    /// session's next successful save; if kin stops before that, the session loads without it.
+    Unsaved { done: Compacted, cause: String },
+    /// The compaction did not happen (`why`: it failed or was cancelled; the history is as it was)
+    /// and the log could not be written either (`cause`): nothing says the attempt is recorded.
+    Unrecorded { why: String, cause: String },
 }
 
 impl Manual {
@@ -360,18 +374,37 @@ impl Manual {
             Manual::Failed(why) => format!(
                 "Compaction could not produce a useful summary ({why}). The conversation is unchanged; the attempt is recorded in the session log."
             ),
+            Manual::Unsaved { done, cause } => format!(
+                "Compacted {} history items in memory (~{} tokens → ~{} tokens), but the session log could not be written ({cause}). \
+                 This session continues from the compacted history and kin saves it with the session's next successful write; \
+                 if kin stops before then, the session loads again with its history as it was before this compaction. \
+                 Fix the cause (for example, free disk space) so that the session can be saved.",
+                done.items, done.tokens, done.checkpoint
+            ),
+            Manual::Unrecorded { why, cause } => format!(
+                "Compaction did not finish ({why}), and the session log could not be written ({cause}). \
+                 The history is as it was before this compaction; the attempt is not in the session log yet. \
+                 Fix the cause (for example, free disk space) so that the session can be saved."
+            ),
         }
     }
 }
 
-/// `/compact`: everything but the newest item, between turns (`request.turn` is `None`).
+/// `/compact`: everything but the newest item, between turns (`request.turn` is `None`). The
+/// transaction is flushed (written and `fsync`ed) before the outcome is known: an outcome that
+/// says the log holds it is given only once it does.
 pub(crate) async fn manual(session: &mut Session, request: Request<'_>) -> Manual {
     let cancel = request.cancel.clone();
-    match compact(session, request).await {
-        Ok(Some(done)) => Manual::Compacted(done),
-        Ok(None) => Manual::Nothing,
-        Err(_) if cancel.is_cancelled() => Manual::Cancelled,
-        Err(why) => Manual::Failed(why),
+    let Some(result) = transact(session, request).await else {
+        return Manual::Nothing;
+    };
+    let saved = session.flush().map_err(|e| format!("{e:#}"));
+    match (result, saved) {
+        (Ok(done), Ok(())) => Manual::Compacted(done),
+        (Ok(done), Err(cause)) => Manual::Unsaved { done, cause },
+        (Err(why), Err(cause)) => Manual::Unrecorded { why, cause },
+        (Err(_), Ok(())) if cancel.is_cancelled() => Manual::Cancelled,
+        (Err(why), Ok(())) => Manual::Failed(why),
     }
 }
 
@@ -566,7 +599,7 @@ mod tests {
         let instruction = request.messages[3]["content"][0]["text"].as_str().unwrap();
         assert!(instruction.starts_with(INSTRUCTION) && instruction.ends_with("focus on: tests"));
         assert_eq!(request.messages[3]["source"], json!({"kind": "plugin", "plugin": "dsh-compact-basic"}));
-        // Manual compaction flushes: a fresh load folds to the same history.
+        // The transaction is written: a fresh load folds to the same history.
         drop(session);
         let loaded = store.load("s").unwrap();
         assert_eq!(loaded.messages(), messages);
@@ -647,5 +680,47 @@ mod tests {
             assert!(crate::session::surface::validate(loaded.events()).is_ok(), "cut {n}");
         }
         assert!(seen.0 > 0 && seen.1 > 0, "{seen:?}");
+    }
+
+    async fn slash_compact(session: &mut Session, deps: &AgentDeps) -> Manual {
+        let cancel = CancellationToken::new();
+        manual(session, Request { deps, tools: &[], turn: None, retain: 0, focus: None, cancel: &cancel }).await
+    }
+
+    #[tokio::test]
+    async fn slash_compact_on_a_log_that_cannot_be_written_says_so_and_claims_nothing_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = history(&store);
+        let path = store.locate("s").unwrap().unwrap();
+        let on_disk = crate::session::scan::scan_file(&path).unwrap().events.len();
+        let throw = ReplayEntry::Throw { chunks: vec![], message: "upstream down".into(), code: "X".into() };
+        let entries = [ReplayEntry::Chunks(text_response(&["Summary."])), throw];
+        let deps = deps(Arc::new(ScriptedModel::new(entries)));
+        super::super::tests::fill_disk_under(&path);
+
+        // The replacement applies in memory; the answer says it is not saved.
+        let outcome = slash_compact(&mut session, &deps).await;
+        let Manual::Unsaved { done, cause } = &outcome else { panic!("{outcome:?}") };
+        assert_eq!(done.items, 3);
+        assert!(cause.contains("No space left on device"), "{cause}");
+        assert_eq!(session.messages().len(), 2, "the session goes on from the checkpoint");
+        let text = outcome.text();
+        assert!(text.contains("in memory") && text.contains("could not be written"), "{text}");
+        assert!(text.contains("No space left on device"), "{text}");
+        assert!(!text.contains("unchanged") && !text.contains("recorded in the session log"), "{text}");
+
+        // A failed attempt whose record cannot be written does not claim it is recorded.
+        let compacted = session.messages();
+        let outcome = slash_compact(&mut session, &deps).await;
+        assert!(matches!(&outcome, Manual::Unrecorded { why, .. } if why == "upstream down"), "{outcome:?}");
+        assert_eq!(session.messages(), compacted);
+        let text = outcome.text();
+        assert!(text.contains("upstream down") && text.contains("could not be written"), "{text}");
+        assert!(!text.contains("recorded in the session log"), "{text}");
+
+        // Neither reached the file.
+        let events = crate::session::scan::scan_file(&path).unwrap().events;
+        assert_eq!(events.len(), on_disk, "{:?}", events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>());
     }
 }

@@ -7,6 +7,10 @@
 //!
 //! Arrivals are written by whoever holds the session: the actor between turns, the running turn
 //! at each of its await points (so a sender never waits for a turn to end).
+//!
+//! A setting the editor chose for the session (its mode, model or sandbox) arrives the same way
+//! (`Arrival::Log`): its log-only event is written and `fsync`ed with the rest, the setting takes
+//! effect only then, and its sender hears the outcome after that.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -42,6 +46,9 @@ impl std::error::Error for NotAccepted {}
 /// What the sender of an inbox message hears once it is written (or is not).
 pub(super) type Accepted = oneshot::Sender<Result<(), String>>;
 
+/// What a recorded setting does once its event is on disk (on the actor, in log order).
+pub(super) type Apply = Box<dyn FnOnce() + Send>;
+
 /// A message handed to the agent, not yet in its lists.
 pub(super) enum Arrival {
     /// A message for its own turn; `accepted` is `Some` for an inbox message (written first),
@@ -50,6 +57,9 @@ pub(super) enum Arrival {
     /// A message without a turn of its own: appended at once between turns, or (durably staged)
     /// before the next step of a running turn.
     Step { message: UserMessage, accepted: Accepted },
+    /// A log-only event of a setting (`session/mode`, `session/model`, `session/sandbox`): written
+    /// like a message, then `apply` runs (only when it was written) before `recorded` is answered.
+    Log { body: EventBody, apply: Apply, recorded: Accepted },
 }
 
 #[derive(Default)]
@@ -90,8 +100,9 @@ impl Intake {
     }
 
     /// Writes every arrival to `session` (one `fsync` for all of them), then puts them in their
-    /// lists and answers their senders. `running`: a turn is running (a step message is staged
-    /// for its next step rather than appended at once).
+    /// lists (a setting: applies it) and answers their senders; when the write fails nothing of
+    /// them is kept or applied. `running`: a turn is running (a step message is staged for its
+    /// next step rather than appended at once).
     pub(super) fn accept(&self, session: &mut Session, running: bool) {
         let arrivals = std::mem::take(&mut self.lists().arrivals);
         if arrivals.is_empty() {
@@ -116,6 +127,7 @@ impl Intake {
                     step_len += 1;
                 }
                 Arrival::Step { message, .. } => bodies.push(message.clone().into()),
+                Arrival::Log { body, .. } => bodies.push(body.clone()),
             }
         }
         let written = if bodies.is_empty() { Ok(()) } else { session.push_durably(bodies).map(|_| ()) };
@@ -134,6 +146,12 @@ impl Intake {
                         lists.staged.push(message);
                     }
                     let _ = accepted.send(written.clone());
+                }
+                Arrival::Log { apply, recorded, .. } => {
+                    if written.is_ok() {
+                        apply();
+                    }
+                    let _ = recorded.send(written.clone());
                 }
             }
         }
@@ -186,7 +204,8 @@ impl Intake {
     }
 
     /// Stops: queued turns answer `Disposed` and stay pending in the log (nothing is written);
-    /// arrivals not yet written are refused (their senders hear the agent is gone).
+    /// arrivals not yet written are refused (their senders hear the agent is gone; a setting is
+    /// not applied).
     pub(super) fn close(&self) {
         let (queue, arrivals) = {
             let mut lists = self.lists();

@@ -2,10 +2,11 @@
 //! the handle the rest of kin talks to. `followup` queues a prompt as its own later turn;
 //! `enqueue` does the same for a message from another session, durably (`intake`); `inject`
 //! adds a message without running the model (between turns at once, or before the next step of
-//! a running turn), durably too; `cancel` aborts the running turn and `cancel_and_discard` also drops the
-//! queued inbox messages; `compact` compacts the history between turns (`/compact`). A session
-//! loaded with inbox messages pending starts held: they run
-//! once it is woken.
+//! a running turn), durably too; `record` writes a setting's event durably and only then applies
+//! the setting (between turns at once, during a turn at its next await point); `cancel` aborts
+//! the running turn and `cancel_and_discard` also drops the queued inbox messages; `compact`
+//! compacts the history between turns (`/compact`). A session loaded with inbox messages pending
+//! starts held: they run once it is woken.
 
 pub(crate) mod compact;
 mod intake;
@@ -25,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use intake::{Arrival, Intake};
 
+use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -32,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::model::http::RetryPolicy;
 use crate::model::{Model, ModelRoute};
 use crate::permission::{PermissionPrompt, Permissions};
-use crate::session::event::{TurnEndReason, UserMessage};
+use crate::session::event::{SessionModel, TurnEndReason, UserMessage};
 use crate::session::{EventBody, Session};
 use crate::tools::ToolRegistry;
 use crate::tools::files::FileAccess;
@@ -369,9 +371,49 @@ impl AgentHandle {
         Ok(())
     }
 
-    /// Records a log-only event between turns (after the running turn, if any).
+    /// Records a log-only event between turns (after the running turn, if any), without telling
+    /// anyone whether it was written (a title, the MCP servers): when the log cannot be written
+    /// it stays queued and the writer retries.
     pub fn inject_log(&self, body: impl Into<EventBody>) -> Result<(), AgentGone> {
         self.send(Command::Log(body.into()))
+    }
+
+    /// Records a setting: its log-only event (`body`) is written and `fsync`ed, then `apply` runs
+    /// on the actor (so settings take effect in the order of their events) and the returned
+    /// future resolves. The event is handed over now, before the future is polled; it is written
+    /// between turns at once, and during a turn at the turn's next await point (a model stream,
+    /// the tools, a retry's wait), not after the turn; only a compaction's summary call (`/compact`,
+    /// or one at a step's start) holds it until it ends. When the log cannot be written nothing
+    /// is kept, `apply` never runs and the cause is returned; `Gone` when the agent stopped first.
+    pub(crate) fn record(
+        &self,
+        body: impl Into<EventBody>,
+        apply: impl FnOnce() + Send + 'static,
+    ) -> BoxFuture<'static, Result<(), NotAccepted>> {
+        let (recorded, written) = oneshot::channel();
+        let arrival = Arrival::Log { body: body.into(), apply: Box::new(apply), recorded };
+        let sent = self.send(Command::Arrive(arrival));
+        let id = self.id.clone();
+        Box::pin(async move {
+            if sent.is_err() {
+                return Err(NotAccepted::Gone(id));
+            }
+            match written.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(cause)) => Err(NotAccepted::Unwritten { session: id, cause }),
+                Err(_) => Err(NotAccepted::Gone(id)),
+            }
+        })
+    }
+
+    /// `record` of a model switch (`session/model`): the route of the next turn changes once the
+    /// event is on disk (a running turn keeps its route).
+    pub(crate) fn record_route(&self, route: ModelRoute) -> BoxFuture<'static, Result<(), NotAccepted>> {
+        let body = SessionModel { provider: route.provider.clone(), model: route.model.clone() };
+        let shared = self.shared.clone();
+        self.record(body, move || {
+            *shared.route.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = route;
+        })
     }
 
     /// Cancels the running turn, if any; queued turns stay queued.
@@ -732,5 +774,94 @@ impl During<'_> {
                 self.cancel.cancel();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::model::script::{ReplayEntry, ScriptedModel};
+    use crate::session::event::SessionMode;
+    use crate::session::store::SessionStore;
+    use crate::session::{Kind, SessionHeader};
+
+    /// Points every descriptor this process holds on `path` at `/dev/full`, whose writes fail
+    /// with ENOSPC as a full disk's do: the log can no longer be written (the file keeps what
+    /// it had).
+    pub(super) fn fill_disk_under(path: &std::path::Path) {
+        use std::os::fd::AsRawFd;
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let target = std::fs::canonicalize(path).unwrap();
+        let mut pointed = 0;
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            if std::fs::read_link(entry.path()).is_ok_and(|link| link == target) {
+                let fd: i32 = entry.file_name().to_string_lossy().parse().unwrap();
+                // SAFETY: both descriptors are open in this process; dup2 only repoints `fd`.
+                assert!(unsafe { libc::dup2(full.as_raw_fd(), fd) } >= 0);
+                pointed += 1;
+            }
+        }
+        assert!(pointed > 0, "no descriptor is open on {}", path.display());
+    }
+
+    fn deps() -> AgentDeps {
+        AgentDeps {
+            model: Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())),
+            tools: ToolRegistry::new(),
+            route: ModelRoute::parse("test/model").unwrap(),
+            system: "sys".into(),
+            max_steps: 5,
+            max_parallel_tools: 1,
+            depth: 0,
+            permissions: None,
+            prompt: None,
+            file_access: None,
+            retry: Default::default(),
+            compaction: compact::Policy::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_setting_applies_once_on_disk_and_not_at_all_when_the_log_cannot_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        session.flush().unwrap();
+        let path = store.locate("s").unwrap().unwrap();
+        let handle = spawn_agent(session, deps());
+        let applied = Arc::new(AtomicUsize::new(0));
+        let count = || {
+            let applied = applied.clone();
+            move || {
+                applied.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let modes_on_disk = || {
+            let events = crate::session::scan::scan_file(&path).unwrap().events;
+            events.iter().filter(|e| e.kind == Kind::SessionMode).count()
+        };
+
+        // Resolved once written and synced, and applied by then.
+        handle.record(SessionMode { mode: "ask".into() }, count()).await.unwrap();
+        assert_eq!(applied.load(Ordering::SeqCst), 1);
+        assert_eq!(modes_on_disk(), 1);
+
+        // A log that cannot be written: refused with the cause, not applied, nothing kept.
+        fill_disk_under(&path);
+        let refused = handle.record(SessionMode { mode: "read-only".into() }, count()).await.unwrap_err();
+        assert!(
+            matches!(&refused, NotAccepted::Unwritten { cause, .. } if cause.contains("No space left on device")),
+            "{refused}"
+        );
+        assert_eq!(applied.load(Ordering::SeqCst), 1, "the setting is not applied");
+        let route = handle.route();
+        let refused = handle.record_route(ModelRoute::parse("other/model").unwrap()).await;
+        assert!(matches!(refused, Err(NotAccepted::Unwritten { .. })), "{refused:?}");
+        assert_eq!(handle.route(), route, "the route is unchanged");
+        assert_eq!(modes_on_disk(), 1);
+        // Nothing of the refused settings waits to be written: the agent stops cleanly.
+        assert_eq!(handle.dispose().await, Ok(()));
     }
 }

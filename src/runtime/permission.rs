@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::error::RuntimeError;
+use super::settings::PendingSetting;
 use super::{ClientLink, Runtime};
 use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
 use crate::session::event;
@@ -48,20 +49,19 @@ impl Runtime {
         self.agents.permissions_of(id)
     }
 
-    /// Changes the permission mode of a live session (it applies to the next tool call).
-    pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<(), RuntimeError> {
+    /// Changes the permission mode of a live session once it is recorded in its log
+    /// (`session/mode`, so that a later `session/load` keeps it); from then on it applies to
+    /// every call decided. A child or unknown session is refused at once; the returned
+    /// `PendingSetting` tells whether the mode was written (if not, it is unchanged).
+    pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<PendingSetting, RuntimeError> {
         self.reject_child(session_id)?;
-        match self.agents.top_level(session_id) {
-            Some((handle, top)) => {
-                top.permissions.set_mode(mode);
-                // Recorded so that a later `session/load` keeps the mode.
-                handle
-                    .inject_log(event::SessionMode { mode: mode.id().to_string() })
-                    .map_err(|e| RuntimeError::Internal(e.to_string()))?;
-                Ok(())
-            }
-            None => Err(RuntimeError::NotFound(session_id.to_string())),
-        }
+        let (handle, top) =
+            self.agents.top_level(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let permissions = top.permissions.clone();
+        let recorded = handle.record(event::SessionMode { mode: mode.id().to_string() }, move || {
+            permissions.set_mode(mode);
+        });
+        Ok(PendingSetting::of("mode", recorded))
     }
 
     /// How a child below `parent` asks the user: the editor's prompt when it shows child sessions

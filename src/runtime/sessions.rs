@@ -152,7 +152,10 @@ impl Runtime {
     /// Closes a live top-level session (`session/close`): drains its continuable children through
     /// the continuation manager, stops every other child below it, then stops its agent
     /// (cancelling a running turn, whose prompt answers `cancelled`), flushes its log and frees
-    /// it. The session stays on disk and can be loaded again.
+    /// it. The session stays on disk and can be loaded again. It is closed either way; when its
+    /// log (or that of a child it stopped) could not be written at the end, the answer is an
+    /// error naming the cause: what was not written is lost, and a later load shows the session
+    /// as it was last written.
     pub async fn close_session(&self, session_id: &str) -> Result<(), RuntimeError> {
         self.reject_child(session_id)?;
         let removed = self.agents.remove_if(session_id, Agent::is_top_level);
@@ -162,13 +165,24 @@ impl Runtime {
         };
         handle.stop();
         self.continuation.close_descendants(session_id).await;
+        let mut unsaved = Vec::new();
         for (id, handle) in self.descendants(session_id) {
-            handle.shutdown().await;
+            if let Err(e) = handle.dispose().await {
+                unsaved.push(e);
+            }
             self.agents.remove(&id);
         }
-        handle.shutdown().await;
+        if let Err(e) = handle.dispose().await {
+            unsaved.push(e);
+        }
         top.mcp.close().await;
-        Ok(())
+        if unsaved.is_empty() {
+            return Ok(());
+        }
+        Err(RuntimeError::Internal(format!(
+            "session {session_id} is closed, but not everything of it could be saved: {}. What was not written is lost; loading the session again shows it as it was last written",
+            unsaved.join("; ")
+        )))
     }
 
     /// Forks a top-level session (`session/fork`): a new top-level session in `cwd` seeded with
