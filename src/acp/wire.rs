@@ -15,6 +15,10 @@
 //!   dispatch loop (`Flow`): the SDK's queues are unbounded, so without this a flooding process would fill
 //!   them faster than the handlers drain them. Answers to no request of kin's are dropped here
 //!   (the SDK would ignore them).
+//! - The process's requests are read only while fewer than `MAX_UNWRITTEN_ANSWERS` of kin's
+//!   answers to it wait to be written (`answers`): the SDK queues answers without bound, so a
+//!   process that floods requests and never reads its stdin would grow that queue; instead it
+//!   stops being read until it reads (each answer is itself bounded, a served file by its cap).
 //! - Why the connection broke is kept, in words completing "the child agent …".
 
 use std::collections::{HashMap, VecDeque};
@@ -89,6 +93,10 @@ fn violated(shared: &Mutex<Shared>, reason: String) {
 
 /// Frames the reader may pass to the SDK ahead of its dispatch loop.
 const MAX_AHEAD: usize = 64;
+
+/// Requests of the process the reader may pass on while kin's answers to them are not written
+/// to the process yet.
+const MAX_UNWRITTEN_ANSWERS: usize = 16;
 
 /// The frames the reader passed to the SDK that its dispatch loop has not reached yet, bounded
 /// in number and bytes: the reader waits for room before passing a frame on, and the first
@@ -165,13 +173,14 @@ impl Wire {
         let read_done = CancellationToken::new();
         let numbering = options.numbering.clone();
         let flow = Arc::new(Flow::new(options.max_frame));
-        let reading = read(output, to_sdk, shared.clone(), flow.clone(), options, stop.clone());
+        let answers = Arc::new(Semaphore::new(MAX_UNWRITTEN_ANSWERS));
+        let reading = read(output, to_sdk, shared.clone(), flow.clone(), answers.clone(), options, stop.clone());
         let done = read_done.clone();
         let reader = tokio::spawn(async move {
             reading.await;
             done.cancel();
         });
-        let writer = tokio::spawn(write(input, from_sdk, queue, shared.clone(), numbering, stop));
+        let writer = tokio::spawn(write(input, from_sdk, queue, shared.clone(), answers, numbering, stop));
         (sdk, Wire { out, shared, read_done, flow, reader, writer })
     }
 
@@ -248,12 +257,14 @@ async fn read_line<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> Resul
     }
 }
 
-/// Reads the process's stdout into the SDK until it ends, breaks the protocol or `stop`.
+/// Reads the process's stdout into the SDK until it ends, breaks the protocol or `stop`; a
+/// request waits for one of `answers` (given back when its answer is written).
 async fn read<R: AsyncRead + Unpin>(
     output: R,
     to_sdk: UnboundedSender<TransportFrame>,
     shared: Arc<Mutex<Shared>>,
     flow: Arc<Flow>,
+    answers: Arc<Semaphore>,
     options: WireOptions,
     stop: CancellationToken,
 ) {
@@ -303,6 +314,15 @@ async fn read<R: AsyncRead + Unpin>(
             tracing::debug!("dropping an answer to no request of kin's");
             continue;
         };
+        if matches!(message, RawJsonRpcMessage::Request(_)) {
+            tokio::select! {
+                permit = answers.acquire() => match permit {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => break,
+                },
+                () = stop.cancelled() => break,
+            }
+        }
         tokio::select! {
             () = flow.admit(size) => {}
             () = stop.cancelled() => break,
@@ -342,27 +362,33 @@ fn request_numbered(shared: &Mutex<Shared>, numbering: &AtomicI64, message: RawJ
 }
 
 /// Writes the SDK's frames and kin's own lines to the process's stdin until both end; a failed
-/// write breaks the connection (and stops the reader, so waiting requests fail).
+/// write breaks the connection (and stops the reader, so waiting requests fail). Each answer
+/// written (or dropped) gives its request's room back to `answers`.
 async fn write<W: AsyncWrite + Unpin>(
     input: W,
     mut from_sdk: UnboundedReceiver<TransportFrame>,
     mut queue: mpsc::UnboundedReceiver<Out>,
     shared: Arc<Mutex<Shared>>,
+    answers: Arc<Semaphore>,
     numbering: Arc<AtomicI64>,
     stop: CancellationToken,
 ) {
     let mut input = Some(input);
     let mut sdk_open = true;
     loop {
+        let mut answer = false;
         let line = tokio::select! {
             frame = from_sdk.next(), if sdk_open => match frame {
-                Some(TransportFrame::Single(message)) => match serde_json::to_string(&request_numbered(&shared, &numbering, message)) {
-                    Ok(line) => Some((line, None)),
-                    Err(e) => {
-                        tracing::debug!("dropping a frame that does not serialize: {e}");
-                        None
+                Some(TransportFrame::Single(message)) => {
+                    answer = matches!(message, RawJsonRpcMessage::Response(_));
+                    match serde_json::to_string(&request_numbered(&shared, &numbering, message)) {
+                        Ok(line) => Some((line, None)),
+                        Err(e) => {
+                            tracing::debug!("dropping a frame that does not serialize: {e}");
+                            None
+                        }
                     }
-                },
+                }
                 Some(other) => other.to_json().ok().map(|line| (line, None)),
                 None => {
                     // The SDK's connection ended: so does the process's input.
@@ -381,11 +407,19 @@ async fn write<W: AsyncWrite + Unpin>(
                 None => break,
             },
         };
-        let Some((line, done)) = line else { continue };
+        let Some((line, done)) = line else {
+            if answer {
+                answers.add_permits(1);
+            }
+            continue;
+        };
         let written = match input.as_mut() {
             Some(stdin) => write_line(stdin, &line).await,
             None => Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin is closed")),
         };
+        if answer {
+            answers.add_permits(1);
+        }
         if let Err(e) = &written
             && input.is_some()
         {
@@ -451,5 +485,58 @@ mod tests {
         // A second answer to the same number answers no request.
         let stray: RawJsonRpcMessage = serde_json::from_str(r#"{"jsonrpc":"2.0","id":1,"result":null}"#).unwrap();
         assert_eq!(answer_renamed(&shared, stray), None);
+    }
+
+    /// A process that floods requests and does not read its stdin is itself not read past
+    /// `MAX_UNWRITTEN_ANSWERS` unwritten answers (the SDK would queue them without bound); once
+    /// it reads, every request is answered. The clock is paused: a sleep returns only once every
+    /// task waits, so what was read by then is all that can be.
+    #[tokio::test(start_paused = true)]
+    async fn a_process_that_does_not_read_its_answers_is_not_read_further() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::AsyncWriteExt;
+        const REQUESTS: usize = 1000;
+        let (kin_stdin, child_stdin) = tokio::io::duplex(256);
+        let (mut child_stdout, kin_stdout) = tokio::io::duplex(4096);
+        let options = WireOptions { max_frame: 1 << 20, tap: None, strict: true, numbering: numbering() };
+        let (sdk, wire) = Wire::open(kin_stdin, kin_stdout, options);
+        // The SDK's side: answers every request at once.
+        let Channel { rx: mut requests, tx: replies, .. } = sdk;
+        let (flow, taken) = (wire.flow(), Arc::new(AtomicUsize::new(0)));
+        let seen = taken.clone();
+        tokio::spawn(async move {
+            while let Some(frame) = requests.next().await {
+                flow.dispatched();
+                seen.fetch_add(1, Ordering::SeqCst);
+                if let TransportFrame::Single(RawJsonRpcMessage::Request(request)) = frame {
+                    let answer =
+                        RawJsonRpcMessage::response(request.id, Ok(serde_json::json!({"content": "x".repeat(200)})));
+                    let _ = replies.unbounded_send(TransportFrame::Single(answer));
+                }
+            }
+        });
+        let flood = tokio::spawn(async move {
+            for id in 0..REQUESTS {
+                let line =
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"fs/read_text_file\",\"params\":{{}}}}\n");
+                child_stdout.write_all(line.as_bytes()).await.unwrap();
+            }
+            child_stdout
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+        let read = taken.load(Ordering::SeqCst);
+        // Those whose answers are written (as much as the pipe takes), the one being written and
+        // MAX_UNWRITTEN_ANSWERS more.
+        assert!(read < 40, "{read} requests read from a process that reads no answer");
+        assert!(!flood.is_finished(), "the process is held up writing its requests");
+        let mut lines = tokio::io::BufReader::new(child_stdin).lines();
+        let mut answered = 0;
+        while answered < REQUESTS {
+            let line = lines.next_line().await.unwrap().expect("an answer per request");
+            assert!(line.contains("\"result\""), "{line}");
+            answered += 1;
+        }
+        drop(flood.await.unwrap());
+        assert_eq!(taken.load(Ordering::SeqCst), REQUESTS);
     }
 }
