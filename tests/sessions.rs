@@ -444,6 +444,32 @@ fn settings_are_answered_once_on_disk_and_refused_unchanged_when_the_log_cannot_
     let _ = kin.child.wait();
 }
 
+/// Loading a live session reads its log back: when the live session's last events cannot be
+/// written, the load says so (they are lost) instead of showing the log as if nothing were
+/// missing; once the disk has room, a load brings the session back as it was last written.
+#[test]
+fn a_load_over_a_live_session_whose_last_events_cannot_be_written_says_so() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin_on_a_disk_that_fills(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    fill_disk(&kin);
+    let turn = prompt(&mut kin, &id, "hello");
+    assert_eq!(turn["error"]["code"], -32603, "{turn}");
+    let load = json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []});
+    let refused = call(&mut kin, "session/load", load.clone());
+    assert_eq!(refused["error"]["code"], -32603, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not everything of it could be saved") && message.contains("File too large"), "{refused}");
+    assert!(message.contains("load it again"), "{refused}");
+    let status = Command::new("prlimit").args(["--pid", &kin.child.id().to_string(), "--fsize=unlimited:"]).status();
+    assert!(status.unwrap().success(), "prlimit restores kin's soft file-size limit");
+    let loaded = call(&mut kin, "session/load", load);
+    assert!(loaded["result"].is_object(), "{loaded}");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
 #[test]
 fn a_mode_set_during_a_turn_is_on_disk_when_answered_while_the_turn_runs() {
     let dirs = Dirs::new();

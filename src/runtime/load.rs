@@ -78,8 +78,16 @@ impl Runtime {
         if let Some(agent) = existing
             && let Some(top) = agent.top_level()
         {
-            agent.handle.shutdown().await;
+            // The log is read back below: what the live session could not write would be gone
+            // from it without a word.
+            let disposed = agent.handle.dispose().await;
             top.mcp.close().await;
+            if let Err(cause) = disposed {
+                return Err(RuntimeError::Internal(format!(
+                    "session {session_id} was live and not everything of it could be saved ({cause}); what was not \
+                     written is lost: load it again to continue from what its log holds"
+                )));
+            }
         }
         let mut session = self.store.load(session_id).map_err(store_error)?;
         if session.header.parent_session.is_some() && session.header.origin.as_deref() == Some("subagent") {
