@@ -28,7 +28,7 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 #[allow(dead_code)]
 mod common;
-use common::{KIN, Peer, chat_sse, chunk};
+use common::{KIN, Peer, chat_sse, chunk, turn_ends};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -257,14 +257,6 @@ fn inserted(events: &[Event]) -> Vec<String> {
 
 fn discards(events: &[Event]) -> usize {
     events.iter().filter(|e| e.kind == "agent/inbox/spliced" && e.data["outcome"] == "canceled").count()
-}
-
-fn turn_ends(events: &[Event]) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e.kind == "turn/end")
-        .map(|e| e.data["reason"]["kind"].as_str().unwrap_or_default().to_string())
-        .collect()
 }
 
 /// The texts of a log's tool results.

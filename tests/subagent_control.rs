@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(dead_code)]
 mod common;
-use common::{parent, runtime, runtime_with, start_request, until};
+use common::{parent, runtime, runtime_with, start_request, turn_ends, until};
 
 /// Every file under `root` with its bytes, in path order.
 fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
@@ -193,6 +193,17 @@ async fn a_child_the_catalog_calls_corrupt_or_unsupported_is_refused_with_that_r
     rt.shutdown().await;
 }
 
+/// A runtime answering with `entries`, a parent session's caller, and a background child of it
+/// started with the prompt "first" (its first turn takes the first entry).
+async fn started(entries: Vec<ReplayEntry>) -> (tempfile::TempDir, Arc<Runtime>, Arc<Caller>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), entries, "");
+    let (_, caller) = parent(&rt, dir.path());
+    let request = start_request(&caller, "first");
+    let (child, _) = rt.continuation().start("spawn", "worker".into(), request).await.unwrap();
+    (dir, rt, caller, child)
+}
+
 /// The ids of the children whose `subagent/end` was emitted, in order.
 fn ended(rt: &Runtime) -> Arc<Mutex<Vec<String>>> {
     let ends = Arc::new(Mutex::new(Vec::new()));
@@ -225,14 +236,6 @@ fn carried(events: &[Event], text: &str) -> (usize, usize) {
     (inserted, run)
 }
 
-fn turn_ends(events: &[Event]) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e.kind == "turn/end")
-        .map(|e| e.data["reason"]["kind"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
 /// The file a `gated` model call waits for, in the caller's (and so its children's) cwd.
 fn gate(caller: &Caller) -> PathBuf {
     PathBuf::from(caller.header.cwd.clone().unwrap()).join("release")
@@ -249,12 +252,8 @@ fn gated(text: &str) -> ReplayEntry {
 /// still count: the child settles after it, with one `subagent/end`.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_message_cancelled_after_its_hand_off_answers_delivered_and_the_child_settles() {
-    let dir = tempfile::tempdir().unwrap();
-    let (rt, _) = runtime(dir.path(), vec![gated("one"), ReplayEntry::Chunks(text_response(&["two"]))], "");
-    let (_, caller) = parent(&rt, dir.path());
-    let manager = rt.continuation().clone();
-    let ends = ended(&rt);
-    let (child, _) = manager.start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    let (_dir, rt, caller, child) = started(vec![gated("one"), ReplayEntry::Chunks(text_response(&["two"]))]).await;
+    let (manager, ends) = (rt.continuation().clone(), ended(&rt));
     let tool = SendMessageTool(manager.clone());
     let cancel = CancellationToken::new();
     let mut call = tool.execute(json!({"subagent_id": child, "message": "do more"}), ctx_with(&caller, cancel.clone()));
@@ -284,12 +283,8 @@ async fn a_send_message_cancelled_after_its_hand_off_answers_delivered_and_the_c
 /// first turn as if the call had not been made.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_message_cancelled_before_its_hand_off_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let (rt, _) = runtime(dir.path(), vec![gated("one")], "");
-    let (_, caller) = parent(&rt, dir.path());
-    let manager = rt.continuation().clone();
-    let ends = ended(&rt);
-    let (child, _) = manager.start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    let (_dir, rt, caller, child) = started(vec![gated("one")]).await;
+    let (manager, ends) = (rt.continuation().clone(), ended(&rt));
     let tool = SendMessageTool(manager.clone());
     let cancel = CancellationToken::new();
     cancel.cancel();
@@ -316,13 +311,9 @@ async fn a_send_message_cancelled_before_its_hand_off_writes_nothing() {
 /// resumed child settles again instead of staying resident for good.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_message_dropped_while_resuming_its_child_still_delivers_and_the_child_settles() {
-    let dir = tempfile::tempdir().unwrap();
     let entries = vec![ReplayEntry::Chunks(text_response(&["one"])), ReplayEntry::Chunks(text_response(&["two"]))];
-    let (rt, _) = runtime(dir.path(), entries, "");
-    let (_, caller) = parent(&rt, dir.path());
-    let manager = rt.continuation().clone();
-    let ends = ended(&rt);
-    let (child, _) = manager.start("spawn", "worker".into(), start_request(&caller, "first")).await.unwrap();
+    let (_dir, rt, caller, child) = started(entries).await;
+    let (manager, ends) = (rt.continuation().clone(), ended(&rt));
     until("the child to settle", || ends.lock().unwrap().len() == 1).await;
     assert!(!manager.is_resident(&child));
     let tool = SendMessageTool(manager.clone());

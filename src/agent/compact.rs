@@ -468,13 +468,13 @@ pub(crate) async fn recover_overflow(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::deps;
     use super::*;
     use crate::model::script::{ReplayEntry, ScriptedModel};
     use crate::model::text_response;
     use crate::session::event::{AssistantMessage, ModelMessage, ToolResult};
     use crate::session::store::SessionStore;
     use crate::session::{Event, Kind, SessionHeader};
-    use crate::tools::ToolRegistry;
 
     fn user(text: &str) -> Value {
         json!({"role": "user", "content": [{"type": "text", "text": text}]})
@@ -516,23 +516,6 @@ mod tests {
         assert!(
             instruction(Some("the parser")).ends_with("\n\nThe user asked this checkpoint to focus on: the parser")
         );
-    }
-
-    fn deps(model: Arc<ScriptedModel>) -> AgentDeps {
-        AgentDeps {
-            model,
-            tools: ToolRegistry::new(),
-            route: ModelRoute::parse("test/model").unwrap(),
-            system: "sys".into(),
-            max_steps: 5,
-            max_parallel_tools: 1,
-            depth: 0,
-            permissions: None,
-            prompt: None,
-            file_access: None,
-            retry: Default::default(),
-            compaction: Policy::default(),
-        }
     }
 
     /// A session with a long first exchange, a tool round and a last prompt.

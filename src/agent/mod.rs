@@ -806,9 +806,10 @@ mod tests {
         assert!(pointed > 0, "no descriptor is open on {}", path.display());
     }
 
-    fn deps() -> AgentDeps {
+    /// An agent's dependencies for a test: `model`, no tools, no gate.
+    pub(super) fn deps(model: Arc<ScriptedModel>) -> AgentDeps {
         AgentDeps {
-            model: Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())),
+            model,
             tools: ToolRegistry::new(),
             route: ModelRoute::parse("test/model").unwrap(),
             system: "sys".into(),
@@ -830,7 +831,7 @@ mod tests {
         let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
         session.flush().unwrap();
         let path = store.locate("s").unwrap().unwrap();
-        let handle = spawn_agent(session, deps());
+        let handle = spawn_agent(session, deps(Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new()))));
         let applied = Arc::new(AtomicUsize::new(0));
         let count = || {
             let applied = applied.clone();

@@ -368,3 +368,12 @@ impl Respond for Heard {
         self.response.clone()
     }
 }
+
+/// How each turn of a log ended (`turn/end`'s reason kind), in order.
+pub fn turn_ends(events: &[kin::testkit::session::Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.kind == "turn/end")
+        .map(|e| e.data["reason"]["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
