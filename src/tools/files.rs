@@ -5,7 +5,7 @@
 //! binary detection).
 
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
 
 use futures::FutureExt;
@@ -32,20 +32,7 @@ impl FileAccess for DiskFiles {
     fn read_text(&self, _session_id: &str, path: &Path) -> BoxFuture<'static, io::Result<String>> {
         let path = path.to_path_buf();
         async move {
-            let read = move || {
-                let file = super::regular::open_regular(&path)?;
-                let mut bytes = Vec::new();
-                file.take(MAX_WHOLE_FILE_BYTES + 1).read_to_end(&mut bytes)?;
-                if bytes.len() as u64 > MAX_WHOLE_FILE_BYTES {
-                    return Err(io::Error::new(
-                        io::ErrorKind::FileTooLarge,
-                        format!("{} is larger than {} MiB", path.display(), MAX_WHOLE_FILE_BYTES >> 20),
-                    ));
-                }
-                String::from_utf8(bytes).map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidData, format!("{} is not valid UTF-8", path.display()))
-                })
-            };
+            let read = move || super::regular::read_text(&path, MAX_WHOLE_FILE_BYTES);
             tokio::task::spawn_blocking(read).await.map_err(io::Error::other)?
         }
         .boxed()

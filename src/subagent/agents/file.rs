@@ -4,7 +4,6 @@
 //! error naming its line, and the caller skips it.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use super::def::{AgentDef, Fields, Origin, split_tools};
@@ -57,9 +56,9 @@ impl Key {
 pub(crate) fn read(path: &Path, aliases: &BTreeMap<String, ModelRoute>) -> Result<AgentDef, FileError> {
     let whole = |message: String| FileError { line: 1, message };
     let file = crate::tools::regular::open_regular(path).map_err(|e| whole(format!("cannot read it: {e}")))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| whole(format!("cannot read it: {e}")))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
+    let (bytes, cut) =
+        crate::tools::regular::read_at_most(file, MAX_FILE_BYTES).map_err(|e| whole(format!("cannot read it: {e}")))?;
+    if cut {
         return Err(whole(format!("it is larger than {} KiB", MAX_FILE_BYTES / 1024)));
     }
     let text = String::from_utf8(bytes).map_err(|_| whole("it is not UTF-8 text".into()))?;
