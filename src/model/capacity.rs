@@ -21,6 +21,7 @@ const BUILT_IN: &[(&str, &str, u64)] = &[
     ("openai", "gpt-4.1-mini", 1_047_576),
     ("openai", "gpt-4o", 128_000),
     ("openai", "gpt-4o-mini", 128_000),
+    ("anthropic", "claude-opus-4-5", 200_000),
     ("anthropic", "claude-sonnet-4-5", 200_000),
     ("anthropic", "claude-haiku-4-5", 200_000),
     ("anthropic", "claude-opus-4-1", 200_000),
@@ -128,6 +129,7 @@ mod tests {
         assert_eq!(window(&table, "openai/gpt-5.1"), Some(400_000));
         assert_eq!(window(&table, "anthropic/claude-sonnet-4-5"), Some(200_000));
         assert_eq!(window(&table, "anthropic/claude-sonnet-4-5-20250929"), Some(200_000));
+        assert_eq!(window(&table, "anthropic/claude-opus-4-5-20251101"), Some(200_000));
         assert_eq!(window(&table, "openai/gpt-4o-2024-08-06"), Some(128_000));
         assert_eq!(window(&table, "openai/gpt-4o-audio"), None, "not a dated snapshot");
         assert_eq!(window(&table, "ollama/deepseek-v4-flash"), None, "only the built-in providers");
