@@ -743,3 +743,55 @@ fn a_fork_does_not_inherit_pending_inbox_messages() {
     kin.close_stdin();
     assert!(kin.child.wait().unwrap().success());
 }
+
+/// A load over a live session whose child is at work is refused: the child runs under the
+/// session's permissions, sandbox and MCP servers, which the load would replace (capped at the
+/// start) while the child went on under the old ones. Nothing of the child's is stopped; once
+/// everything has settled, the load goes through.
+#[test]
+fn a_load_over_a_live_session_with_a_child_at_work_is_refused_until_it_settles() {
+    let world = world(Duration::from_millis(1));
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let load = json!({"sessionId": parent, "cwd": world.cwd, "mcpServers": []});
+    let refused = kin.call("session/load", load.clone(), WAIT);
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("has 1 subagent(s) at work ({child})")), "{refused}");
+    assert!(message.contains("close the session first"), "{refused}");
+    assert!(turn_ends(&world.events(&child)).is_empty(), "the child still runs");
+    std::fs::write(&gate, "").unwrap();
+    // The child's turn ends, its completion wakes the parent, and both settle; until then each
+    // load is refused (a child at work, or a turn in flight).
+    common::until_blocking("a load once everything settled", || {
+        kin.call("session/load", load.clone(), WAIT).get("result").is_some()
+    });
+    assert_eq!(turn_ends(&world.events(&child)), ["completed"], "the child was not stopped");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+/// `session/close` stops the session's children too; when a child's last events cannot be
+/// written (a full disk), the close says so naming the child, instead of answering as if
+/// everything were saved.
+#[test]
+fn a_close_whose_child_cannot_write_its_last_events_says_so() {
+    let world = world(Duration::from_millis(1));
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let full = Command::new("prlimit").args(["--pid", &kin.child.id().to_string(), "--fsize=1:"]).status();
+    assert!(full.unwrap().success(), "prlimit lowers kin's soft file-size limit");
+    let closed = kin.call("session/close", json!({"sessionId": parent}), WAIT);
+    assert_eq!(closed["error"]["code"], -32603, "{closed}");
+    let message = closed["error"]["message"].as_str().unwrap();
+    assert!(message.contains("is closed") && message.contains(&format!("subagent {child}: ")), "{closed}");
+    assert!(message.contains("File too large"), "{closed}");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}

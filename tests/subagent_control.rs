@@ -195,17 +195,22 @@ async fn a_child_the_catalog_calls_corrupt_or_unsupported_is_refused_with_that_r
 
 /// A runtime answering with `entries`, a parent session's caller, and a background child of it
 /// started with the prompt "first" (its first turn takes the first entry).
-async fn started(entries: Vec<ReplayEntry>) -> (tempfile::TempDir, Arc<Runtime>, Arc<Caller>, String) {
+/// A runtime with a child started by its parent, and the `subagent/end`s seen from before the
+/// start on (the child may settle before the start's caller runs again).
+async fn started(entries: Vec<ReplayEntry>) -> (tempfile::TempDir, Arc<Runtime>, Arc<Caller>, String, Ends) {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), entries, "");
     let (_, caller) = parent(&rt, dir.path());
+    let ends = ended(&rt);
     let request = start_request(&caller, "first");
     let (child, _) = rt.continuation().start("spawn", "worker".into(), request).await.unwrap();
-    (dir, rt, caller, child)
+    (dir, rt, caller, child, ends)
 }
 
+type Ends = Arc<Mutex<Vec<String>>>;
+
 /// The ids of the children whose `subagent/end` was emitted, in order.
-fn ended(rt: &Runtime) -> Arc<Mutex<Vec<String>>> {
+fn ended(rt: &Runtime) -> Ends {
     let ends = Arc::new(Mutex::new(Vec::new()));
     let sink = ends.clone();
     rt.subagents().observe(move |e| {
@@ -252,8 +257,9 @@ fn gated(text: &str) -> ReplayEntry {
 /// still count: the child settles after it, with one `subagent/end`.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_message_cancelled_after_its_hand_off_answers_delivered_and_the_child_settles() {
-    let (_dir, rt, caller, child) = started(vec![gated("one"), ReplayEntry::Chunks(text_response(&["two"]))]).await;
-    let (manager, ends) = (rt.continuation().clone(), ended(&rt));
+    let (_dir, rt, caller, child, ends) =
+        started(vec![gated("one"), ReplayEntry::Chunks(text_response(&["two"]))]).await;
+    let manager = rt.continuation().clone();
     let tool = SendMessageTool(manager.clone());
     let cancel = CancellationToken::new();
     let mut call = tool.execute(json!({"subagent_id": child, "message": "do more"}), ctx_with(&caller, cancel.clone()));
@@ -283,8 +289,8 @@ async fn a_send_message_cancelled_after_its_hand_off_answers_delivered_and_the_c
 /// first turn as if the call had not been made.
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_message_cancelled_before_its_hand_off_writes_nothing() {
-    let (_dir, rt, caller, child) = started(vec![gated("one")]).await;
-    let (manager, ends) = (rt.continuation().clone(), ended(&rt));
+    let (_dir, rt, caller, child, ends) = started(vec![gated("one")]).await;
+    let manager = rt.continuation().clone();
     let tool = SendMessageTool(manager.clone());
     let cancel = CancellationToken::new();
     cancel.cancel();
@@ -312,8 +318,8 @@ async fn a_send_message_cancelled_before_its_hand_off_writes_nothing() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_send_message_dropped_while_resuming_its_child_still_delivers_and_the_child_settles() {
     let entries = vec![ReplayEntry::Chunks(text_response(&["one"])), ReplayEntry::Chunks(text_response(&["two"]))];
-    let (_dir, rt, caller, child) = started(entries).await;
-    let (manager, ends) = (rt.continuation().clone(), ended(&rt));
+    let (_dir, rt, caller, child, ends) = started(entries).await;
+    let manager = rt.continuation().clone();
     until("the child to settle", || ends.lock().unwrap().len() == 1).await;
     assert!(!manager.is_resident(&child));
     let tool = SendMessageTool(manager.clone());
@@ -326,5 +332,30 @@ async fn a_send_message_dropped_while_resuming_its_child_still_delivers_and_the_
     let events = log(&rt, &child);
     assert_eq!(turn_ends(&events), ["completed", "completed"]);
     assert_eq!(carried(&events, "do more"), (1, 1), "delivered once, and run");
+    rt.shutdown().await;
+}
+
+/// A background start dropped after its first poll (the `subagent` tool call cut short while the
+/// child's log is being made): the start still runs to its end, so the child exists with its
+/// prompt accepted, runs it, and settles, instead of staying resident with nobody watching its
+/// turn (or half-made).
+#[tokio::test(flavor = "current_thread")]
+async fn a_background_start_dropped_midway_still_starts_the_child_and_it_settles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![ReplayEntry::Chunks(text_response(&["one"]))], "");
+    let (parent_id, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let ends = ended(&rt);
+    let mut start = Box::pin(manager.start("spawn", "worker".into(), start_request(&caller, "first")));
+    assert!(futures::poll!(&mut start).is_pending(), "the start waits for the child's agent");
+    drop(start);
+    until("the child to settle", || ends.lock().unwrap().len() == 1).await;
+    let child = ends.lock().unwrap()[0].clone();
+    assert!(!manager.is_resident(&child));
+    let events = log(&rt, &child);
+    assert_eq!(turn_ends(&events), ["completed"], "the prompt was accepted and ran");
+    assert_eq!(events.iter().filter(|e| e.kind == "subagent/descriptor").count(), 1);
+    let header = rt.store().inspect(&child).unwrap().header;
+    assert_eq!(header.parent_session.as_deref(), Some(parent_id.as_str()));
     rt.shutdown().await;
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::agents::Node;
+use super::agents::{Agent, Node};
 use super::error::{RuntimeError, store_error, subagent_only};
 use super::{Loaded, Runtime};
 use crate::mcp::{McpSession, ServerSpec};
@@ -66,11 +66,25 @@ impl Runtime {
         servers: Vec<ServerSpec>,
     ) -> Result<Arc<Vec<Event>>, RuntimeError> {
         self.reject_child(session_id)?;
-        let existing = match self.agents.remove_if(session_id, |a| a.is_top_level() && !a.handle.is_busy()) {
+        // A live session's children run under its permissions, sandbox and MCP servers, which the
+        // load replaces (capped at the start): they would go on under the old ones. While any is
+        // live, the load is refused; nothing of theirs is stopped or lost.
+        let below: Vec<String> = self.descendants(session_id).into_iter().map(|(id, _)| id).collect();
+        if !below.is_empty() {
+            return Err(RuntimeError::InvalidParams(format!(
+                "session {session_id} has {} subagent(s) at work ({}); wait for them to finish, stop them with \
+                 interrupt_agent, or close the session first (their queued messages stay on disk and run after the \
+                 next load)",
+                below.len(),
+                below.join(", ")
+            )));
+        }
+        let idle = |a: &Agent| a.is_top_level() && !a.handle.is_busy() && !a.handle.is_running();
+        let existing = match self.agents.remove_if(session_id, idle) {
             Ok(existing) => existing,
             Err(kept) if kept.is_top_level() => {
                 return Err(RuntimeError::InvalidParams(format!(
-                    "session {session_id} has a prompt in flight; cancel it before loading"
+                    "session {session_id} has a turn in flight; cancel it before loading"
                 )));
             }
             Err(_) => None,

@@ -164,11 +164,10 @@ impl Runtime {
             return Err(RuntimeError::NotFound(session_id.to_string()));
         };
         handle.stop();
-        self.continuation.close_descendants(session_id).await;
-        let mut unsaved = Vec::new();
+        let mut unsaved = self.continuation.close_descendants(session_id).await;
         for (id, handle) in self.descendants(session_id) {
             if let Err(e) = handle.dispose().await {
-                unsaved.push(e);
+                unsaved.push(format!("subagent {id}: {e}"));
             }
             self.agents.remove(&id);
         }

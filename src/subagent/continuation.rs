@@ -167,6 +167,9 @@ fn unavailable(id: &str) -> SubagentError {
 
 /// A follow-up its caller called off before the message was handed to the child: nothing of it
 /// was written.
+/// What `to_completion` calls a message's acceptance.
+const DELIVERY: &str = "the delivery of the message";
+
 fn not_handed_over(id: &str) -> SubagentError {
     err(
         ErrorCode::Cancelled,
@@ -175,14 +178,16 @@ fn not_handed_over(id: &str) -> SubagentError {
 }
 
 /// Runs an acceptance on a task of its own and awaits its outcome. Once a message is handed to a
-/// child (or a child is resumed to take one), its acceptance must end whatever becomes of the
-/// caller: the durable write awaited and its turn watched (so the child settles after it), or a
-/// refusal rolled back. A caller whose future is dropped meanwhile only stops listening.
+/// child (or a child is resumed, or created, to take one), its acceptance must end whatever
+/// becomes of the caller: the durable write awaited and its turn watched (so the child settles
+/// after it), or a refusal rolled back. A caller whose future is dropped meanwhile only stops
+/// listening. `what` names the acceptance in the error of one that ended abnormally.
 async fn to_completion<T: Send + 'static>(
+    what: &str,
     work: impl std::future::Future<Output = Result<T, SubagentError>> + Send + 'static,
 ) -> Result<T, SubagentError> {
     tokio::spawn(work).await.unwrap_or_else(|e| {
-        let cause = format!("the delivery of the message ended abnormally (it may have arrived): {e}");
+        let cause = format!("{what} ended abnormally (it may have taken effect): {e}");
         Err(err(ErrorCode::Infrastructure, cause))
     })
 }
@@ -235,8 +240,24 @@ impl ContinuationManager {
     }
 
     /// Starts a background child and resolves once its inbox accepted the prompt:
-    /// `(child_id, message_id)`. Any failure before that leaves no child behind.
+    /// `(child_id, message_id)`. Any failure before that leaves no child behind. The start runs to
+    /// its end on a task of its own (`to_completion`): a caller cancelled or dropped meanwhile
+    /// (a tool call cut short) neither leaves a half-made child nor one whose turn nobody watches.
     pub async fn start(
+        self: &Arc<Self>,
+        provider_name: &str,
+        label: String,
+        request: StartRequest,
+    ) -> Result<(String, String), SubagentError> {
+        let (manager, provider_name) = (self.clone(), provider_name.to_string());
+        to_completion(
+            "the start of the subagent",
+            async move { manager.start_now(&provider_name, label, request).await },
+        )
+        .await
+    }
+
+    async fn start_now(
         self: &Arc<Self>,
         provider_name: &str,
         label: String,
@@ -660,10 +681,14 @@ impl ContinuationManager {
             let (manager, child) = (self.clone(), child_id.to_string());
             let (message, from) = (content.clone(), source.clone());
             let outcome = if resident {
-                to_completion(async move { manager.submit(&child, message, from).await }).await
+                to_completion(DELIVERY, async move { manager.submit(&child, message, from).await }).await
             } else {
                 let (parent_id, route) = (caller.header.id.clone(), caller.route.clone());
-                to_completion(async move { manager.cold_resume(&parent_id, &route, &child, message, from).await }).await
+                to_completion(
+                    DELIVERY,
+                    async move { manager.cold_resume(&parent_id, &route, &child, message, from).await },
+                )
+                .await
             };
             match outcome {
                 // Nothing was handed over: the Activation closed first.
@@ -985,13 +1010,17 @@ impl ContinuationManager {
             let mut state = self.state();
             state.activations.drain().collect()
         };
-        self.stop_child_first(acts).await;
+        for unsaved in self.stop_child_first(acts).await {
+            tracing::error!("shutdown: {unsaved}");
+        }
     }
 
     /// `session/close` of a top-level session: cancels its continuable children and all their
     /// descendants and disposes them child-first, flushing each log. Other sessions' children
-    /// are untouched and admission stays open. Child sessions survive on disk.
-    pub async fn close_descendants(self: &Arc<Self>, root_id: &str) {
+    /// are untouched and admission stays open. Child sessions survive on disk. Returns what could
+    /// not be saved: per child whose final flush failed, its id and the cause.
+    #[must_use]
+    pub async fn close_descendants(self: &Arc<Self>, root_id: &str) -> Vec<String> {
         let factory = self.factory().ok();
         let above = |id: &str| factory.as_ref().map(|f| f.live_ancestors(id)).unwrap_or_default();
         let acts: Vec<(String, Activation)> = {
@@ -1007,12 +1036,13 @@ impl ContinuationManager {
             };
             below.into_iter().filter_map(|id| state.activations.remove(&id).map(|act| (id, act))).collect()
         };
-        self.stop_child_first(acts).await;
+        self.stop_child_first(acts).await
     }
 
-    /// Stops every Activation given (cancelled, and no queued turn starts), then shuts them down deepest first, releasing each and
-    /// emitting its `subagent/end` (aborted).
-    async fn stop_child_first(&self, mut acts: Vec<(String, Activation)>) {
+    /// Stops every Activation given (cancelled, and no queued turn starts), then shuts them down
+    /// deepest first, releasing each and emitting its `subagent/end` (aborted). Returns, per
+    /// child whose log's final flush failed, its id and the cause.
+    async fn stop_child_first(&self, mut acts: Vec<(String, Activation)>) -> Vec<String> {
         for (_, act) in &acts {
             act.handle.stop();
         }
@@ -1024,10 +1054,13 @@ impl ContinuationManager {
         };
         let depths: HashMap<String, usize> = acts.iter().map(|(id, _)| (id.clone(), depth(id))).collect();
         acts.sort_by_key(|(id, _)| std::cmp::Reverse(depths.get(id).copied().unwrap_or(0)));
+        let mut unsaved = Vec::new();
         for (id, act) in acts {
             // Shutdown (not flush first): a turn that had not started when it was cancelled is
             // cancelled by the shutdown command, which the actor reads in order.
-            act.handle.shutdown().await;
+            if let Err(cause) = act.handle.dispose().await {
+                unsaved.push(format!("subagent {id}: {cause}"));
+            }
             if let Ok(factory) = self.factory() {
                 factory.release(&id);
             }
@@ -1042,6 +1075,7 @@ impl ContinuationManager {
                 failure: None,
             });
         }
+        unsaved
     }
 }
 

@@ -314,8 +314,9 @@ impl Tool for DelegateTool {
                     ToolError::new("INVALID_ARGUMENTS", "run_in_background is not enabled for this tool")
                 })?;
                 let label = request.label.clone().unwrap_or_default();
-                // Starting is quick and must not be cut short: once accepted, the child is owned by
-                // the manager, and the caller's cancellation no longer applies.
+                // The start runs to its end even if this call is cut short (`start` hands it to a
+                // task of its own): once accepted, the child is owned by the manager, and the
+                // caller's cancellation no longer applies.
                 let (child_id, _message_id) = manager
                     .start(&config.provider, label, StartRequest { output_schema: None, progress: None, ..request })
                     .await?;
