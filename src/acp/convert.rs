@@ -463,9 +463,12 @@ fn locations(access: &Access, cwd: &Path) -> Vec<ToolCallLocation> {
     access.paths().iter().map(|path| ToolCallLocation::new(absolute(path)).line(line)).collect()
 }
 
-/// What a call of `kind` touches, with the paths it names. A kind kin has no word for asks (and
-/// read-only refuses it). This is also the one place a question an external agent forwards gets
-/// its `Access` for the gate (`Permissions::decide_forwarded`, through `acp::child`).
+/// What a call an external agent asks permission for touches, by the `kind` it declares, with the
+/// paths it names: the one place such a question gets its `Access`, for the gate
+/// (`Permissions::decide_forwarded`, through `acp::child`) and for the kind the editor is shown
+/// (`tool_kind`). A kind kin has no word for is `External`: it asks (and read-only refuses it).
+/// So is `think`: the kind cannot be checked, and a thought needs no permission, so a call that
+/// asks for one is not taken for the agent's own planning (`Plan`, which every mode allows).
 pub(super) fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
     match kind {
         ToolKind::Read => Access::Read { paths, line: None },
@@ -475,8 +478,7 @@ pub(super) fn access_of_kind(kind: ToolKind, paths: Vec<PathBuf>) -> Access {
         ToolKind::Move => Access::Move { paths },
         ToolKind::Execute => Access::Execute { command: String::new(), workdir: None },
         ToolKind::Fetch => Access::Fetch,
-        ToolKind::Think => Access::Plan,
-        ToolKind::SwitchMode | ToolKind::Other => Access::External,
+        ToolKind::Think | ToolKind::SwitchMode | ToolKind::Other => Access::External,
         // `ToolKind` is non-exhaustive: a kind added to ACP later is not known here.
         _ => Access::External,
     }
@@ -682,17 +684,29 @@ mod tests {
             ("move", Access::Move { paths: paths() }),
             ("execute", Access::Execute { command: String::new(), workdir: None }),
             ("fetch", Access::Fetch),
-            ("think", Access::Plan),
+            ("think", Access::External),
             ("switch_mode", Access::External),
             ("other", Access::External),
             ("teleport", Access::External),
         ] {
             assert_eq!(forwarded_access(kind, paths()), access, "{kind}");
         }
-        for kind in ["read", "search", "edit", "delete", "move", "execute", "fetch", "think", "other"] {
+        for kind in ["read", "search", "edit", "delete", "move", "execute", "fetch", "other"] {
             let shown = serde_json::to_value(tool_kind(&forwarded_access(kind, Vec::new()))).unwrap();
             assert_eq!(shown, kind, "a forwarded question keeps its kind");
         }
+    }
+
+    #[test]
+    fn a_forwarded_think_is_asked_about_and_refused_in_read_only() {
+        use crate::permission::{PermissionAnswer, PermissionMode, Permissions};
+        let think = access_of_kind(ToolKind::Think, vec![PathBuf::from("/w/a")]);
+        let decided = |mode| Permissions::new(mode).decide_forwarded(&think, true);
+        assert_eq!(decided(PermissionMode::Ask), None, "asked");
+        assert_eq!(decided(PermissionMode::AcceptEdits), None, "asked");
+        assert_eq!(decided(PermissionMode::ReadOnly), Some(PermissionAnswer::RejectOnce));
+        let shown = serde_json::to_value(tool_kind(&think)).unwrap();
+        assert_eq!(shown, "other", "shown as a call kin cannot see into");
     }
 
     #[test]

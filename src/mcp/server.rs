@@ -16,6 +16,7 @@ use super::connect::{self, Connection, StartError, StderrTail};
 use super::result;
 use super::session::McpNotice;
 use super::spec::{ServerSpec, Trust};
+use crate::tools::capture::{MAX_ERROR_TEXT_BYTES, cut};
 use crate::tools::{ToolError, ToolOutput, args};
 
 /// The most tools taken from one server (the rest are dropped, and the log says so).
@@ -304,16 +305,15 @@ impl Server {
                 let value = serde_json::to_value(&value).unwrap_or(Value::Null);
                 result::map(&value, self.name(), tool)
             }
-            Ok(Err(ServiceError::McpError(e))) => Err(ToolError::named(
-                "McpError",
-                "MCP_ERROR",
-                format!("MCP server {} answered {tool} with error {}: {}", self.name(), e.code.0, e.message),
+            Ok(Err(ServiceError::McpError(e))) => Err(mcp_error(
+                format!("MCP server {} answered {tool} with error {}", self.name(), e.code.0),
+                &e.message,
             )),
             Ok(Err(ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
                 self.lose(&connection).await;
                 Err(gone(self.name(), "it stopped during the call; kin restarts it once before the next step"))
             }
-            Ok(Err(e)) => Err(ToolError::named("McpError", "MCP_ERROR", format!("MCP server {}: {e}", self.name()))),
+            Ok(Err(e)) => Err(mcp_error(format!("MCP server {}", self.name()), &e.to_string())),
             Err(_) => Err(ToolError::named(
                 "McpError",
                 "MCP_TIMEOUT",
@@ -342,6 +342,12 @@ impl Server {
             connection.close().await;
         }
     }
+}
+
+/// An `MCP_ERROR`: `what` (whose error, about what), then what the server said, cut to
+/// `MAX_ERROR_TEXT_BYTES` with a note of the rest.
+fn mcp_error(what: String, said: &str) -> ToolError {
+    ToolError::named("McpError", "MCP_ERROR", format!("{what}: {}", cut(said, MAX_ERROR_TEXT_BYTES)))
 }
 
 fn gone(server: &str, why: &str) -> ToolError {
@@ -377,4 +383,21 @@ async fn list(connection: &Connection, timeout: Duration) -> Result<Vec<Listed>,
         tools.truncate(MAX_TOOLS);
     }
     Ok(tools)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_error_from_a_server_is_cut_and_says_so() {
+        let said = "e".repeat(1 << 20);
+        let error = mcp_error("MCP server s answered t with error -32603".into(), &said);
+        assert_eq!(error.code, "MCP_ERROR");
+        let kept = "e".repeat(MAX_ERROR_TEXT_BYTES);
+        let note = format!("[... {} more bytes not shown ...]", (1 << 20) - MAX_ERROR_TEXT_BYTES);
+        assert_eq!(error.message, format!("MCP server s answered t with error -32603: {kept}\n{note}"));
+        let short = mcp_error("MCP server s".into(), "connection reset");
+        assert_eq!(short.message, "MCP server s: connection reset");
+    }
 }

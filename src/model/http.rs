@@ -7,8 +7,10 @@
 //! completion with no content is passed on as it came: the agent's step retries it. Errors the user must act on (missing or rejected key, unknown model, context overflow)
 //! are terminal and say what to do. The API key never appears in a message or a log line.
 //! What a server sends is bounded: an error body is read to its first 16 KiB (`BodyHead`, which
-//! `keycheck` shares; a cut body says so), a stream event to 16 MiB, and a response stream to
-//! `Server::max_response_bytes` (64 MiB by default), past which the call fails unretried.
+//! `keycheck` shares; a cut body says so), a stream event to 16 MiB, a stream error's type or code
+//! to 4 KiB (`tools::capture::MAX_ERROR_TEXT_BYTES`, the cut said; its message is an excerpt),
+//! and a response stream to `Server::max_response_bytes` (64 MiB by default), past which the call
+//! fails unretried.
 
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::sse::{Event, EventStream, SseError};
 use super::{ChunkStream, Failure, FinishReason, Model, ModelEvent, ModelRequest, ModelResult, RetryInfo, StreamChunk};
+use crate::tools::capture::{MAX_ERROR_TEXT_BYTES, cut};
 
 /// No API key: the environment variable named in the message is unset.
 pub(crate) const MISSING_CREDENTIAL: &str = "MISSING_CREDENTIAL";
@@ -684,10 +687,12 @@ fn status_error(call: &HttpCall, status: u16, body: &BodyHead) -> AttemptError {
     error.with_status(status)
 }
 
-/// Classifies an error object reported inside the stream (`{type, message}` or `{code, message}`).
+/// Classifies an error object reported inside the stream (`{type, message}` or `{code, message}`):
+/// its message as an [`excerpt`], its type or code cut to `MAX_ERROR_TEXT_BYTES`.
 pub(crate) fn stream_error(error: &Value) -> AttemptError {
     let message = error["message"].as_str().map_or_else(|| excerpt(&error.to_string()), excerpt);
     let kind = error["type"].as_str().or_else(|| error["code"].as_str()).unwrap_or("error");
+    let kind = cut(kind, MAX_ERROR_TEXT_BYTES);
     let lower = format!("{kind} {message}").to_lowercase();
     let code = if is_context_overflow(&lower) {
         CONTEXT_WINDOW_EXCEEDED
@@ -870,6 +875,21 @@ mod tests {
         assert_eq!(excerpt("  bad\n\ngateway "), "bad gateway");
         assert_eq!(excerpt(""), "(empty body)");
         assert_eq!(excerpt(&"x".repeat(400)).chars().count(), 301);
+    }
+
+    #[test]
+    fn a_stream_error_quotes_a_long_type_cut_and_says_so() {
+        let error = stream_error(&serde_json::json!({"type": "overloaded_error", "message": "Overloaded"}));
+        assert_eq!(
+            error.failure.message,
+            "the provider reported an error in the stream (overloaded_error): Overloaded"
+        );
+        let long = "t".repeat(1 << 20);
+        let error = stream_error(&serde_json::json!({"code": long, "message": "m"}));
+        let kept = "t".repeat(MAX_ERROR_TEXT_BYTES);
+        let note = format!("[... {} more bytes not shown ...]", (1 << 20) - MAX_ERROR_TEXT_BYTES);
+        let expected = format!("the provider reported an error in the stream ({kept}\n{note}): m");
+        assert_eq!(error.failure.message, expected);
     }
 
     #[test]

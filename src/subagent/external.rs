@@ -3,10 +3,11 @@
 //! command (`process`), speaks ACP to it as a client through the protocol module (`port`: the
 //! handshake, the prompt, cancellation), collects the agent's answer text as the output (bounded:
 //! its head and tail, with a note of what was cut), reports each tool call it starts as progress
-//! on the delegating call, and maps its stop reason. The agent's own requests are answered under
-//! the configured permission policy (`answers`): permission requests, and `fs/read_text_file` /
-//! `fs/write_text_file` served from the run's working directory, never outside it, and only for
-//! regular files; anything else is method-not-found.
+//! on the delegating call, and maps its stop reason (an error it answers and a stop reason kin
+//! does not know are quoted up to `MAX_ERROR_TEXT_BYTES`, with a note of the rest). The agent's
+//! own requests are answered under the configured permission policy (`answers`): permission
+//! requests, and `fs/read_text_file` / `fs/write_text_file` served from the run's working
+//! directory, never outside it, and only for regular files; anything else is method-not-found.
 //!
 //! The child has no local session: the run id is minted here (`acp-<uuid>`), the run is not
 //! listed, and the delegation tool records it in the parent's log (`subagent/remote-run`).
@@ -47,6 +48,7 @@ use super::{
 use crate::permission::{CallShown, PermissionPrompt};
 use crate::session::SessionHeader;
 use crate::tools::Access;
+use crate::tools::capture::{MAX_ERROR_TEXT_BYTES, cut};
 use answers::{Answers, Forward};
 use port::{Failure, FileOffer, RemoteAgent, RemoteSession, RemoteStop, StartFailure};
 use process::{AgentProcess, describe_status};
@@ -68,8 +70,9 @@ const EXIT_PROBE: Duration = Duration::from_millis(500);
 pub enum AcpPermission {
     /// Every permission request is rejected and every file request refused.
     Reject,
-    /// Reads inside the working directory are served and read/search permission requests
-    /// allowed; writes and every other permission request are rejected.
+    /// Reads inside the working directory are served, and read/search permission requests allowed
+    /// when every path they name lies inside it; writes and every other permission request are
+    /// rejected.
     AllowReads,
     /// Permission requests are asked of the parent's editor; reads inside the working directory
     /// are served, writes inside it when the editor allowed them.
@@ -416,9 +419,7 @@ impl Connection {
             Some(StartFailure::Timeout(method)) => {
                 format!("the child agent did not answer {method} within {}", seconds_text(startup_timeout))
             }
-            Some(StartFailure::Refused { method, code, message }) => {
-                format!("the child agent answered {method} with error {code}: {message}")
-            }
+            Some(StartFailure::Refused { method, code, message }) => answered_error(method, code, &message),
             Some(StartFailure::Other(cause)) => cause,
             Some(StartFailure::Violated(reason)) => format!("the child agent {reason} during the handshake"),
             Some(StartFailure::Broken(reason)) => match self.process.exit_within(EXIT_PROBE).await {
@@ -433,10 +434,9 @@ impl Connection {
     async fn conclude(&mut self, config: &ExternalAgentConfig, session_id: &str, ending: Ending) -> SubagentResult {
         let (stop_reason, error) = match ending {
             Ending::Answered(Ok(stop)) => stop_reason_of(&stop),
-            Ending::Answered(Err(Failure::Rpc { code, message })) => (
-                StopReason::Error,
-                Some(format!("the child agent answered session/prompt with error {code}: {message}")),
-            ),
+            Ending::Answered(Err(Failure::Rpc { code, message })) => {
+                (StopReason::Error, Some(answered_error("session/prompt", code, &message)))
+            }
             Ending::Answered(Err(Failure::Invalid(cause))) => (StopReason::Error, Some(cause)),
             Ending::Answered(Err(Failure::Violated(reason))) => {
                 let cause = format!("the child agent {reason} during its turn");
@@ -489,9 +489,16 @@ fn stop_reason_of(stop: &RemoteStop) -> (StopReason, Option<String>) {
         RemoteStop::Cancelled => (StopReason::Aborted, None),
         RemoteStop::Refusal => (StopReason::Refusal, None),
         RemoteStop::Other(other) => {
+            let other = cut(other, MAX_ERROR_TEXT_BYTES);
             (StopReason::Error, Some(format!("the child agent's turn ended with stop reason {other:?}")))
         }
     }
+}
+
+/// The cause of the agent's JSON-RPC error answer to `method`: its message cut to
+/// `MAX_ERROR_TEXT_BYTES`, with a note of the rest.
+fn answered_error(method: &str, code: i64, message: &str) -> String {
+    format!("the child agent answered {method} with error {code}: {}", cut(message, MAX_ERROR_TEXT_BYTES))
 }
 
 fn seconds_text(duration: Duration) -> String {
@@ -514,6 +521,21 @@ mod tests {
             other,
             (StopReason::Error, Some("the child agent's turn ended with stop reason \"max_turn_requests\"".into()))
         );
+    }
+
+    #[test]
+    fn a_long_error_or_stop_reason_from_the_agent_is_cut_and_says_so() {
+        let long = "r".repeat(1 << 20);
+        let note = format!("[... {} more bytes not shown ...]", (1 << 20) - MAX_ERROR_TEXT_BYTES);
+        let kept = "r".repeat(MAX_ERROR_TEXT_BYTES);
+        let (_, cause) = stop_reason_of(&RemoteStop::Other(long.clone()));
+        let cut_reason = format!("{kept}\n{note}");
+        let quoted = format!("{cut_reason:?}");
+        assert_eq!(cause, Some(format!("the child agent's turn ended with stop reason {quoted}")));
+        let cause = answered_error("session/prompt", -32603, &long);
+        assert_eq!(cause, format!("the child agent answered session/prompt with error -32603: {kept}\n{note}"));
+        let short = answered_error("initialize", -32600, "bad request");
+        assert_eq!(short, "the child agent answered initialize with error -32600: bad request");
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! the permission gate decides on it (`permission`), and the editor shows its kind and locations
 //! (`acp::convert`). The set is closed and every match on it is exhaustive, so a new kind of
 //! access makes the gate and the editor say what it means. A tool kin cannot see into (an MCP
-//! tool, a call of an external agent of a kind kin has no word for) is `External`, which the gate
-//! asks about and read-only mode refuses.
+//! tool, a call of an external agent of a kind kin has no word for, or of kind `think`, which
+//! should need no permission) is `External`, which the gate asks about and read-only mode refuses.
 
 use std::path::PathBuf;
 

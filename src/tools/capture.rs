@@ -1,12 +1,30 @@
 //! Bounded capture of a stream: its first and last bytes and its length, however much passes
 //! through, and the head-and-tail rendering with a note of how much was left out. `bash` keeps
 //! its command output this way; an external agent's text and stderr are kept the same way.
+//! `cut` keeps the head of a text already in memory with a note of the rest: a progress report,
+//! and an error text from outside (an MCP server's, an external agent's, a provider's stream
+//! error) at `MAX_ERROR_TEXT_BYTES`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
+
+/// The most bytes kept of an error text from outside (an MCP server's error, an external agent's
+/// JSON-RPC error or stop reason, a provider's stream error type or code) before it reaches the
+/// model and the log; [`cut`] notes the rest.
+pub(crate) const MAX_ERROR_TEXT_BYTES: usize = 4096;
+
+/// `text` whole when it is at most `limit` bytes long; else its first bytes up to that (on a
+/// character boundary) and a note of how many more it had.
+pub(crate) fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let keep = (0..=limit).rev().find(|&at| text.is_char_boundary(at)).unwrap_or(0);
+    format!("{}\n[... {} more bytes not shown ...]", &text[..keep], text.len() - keep)
+}
 
 /// How much of a stream is kept: its first `head` and its last `tail` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +222,20 @@ mod tests {
         let out = render(&[&stdout, &stderr], LIMITS);
         assert_eq!(out.len(), 30_000);
         assert!(out.starts_with('x') && out.ends_with('y'));
+    }
+
+    #[test]
+    fn a_cut_text_keeps_whole_characters_and_says_how_much_it_left_out() {
+        assert_eq!(cut("short", 5), "short");
+        assert_eq!(cut("", 0), "");
+        // `é` is two bytes: a cut inside it keeps the text before it.
+        let text = format!("abc{}", "é".repeat(10));
+        assert_eq!(cut(&text, 4), format!("abc\n[... {} more bytes not shown ...]", text.len() - 3));
+        assert_eq!(cut(&text, 5), format!("abcé\n[... {} more bytes not shown ...]", text.len() - 5));
+        let long = "x".repeat(MAX_ERROR_TEXT_BYTES * 10);
+        let kept = cut(&long, MAX_ERROR_TEXT_BYTES);
+        let note = format!("\n[... {} more bytes not shown ...]", MAX_ERROR_TEXT_BYTES * 9);
+        assert_eq!(kept, format!("{}{note}", "x".repeat(MAX_ERROR_TEXT_BYTES)));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! else to the disk, where all IO runs on the blocking pool. Only regular files are opened
 //! (`regular`: a FIFO or device is refused, never blocked on). Memory is bounded for any file:
 //! `read` keeps at most `MAX_LINE_BYTES` of a line and 50 KB of a page, `edit` holds at most
-//! 64 MiB. `read` shows a PNG, JPEG, GIF or WebP file as an image (up to 3.75 MiB, from the disk). Successful writes and edits carry a diff for the editor in the result's meta
+//! 64 MiB, read or edited (an edit whose result would be larger is refused before it is built).
+//! `read` shows a PNG, JPEG, GIF or WebP file as an image (up to 3.75 MiB, from the disk).
+//! Successful writes and edits carry a diff for the editor in the result's meta
 //! (`{"diff": {path, oldText, newText}}`), and an edit the place it changed
 //! (`{"location": {path, line}}`, the path absolute, the line where the first replacement starts).
 
@@ -812,12 +814,39 @@ fn apply_edit(path: &Path, content: &str, request: &EditRequest) -> Result<(Stri
             ),
         ));
     }
+    check_edited_size(path, content, count, request)?;
     let updated = if request.replace_all {
         content.replace(&request.old_string, &request.new_string)
     } else {
         content.replacen(&request.old_string, &request.new_string, 1)
     };
     Ok((updated, count))
+}
+
+/// Refuses an edit whose result would be larger than `MAX_WHOLE_FILE_BYTES`, before it is built:
+/// the result's length follows from the `count` matches, so a short `old_string` matching
+/// millions of times with a long `new_string` costs nothing.
+fn check_edited_size(path: &Path, content: &str, count: usize, request: &EditRequest) -> Result<(), ToolError> {
+    let replaced = if request.replace_all { count } else { 1 };
+    // The matches do not overlap, so they are at most the whole content.
+    let kept = content.len() - replaced * request.old_string.len();
+    let size = (replaced as u64)
+        .checked_mul(request.new_string.len() as u64)
+        .and_then(|added| (kept as u64).checked_add(added));
+    if size.is_some_and(|size| size <= MAX_WHOLE_FILE_BYTES) {
+        return Ok(());
+    }
+    let size = size.map_or_else(|| "more than 2^64 bytes".to_string(), |size| format!("{size} bytes"));
+    Err(ToolError::new(
+        "EDIT_TOO_LARGE",
+        format!(
+            "replacing {replaced} occurrence(s) of old_string in {} would make it {size}, more than \
+             the {} MiB edit holds in memory; the file is unchanged. Change it with bash (e.g. \
+             `sed -i`) instead.",
+            path.display(),
+            MAX_WHOLE_FILE_BYTES >> 20
+        ),
+    ))
 }
 
 fn edited(path: &Path, count: usize, old: &str, new: &str, request: &EditRequest) -> Written {
@@ -1227,6 +1256,30 @@ mod tests {
         assert_eq!(err.code, "EDIT_NO_CHANGE");
         let err = f.edit(json!({"file_path": "missing.txt", "old_string": "a", "new_string": "b"})).await.unwrap_err();
         assert_eq!(err.code, "FILE_NOT_FOUND");
+    }
+
+    /// A `replace_all` whose result would pass `MAX_WHOLE_FILE_BYTES` is refused before the
+    /// result is built, and the file is left as it was; a smaller one on the same file runs.
+    #[tokio::test]
+    async fn an_edit_growing_past_the_whole_file_cap_is_refused() {
+        let f = fixture();
+        let path = f.ws.join("many.txt");
+        let content = "a".repeat(1 << 20);
+        std::fs::write(&path, &content).unwrap();
+        f.read(json!({"file_path": "many.txt"})).await.unwrap();
+        // 2^20 matches of 1 byte, each becoming 65 bytes: 65 MiB.
+        let grown = "b".repeat(65);
+        let args = json!({"file_path": "many.txt", "old_string": "a", "new_string": grown, "replace_all": true});
+        let err = f.edit(args).await.unwrap_err();
+        assert_eq!(err.code, "EDIT_TOO_LARGE");
+        let size = 65u64 << 20;
+        assert!(err.message.contains(&format!("{} would make it {size} bytes", path.display())), "{}", err.message);
+        assert!(err.message.contains("more than the 64 MiB"), "{}", err.message);
+        assert!(std::fs::read_to_string(&path).unwrap() == content, "the file is unchanged");
+        let args = json!({"file_path": "many.txt", "old_string": "a", "new_string": "bb", "replace_all": true});
+        let out = f.edit(args).await.unwrap();
+        assert!(out.ends_with(&format!("({} occurrences replaced).", 1 << 20)), "{out}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 << 20);
     }
 
     #[tokio::test]

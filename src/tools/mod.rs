@@ -118,7 +118,8 @@ impl Progress {
         let Some(last) = self.take_report() else {
             return;
         };
-        let mut text = cut_report(text.into());
+        let text: String = text.into();
+        let mut text = capture::cut(&text, MAX_PROGRESS_REPORT_BYTES);
         if last {
             text.push('\n');
             text.push_str(end);
@@ -133,19 +134,6 @@ impl Progress {
         let before = self.made.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).ok()?;
         Some(before + 1 == MAX_PROGRESS_REPORTS)
     }
-}
-
-/// `text` whole when it is at most `MAX_PROGRESS_REPORT_BYTES` long; else its first bytes up to
-/// that (on a character boundary) and a note of how many more it had.
-fn cut_report(mut text: String) -> String {
-    if text.len() <= MAX_PROGRESS_REPORT_BYTES {
-        return text;
-    }
-    let keep = (0..=MAX_PROGRESS_REPORT_BYTES).rev().find(|&at| text.is_char_boundary(at)).unwrap_or(0);
-    let cut = text.len() - keep;
-    text.truncate(keep);
-    text.push_str(&format!("\n[... {cut} more bytes not shown ...]"));
-    text
 }
 
 impl ToolContext {

@@ -1,10 +1,13 @@
 //! How kin answers an external agent during one run, under the configured policy: its permission
-//! requests (by policy, or forwarded to the parent's editor), its `fs/read_text_file` and
+//! requests (by policy, which allows only reads and searches of paths inside the working
+//! directory, or forwarded to the parent's editor; the answer goes back as the agent's option of
+//! the same kind or a narrower one, never a wider one), its `fs/read_text_file` and
 //! `fs/write_text_file` requests (served inside the run's working directory only, regular files
-//! only through `tools::regular`, never blocking on a FIFO), and what it streams: its answer text, kept bounded (head and
-//! tail, like `bash`), and its tool calls, reported as progress on the delegating call (within
-//! the call's cap on progress, `tools::Progress`). A write is served only while the session's
-//! permission mode allows it: an edit the editor allowed earlier never overrides read-only.
+//! only through `tools::regular`, never blocking on a FIFO), and what it streams: its answer text,
+//! kept bounded (head and tail, like `bash`), and its tool calls, reported as progress on the
+//! delegating call (within the call's cap on progress, `tools::Progress`). A write is served only
+//! while the session's permission mode allows it: an edit the editor allowed earlier never
+//! overrides read-only.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::AcpPermission;
-use super::port::{OfferKind, PermissionAsk, PermissionChoice, Refusal, RefusalKind, RemoteAnswers};
+use super::port::{OfferKind, PermissionAsk, PermissionChoice, PermissionOffer, Refusal, RefusalKind, RemoteAnswers};
 use crate::permission::{CallShown, PermissionAnswer, PermissionPrompt, PermissionRequest};
 use crate::tools::capture::{Capture, Limits};
 use crate::tools::regular::{open_regular, write_regular};
@@ -107,8 +110,9 @@ impl Answers {
     }
 
     /// `forward`: asks the editor about the agent's tool call and passes the answer on as the
-    /// agent's option of the same kind. An allowed edit lets the agent write once (always, for
-    /// "allow always"); a run cancelled while the question is open answers `cancelled`.
+    /// agent's option of the same kind, or a narrower one (`passed_on`). An allowed edit the agent
+    /// is told it may make lets it write once (always, for "allow always"); a run cancelled while
+    /// the question is open answers `cancelled`.
     async fn forward_permission(&self, forward: &Forward, ask: PermissionAsk) -> PermissionChoice {
         let title = ask.title.as_deref().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
         let in_workspace = names_only_workspace_paths(&self.root, &ask.paths);
@@ -117,15 +121,9 @@ impl Answers {
         let Some(answer) = forward.ask(self.request(forward, asked)).await else {
             return PermissionChoice::Cancelled;
         };
-        let allowed: &[OfferKind] = match answer {
-            PermissionAnswer::AllowOnce => &[OfferKind::AllowOnce, OfferKind::AllowAlways],
-            PermissionAnswer::AllowAlways => &[OfferKind::AllowAlways, OfferKind::AllowOnce],
-            PermissionAnswer::RejectOnce | PermissionAnswer::Dismissed => {
-                &[OfferKind::RejectOnce, OfferKind::RejectAlways]
-            }
-            PermissionAnswer::RejectAlways => &[OfferKind::RejectAlways, OfferKind::RejectOnce],
-        };
-        if ask.kind == "edit" {
+        let offer = offered(&ask, passed_on(answer));
+        // An allow the agent was not told of (it offers no option for it) grants no write.
+        if ask.kind == "edit" && offer.is_some_and(|o| lets_go_ahead(o.kind)) {
             let mut state = self.lock();
             match answer {
                 PermissionAnswer::AllowOnce => state.write_grants += 1,
@@ -133,7 +131,7 @@ impl Answers {
                 PermissionAnswer::RejectOnce | PermissionAnswer::RejectAlways | PermissionAnswer::Dismissed => {}
             }
         }
-        select_option(&ask, allowed)
+        chosen(offer)
     }
 
     /// The question about `asked` on the delegating call, titled with the provider's name.
@@ -242,7 +240,7 @@ impl RemoteAnswers for Answers {
         async move {
             match &self.forward {
                 Some(forward) => self.forward_permission(forward, ask).await,
-                None => permission_answer(self.policy, &ask),
+                None => permission_answer(self.policy, &self.root, &ask),
             }
         }
         .boxed()
@@ -276,16 +274,38 @@ impl RemoteAnswers for Answers {
     }
 }
 
-/// The answer to a permission request without an editor: an allow option for a read or a
-/// search when the policy allows reads, else a reject option, else `cancelled`.
-fn permission_answer(policy: AcpPermission, ask: &PermissionAsk) -> PermissionChoice {
-    let allow = policy.allows_reads() && matches!(ask.kind, "read" | "search");
-    let preferred: &[OfferKind] = if allow {
-        &[OfferKind::AllowOnce, OfferKind::AllowAlways]
-    } else {
-        &[OfferKind::RejectOnce, OfferKind::RejectAlways]
-    };
-    select_option(ask, preferred)
+/// The answer to a permission request without an editor, passed on as `passed_on` says: "allow
+/// once" for a read or a search when the policy allows reads and every path the call names lies
+/// in the working directory `root`, else "reject once". A call naming no path is rejected: its
+/// kind and paths are the agent's word, and what it would read is not known.
+fn permission_answer(policy: AcpPermission, root: &Path, ask: &PermissionAsk) -> PermissionChoice {
+    let allow =
+        policy.allows_reads() && matches!(ask.kind, "read" | "search") && names_only_workspace_paths(root, &ask.paths);
+    let answer = if allow { PermissionAnswer::AllowOnce } else { PermissionAnswer::RejectOnce };
+    chosen(offered(ask, passed_on(answer)))
+}
+
+/// The kinds of the agent's options that pass `answer` on, in order of preference: its own kind,
+/// else one that narrows it ("allow always" as `allow_once`; a rejection as the other rejection),
+/// never one that widens it. "Allow once" is never passed on as `allow_always`: the agent would
+/// stop asking, and later answers and mode changes would never reach it. Without an
+/// `allow_once` it is `reject_once`, not `reject_always`, which the agent would keep for good
+/// though the user allowed the call. Nothing fitting offered: `cancelled` (`chosen`).
+fn passed_on(answer: PermissionAnswer) -> &'static [OfferKind] {
+    match answer {
+        PermissionAnswer::AllowOnce => &[OfferKind::AllowOnce, OfferKind::RejectOnce],
+        PermissionAnswer::AllowAlways => &[OfferKind::AllowAlways, OfferKind::AllowOnce],
+        PermissionAnswer::RejectOnce | PermissionAnswer::Dismissed => &[OfferKind::RejectOnce, OfferKind::RejectAlways],
+        PermissionAnswer::RejectAlways => &[OfferKind::RejectAlways, OfferKind::RejectOnce],
+    }
+}
+
+/// Whether the agent's option of `kind` lets it go ahead.
+fn lets_go_ahead(kind: OfferKind) -> bool {
+    match kind {
+        OfferKind::AllowOnce | OfferKind::AllowAlways => true,
+        OfferKind::RejectOnce | OfferKind::RejectAlways => false,
+    }
 }
 
 /// Whether `answer` lets the agent go ahead.
@@ -296,12 +316,14 @@ fn allows(answer: PermissionAnswer) -> bool {
     }
 }
 
-/// The first offered option whose kind is in `preferred` (in that order), else `cancelled`.
-fn select_option(ask: &PermissionAsk, preferred: &[OfferKind]) -> PermissionChoice {
-    preferred
-        .iter()
-        .find_map(|want| ask.options.iter().find(|o| o.kind == *want))
-        .map_or(PermissionChoice::Cancelled, |o| PermissionChoice::Selected(o.id.clone()))
+/// The first offered option whose kind is in `preferred` (in that order).
+fn offered<'a>(ask: &'a PermissionAsk, preferred: &[OfferKind]) -> Option<&'a PermissionOffer> {
+    preferred.iter().find_map(|want| ask.options.iter().find(|o| o.kind == *want))
+}
+
+/// The answer selecting `offer`, else `cancelled`.
+fn chosen(offer: Option<&PermissionOffer>) -> PermissionChoice {
+    offer.map_or(PermissionChoice::Cancelled, |o| PermissionChoice::Selected(o.id.clone()))
 }
 
 /// Whether the call names paths and all of them lie in the working directory.
@@ -394,19 +416,91 @@ mod tests {
         }
     }
 
+    /// `ask` offering options of `kinds` only: `a1` allow once, `a2` allow always, `r1` reject
+    /// once, `r2` reject always.
+    fn offering(ask: PermissionAsk, kinds: &[OfferKind]) -> PermissionAsk {
+        let id = |kind: OfferKind| match kind {
+            OfferKind::AllowOnce => "a1",
+            OfferKind::AllowAlways => "a2",
+            OfferKind::RejectOnce => "r1",
+            OfferKind::RejectAlways => "r2",
+        };
+        let options = kinds.iter().map(|&kind| PermissionOffer { id: id(kind).into(), kind });
+        PermissionAsk { options: options.collect(), ..ask }
+    }
+
     fn answers(policy: AcpPermission, root: &Path) -> Answers {
         Answers::new("acp:t", policy, None, None, root.to_path_buf())
     }
 
     #[test]
     fn permission_requests_follow_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        let inside = root.join("a.txt").display().to_string();
+        let answer = |policy, ask: PermissionAsk| permission_answer(policy, &root, &ask);
         let selected = |id: &str| PermissionChoice::Selected(id.into());
-        assert_eq!(permission_answer(AcpPermission::Reject, &ask("read", &[])), selected("r1"));
-        assert_eq!(permission_answer(AcpPermission::AllowReads, &ask("read", &[])), selected("a1"));
-        assert_eq!(permission_answer(AcpPermission::Forward, &ask("search", &[])), selected("a1"));
-        assert_eq!(permission_answer(AcpPermission::AllowReads, &ask("edit", &[])), selected("r1"));
+        assert_eq!(answer(AcpPermission::Reject, ask("read", &[&inside])), selected("r1"));
+        assert_eq!(answer(AcpPermission::AllowReads, ask("read", &[&inside])), selected("a1"));
+        assert_eq!(answer(AcpPermission::Forward, ask("search", &[&inside])), selected("a1"));
+        assert_eq!(answer(AcpPermission::AllowReads, ask("edit", &[&inside])), selected("r1"));
         let bare = PermissionAsk { options: Vec::new(), ..ask("other", &[]) };
-        assert_eq!(permission_answer(AcpPermission::Reject, &bare), PermissionChoice::Cancelled);
+        assert_eq!(answer(AcpPermission::Reject, bare), PermissionChoice::Cancelled);
+        // An allowed read is never passed on as "allow always": the agent would stop asking.
+        let always = offering(ask("read", &[&inside]), &[OfferKind::AllowAlways, OfferKind::RejectOnce]);
+        assert_eq!(answer(AcpPermission::AllowReads, always), selected("r1"));
+    }
+
+    #[tokio::test]
+    async fn allow_reads_allows_only_reads_naming_paths_inside_the_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, base) = workspace(&dir);
+        std::fs::write(base.join("secret.txt"), "s").unwrap();
+        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        let reads = answers(AcpPermission::AllowReads, &root);
+        let inside = root.join("a.txt").display().to_string();
+        assert_eq!(reads.permission(ask("read", &[&inside])).await, PermissionChoice::Selected("a1".into()));
+        assert_eq!(reads.permission(ask("search", &[&inside])).await, PermissionChoice::Selected("a1".into()));
+        let up = root.join("../secret.txt").display().to_string();
+        let link = root.join("link.txt").display().to_string();
+        let (up, link) = (up.as_str(), link.as_str());
+        for paths in [vec!["/etc/passwd"], vec![inside.as_str(), "/etc/passwd"], vec![up], vec![link], Vec::new()] {
+            for kind in ["read", "search"] {
+                let answer = reads.permission(ask(kind, &paths)).await;
+                assert_eq!(answer, PermissionChoice::Selected("r1".into()), "{kind} {paths:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_answer_is_passed_on_as_an_option_of_its_kind_or_a_narrower_one() {
+        use OfferKind::{AllowAlways, AllowOnce, RejectAlways, RejectOnce};
+        let all = [AllowOnce, AllowAlways, RejectOnce, RejectAlways];
+        let cases: [(PermissionAnswer, &[OfferKind], &str); 14] = [
+            (PermissionAnswer::AllowOnce, &all, "a1"),
+            // Never `allow_always`, nor `reject_always`, for a one-time allow.
+            (PermissionAnswer::AllowOnce, &[AllowAlways, RejectOnce, RejectAlways], "r1"),
+            (PermissionAnswer::AllowOnce, &[AllowAlways, RejectAlways], "cancelled"),
+            (PermissionAnswer::AllowAlways, &all, "a2"),
+            (PermissionAnswer::AllowAlways, &[AllowOnce, RejectOnce, RejectAlways], "a1"),
+            (PermissionAnswer::AllowAlways, &[RejectOnce, RejectAlways], "cancelled"),
+            (PermissionAnswer::RejectOnce, &all, "r1"),
+            (PermissionAnswer::RejectOnce, &[AllowOnce, AllowAlways, RejectAlways], "r2"),
+            (PermissionAnswer::RejectOnce, &[AllowOnce, AllowAlways], "cancelled"),
+            (PermissionAnswer::Dismissed, &all, "r1"),
+            (PermissionAnswer::Dismissed, &[AllowOnce, AllowAlways], "cancelled"),
+            (PermissionAnswer::RejectAlways, &all, "r2"),
+            (PermissionAnswer::RejectAlways, &[AllowOnce, AllowAlways, RejectOnce], "r1"),
+            (PermissionAnswer::RejectAlways, &[AllowOnce, AllowAlways], "cancelled"),
+        ];
+        for (answer, kinds, expected) in cases {
+            let asked = offering(ask("edit", &[]), kinds);
+            let got = match chosen(offered(&asked, passed_on(answer))) {
+                PermissionChoice::Selected(id) => id,
+                PermissionChoice::Cancelled => "cancelled".into(),
+            };
+            assert_eq!(got, expected, "{answer:?} offered {kinds:?}");
+        }
     }
 
     /// An editor that answers every question with `answer` and counts them.
@@ -495,6 +589,25 @@ mod tests {
         assert_eq!(asked.load(Ordering::Relaxed), 1, "the write rode on the allowed edit");
         allows.write_text_file(root.join("a.txt"), "y".into()).await.unwrap();
         assert_eq!(asked.load(Ordering::Relaxed), 2, "the second write is asked about");
+    }
+
+    #[tokio::test]
+    async fn a_one_time_allow_is_never_passed_on_as_allow_always() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        let inside = root.join("a.txt").display().to_string();
+        let only_always = |kind| offering(ask(kind, &[&inside]), &[OfferKind::AllowAlways, OfferKind::RejectOnce]);
+        // The user allows once: the agent hears "reject once", and gets no write for the edit.
+        let (user, asked) = forwarding(&root, PermissionAnswer::AllowOnce);
+        assert_eq!(user.permission(only_always("edit")).await, PermissionChoice::Selected("r1".into()));
+        user.write_text_file(root.join("a.txt"), "x".into()).await.unwrap();
+        assert_eq!(asked.load(Ordering::Relaxed), 2, "the write is asked about");
+        // The mode allows (once): the same.
+        let permissions = Arc::new(Permissions::new(PermissionMode::Bypass));
+        let (answer, asked) = (PermissionAnswer::RejectOnce, Arc::new(AtomicU64::new(0)));
+        let run = forwarding_to(&root, Arc::new(ModeEditor { permissions, answer, asked: asked.clone() }));
+        assert_eq!(run.permission(only_always("read")).await, PermissionChoice::Selected("r1".into()));
+        assert_eq!(asked.load(Ordering::Relaxed), 0, "the mode answered");
     }
 
     #[tokio::test]
