@@ -276,30 +276,30 @@ async fn tool_calls_run_and_their_results_feed_the_next_step() {
     assert_eq!(f.model.requests()[1].messages.last().unwrap()["content"][0]["toolCallId"], "c1");
 }
 
+/// One response calling `name` once per arguments text in `args` (ids `c0`, `c1`, …).
+fn calls(name: &str, args: &[String]) -> ReplayEntry {
+    use kin::testkit::model::StreamChunk;
+    let mut all = Vec::new();
+    let mut end = Vec::new();
+    for (i, arguments) in args.iter().enumerate() {
+        let one = tool_call_response(&format!("c{i}"), name, arguments);
+        let index = i as u64;
+        all.extend(one[..3].iter().cloned().map(|chunk| match chunk {
+            StreamChunk::BlockStart { block_type, .. } => StreamChunk::BlockStart { index, block_type },
+            StreamChunk::ToolCallDelta { id, name, arguments_delta, .. } => {
+                StreamChunk::ToolCallDelta { index, id, name, arguments_delta }
+            }
+            StreamChunk::BlockEnd { block, .. } => StreamChunk::BlockEnd { index, block },
+            other => other,
+        }));
+        end = one[3..].to_vec();
+    }
+    all.extend(end);
+    ReplayEntry::Chunks(all)
+}
+
 fn two_calls(name: &str) -> ReplayEntry {
-    let mut c = tool_call_response("a", name, r#"{"text":"1","delay_ms":80}"#);
-    let second = tool_call_response("b", name, r#"{"text":"2","delay_ms":80}"#);
-    c.splice(
-        3..3,
-        second[..3].iter().map(|ch| match ch {
-            kin::testkit::model::StreamChunk::BlockStart { block_type, .. } => {
-                kin::testkit::model::StreamChunk::BlockStart { index: 1, block_type: block_type.clone() }
-            }
-            kin::testkit::model::StreamChunk::ToolCallDelta { id, name, arguments_delta, .. } => {
-                kin::testkit::model::StreamChunk::ToolCallDelta {
-                    index: 1,
-                    id: id.clone(),
-                    name: name.clone(),
-                    arguments_delta: arguments_delta.clone(),
-                }
-            }
-            kin::testkit::model::StreamChunk::BlockEnd { block, .. } => {
-                kin::testkit::model::StreamChunk::BlockEnd { index: 1, block: block.clone() }
-            }
-            other => other.clone(),
-        }),
-    );
-    ReplayEntry::Chunks(c)
+    calls(name, &[r#"{"text":"1","delay_ms":80}"#.into(), r#"{"text":"2","delay_ms":80}"#.into()])
 }
 
 #[tokio::test]
@@ -313,7 +313,7 @@ async fn parallel_safe_calls_overlap_and_exclusive_calls_do_not() {
         .filter(|e| e.kind.as_str().starts_with("tool/"))
         .map(|e| e.data["callId"].as_str().or(e.data["message"]["source"]["callId"].as_str()).unwrap())
         .collect();
-    assert_eq!(order, ["a", "b", "a", "b"], "results come back in call order");
+    assert_eq!(order, ["c0", "c1", "c0", "c1"], "results come back in call order");
 
     let g = start(vec![two_calls("echo"), chunks(text_response(&["ok"]))], 5);
     g.handle.followup(text("go"), user()).unwrap().await.unwrap();
@@ -550,4 +550,29 @@ async fn a_retry_reported_in_band_is_written_when_it_happens_in_order_with_the_c
         .collect();
     assert_eq!(order, expected_order);
     assert_eq!(events.iter().filter(|e| e.kind == "llm/retry").count(), 1);
+}
+
+/// A response may carry any number of calls: a step runs the first 64 and answers the rest with
+/// an error saying so, each in call order, and the turn goes on.
+#[tokio::test]
+async fn a_step_runs_at_most_64_calls_and_says_so_to_the_rest() {
+    let args: Vec<String> = (0..70).map(|i| format!(r#"{{"text":"{i}"}}"#)).collect();
+    let f = start(vec![calls("pecho", &args), chunks(text_response(&["ok"]))], 5);
+    assert_eq!(f.handle.followup(text("go"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    let events = f.events().await;
+    assert_eq!(events.iter().filter(|e| e.kind == "tool/call").count(), 70, "every call is recorded");
+    let results: Vec<&Event> = events.iter().filter(|e| e.kind == "tool/result").collect();
+    assert_eq!(results.len(), 70);
+    for (i, result) in results.iter().enumerate() {
+        let block = &result.data["message"]["content"][0];
+        assert_eq!(block["toolCallId"], format!("c{i}"), "call order");
+        if i < 64 {
+            assert_eq!(block["content"][0]["text"], i.to_string(), "call {i} ran");
+        } else {
+            assert_eq!(result.data["error"]["code"], "TOO_MANY_TOOL_CALLS", "call {i}");
+            let text = block["content"][0]["text"].as_str().unwrap();
+            assert!(text.starts_with("Error: not run: a step runs at most 64 tool calls"), "{text}");
+        }
+    }
+    assert!(f.peak.load(Ordering::SeqCst) <= 4, "within the pool");
 }

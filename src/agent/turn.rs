@@ -388,27 +388,41 @@ fn empty_response() -> Failure {
     Failure::new("the model returned an empty completion (no text, reasoning or tool calls)", EMPTY_RESPONSE)
 }
 
+/// The tool calls one step runs at most; the model's calls past them are answered
+/// `TOO_MANY_TOOL_CALLS` without running (a response may carry any number of calls, and a run of
+/// parallel-safe ones holds its results together).
+pub(crate) const MAX_TOOL_CALLS_PER_STEP: usize = 64;
+
 /// Runs the step's calls: runs of parallel-safe calls share a bounded pool, every other call is
 /// a barrier. Results are appended in call order; calls never dispatched because of cancellation
-/// get `Error: tool call aborted before dispatch`.
+/// get `Error: tool call aborted before dispatch`, and calls past `MAX_TOOL_CALLS_PER_STEP` an
+/// error saying so.
 async fn run_tools(
     session: &mut Session,
     deps: &AgentDeps,
     tools: &ToolRegistry,
     (turn, step): (u64, u64),
-    calls: Vec<ToolCallBlock>,
+    mut calls: Vec<ToolCallBlock>,
     cancel: &CancellationToken,
     intake: &Intake,
 ) {
-    let mut batches: Vec<Vec<ToolCallBlock>> = Vec::new();
+    let over = calls.split_off(calls.len().min(MAX_TOOL_CALLS_PER_STEP));
+    // Each batch, and whether it runs: the calls past the cap are one batch that does not.
+    let mut batches: Vec<(Vec<ToolCallBlock>, bool)> = Vec::new();
     for call in calls {
         let parallel = tools.is_parallel_safe(&call.name);
         match batches.last_mut() {
-            Some(batch) if parallel && batch.iter().all(|c| tools.is_parallel_safe(&c.name)) => batch.push(call),
-            _ => batches.push(vec![call]),
+            // A run of parallel-safe calls: the batch's first call tells (they all are).
+            Some((batch, _)) if parallel && batch.first().is_some_and(|c| tools.is_parallel_safe(&c.name)) => {
+                batch.push(call);
+            }
+            _ => batches.push((vec![call], true)),
         }
     }
-    for batch in batches {
+    if !over.is_empty() {
+        batches.push((over, false));
+    }
+    for (batch, runs) in batches {
         let mut seqs = Vec::new();
         for call in &batch {
             let (call_id, name, arguments) = (call.id.clone(), call.name.clone(), call.arguments.clone());
@@ -423,7 +437,9 @@ async fn run_tools(
             route: deps.route.clone(),
             history: needs_history.then(|| Arc::new(completed_history(session))),
         });
-        let results: Vec<Result<ToolOutput, ToolError>> = if cancel.is_cancelled() {
+        let results: Vec<Result<ToolOutput, ToolError>> = if !runs {
+            batch.iter().map(|_| Err(too_many_calls())).collect()
+        } else if cancel.is_cancelled() {
             batch.iter().map(|_| Err(aborted("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"))).collect()
         } else {
             let cwd = session.header.cwd.clone().map(Into::into);
@@ -488,6 +504,17 @@ async fn run_tools(
 fn record_progress(session: &mut Session, turn: u64, step: u64, call_id: &str, text: String) {
     session.push(event::ToolProgress { turn, step, call_id: call_id.to_string(), text });
     session.write_eager();
+}
+
+/// The error of a call past `MAX_TOOL_CALLS_PER_STEP`.
+fn too_many_calls() -> ToolError {
+    ToolError::new(
+        "TOO_MANY_TOOL_CALLS",
+        format!(
+            "not run: a step runs at most {MAX_TOOL_CALLS_PER_STEP} tool calls and this one asked for more; make the \
+             calls that are still needed in the next step"
+        ),
+    )
 }
 
 fn aborted(message: &str, code: &str) -> ToolError {

@@ -271,8 +271,6 @@ struct OpenBlock {
 
 /// A tool call being assembled from its deltas.
 struct PendingCall {
-    /// The call's `index` in the provider's deltas.
-    key: u64,
     /// Our block index.
     index: u64,
     id: String,
@@ -289,6 +287,9 @@ pub struct ChatDecoder {
     open: Option<OpenBlock>,
     /// Tool calls stay open until the finish (deltas of parallel calls may interleave).
     calls: Vec<PendingCall>,
+    /// Where each call's `index` key is in `calls` (a delta finds its call in constant time,
+    /// however many a response sends).
+    positions: foldhash::HashMap<u64, usize>,
     finish_reason: Option<String>,
     usage: Option<Value>,
     /// The event being decoded used surrogate stand-ins (see `utf16::parse_event`).
@@ -349,7 +350,7 @@ impl ChatDecoder {
             other => other.to_string(),
         };
         let marked = self.marked;
-        if let Some(call) = self.calls.iter_mut().find(|c| c.key == key) {
+        if let Some(call) = self.positions.get(&key).map(|&at| &mut self.calls[at]) {
             let arguments_piece = call.join.piece(&raw_arguments, marked).into_owned();
             call.arguments.push_str(&arguments_piece);
             // Some servers repeat the name on every delta: only the first one counts.
@@ -382,14 +383,8 @@ impl ChatDecoder {
             name: Some(name_piece.to_string()),
             arguments_delta: arguments_piece.clone(),
         });
-        self.calls.push(PendingCall {
-            key,
-            index,
-            id,
-            name: name_piece.into_owned(),
-            arguments: arguments_piece,
-            join,
-        });
+        self.positions.insert(key, self.calls.len());
+        self.calls.push(PendingCall { index, id, name: name_piece.into_owned(), arguments: arguments_piece, join });
     }
 
     /// Closes the blocks and appends usage and the finish.
@@ -403,6 +398,7 @@ impl ChatDecoder {
         }
         self.close_open(out);
         let has_calls = !self.calls.is_empty();
+        self.positions.clear();
         for mut call in self.calls.drain(..) {
             if let Some(tail) = call.join.finish() {
                 call.arguments.push(tail);
