@@ -104,7 +104,8 @@ impl Respond for Brain {
                 let calls: Vec<(&str, Value)> = (0..n).map(|i| ("subagent", args(i))).collect();
                 sse(calls_sse(&calls))
             }
-            ["send", child, message] => {
+            ["send", child, message @ ..] if !message.is_empty() => {
+                let message = message.join(" ");
                 sse(calls_sse(&[("send_message", json!({"subagent_id": child, "message": message}))]))
             }
             ["list"] => sse(calls_sse(&[("list_agents", json!({}))])),
@@ -792,6 +793,52 @@ fn a_close_whose_child_cannot_write_its_last_events_says_so() {
     let message = closed["error"]["message"].as_str().unwrap();
     assert!(message.contains("is closed") && message.contains(&format!("subagent {child}: ")), "{closed}");
     assert!(message.contains("File too large"), "{closed}");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+/// A grandchild with a pending message, under a child that cannot be resumed (another process
+/// holds its log's lock), stays on disk at a load: resumed under no live parent, it would run
+/// with kin's start permissions and sandbox instead of its session's, and could not report. Once
+/// the child can be resumed, the next load runs the grandchild's message, once.
+#[test]
+fn a_grandchild_is_not_resumed_while_its_parent_cannot_be() {
+    let world = world(Duration::from_millis(1));
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("start 1 gate {}", gate.display()));
+    common::until_blocking("the grandchild to wait at its gate", || world.cwd.join("gate.started").exists());
+    let grandchild = world.children(&child).pop().expect("the child started a grandchild");
+    let queued = send(&world, &mut kin, &parent, &child, &format!("send {grandchild} m1"));
+    assert!(queued.contains("queued"), "{queued}");
+    common::until_blocking("the child to queue m1", || inserted(&world.events(&grandchild)).contains(&"m1".into()));
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+    assert!(!user_texts(&world.events(&grandchild)).contains(&"m1".to_string()), "m1 is pending");
+
+    // Another process (this test's) holds the child's log lock: its resume fails.
+    let holder = std::fs::File::open(world.store.locate(&child).unwrap().unwrap()).unwrap();
+    // SAFETY: flock on an open file's descriptor.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0, "the test holds the child's log lock");
+    let stderr = world.cwd.join("kin.stderr");
+    let mut kin = Peer::spawn(&mut world.command(None, Some(&stderr))).ids_after(100);
+    assert!(
+        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), WAIT).get("result").is_some()
+    );
+    world.load(&mut kin, &parent);
+    common::until_blocking("the grandchild to be left on disk", || {
+        std::fs::read_to_string(&stderr).unwrap_or_default().contains("was not resumed: its parent was not")
+    });
+    assert!(!user_texts(&world.events(&grandchild)).contains(&"m1".to_string()), "m1 still pending");
+
+    // The lock gone, the next load resumes both and the grandchild runs m1 once.
+    drop(holder);
+    world.load(&mut kin, &parent);
+    common::until_blocking("m1 to run", || user_texts(&world.events(&grandchild)).contains(&"m1".to_string()));
+    let ran = user_texts(&world.events(&grandchild)).iter().filter(|t| *t == "m1").count();
+    assert_eq!(ran, 1);
     kin.close_stdin();
     let _ = kin.child.wait();
 }

@@ -24,6 +24,7 @@ use rmcp::{ClientCacheConfig, ClientHandler, MAX_CLIENT_CACHE_TTL, Peer, RoleCli
 use tokio::io::AsyncReadExt;
 
 use super::spec::Transport;
+use crate::tools::capture::{MAX_ERROR_TEXT_BYTES, cut};
 
 /// How long a closing server may take to exit before its process group is killed.
 pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(2);
@@ -213,7 +214,7 @@ fn handshake_error(error: &str) -> String {
     if error.starts_with("connection closed") {
         "it closed the connection before completing the MCP handshake (did it exit?)".into()
     } else {
-        format!("the MCP handshake failed: {error}")
+        format!("the MCP handshake failed: {}", cut(error, MAX_ERROR_TEXT_BYTES))
     }
 }
 
@@ -342,5 +343,15 @@ mod tests {
         let last = lines.last().unwrap();
         assert_eq!(last.len(), MAX_LINE + '…'.len_utf8());
         assert!(last.ends_with('…'));
+    }
+
+    #[test]
+    fn a_long_handshake_error_is_cut_and_says_so() {
+        let said = format!("Mcp error: -32600: {}", "x".repeat(1 << 20));
+        let text = handshake_error(&said);
+        assert!(text.len() < MAX_ERROR_TEXT_BYTES + 100, "{} bytes", text.len());
+        assert!(text.starts_with("the MCP handshake failed: Mcp error: -32600: xxx"), "{text:.80}");
+        assert!(text.ends_with(" more bytes not shown ...]"), "{}", &text[text.len() - 60..]);
+        assert_eq!(handshake_error("bad version"), "the MCP handshake failed: bad version");
     }
 }

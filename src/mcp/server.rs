@@ -375,7 +375,7 @@ async fn list(connection: &Connection, timeout: Duration) -> Result<Vec<Listed>,
     };
     let mut tools = match tokio::time::timeout(timeout, pages).await {
         Ok(Ok(tools)) => tools,
-        Ok(Err(e)) => return Err(format!("listing its tools failed: {e}")),
+        Ok(Err(e)) => return Err(format!("listing its tools failed: {}", cut(&e.to_string(), MAX_ERROR_TEXT_BYTES))),
         Err(_) => return Err(format!("listing its tools took longer than {} s", timeout.as_secs_f64())),
     };
     if tools.len() > MAX_TOOLS {

@@ -860,13 +860,25 @@ impl ContinuationManager {
         let mut plan = Vec::new();
         self.plan_restore(&*factory, &children, root_id, 0, &mut plan);
         let mut resumed = Vec::new();
+        // Children whose resume failed: their descendants stay on disk too (their messages stay
+        // pending). Resumed under no live parent, one would run with the start's permissions and
+        // sandbox rather than its session's, and could not report.
+        let mut failed: HashSet<String> = HashSet::new();
         for (parent_id, child_id) in plan {
+            if failed.contains(&parent_id) {
+                tracing::warn!(child = %child_id, "a subagent with pending messages was not resumed: its parent was not");
+                failed.insert(child_id);
+                continue;
+            }
             if self.is_resident(&child_id) {
                 continue;
             }
             match self.materialize(&parent_id, &child_id, fallback).await {
                 Ok(()) => resumed.push(child_id),
-                Err(e) => tracing::warn!(child = %child_id, "a subagent with pending messages was not resumed: {e}"),
+                Err(e) => {
+                    tracing::warn!(child = %child_id, "a subagent with pending messages was not resumed: {e}");
+                    failed.insert(child_id);
+                }
             }
         }
         // A child resumed only for its descendants settles once they have.
