@@ -818,10 +818,7 @@ fn a_grandchild_is_not_resumed_while_its_parent_cannot_be() {
     assert!(!user_texts(&world.events(&grandchild)).contains(&"m1".to_string()), "m1 is pending");
 
     // Another process (this test's) holds the child's log lock: its resume fails.
-    let holder = std::fs::File::open(world.store.locate(&child).unwrap().unwrap()).unwrap();
-    // SAFETY: flock on an open file's descriptor.
-    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
-    assert_eq!(rc, 0, "the test holds the child's log lock");
+    let holder = lock_log(&world, &child);
     let stderr = world.cwd.join("kin.stderr");
     let mut kin = Peer::spawn(&mut world.command(None, Some(&stderr))).ids_after(100);
     assert!(
@@ -839,6 +836,61 @@ fn a_grandchild_is_not_resumed_while_its_parent_cannot_be() {
     common::until_blocking("m1 to run", || user_texts(&world.events(&grandchild)).contains(&"m1".to_string()));
     let ran = user_texts(&world.events(&grandchild)).iter().filter(|t| *t == "m1").count();
     assert_eq!(ran, 1);
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+/// Takes session `id`'s log lock as another kin process writing it would (until dropped): kin
+/// cannot resume or load that session meanwhile.
+fn lock_log(world: &World, id: &str) -> std::fs::File {
+    let holder = std::fs::File::open(world.store.locate(id).unwrap().unwrap()).unwrap();
+    // SAFETY: flock on an open file's descriptor.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0, "the test holds the log lock of {id}");
+    holder
+}
+
+/// `interrupt_agent` with `discard` on a child that is not running (its resume at the load
+/// failed) discards the messages still pending in its log, durably, and says how many: they
+/// never run, not even when a later load resumes it.
+#[test]
+fn interrupt_agent_with_discard_on_a_stored_child_discards_its_pending_messages() {
+    let world = world(Duration::from_millis(1));
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    for m in ["m1", "m2"] {
+        assert!(send(&world, &mut kin, &parent, &child, m).contains("queued"));
+    }
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+
+    // The load cannot resume the child; once it has tried, the lock goes.
+    let holder = lock_log(&world, &child);
+    let stderr = world.cwd.join("kin.stderr");
+    let mut kin = Peer::spawn(&mut world.command(None, Some(&stderr))).ids_after(100);
+    assert!(
+        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), WAIT).get("result").is_some()
+    );
+    world.load(&mut kin, &parent);
+    common::until_blocking("the load to leave the child on disk", || {
+        std::fs::read_to_string(&stderr).unwrap_or_default().contains("was not resumed")
+    });
+    drop(holder);
+    let answer = prompt(&mut kin, &parent, &format!("interrupt {child} discard"));
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let result = tool_results(&world.events(&parent)).pop().unwrap();
+    assert_eq!(result, format!("interrupt requested for agent {child}; 2 queued messages discarded"));
+    assert_eq!(discards(&world.events(&child)), 1, "the discard is in the child's log when answered");
+
+    // A later load resumes nothing of them.
+    world.load(&mut kin, &parent);
+    assert!(send(&world, &mut kin, &parent, &child, "m3").contains("queued"));
+    common::until_blocking("m3 to run", || user_texts(&world.events(&child)).contains(&"m3".to_string()));
+    let ran: Vec<String> = user_texts(&world.events(&child)).into_iter().filter(|t| t.starts_with('m')).collect();
+    assert_eq!(ran, ["m3"], "the discarded ones never ran");
     kin.close_stdin();
     let _ = kin.child.wait();
 }

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::agent::{AgentHandle, NotAccepted, Restored, TurnEnd};
 use crate::model::ModelRoute;
+use crate::session::event::{InboxSplice, InboxTarget};
 use crate::session::{Event, SessionHeader, now_ms};
 use crate::tools::{Caller, Tool};
 
@@ -981,9 +982,44 @@ impl ContinuationManager {
         match handle {
             Some(handle) => Ok(Self::stop_turn(&handle, discard).await?),
             None => {
-                Self::authorize_stored(&*self.factory()?, caller_id, target, Reach::Descendant, settling).map(|_| 0)
+                let factory = self.factory()?;
+                Self::authorize_stored(&*factory, caller_id, target, Reach::Descendant, settling)?;
+                if discard { self.discard_stored(&*factory, target) } else { Ok(0) }
             }
         }
+    }
+
+    /// `interrupt_agent` with `discard` on a stored child (no Activation: it settled, or it was
+    /// not resumed): the messages still pending in its log are discarded there (one durable
+    /// splice), so no later resume runs them; the count is returned. Held as a transition, so a
+    /// resume or a message to it waits meanwhile.
+    fn discard_stored(&self, factory: &dyn ChildFactory, target: &str) -> Result<usize, SubagentError> {
+        {
+            let mut state = self.state();
+            if state.activations.contains_key(target) || !state.transitions.insert(target.to_string()) {
+                return Err(err(
+                    ErrorCode::ActivationClosing,
+                    format!("subagent \"{target}\" is changing state; retry"),
+                ));
+            }
+        }
+        let discarded = (|| {
+            let (mut session, restored) = factory.load_session(target)?;
+            let count = restored.len();
+            if count > 0 {
+                session.push_durably(vec![InboxSplice::discard(InboxTarget::NextTurn, 0, count).into()])?;
+            }
+            // What loading it repaired or settled is written too (the session is not kept).
+            session.flush().map_err(|e| format!("{e:#}"))?;
+            Ok::<_, String>(count)
+        })();
+        self.state().transitions.remove(target);
+        discarded.map_err(|e| {
+            err(
+                ErrorCode::Infrastructure,
+                format!("the queued messages of subagent \"{target}\" could not be discarded: {e}"),
+            )
+        })
     }
 
     /// Cancels a child's running turn and, with `discard`, its queued messages.
