@@ -7,7 +7,7 @@
 
 use serde_json::{Value, json};
 
-use crate::tools::{ToolError, ToolOutput};
+use crate::tools::{ToolError, ToolOutput, image};
 
 /// The most text a result passes to the model; the rest is cut and the cut is said.
 const MAX_TEXT: usize = 30_000;
@@ -70,10 +70,14 @@ pub(super) fn map(result: &Value, server: &str, tool: &str) -> Result<ToolOutput
         let text = |key: &str| block[key].as_str().unwrap_or_default();
         match block["type"].as_str().unwrap_or_default() {
             "text" => out.text(text("text")),
-            "image" if !text("data").is_empty() && text("data").len() <= MAX_IMAGE_BASE64 => {
-                let media = if text("mimeType").is_empty() { "image/png" } else { text("mimeType") };
-                out.blocks.push(json!({"type": "image", "mediaType": media, "data": text("data")}));
-            }
+            // Passed on as `read` passes an image: one of the formats models take, told by its
+            // bytes (not by the server's word), else a note of why not.
+            "image" if text("data").len() <= MAX_IMAGE_BASE64 => match image::check_base64(text("data")) {
+                Ok(format) => {
+                    out.blocks.push(json!({"type": "image", "mediaType": format.media_type(), "data": text("data")}));
+                }
+                Err(reason) => out.text(&format!("[image {}: not passed on: {reason}]", text("mimeType"))),
+            },
             "image" => out.text(&format!(
                 "[image {}: {} bytes of base64, too large to pass on]",
                 text("mimeType"),
@@ -174,6 +178,19 @@ mod tests {
         assert_eq!(content[0]["text"].as_str().unwrap().len(), MAX_TEXT);
         assert_eq!(content[1]["text"], "\n[… 504 more bytes of output cut]");
         let huge_image = "A".repeat(MAX_IMAGE_BASE64 + 1);
+        let content = ok(json!({"content": [
+            {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/jpeg"},
+            {"type": "image", "data": "PHN2Zz48L3N2Zz4=", "mimeType": "image/svg+xml"},
+            {"type": "image", "data": "not base64!", "mimeType": "image/png"},
+        ]}));
+        assert_eq!(
+            content[0],
+            json!({"type": "image", "mediaType": "image/png", "data": "iVBORw0KGgo="}),
+            "its bytes tell"
+        );
+        let note = |i: usize| content[i]["text"].as_str().unwrap().to_string();
+        assert!(note(1).starts_with("[image image/svg+xml: not passed on: it is not a "), "{}", note(1));
+        assert!(note(2).starts_with("[image image/png: not passed on: its data is not valid base64"), "{}", note(2));
         let content = ok(json!({"content": [{"type": "image", "data": huge_image, "mimeType": "image/png"}]}));
         assert!(content[0]["text"].as_str().unwrap().contains("too large"), "{content:?}");
     }
