@@ -350,13 +350,17 @@ fn open_then_set(kin: &mut Peer, cwd: &Path, mode: &str) -> String {
 /// [`kin`] through `sh` with SIGXFSZ ignored, so that a file-size limit set on it later
 /// ([`fill_disk`]) fails its writes with EFBIG, as a full disk fails them with ENOSPC (the writer
 /// treats both alike), instead of killing it.
-fn kin_on_a_disk_that_fills(dirs: &Dirs, replay: &Path, mode: &str) -> Peer {
+/// Without `replay` it serves the HTTP model (never called by the tests that use it that way),
+/// and starts MCP servers, which a replay answers from its recording instead.
+fn kin_on_a_disk_that_fills(dirs: &Dirs, replay: Option<&Path>, mode: &str) -> Peer {
     let mut command = Command::new("sh");
     command
         .args(["-c", "trap '' XFSZ; exec \"$0\" \"$@\"", KIN, "acp", "--config", "/dev/null", "--sessions"])
-        .arg(dirs.sessions())
-        .arg("--replay")
-        .arg(replay)
+        .arg(dirs.sessions());
+    if let Some(replay) = replay {
+        command.arg("--replay").arg(replay);
+    }
+    command
         .args(["--permission-mode", mode])
         .current_dir(dirs.cwd())
         .env("DEEPSEEK_API_KEY", "sk-placeholder-never-sent")
@@ -391,7 +395,7 @@ fn logged(dirs: &Dirs, id: &str, kind: &str) -> Vec<Value> {
 fn settings_are_answered_once_on_disk_and_refused_unchanged_when_the_log_cannot_be_written() {
     let dirs = Dirs::new();
     replay_of(&dirs.replay(), json!([answer("fine")]));
-    let mut kin = kin_on_a_disk_that_fills(&dirs, &dirs.replay(), "bypass");
+    let mut kin = kin_on_a_disk_that_fills(&dirs, Some(&dirs.replay()), "bypass");
     let id = open(&mut kin, &dirs.cwd());
     let set = |kin: &mut Peer, option: &str, value: &str| {
         call(kin, "session/set_config_option", json!({"sessionId": id, "configId": option, "value": value}))
@@ -451,7 +455,7 @@ fn settings_are_answered_once_on_disk_and_refused_unchanged_when_the_log_cannot_
 fn a_load_over_a_live_session_whose_last_events_cannot_be_written_says_so() {
     let dirs = Dirs::new();
     replay_of(&dirs.replay(), json!([answer("fine")]));
-    let mut kin = kin_on_a_disk_that_fills(&dirs, &dirs.replay(), "bypass");
+    let mut kin = kin_on_a_disk_that_fills(&dirs, Some(&dirs.replay()), "bypass");
     let id = open(&mut kin, &dirs.cwd());
     fill_disk(&kin);
     let turn = prompt(&mut kin, &id, "hello");
@@ -490,6 +494,34 @@ fn a_mode_set_during_a_turn_is_on_disk_when_answered_while_the_turn_runs() {
     assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
     let resumed = call(&mut kin, "session/resume", json!({"sessionId": id, "cwd": dirs.cwd()}));
     assert_eq!(current_mode(&resumed), "read-only");
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
+/// A session whose log cannot be created never existed: `session/new` says so, and none of the
+/// MCP servers it named is started (they outlived the refused session, one more per retry).
+#[test]
+fn a_session_that_cannot_be_created_starts_no_mcp_server() {
+    let dirs = Dirs::new();
+    let mut kin = kin_on_a_disk_that_fills(&dirs, None, "bypass");
+    call(&mut kin, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    fill_disk(&kin);
+    let server = |marker: &Path| {
+        let script = format!("touch '{}'; sleep 30", marker.display());
+        json!({"name": "probe", "command": "sh", "args": ["-c", script], "env": []})
+    };
+    let (refused_marker, created_marker) = (dirs.cwd().join("refused-started"), dirs.cwd().join("created-started"));
+    let refused = call(&mut kin, "session/new", json!({"cwd": dirs.cwd(), "mcpServers": [server(&refused_marker)]}));
+    assert_eq!(refused["error"]["code"], -32603, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("cannot create the session log"), "{refused}");
+    // With room again, a session is created and its server starts: by then the refused
+    // session's would have started too, had it been.
+    let status = Command::new("prlimit").args(["--pid", &kin.child.id().to_string(), "--fsize=unlimited:"]).status();
+    assert!(status.unwrap().success());
+    let created = call(&mut kin, "session/new", json!({"cwd": dirs.cwd(), "mcpServers": [server(&created_marker)]}));
+    assert!(created["result"]["sessionId"].is_string(), "{created}");
+    common::until_blocking("the created session's MCP server to start", || created_marker.exists());
+    assert!(!refused_marker.exists(), "the MCP server of a session that was never created did not start");
     kin.close_stdin();
     let _ = kin.child.wait();
 }

@@ -55,12 +55,14 @@ impl Runtime {
         servers: Vec<ServerSpec>,
         observer: Arc<dyn SessionObserver>,
     ) -> Result<SessionView, RuntimeError> {
-        let mcp = self.mcp_for(&mut session, servers);
-        // The session exists on disk before the client learns its id.
+        let specs = self.record_mcp(&mut session, servers);
+        // The session exists on disk before the client learns its id, and before its MCP servers
+        // start (a session that never existed leaves no server running).
         if let Err(e) = session.flush() {
             session.discard();
             return Err(RuntimeError::Internal(format!("cannot create the session log: {e:#}")));
         }
+        let mcp = self.start_mcp(&session, specs);
         session.add_observer(observer);
         let id = session.id().to_string();
         self.start(session, system, mcp, Restored::none());
@@ -70,11 +72,23 @@ impl Runtime {
     /// Starts a session's MCP servers (the config's, each replaced by the editor's server of the
     /// same name), and records which ones it has when it has any or had some.
     pub(super) fn mcp_for(&self, session: &mut Session, editor: Vec<ServerSpec>) -> Arc<McpSession> {
+        let specs = self.record_mcp(session, editor);
+        self.start_mcp(session, specs)
+    }
+
+    /// The MCP servers a session gets (the config's, each replaced by the editor's server of the
+    /// same name), recorded in its log when it has any or had some.
+    fn record_mcp(&self, session: &mut Session, editor: Vec<ServerSpec>) -> Vec<ServerSpec> {
         let specs = crate::mcp::merge(&self.config.mcp_servers, editor);
         let had = session.events().iter().any(|e| e.kind == crate::session::Kind::McpServers);
         if !specs.is_empty() || had {
             session.push(McpSession::describe(&specs));
         }
+        specs
+    }
+
+    /// Starts `specs` as `session`'s MCP servers, in its working directory.
+    fn start_mcp(&self, session: &Session, specs: Vec<ServerSpec>) -> Arc<McpSession> {
         let cwd = session.header.cwd.clone().map(Into::into);
         McpSession::start(specs, cwd, self.config.mcp, self.mcp_recording.clone())
     }

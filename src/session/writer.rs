@@ -244,7 +244,7 @@ impl LogWriter {
         let created = Created { dir: !dir.exists() };
         let mut linked = false;
         let mut publish = || -> Result<File> {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            create_dir_durably(&dir)?;
             let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
             let written = (|| -> Result<()> {
                 let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
@@ -345,6 +345,25 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
 /// Takes the writer's lock on an existing log without writing to it: `Some(file)` holds it (until
 /// the file is dropped), `None` means a writer — a live session, in this process or another —
 /// holds it.
+/// Creates `dir` and its missing parents, and syncs the parent of each directory it created, so
+/// that a crash cannot lose a new session (or project) directory whose log was already published
+/// and synced.
+fn create_dir_durably(dir: &Path) -> Result<()> {
+    create_dir_syncing(dir, |parent| File::open(parent).and_then(|p| p.sync_all()))
+}
+
+/// `create_dir_durably` with the sync of a directory given (`sync`), deepest first.
+fn create_dir_syncing(dir: &Path, mut sync: impl FnMut(&Path) -> std::io::Result<()>) -> Result<()> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|at| !at.exists()).collect();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for created in missing {
+        if let Some(parent) = created.parent() {
+            sync(parent).with_context(|| format!("syncing {}", parent.display()))?;
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn try_lock(path: &Path) -> Result<Option<File>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let taken = flock_nb(&file).with_context(|| format!("locking {}", path.display()))?;
@@ -431,6 +450,34 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         let seqs: Vec<&str> = text.lines().skip(1).map(|l| &l[l.find("\"seq\":").unwrap() + 6..][..1]).collect();
         assert_eq!(seqs, ["0", "1"]);
+    }
+
+    #[test]
+    fn a_created_directory_is_made_durable_in_its_parent_up_to_the_first_that_existed() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("project/session");
+        let mut synced = Vec::new();
+        create_dir_syncing(&dir, |p| {
+            synced.push(p.to_path_buf());
+            Ok(())
+        })
+        .unwrap();
+        assert!(dir.is_dir());
+        assert_eq!(
+            synced,
+            [root.path().join("project"), root.path().to_path_buf()],
+            "the session's, then the project's entry"
+        );
+        let other = root.path().join("project/another");
+        synced.clear();
+        create_dir_syncing(&other, |p| {
+            synced.push(p.to_path_buf());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(synced, [root.path().join("project")], "only what was created");
+        let failed = create_dir_syncing(&root.path().join("third/x"), |_| Err(std::io::ErrorKind::Other.into()));
+        assert!(failed.unwrap_err().to_string().contains("syncing"), "a failed sync fails the creation");
     }
 
     #[test]
