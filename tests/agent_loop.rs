@@ -576,3 +576,29 @@ async fn a_step_runs_at_most_64_calls_and_says_so_to_the_rest() {
     }
     assert!(f.peak.load(Ordering::SeqCst) <= 4, "within the pool");
 }
+
+/// A response cut off at the output limit in the middle of a tool call ends the turn
+/// `max-tokens`, and its calls are not run but answered: the next turn's request carries a result
+/// for each (a call without one makes every later request one the model's API refuses).
+#[tokio::test]
+async fn the_calls_of_a_response_cut_off_at_the_output_limit_are_answered_not_run() {
+    use kin::testkit::model::{FinishReason, StreamChunk};
+    let mut cut = tool_call_response("c1", "echo", r#"{"text":"half"#);
+    let last = cut.len() - 1;
+    cut[last] = StreamChunk::Finish { reason: FinishReason::MaxTokens, replay_state: None };
+    let f = start(vec![chunks(cut), chunks(text_response(&["ok"]))], 5);
+    assert_eq!(f.handle.followup(text("go"), user()).unwrap().await.unwrap(), TurnEnd::MaxTokens);
+    assert_eq!(f.peak.load(Ordering::SeqCst), 0, "the cut-off call did not run");
+    assert_eq!(f.handle.followup(text("again"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    let events = f.events().await;
+    let result = events.iter().find(|e| e.kind == "tool/result").expect("the cut-off call has a result");
+    assert_eq!(result.data["error"]["code"], "TOOL_NOT_STARTED");
+    let text = result.data["message"]["content"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("cut off at the model's output limit"), "{text}");
+    let kinds: Vec<&str> = kinds(&events).into_iter().skip_while(|k| *k != "assistant/message").take(4).collect();
+    assert_eq!(kinds, ["assistant/message", "tool/result", "step/end", "turn/end"]);
+    let second = &f.model.requests()[1].messages;
+    let answered =
+        second.iter().any(|m| m["content"][0]["type"] == "tool-result" && m["content"][0]["toolCallId"] == "c1");
+    assert!(answered, "the next request answers the call: {second:#?}");
+}

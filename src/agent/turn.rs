@@ -242,6 +242,11 @@ async fn run_step(
     let calls = message.tool_calls();
     session.push_from(event::AssistantMessage { turn, step, message, usage }, chunk_seqs);
     if finish == FinishReason::MaxTokens {
+        // The calls of a cut-off response are not run, and each says so: a call without a result
+        // would make every later request of the session one the model's API refuses.
+        for call in &calls {
+            session.push(crate::session::repair::not_run(turn, step, &call.id, crate::session::repair::CUT_OFF_TEXT));
+        }
         return abandon(session, turn, step, TurnEndReason::MaxTokens);
     }
     if calls.is_empty() {

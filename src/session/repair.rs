@@ -9,6 +9,9 @@ pub(crate) const OUTCOME_UNKNOWN_TEXT: &str =
     "Error: kin stopped while this tool call was running; its outcome is unknown. Check its effects before retrying.";
 /// Text of the synthetic result for a call the model requested but that never started.
 pub(crate) const NOT_STARTED_TEXT: &str = "Error: kin stopped before this tool call started; it was not run.";
+/// Text of the result of a call in a response the model's output limit cut off.
+pub(crate) const CUT_OFF_TEXT: &str =
+    "Error: the response was cut off at the model's output limit before this tool call was complete; it was not run.";
 
 /// What a closing event says, before seqs and times are assigned.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,9 +61,7 @@ pub fn closers(events: &[Event]) -> Vec<Closer> {
         }
         for id in &requested {
             if !answered.contains(id) && !called.iter().any(|(c, _)| c == id) {
-                let failure = failure("ToolNotStartedError", "TOOL_NOT_STARTED");
-                let body = synthetic_result(turn, step, id, NOT_STARTED_TEXT, failure);
-                out.push(Closer { body, source_event_seqs: None });
+                out.push(Closer { body: not_run(turn, step, id, NOT_STARTED_TEXT), source_event_seqs: None });
             }
         }
         out.push(Closer { body: event::StepEnd { turn, step }.into(), source_event_seqs: None });
@@ -68,6 +69,12 @@ pub fn closers(events: &[Event]) -> Vec<Closer> {
     let end = event::TurnEnd { turn, reason: TurnEndReason::Interrupted };
     out.push(Closer { body: end.into(), source_event_seqs: None });
     out
+}
+
+/// The result of a call the model requested that was not run (`text` says why): every call of
+/// a message gets a result, or the history cannot be sent to a model again.
+pub(crate) fn not_run(turn: u64, step: u64, call_id: &str, text: &str) -> EventBody {
+    synthetic_result(turn, step, call_id, text, failure("ToolNotStartedError", "TOOL_NOT_STARTED"))
 }
 
 fn failure(name: &str, code: &str) -> event::ToolFailure {
