@@ -466,12 +466,14 @@ async fn a_prompt_is_refused_while_another_is_in_flight_and_accepted_after_it() 
     }
     let first = f.handle.prompt(text("one"), user()).unwrap();
     assert!(matches!(f.handle.prompt(text("again"), user()), Err(PromptRefused::Busy)));
+    // The cancel reaches the prompt in flight too, though it still waits (see
+    // `a_cancel_reaches_a_prompt_still_waiting_for_its_turn`).
     f.handle.cancel();
     assert_eq!(ahead.await.unwrap(), TurnEnd::Aborted);
-    assert_eq!(first.await.unwrap(), TurnEnd::Completed);
+    assert_eq!(first.await.unwrap(), TurnEnd::Aborted);
     let second = f.handle.prompt(text("two"), user()).unwrap();
     assert_eq!(second.await.unwrap(), TurnEnd::Completed);
-    assert_eq!(f.model.requests().len(), 3, "the refused prompts never reached the model");
+    assert_eq!(f.model.requests().len(), 2, "the refused and the cancelled prompts never reached the model");
 }
 
 /// The agent owns its route: a route chosen while a turn runs is reported at once, the running
@@ -601,4 +603,42 @@ async fn the_calls_of_a_response_cut_off_at_the_output_limit_are_answered_not_ru
     let answered =
         second.iter().any(|m| m["content"][0]["type"] == "tool-result" && m["content"][0]["toolCallId"] == "c1");
     assert!(answered, "the next request answers the call: {second:#?}");
+}
+
+/// A `session/cancel` reaches a user prompt still waiting for its turn (behind a turn a message
+/// started, or not yet taken up by the agent): that turn ends `aborted` without a model call,
+/// instead of running to its end after the cancel.
+#[tokio::test]
+async fn a_cancel_reaches_a_prompt_still_waiting_for_its_turn() {
+    let f = start(
+        vec![
+            chunks(tool_call_response("c1", "echo", r#"{"text":"a","hold":true}"#)),
+            chunks(text_response(&["never"])),
+        ],
+        5,
+    );
+    let running = f.handle.followup(text("a message's turn"), user()).unwrap();
+    f.gate.entered.notified().await;
+    let waiting = f.handle.prompt(text("the user's prompt"), user()).unwrap();
+    f.handle.cancel();
+    assert_eq!(running.await.unwrap(), TurnEnd::Aborted);
+    assert_eq!(waiting.await.unwrap(), TurnEnd::Aborted, "the waiting prompt was cancelled too");
+    assert_eq!(f.model.requests().len(), 1, "no model call for the cancelled prompt");
+    let ends: Vec<String> = f
+        .events()
+        .await
+        .iter()
+        .filter(|e| e.kind == "turn/end")
+        .map(|e| e.data["reason"]["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ends, ["aborted", "aborted"]);
+
+    // Cancelled as soon as it was sent: the same, whether or not its turn had begun.
+    let g = start(vec![chunks(text_response(&["never"]))], 5);
+    let sent = g.handle.prompt(text("go"), user()).unwrap();
+    g.handle.cancel();
+    assert_eq!(sent.await.unwrap(), TurnEnd::Aborted);
+    // And the slot's token is the prompt's own: the next prompt runs.
+    let next = g.handle.prompt(text("again"), user()).unwrap();
+    assert_eq!(next.await.unwrap(), TurnEnd::Completed);
 }

@@ -113,12 +113,20 @@ struct Queued {
 
 /// The session's prompt slot, held from a user prompt's (or `/compact`'s) arrival until its turn
 /// has ended: while it is held `prompt` answers `Busy`. Dropping it (the turn ended, or what held
-/// it was dropped unanswered) frees the slot.
-pub(crate) struct PromptSlot(Arc<Shared>);
+/// it was dropped unanswered) frees the slot. Its token is the prompt's turn's cancellation from
+/// the prompt's arrival on: a `session/cancel` before its turn starts (it waits behind another
+/// turn, or has not reached the actor yet) ends that turn `aborted` before any model call.
+pub(crate) struct PromptSlot {
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+}
 
 impl Drop for PromptSlot {
     fn drop(&mut self) {
-        self.0.prompt.store(false, Ordering::SeqCst);
+        if let Ok(mut held) = self.shared.prompt_cancel.lock() {
+            *held = None;
+        }
+        self.shared.prompt.store(false, Ordering::SeqCst);
     }
 }
 
@@ -182,6 +190,8 @@ struct Shared {
     disposing: AtomicBool,
     /// The prompt slot is held (`PromptSlot`).
     prompt: AtomicBool,
+    /// The held prompt slot's token (`cancel` fires it too).
+    prompt_cancel: Mutex<Option<CancellationToken>>,
     /// The route the next turn (or `/compact`) uses; a running turn keeps the one it started with.
     route: Mutex<ModelRoute>,
 }
@@ -193,6 +203,7 @@ impl Shared {
             running: AtomicBool::new(false),
             disposing: AtomicBool::new(false),
             prompt: AtomicBool::new(false),
+            prompt_cancel: Mutex::default(),
             route: Mutex::new(route),
         }
     }
@@ -246,8 +257,14 @@ impl AgentHandle {
 
     /// Takes the prompt slot, unless it is held.
     fn claim(&self) -> Option<PromptSlot> {
-        let taken = self.shared.prompt.swap(true, Ordering::SeqCst);
-        (!taken).then(|| PromptSlot(self.shared.clone()))
+        if self.shared.prompt.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        let cancel = CancellationToken::new();
+        if let Ok(mut held) = self.shared.prompt_cancel.lock() {
+            *held = Some(cancel.clone());
+        }
+        Some(PromptSlot { shared: self.shared.clone(), cancel })
     }
 
     /// A user prompt: `followup`, one at a time per session. `Busy` while another prompt (or
@@ -416,10 +433,17 @@ impl AgentHandle {
         })
     }
 
-    /// Cancels the running turn, if any; queued turns stay queued.
+    /// Cancels the running turn, if any, and the user prompt in flight, if any, even one still
+    /// waiting for its turn (it then ends `aborted` without a model call); other queued turns
+    /// stay queued.
     pub fn cancel(&self) {
         if let Ok(current) = self.shared.current.lock()
             && let Some(token) = current.as_ref()
+        {
+            token.cancel();
+        }
+        if let Ok(prompt) = self.shared.prompt_cancel.lock()
+            && let Some(token) = prompt.as_ref()
         {
             token.cancel();
         }
@@ -646,7 +670,9 @@ impl Actor {
         rx: &mut mpsc::UnboundedReceiver<Command>,
         shutdown: &mut Option<oneshot::Sender<Result<(), String>>>,
     ) -> TurnEnd {
-        let cancel = CancellationToken::new();
+        // A user prompt's turn runs under its slot's token, which a cancel may have fired already.
+        let slot = item.reply.as_ref().and_then(|reply| reply.slot.as_ref());
+        let cancel = slot.map_or_else(CancellationToken::new, |slot| slot.cancel.clone());
         if let Ok(mut current) = self.shared.current.lock() {
             *current = Some(cancel.clone());
         }

@@ -91,6 +91,10 @@ pub(super) async fn run_turn(
     }
     // The prompt is on disk before the model runs: a crash leaves a turn to repair, not nothing.
     session.write_eager();
+    // Cancelled before it began (a prompt cancelled while it waited): no model call.
+    if cancel.is_cancelled() {
+        return end_turn(session, turn, cancelled());
+    }
     let mut turn = turn;
     // Overflow recoveries since the last answer of the model (dsh resets on `assistant/message`).
     let mut overflows = 0;
