@@ -107,6 +107,25 @@ fn assert_not_found(kin: &mut Peer, id: &str, cwd: &Path) {
     }
 }
 
+/// An id that cannot be a session id is a bad request on every method, not an unknown session.
+#[test]
+fn a_malformed_session_id_is_invalid_params_everywhere() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    open(&mut kin, &dirs.cwd());
+    for id in ["../escape", ""] {
+        for (method, params) in requests_naming(id, &dirs.cwd()) {
+            let answer = call(&mut kin, method, params);
+            assert_eq!(answer["error"]["code"], -32602, "{method} {id:?}: {answer}");
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with("Invalid params: invalid session id: "), "{method} {id:?}: {answer}");
+        }
+    }
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
 #[test]
 fn unknown_and_deleted_sessions_are_not_found_everywhere() {
     let dirs = Dirs::new();

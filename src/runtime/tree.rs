@@ -51,8 +51,11 @@ impl Runtime {
     }
 
     /// `Err` (invalid params) when `id` names a subagent child, live or stored: only
-    /// `session/cancel` may name one.
+    /// `session/cancel` may name one; or when it cannot be a session id at all (`../x`, empty):
+    /// that is a bad request, not an unknown session.
     pub(super) fn reject_child(&self, id: &str) -> Result<(), RuntimeError> {
+        crate::session::layout::validate_session_id(id)
+            .map_err(|reason| RuntimeError::InvalidParams(format!("invalid session id: {reason}")))?;
         match self.agents.get(id).map(|agent| agent.role) {
             Some(Role::Child(_)) => return Err(subagent_only(id)),
             Some(Role::TopLevel(_)) => return Ok(()),
