@@ -544,3 +544,29 @@ fn a_session_that_cannot_be_created_starts_no_mcp_server() {
     kin.close_stdin();
     let _ = kin.child.wait();
 }
+
+/// What kin does not support is refused by name on `session/load` and `session/resume` as on
+/// `session/new` and `session/fork`, never ignored: extra directories and a system prompt.
+#[test]
+fn load_and_resume_refuse_what_kin_does_not_support() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    let system_prompt = json!({"mode": "append", "content": [{"type": "text", "text": "be terse"}]});
+    for method in ["session/load", "session/resume"] {
+        let base = json!({"sessionId": id, "cwd": dirs.cwd(), "mcpServers": []});
+        for (extra, message) in [
+            (json!({"additionalDirectories": ["/tmp"]}), "Invalid params: additionalDirectories is not supported"),
+            (json!({"systemPrompt": system_prompt}), "Invalid params: systemPrompt is not supported"),
+        ] {
+            let mut params = base.clone();
+            params.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let answer = call(&mut kin, method, params);
+            assert_eq!(answer["error"]["code"], -32602, "{method}: {answer}");
+            assert_eq!(answer["error"]["message"], message, "{method}: {answer}");
+        }
+    }
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}

@@ -215,6 +215,9 @@ impl AcpServer {
         responder: Responder<LoadSessionResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
+        if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some()) {
+            return responder.respond_with_error(e);
+        }
         let servers = mcp::specs(&req.mcp_servers);
         self.reopen(Reopen::Load, req.session_id.0.to_string(), servers, responder, cx, |view| {
             with_view!(LoadSessionResponse::new(), view)
@@ -227,7 +230,7 @@ impl AcpServer {
         responder: Responder<ResumeSessionResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), false) {
+        if let Some(e) = unsupported_params(!req.additional_directories.is_empty(), req.system_prompt.is_some()) {
             return responder.respond_with_error(e);
         }
         let servers = mcp::specs(&req.mcp_servers);
