@@ -505,3 +505,52 @@ fn the_threshold_scenario_s_step_after_compaction_asks_with_the_summary_and_the_
     assert_eq!(request[1]["content"][0]["text"], "What next?");
     kin::testkit::session::surface::validate(&events).unwrap();
 }
+
+/// A `/compact` cancelled while its summary is being written answers `cancelled` (with dsh's
+/// "Compaction cancelled." text), not `end_turn`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_slash_compact_answers_cancelled() {
+    let server = wiremock::MockServer::start().await;
+    let (arrived_tx, arrived) = std::sync::mpsc::channel::<&'static str>();
+    let arrived_tx = std::sync::Mutex::new(arrived_tx);
+    let respond = move |request: &wiremock::Request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        let sse =
+            |text: &str| wiremock::ResponseTemplate::new(200).set_body_raw(chat_answer(text), "text/event-stream");
+        if body.to_string().contains("You are now acting as a compaction engine") {
+            let _ = arrived_tx.lock().unwrap().send("summary");
+            return sse("never used").set_delay(std::time::Duration::from_secs(120));
+        }
+        sse("ok")
+    };
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/chat/completions"))
+        .respond_with(respond)
+        .mount(&server)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = common::acp(&dir.path().join("sessions"), None);
+    command.args(["--model", "deepseek/deepseek-v4-flash"]).env("DEEPSEEK_BASE_URL", server.uri());
+    command.env("DEEPSEEK_API_KEY", "sk-test").env("HOME", dir.path()).env_remove("XDG_CONFIG_HOME");
+    let mut kin = common::Peer::spawn(&mut command);
+    let wait = std::time::Duration::from_secs(30);
+    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), wait);
+    let new = kin.call("session/new", json!({"cwd": dir.path(), "mcpServers": []}), wait);
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+    let prompt = |text: &str| json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+    let first = kin.call("session/prompt", prompt(&"x".repeat(2000)), wait);
+    assert_eq!(first["result"]["stopReason"], "end_turn", "{first}");
+    let compact = kin.request("session/prompt", prompt("/compact"));
+    assert_eq!(arrived.recv_timeout(wait).unwrap(), "summary", "the summary is being written");
+    kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+    let mut texts = Vec::new();
+    let answer = kin.response(compact, wait, |f| {
+        if let Some(text) = f["params"]["update"]["content"]["text"].as_str() {
+            texts.push(text.to_string());
+        }
+    });
+    assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+    assert_eq!(texts.last().map(String::as_str), Some("Compaction cancelled."), "{texts:?}");
+    kin.close_stdin();
+    kin.child.wait().unwrap();
+}

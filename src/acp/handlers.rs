@@ -183,9 +183,13 @@ impl AcpServer {
             crate::runtime::Prompted::Answer(answer) => {
                 let (session, to) = (req.session_id.0.to_string(), cx.clone());
                 return cx.spawn(async move {
-                    let text = answer.await.unwrap_or_else(|_| "The command did not finish.".into());
+                    let (text, stop) = match answer.await {
+                        Ok(answered) if answered.cancelled => (answered.text, StopReason::Cancelled),
+                        Ok(answered) => (answered.text, StopReason::EndTurn),
+                        Err(_) => ("The command did not finish.".to_string(), StopReason::EndTurn),
+                    };
                     tree::notify(&to, &session, convert::agent_text(&text));
-                    if let Err(e) = responder.respond(PromptResponse::new(StopReason::EndTurn)) {
+                    if let Err(e) = responder.respond(PromptResponse::new(stop)) {
                         tracing::debug!("prompt response not delivered: {e}");
                     }
                     Ok(())

@@ -18,7 +18,20 @@ pub enum Prompted {
     /// A model turn: resolves with how it ended.
     Turn(oneshot::Receiver<TurnEnd>),
     /// A command kin ran itself (`/compact`): resolves with what to tell the user.
-    Answer(oneshot::Receiver<String>),
+    Answer(oneshot::Receiver<Answered>),
+}
+
+/// What a command kin ran itself tells the user, and whether a cancel stopped it.
+pub struct Answered {
+    pub text: String,
+    pub cancelled: bool,
+}
+
+impl Answered {
+    fn of(outcome: &crate::agent::compact::Manual) -> Self {
+        let cancelled = matches!(outcome, crate::agent::compact::Manual::Cancelled);
+        Answered { text: outcome.text(), cancelled }
+    }
 }
 
 /// Awaiting what a prompt started gives how its turn ended (a command: `Completed` once it
@@ -30,7 +43,10 @@ impl std::future::IntoFuture for Prompted {
     fn into_future(self) -> Self::IntoFuture {
         match self {
             Prompted::Turn(turn) => turn.boxed(),
-            Prompted::Answer(answer) => async move { answer.await.map(|_| TurnEnd::Completed) }.boxed(),
+            Prompted::Answer(answer) => async move {
+                answer.await.map(|answered| if answered.cancelled { TurnEnd::Aborted } else { TurnEnd::Completed })
+            }
+            .boxed(),
         }
     }
 }
@@ -81,8 +97,9 @@ impl Runtime {
         Ok(Prompted::Turn(rx))
     }
 
-    /// `/compact [focus]`: compacts the session's history now; busy (nothing written) while a
-    /// turn runs or another prompt is in flight. Holds the session's prompt slot meanwhile.
+    /// `/compact [focus]`: compacts the session's history now; busy (dsh's text, nothing
+    /// written) while a turn runs or another prompt is in flight. Holds the session's prompt slot
+    /// meanwhile; a cancel of it answers `cancelled`.
     pub(super) fn compact(&self, session_id: &str, focus: String) -> Result<Prompted, RuntimeError> {
         let Some((handle, _)) = self.agents.top_level(session_id) else {
             return Err(RuntimeError::NotFound(session_id.to_string()));
@@ -90,15 +107,15 @@ impl Runtime {
         let (tx, rx) = oneshot::channel();
         let focus = Some(focus).filter(|f| !f.trim().is_empty());
         let Some(compaction) = handle.compact_prompt(focus) else {
-            let _ = tx.send(crate::agent::compact::Manual::Busy.text());
+            let _ = tx.send(Answered::of(&crate::agent::compact::Manual::Busy));
             return Ok(Prompted::Answer(rx));
         };
         tokio::spawn(async move {
-            let text = match compaction.await {
-                Ok(outcome) => outcome.text(),
-                Err(gone) => format!("Compaction did not run: {gone}."),
+            let answered = match compaction.await {
+                Ok(outcome) => Answered::of(&outcome),
+                Err(gone) => Answered { text: format!("Compaction did not run: {gone}."), cancelled: false },
             };
-            let _ = tx.send(text);
+            let _ = tx.send(answered);
         });
         Ok(Prompted::Answer(rx))
     }
