@@ -92,8 +92,8 @@ mod tests {
         assert_eq!(block_tokens(&call), 1 + 2 + 4);
         let result = json!({"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "1234"}]});
         assert_eq!(block_tokens(&result), (1 + 4) + 4);
-        let image = json!({"type": "image"});
-        assert_eq!(block_tokens(&image), 4 + 4, "16 bytes of JSON");
+        let unknown = json!({"type": "video"});
+        assert_eq!(block_tokens(&unknown), 4 + 4, "16 bytes of JSON");
         assert_eq!(message_tokens(&json!({"role": "user", "content": [{"type": "text", "text": "abcd"}]})), 1 + 4 + 4);
         let tools = [ToolSchema { name: "r".into(), description: String::new(), parameters: json!({}) }];
         // `[{"description":"","name":"r","parameters":{}}]` is 47 units.
