@@ -570,3 +570,32 @@ fn load_and_resume_refuse_what_kin_does_not_support() {
     kin.close_stdin();
     let _ = kin.child.wait();
 }
+
+/// A session's working directory must exist: `session/new` and `session/fork` refuse a path that
+/// is not a directory (every command, MCP server and file tool of the session would fail there).
+#[test]
+fn a_cwd_that_is_not_an_existing_directory_is_refused() {
+    let dirs = Dirs::new();
+    replay_of(&dirs.replay(), json!([answer("fine")]));
+    let mut kin = kin(&dirs, &dirs.replay(), "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    let file = dirs.cwd().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    for cwd in [dirs.cwd().join("not-there"), file] {
+        let requests = [
+            ("session/new", json!({"cwd": cwd, "mcpServers": []})),
+            ("session/fork", json!({"sessionId": id, "cwd": cwd, "mcpServers": []})),
+        ];
+        for (method, params) in requests {
+            let answer = call(&mut kin, method, params);
+            assert_eq!(answer["error"]["code"], -32602, "{method}: {answer}");
+            let expected = format!(
+                "Invalid params: cwd {} is not an existing directory; give the absolute path of the workspace",
+                cwd.display()
+            );
+            assert_eq!(answer["error"]["message"], expected.as_str(), "{method}");
+        }
+    }
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}

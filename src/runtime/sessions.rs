@@ -32,9 +32,7 @@ impl Runtime {
         observer: Arc<dyn SessionObserver>,
         servers: Vec<ServerSpec>,
     ) -> Result<SessionView, RuntimeError> {
-        if !cwd.is_absolute() {
-            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
-        }
+        check_cwd(cwd)?;
         let (system, record) = self.session_prompt(cwd)?;
         let id = self.mint_session_id();
         let header = SessionHeader::new(id, now_ms(), Some(cwd.display().to_string()));
@@ -210,9 +208,7 @@ impl Runtime {
         servers: Vec<ServerSpec>,
     ) -> Result<SessionView, RuntimeError> {
         self.reject_child(source_id)?;
-        if !cwd.is_absolute() {
-            return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
-        }
+        check_cwd(cwd)?;
         let source = self.store.inspect(source_id).map_err(store_error)?;
         let seed = crate::agent::completed_prefix(&source.events).to_vec();
         let system = match prompt::recorded(&seed) {
@@ -261,4 +257,20 @@ impl Runtime {
         // The MCP servers go last: an agent winding down may still call them.
         futures::future::join_all(top.iter().filter_map(Agent::top_level).map(|top| top.mcp.close())).await;
     }
+}
+
+/// A new session's working directory: an absolute path to an existing directory (its commands,
+/// MCP servers and file tools run there; a session in a directory that is not there would fail
+/// every one of them).
+fn check_cwd(cwd: &Path) -> Result<(), RuntimeError> {
+    if !cwd.is_absolute() {
+        return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
+    }
+    if !cwd.is_dir() {
+        return Err(RuntimeError::InvalidParams(format!(
+            "cwd {} is not an existing directory; give the absolute path of the workspace",
+            cwd.display()
+        )));
+    }
+    Ok(())
 }
