@@ -193,10 +193,10 @@ async fn a_child_the_catalog_calls_corrupt_or_unsupported_is_refused_with_that_r
     rt.shutdown().await;
 }
 
-/// A runtime answering with `entries`, a parent session's caller, and a background child of it
-/// started with the prompt "first" (its first turn takes the first entry).
-/// A runtime with a child started by its parent, and the `subagent/end`s seen from before the
-/// start on (the child may settle before the start's caller runs again).
+/// A runtime answering with `entries`, a parent session's caller, a background child of it
+/// started with the prompt "first" (its first turn takes the first entry), and the
+/// `subagent/end`s seen from before the start on (the child may settle before the start's caller
+/// runs again).
 async fn started(entries: Vec<ReplayEntry>) -> (tempfile::TempDir, Arc<Runtime>, Arc<Caller>, String, Ends) {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = runtime(dir.path(), entries, "");
@@ -347,7 +347,9 @@ async fn a_background_start_dropped_midway_still_starts_the_child_and_it_settles
     let manager = rt.continuation().clone();
     let ends = ended(&rt);
     let mut start = Box::pin(manager.start("spawn", "worker".into(), start_request(&caller, "first")));
-    assert!(futures::poll!(&mut start).is_pending(), "the start waits for the child's agent");
+    // Dropped while still pending (a cut-short call): before the fix, one poll ran the start up to
+    // the hand-off to the child's agent, and the drop cut it there.
+    assert!(futures::poll!(&mut start).is_pending());
     drop(start);
     until("the child to settle", || ends.lock().unwrap().len() == 1).await;
     let child = ends.lock().unwrap()[0].clone();

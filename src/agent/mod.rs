@@ -4,7 +4,7 @@
 //! adds a message without running the model (between turns at once, or before the next step of
 //! a running turn), durably too; `record` writes a setting's event durably and only then applies
 //! the setting (between turns at once, during a turn at its next await point); `cancel` aborts
-//! the running turn and `cancel_and_discard` also drops the queued inbox messages; `compact`
+//! the running turn (and a user prompt or `/compact` still waiting for its turn) and `cancel_and_discard` also drops the queued inbox messages; `compact`
 //! compacts the history between turns (`/compact`). A session loaded with inbox messages pending
 //! starts held: they run once it is woken.
 
@@ -628,7 +628,8 @@ impl Actor {
                 let _ = reply.send(self.intake.discard(&mut self.session));
             }
             Command::Compact { focus, reply, slot } => {
-                let outcome = self.compact_now(focus.as_deref()).await;
+                let cancel = slot.as_ref().map_or_else(CancellationToken::new, |slot| slot.cancel.clone());
+                let outcome = self.compact_now(focus.as_deref(), cancel).await;
                 drop(slot);
                 let _ = reply.send(outcome);
             }
@@ -638,12 +639,16 @@ impl Actor {
 
     /// `/compact` between turns (dsh's `compactNow`): busy when a message waits for its turn;
     /// `session/cancel` cancels it (its token is the running one meanwhile).
-    async fn compact_now(&mut self, focus: Option<&str>) -> compact::Manual {
+    /// `cancel`: the `/compact` prompt's own token (its slot's), which a cancel may have fired
+    /// before it got here: then nothing is written.
+    async fn compact_now(&mut self, focus: Option<&str>, cancel: CancellationToken) -> compact::Manual {
         if self.intake.has_queued() || self.shared.disposing.load(Ordering::SeqCst) {
             return compact::Manual::Busy;
         }
+        if cancel.is_cancelled() {
+            return compact::Manual::Cancelled;
+        }
         self.deps.route = self.shared.route();
-        let cancel = CancellationToken::new();
         if let Ok(mut current) = self.shared.current.lock() {
             *current = Some(cancel.clone());
         }

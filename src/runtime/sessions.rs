@@ -43,9 +43,10 @@ impl Runtime {
         self.publish(session, system, servers, observer)
     }
 
-    /// Makes a just-created top-level session live (`new_session`, `fork_session`): starts its
+    /// Makes a just-created top-level session live (`new_session`, `fork_session`): records its
     /// MCP servers, writes its log (a log that cannot be written is discarded: the session never
-    /// existed), attaches `observer` and starts its agent; returns its view.
+    /// existed, and none of its servers starts), starts its MCP servers, attaches `observer` and
+    /// starts its agent; returns its view.
     fn publish(
         &self,
         mut session: Session,

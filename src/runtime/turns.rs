@@ -139,7 +139,8 @@ impl Runtime {
         Some(slash::expand(command, arguments, after))
     }
 
-    /// `session/cancel` (seed 003): cancels the running turn of a session and of its foreground
+    /// `session/cancel` (seed 003): cancels the running turn of a session (and its user prompt
+    /// still waiting for a turn, `AgentHandle::cancel`) and of its foreground
     /// children (the one-shot children below it, and theirs); the turns a background
     /// (continuable) child accepted go on. Naming a background child itself (the editor's cancel
     /// in the agent tree) stops its turn and discards its queued messages. Unknown ids are

@@ -342,9 +342,6 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
     )
 }
 
-/// Takes the writer's lock on an existing log without writing to it: `Some(file)` holds it (until
-/// the file is dropped), `None` means a writer — a live session, in this process or another —
-/// holds it.
 /// Creates `dir` and its missing parents, and syncs the parent of each directory it created, so
 /// that a crash cannot lose a new session (or project) directory whose log was already published
 /// and synced.
@@ -364,6 +361,9 @@ fn create_dir_syncing(dir: &Path, mut sync: impl FnMut(&Path) -> std::io::Result
     Ok(())
 }
 
+/// Takes the writer's lock on an existing log without writing to it: `Some(file)` holds it (until
+/// the file is dropped), `None` means a writer — a live session, in this process or another —
+/// holds it.
 pub(super) fn try_lock(path: &Path) -> Result<Option<File>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let taken = flock_nb(&file).with_context(|| format!("locking {}", path.display()))?;

@@ -166,11 +166,11 @@ fn unavailable(id: &str) -> SubagentError {
     err(ErrorCode::NotResumable, format!("subagent \"{id}\" is unavailable"))
 }
 
-/// A follow-up its caller called off before the message was handed to the child: nothing of it
-/// was written.
 /// What `to_completion` calls a message's acceptance.
 const DELIVERY: &str = "the delivery of the message";
 
+/// A follow-up its caller called off before the message was handed to the child: nothing of it
+/// was written.
 fn not_handed_over(id: &str) -> SubagentError {
     err(
         ErrorCode::Cancelled,
@@ -959,7 +959,8 @@ impl ContinuationManager {
 
     /// `interrupt_agent`: an ancestor cancels a descendant's current turn; its queued messages
     /// stay, or with `discard` are discarded (durably; the count is returned). A settled
-    /// descendant is an accepted no-op; everything else is refused exactly as `send_message`
+    /// descendant is an accepted no-op (with `discard`, messages its log still holds are
+    /// discarded there, `discard_stored`); everything else is refused exactly as `send_message`
     /// refuses it (an invalid or unknown id, a live agent that is not a continuable child — the
     /// caller itself included — and another tree's session).
     pub async fn interrupt(&self, caller_id: &str, target: &str, discard: bool) -> Result<usize, SubagentError> {
@@ -983,17 +984,32 @@ impl ContinuationManager {
             Some(handle) => Ok(Self::stop_turn(&handle, discard).await?),
             None => {
                 let factory = self.factory()?;
-                Self::authorize_stored(&*factory, caller_id, target, Reach::Descendant, settling)?;
-                if discard { self.discard_stored(&*factory, target) } else { Ok(0) }
+                let header = Self::authorize_stored(&*factory, caller_id, target, Reach::Descendant, settling)?;
+                if discard { self.discard_stored(factory, &header).await } else { Ok(0) }
             }
         }
     }
 
     /// `interrupt_agent` with `discard` on a stored child (no Activation: it settled, or it was
-    /// not resumed): the messages still pending in its log are discarded there (one durable
-    /// splice), so no later resume runs them; the count is returned. Held as a transition, so a
-    /// resume or a message to it waits meanwhile.
-    fn discard_stored(&self, factory: &dyn ChildFactory, target: &str) -> Result<usize, SubagentError> {
+    /// not resumed): a no-op when its log holds no pending message (the usual settled child:
+    /// nothing is loaded or written); else they are discarded there (one durable splice, the log
+    /// loaded off the async threads), so no later resume runs them, and the count is returned.
+    /// Held as a transition meanwhile: a message to it waits, a resume of it is refused.
+    async fn discard_stored(
+        &self,
+        factory: Arc<dyn ChildFactory>,
+        header: &SessionHeader,
+    ) -> Result<usize, SubagentError> {
+        let target = header.id.as_str();
+        let seed_length = header.seed_length.unwrap_or(0);
+        let pending = factory
+            .stored_events(target)
+            .ok()
+            .and_then(|events| crate::session::inbox::fold(&events, seed_length).ok())
+            .is_some_and(|inbox| !inbox.is_idle());
+        if !pending {
+            return Ok(0);
+        }
         {
             let mut state = self.state();
             if state.activations.contains_key(target) || !state.transitions.insert(target.to_string()) {
@@ -1003,8 +1019,9 @@ impl ContinuationManager {
                 ));
             }
         }
-        let discarded = (|| {
-            let (mut session, restored) = factory.load_session(target)?;
+        let id = target.to_string();
+        let discarded = tokio::task::spawn_blocking(move || {
+            let (mut session, restored) = factory.load_session(&id)?;
             let count = restored.len();
             if count > 0 {
                 session.push_durably(vec![InboxSplice::discard(InboxTarget::NextTurn, 0, count).into()])?;
@@ -1012,7 +1029,9 @@ impl ContinuationManager {
             // What loading it repaired or settled is written too (the session is not kept).
             session.flush().map_err(|e| format!("{e:#}"))?;
             Ok::<_, String>(count)
-        })();
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the discard ended abnormally: {e}")));
         self.state().transitions.remove(target);
         discarded.map_err(|e| {
             err(
