@@ -355,6 +355,26 @@ async fn an_overflow_after_the_recovery_or_with_recovery_off_fails_with_a_clear_
 
 // ---- `/compact` over pipes ------------------------------------------------------------------
 
+/// `kin acp` on DeepSeek's route, served by `server` answering with `respond`, its sessions and
+/// home in `dir`; initialized.
+async fn kin_answered_by(
+    server: &wiremock::MockServer,
+    respond: impl wiremock::Respond + 'static,
+    dir: &std::path::Path,
+) -> common::Peer {
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/chat/completions"))
+        .respond_with(respond)
+        .mount(server)
+        .await;
+    let mut command = common::acp(&dir.join("sessions"), None);
+    command.args(["--model", "deepseek/deepseek-v4-flash"]).env("DEEPSEEK_BASE_URL", server.uri());
+    command.env("DEEPSEEK_API_KEY", "sk-test").env("HOME", dir).env_remove("XDG_CONFIG_HOME");
+    let mut kin = common::Peer::spawn(&mut command);
+    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), std::time::Duration::from_secs(30));
+    kin
+}
+
 /// `kin acp` against a loopback DeepSeek whose second step request hangs until cancelled; every
 /// summary request body goes to `summaries`, and each request's arrival to `arrived`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,18 +401,9 @@ async fn slash_compact_is_busy_during_a_turn_then_compacts_with_its_focus_and_sh
             _ => sse("ok"),
         }
     };
-    wiremock::Mock::given(wiremock::matchers::method("POST"))
-        .and(wiremock::matchers::path("/chat/completions"))
-        .respond_with(respond)
-        .mount(&server)
-        .await;
     let dir = tempfile::tempdir().unwrap();
-    let mut command = common::acp(&dir.path().join("sessions"), None);
-    command.args(["--model", "deepseek/deepseek-v4-flash"]).env("DEEPSEEK_BASE_URL", server.uri());
-    command.env("DEEPSEEK_API_KEY", "sk-test").env("HOME", dir.path()).env_remove("XDG_CONFIG_HOME");
-    let mut kin = common::Peer::spawn(&mut command);
+    let mut kin = kin_answered_by(&server, respond, dir.path()).await;
     let wait = std::time::Duration::from_secs(30);
-    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), wait);
     let mut frames = Vec::new();
     let id = kin.request("session/new", json!({"cwd": dir.path(), "mcpServers": []}));
     let new = kin.response(id, wait, |_| {});
@@ -523,18 +534,9 @@ async fn a_cancelled_slash_compact_answers_cancelled() {
         }
         sse("ok")
     };
-    wiremock::Mock::given(wiremock::matchers::method("POST"))
-        .and(wiremock::matchers::path("/chat/completions"))
-        .respond_with(respond)
-        .mount(&server)
-        .await;
     let dir = tempfile::tempdir().unwrap();
-    let mut command = common::acp(&dir.path().join("sessions"), None);
-    command.args(["--model", "deepseek/deepseek-v4-flash"]).env("DEEPSEEK_BASE_URL", server.uri());
-    command.env("DEEPSEEK_API_KEY", "sk-test").env("HOME", dir.path()).env_remove("XDG_CONFIG_HOME");
-    let mut kin = common::Peer::spawn(&mut command);
+    let mut kin = kin_answered_by(&server, respond, dir.path()).await;
     let wait = std::time::Duration::from_secs(30);
-    kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), wait);
     let new = kin.call("session/new", json!({"cwd": dir.path(), "mcpServers": []}), wait);
     let session = new["result"]["sessionId"].as_str().unwrap().to_string();
     let prompt = |text: &str| json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});

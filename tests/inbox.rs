@@ -199,7 +199,16 @@ impl World {
     }
 
     fn kin(&self) -> Peer {
-        let mut kin = Peer::spawn(&mut self.command(None, None)).ids_after(100);
+        self.kin_with(None)
+    }
+
+    /// `kin`, its log (warnings) going to `stderr`.
+    fn kin_logging_to(&self, stderr: &Path) -> Peer {
+        self.kin_with(Some(stderr))
+    }
+
+    fn kin_with(&self, stderr: Option<&Path>) -> Peer {
+        let mut kin = Peer::spawn(&mut self.command(None, stderr)).ids_after(100);
         let init = kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), WAIT);
         assert!(init.get("result").is_some(), "{init}");
         kin
@@ -278,6 +287,18 @@ fn start_child(world: &World, kin: &mut Peer, session: &str, child_prompt: &str)
     children.last().unwrap().clone()
 }
 
+/// A kin with a parent session and one background child of it waiting at its gate (a `bash`
+/// command that ends once the gate file exists): the world, kin, the parent, the gate, the child.
+fn a_child_at_its_gate() -> (World, Peer, String, PathBuf, String) {
+    let world = world(Duration::from_millis(1));
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    (world, kin, parent, gate, child)
+}
+
 /// `send <child> <message>` through the parent's model: returns the `send_message` result.
 fn send(world: &World, kin: &mut Peer, session: &str, child: &str, message: &str) -> String {
     let answer = prompt(kin, session, &format!("send {child} {message}"));
@@ -299,12 +320,7 @@ enum Stop {
 /// A child's queued messages after a stop: none discarded, and each ran exactly once, in order,
 /// once the parent is loaded again.
 fn queued_messages_survive(stop: Stop) {
-    let world = world(Duration::from_millis(1));
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let (world, mut kin, parent, _gate, child) = a_child_at_its_gate();
     for m in ["m1", "m2", "m3"] {
         let result = send(&world, &mut kin, &parent, &child, m);
         assert!(result.contains("queued"), "{result}");
@@ -361,12 +377,7 @@ fn session_close_keeps_queued_messages_and_a_load_runs_them() {
 
 #[test]
 fn session_cancel_on_the_parent_lets_the_background_turn_complete() {
-    let world = world(Duration::from_millis(1));
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let (world, mut kin, parent, gate, child) = a_child_at_its_gate();
     // The parent runs a turn of its own (a tool waiting for a file), and is cancelled in it.
     let hold = world.cwd.join("hold");
     let id = kin.request(
@@ -591,12 +602,7 @@ enum Discard {
 /// ends aborted, the two never run, and the sender's next `list_agents` says they were
 /// discarded; a later message runs and clears the note.
 fn a_discard_shows_in_list_agents(how: Discard) {
-    let world = world(Duration::from_millis(1));
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let (world, mut kin, parent, gate, child) = a_child_at_its_gate();
     for m in ["m1", "m2"] {
         assert!(send(&world, &mut kin, &parent, &child, m).contains("queued"));
     }
@@ -751,12 +757,7 @@ fn a_fork_does_not_inherit_pending_inbox_messages() {
 /// everything has settled, the load goes through.
 #[test]
 fn a_load_over_a_live_session_with_a_child_at_work_is_refused_until_it_settles() {
-    let world = world(Duration::from_millis(1));
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let (world, mut kin, parent, gate, child) = a_child_at_its_gate();
     let load = json!({"sessionId": parent, "cwd": world.cwd, "mcpServers": []});
     let refused = kin.call("session/load", load.clone(), WAIT);
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
@@ -780,12 +781,7 @@ fn a_load_over_a_live_session_with_a_child_at_work_is_refused_until_it_settles()
 /// everything were saved.
 #[test]
 fn a_close_whose_child_cannot_write_its_last_events_says_so() {
-    let world = world(Duration::from_millis(1));
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let (_world, mut kin, parent, _gate, child) = a_child_at_its_gate();
     let full = Command::new("prlimit").args(["--pid", &kin.child.id().to_string(), "--fsize=1:"]).status();
     assert!(full.unwrap().success(), "prlimit lowers kin's soft file-size limit");
     let closed = kin.call("session/close", json!({"sessionId": parent}), WAIT);
@@ -820,10 +816,7 @@ fn a_grandchild_is_not_resumed_while_its_parent_cannot_be() {
     // Another process (this test's) holds the child's log lock: its resume fails.
     let holder = lock_log(&world, &child);
     let stderr = world.cwd.join("kin.stderr");
-    let mut kin = Peer::spawn(&mut world.command(None, Some(&stderr))).ids_after(100);
-    assert!(
-        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), WAIT).get("result").is_some()
-    );
+    let mut kin = world.kin_logging_to(&stderr);
     world.load(&mut kin, &parent);
     common::until_blocking("the grandchild to be left on disk", || {
         std::fs::read_to_string(&stderr).unwrap_or_default().contains("was not resumed: its parent was not")
@@ -855,12 +848,7 @@ fn lock_log(world: &World, id: &str) -> std::fs::File {
 /// never run, not even when a later load resumes it.
 #[test]
 fn interrupt_agent_with_discard_on_a_stored_child_discards_its_pending_messages() {
-    let world = world(Duration::from_millis(1));
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let (world, mut kin, parent, _gate, child) = a_child_at_its_gate();
     for m in ["m1", "m2"] {
         assert!(send(&world, &mut kin, &parent, &child, m).contains("queued"));
     }
@@ -870,10 +858,7 @@ fn interrupt_agent_with_discard_on_a_stored_child_discards_its_pending_messages(
     // The load cannot resume the child; once it has tried, the lock goes.
     let holder = lock_log(&world, &child);
     let stderr = world.cwd.join("kin.stderr");
-    let mut kin = Peer::spawn(&mut world.command(None, Some(&stderr))).ids_after(100);
-    assert!(
-        kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), WAIT).get("result").is_some()
-    );
+    let mut kin = world.kin_logging_to(&stderr);
     world.load(&mut kin, &parent);
     common::until_blocking("the load to leave the child on disk", || {
         std::fs::read_to_string(&stderr).unwrap_or_default().contains("was not resumed")
