@@ -34,10 +34,13 @@ fn text(t: &str) -> Vec<Value> {
     vec![json!({"type": "text", "text": t})]
 }
 
+/// `test/model` has a `window`-token context; summaries are written on a route without a known
+/// window, so their requests go unfitted (the fitting has tests of its own).
 fn policy(window: u64, retain_ratio: f64) -> Policy {
     let entry = ModelEntry { context_window: Some(window), price: None };
     let models = ModelTable { routes: vec![("test/model".into(), entry)], ..Default::default() };
-    Policy { retain_ratio, models: Arc::new(models), ..Policy::default() }
+    let summary_route = Some(ModelRoute::parse("test/summariser").unwrap());
+    Policy { retain_ratio, summary_route, models: Arc::new(models), ..Policy::default() }
 }
 
 struct Run {
@@ -64,6 +67,19 @@ async fn prompt_twice(
     route: ModelRoute,
     compaction: Policy,
 ) -> (tempfile::TempDir, SessionStore, TurnEnd) {
+    let prompts = [text(&"x".repeat(2000)), text("second")];
+    let (dir, store, ends) = prompt_each(model, route, compaction, &prompts).await;
+    assert_eq!(ends[0], TurnEnd::Completed);
+    (dir, store, ends[1].clone())
+}
+
+/// A fresh session on `model` given each of `prompts` in turn; each turn's end.
+async fn prompt_each(
+    model: Arc<dyn Model>,
+    route: ModelRoute,
+    compaction: Policy,
+    prompts: &[Vec<Value>],
+) -> (tempfile::TempDir, SessionStore, Vec<TurnEnd>) {
     let dir = tempfile::tempdir().unwrap();
     let store = SessionStore::new(dir.path());
     let session = store.create(SessionHeader::new("s", 1, Some("/w".into()))).unwrap();
@@ -82,12 +98,12 @@ async fn prompt_twice(
         compaction,
     };
     let handle = spawn_agent(session, deps);
-    let user = json!({"kind": "user"});
-    let end = handle.followup(text(&"x".repeat(2000)), user.clone()).unwrap().await.unwrap();
-    assert_eq!(end, TurnEnd::Completed);
-    let end = handle.followup(text("second"), user).unwrap().await.unwrap();
+    let mut ends = Vec::new();
+    for prompt in prompts {
+        ends.push(handle.followup(prompt.clone(), json!({"kind": "user"})).unwrap().await.unwrap());
+    }
     handle.shutdown().await;
-    (dir, store, end)
+    (dir, store, ends)
 }
 
 fn kinds(run: &Run) -> Vec<String> {
@@ -261,6 +277,14 @@ async fn overflowing_server(provider: &Provider, overflows: usize) -> (wiremock:
 /// prompt's turn end.
 async fn overflow_run(provider: &Provider, overflows: usize, compaction: Policy) -> (Run, TurnEnd, Asked) {
     let (server, asked) = overflowing_server(provider, overflows).await;
+    let (model, route) = served(provider, &server);
+    let (dir, store, end) = prompt_twice(model, route, compaction).await;
+    let scripted = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new()));
+    (Run { _dir: dir, store, model: scripted }, end, asked)
+}
+
+/// `provider`'s HTTP model (kin's real client) pointed at `server`, and its route.
+fn served(provider: &Provider, server: &wiremock::MockServer) -> (Arc<dyn Model>, ModelRoute) {
     let env = |name: &str| match name {
         n if n == provider.base_var => Some(server.uri()),
         n if n == provider.key_var => Some("sk-test".to_string()),
@@ -268,10 +292,7 @@ async fn overflow_run(provider: &Provider, overflows: usize, compaction: Policy)
     };
     let route = ModelRoute::parse(provider.route).unwrap();
     let settings = kin::testkit::model::router::ModelSettings::default();
-    let model = kin::testkit::model::router::model_for_route(&route, &settings, &env).unwrap();
-    let (dir, store, end) = prompt_twice(model, route, compaction).await;
-    let scripted = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new()));
-    (Run { _dir: dir, store, model: scripted }, end, asked)
+    (kin::testkit::model::router::model_for_route(&route, &settings, &env).unwrap(), route)
 }
 
 /// The conversation messages of a request, as JSON text (Chat Completions' system message left out).
@@ -351,6 +372,93 @@ async fn an_overflow_after_the_recovery_or_with_recovery_off_fails_with_a_clear_
     );
     assert!(!kinds(&run).iter().any(|k| k.starts_with("compact/")));
     assert_eq!(asked.lock().unwrap().len(), 2);
+}
+
+/// One request a size-limited provider got: its body's length, whether it was a summary
+/// request, and whether it was refused as too long.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    bytes: usize,
+    summary: bool,
+    refused: bool,
+}
+
+/// Serves DeepSeek's route like a provider with a context window of `limit` bytes of request
+/// body: anything longer is refused as too long, a summary request gets a summary, any other
+/// request `done`.
+async fn size_limited_server(limit: usize) -> (wiremock::MockServer, Arc<std::sync::Mutex<Vec<Seen>>>) {
+    let server = wiremock::MockServer::start().await;
+    let seen: Arc<std::sync::Mutex<Vec<Seen>>> = Arc::default();
+    let log = seen.clone();
+    let respond = move |request: &wiremock::Request| {
+        let bytes = request.body.len();
+        let summary = String::from_utf8_lossy(&request.body).contains("You are now acting as a compaction engine");
+        let refused = bytes > limit;
+        log.lock().unwrap().push(Seen { bytes, summary, refused });
+        if refused {
+            return wiremock::ResponseTemplate::new(400).set_body_json((DEEPSEEK.overflow)());
+        }
+        let answer = if summary { "Summary so far." } else { "done" };
+        wiremock::ResponseTemplate::new(200).set_body_raw(chat_answer(answer), "text/event-stream")
+    };
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path(DEEPSEEK.path))
+        .respond_with(respond)
+        .mount(&server)
+        .await;
+    (server, seen)
+}
+
+/// Six prompts of 1,500 characters to DeepSeek's route served by a provider that takes 7,000
+/// bytes of request (about 1,750 tokens at kin's four characters a token), kin told the route's
+/// window is `window` tokens, the summary's cap 200: every turn's end, and what the provider saw.
+async fn six_prompts_to_a_7000_byte_provider(
+    window: u64,
+) -> (Vec<TurnEnd>, Vec<Seen>, SessionStore, tempfile::TempDir) {
+    let (server, seen) = size_limited_server(7000).await;
+    let (model, route) = served(&DEEPSEEK, &server);
+    let entry = ModelEntry { context_window: Some(window), price: None };
+    let models = ModelTable { routes: vec![(route.to_string(), entry)], ..Default::default() };
+    let compaction = Policy { threshold_ratio: 1.0, max_tokens: 200, models: Arc::new(models), ..Policy::default() };
+    let prompts: Vec<Vec<Value>> = (0..6).map(|i| text(&format!("{i}").repeat(1500))).collect();
+    let (dir, store, ends) = prompt_each(model, route, compaction, &prompts).await;
+    let seen = seen.lock().unwrap().clone();
+    (ends, seen, store, dir)
+}
+
+#[tokio::test]
+async fn a_history_too_large_for_one_summary_request_is_compacted_in_rounds_the_provider_accepts() {
+    // The fifth prompt's request no longer fits, and neither would one summary request holding
+    // the four before it and the instruction.
+    let (ends, seen, store, _dir) = six_prompts_to_a_7000_byte_provider(1750).await;
+    assert!(ends.iter().all(|end| *end == TurnEnd::Completed), "{ends:?}");
+    let summaries: Vec<&Seen> = seen.iter().filter(|s| s.summary).collect();
+    assert!(summaries.len() >= 2, "more than one summary call: {seen:?}");
+    assert!(summaries.iter().all(|s| s.bytes <= 7000), "every summary request fit the window: {seen:?}");
+    let events = store.inspect("s").unwrap().events;
+    let failed = events.iter().filter(|e| e.kind == "compact/end" && !e.data["error"].is_null()).count();
+    assert_eq!(failed, 0, "no compaction failed");
+    assert!(events.iter().filter(|e| e.kind == "compact/summary").count() >= 2);
+}
+
+#[tokio::test]
+async fn a_summary_request_refused_as_too_long_is_sent_again_with_half_the_history() {
+    // kin is told of a window twice what the provider takes (its estimate undercounting): the
+    // fifth prompt overflows, the recovery's first summary request is refused, and the next
+    // ones carry half as much, in rounds, until the history is compacted and the turn retried.
+    let (ends, seen, store, _dir) = six_prompts_to_a_7000_byte_provider(3500).await;
+    assert!(ends.iter().all(|end| *end == TurnEnd::Completed), "{ends:?}");
+    let summaries: Vec<&Seen> = seen.iter().filter(|s| s.summary).collect();
+    assert!(summaries[0].refused, "{seen:?}");
+    assert!(summaries[1..].iter().all(|s| !s.refused), "{seen:?}");
+    let events = store.inspect("s").unwrap().events;
+    let errors: Vec<String> = events
+        .iter()
+        .filter(|e| e.kind == "compact/end")
+        .filter_map(|e| e.data["error"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(errors.len(), 1, "the refused attempt is recorded: {errors:?}");
+    assert!(errors[0].contains("maximum context length"), "{}", errors[0]);
 }
 
 // ---- `/compact` over pipes ------------------------------------------------------------------

@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::AgentDeps;
 use super::meter;
+use super::summary_input;
 use crate::model::capacity::ModelTable;
+use crate::model::http::CONTEXT_WINDOW_EXCEEDED;
 use crate::model::{FinishReason, ModelEvent, ModelRequest, ModelRoute, Purpose, StreamChunk, ToolSchema};
 use crate::session::Session;
 use crate::session::estimate::message_tokens;
@@ -62,8 +64,8 @@ impl Default for Policy {
     }
 }
 
-/// What a compaction replaced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a compaction replaced (over all its rounds).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compacted {
     /// How many history items it shadowed.
     pub items: usize,
@@ -71,13 +73,37 @@ pub struct Compacted {
     pub tokens: u64,
     /// The checkpoint's estimated tokens.
     pub checkpoint: u64,
+    /// Why a later round failed after earlier ones replaced history: the rest of the range is
+    /// as it was.
+    pub unfinished: Option<String>,
 }
 
-/// Whether the cut before `messages[at]` leaves every tool call with its result on the same
-/// side: the calls before it minus the results before it is 0.
-fn balanced(messages: &[Value], at: usize) -> bool {
+impl Compacted {
+    /// What the user is told of a range left unfinished (nothing when it was all compacted).
+    fn rest(&self) -> String {
+        self.unfinished.as_ref().map_or_else(String::new, |why| {
+            format!(" The rest of the history was not compacted ({why}); run /compact again to go on.")
+        })
+    }
+
+    /// This compaction followed by `next`, whose range began with this one's checkpoint.
+    fn then(self, next: &Compacted) -> Compacted {
+        Compacted {
+            items: self.items + next.items - 1,
+            tokens: self.tokens + next.tokens - self.checkpoint,
+            checkpoint: next.checkpoint,
+            unfinished: next.unfinished.clone(),
+        }
+    }
+}
+
+/// Whether each cut keeps every tool call with its result on the same side: entry `i` is for
+/// the cut before `messages[i]` (the calls before it minus the results before it is 0).
+fn balanced_cuts(messages: &[Value]) -> Vec<bool> {
     let mut open: i64 = 0;
-    for message in &messages[..at] {
+    let mut cuts = Vec::with_capacity(messages.len() + 1);
+    cuts.push(true);
+    for message in messages {
         for block in message["content"].as_array().map_or(&[][..], Vec::as_slice) {
             match block["type"].as_str() {
                 Some("tool-call") => open += 1,
@@ -85,13 +111,15 @@ fn balanced(messages: &[Value], at: usize) -> bool {
                 _ => {}
             }
         }
+        cuts.push(open == 0);
     }
-    open == 0
+    cuts
 }
 
 /// How many nodes from the head to shadow so that at least `retain` tokens stay at the tail
-/// (the newest node always stays) and the cut is balanced; `None` when nothing can go.
-pub(crate) fn select(messages: &[Value], tokens: &[u64], retain: u64) -> Option<usize> {
+/// (the newest node always stays) and the cut is balanced (`balanced`, from `balanced_cuts`);
+/// `None` when nothing can go.
+pub(crate) fn select(balanced: &[bool], tokens: &[u64], retain: u64) -> Option<usize> {
     let mut sum = 0;
     let mut keep = 0;
     for i in (0..tokens.len()).rev() {
@@ -101,7 +129,7 @@ pub(crate) fn select(messages: &[Value], tokens: &[u64], retain: u64) -> Option<
             break;
         }
     }
-    while keep > 0 && !balanced(messages, keep) {
+    while keep > 0 && !balanced[keep] {
         keep -= 1;
     }
     (keep > 0).then_some(keep)
@@ -140,51 +168,168 @@ pub(crate) struct Request<'a> {
     pub cancel: &'a CancellationToken,
 }
 
+/// At most this many summary calls per compaction: a history too large for the summariser's
+/// window in one call is summarised head first, each round's checkpoint merged into the next.
+pub(crate) const MAX_ROUNDS: u32 = 8;
+
 /// Compacts the head of `session`'s history, writing the transaction at once (unsynced, as a
 /// turn writes). `Ok(None)`: nothing to compact, nothing written. An error after `compact/start`
 /// is recorded in `compact/end` and leaves the history as it was.
 pub(crate) async fn compact(session: &mut Session, request: Request<'_>) -> Result<Option<Compacted>, String> {
-    let Some(result) = transact(session, request).await else {
-        return Ok(None);
-    };
-    session.write_eager();
-    result.map(Some)
+    rounds(session, &request).await.transpose()
 }
 
-/// The transaction, queued through `compact/end` (the caller writes it): `None` when nothing can
-/// be compacted (nothing is appended then), else whether the history was replaced.
-async fn transact(session: &mut Session, request: Request<'_>) -> Option<Result<Compacted, String>> {
+/// How many times a compaction's summary request may be refused as too long for the window
+/// (each time it is sent again with half the history): the estimate undercounts some texts.
+const MAX_REFUSALS: u32 = 3;
+
+/// Compacts in rounds (each one transaction, written at once) until the range `request.retain`
+/// leaves is summarised, at most `MAX_ROUNDS` summary calls: `None` when nothing could be
+/// compacted (nothing is written then). A summary request the provider refuses as too long is
+/// recorded and sent again with at most half the history it carried (`MAX_REFUSALS` times). A
+/// round that fails after an earlier one replaced history ends the compaction with that
+/// progress, the failure in `Compacted::unfinished`.
+async fn rounds(session: &mut Session, request: &Request<'_>) -> Option<Result<Compacted, String>> {
+    let mut done: Option<Compacted> = None;
+    let mut limit = None;
+    let mut refusals = 0;
+    for _ in 0..MAX_ROUNDS {
+        let round = transact(session, request, limit).await;
+        session.write_eager();
+        match (round, done.take()) {
+            (None, so_far) => return so_far.map(Ok),
+            (Some(Err(failed)), so_far)
+                if failed.refused_at.is_some() && refusals < MAX_REFUSALS && !request.cancel.is_cancelled() =>
+            {
+                refusals += 1;
+                limit = failed.refused_at.map(|sent| sent / 2);
+                done = so_far;
+            }
+            (Some(Err(failed)), None) => return Some(Err(failed.why)),
+            (Some(Err(failed)), Some(so_far)) => {
+                return Some(Ok(Compacted { unfinished: Some(failed.why), ..so_far }));
+            }
+            (Some(Ok((this, whole))), so_far) => {
+                done = Some(match so_far {
+                    Some(so_far) => so_far.then(&this),
+                    None => this,
+                });
+                if whole {
+                    return done.map(Ok);
+                }
+            }
+        }
+        if request.cancel.is_cancelled() {
+            return done.map(|so_far| Ok(Compacted { unfinished: Some("compaction cancelled".into()), ..so_far }));
+        }
+    }
+    done.map(|so_far| Compacted {
+        unfinished: Some(format!("the range took more than {MAX_ROUNDS} summary calls")),
+        ..so_far
+    })
+    .map(Ok)
+}
+
+/// Why a round failed.
+struct Failed {
+    why: String,
+    /// When the provider refused the summary request as too long: the estimated tokens of the
+    /// history it carried.
+    refused_at: Option<u64>,
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Failed {
+        Failed { why, refused_at: None }
+    }
+}
+
+/// One transaction, queued through `compact/end` (the caller writes it): `None` when nothing can
+/// be compacted (nothing is appended then), else whether the history was replaced, and whether
+/// the whole range `request.retain` leaves was (not only the head the summariser's window took).
+/// `limit`: at most this many estimated tokens of history go in the summary request.
+async fn transact(
+    session: &mut Session,
+    request: &Request<'_>,
+    limit: Option<u64>,
+) -> Option<Result<(Compacted, bool), Failed>> {
     let messages = session.messages();
     let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
-    let keep = select(&messages, &tokens, request.retain)?;
-    let shadowed: Vec<u64> = session.surface_seqs()[..keep].to_vec();
-    let shadowed_tokens: u64 = tokens[..keep].iter().sum();
+    let balanced = balanced_cuts(&messages);
+    let wanted = select(&balanced, &tokens, request.retain)?;
+    let room = match (summary_room(request), limit) {
+        (Some(room), Some(limit)) => Some(room.min(limit)),
+        (room, limit) => room.or(limit),
+    };
+    let fitted = summary_input::fit(&messages, &tokens, wanted, room, &balanced);
     let turn = request.turn;
     let start = session.push(CompactStart { turn });
     session.write_eager();
-    let result = commit(session, &request, &messages[..keep], &shadowed, shadowed_tokens, start).await;
-    let error = result.as_ref().err().cloned();
+    let result = match fitted {
+        Ok(fitted) => {
+            let keep = fitted.keep;
+            let shadowed: Vec<u64> = session.surface_seqs()[..keep].to_vec();
+            let shadowed_tokens: u64 = tokens[..keep].iter().sum();
+            commit(session, request, fitted.input, &shadowed, shadowed_tokens, start)
+                .await
+                .map(|done| (done, keep == wanted))
+        }
+        Err(e) => Err(Failed::from(e)),
+    };
+    let error = result.as_ref().err().map(|failed| failed.why.clone());
     session.push(CompactEnd { turn, error });
     Some(result)
+}
+
+/// The route that writes the summaries.
+fn summariser(deps: &AgentDeps) -> ModelRoute {
+    deps.compaction.summary_route.clone().unwrap_or_else(|| deps.route.clone())
+}
+
+/// The summary call's output cap: `max_tokens`, but at most a quarter of the summariser's
+/// window (a small local model's window is not all taken by the answer).
+fn output_cap(deps: &AgentDeps) -> u32 {
+    let policy = &deps.compaction;
+    match policy.models.info(&summariser(deps)).context_window {
+        Some(window) => policy.max_tokens.min(u32::try_from(window / 4).unwrap_or(u32::MAX)),
+        None => policy.max_tokens,
+    }
+}
+
+/// How many estimated tokens of history a summary request has room for in the summariser's
+/// window (`None`: its window is not known): the window less the output cap and a twentieth
+/// for the estimate's error, less the system prompt, the tools and the instruction.
+fn summary_room(request: &Request<'_>) -> Option<u64> {
+    let deps = request.deps;
+    let window = deps.compaction.models.info(&summariser(deps)).context_window?;
+    let room = window.saturating_sub(u64::from(output_cap(deps))).saturating_sub(window / 20);
+    let header = meter::header_tokens(&deps.system, request.tools);
+    let instruction = message_tokens(&instruction_message(request.focus));
+    Some(room.saturating_sub(header + instruction))
+}
+
+/// The user message that ends a summary request (never logged).
+fn instruction_message(focus: Option<&str>) -> Value {
+    json!({
+        "role": "user",
+        "content": [{"type": "text", "text": instruction(focus)}],
+        "source": {"kind": "plugin", "plugin": "dsh-compact-basic"},
+    })
 }
 
 /// The summary call and the replacement, between `compact/start` and `compact/end`.
 async fn commit(
     session: &mut Session,
     request: &Request<'_>,
-    messages: &[Value],
+    mut input: Vec<Value>,
     shadowed: &[u64],
     tokens: u64,
     start: u64,
-) -> Result<Compacted, String> {
+) -> Result<Compacted, Failed> {
     let deps = request.deps;
-    let route = deps.compaction.summary_route.clone().unwrap_or_else(|| deps.route.clone());
-    let mut input = messages.to_vec();
-    input.push(json!({
-        "role": "user",
-        "content": [{"type": "text", "text": instruction(request.focus)}],
-        "source": {"kind": "plugin", "plugin": "dsh-compact-basic"},
-    }));
+    let route = summariser(deps);
+    let sent: u64 = input.iter().map(message_tokens).sum();
+    input.push(instruction_message(request.focus));
     let call = ModelRequest {
         session_id: session.id().to_string(),
         turn: request.turn.unwrap_or(0),
@@ -195,22 +340,24 @@ async fn commit(
         messages: Arc::new(input),
         tools: request.tools.to_vec(),
         purpose: Purpose::Compaction,
-        max_tokens: Some(deps.compaction.max_tokens),
+        max_tokens: Some(output_cap(deps)),
     };
-    let (raw, usage) = summarize(session, deps, call, request.cancel).await?;
+    let (raw, usage) = summarize(session, deps, call, request.cancel)
+        .await
+        .map_err(|(why, too_long)| Failed { why, refused_at: too_long.then_some(sent) })?;
     let summary: Vec<Value> = raw.iter().filter(|b| b["type"] == "text").cloned().collect();
     if summary.iter().all(|b| b["text"].as_str().is_none_or(|t| t.trim().is_empty())) {
-        return Err("summarization produced no text summary content".into());
+        return Err(Failed::from("summarization produced no text summary content".to_string()));
     }
     let content = checkpoint(&summary);
     let framed = checkpoint_tokens(&summary);
     if framed >= tokens {
-        return Err(format!(
+        return Err(Failed::from(format!(
             "summary is not smaller than the shadowed content ({framed} estimated framed tokens >= {tokens})"
-        ));
+        )));
     }
     if session.surface_seqs().get(..shadowed.len()) != Some(shadowed) {
-        return Err("compaction: session surface changed during summarization".into());
+        return Err(Failed::from("compaction: session surface changed during summarization".to_string()));
     }
     let (first, last) = (shadowed[0], shadowed[shadowed.len() - 1]);
     let summary_seq = session.push(CompactSummary {
@@ -221,31 +368,37 @@ async fn commit(
         shadowed_token_count: tokens,
         provider: route.provider,
         model: route.model,
-        max_tokens: Some(deps.compaction.max_tokens),
+        max_tokens: Some(output_cap(deps)),
         usage,
     });
     let message = UserMessage::new(content, json!({"kind": "plugin", "plugin": "compact"}));
     let sources = [vec![start, summary_seq], shadowed.to_vec()].concat();
-    session.push_replace(message, first, last, sources).map_err(|e| format!("compaction: {e}"))?;
-    Ok(Compacted { items: shadowed.len(), tokens, checkpoint: framed })
+    session.push_replace(message, first, last, sources).map_err(|e| Failed::from(format!("compaction: {e}")))?;
+    Ok(Compacted { items: shadowed.len(), tokens, checkpoint: framed, unfinished: None })
 }
 
-/// Runs the summary call: every finished block and the usage, or why it failed. A retry of the
-/// call is written as it comes (`llm/retry`, with the call's turn and step).
+/// Runs the summary call: every finished block and the usage, or why it failed and whether the
+/// provider refused the request as too long for the window. A retry of the call is written as
+/// it comes (`llm/retry`, with the call's turn and step).
 async fn summarize(
     session: &mut Session,
     deps: &AgentDeps,
     call: ModelRequest,
     cancel: &CancellationToken,
-) -> Result<(Vec<Value>, Option<Value>), String> {
+) -> Result<(Vec<Value>, Option<Value>), (String, bool)> {
     let (turn, step) = (call.turn, call.step);
     let mut stream = deps.model.stream(call, cancel.child_token());
     let mut blocks = std::collections::BTreeMap::new();
     let mut usage = None;
+    let refused = |failure: crate::model::Failure| {
+        let too_long = failure.code == CONTEXT_WINDOW_EXCEEDED;
+        (failure.message, too_long)
+    };
+    let plain = |why: &str| (why.to_string(), false);
     loop {
         let item = tokio::select! {
             biased;
-            () = cancel.cancelled() => return Err("compaction cancelled".into()),
+            () = cancel.cancelled() => return Err(plain("compaction cancelled")),
             item = stream.recv() => item,
         };
         let chunk = match item {
@@ -254,8 +407,8 @@ async fn summarize(
                 super::turn::write_retry(session, retry, turn, step);
                 continue;
             }
-            Some(Err(failure)) => return Err(failure.message),
-            None => return Err("the summary stream ended without a finish".into()),
+            Some(Err(failure)) => return Err(refused(failure)),
+            None => return Err(plain("the summary stream ended without a finish")),
         };
         match chunk {
             StreamChunk::BlockEnd { index, block } => {
@@ -266,10 +419,10 @@ async fn summarize(
                 return match reason {
                     FinishReason::Stop | FinishReason::ToolCalls => Ok((blocks.into_values().collect(), usage)),
                     FinishReason::MaxTokens => {
-                        Err("summarization truncated at the token cap (incomplete checkpoint)".into())
+                        Err(plain("summarization truncated at the token cap (incomplete checkpoint)"))
                     }
-                    FinishReason::Aborted { .. } => Err("compaction cancelled".into()),
-                    FinishReason::Error { failure } => Err(failure.message),
+                    FinishReason::Aborted { .. } => Err(plain("compaction cancelled")),
+                    FinishReason::Error { failure } => Err(refused(failure)),
                 };
             }
             _ => {}
@@ -362,8 +515,11 @@ impl Manual {
     pub fn text(&self) -> String {
         match self {
             Manual::Compacted(done) => format!(
-                "Compacted {} history items (~{} tokens → ~{} tokens).",
-                done.items, done.tokens, done.checkpoint
+                "Compacted {} history items (~{} tokens → ~{} tokens).{}",
+                done.items,
+                done.tokens,
+                done.checkpoint,
+                done.rest()
             ),
             Manual::Nothing => "No compactable history yet.".into(),
             Manual::Busy => {
@@ -378,8 +534,11 @@ impl Manual {
                 "Compacted {} history items in memory (~{} tokens → ~{} tokens), but the session log could not be written ({cause}). \
                  This session continues from the compacted history and kin saves it with the session's next successful write; \
                  if kin stops before then, the session loads again with its history as it was before this compaction. \
-                 Fix the cause (for example, free disk space) so that the session can be saved.",
-                done.items, done.tokens, done.checkpoint
+                 Fix the cause (for example, free disk space) so that the session can be saved.{}",
+                done.items,
+                done.tokens,
+                done.checkpoint,
+                done.rest()
             ),
             Manual::Unrecorded { why, cause } => format!(
                 "Compaction did not finish ({why}), and the session log could not be written ({cause}). \
@@ -394,8 +553,7 @@ impl Manual {
 /// transaction is flushed (written and `fsync`ed) before the outcome is known: an outcome that
 /// says the log holds it is given only once it does.
 pub(crate) async fn manual(session: &mut Session, request: Request<'_>) -> Manual {
-    let cancel = request.cancel.clone();
-    let Some(result) = transact(session, request).await else {
+    let Some(result) = rounds(session, &request).await else {
         return Manual::Nothing;
     };
     let saved = session.flush().map_err(|e| format!("{e:#}"));
@@ -403,7 +561,7 @@ pub(crate) async fn manual(session: &mut Session, request: Request<'_>) -> Manua
         (Ok(done), Ok(())) => Manual::Compacted(done),
         (Ok(done), Err(cause)) => Manual::Unsaved { done, cause },
         (Err(why), Err(cause)) => Manual::Unrecorded { why, cause },
-        (Err(_), Ok(())) if cancel.is_cancelled() => Manual::Cancelled,
+        (Err(_), Ok(())) if request.cancel.is_cancelled() => Manual::Cancelled,
         (Err(why), Ok(())) => Manual::Failed(why),
     }
 }
@@ -492,15 +650,16 @@ mod tests {
     fn selection_keeps_the_tail_and_never_splits_a_call_from_its_result() {
         let messages = [user("a"), call("1"), result("1"), user("b")];
         let tokens = [10, 10, 10, 10];
+        let cuts = balanced_cuts(&messages);
+        assert_eq!(cuts, [true, true, false, true, true]);
         // Retain 15: the walk stops at the result; the cut before it splits its call: snap
         // head-ward to before the call.
-        assert_eq!(select(&messages, &tokens, 15), Some(1));
-        assert_eq!(select(&messages, &tokens, 5), Some(3), "retain 0..=10 keeps only the newest");
-        assert_eq!(select(&messages, &tokens, 0), Some(3));
-        assert_eq!(select(&messages, &tokens, 35), None, "the kept tail would be everything");
+        assert_eq!(select(&cuts, &tokens, 15), Some(1));
+        assert_eq!(select(&cuts, &tokens, 5), Some(3), "retain 0..=10 keeps only the newest");
+        assert_eq!(select(&cuts, &tokens, 0), Some(3));
+        assert_eq!(select(&cuts, &tokens, 35), None, "the kept tail would be everything");
         // The only pair and nothing before it: nothing can go.
-        assert_eq!(select(&[call("1"), result("1")], &[10, 10], 0), None);
-        assert!(balanced(&messages, 3) && !balanced(&messages, 2));
+        assert_eq!(select(&balanced_cuts(&[call("1"), result("1")]), &[10, 10], 0), None);
     }
 
     #[test]
@@ -663,6 +822,109 @@ mod tests {
             assert!(crate::session::surface::validate(loaded.events()).is_ok(), "cut {n}");
         }
         assert!(seen.0 > 0 && seen.1 > 0, "{seen:?}");
+    }
+
+    /// Deps whose summariser has a `window`-token context and a 200-token output cap.
+    fn small_summariser(model: Arc<ScriptedModel>, window: u64) -> AgentDeps {
+        let mut deps = deps(model);
+        let fallback = crate::model::capacity::ModelEntry { context_window: Some(window), price: None };
+        let models = ModelTable { fallback, ..ModelTable::default() };
+        deps.compaction = Policy { max_tokens: 200, models: Arc::new(models), ..Policy::default() };
+        deps
+    }
+
+    /// A session of twelve 1,000-character prompts and a last one.
+    fn twelve_prompts(store: &SessionStore) -> Session {
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        for i in 0..12 {
+            let text = format!("{i}").repeat(1000);
+            session.push(UserMessage::new(vec![json!({"type": "text", "text": text})], json!({"kind": "user"})));
+        }
+        session.push(UserMessage::new(vec![json!({"type": "text", "text": "last"})], json!({"kind": "user"})));
+        session
+    }
+
+    #[tokio::test]
+    async fn a_history_too_large_for_the_summariser_is_summarised_in_rounds_each_fitting_its_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = twelve_prompts(&store);
+        let originals: u64 = session.messages()[..12].iter().map(message_tokens).sum();
+        let summaries = ["One.", "Two.", "Three.", "Four."].map(|s| ReplayEntry::Chunks(text_response(&[s])));
+        let model = Arc::new(ScriptedModel::new(summaries));
+        let window = 3000;
+        let deps = small_summariser(model.clone(), window);
+        let done = run(&mut session, &deps, None).await.unwrap().unwrap();
+        let requests = model.requests();
+        assert!(requests.len() > 1, "one call could not hold it");
+        for (n, request) in requests.iter().enumerate() {
+            let sent = meter::header_tokens(&request.system, &request.tools)
+                + request.messages.iter().map(message_tokens).sum::<u64>();
+            assert!(sent + 200 <= window, "request {n}: {sent} estimated tokens and the output cap exceed {window}");
+        }
+        // Each round's range starts at the head: the previous checkpoint is merged.
+        let first = requests[1].messages[0]["content"][1]["text"].as_str();
+        assert_eq!(first, Some("One."));
+        assert_eq!((done.items, done.tokens, done.unfinished), (12, originals, None));
+        let messages = session.messages();
+        assert_eq!(messages.len(), 2, "the whole range is summarised: checkpoint, then the newest");
+        let last = requests.len() - 1;
+        assert_eq!(messages[0]["content"][1]["text"], ["One.", "Two.", "Three.", "Four."][last]);
+        assert_eq!(messages[1]["content"][0]["text"], "last");
+        let summaries = session.events().iter().filter(|e| e.kind == Kind::CompactSummary).count();
+        assert_eq!(summaries, requests.len());
+        assert!(crate::session::surface::validate(session.events()).is_ok());
+        drop(session);
+        assert_eq!(store.load("s").unwrap().messages(), messages, "every round is written");
+    }
+
+    #[tokio::test]
+    async fn the_summary_output_cap_is_at_most_a_quarter_of_the_summariser_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = history(&store);
+        let model = Arc::new(ScriptedModel::new([ReplayEntry::Chunks(text_response(&["Summary."]))]));
+        let mut deps = small_summariser(model.clone(), 3000);
+        deps.compaction.max_tokens = 8192;
+        run(&mut session, &deps, None).await.unwrap().unwrap();
+        assert_eq!(model.requests()[0].max_tokens, Some(750));
+        let summary = session.events().iter().find_map(|e| e.get::<CompactSummary>()).unwrap();
+        assert_eq!(summary.max_tokens, Some(750));
+    }
+
+    #[tokio::test]
+    async fn a_round_that_fails_after_progress_keeps_the_progress_and_says_what_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = twelve_prompts(&store);
+        let throw = ReplayEntry::Throw { chunks: vec![], message: "upstream down".into(), code: "X".into() };
+        let entries = [ReplayEntry::Chunks(text_response(&["One."])), throw];
+        let deps = small_summariser(Arc::new(ScriptedModel::new(entries)), 3000);
+        let cancel = CancellationToken::new();
+        let request = Request { deps: &deps, tools: &[], turn: None, retain: 0, focus: None, cancel: &cancel };
+        let outcome = manual(&mut session, request).await;
+        let Manual::Compacted(done) = &outcome else { panic!("{outcome:?}") };
+        assert_eq!(done.unfinished.as_deref(), Some("upstream down"));
+        assert!(done.items >= 2 && done.items < 12, "{done:?}");
+        assert_eq!(session.messages().len(), 13 - done.items + 1, "the first round's checkpoint stands");
+        let text = outcome.text();
+        assert!(text.contains("not compacted (upstream down)") && text.contains("run /compact again"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_summariser_window_with_no_room_fails_the_compaction_with_why_and_leaves_the_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = twelve_prompts(&store);
+        let before = session.messages();
+        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new()));
+        let deps = small_summariser(model.clone(), 600);
+        let err = run(&mut session, &deps, None).await.unwrap_err();
+        assert!(err.contains("does not fit the summariser's window"), "{err}");
+        assert!(model.requests().is_empty(), "no call that the provider would refuse");
+        assert_eq!(session.messages(), before);
+        let end = session.events().iter().rev().find_map(|e| e.get::<CompactEnd>()).unwrap();
+        assert_eq!(end.error.as_deref(), Some(err.as_str()), "the attempt is recorded");
     }
 
     async fn slash_compact(session: &mut Session, deps: &AgentDeps) -> Manual {

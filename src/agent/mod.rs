@@ -11,6 +11,7 @@
 pub(crate) mod compact;
 mod intake;
 pub(crate) mod meter;
+mod summary_input;
 mod turn;
 
 pub(crate) use intake::NotAccepted;
