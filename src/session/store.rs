@@ -11,7 +11,7 @@ use super::record::SessionHeader;
 use super::repair::closers;
 use super::scan::{ScanError, Scanned, read_header, scan_file, scan_file_resident};
 use super::watch::LogWatch;
-use super::writer::LogWriter;
+use super::writer::{LockedLog, LogWriter};
 
 /// Why a session could not be opened.
 #[derive(Debug)]
@@ -150,6 +150,11 @@ impl SessionStore {
     /// The scan of `id`'s log by `scan`, checked to be that session's.
     fn scan(&self, id: &str, scan: fn(&Path) -> Result<Scanned, ScanError>) -> Result<Scanned, StoreError> {
         let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        Self::scan_at(id, path, scan)
+    }
+
+    /// `scan` of the log at `path`, whose header must name `id`.
+    fn scan_at(id: &str, path: PathBuf, scan: fn(&Path) -> Result<Scanned, ScanError>) -> Result<Scanned, StoreError> {
         let scanned = scan(&path).map_err(StoreError::Scan)?;
         if scanned.header.id != id {
             return Err(StoreError::Scan(ScanError::Corrupt {
@@ -164,14 +169,19 @@ impl SessionStore {
     /// Repairing load: truncates a torn tail, closes an interrupted turn (durably), and returns
     /// the session ready for appends.
     pub fn load(&self, id: &str) -> Result<Session, StoreError> {
+        self.load_scanning(id, scan_file_resident)
+    }
+
+    /// `load`, the log read by `scan` once it is locked.
+    fn load_scanning(&self, id: &str, scan: fn(&Path) -> Result<Scanned, ScanError>) -> Result<Session, StoreError> {
+        let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let locked = LockedLog::open(path.clone()).map_err(StoreError::Io)?;
         // A call's later chunks stay on disk: the session holds what it needs (see `resident`).
-        let scanned = self.scan(id, scan_file_resident)?;
+        let scanned = Self::scan_at(id, path, scan)?;
         if let Some(torn) = &scanned.torn {
             tracing::warn!(path = %scanned.path.display(), line = torn.line, bytes = torn.bytes, reason = %torn.reason, "ignoring torn tail of session log");
         }
-        let writer = LogWriter::reopen(scanned.path.clone(), scanned.committed_bytes)
-            .map_err(StoreError::Io)?
-            .watched(self.watch.clone());
+        let writer = locked.resume(scanned.committed_bytes).map_err(StoreError::Io)?.watched(self.watch.clone());
         let mut session = Session::restore(scanned.header, scanned.events, scanned.length, writer);
         let repairs = closers(session.events());
         if !repairs.is_empty() {
@@ -351,4 +361,38 @@ fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
     }
     let (header, modified) = read_header(path)?;
     Ok(Some(StoredSession { header, path: path.to_path_buf(), modified }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// Set by `scan_while_another_writer_tries` when its writer was refused.
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+
+    /// A scan during which another writer (as another kin closing the session would) tries to
+    /// lock the log before appending to it.
+    fn scan_while_another_writer_tries(path: &Path) -> Result<Scanned, ScanError> {
+        let refused = LockedLog::open(path.to_path_buf()).is_err_and(|e| e.to_string().contains("another kin process"));
+        REFUSED.store(refused, Ordering::SeqCst);
+        scan_file_resident(path)
+    }
+
+    #[test]
+    fn a_load_locks_the_log_before_it_scans_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        session.flush().unwrap();
+        drop(session);
+        let session = store.load_scanning("s", scan_while_another_writer_tries).unwrap();
+        assert!(
+            REFUSED.load(Ordering::SeqCst),
+            "while the log was scanned no other writer could append what the truncation of a torn tail would cut off"
+        );
+        drop(session);
+        LockedLog::open(store.locate("s").unwrap().unwrap()).expect("the lock goes with the session");
+    }
 }

@@ -70,28 +70,7 @@ impl LogWriter {
     /// A writer continuing an existing log whose valid prefix is `committed` bytes long. A torn
     /// tail beyond it is truncated now, before anything else is appended.
     pub fn reopen(path: PathBuf, committed: u64) -> Result<Self> {
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening session log {}", path.display()))?;
-        // Lock before touching anything: another kin process may be writing this session.
-        lock_exclusive(&file, &path)?;
-        let len = file.metadata().map(|m| m.len()).unwrap_or(committed);
-        if len != committed {
-            file.set_len(committed).with_context(|| format!("truncating the torn tail of {}", path.display()))?;
-            file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
-        }
-        Ok(LogWriter {
-            path,
-            file: Some(file),
-            header_line: None,
-            committed,
-            pending: Vec::new(),
-            unsynced: false,
-            created: None,
-            warnings: WriteWarnings::default(),
-            watch: None,
-        })
+        LockedLog::open(path)?.resume(committed)
     }
 
     pub fn path(&self) -> &Path {
@@ -332,6 +311,49 @@ fn flock_nb(file: &File) -> std::io::Result<bool> {
 /// Takes the advisory exclusive lock (`flock`) that marks a log as written by this process; it
 /// is released when the file closes (also when the process dies). A log locked by another
 /// process is refused with an error that says so.
+/// An existing log, open for appending and locked against every other kin process: taken
+/// before the log is scanned, so that what the scan finds is still all of it when the writer
+/// resumes (another kin closing the session between the two could otherwise have appended
+/// events the torn-tail truncation would then cut off).
+pub(crate) struct LockedLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl LockedLog {
+    /// Opens and locks `path`; refused while another kin process writes it.
+    pub(crate) fn open(path: PathBuf) -> Result<LockedLog> {
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening session log {}", path.display()))?;
+        lock_exclusive(&file, &path)?;
+        Ok(LockedLog { path, file })
+    }
+
+    /// The writer continuing this log, whose valid prefix is `committed` bytes long: a torn tail
+    /// beyond it is truncated now, before anything else is appended.
+    pub(crate) fn resume(self, committed: u64) -> Result<LogWriter> {
+        let LockedLog { path, file } = self;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(committed);
+        if len != committed {
+            file.set_len(committed).with_context(|| format!("truncating the torn tail of {}", path.display()))?;
+            file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
+        }
+        Ok(LogWriter {
+            path,
+            file: Some(file),
+            header_line: None,
+            committed,
+            pending: Vec::new(),
+            unsynced: false,
+            created: None,
+            warnings: WriteWarnings::default(),
+            watch: None,
+        })
+    }
+}
+
 fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
     if flock_nb(file).with_context(|| format!("locking {}", path.display()))? {
         return Ok(());
