@@ -33,6 +33,10 @@ pub struct LogWriter {
     pending: Vec<u8>,
     /// True when bytes were written since the last `fsync`.
     unsynced: bool,
+    /// A failed write's rollback failed too (this is why the write failed): bytes past
+    /// `committed` (part of a line) may be in the file. They are cut before anything else is
+    /// appended, or nothing is: appending after them would put a broken line inside the log.
+    stray: Option<String>,
     /// This writer published the file (and, if it had to, its directory): `discard` removes them.
     created: Option<Created>,
     /// Failed writes are logged through this, rate-limited.
@@ -61,6 +65,7 @@ impl LogWriter {
             committed: 0,
             pending: Vec::new(),
             unsynced: false,
+            stray: None,
             created: None,
             warnings: WriteWarnings::default(),
             watch: None,
@@ -140,6 +145,7 @@ impl LogWriter {
             self.committed = before;
             let mut e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
             if let Err(r) = rollback {
+                self.stray = Some(format!("{e:#}"));
                 e = e.context(format!("(truncating it back failed too: {r})"));
             }
             self.warnings.failed(&self.path, &e);
@@ -196,12 +202,25 @@ impl LogWriter {
         let Some(file) = self.file.as_mut() else {
             anyhow::bail!("session log {} is not open", self.path.display());
         };
+        if let Some(cause) = &self.stray {
+            file.set_len(self.committed).with_context(|| {
+                format!(
+                    "cutting {} back to its last whole event ({} bytes) before appending, after a failed write ({cause}) left part of a line",
+                    self.path.display(),
+                    self.committed
+                )
+            })?;
+            self.stray = None;
+        }
         if let Err(e) = file.write_all(&self.pending) {
             let rollback = file.set_len(self.committed);
             let context = format!("appending to {}", self.path.display());
             return match rollback {
                 Ok(()) => Err(anyhow::Error::new(e).context(context)),
-                Err(r) => Err(anyhow::Error::new(e).context(format!("{context} (rollback failed too: {r})"))),
+                Err(r) => {
+                    self.stray = Some(e.to_string());
+                    Err(anyhow::Error::new(e).context(format!("{context} (rollback failed too: {r})")))
+                }
             };
         }
         self.committed += self.pending.len() as u64;
@@ -347,6 +366,7 @@ impl LockedLog {
             committed,
             pending: Vec::new(),
             unsynced: false,
+            stray: None,
             created: None,
             warnings: WriteWarnings::default(),
             watch: None,
@@ -500,6 +520,39 @@ mod tests {
         assert_eq!(synced, [root.path().join("project")], "only what was created");
         let failed = create_dir_syncing(&root.path().join("third/x"), |_| Err(std::io::ErrorKind::Other.into()));
         assert!(failed.unwrap_err().to_string().contains("syncing"), "a failed sync fails the creation");
+    }
+
+    #[test]
+    fn a_failed_rollback_is_remembered_and_the_stray_bytes_cut_before_the_next_append() {
+        // /dev/full fails every write, and a device cannot be truncated: the rollback fails.
+        let mut w = LogWriter::reopen(PathBuf::from("/dev/full"), 0).unwrap();
+        w.append(&event(0));
+        let err = format!("{:#}", w.flush().unwrap_err());
+        assert!(err.contains("rollback failed too"), "{err}");
+        assert!(w.stray.as_deref().is_some_and(|cause| cause.contains("No space left")), "{:?}", w.stray);
+        let err = format!("{:#}", w.flush().unwrap_err());
+        assert!(err.contains("before appending"), "nothing is appended after the stray bytes: {err}");
+        assert!(err.contains("No space left on device"), "the first failure is named: {err}");
+
+        // A real log holding part of a line past its last whole event, as a failed rollback
+        // leaves it: the next append cuts it first.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("session.jsonl");
+        std::fs::write(
+            &path, "header
+",
+        )
+        .unwrap();
+        let mut w = LogWriter::reopen(path.clone(), 7).unwrap();
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"type\":\"x\",\"se").unwrap();
+        w.stray = Some("No space left on device".into());
+        w.append(&event(1));
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[1].starts_with("{\"type\":\"x\",\"seq\":1"), "{text}");
+        assert!(w.stray.is_none());
     }
 
     #[test]
