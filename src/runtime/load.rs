@@ -17,7 +17,20 @@ impl Runtime {
     /// Starts the work a loaded (or resumed) session came back with, after its response: its own
     /// pending inbox messages, in order, and each stored background child below it that has
     /// messages pending (cold-resumed, parents first). Nothing to do for a session that was live.
+    /// It holds the session's load gate: another load or resume of it waits until the children
+    /// are live (and is then refused while they work) instead of replacing the session under a
+    /// restore half done.
     pub async fn run_restored(&self, session_id: &str) {
+        let gate = self.load_gate(session_id);
+        {
+            let _restoring = gate.lock().await;
+            self.restore_now(session_id).await;
+        }
+        self.release_load_gate(session_id, gate);
+    }
+
+    /// `run_restored` with the gate held.
+    async fn restore_now(&self, session_id: &str) {
         let Some((handle, _)) = self.agents.top_level(session_id) else { return };
         // The turns of a top-level session have no waiter: their results are in its log.
         let _ = handle.wake().await;
@@ -159,5 +172,64 @@ impl Runtime {
         };
         self.release_load_gate(session_id, gate);
         Ok(Loaded { events: resumed?, view: self.view(session_id) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Overrides};
+    use crate::model::Model;
+    use crate::model::script::{ReplayEntry, ScriptedModel};
+    use crate::session::SessionHeader;
+    use crate::tools::ToolRegistry;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_session_being_loaded_is_not_deleted_under_the_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let overrides = Overrides { sessions: Some(dir.path().join("sessions")), ..Default::default() };
+        let config = Config::resolve(&overrides, &|_| None).unwrap();
+        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
+        let rt = Runtime::new(config, model, ToolRegistry::new()).unwrap();
+        let id = "5e2d3c1a-0000-4000-8000-000000000001";
+        let mut stored = rt.store().create(SessionHeader::new(id, 0, Some(dir.path().display().to_string()))).unwrap();
+        stored.flush().unwrap();
+        drop(stored);
+
+        let gate = rt.load_gate(id);
+        let loading = gate.lock().await;
+        let refused = rt.delete_session(id).unwrap_err().to_string();
+        assert!(refused.contains("is being loaded or resumed"), "{refused}");
+        assert!(rt.store().locate(id).unwrap().is_some(), "the log is still there");
+        drop(loading);
+        rt.release_load_gate(id, gate);
+        rt.delete_session(id).unwrap();
+        assert!(rt.store().locate(id).unwrap().is_none());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn restoring_a_loaded_session_s_work_holds_its_load_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let overrides = Overrides { sessions: Some(dir.path().join("sessions")), ..Default::default() };
+        let config = Config::resolve(&overrides, &|_| None).unwrap();
+        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
+        let rt = Runtime::new(config, model, ToolRegistry::new()).unwrap();
+        let id = "5e2d3c1a-0000-4000-8000-000000000002";
+        let gate = rt.load_gate(id);
+        let loading = gate.lock().await;
+        let restoring = tokio::spawn({
+            let rt = rt.clone();
+            async move { rt.run_restored(id).await }
+        });
+        // One thread: the restore runs until it waits, and it waits for the load under way.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!restoring.is_finished(), "a restore waits for the load or resume holding the gate");
+        drop(loading);
+        restoring.await.unwrap();
+        rt.release_load_gate(id, gate);
+        assert!(rt.loading.lock().unwrap().is_empty(), "the gate is dropped by its last holder");
     }
 }

@@ -235,7 +235,16 @@ impl Runtime {
                 "session {session_id} is open; close it (session/close) before deleting it"
             )));
         }
-        let removed = self.store.delete(session_id).map_err(store_error)?;
+        // Not while it is being loaded or resumed (the load would find it gone, or hold its log).
+        let gate = self.load_gate(session_id);
+        let removed = match gate.try_lock() {
+            Ok(_loads) => self.store.delete(session_id).map_err(store_error),
+            Err(_) => Err(RuntimeError::InvalidParams(format!(
+                "session {session_id} is being loaded or resumed; close it (session/close) once that is done before deleting it"
+            ))),
+        };
+        self.release_load_gate(session_id, gate);
+        let removed = removed?;
         tracing::info!(session = %session_id, children = removed.len() - 1, "deleted a session");
         Ok(())
     }
