@@ -245,7 +245,6 @@ type Asked = Arc<std::sync::Mutex<Vec<Value>>>;
 /// Serves `provider`: the first `overflows` step requests are refused as too long for the
 /// context window; a summary request gets a summary, any other step request `done`.
 async fn overflowing_server(provider: &Provider, overflows: usize) -> (wiremock::MockServer, Asked) {
-    let server = wiremock::MockServer::start().await;
     let asked: Asked = Arc::default();
     let seen = asked.clone();
     let (answer, overflow) = (provider.answer, provider.overflow);
@@ -265,12 +264,18 @@ async fn overflowing_server(provider: &Provider, overflows: usize) -> (wiremock:
         }
         wiremock::ResponseTemplate::new(200).set_body_raw(answer("done"), "text/event-stream")
     };
+    (serving(provider.path, respond).await, asked)
+}
+
+/// A loopback server answering every POST to `path` with `respond`.
+async fn serving(path: &str, respond: impl wiremock::Respond + 'static) -> wiremock::MockServer {
+    let server = wiremock::MockServer::start().await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
-        .and(wiremock::matchers::path(provider.path))
+        .and(wiremock::matchers::path(path))
         .respond_with(respond)
         .mount(&server)
         .await;
-    (server, asked)
+    server
 }
 
 /// Two prompts (a long first one) through the real HTTP client of `provider`; the second
@@ -387,7 +392,6 @@ struct Seen {
 /// body: anything longer is refused as too long, a summary request gets a summary, any other
 /// request `done`.
 async fn size_limited_server(limit: usize) -> (wiremock::MockServer, Arc<std::sync::Mutex<Vec<Seen>>>) {
-    let server = wiremock::MockServer::start().await;
     let seen: Arc<std::sync::Mutex<Vec<Seen>>> = Arc::default();
     let log = seen.clone();
     let respond = move |request: &wiremock::Request| {
@@ -401,12 +405,7 @@ async fn size_limited_server(limit: usize) -> (wiremock::MockServer, Arc<std::sy
         let answer = if summary { "Summary so far." } else { "done" };
         wiremock::ResponseTemplate::new(200).set_body_raw(chat_answer(answer), "text/event-stream")
     };
-    wiremock::Mock::given(wiremock::matchers::method("POST"))
-        .and(wiremock::matchers::path(DEEPSEEK.path))
-        .respond_with(respond)
-        .mount(&server)
-        .await;
-    (server, seen)
+    (serving(DEEPSEEK.path, respond).await, seen)
 }
 
 /// Six prompts of 1,500 characters to DeepSeek's route served by a provider that takes 7,000

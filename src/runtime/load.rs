@@ -185,13 +185,18 @@ mod tests {
 
     use super::*;
 
+    /// A runtime with its sessions under `dir` and a model that is never called.
+    fn runtime(dir: &Path) -> Arc<Runtime> {
+        let overrides = Overrides { sessions: Some(dir.join("sessions")), ..Default::default() };
+        let config = Config::resolve(&overrides, &|_| None).unwrap();
+        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
+        Runtime::new(config, model, ToolRegistry::new()).unwrap()
+    }
+
     #[tokio::test]
     async fn a_session_being_loaded_is_not_deleted_under_the_load() {
         let dir = tempfile::tempdir().unwrap();
-        let overrides = Overrides { sessions: Some(dir.path().join("sessions")), ..Default::default() };
-        let config = Config::resolve(&overrides, &|_| None).unwrap();
-        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
-        let rt = Runtime::new(config, model, ToolRegistry::new()).unwrap();
+        let rt = runtime(dir.path());
         let id = "5e2d3c1a-0000-4000-8000-000000000001";
         let mut stored = rt.store().create(SessionHeader::new(id, 0, Some(dir.path().display().to_string()))).unwrap();
         stored.flush().unwrap();
@@ -211,10 +216,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn restoring_a_loaded_session_s_work_holds_its_load_gate() {
         let dir = tempfile::tempdir().unwrap();
-        let overrides = Overrides { sessions: Some(dir.path().join("sessions")), ..Default::default() };
-        let config = Config::resolve(&overrides, &|_| None).unwrap();
-        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
-        let rt = Runtime::new(config, model, ToolRegistry::new()).unwrap();
+        let rt = runtime(dir.path());
         let id = "5e2d3c1a-0000-4000-8000-000000000002";
         let gate = rt.load_gate(id);
         let loading = gate.lock().await;

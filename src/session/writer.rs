@@ -58,18 +58,24 @@ impl LogWriter {
             anyhow::bail!("session log already exists: {}", path.display());
         }
         let header_line = serde_json::to_string(header).context("serializing session header")?;
-        Ok(LogWriter {
+        Ok(LogWriter::at(path, None, Some(header_line), 0))
+    }
+
+    /// A writer of the log at `path` with nothing pending: `file` open on it (`None` until a new
+    /// log's `header_line` is published), `committed` bytes of it written.
+    fn at(path: PathBuf, file: Option<File>, header_line: Option<String>, committed: u64) -> LogWriter {
+        LogWriter {
             path,
-            file: None,
-            header_line: Some(header_line),
-            committed: 0,
+            file,
+            header_line,
+            committed,
             pending: Vec::new(),
             unsynced: false,
             stray: None,
             created: None,
             warnings: WriteWarnings::default(),
             watch: None,
-        })
+        }
     }
 
     /// A writer continuing an existing log whose valid prefix is `committed` bytes long. A torn
@@ -359,18 +365,7 @@ impl LockedLog {
             file.set_len(committed).with_context(|| format!("truncating the torn tail of {}", path.display()))?;
             file.sync_all().with_context(|| format!("syncing {}", path.display()))?;
         }
-        Ok(LogWriter {
-            path,
-            file: Some(file),
-            header_line: None,
-            committed,
-            pending: Vec::new(),
-            unsynced: false,
-            stray: None,
-            created: None,
-            warnings: WriteWarnings::default(),
-            watch: None,
-        })
+        Ok(LogWriter::at(path, Some(file), None, committed))
     }
 }
 
