@@ -78,12 +78,6 @@ impl LogWriter {
         }
     }
 
-    /// A writer continuing an existing log whose valid prefix is `committed` bytes long. A torn
-    /// tail beyond it is truncated now, before anything else is appended.
-    pub fn reopen(path: PathBuf, committed: u64) -> Result<Self> {
-        LockedLog::open(path)?.resume(committed)
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -410,6 +404,12 @@ pub(super) fn try_lock(path: &Path) -> Result<Option<File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The writer continuing `path`, whose valid prefix is `committed` bytes long (as a load
+    /// makes it, without the scan).
+    fn reopen(path: PathBuf, committed: u64) -> Result<LogWriter> {
+        LockedLog::open(path)?.resume(committed)
+    }
     use serde_json::json;
 
     fn event(seq: u64) -> Event {
@@ -438,10 +438,10 @@ mod tests {
         let mut first = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
         first.flush().unwrap();
         let committed = std::fs::metadata(&path).unwrap().len();
-        let err = LogWriter::reopen(path.clone(), committed).unwrap_err().to_string();
+        let err = reopen(path.clone(), committed).unwrap_err().to_string();
         assert!(err.contains("being written by another kin process"), "{err}");
         drop(first);
-        LogWriter::reopen(path, committed).expect("the lock is released with the writer");
+        reopen(path, committed).expect("the lock is released with the writer");
     }
 
     #[test]
@@ -459,14 +459,14 @@ mod tests {
         w.flush().unwrap();
         let committed = std::fs::metadata(&path).unwrap().len();
         drop(w);
-        LogWriter::reopen(path.clone(), committed).unwrap().discard();
+        reopen(path.clone(), committed).unwrap().discard();
         assert!(path.exists());
     }
 
     #[test]
     fn a_durable_append_that_cannot_be_written_leaves_nothing_of_itself() {
         // /dev/full fails every write with ENOSPC.
-        let mut w = LogWriter::reopen(PathBuf::from("/dev/full"), 0).unwrap();
+        let mut w = reopen(PathBuf::from("/dev/full"), 0).unwrap();
         w.append(&event(0));
         let before = w.pending.clone();
         let err = w.append_durably(&[event(1), event(2)]).unwrap_err();
@@ -520,7 +520,7 @@ mod tests {
     #[test]
     fn a_failed_rollback_is_remembered_and_the_stray_bytes_cut_before_the_next_append() {
         // /dev/full fails every write, and a device cannot be truncated: the rollback fails.
-        let mut w = LogWriter::reopen(PathBuf::from("/dev/full"), 0).unwrap();
+        let mut w = reopen(PathBuf::from("/dev/full"), 0).unwrap();
         w.append(&event(0));
         let err = format!("{:#}", w.flush().unwrap_err());
         assert!(err.contains("rollback failed too"), "{err}");
@@ -538,7 +538,7 @@ mod tests {
 ",
         )
         .unwrap();
-        let mut w = LogWriter::reopen(path.clone(), 7).unwrap();
+        let mut w = reopen(path.clone(), 7).unwrap();
         std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"{\"type\":\"x\",\"se").unwrap();
         w.stray = Some("No space left on device".into());
         w.append(&event(1));
@@ -555,7 +555,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("session.jsonl");
         std::fs::write(&path, "header\n{\"torn").unwrap();
-        let mut w = LogWriter::reopen(path.clone(), 7).unwrap();
+        let mut w = reopen(path.clone(), 7).unwrap();
         w.append(&event(0));
         w.flush().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
