@@ -46,14 +46,15 @@ pub(crate) fn fit(
     for (message, &estimate) in messages[..keep].iter().zip(tokens) {
         // An item that does not fit goes to the next round, unless this one would make no
         // progress without it: then it is cut to half of what is left.
-        let message = if estimate <= left {
-            message.clone()
+        let (message, cost) = if estimate <= left {
+            (message.clone(), estimate)
         } else if fitted == 0 || input.len() < 2 {
-            shrink(message, left / 2)
+            let cut = shrink(message, left / 2);
+            let cost = message_tokens(&cut);
+            (cut, cost)
         } else {
             break;
         };
-        let cost = message_tokens(&message);
         if cost > left {
             break;
         }
