@@ -455,8 +455,7 @@ mod tests {
     async fn allow_reads_allows_only_reads_naming_paths_inside_the_working_directory() {
         let dir = tempfile::tempdir().unwrap();
         let (root, base) = workspace(&dir);
-        std::fs::write(base.join("secret.txt"), "s").unwrap();
-        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        link_out(&root, &base);
         let reads = answers(AcpPermission::AllowReads, &root);
         let inside = root.join("a.txt").display().to_string();
         assert_eq!(reads.permission(ask("read", &[&inside])).await, PermissionChoice::Selected("a1".into()));
@@ -561,6 +560,12 @@ mod tests {
         (root, base)
     }
 
+    /// `base/secret.txt`, outside the workspace `root`, and `root/link.txt` pointing at it.
+    fn link_out(root: &Path, base: &Path) {
+        std::fs::write(base.join("secret.txt"), "s").unwrap();
+        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+    }
+
     #[test]
     fn a_call_is_in_the_workspace_only_when_every_path_it_names_is() {
         let dir = tempfile::tempdir().unwrap();
@@ -637,8 +642,7 @@ mod tests {
     async fn forwarded_writes_stay_inside_the_working_directory_and_follow_the_editor() {
         let dir = tempfile::tempdir().unwrap();
         let (root, base) = workspace(&dir);
-        std::fs::write(base.join("secret.txt"), "s").unwrap();
-        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        link_out(&root, &base);
         let (allows, asked) = forwarding(&root, PermissionAnswer::AllowOnce);
         for escape in [base.join("new.txt"), root.join("../new.txt"), root.join("link.txt")] {
             let refused = allows.write_text_file(escape, "x".into()).await.unwrap_err();
@@ -673,8 +677,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (root, base) = workspace(&dir);
         std::fs::write(root.join("a.txt"), "one\ntwo\nthree\n").unwrap();
-        std::fs::write(base.join("secret.txt"), "s").unwrap();
-        std::os::unix::fs::symlink(base.join("secret.txt"), root.join("link.txt")).unwrap();
+        link_out(&root, &base);
         let reads = answers(AcpPermission::AllowReads, &root);
         assert_eq!(reads.read_text_file(root.join("a.txt"), None, None).await.unwrap(), "one\ntwo\nthree\n");
         assert_eq!(reads.read_text_file(root.join("a.txt"), Some(2), Some(1)).await.unwrap(), "two\n");
