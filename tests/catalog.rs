@@ -1975,6 +1975,51 @@ fn a_stale_entry_is_never_used_for_a_log_that_changed() {
     assert_index_used(&store, "a project gone");
 }
 
+/// Each project's entries in the index file, as (project, session) in file order.
+fn index_order(store: &SessionStore) -> Vec<(String, String)> {
+    let field = |entry: &Value, name: &str| entry[name].as_str().unwrap().to_string();
+    let (_, entries) = index_parts(store);
+    entries
+        .iter()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .map(|entry| (field(&entry, "project"), field(&entry, "session")))
+        .collect()
+}
+
+/// Issue 23: the index holds each project's logs in the order a scan of the directory finds
+/// them, so the next process's first scan takes each entry in step rather than by name; an index
+/// in any other order (a directory that changed, a hand-made file) is used all the same.
+#[test]
+fn the_index_keeps_the_order_a_scan_finds_the_logs_in_and_any_order_is_used() {
+    let (_dir, store) = index_corpus();
+    lists_as_without_index(&store, "building it");
+    let written = index_order(&store);
+    let mut projects: Vec<&str> = written.iter().map(|(project, _)| project.as_str()).collect();
+    projects.dedup();
+    assert_eq!(projects.len(), 2, "each project's entries are one run: {written:?}");
+    for project in projects {
+        // The directory's own order (the scan's `getdents`), of the session directories with a log.
+        let found: Vec<String> = std::fs::read_dir(store.root().join(project))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|session| session.join("session.jsonl").is_file())
+            .map(|session| session.file_name().unwrap().to_str().unwrap().to_string())
+            .collect();
+        let indexed: Vec<String> =
+            written.iter().filter(|(p, _)| p == project).map(|(_, session)| session.clone()).collect();
+        assert_eq!(indexed, found, "{project}: the index is in the directory's order");
+    }
+    // Reversed, each project's scan is out of step with the file from its first log on: every
+    // entry is still found by name, and nothing is read that the index holds.
+    let (head, mut entries) = index_parts(&store);
+    entries.reverse();
+    write_index_entries(&store, &head, &entries);
+    assert_index_used(&store, "an index in reverse order");
+    // Unchanged since that listing (which took every entry), the reversed file is not rewritten.
+    let reversed: Vec<_> = written.iter().rev().cloned().collect();
+    assert_eq!(index_order(&store), reversed);
+}
+
 /// Issue 23: kin's own writes keep the index current. A child that a watched store (the
 /// runtime's arrangement) publishes, flushes and closes is in the index once the watch settles,
 /// so the next process's first listing reads its descriptor line and not its log; a log that

@@ -4,7 +4,9 @@
 //! mtime, its header with a digest of it, and, once a listing has summarised the log, its event
 //! count, surface verdict, inbox counts and where each `subagent/descriptor` line sits with a
 //! digest of that line — so the first listing after a start reads one descriptor line per child
-//! instead of every child log whole (protocol/catalog.md, "The catalog index").
+//! instead of every child log whole (protocol/catalog.md, "The catalog index"). Each project's
+//! entries are written in the order the last scan found its logs, so the next start's scan of an
+//! unchanged directory takes them in step (`Logs`) instead of looking each up by name.
 //!
 //! Derived state, never an authority. An entry counts only for a log found at the entry's exact
 //! length and mtime; its header only when it matches its digest; a descriptor only when the line
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use xxhash_rust::xxh3::xxh3_128;
@@ -42,8 +44,59 @@ const INDEX_LIMIT: u64 = 256 << 20;
 /// A descriptor line longer than this is not read back through the index.
 const LINE_LIMIT: u64 = 1 << 20;
 
-/// The entries of an index: per project directory name, per session directory name.
-pub(crate) type Entries = HashMap<OsString, HashMap<OsString, Entry>>;
+/// The entries of an index: per project directory name, that project's logs.
+pub(crate) type Entries = HashMap<OsString, Logs>;
+
+/// One project's entries, in the file's order: the order the scan before the write found the
+/// logs in (`write`'s caller keeps it), which the next scan of an unchanged directory finds them
+/// in again, so it takes each entry in step instead of looking it up by name.
+#[derive(Debug, Default)]
+pub(crate) struct Logs {
+    /// Each entry's session directory name, and the entry until it is taken (`None` from the
+    /// start for an entry that cannot be used).
+    list: Vec<(OsString, Option<Entry>)>,
+    /// Where `take` looks first: after the entry it took last.
+    next: usize,
+    /// How many entries are not taken.
+    left: usize,
+    /// Each entry's place by name, made the first time a scan is out of step with the file.
+    places: Option<HashMap<OsString, usize>>,
+}
+
+impl Logs {
+    fn push(&mut self, session: OsString, entry: Option<Entry>) {
+        self.left += usize::from(entry.is_some());
+        self.list.push((session, entry));
+    }
+
+    /// The entry of `session`'s log, taken out (with its name, which the caller keeps).
+    pub(crate) fn take(&mut self, session: &OsStr) -> Option<(OsString, Entry)> {
+        let at = match self.list.get(self.next) {
+            Some((name, _)) if name == session => self.next,
+            _ => {
+                let list = &self.list;
+                let places = self
+                    .places
+                    .get_or_insert_with(|| list.iter().enumerate().map(|(at, (name, _))| (name.clone(), at)).collect());
+                *places.get(session)?
+            }
+        };
+        let entry = self.list[at].1.take()?;
+        self.next = at + 1;
+        self.left -= 1;
+        Some((std::mem::take(&mut self.list[at].0), entry))
+    }
+
+    /// Whether every entry has been taken (or none could be used).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+
+    /// The entries not taken, in the file's order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&OsString, &Entry)> {
+        self.list.iter().filter_map(|(name, entry)| Some((name, entry.as_ref()?)))
+    }
+}
 
 /// What the index knows of one log at one (length, mtime).
 #[derive(Debug, Clone)]
@@ -180,53 +233,46 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     }
     // Each line parsed, in order, on this thread (the index's own, beside the scan): parsing on
     // more threads made them contend for the process's one malloc arena (`heap::configure`) and
-    // cost more CPU than it saved wall time, on cores the scan needs.
-    let lines = body.strip_suffix('\n').map(|body| body.split('\n'));
-    let parsed = lines
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(number, line)| parse_entry(line).map_err(|e| format!("entry {}: {e}", number + 1)))
-        .collect::<Result<Vec<Parsed<'_>>, String>>()?;
-    if parsed.len() as u64 != head.entries {
-        return Err(format!("{} entries where the first line says {}", parsed.len(), head.entries));
-    }
-    // `write` groups a project's entries: each run of one project's lines fills its map, sized
-    // for the run, without hashing the (long) project name per line; a project met again later
-    // resumes its map.
-    let runs: Vec<usize> = parsed.chunk_by(|a, b| a.0.0 == b.0.0).map(<[_]>::len).collect();
+    // cost more CPU than it saved wall time, on cores the scan needs. `write` groups a
+    // project's entries: each run of one project's lines goes to its list without hashing the
+    // (long) project name per line, and a project met again later resumes its list. Each entry
+    // is placed as it is read, while its line is in the cache.
     let mut entries = Entries::new();
-    let mut misnamed = Vec::new();
-    let mut parsed = parsed.into_iter().enumerate();
-    for len in runs {
-        let mut run = parsed.by_ref().take(len).peekable();
-        let Some((_, ((project, _), ..))) = run.peek() else { break };
-        let project = OsString::from(project.as_ref());
-        let logs = entries.entry(project.clone()).or_default();
-        logs.reserve(len);
-        for (number, ((_, session), entry, named)) in run {
-            if !named {
-                misnamed.push((project.clone(), session.clone()));
+    let mut logs_read: HashSet<(Cow<'_, str>, Cow<'_, str>)> =
+        HashSet::with_capacity(usize::try_from(head.entries.min(1 << 20)).unwrap_or(0));
+    let mut run: Option<(Cow<'_, str>, Logs)> = None;
+    let lines = body.strip_suffix('\n').map(|body| body.split('\n'));
+    for (number, line) in lines.into_iter().flatten().enumerate() {
+        let ((project, session), entry, named) = parse_entry(line).map_err(|e| format!("entry {}: {e}", number + 1))?;
+        if !logs_read.insert((project.clone(), session.clone())) {
+            return Err(format!("entry {} repeats a log", number + 1));
+        }
+        if run.as_ref().is_none_or(|(name, _)| *name != project) {
+            if let Some((name, logs)) = run.take() {
+                entries.insert(OsString::from(name.as_ref()), logs);
             }
-            if logs.insert(session, entry).is_some() {
-                return Err(format!("entry {} repeats a log", number + 1));
-            }
+            let resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
+            run = Some((project, resumed));
+        }
+        if let Some((_, logs)) = run.as_mut() {
+            // An entry is taken only for the directory its header's id names (checked here,
+            // where the line is in the cache, rather than by each scan that matches it).
+            logs.push(OsString::from(session.as_ref()), named.then_some(entry));
         }
     }
-    // An entry is taken only for the directory its header's id names (checked here, where the
-    // line is in the cache, rather than by each scan that matches it).
-    for (project, session) in misnamed {
-        if let Some(logs) = entries.get_mut(&project) {
-            logs.remove(&session);
-        }
+    if let Some((name, logs)) = run {
+        entries.insert(OsString::from(name.as_ref()), logs);
+    }
+    if logs_read.len() as u64 != head.entries {
+        return Err(format!("{} entries where the first line says {}", logs_read.len(), head.entries));
     }
     Ok(entries)
 }
 
-/// One entry line parsed: its (project, session) directory names, the entry (the project's
-/// name borrowed: a few projects hold thousands of logs), and whether the session directory is
-/// the one its header's id names.
-type Parsed<'a> = ((Cow<'a, str>, OsString), Entry, bool);
+/// One entry line parsed: its (project, session) directory names (borrowed from the line
+/// where they need no unescaping), the entry, and whether the session directory is the one its
+/// header's id names.
+type Parsed<'a> = ((Cow<'a, str>, Cow<'a, str>), Entry, bool);
 
 fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
     let e = match canonical_entry(line) {
@@ -268,7 +314,7 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
         })
     });
     let named = super::layout::is_segment_of(OsStr::new(e.session.as_ref()), &header.id);
-    let key = (e.project, OsString::from(e.session.as_ref()));
+    let key = (e.project, e.session);
     Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts }, named))
 }
 
@@ -460,7 +506,7 @@ mod tests {
             assert_eq!(fast.summary.is_some(), serde.summary.is_some());
             let ((p, s), read, named) = parse_entry(line).unwrap();
             assert!(named);
-            assert_eq!((p.as_ref(), s.as_os_str()), (*project, OsStr::new(session)));
+            assert_eq!((p.as_ref(), s.as_ref()), (*project, *session));
             assert_eq!(
                 (read.len, read.modified, &read.header, &read.facts),
                 (4096, at, &written.header, &written.facts)
@@ -473,6 +519,38 @@ mod tests {
         assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());
         let ((project, _), read, _) = parse_entry(&escaped).unwrap();
         assert_eq!((project.as_ref(), &read.header), ("--p--", &entries[0].2.header));
+    }
+
+    /// Issue 23: a scan in the file's order takes each entry in step; one out of step finds it
+    /// by name; an entry is taken once, an unusable one never, and what is left is listed in the
+    /// file's order.
+    #[test]
+    fn logs_are_taken_in_step_or_by_name_once_each() {
+        let entry = |id: &str| Entry {
+            len: 1,
+            modified: SystemTime::UNIX_EPOCH,
+            header: Arc::new(SessionHeader::new(id, 1, None)),
+            facts: None,
+        };
+        let mut logs = Logs::default();
+        for name in ["a", "b", "c", "d", "e"] {
+            logs.push(name.into(), (name != "d").then(|| entry(name)));
+        }
+        let took = |logs: &mut Logs, name: &str| logs.take(OsStr::new(name)).map(|(key, e)| (key, e.header.id.clone()));
+        assert_eq!(took(&mut logs, "a"), Some(("a".into(), "a".into())));
+        assert_eq!(took(&mut logs, "b"), Some(("b".into(), "b".into())));
+        assert!(logs.places.is_none(), "in step: no name is looked up");
+        assert_eq!(took(&mut logs, "e"), Some(("e".into(), "e".into())), "out of step: found by name");
+        assert!(logs.places.is_some());
+        assert_eq!(took(&mut logs, "e"), None, "taken once");
+        assert_eq!(took(&mut logs, "a"), None, "taken once, in step before");
+        assert_eq!(took(&mut logs, "d"), None, "an unusable entry is never taken");
+        assert_eq!(took(&mut logs, "zz"), None, "no such entry");
+        let left: Vec<_> = logs.iter().map(|(name, _)| name.clone()).collect();
+        assert_eq!(left, ["c"]);
+        assert!(!logs.is_empty());
+        assert_eq!(took(&mut logs, "c"), Some(("c".into(), "c".into())));
+        assert!(logs.is_empty() && logs.iter().next().is_none());
     }
 
     /// A project whose lines are not all in one run (what `write` writes is grouped, a hand-made
@@ -494,13 +572,14 @@ mod tests {
         };
         let loaded = written(&interleaved).unwrap();
         let names = |project: &str| {
-            let mut names: Vec<_> = loaded[OsStr::new(project)].keys().cloned().collect();
+            let mut names: Vec<_> = loaded[OsStr::new(project)].iter().map(|(name, _)| name.clone()).collect();
             names.sort();
             names
         };
         assert_eq!(names("--a--"), ["a1", "a2", "a3"]);
         assert_eq!(names("--b--"), ["b1", "b2"]);
-        assert_eq!(loaded[OsStr::new("--a--")][OsStr::new("a2")].header.id, "a2");
+        let a2 = loaded[OsStr::new("--a--")].iter().find(|(name, _)| *name == "a2").map(|(_, entry)| entry);
+        assert_eq!(a2.map(|entry| entry.header.id.as_str()), Some("a2"));
         let repeated = written(&[("--a--", "a1"), ("--b--", "b1"), ("--a--", "a1")]).unwrap_err();
         assert_eq!(repeated, "entry 3 repeats a log");
     }

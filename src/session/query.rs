@@ -746,7 +746,7 @@ impl CachedLog {
 /// One project's part of the cache and of the index, while a scan matches it (`match_project`).
 struct ProjectCache {
     logs: HashMap<OsString, CachedLog>,
-    indexed: Option<HashMap<OsString, catalog_index::Entry>>,
+    indexed: Option<catalog_index::Logs>,
 }
 
 /// What `match_project` made of one project: its cached logs, the index entries it did not
@@ -754,7 +754,7 @@ struct ProjectCache {
 /// header when it was made).
 struct Matched {
     logs: HashMap<OsString, CachedLog>,
-    indexed: Option<HashMap<OsString, catalog_index::Entry>>,
+    indexed: Option<catalog_index::Logs>,
     seen: usize,
     from_index: usize,
     read: usize,
@@ -999,11 +999,18 @@ impl SourceState {
                     .collect(),
                 IndexFile::Used | IndexFile::Unread | IndexFile::Loading(_) => Vec::new(),
             };
+            // Each project's logs in the order the last scan found them: the next start's scan of
+            // an unchanged directory finds them in that order again, and takes each in step.
+            let scanned: HashMap<&OsStr, &[FoundLog]> = (cache.corpus.iter())
+                .flat_map(|corpus| &corpus.projects)
+                .map(|project| (project.name.as_os_str(), project.logs.as_slice()))
+                .collect();
             cache
                 .logs
                 .iter()
                 .flat_map(|(project, logs)| {
-                    logs.iter().filter_map(move |(session, log)| match &log.header {
+                    let order = scanned.get(project.as_os_str()).copied().unwrap_or_default();
+                    in_scan_order(logs, order).into_iter().filter_map(move |(session, log)| match &log.header {
                         Ok(header) if log.statted => Some((
                             project.clone(),
                             session.clone(),
@@ -1075,7 +1082,7 @@ impl SourceState {
             let mut cache = self.cache();
             let in_file = match cache.index.as_mut().map(|state| &mut state.file) {
                 Some(IndexFile::Loaded(entries)) => {
-                    entries.get_mut(project).and_then(|logs| logs.remove(session)).is_some()
+                    entries.get_mut(project).and_then(|logs| logs.take(session)).is_some()
                 }
                 _ => false,
             };
@@ -1285,7 +1292,7 @@ impl SourceState {
                 continue;
             }
             // The entry's key becomes the cache's (no copy of the name per log).
-            let (key, indexed) = match indexed.as_mut().and_then(|entries| entries.remove_entry(&f.session)) {
+            let (key, indexed) = match indexed.as_mut().and_then(|entries| entries.take(&f.session)) {
                 Some((key, entry)) => (key, Some(entry)),
                 None => (f.session.clone(), None),
             };
@@ -1530,6 +1537,16 @@ impl SourceState {
         });
         Ok(Built::Read { summary, header: log.header, facts })
     }
+}
+
+/// `logs` in the order of a scan that found them (`order`), then those it did not find.
+fn in_scan_order<'a>(logs: &'a HashMap<OsString, CachedLog>, order: &[FoundLog]) -> Vec<(&'a OsString, &'a CachedLog)> {
+    let mut ordered: Vec<_> = order.iter().filter_map(|found| logs.get_key_value(&found.session)).collect();
+    if ordered.len() < logs.len() {
+        let placed: HashSet<&OsStr> = ordered.iter().map(|(session, _)| session.as_os_str()).collect();
+        ordered.extend(logs.iter().filter(|(session, _)| !placed.contains(session.as_os_str())));
+    }
+    ordered
 }
 
 /// What a pin found of one candidate under the cache's lock, to build its summary after.
