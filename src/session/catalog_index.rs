@@ -218,7 +218,8 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     if size > INDEX_LIMIT {
         return Err(format!("{} is larger than {INDEX_LIMIT} bytes", path.display()));
     }
-    let mut text = String::new();
+    // Sized for the file at once (the read would otherwise grow it by doubling, copying it).
+    let mut text = String::with_capacity(usize::try_from(size).unwrap_or(0).saturating_add(1));
     std::io::Read::read_to_string(&mut std::io::Read::take(file, INDEX_LIMIT), &mut text)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let Some((first, body)) = text.split_once('\n') else {
