@@ -239,8 +239,11 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     // (long) project name per line, and a project met again later resumes its list. Each entry
     // is placed as it is read, while its line is in the cache.
     let mut entries = Entries::new();
+    // Sized for the count the first line gives, but never beyond what the body could hold (an
+    // entry line is longer than 64 bytes): the count is read from the file.
+    let expected = head.entries.min(body.len() as u64 / 64);
     let mut logs_read: HashSet<(Cow<'_, str>, Cow<'_, str>)> =
-        HashSet::with_capacity(usize::try_from(head.entries.min(1 << 20)).unwrap_or(0));
+        HashSet::with_capacity(usize::try_from(expected).unwrap_or(0));
     let mut run: Option<(Cow<'_, str>, Logs)> = None;
     let lines = body.strip_suffix('\n').map(|body| body.split('\n'));
     for (number, line) in lines.into_iter().flatten().enumerate() {
