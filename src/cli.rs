@@ -56,6 +56,10 @@ pub enum Command {
         /// Run only these sections (repeat or comma-separate; default: all).
         #[arg(long, value_name = "SECTION", value_delimiter = ',')]
         only: Vec<crate::bench::Section>,
+        /// (The catalog section's own use.) List PARENT's children once in SESSIONS, as the
+        /// first listing after a start, and print its wall and CPU time as JSON.
+        #[arg(long, hide = true, num_args = 2, value_names = ["SESSIONS", "PARENT"])]
+        first_listing: Option<Vec<String>>,
     },
     /// Inspect stored sessions.
     Sessions {

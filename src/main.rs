@@ -204,7 +204,11 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             let ok = kin::testkit::commands::scenario_run(&dirs, &opts).await?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        Command::Bench { quick, baseline, save, only } => {
+        Command::Bench { quick, baseline, save, only, first_listing } => {
+            if let Some([sessions, parent]) = first_listing.as_deref() {
+                kin::testkit::bench::first_listing(sessions.as_ref(), parent, &mut std::io::stdout().lock()).await?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let options = kin::testkit::bench::Options { quick, baseline, save, only };
             kin::testkit::bench::run(&options, &mut std::io::stdout().lock()).await?;
             Ok(ExitCode::SUCCESS)

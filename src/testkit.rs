@@ -17,7 +17,7 @@ pub mod agent {
     }
 }
 pub mod bench {
-    pub use crate::bench::{Options, run};
+    pub use crate::bench::{Options, first_listing, run};
 }
 pub mod cli {
     pub use crate::cli::{AcpArgs, AcpCommand, Cli, Command, LoginArgs, ScenarioCommand, SessionsCommand};

@@ -1618,6 +1618,29 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
 }
 
 // ---------------------------------------------------------------------------------------------
+/// `kin bench --first-listing` (what the catalog bench runs for its cold figure): a kin process
+/// just started lists a parent's children once, as its runtime's first listing does, and prints
+/// one line of JSON with how many it listed and that listing's wall and CPU time.
+#[test]
+fn the_bench_s_first_listing_runs_in_a_new_kin_process_and_lists_the_children() {
+    let (_dir, store) = family();
+    // The index a listing leaves, which the new process's first listing reads.
+    assert_eq!(list(&indexed(&store), P).unwrap().len(), 3);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kin"))
+        .args(["bench", "--first-listing"])
+        .arg(store.root())
+        .arg(P)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let figures: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(figures["listed"], 3, "{text}");
+    assert!(figures["wallMs"].as_f64().is_some_and(|ms| ms > 0.0), "{text}");
+    assert!(figures["cpuMs"].as_f64().is_some_and(|ms| ms >= 0.0), "{text}");
+}
+
 // H. The derived catalog index (issue 23): headers and descriptors stay authoritative; an index
 // that is stale, missing or corrupt in any way lists exactly what no index lists.
 
