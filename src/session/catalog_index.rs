@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::{Xxh3, xxh3_128};
 
 use super::canonical::{self, Cursor};
 use super::event::Kind;
@@ -41,6 +41,8 @@ pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
 pub(crate) const INDEX_VERSION: u64 = 2;
 /// An index larger than this is not read (nor written): listings fall back to reading logs.
 const INDEX_LIMIT: u64 = 256 << 20;
+/// The index is read through a buffer of this size (grown only for a longer line).
+const LINE_BUFFER: usize = 64 << 10;
 /// A descriptor line longer than this is not read back through the index.
 const LINE_LIMIT: u64 = 1 << 20;
 
@@ -85,6 +87,12 @@ impl Logs {
         self.next = at + 1;
         self.left -= 1;
         Some((std::mem::take(&mut self.list[at].0), entry))
+    }
+
+    /// A session directory name this list holds twice, if any.
+    fn repeated(&self) -> Option<&OsStr> {
+        let mut names: HashSet<&OsStr> = HashSet::with_capacity(self.list.len());
+        self.list.iter().map(|(name, _)| name.as_os_str()).find(|name| !names.insert(name))
     }
 
     /// Whether every entry has been taken (or none could be used).
@@ -191,9 +199,14 @@ fn digest(bytes: &[u8]) -> String {
 
 /// Whether `hex` is `digest(bytes)` (without making it: a start checks one per log).
 fn digest_is(bytes: &[u8], hex: &str) -> bool {
+    digest_is_value(xxh3_128(bytes), hex)
+}
+
+/// Whether `hex` is the digest whose value is `value`.
+fn digest_is_value(value: u128, hex: &str) -> bool {
     hex.len() == 32
         && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        && u128::from_str_radix(hex, 16).is_ok_and(|value| value == xxh3_128(bytes))
+        && u128::from_str_radix(hex, 16).is_ok_and(|read| read == value)
 }
 
 /// The index file of a sessions directory, beside it; `None` for a directory without a parent
@@ -218,59 +231,103 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     if size > INDEX_LIMIT {
         return Err(format!("{} is larger than {INDEX_LIMIT} bytes", path.display()));
     }
-    // Sized for the file at once (the read would otherwise grow it by doubling, copying it).
-    let mut text = String::with_capacity(usize::try_from(size).unwrap_or(0).saturating_add(1));
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, INDEX_LIMIT), &mut text)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let Some((first, body)) = text.split_once('\n') else {
-        return Err("the index has no complete first line (truncated)".into());
-    };
-    let head: Head = serde_json::from_str(first).map_err(|e| format!("bad first line: {e}"))?;
-    if head.kin_catalog_index != INDEX_VERSION {
-        return Err(format!("version {} (this kin reads {INDEX_VERSION})", head.kin_catalog_index));
-    }
-    if !digest_is(body.as_bytes(), &head.digest) {
-        return Err("the entries do not match the digest on the first line (truncated or changed)".into());
-    }
     // Each line parsed, in order, on this thread (the index's own, beside the scan): parsing on
     // more threads made them contend for the process's one malloc arena (`heap::configure`) and
-    // cost more CPU than it saved wall time, on cores the scan needs. `write` groups a
-    // project's entries: each run of one project's lines goes to its list without hashing the
-    // (long) project name per line, and a project met again later resumes its list. Each entry
-    // is placed as it is read, while its line is in the cache.
-    let mut entries = Entries::new();
-    // Sized for the count the first line gives, but never beyond what the body could hold (an
-    // entry line is longer than 64 bytes): the count is read from the file.
-    let expected = head.entries.min(body.len() as u64 / 64);
-    let mut logs_read: HashSet<(Cow<'_, str>, Cow<'_, str>)> =
-        HashSet::with_capacity(usize::try_from(expected).unwrap_or(0));
-    let mut run: Option<(Cow<'_, str>, Logs)> = None;
-    let lines = body.strip_suffix('\n').map(|body| body.split('\n'));
-    for (number, line) in lines.into_iter().flatten().enumerate() {
-        let ((project, session), entry, named) = parse_entry(line).map_err(|e| format!("entry {}: {e}", number + 1))?;
-        if !logs_read.insert((project.clone(), session.clone())) {
-            return Err(format!("entry {} repeats a log", number + 1));
+    // cost more CPU than it saved wall time, on cores the scan needs. The file is read through
+    // one small buffer, not whole: a new process would fault in a page for every 4 KiB of it.
+    // `write` groups a project's entries: each run of one project's lines goes to its list
+    // without hashing the (long) project name per line, and a project met again later resumes
+    // its list. Each entry is placed as it is read, while its line is in the cache; the digest
+    // of the body is made as it goes, and nothing is used unless it holds at the end.
+    let mut head: Option<Head> = None;
+    let mut body = Xxh3::new();
+    let (mut entries, mut count) = (Entries::new(), 0u64);
+    let mut run: Option<(String, Logs)> = None;
+    each_line(std::io::Read::take(file, INDEX_LIMIT), |line| {
+        let Some(head) = head.as_ref() else {
+            let first: Head = serde_json::from_slice(line).map_err(|e| format!("bad first line: {e}"))?;
+            if first.kin_catalog_index != INDEX_VERSION {
+                return Err(format!("version {} (this kin reads {INDEX_VERSION})", first.kin_catalog_index));
+            }
+            head = Some(first);
+            return Ok(());
+        };
+        body.update(line);
+        body.update(b"\n");
+        count += 1;
+        if count > head.entries {
+            return Err(format!("more entries than the {} the first line says", head.entries));
         }
+        let line = std::str::from_utf8(line).map_err(|e| format!("entry {count}: {e}"))?;
+        let ((project, session), entry, named) = parse_entry(line).map_err(|e| format!("entry {count}: {e}"))?;
         if run.as_ref().is_none_or(|(name, _)| *name != project) {
             if let Some((name, logs)) = run.take() {
-                entries.insert(OsString::from(name.as_ref()), logs);
+                entries.insert(OsString::from(name), logs);
             }
             let resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
-            run = Some((project, resumed));
+            run = Some((project.into_owned(), resumed));
         }
         if let Some((_, logs)) = run.as_mut() {
             // An entry is taken only for the directory its header's id names (checked here,
             // where the line is in the cache, rather than by each scan that matches it).
             logs.push(OsString::from(session.as_ref()), named.then_some(entry));
         }
+        Ok(())
+    })
+    .map_err(|e| format!("cannot read {}: {e}", path.display()))??;
+    let head = head.ok_or("the index has no complete first line (truncated)")?;
+    if !digest_is_value(body.digest128(), &head.digest) {
+        return Err("the entries do not match the digest on the first line (truncated or changed)".into());
     }
     if let Some((name, logs)) = run {
-        entries.insert(OsString::from(name.as_ref()), logs);
+        entries.insert(OsString::from(name), logs);
     }
-    if logs_read.len() as u64 != head.entries {
-        return Err(format!("{} entries where the first line says {}", logs_read.len(), head.entries));
+    if count != head.entries {
+        return Err(format!("{count} entries where the first line says {}", head.entries));
+    }
+    for (project, logs) in &entries {
+        if let Some(session) = logs.repeated() {
+            return Err(format!("the log {}/{} has two entries", project.display(), session.display()));
+        }
     }
     Ok(entries)
+}
+
+/// Calls `each` with every line `reader` gives (without its `\n`), read through one buffer that
+/// grows only for a line longer than it; `each`'s first error ends the reading. Bytes after the
+/// last `\n` are a line cut short: an error.
+fn each_line(
+    mut reader: impl std::io::Read,
+    mut each: impl FnMut(&[u8]) -> Result<(), String>,
+) -> std::io::Result<Result<(), String>> {
+    let mut buffer = vec![0u8; LINE_BUFFER];
+    // `buffer[..filled]` is read; `buffer[..done]` has been given to `each`.
+    let (mut filled, mut done) = (0usize, 0usize);
+    loop {
+        if done > 0 {
+            buffer.copy_within(done..filled, 0);
+            (filled, done) = (filled - done, 0);
+        }
+        if filled == buffer.len() {
+            buffer.resize(buffer.len() * 2, 0);
+        }
+        let read = match reader.read(&mut buffer[filled..]) {
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if read == 0 {
+            return Ok(if filled == 0 { Ok(()) } else { Err("the index ends inside a line (truncated)".into()) });
+        }
+        let mut start = filled;
+        filled += read;
+        while let Some(end) = memchr::memchr(b'\n', &buffer[start..filled]).map(|at| start + at) {
+            if let Err(e) = each(&buffer[done..end]) {
+                return Ok(Err(e));
+            }
+            (done, start) = (end + 1, end + 1);
+        }
+    }
 }
 
 /// One entry line parsed: its (project, session) directory names (borrowed from the line
@@ -557,6 +614,41 @@ mod tests {
         assert!(logs.is_empty() && logs.iter().next().is_none());
     }
 
+    /// Lines are given whole whatever the reads cut them into, one longer than the buffer too;
+    /// bytes after the last newline are a line cut short.
+    #[test]
+    fn each_line_gives_whole_lines_across_reads_and_refuses_a_cut_one() {
+        /// Gives at most `step` bytes a read.
+        struct Trickle<'a>(&'a [u8], usize);
+        impl std::io::Read for Trickle<'_> {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.len().min(self.1).min(out.len());
+                out[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let long = "x".repeat(LINE_BUFFER * 2 + 7);
+        let text = format!("a\n\nbc\n{long}\nlast\n");
+        for step in [1, 3, 4096, LINE_BUFFER, usize::MAX] {
+            let mut lines = Vec::new();
+            let read = each_line(Trickle(text.as_bytes(), step), |line| {
+                lines.push(String::from_utf8(line.to_vec()).unwrap());
+                Ok(())
+            });
+            assert_eq!(read.unwrap(), Ok(()), "step {step}");
+            assert_eq!(lines, ["a", "", "bc", long.as_str(), "last"], "step {step}");
+            let cut = each_line(Trickle(&text.as_bytes()[..text.len() - 1], step), |_| Ok(()));
+            assert_eq!(cut.unwrap(), Err("the index ends inside a line (truncated)".to_string()), "step {step}");
+        }
+        let mut seen = 0;
+        let stopped = each_line(Trickle(text.as_bytes(), 5), |_| {
+            seen += 1;
+            if seen == 2 { Err("stop".into()) } else { Ok(()) }
+        });
+        assert_eq!((stopped.unwrap(), seen), (Err("stop".to_string()), 2));
+    }
+
     /// A project whose lines are not all in one run (what `write` writes is grouped, a hand-made
     /// index need not be) is read whole, and a log it repeats across its runs is refused.
     #[test]
@@ -585,6 +677,6 @@ mod tests {
         let a2 = loaded[OsStr::new("--a--")].iter().find(|(name, _)| *name == "a2").map(|(_, entry)| entry);
         assert_eq!(a2.map(|entry| entry.header.id.as_str()), Some("a2"));
         let repeated = written(&[("--a--", "a1"), ("--b--", "b1"), ("--a--", "a1")]).unwrap_err();
-        assert_eq!(repeated, "entry 3 repeats a log");
+        assert_eq!(repeated, "the log --a--/a1 has two entries");
     }
 }
