@@ -82,7 +82,7 @@ pub(crate) fn header(cursor: &mut Cursor<'_>) -> Option<SessionHeader> {
     let string =
         |c: &mut Cursor<'_>, key: &str| if c.eat(key) { c.string().map(|s| Some(s.to_string())) } else { Some(None) };
     cursor.expect("{\"type\":")?;
-    let tag = cursor.string()?.to_string();
+    let tag = SessionHeader::tag_of(cursor.string()?);
     cursor.expect(",\"version\":")?;
     let version = cursor.uint()?;
     cursor.expect(",\"id\":")?;

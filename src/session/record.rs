@@ -1,6 +1,8 @@
 //! Session log records: the header line, the event envelope and packed chunk rows of the
 //! dsh-compatible JSONL format (`protocol/session-log.md`). The event bodies are `event`'s.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -15,8 +17,10 @@ pub(crate) const SESSION_FORMAT_VERSION: u64 = 0;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SessionHeader {
-    #[serde(rename = "type")]
-    pub tag: String,
+    /// `"session"` in every header kin accepts, held without an allocation of its own
+    /// (thousands of headers are read at a start).
+    #[serde(rename = "type", deserialize_with = "header_type")]
+    pub tag: Cow<'static, str>,
     pub version: u64,
     pub id: String,
     pub created_at: u64,
@@ -32,7 +36,27 @@ pub struct SessionHeader {
     pub delegation_depth: u64,
 }
 
+/// The `type` of a header line: the static `"session"` for the one kin accepts.
+fn header_type<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Cow<'static, str>, D::Error> {
+    struct Tag;
+    impl serde::de::Visitor<'_> for Tag {
+        type Value = Cow<'static, str>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: serde::de::Error>(self, tag: &str) -> Result<Self::Value, E> {
+            Ok(SessionHeader::tag_of(tag))
+        }
+    }
+    deserializer.deserialize_str(Tag)
+}
+
 impl SessionHeader {
+    /// The `type` `tag` as a header holds it.
+    pub(crate) fn tag_of(tag: &str) -> Cow<'static, str> {
+        if tag == "session" { Cow::Borrowed("session") } else { Cow::Owned(tag.to_string()) }
+    }
+
     /// A fresh top-level header.
     pub fn new(id: impl Into<String>, created_at: u64, cwd: Option<String>) -> Self {
         SessionHeader {
@@ -244,6 +268,23 @@ impl PackedRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header's `type` is held without an allocation of its own when it is `"session"`, read
+    /// by serde or by kin's own reader; any other is kept as read, and refused by name.
+    #[test]
+    fn the_session_type_is_held_without_an_allocation_and_another_is_refused_by_name() {
+        let line = serde_json::to_string(&SessionHeader::new("a", 1, Some("/w".into()))).unwrap();
+        let by_serde: SessionHeader = serde_json::from_str(&line).unwrap();
+        let by_kin = super::super::canonical::header(&mut super::super::canonical::Cursor::new(&line)).unwrap();
+        for header in [by_serde, by_kin] {
+            assert!(matches!(header.tag, Cow::Borrowed("session")), "{:?}", header.tag);
+        }
+        let other = line.replace("\"session\"", "\"sessions\"");
+        let read: SessionHeader = serde_json::from_str(&other).unwrap();
+        assert!(matches!(&read.tag, Cow::Owned(tag) if tag == "sessions"));
+        let refused = SessionHeader::parse(&other).unwrap_err();
+        assert_eq!(refused, "invalid session header: type is \"sessions\", expected \"session\"");
+    }
 
     #[test]
     fn packed_text_row_unpacks_with_times_and_seqs() {
