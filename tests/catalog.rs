@@ -1617,7 +1617,6 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
     drop(kin); // Killed: a dropped Peer kills a kin still running.
 }
 
-// ---------------------------------------------------------------------------------------------
 /// `kin bench --first-listing` (what the catalog bench runs for its cold figure): a kin process
 /// just started lists a parent's children once, as its runtime's first listing does, and prints
 /// one line of JSON with how many it listed and that listing's wall and CPU time.
@@ -1641,6 +1640,7 @@ fn the_bench_s_first_listing_runs_in_a_new_kin_process_and_lists_the_children() 
     assert!(figures["cpuMs"].as_f64().is_some_and(|ms| ms >= 0.0), "{text}");
 }
 
+// ---------------------------------------------------------------------------------------------
 // H. The derived catalog index (issue 23): headers and descriptors stay authoritative; an index
 // that is stale, missing or corrupt in any way lists exactly what no index lists.
 
