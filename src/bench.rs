@@ -453,18 +453,21 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
 /// The first listing of `parent`'s children in `sessions` by this kin process, just started, as
 /// its runtime makes one (a query keeping the index; the listing on a blocking thread): one line
 /// of JSON with its wall and CPU time and how many it listed (`kin bench --first-listing`, which
-/// the catalog section runs).
+/// the catalog section runs). As `list_agents` does, the listing shares the query, which outlives
+/// it: the runtime keeps its query for its life, so freeing it is no part of a listing's time.
 pub async fn first_listing(sessions: &Path, parent: &str, out: &mut dyn Write) -> Result<()> {
     use crate::session::query::{SessionQuery, StoreSource};
-    let query = SessionQuery::new(StoreSource::persisted_only(SessionStore::new(sessions.to_path_buf())).with_index());
-    let parent = parent.to_string();
+    let store = StoreSource::persisted_only(SessionStore::new(sessions.to_path_buf())).with_index();
+    let query = std::sync::Arc::new(SessionQuery::new(store));
+    let (shared, parent) = (query.clone(), parent.to_string());
     let (started, cpu) = (Instant::now(), process_cpu());
     let listed = tokio::task::spawn_blocking(move || {
         let cancel = tokio_util::sync::CancellationToken::new();
-        crate::subagent::catalog::list_children(Some(&query), &parent, &cancel).map(|listed| listed.len())
+        crate::subagent::catalog::list_children(Some(&*shared), &parent, &cancel).map(|listed| listed.len())
     })
     .await??;
     let (wall, cpu) = (started.elapsed(), process_cpu().saturating_sub(cpu));
+    drop(query);
     writeln!(out, "{}", json!({"wallMs": millis(wall), "cpuMs": millis(cpu), "listed": listed}))?;
     Ok(())
 }
