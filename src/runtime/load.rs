@@ -198,14 +198,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rt = runtime(dir.path());
         let id = "5e2d3c1a-0000-4000-8000-000000000001";
-        // The log written as a file, not by a writer: a writer's lock (`flock`) would live on in
-        // a process another test forks before its `exec`, and refuse the delete below as held.
-        let cwd = dir.path().display().to_string();
-        let path = crate::session::layout::log_path(rt.store().root(), Some(&cwd), id);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let header = serde_json::to_string(&SessionHeader::new(id, 0, Some(cwd.clone()))).unwrap();
-        std::fs::write(&path, header + "\n").unwrap();
-        assert_eq!(rt.store().locate(id).unwrap(), Some(path));
+        let mut stored = rt.store().create(SessionHeader::new(id, 0, Some(dir.path().display().to_string()))).unwrap();
+        stored.flush().unwrap();
+        drop(stored);
 
         let gate = rt.load_gate(id);
         let loading = gate.lock().await;

@@ -26,7 +26,7 @@ const KEPT_BUFFER_BYTES: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct LogWriter {
     path: PathBuf,
-    file: Option<File>,
+    file: Option<LockedFile>,
     /// Header line waiting for materialization (None once the file exists).
     header_line: Option<String>,
     committed: u64,
@@ -63,7 +63,7 @@ impl LogWriter {
 
     /// A writer of the log at `path` with nothing pending: `file` open on it (`None` until a new
     /// log's `header_line` is published), `committed` bytes of it written.
-    fn at(path: PathBuf, file: Option<File>, header_line: Option<String>, committed: u64) -> LogWriter {
+    fn at(path: PathBuf, file: Option<LockedFile>, header_line: Option<String>, committed: u64) -> LogWriter {
         LogWriter {
             path,
             file,
@@ -241,7 +241,7 @@ impl LogWriter {
         let dir = self.path.parent().context("session log path has no parent directory")?.to_path_buf();
         let created = Created { dir: !dir.exists() };
         let mut linked = false;
-        let mut publish = || -> Result<File> {
+        let mut publish = || -> Result<LockedFile> {
             create_dir_durably(&dir)?;
             let tmp = dir.join(format!(".session.jsonl.{}.tmp", uuid::Uuid::new_v4()));
             let written = (|| -> Result<()> {
@@ -260,8 +260,7 @@ impl LogWriter {
                 .append(true)
                 .open(&self.path)
                 .with_context(|| format!("opening {}", self.path.display()))?;
-            lock_exclusive(&file, &self.path)?;
-            Ok(file)
+            lock_exclusive(file, &self.path)
         };
         match publish() {
             Ok(file) => {
@@ -312,11 +311,47 @@ fn remove_published(path: &Path, linked: bool, created: Created) {
     }
 }
 
-/// `flock(LOCK_EX | LOCK_NB)`: true when taken, false when another open file holds it.
-fn flock_nb(file: &File) -> std::io::Result<bool> {
+/// A log file holding the writers' advisory exclusive lock (`flock`), which it releases
+/// explicitly when dropped. Closing the file alone would not: the lock belongs to the open file
+/// description, which a process this one forks while the file is open shares until it calls
+/// `exec`, so a delete or a load right after a close, while kin spawns a tool or server process,
+/// would be refused as if the session were still open.
+#[derive(Debug)]
+pub(crate) struct LockedFile(File);
+
+impl LockedFile {
+    /// `file` with the lock taken, or `None` when another open file holds it.
+    fn take(file: File) -> std::io::Result<Option<LockedFile>> {
+        Ok(flock(&file, libc::LOCK_EX | libc::LOCK_NB)?.then_some(LockedFile(file)))
+    }
+}
+
+impl std::ops::Deref for LockedFile {
+    type Target = File;
+    fn deref(&self) -> &File {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for LockedFile {
+    fn deref_mut(&mut self) -> &mut File {
+        &mut self.0
+    }
+}
+
+impl Drop for LockedFile {
+    fn drop(&mut self) {
+        if let Err(e) = flock(&self.0, libc::LOCK_UN) {
+            tracing::warn!("releasing a session log's lock: {e}; it is released when the file closes");
+        }
+    }
+}
+
+/// `flock(operation)`: true when done, false when `LOCK_NB` met a lock another open file holds.
+fn flock(file: &File, operation: libc::c_int) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: flock on a file descriptor this `File` owns for the duration of the call.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let rc = unsafe { libc::flock(file.as_raw_fd(), operation) };
     if rc == 0 {
         return Ok(true);
     }
@@ -327,16 +362,13 @@ fn flock_nb(file: &File) -> std::io::Result<bool> {
     }
 }
 
-/// Takes the advisory exclusive lock (`flock`) that marks a log as written by this process; it
-/// is released when the file closes (also when the process dies). A log locked by another
-/// process is refused with an error that says so.
 /// An existing log, open for appending and locked against every other kin process: taken
 /// before the log is scanned, so that what the scan finds is still all of it when the writer
 /// resumes (another kin closing the session between the two could otherwise have appended
 /// events the torn-tail truncation would then cut off).
 pub(crate) struct LockedLog {
     path: PathBuf,
-    file: File,
+    file: LockedFile,
 }
 
 impl LockedLog {
@@ -346,7 +378,7 @@ impl LockedLog {
             .append(true)
             .open(&path)
             .with_context(|| format!("opening session log {}", path.display()))?;
-        lock_exclusive(&file, &path)?;
+        let file = lock_exclusive(file, &path)?;
         Ok(LockedLog { path, file })
     }
 
@@ -363,9 +395,12 @@ impl LockedLog {
     }
 }
 
-fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
-    if flock_nb(file).with_context(|| format!("locking {}", path.display()))? {
-        return Ok(());
+/// Takes the advisory exclusive lock (`flock`) that marks a log as written by this process; it is
+/// released when the writer closes (`LockedFile`), or when the process dies. A log locked by
+/// another open file is refused with an error that says so.
+fn lock_exclusive(file: File, path: &Path) -> Result<LockedFile> {
+    if let Some(locked) = LockedFile::take(file).with_context(|| format!("locking {}", path.display()))? {
+        return Ok(locked);
     }
     anyhow::bail!(
         "session log {} is being written by another kin process; close the session there (or stop that kin) first",
@@ -395,10 +430,9 @@ fn create_dir_syncing(dir: &Path, mut sync: impl FnMut(&Path) -> std::io::Result
 /// Takes the writer's lock on an existing log without writing to it: `Some(file)` holds it (until
 /// the file is dropped), `None` means a writer — a live session, in this process or another —
 /// holds it.
-pub(super) fn try_lock(path: &Path) -> Result<Option<File>> {
+pub(super) fn try_lock(path: &Path) -> Result<Option<LockedFile>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let taken = flock_nb(&file).with_context(|| format!("locking {}", path.display()))?;
-    Ok(taken.then_some(file))
+    LockedFile::take(file).with_context(|| format!("locking {}", path.display()))
 }
 
 #[cfg(test)]
@@ -548,6 +582,42 @@ mod tests {
         assert_eq!(lines.len(), 2, "{text}");
         assert!(lines[1].starts_with("{\"type\":\"x\",\"seq\":1"), "{text}");
         assert!(w.stray.is_none());
+    }
+
+    #[test]
+    fn a_closed_log_s_lock_is_released_while_a_process_forked_with_it_open_has_not_exec_d() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/session.jsonl");
+        let mut w = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        w.flush().unwrap();
+        // A process forked while the log is open and held between its fork and its `exec`, as a
+        // tool or server process kin spawns is for a moment: it shares the log's open file.
+        let (mut forked, forked_says) = std::io::pipe().unwrap();
+        let (release_waits, mut release) = std::io::pipe().unwrap();
+        let (says, waits) = (forked_says.as_raw_fd(), release_waits.as_raw_fd());
+        let mut command = std::process::Command::new("true");
+        // SAFETY: the hook only calls `write` and `read`, both async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                let mut byte = 0u8;
+                libc::write(says, (&raw const byte).cast(), 1);
+                libc::read(waits, (&raw mut byte).cast(), 1);
+                Ok(())
+            });
+        }
+        let child = std::thread::spawn(move || command.spawn().and_then(|mut child| child.wait()));
+        forked.read_exact(&mut [0u8]).unwrap();
+        drop(w);
+        // What a delete (`try_lock`) and a load (`LockedLog::open`) of the closed log find.
+        let deletable = try_lock(&path).unwrap().is_some();
+        let loadable = LockedLog::open(path.clone()).map(drop);
+        release.write_all(b"x").unwrap();
+        assert!(child.join().unwrap().unwrap().success());
+        assert!(deletable, "the closed log is still locked while the forked process has not exec'd");
+        loadable.expect("a closed log opens for writing again");
     }
 
     #[test]
