@@ -218,6 +218,7 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
     }
     if options.runs(Section::Catalog) {
         catalog(tmp.path(), quick, &mut report)?;
+        session_list(&tmp.path().join("catalog"), &mut report).await?;
     }
     if options.runs(Section::Tree) {
         tree_reload(tmp.path(), &mut report).await?;
@@ -448,6 +449,25 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// `session/list` over the catalog corpus (its unrelated sessions are top-level sessions with a
+/// title each) in a fresh `kin acp`: the first call after the start, and the next one.
+async fn session_list(sessions: &Path, report: &mut Report<'_>) -> Result<()> {
+    let kin = KinProcess::start(sessions, None).await?;
+    for call in ["first", "again"] {
+        let started = Instant::now();
+        let listed = kin.call("session/list", json!({})).await?;
+        let took = started.elapsed();
+        let listed = listed["sessions"].as_array().map_or(0, Vec::len);
+        anyhow::ensure!(listed == CATALOG_UNRELATED, "session/list listed {listed} of {CATALOG_UNRELATED}");
+        report.metric(
+            &format!("session_list_{CATALOG_UNRELATED}_{call}_ms"),
+            millis(took),
+            format!("session/list of {CATALOG_UNRELATED} stored sessions with titles, {call} call: {}", ms(took)),
+        )?;
+    }
+    kin.close().await
 }
 
 /// The first listing of `parent`'s children in `sessions` by this kin process, just started, as

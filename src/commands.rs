@@ -61,9 +61,10 @@ impl From<crate::cli::CompareArg> for Compare {
 
 pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
     let sessions = SessionStore::new(config.sessions_dir.clone()).list_top_level(cwd);
+    let titles = crate::session::Titles::default().of_each(&sessions);
     let mut out = std::io::stdout().lock();
-    for s in sessions {
-        let title = crate::session::scan::read_title(&s.path).map(|t| format!("  {t}")).unwrap_or_default();
+    for (s, title) in sessions.iter().zip(titles) {
+        let title = title.map(|t| format!("  {t}")).unwrap_or_default();
         writeln!(
             out,
             "{}  {}  {}{title}",

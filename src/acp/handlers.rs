@@ -379,25 +379,39 @@ impl AcpServer {
         })
     }
 
+    /// Lists on a blocking thread (every log's header, and the titles of changed logs), so
+    /// the connection serves other requests meanwhile.
     pub(super) fn list_sessions(
         &self,
         req: ListSessionsRequest,
         responder: Responder<ListSessionsResponse>,
-        _cx: &ConnectionTo<Client>,
+        cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        let sessions = self
-            .runtime
-            .list_sessions(req.cwd.as_deref())
-            .into_iter()
-            .filter_map(|s| {
-                let cwd = s.header.cwd.clone()?;
-                let info = SessionInfo::new(s.header.id.clone(), cwd)
-                    .updated_at(crate::timefmt::rfc3339(s.modified))
-                    .title(self.runtime.session_title(&s));
-                Some(info)
-            })
-            .collect();
-        responder.respond(ListSessionsResponse::new(sessions))
+        let runtime = self.runtime.clone();
+        cx.spawn(async move {
+            let listed = tokio::task::spawn_blocking(move || runtime.list_sessions(req.cwd.as_deref())).await;
+            let sent = match listed {
+                Ok(listed) => {
+                    let sessions = listed
+                        .into_iter()
+                        .filter_map(|(s, title)| {
+                            let cwd = s.header.cwd?;
+                            Some(
+                                SessionInfo::new(s.header.id, cwd)
+                                    .updated_at(crate::timefmt::rfc3339(s.modified))
+                                    .title(title),
+                            )
+                        })
+                        .collect();
+                    responder.respond(ListSessionsResponse::new(sessions))
+                }
+                Err(e) => responder.respond_with_error(Error::internal_error().data(format!("listing sessions: {e}"))),
+            };
+            if let Err(e) = sent {
+                tracing::debug!("session/list response not delivered: {e}");
+            }
+            Ok(())
+        })
     }
 
     pub(super) fn close_session(

@@ -36,13 +36,11 @@ impl Runtime {
         Some(ChildRecord { header: scanned.header, events, descriptor, live: activity == Activity::Running, running })
     }
 
-    /// The title of a stored session (its last `session/title`; cached per log).
-    pub fn session_title(&self, stored: &StoredSession) -> Option<String> {
-        self.titles.title(stored)
-    }
-
-    /// Top-level sessions (never children), newest first, optionally only those in `cwd`.
-    pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
-        self.store.list_top_level(cwd)
+    /// Top-level sessions (never children), newest first, optionally only those in `cwd`, each
+    /// with its title (its last `session/title`; cached per log). Blocking file I/O.
+    pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<(StoredSession, Option<String>)> {
+        let listed = self.store.list_top_level(cwd);
+        let titles = self.titles.of_each(&listed);
+        listed.into_iter().zip(titles).collect()
     }
 }

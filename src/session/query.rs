@@ -1462,7 +1462,7 @@ impl SourceState {
         stat(path, id)
     }
 
-    fn read_header(&self, path: &Path) -> Result<(SessionHeader, SystemTime), String> {
+    fn read_header(&self, path: &Path) -> Result<(SessionHeader, super::scan::LogStat), String> {
         count(&self.io.header_reads);
         read_header(path)
     }

@@ -59,16 +59,27 @@ const HEADER_LIMIT: u64 = 1 << 20;
 
 /// Reads only the header line of the log at `path` (opened as `open_log` does; at most
 /// `HEADER_LIMIT` bytes, ending in a newline) and the log's modification time.
-pub(crate) fn read_header(path: &Path) -> Result<(SessionHeader, std::time::SystemTime), String> {
+pub(crate) fn read_header(path: &Path) -> Result<(SessionHeader, LogStat), String> {
     use std::io::BufRead;
-    let file = open_log(path).map_err(|e| e.to_string())?;
-    let modified = file.metadata().and_then(|m| m.modified()).unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    let file = open_log_unchecked(path).map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let stat = LogStat { len: meta.len(), modified: meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH) };
     let mut line = String::new();
     std::io::BufReader::new(std::io::Read::take(file, HEADER_LIMIT)).read_line(&mut line).map_err(|e| e.to_string())?;
     let Some(line) = line.strip_suffix('\n') else {
         return Err("header line is incomplete".into());
     };
-    Ok((SessionHeader::parse(line)?, modified))
+    Ok((SessionHeader::parse(line)?, stat))
+}
+
+/// A log's length and modification time, as the read of its header found them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogStat {
+    pub(crate) len: u64,
+    pub(crate) modified: std::time::SystemTime,
 }
 
 /// The longest line `read_title` looks into: a title event is far shorter, and a longer line is

@@ -10,6 +10,7 @@ use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
 use super::scan::{ScanError, Scanned, read_header, scan_file, scan_file_resident};
+use super::store_scan::{in_parallel, workers_for};
 use super::watch::LogWatch;
 use super::writer::{LockedLog, LogWriter};
 
@@ -44,6 +45,8 @@ pub struct StoredSession {
     pub header: SessionHeader,
     pub path: PathBuf,
     pub modified: SystemTime,
+    /// The log's length when its header was read (with `modified`, the key of its title).
+    pub len: u64,
 }
 
 /// All logs under one root.
@@ -194,29 +197,25 @@ impl SessionStore {
         Ok(session)
     }
 
-    /// Every log under the root, read from header lines only; unreadable logs are skipped with a
-    /// warning. Unordered.
+    /// Every log under the root, read from header lines only (on a few threads, a chunk of logs
+    /// each); unreadable logs are skipped with a warning. Unordered.
     pub fn list(&self) -> Vec<StoredSession> {
-        let mut out = Vec::new();
         let Ok(projects) = std::fs::read_dir(&self.root) else {
-            return out;
+            return Vec::new();
         };
-        for project in projects.flatten() {
-            let Ok(sessions) = std::fs::read_dir(project.path()) else {
-                continue;
-            };
-            for session in sessions.flatten() {
-                let path = session.path().join(LOG_FILE);
-                match stored_at(&path) {
-                    Ok(Some(stored)) => out.push(stored),
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), "skipping unreadable session log: {e}")
-                    }
-                }
+        let paths: Vec<PathBuf> = projects
+            .flatten()
+            .filter_map(|project| std::fs::read_dir(project.path()).ok())
+            .flat_map(|sessions| sessions.flatten().map(|session| session.path().join(LOG_FILE)))
+            .collect();
+        let read = |path: &PathBuf| match stored_at(path) {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "skipping unreadable session log: {e}");
+                None
             }
-        }
-        out
+        };
+        each_in_parallel(&paths, read).into_iter().flatten().collect()
     }
 }
 
@@ -338,35 +337,58 @@ pub(crate) struct Titles {
 type CachedTitle = (u64, SystemTime, Option<String>);
 
 impl Titles {
-    /// The title of `stored` (its log's last `session/title`), if it has one.
-    pub(crate) fn title(&self, stored: &StoredSession) -> Option<String> {
-        let meta = std::fs::symlink_metadata(&stored.path).ok()?;
-        let key = (meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH));
-        let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((len, modified, title)) = cache.get(&stored.path)
-            && (*len, *modified) == key
+    /// The title of each listed session (its log's last `session/title`), in order: cached ones
+    /// at the length and mtime the listing found, the others read on a few threads.
+    pub(crate) fn of_each(&self, listed: &[StoredSession]) -> Vec<Option<String>> {
+        each_in_parallel(listed, |stored| self.title(stored))
+    }
+
+    /// The title of `stored` as of the length and mtime its listing found (the log is read
+    /// without holding the cache).
+    fn title(&self, stored: &StoredSession) -> Option<String> {
+        let cache = || self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((len, modified, title)) = cache().get(&stored.path)
+            && (*len, *modified) == (stored.len, stored.modified)
         {
             return title.clone();
         }
         let title = super::scan::read_title(&stored.path);
-        cache.insert(stored.path.clone(), (key.0, key.1, title.clone()));
+        cache().insert(stored.path.clone(), (stored.len, stored.modified, title.clone()));
         title
     }
 }
 
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
 fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Ok(None);
+    match read_header(path) {
+        Ok((header, stat)) => {
+            Ok(Some(StoredSession { header, path: path.to_path_buf(), modified: stat.modified, len: stat.len }))
+        }
+        Err(_) if std::fs::symlink_metadata(path).is_err() => Ok(None),
+        Err(e) => Err(e),
     }
-    let (header, modified) = read_header(path)?;
-    Ok(Some(StoredSession { header, path: path.to_path_buf(), modified }))
+}
+
+/// `f` of each item, in order, on a few threads taking a chunk of items at a time (one thread
+/// for a few items; this one alone if a thread panicked).
+fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    const CHUNK: usize = 128;
+    let chunks: Vec<&[T]> = items.chunks(CHUNK).collect();
+    match in_parallel(workers_for(chunks.len()), chunks.len(), |c| chunks[c].iter().map(&f).collect::<Vec<R>>()) {
+        Ok(done) => done.into_iter().flatten().collect(),
+        Err(_) => items.iter().map(f).collect(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use serde_json::json;
+
+    use super::super::event::EventBody;
+    use super::super::record::{Event, Record};
     use super::*;
 
     /// Set by `scan_while_another_writer_tries` when its writer was refused.
@@ -378,6 +400,55 @@ mod tests {
         let refused = LockedLog::open(path.to_path_buf()).is_err_and(|e| e.to_string().contains("another kin process"));
         REFUSED.store(refused, Ordering::SeqCst);
         scan_file_resident(path)
+    }
+
+    /// A log written as a file: its header line and `more` after it.
+    fn write_log(root: &Path, cwd: &str, id: &str, more: &str) -> PathBuf {
+        let path = log_path(root, Some(cwd), id);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let header = serde_json::to_string(&SessionHeader::new(id, 0, Some(cwd.to_string()))).unwrap();
+        std::fs::write(&path, format!("{header}\n{more}")).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_listing_reads_every_log_across_its_chunks_and_skips_the_broken_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut ids: Vec<String> = (0..300).map(|i| format!("s{i:03}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            write_log(dir.path(), if i % 3 == 0 { "/a" } else { "/b" }, id, "");
+        }
+        let broken = log_path(dir.path(), Some("/a"), "broken");
+        std::fs::create_dir_all(broken.parent().unwrap()).unwrap();
+        std::fs::write(&broken, "not a header\n").unwrap();
+        std::fs::create_dir_all(log_path(dir.path(), Some("/a"), "empty").parent().unwrap()).unwrap();
+        let mut listed: Vec<String> = store.list().into_iter().map(|s| s.header.id).collect();
+        listed.sort();
+        ids.sort();
+        assert_eq!(listed, ids, "each log once; a broken header and a directory without a log are skipped");
+    }
+
+    #[test]
+    fn a_title_is_cached_at_the_length_and_mtime_its_listing_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let title = |text: &str| {
+            let event = Event::new(
+                1,
+                0,
+                EventBody::Unknown { kind: "session/title".into(), data: json!({"title": text}) },
+                None,
+            );
+            format!("{}\n", Record::Event(event).to_line())
+        };
+        let path = write_log(dir.path(), "/a", "s", &title("First"));
+        let titles = Titles::default();
+        let listed = store.list();
+        assert_eq!(titles.of_each(&listed), [Some("First".to_string())]);
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(title("Second").as_bytes()).unwrap();
+        assert_eq!(titles.of_each(&listed), [Some("First".to_string())], "as of that listing: not read again");
+        assert_eq!(titles.of_each(&store.list()), [Some("Second".to_string())], "a new listing sees the change");
     }
 
     #[test]
