@@ -148,8 +148,8 @@ impl Runtime {
             .with_index();
             // Every log this runtime writes is reported to the query, which keeps the index current.
             let watch = source.watch();
-            let query: Arc<dyn QueryService> = Arc::new(SessionQuery::new(source));
-            tools.register(Arc::new(ListAgentsTool(Some(query.clone()))));
+            let query = Arc::new(SessionQuery::new(source));
+            tools.register(Arc::new(ListAgentsTool(Some(query.clone() as Arc<dyn QueryService>))));
             for problem in problems {
                 tracing::error!("subagent setup: {problem}");
             }

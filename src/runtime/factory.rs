@@ -48,8 +48,7 @@ impl ChildFactory for Runtime {
     }
 
     fn stored_subagents(&self) -> Vec<SessionHeader> {
-        self.store
-            .list()
+        self.stored()
             .into_iter()
             .map(|s| s.header)
             .filter(|h| h.parent_session.is_some() && h.origin.as_deref() == Some("subagent"))

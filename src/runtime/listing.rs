@@ -7,6 +7,7 @@ use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use super::{ChildRecord, Runtime};
+use crate::session::store::top_level;
 use crate::session::{Event, StoredSession};
 use crate::subagent::catalog::{Activity, TreeEntry, list_tree};
 use crate::subagent::{Descriptor, SubagentError};
@@ -36,10 +37,19 @@ impl Runtime {
         Some(ChildRecord { header: scanned.header, events, descriptor, live: activity == Activity::Running, running })
     }
 
+    /// Every stored log with a readable header, from the session query's cache (a header is read
+    /// only from a log new or changed since its last scan); if the query fails, from every log.
+    pub(crate) fn stored(&self) -> Vec<StoredSession> {
+        self.query.source().stored(&CancellationToken::new()).unwrap_or_else(|e| {
+            tracing::warn!("the session query could not list the store ({e}); reading every log's header");
+            self.store.list()
+        })
+    }
+
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`, each
     /// with its title (its last `session/title`; cached per log). Blocking file I/O.
     pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<(StoredSession, Option<String>)> {
-        let listed = self.store.list_top_level(cwd);
+        let listed = top_level(self.stored(), cwd);
         let titles = self.titles.of_each(&listed);
         listed.into_iter().zip(titles).collect()
     }

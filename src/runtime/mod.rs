@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use crate::config::Config;
 use crate::model::Model;
 use crate::permission::PermissionPrompt;
-use crate::session::query::QueryService;
+use crate::session::query::{SessionQuery, StoreSource};
 use crate::session::{Event, Session, SessionHeader, SessionObserver, SessionStore};
 use crate::subagent::agents::Defaults;
 use crate::subagent::continuation::ContinuationManager;
@@ -100,8 +100,9 @@ pub struct Runtime {
     sandbox_settings: Arc<crate::sandbox::SandboxSettings>,
     /// The titles `session/list` shows, cached per log.
     titles: crate::session::Titles,
-    /// The catalog's session query (`list_agents` and the agent tree read through it).
-    query: Arc<dyn QueryService>,
+    /// The catalog's session query (`list_agents`, the agent tree and `session/list` read
+    /// through it).
+    query: Arc<SessionQuery<StoreSource>>,
 }
 
 impl Runtime {

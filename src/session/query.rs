@@ -42,7 +42,7 @@ use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
 use super::scan::{LocatedLine, read_header, scan_file, scan_file_locating};
-use super::store::{SessionStore, StoreError};
+use super::store::{SessionStore, StoreError, StoredSession};
 use super::store_scan::{FoundLog, ProjectScan, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
 use super::surface::validate;
@@ -1443,6 +1443,35 @@ impl SessionSource for StoreSource {
 }
 
 impl StoreSource {
+    /// Every log of the store with a readable header, as of one corpus scan: what
+    /// `SessionStore::list` reads from every log, from the cache instead (the headers of logs
+    /// unchanged since the last scan, and after a start the catalog index's). Unordered.
+    pub(crate) fn stored(&self, cancel: &CancellationToken) -> Result<Vec<StoredSession>, QueryError> {
+        self.state.corpus(cancel)?;
+        let listed = {
+            let cache = self.state.cache();
+            let root = self.state.store.root();
+            let current = |log: &&CachedLog| log.seen == cache.generation && log.statted;
+            cache
+                .logs
+                .iter()
+                .flat_map(|(project, logs)| {
+                    logs.iter().filter(|(_, log)| current(log)).filter_map(move |(session, log)| {
+                        Some(StoredSession {
+                            header: SessionHeader::clone(log.header.as_ref().ok()?),
+                            path: log_file(root, project, session),
+                            modified: log.modified,
+                            len: log.len,
+                        })
+                    })
+                })
+                .collect()
+        };
+        // A scan that read logs the index did not know leaves the index behind.
+        self.state.write_index();
+        Ok(listed)
+    }
+
     /// What this source has done to the logs so far.
     pub fn io(&self) -> SourceIo {
         let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
@@ -1718,6 +1747,43 @@ mod tests {
         write("b", "s-1", 6);
         let conflict = records("disagreeing").unwrap_err();
         assert!(conflict.starts_with("session s-1 has conflicting headers"), "{conflict}");
+    }
+
+    /// `stored` lists what the store's `list` reads from every log (both logs of a session found
+    /// in two projects, a broken header left out), from the cache: only a changed log's header is
+    /// read again.
+    #[test]
+    fn stored_is_the_store_s_listing_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |project: &str, id: &str, text: &str| {
+            let session = dir.path().join(project).join(id);
+            std::fs::create_dir_all(&session).unwrap();
+            std::fs::write(session.join(LOG_FILE), text).unwrap();
+        };
+        let header = |id: &str, created: u64| {
+            format!(
+                "{{\"type\":\"session\",\"version\":0,\"id\":\"{id}\",\"createdAt\":{created},\"delegationDepth\":0}}\n"
+            )
+        };
+        write("a", "s-1", &header("s-1", 5));
+        write("b", "s-1", &header("s-1", 6));
+        write("a", "t-2", &header("t-2", 7));
+        write("a", "broken", "not a header\n");
+        let store = SessionStore::new(dir.path().to_path_buf());
+        let source = StoreSource::persisted_only(store.clone());
+        let listing = |listed: Vec<StoredSession>| {
+            let mut keys: Vec<_> = listed.into_iter().map(|s| (s.path, s.header.id, s.len, s.modified)).collect();
+            keys.sort();
+            keys
+        };
+        let cancel = CancellationToken::new();
+        assert_eq!(listing(source.stored(&cancel).unwrap()), listing(store.list()));
+        assert_eq!(listing(store.list()).len(), 3);
+        let reads = source.io().header_reads;
+        let t2 = dir.path().join("a").join("t-2").join(LOG_FILE);
+        std::fs::write(&t2, header("t-2", 7) + "{}\n").unwrap();
+        assert_eq!(listing(source.stored(&cancel).unwrap()), listing(store.list()), "the grown log at its new length");
+        assert_eq!(source.io().header_reads, reads + 1, "only the changed log's header was read again");
     }
 
     /// The store's trace (from the corpus's own maps, live asked only of the trace's sessions)

@@ -295,16 +295,21 @@ impl SessionStore {
     /// Top-level sessions (no `parentSession`: never subagent children or forks), newest first
     /// by modification time, optionally only those whose cwd is `cwd`.
     pub fn list_top_level(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
-        let cwd = cwd.map(|c| c.to_string_lossy().into_owned());
-        let mut sessions: Vec<StoredSession> = self
-            .list()
-            .into_iter()
-            .filter(|s| s.header.parent_session.is_none())
-            .filter(|s| cwd.is_none() || s.header.cwd == cwd)
-            .collect();
-        sessions.sort_by_key(|s| std::cmp::Reverse((s.modified, s.header.created_at)));
-        sessions
+        top_level(self.list(), cwd)
     }
+}
+
+/// The top-level sessions of a listing (`list_top_level`'s), newest first, only those in `cwd`
+/// if given.
+pub(crate) fn top_level(listed: Vec<StoredSession>, cwd: Option<&Path>) -> Vec<StoredSession> {
+    let cwd = cwd.map(|c| c.to_string_lossy().into_owned());
+    let mut sessions: Vec<StoredSession> = listed
+        .into_iter()
+        .filter(|s| s.header.parent_session.is_none())
+        .filter(|s| cwd.is_none() || s.header.cwd == cwd)
+        .collect();
+    sessions.sort_by_key(|s| std::cmp::Reverse((s.modified, s.header.created_at)));
+    sessions
 }
 
 /// Removes one log, then its session directory when nothing else is in it, syncing each
