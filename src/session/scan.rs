@@ -58,14 +58,11 @@ impl std::error::Error for ScanError {}
 const HEADER_LIMIT: u64 = 1 << 20;
 
 /// Reads only the header line of the log at `path` (opened as `open_log` does; at most
-/// `HEADER_LIMIT` bytes, ending in a newline) and the log's modification time.
+/// `HEADER_LIMIT` bytes, ending in a newline), with the log's length and modification time
+/// from the same `fstat`.
 pub(crate) fn read_header(path: &Path) -> Result<(SessionHeader, LogStat), String> {
     use std::io::BufRead;
-    let file = open_log_unchecked(path).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
+    let (file, meta) = open_log_statted(path).map_err(|e| e.to_string())?;
     let stat = LogStat { len: meta.len(), modified: meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH) };
     let mut line = String::new();
     std::io::BufReader::new(std::io::Read::take(file, HEADER_LIMIT)).read_line(&mut line).map_err(|e| e.to_string())?;
@@ -175,11 +172,17 @@ pub(crate) fn scan_file_resident(path: &Path) -> Result<Scanned, ScanError> {
 /// Opens a log for reading without following a symlink and without blocking on a FIFO, and
 /// refuses anything that is not a regular file (a directory, a FIFO, a device).
 pub(crate) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    open_log_statted(path).map(|(file, _)| file)
+}
+
+/// `open_log`, with the metadata its check read (one `fstat`).
+fn open_log_statted(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     let file = open_log_unchecked(path)?;
-    if !file.metadata()?.is_file() {
+    let meta = file.metadata()?;
+    if !meta.is_file() {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 /// `open_log` without its `fstat`, for a caller that has just statted the path as a regular

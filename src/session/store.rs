@@ -10,7 +10,7 @@ use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
 use super::scan::{ScanError, Scanned, read_header, scan_file, scan_file_resident};
-use super::store_scan::{in_parallel, workers_for};
+use super::store_scan::each_in_parallel;
 use super::watch::LogWatch;
 use super::writer::{LockedLog, LogWriter};
 
@@ -371,17 +371,6 @@ fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
         }
         Err(_) if std::fs::symlink_metadata(path).is_err() => Ok(None),
         Err(e) => Err(e),
-    }
-}
-
-/// `f` of each item, in order, on a few threads taking a chunk of items at a time (one thread
-/// for a few items; this one alone if a thread panicked).
-fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    const CHUNK: usize = 128;
-    let chunks: Vec<&[T]> = items.chunks(CHUNK).collect();
-    match in_parallel(workers_for(chunks.len()), chunks.len(), |c| chunks[c].iter().map(&f).collect::<Vec<R>>()) {
-        Ok(done) => done.into_iter().flatten().collect(),
-        Err(_) => items.iter().map(f).collect(),
     }
 }
 

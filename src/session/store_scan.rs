@@ -33,7 +33,7 @@ pub(super) struct FoundLog {
 /// At most this many threads scan the store (or build a listing's summaries).
 pub(super) const SCAN_THREADS: usize = 4;
 
-/// The logs a thread stats per task it takes.
+/// The logs a thread stats (or reads, in `each_in_parallel`) per task it takes.
 const CHUNK: usize = 128;
 
 /// How many threads to use for `tasks` tasks: at most `SCAN_THREADS` and the machine's cores.
@@ -78,6 +78,17 @@ pub(super) fn in_parallel<T: Send>(
     })?;
     // Every index below `tasks` was taken by exactly one thread, and none panicked.
     Ok(out.into_iter().flatten().collect())
+}
+
+/// `f` of each item, in order, on a few threads taking `CHUNK` items at a time (one thread
+/// for a few items; this one alone if a thread panicked): `SessionStore::list`'s header reads
+/// and a listing's titles.
+pub(super) fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let chunks: Vec<&[T]> = items.chunks(CHUNK).collect();
+    match in_parallel(workers_for(chunks.len()), chunks.len(), |c| chunks[c].iter().map(&f).collect::<Vec<R>>()) {
+        Ok(done) => done.into_iter().flatten().collect(),
+        Err(_) => items.iter().map(f).collect(),
+    }
 }
 
 /// One project directory, listed: the directory open for `fstatat`, and its session directories.
