@@ -59,9 +59,16 @@ impl From<crate::cli::CompareArg> for Compare {
     }
 }
 
+/// `kin sessions list`: the top-level sessions, newest first, with their titles, read as
+/// `session/list` reads them (through the session query and its catalog index).
 pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
-    let sessions = SessionStore::new(config.sessions_dir.clone()).list_top_level(cwd);
-    let titles = crate::session::Titles::default().of_each(&sessions);
+    use crate::session::query::StoreSource;
+    let source = StoreSource::persisted_only(SessionStore::new(config.sessions_dir.clone())).with_index();
+    let stored = source
+        .stored(&tokio_util::sync::CancellationToken::new())
+        .map_err(|e| anyhow::anyhow!("cannot list the sessions in {}: {e}", config.sessions_dir.display()))?;
+    let sessions = crate::session::store::top_level(stored, cwd);
+    let titles = source.titles(&sessions);
     let mut out = std::io::stdout().lock();
     for (s, title) in sessions.iter().zip(titles) {
         let title = title.map(|t| format!("  {t}")).unwrap_or_default();

@@ -91,6 +91,16 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     let (ok, listed) = run(&["sessions", "list"]);
     assert!(ok && listed.contains("cccccccc-0000-4000-8000-000000000001") && listed.contains("/proj"), "{listed}");
     assert!(listed.trim_end().ends_with("/proj  hello there"), "the title ends the line: {listed}");
+    // The title is kept in the catalog index beside the sessions directory; a newer one is read
+    // from the log, not taken from the index.
+    let index = kin::testkit::session::catalog_index::path(&sessions).unwrap();
+    let indexed = std::fs::read_to_string(&index).unwrap();
+    assert!(indexed.contains(r#""title":{"text":"hello there"}"#), "{indexed}");
+    s.append("session/title", json!({"title": "hello again", "messageSeqs": [1], "source": {"kind": "fallback"}}));
+    s.flush().unwrap();
+    let (ok, listed) = run(&["sessions", "list"]);
+    assert!(ok && listed.trim_end().ends_with("/proj  hello again"), "{listed}");
+    assert!(std::fs::read_to_string(&index).unwrap().contains(r#""title":{"text":"hello again"}"#));
     let (ok, shown) = run(&["sessions", "show", "cccccccc-0000-4000-8000-000000000001"]);
     assert!(ok && shown.contains("user: hello there") && shown.contains("title: hello there (fallback)"), "{shown}");
     let (ok, checked) = run(&["sessions", "check"]);
@@ -101,7 +111,7 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     bytes.extend_from_slice(b"{\"type\":\"turn/e");
     std::fs::write(&path, &bytes).unwrap();
     let (ok, checked) = run(&["sessions", "check", "cccccccc-0000-4000-8000-000000000001"]);
-    assert!(!ok && checked.contains("torn") && checked.contains(":5:"), "{checked}");
+    assert!(!ok && checked.contains("torn") && checked.contains(":6:"), "{checked}");
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "check changes nothing");
 }
 

@@ -175,7 +175,6 @@ impl Runtime {
                 fixture,
                 keys,
                 sandbox_settings: Arc::new(config.sandbox.clone()),
-                titles: crate::session::Titles::default(),
                 config,
                 query,
             }

@@ -47,10 +47,11 @@ impl Runtime {
     }
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`, each
-    /// with its title (its last `session/title`; cached per log). Blocking file I/O.
+    /// with its title (its last `session/title`; kept by the session query and its catalog
+    /// index per log). Blocking file I/O.
     pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<(StoredSession, Option<String>)> {
         let listed = top_level(self.stored(), cwd);
-        let titles = self.titles.of_each(&listed);
+        let titles = self.query.source().titles(&listed);
         listed.into_iter().zip(titles).collect()
     }
 }

@@ -98,8 +98,6 @@ pub struct Runtime {
     defaults: Defaults,
     /// The sandbox settings kin started with (shared by every session's `SessionSandbox`).
     sandbox_settings: Arc<crate::sandbox::SandboxSettings>,
-    /// The titles `session/list` shows, cached per log.
-    titles: crate::session::Titles,
     /// The catalog's session query (`list_agents`, the agent tree and `session/list` read
     /// through it).
     query: Arc<SessionQuery<StoreSource>>,

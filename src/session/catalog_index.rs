@@ -1,10 +1,12 @@
 //! The derived catalog index (issue 23): one file per sessions directory, beside it
 //! (`<sessions>.catalog-index.jsonl`, so the directory itself stays dsh's layout and nothing
 //! that walks it meets a file it does not know), holding what a listing needs of each log — its length and
-//! mtime, its header with a digest of it, and, once a listing has summarised the log, its event
+//! mtime, its header with a digest of it, once a listing has summarised the log its event
 //! count, surface verdict, inbox counts and where each `subagent/descriptor` line sits with a
-//! digest of that line — so the first listing after a start reads one descriptor line per child
-//! instead of every child log whole (protocol/catalog.md, "The catalog index"). Each project's
+//! digest of that line, and once `session/list` has read it its title — so the first listing
+//! after a start reads one descriptor line per child instead of every child log whole, and the
+//! first `session/list` reads no log for its titles (protocol/catalog.md, "The catalog index").
+//! Each project's
 //! entries are written in the order the last scan found its logs, so the next start's scan of an
 //! unchanged directory takes them in step (`Logs`) instead of looking each up by name.
 //!
@@ -38,7 +40,8 @@ use super::scan::{LocatedLine, open_log, open_log_unchecked};
 pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
 /// The format version on the first line; any other is ignored.
 /// Version 2: the digests are XXH3-128 (version 1's were SHA-256, a third of reading the index).
-pub(crate) const INDEX_VERSION: u64 = 2;
+/// Version 3: an entry may hold the log's title.
+pub(crate) const INDEX_VERSION: u64 = 3;
 /// An index larger than this is not read (nor written): listings fall back to reading logs.
 const INDEX_LIMIT: u64 = 256 << 20;
 /// The index is read through a buffer of this size (grown only for a longer line).
@@ -113,7 +116,14 @@ pub(crate) struct Entry {
     pub modified: SystemTime,
     pub header: Arc<SessionHeader>,
     pub facts: Option<Arc<Facts>>,
+    /// The log's title, once read.
+    pub title: Option<Titled>,
 }
+
+/// A log's title as a read of its bytes up to the entry's length finds it: its last complete
+/// `session/title` event's (`scan::read_title`), `Titled(None)` when it has none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Titled(pub Option<String>);
 
 /// A listing's facts of one log, exactly what a full read of the same bytes gives.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,7 +178,16 @@ struct EntryLine<'a> {
     #[serde(borrow)]
     header_digest: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    title: Option<TitleLine>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     summary: Option<FactsLine>,
+}
+
+/// A log's title: `{"text":null}` when it has none (an entry without `title` has not read it).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TitleLine {
+    text: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -348,6 +367,7 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
                 header_text: e.header.get(),
                 header: None,
                 header_digest: e.header_digest,
+                title: e.title.map(|t| Titled(t.text)),
                 summary: e.summary,
             }
         }
@@ -376,7 +396,7 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
     });
     let named = super::layout::is_segment_of(OsStr::new(e.session.as_ref()), &header.id);
     let key = (e.project, e.session);
-    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts }, named))
+    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts, title: e.title }, named))
 }
 
 /// An entry line's fields, as read by serde or by `canonical_entry`.
@@ -390,11 +410,13 @@ struct Fields<'a> {
     /// The header, when `canonical_entry` read it (not validated yet).
     header: Option<SessionHeader>,
     header_digest: Cow<'a, str>,
+    title: Option<Titled>,
     summary: Option<FactsLine>,
 }
 
 /// An entry line exactly as `write` writes one (`session::canonical`), or `None` for serde to
-/// read (or refuse) instead. The summary, on child logs only, is read by serde.
+/// read (or refuse) instead. The summary, on child logs only, is read by serde; a title with an
+/// escape is serde's too.
 fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let mut c = Cursor::new(line);
     c.expect("{\"project\":")?;
@@ -413,6 +435,13 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let header_text = &line[start..c.at()];
     c.expect(",\"headerDigest\":")?;
     let header_digest = c.string()?;
+    let title = if c.eat(",\"title\":{\"text\":") {
+        let text = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
+        c.expect("}")?;
+        Some(Titled(text))
+    } else {
+        None
+    };
     let summary = if c.eat(",\"summary\":") {
         let text = c.rest().strip_suffix('}')?;
         Some(serde_json::from_str::<FactsLine>(text).ok()?)
@@ -431,6 +460,7 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
         header_text,
         header: Some(header),
         header_digest: header_digest.into(),
+        title,
         summary,
     })
 }
@@ -464,6 +494,7 @@ pub(crate) fn write<'a>(
             mtime: (since.as_secs(), since.subsec_nanos()),
             header_digest: digest(header.get().as_bytes()).into(),
             header: &header,
+            title: entry.title.map(|Titled(text)| TitleLine { text }),
             summary,
         };
         lines.push(serde_json::to_string(&line).map_err(|e| e.to_string())?);
@@ -543,21 +574,37 @@ mod tests {
             descriptors: vec![Located { seq: 0, offset: 120, len: 80, digest: digest(b"line") }],
         };
         let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
-        let entry = |header: SessionHeader, facts: Option<Facts>| Entry {
+        let entry = |header: SessionHeader, facts: Option<Facts>, title: Option<Titled>| Entry {
             len: 4096,
             modified: at,
             header: Arc::new(header),
             facts: facts.map(Arc::new),
+            title,
         };
+        let titled = |text: &str| Some(Titled(Some(text.into())));
+        let top = |id: &str| SessionHeader::new(id, 1, Some("/w".into()));
         let entries = [
-            ("--p--", "parent", entry(SessionHeader::new("parent", 1, Some("/w".into())), None)),
-            ("--p--", "child", entry(child, Some(facts))),
+            ("--p--", "parent", entry(top("parent"), None, titled("Fix the parser"))),
+            ("--p--", "child", entry(child, Some(facts), None)),
+            ("--p--", "untitled", entry(top("untitled"), None, Some(Titled(None)))),
+            ("--p--", "quoted", entry(top("quoted"), None, titled("The \"odd\" one \\ ünïcode"))),
         ];
         write(&root, entries.iter().map(|(p, s, e)| (OsStr::new(p), OsStr::new(s), e.clone()))).unwrap();
         let text = std::fs::read_to_string(path(&root).unwrap()).unwrap();
         let lines: Vec<&str> = text.lines().skip(1).collect();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 4);
         for (line, (project, session, written)) in lines.iter().zip(&entries) {
+            let ((p, s), read, named) = parse_entry(line).unwrap();
+            assert!(named);
+            assert_eq!((p.as_ref(), s.as_ref()), (*project, *session));
+            assert_eq!(
+                (read.len, read.modified, &read.header, &read.facts, &read.title),
+                (4096, at, &written.header, &written.facts, &written.title)
+            );
+            if *session == "quoted" {
+                assert!(canonical_entry(line).is_none(), "a title with escapes is serde's to read: {line}");
+                continue;
+            }
             let fast = canonical_entry(line).unwrap_or_else(|| panic!("not read fast: {line}"));
             let serde: EntryLine = serde_json::from_str(line).unwrap();
             assert_eq!((fast.project.as_ref(), fast.session.as_ref()), (&*serde.project, &*serde.session));
@@ -565,13 +612,7 @@ mod tests {
             assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
             assert_eq!(fast.header_digest, serde.header_digest);
             assert_eq!(fast.summary.is_some(), serde.summary.is_some());
-            let ((p, s), read, named) = parse_entry(line).unwrap();
-            assert!(named);
-            assert_eq!((p.as_ref(), s.as_ref()), (*project, *session));
-            assert_eq!(
-                (read.len, read.modified, &read.header, &read.facts),
-                (4096, at, &written.header, &written.facts)
-            );
+            assert_eq!(fast.title, serde.title.map(|t| Titled(t.text)));
         }
         assert_eq!(load(&root).unwrap().len(), 1, "one project");
         // A line with an escape (outside the header, which its digest covers) is serde's to
@@ -592,6 +633,7 @@ mod tests {
             modified: SystemTime::UNIX_EPOCH,
             header: Arc::new(SessionHeader::new(id, 1, None)),
             facts: None,
+            title: None,
         };
         let mut logs = Logs::default();
         for name in ["a", "b", "c", "d", "e"] {
@@ -660,6 +702,7 @@ mod tests {
             modified: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
             header: Arc::new(SessionHeader::new(id, 1, None)),
             facts: None,
+            title: None,
         };
         let interleaved = [("--a--", "a1"), ("--b--", "b1"), ("--a--", "a2"), ("--b--", "b2"), ("--a--", "a3")];
         let written = |logs: &[(&'static str, &'static str)]| {

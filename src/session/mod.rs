@@ -34,5 +34,4 @@ pub use record::SessionHeader;
 pub use store::SessionStore;
 pub use store::StoreError;
 pub(crate) use store::StoredSession;
-pub(crate) use store::Titles;
 pub use surface::derive_messages;

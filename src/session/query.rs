@@ -36,14 +36,14 @@ use std::time::SystemTime;
 
 use tokio_util::sync::CancellationToken;
 
-use super::catalog_index::{self, Facts, Located};
+use super::catalog_index::{self, Facts, Located, Titled};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::{LocatedLine, read_header, scan_file, scan_file_locating};
+use super::scan::{LocatedLine, read_header, read_title, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError, StoredSession};
-use super::store_scan::{FoundLog, ProjectScan, in_parallel, scan_store, workers_for};
+use super::store_scan::{FoundLog, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
 use super::surface::validate;
 use super::watch::LogWatch;
@@ -668,6 +668,8 @@ pub struct SourceIo {
     pub whole_reads: u64,
     /// Logs whose descriptor lines alone were read back through the catalog index.
     pub line_reads: u64,
+    /// Logs read for their title (`titles`).
+    pub title_reads: u64,
 }
 
 #[derive(Default)]
@@ -676,6 +678,7 @@ struct IoCounters {
     header_reads: AtomicU64,
     whole_reads: AtomicU64,
     line_reads: AtomicU64,
+    title_reads: AtomicU64,
 }
 
 fn count(counter: &AtomicU64) {
@@ -734,12 +737,19 @@ struct CachedLog {
     /// The catalog-index facts of the log at (`len`, `modified`): from the index file, or from
     /// the read that built `summary`.
     facts: Option<Arc<Facts>>,
+    /// Its title at (`len`, `modified`), once read (`titles`) or given by the index file.
+    title: Option<Titled>,
 }
 
 impl CachedLog {
     /// Whether this is what the cache knows of the file at this length and mtime (its key).
     fn is_at(&self, len: u64, modified: SystemTime) -> bool {
         self.len == len && self.modified == modified
+    }
+
+    /// Whether this is the log `stored` lists, as the listing found it.
+    fn is_as_listed(&self, stored: &StoredSession) -> bool {
+        self.is_at(stored.len, stored.modified) && self.header.is_ok()
     }
 }
 
@@ -1019,6 +1029,7 @@ impl SourceState {
                                 modified: log.modified,
                                 header: header.clone(),
                                 facts: log.facts.clone(),
+                                title: log.title.clone(),
                             },
                         )),
                         _ => None,
@@ -1124,7 +1135,10 @@ impl SourceState {
         let mut cache = self.cache();
         let logs = cache.logs.entry(project.to_owned()).or_default();
         let seen = logs.get(session).map_or(0, |c| c.seen);
-        let log = CachedLog { len, modified, header: Ok(header), summary: None, seen, statted: true, facts: None };
+        // A title read at this very length and mtime still holds.
+        let title = logs.get(session).filter(|c| c.is_at(len, modified)).and_then(|c| c.title.clone());
+        let log =
+            CachedLog { len, modified, header: Ok(header), summary: None, seen, statted: true, facts: None, title };
         match logs.insert(session.to_owned(), log) {
             Some(old) if old.header == logs[session].header => {}
             _ => cache.corpus = None,
@@ -1299,6 +1313,7 @@ impl SourceState {
             // (`catalog_index::load` gives only entries in the directory their header's id names.)
             let indexed = indexed.filter(|entry| entry.len == len && entry.modified == modified);
             let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
+            let title = indexed.as_ref().and_then(|entry| entry.title.clone());
             if indexed.is_some() {
                 from_index += 1;
             } else {
@@ -1325,7 +1340,7 @@ impl SourceState {
             if let Ok(header) = &header {
                 headers.push((Some(header.clone()), l));
             }
-            let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts };
+            let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts, title };
             // A log that grew under the same header (every live session does) leaves the
             // corpus as it was.
             match logs.insert(key, log) {
@@ -1472,6 +1487,43 @@ impl StoreSource {
         Ok(listed)
     }
 
+    /// The title of each listed log (as `stored` lists them), in order: the one the cache holds
+    /// at the length and mtime the listing found (read before, or given by the catalog index),
+    /// else read from the log's first `len` bytes on a few threads and kept, and the index
+    /// written with it.
+    pub(crate) fn titles(&self, listed: &[StoredSession]) -> Vec<Option<String>> {
+        let state = &self.state;
+        let known: Vec<Option<Titled>> = {
+            let cache = state.cache();
+            listed.iter().map(|stored| cached_at(&cache, stored)?.title.clone()).collect()
+        };
+        let unknown: Vec<&StoredSession> =
+            listed.iter().zip(&known).filter(|(_, known)| known.is_none()).map(|(stored, _)| stored).collect();
+        let read = each_in_parallel(&unknown, |stored| {
+            count(&state.io.title_reads);
+            Titled(read_title(&stored.path, stored.len))
+        });
+        if !unknown.is_empty() {
+            let mut guard = state.cache();
+            let cache = &mut *guard;
+            let mut kept = false;
+            for (stored, title) in unknown.iter().zip(&read) {
+                let (project, session) = log_key(&stored.path);
+                let at = cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session));
+                if let Some(log) = at.filter(|log| log.is_as_listed(stored)) {
+                    log.title = Some(title.clone());
+                    kept = true;
+                }
+            }
+            if let Some(index) = cache.index.as_mut().filter(|_| kept) {
+                index.dirty = true;
+            }
+        }
+        state.write_index();
+        let mut read = read.into_iter();
+        known.into_iter().map(|known| known.or_else(|| read.next()).and_then(|Titled(title)| title)).collect()
+    }
+
     /// What this source has done to the logs so far.
     pub fn io(&self) -> SourceIo {
         let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
@@ -1481,6 +1533,7 @@ impl StoreSource {
             header_reads: get(&io.header_reads),
             whole_reads: get(&io.whole_reads),
             line_reads: get(&io.line_reads),
+            title_reads: get(&io.title_reads),
         }
     }
 }
@@ -1653,6 +1706,7 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
                 seen: 0,
                 statted: true,
                 facts,
+                title: None,
             };
             // A log new to the cache, or whose header changed, leaves the corpus behind; a log
             // that only grew (a live child) does not.
@@ -1663,6 +1717,12 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
         }
     }
     summary
+}
+
+/// What the cache holds of the log `stored` lists, at the length and mtime the listing found.
+fn cached_at<'c>(cache: &'c Cache, stored: &StoredSession) -> Option<&'c CachedLog> {
+    let (project, session) = log_key(&stored.path);
+    cache.logs.get(project)?.get(session).filter(|log| log.is_as_listed(stored))
 }
 
 /// The (project directory, session directory) names of a log path `<root>/<project>/<session>/<LOG_FILE>`.
@@ -1784,6 +1844,92 @@ mod tests {
         std::fs::write(&t2, header("t-2", 7) + "{}\n").unwrap();
         assert_eq!(listing(source.stored(&cancel).unwrap()), listing(store.list()), "the grown log at its new length");
         assert_eq!(source.io().header_reads, reads + 1, "only the changed log's header was read again");
+    }
+
+    /// `session/list`'s titles (issue 23): each read once at its log's length and mtime and kept
+    /// in the catalog index, so the next process (a fresh query) reads none; a log that grew is
+    /// read again, alone; and an index whose title was changed, or is not a title, is no index:
+    /// the titles are read again and come out the same.
+    #[test]
+    fn titles_are_read_once_and_kept_in_the_catalog_index() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path().join("sessions"));
+        let title = |seq: u64, text: &str| {
+            format!(
+                "{{\"type\":\"session/title\",\"seq\":{seq},\"time\":0,\"data\":{{\"title\":\"{text}\",\"messageSeqs\":[0],\"source\":{{\"kind\":\"fallback\"}}}}}}\n"
+            )
+        };
+        let write = |id: &str, body: &str| {
+            let path = super::super::layout::log_path(store.root(), Some("/w"), id);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let header = serde_json::to_string(&SessionHeader::new(id, 0, Some("/w".into()))).unwrap();
+            std::fs::write(&path, format!("{header}\n{body}")).unwrap();
+            path
+        };
+        write("a", &(title(0, "First") + &title(1, "Second")));
+        let b = write("b", "");
+        write("c", &title(0, "Cee \\\"quoted\\\""));
+        let fresh = || StoreSource::persisted_only(store.clone()).with_index();
+        let titles_of = |source: &StoreSource| {
+            let listed = super::super::store::top_level(source.stored(&CancellationToken::new()).unwrap(), None);
+            let mut titled: Vec<(String, Option<String>)> =
+                listed.iter().map(|s| s.header.id.clone()).zip(source.titles(&listed)).collect();
+            titled.sort();
+            titled
+        };
+        let expected = |b_title: Option<&str>| {
+            vec![
+                ("a".to_string(), Some("Second".to_string())),
+                ("b".to_string(), b_title.map(str::to_string)),
+                ("c".to_string(), Some("Cee \"quoted\"".to_string())),
+            ]
+        };
+        let first = fresh();
+        assert_eq!(titles_of(&first), expected(None));
+        assert_eq!(first.io().title_reads, 3);
+        assert_eq!(titles_of(&first), expected(None));
+        assert_eq!(first.io().title_reads, 3, "kept: not read again");
+        let next = fresh();
+        assert_eq!(titles_of(&next), expected(None));
+        assert_eq!((next.io().title_reads, next.io().header_reads), (0, 0), "the index gave every title and header");
+        std::fs::OpenOptions::new().append(true).open(&b).unwrap().write_all(title(0, "Bee").as_bytes()).unwrap();
+        let next = fresh();
+        assert_eq!(titles_of(&next), expected(Some("Bee")));
+        assert_eq!(next.io().title_reads, 1, "only the log that changed");
+        let next = fresh();
+        assert_eq!(titles_of(&next), expected(Some("Bee")));
+        assert_eq!(next.io().title_reads, 0, "its new title was kept");
+        // Corrupt titles: the index is not used, and the titles are read again.
+        let index = catalog_index::path(store.root()).unwrap();
+        let good = std::fs::read_to_string(&index).unwrap();
+        let with_body = |body: String| {
+            let digest = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(body.as_bytes()));
+            let entries = body.lines().count();
+            format!(
+                "{{\"kinCatalogIndex\":{INDEX},\"entries\":{entries},\"digest\":\"{digest}\"}}\n{body}",
+                INDEX = catalog_index::INDEX_VERSION
+            )
+        };
+        let body = good.split_once('\n').unwrap().1.to_string();
+        assert!(body.contains(r#""title":{"text":"Bee"}"#), "{body}");
+        for (what, text) in [
+            ("a title changed under the file's digest", good.replacen("\"Bee\"", "\"Bob\"", 1)),
+            ("a title that is not text", with_body(body.replacen("{\"text\":\"Bee\"}", "{\"text\":5}", 1))),
+            (
+                "a title with another field",
+                with_body(body.replacen("{\"text\":\"Bee\"}", "{\"text\":\"Bee\",\"x\":1}", 1)),
+            ),
+            ("a title that is a bare string", with_body(body.replacen("{\"text\":\"Bee\"}", "\"Bee\"", 1))),
+        ] {
+            std::fs::write(&index, text).unwrap();
+            let next = fresh();
+            assert_eq!(titles_of(&next), expected(Some("Bee")), "{what}");
+            assert_eq!(next.io().title_reads, 3, "{what}: every title read again");
+            let after = fresh();
+            assert_eq!(titles_of(&after), expected(Some("Bee")), "{what}: rebuilt");
+            assert_eq!(after.io().title_reads, 0, "{what}: the rebuilt index holds the titles");
+        }
     }
 
     /// The store's trace (from the corpus's own maps, live asked only of the trace's sessions)

@@ -83,13 +83,14 @@ pub(crate) struct LogStat {
 /// read past without being held.
 const TITLE_LINE_LIMIT: usize = 64 * 1024;
 
-/// The title of the log at `path`: its last `session/title` event among complete lines. Only a
-/// line that starts as one is parsed; every other line is read past, holding at most
-/// `TITLE_LINE_LIMIT` bytes of it. `None` when there is none or the log cannot be read.
-pub(crate) fn read_title(path: &Path) -> Option<String> {
+/// The title of the log at `path` as its first `len` bytes hold it: its last `session/title`
+/// event among the complete lines there. Only a line that starts as one is parsed; every other
+/// line is read past, holding at most `TITLE_LINE_LIMIT` bytes of it. `None` when there is none
+/// or the log cannot be read.
+pub(crate) fn read_title(path: &Path, len: u64) -> Option<String> {
     use std::io::BufRead;
     const PREFIX: &[u8] = br#"{"type":"session/title","#;
-    let mut reader = std::io::BufReader::new(open_log(path).ok()?);
+    let mut reader = std::io::BufReader::new(std::io::Read::take(open_log(path).ok()?, len));
     let mut title = None;
     let mut line = Vec::new();
     loop {
@@ -318,15 +319,22 @@ mod tests {
             )
         };
         let long = format!("{{\"type\":\"tool/result\",\"x\":\"{}\"}}\n", "y".repeat(3 * TITLE_LINE_LIMIT));
-        std::fs::write(&path, format!("{LOG}{}{long}{}", title(3, "First"), title(4, "Second"))).unwrap();
-        assert_eq!(read_title(&path).as_deref(), Some("Second"));
+        let text = format!("{LOG}{}{long}{}", title(3, "First"), title(4, "Second"));
+        std::fs::write(&path, &text).unwrap();
+        let all = text.len() as u64;
+        assert_eq!(read_title(&path, all).as_deref(), Some("Second"));
+        // Only the first `len` bytes count: a title past them, or cut by them, does not.
+        let first_ends = (LOG.len() + title(3, "First").len()) as u64;
+        assert_eq!(read_title(&path, first_ends).as_deref(), Some("First"));
+        assert_eq!(read_title(&path, all - 1).as_deref(), Some("First"), "the last line cut by the length");
+        assert_eq!(read_title(&path, first_ends - 1), None);
         // A title on a torn last line does not count.
         let torn = title(5, "Torn");
         std::fs::write(&path, format!("{LOG}{}{}", title(3, "First"), torn.trim_end())).unwrap();
-        assert_eq!(read_title(&path).as_deref(), Some("First"));
+        assert_eq!(read_title(&path, u64::MAX).as_deref(), Some("First"));
         std::fs::write(&path, LOG).unwrap();
-        assert_eq!(read_title(&path), None);
-        assert_eq!(read_title(&dir.path().join("missing")), None);
+        assert_eq!(read_title(&path, u64::MAX), None);
+        assert_eq!(read_title(&dir.path().join("missing"), u64::MAX), None);
     }
 
     #[test]

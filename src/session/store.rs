@@ -291,16 +291,10 @@ impl SessionStore {
         drop(locks);
         Ok(tree.into_iter().rev().map(|(sid, _)| sid).collect())
     }
-
-    /// Top-level sessions (no `parentSession`: never subagent children or forks), newest first
-    /// by modification time, optionally only those whose cwd is `cwd`.
-    pub fn list_top_level(&self, cwd: Option<&Path>) -> Vec<StoredSession> {
-        top_level(self.list(), cwd)
-    }
 }
 
-/// The top-level sessions of a listing (`list_top_level`'s), newest first, only those in `cwd`
-/// if given.
+/// The top-level sessions of a listing (no `parentSession`: never subagent children or forks),
+/// newest first by modification time, only those whose cwd is `cwd` if given.
 pub(crate) fn top_level(listed: Vec<StoredSession>, cwd: Option<&Path>) -> Vec<StoredSession> {
     let cwd = cwd.map(|c| c.to_string_lossy().into_owned());
     let mut sessions: Vec<StoredSession> = listed
@@ -331,38 +325,6 @@ fn remove_log(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The titles of stored sessions (`session/title`), each cached by the length and modification
-/// time of its log: a listing reads again only the logs that changed since the last one.
-#[derive(Debug, Default)]
-pub(crate) struct Titles {
-    cache: std::sync::Mutex<std::collections::HashMap<PathBuf, CachedTitle>>,
-}
-
-/// A log's title as of its (length, modification time).
-type CachedTitle = (u64, SystemTime, Option<String>);
-
-impl Titles {
-    /// The title of each listed session (its log's last `session/title`), in order: cached ones
-    /// at the length and mtime the listing found, the others read on a few threads.
-    pub(crate) fn of_each(&self, listed: &[StoredSession]) -> Vec<Option<String>> {
-        each_in_parallel(listed, |stored| self.title(stored))
-    }
-
-    /// The title of `stored` as of the length and mtime its listing found (the log is read
-    /// without holding the cache).
-    fn title(&self, stored: &StoredSession) -> Option<String> {
-        let cache = || self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((len, modified, title)) = cache().get(&stored.path)
-            && (*len, *modified) == (stored.len, stored.modified)
-        {
-            return title.clone();
-        }
-        let title = super::scan::read_title(&stored.path);
-        cache().insert(stored.path.clone(), (stored.len, stored.modified, title.clone()));
-        title
-    }
-}
-
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
 fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
     match read_header(path) {
@@ -376,13 +338,8 @@ fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use serde_json::json;
-
-    use super::super::event::EventBody;
-    use super::super::record::{Event, Record};
     use super::*;
 
     /// Set by `scan_while_another_writer_tries` when its writer was refused.
@@ -421,28 +378,6 @@ mod tests {
         listed.sort();
         ids.sort();
         assert_eq!(listed, ids, "each log once; a broken header and a directory without a log are skipped");
-    }
-
-    #[test]
-    fn a_title_is_cached_at_the_length_and_mtime_its_listing_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SessionStore::new(dir.path());
-        let title = |text: &str| {
-            let event = Event::new(
-                1,
-                0,
-                EventBody::Unknown { kind: "session/title".into(), data: json!({"title": text}) },
-                None,
-            );
-            format!("{}\n", Record::Event(event).to_line())
-        };
-        let path = write_log(dir.path(), "/a", "s", &title("First"));
-        let titles = Titles::default();
-        let listed = store.list();
-        assert_eq!(titles.of_each(&listed), [Some("First".to_string())]);
-        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(title("Second").as_bytes()).unwrap();
-        assert_eq!(titles.of_each(&listed), [Some("First".to_string())], "as of that listing: not read again");
-        assert_eq!(titles.of_each(&store.list()), [Some("Second".to_string())], "a new listing sees the change");
     }
 
     #[test]
