@@ -6,9 +6,9 @@
 //! digest of that line, and once `session/list` has read it its title — so the first listing
 //! after a start reads one descriptor line per child instead of every child log whole, and the
 //! first `session/list` reads no log for its titles (protocol/catalog.md, "The catalog index").
-//! Each project's
-//! entries are written in the order the last scan found its logs, so the next start's scan of an
-//! unchanged directory takes them in step (`Logs`) instead of looking each up by name.
+//! Each project's entries are written in the order the last scan found its logs, so the next
+//! start's scan of an unchanged directory takes them in step (`Logs`) instead of looking each up
+//! by name.
 //!
 //! Derived state, never an authority. An entry counts only for a log found at the entry's exact
 //! length and mtime; its header only when it matches its digest; a descriptor only when the line
