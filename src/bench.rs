@@ -352,10 +352,9 @@ const CATALOG_UNRELATED: usize = 10_000;
 /// 1,000 children with 1 MB logs in the full run) under 10,000 unrelated sessions, each query
 /// keeping the catalog index as the runtime's does. Without index: the first listing of a fresh
 /// query with no index file (it reads every child log whole, and writes the index; the corpus
-/// synced to disk first). Cold: the
-/// median of the first listings of five kin processes just started (`first_listing`), with
-/// the CPU time of that listing (the OS page cache is warm: the files were just written, and
-/// synced first). Warm: the median of the next five listings in one more fresh query, and how
+/// synced to disk first). Cold: the median of the first listings of five kin processes just
+/// started (`first_listing`), with the CPU time of that listing (the OS page cache is warm: the
+/// files were just written, and synced first). Warm: the median of the next five listings in one more fresh query, and how
 /// many times it statted each log per listing.
 fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     use crate::session::query::{SessionQuery, StoreSource};
@@ -460,26 +459,22 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
 async fn session_list(sessions: &Path, report: &mut Report<'_>) -> Result<()> {
     let kin = KinProcess::start(sessions, None).await?;
     for call in ["first", "again"] {
-        session_list_call(&kin, call, report).await?;
+        session_list_call(&kin, call, &format!("{call} call"), report).await?;
     }
     kin.close().await?;
     sync_disks();
     let kin = KinProcess::start(sessions, None).await?;
-    session_list_call(&kin, "restarted", report).await?;
+    session_list_call(&kin, "restarted", "first call of a kin started after that", report).await?;
     kin.close().await
 }
 
-/// One timed `session/list` of every stored session.
-async fn session_list_call(kin: &KinProcess, call: &str, report: &mut Report<'_>) -> Result<()> {
+/// One timed `session/list` of every stored session: the figure `call`, described as `what`.
+async fn session_list_call(kin: &KinProcess, call: &str, what: &str, report: &mut Report<'_>) -> Result<()> {
     let started = Instant::now();
     let listed = kin.call("session/list", json!({})).await?;
     let took = started.elapsed();
     let listed = listed["sessions"].as_array().map_or(0, Vec::len);
     anyhow::ensure!(listed == CATALOG_UNRELATED, "session/list listed {listed} of {CATALOG_UNRELATED}");
-    let what = match call {
-        "restarted" => "first call of a kin started after that".to_string(),
-        call => format!("{call} call"),
-    };
     report.metric(
         &format!("session_list_{CATALOG_UNRELATED}_{call}_ms"),
         millis(took),

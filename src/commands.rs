@@ -64,13 +64,11 @@ impl From<crate::cli::CompareArg> for Compare {
 pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
     use crate::session::query::StoreSource;
     let source = StoreSource::persisted_only(SessionStore::new(config.sessions_dir.clone())).with_index();
-    let stored = source
-        .stored(&tokio_util::sync::CancellationToken::new())
+    let sessions = source
+        .top_level_titled(cwd, &tokio_util::sync::CancellationToken::new())
         .map_err(|e| anyhow::anyhow!("cannot list the sessions in {}: {e}", config.sessions_dir.display()))?;
-    let sessions = crate::session::store::top_level(stored, cwd);
-    let titles = source.titles(&sessions);
     let mut out = std::io::stdout().lock();
-    for (s, title) in sessions.iter().zip(titles) {
+    for (s, title) in sessions {
         let title = title.map(|t| format!("  {t}")).unwrap_or_default();
         writeln!(
             out,

@@ -7,6 +7,7 @@ use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use super::{ChildRecord, Runtime};
+use crate::session::query::QueryError;
 use crate::session::store::top_level;
 use crate::session::{Event, StoredSession};
 use crate::subagent::catalog::{Activity, TreeEntry, list_tree};
@@ -40,18 +41,24 @@ impl Runtime {
     /// Every stored log with a readable header, from the session query's cache (a header is read
     /// only from a log new or changed since its last scan); if the query fails, from every log.
     pub(crate) fn stored(&self) -> Vec<StoredSession> {
-        self.query.source().stored(&CancellationToken::new()).unwrap_or_else(|e| {
-            tracing::warn!("the session query could not list the store ({e}); reading every log's header");
-            self.store.list()
-        })
+        self.query.source().stored(&CancellationToken::new()).unwrap_or_else(|e| self.every_log(&e))
     }
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`, each
     /// with its title (its last `session/title`; kept by the session query and its catalog
     /// index per log). Blocking file I/O.
     pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<(StoredSession, Option<String>)> {
-        let listed = top_level(self.stored(), cwd);
-        let titles = self.query.source().titles(&listed);
-        listed.into_iter().zip(titles).collect()
+        let source = self.query.source();
+        source.top_level_titled(cwd, &CancellationToken::new()).unwrap_or_else(|e| {
+            let listed = top_level(self.every_log(&e), cwd);
+            let titles = source.titles(&listed);
+            listed.into_iter().zip(titles).collect()
+        })
+    }
+
+    /// What the store reads from every log's header, when the session query failed with `e`.
+    fn every_log(&self, e: &QueryError) -> Vec<StoredSession> {
+        tracing::warn!("the session query could not list the store ({e}); reading every log's header");
+        self.store.list()
     }
 }

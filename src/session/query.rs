@@ -1462,6 +1462,27 @@ impl StoreSource {
     /// `SessionStore::list` reads from every log, from the cache instead (the headers of logs
     /// unchanged since the last scan, and after a start the catalog index's). Unordered.
     pub(crate) fn stored(&self, cancel: &CancellationToken) -> Result<Vec<StoredSession>, QueryError> {
+        let listed = self.scanned_logs(cancel)?;
+        // A scan that read logs the index did not know leaves the index behind.
+        self.state.write_index();
+        Ok(listed)
+    }
+
+    /// The top-level sessions (only those in `cwd` if given), newest first (`store::top_level`),
+    /// each with its title (`titles`): `session/list`. The index is written once, after both.
+    pub(crate) fn top_level_titled(
+        &self,
+        cwd: Option<&Path>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<(StoredSession, Option<String>)>, QueryError> {
+        let listed = super::store::top_level(self.scanned_logs(cancel)?, cwd);
+        let titles = self.titles(&listed);
+        self.state.write_index();
+        Ok(listed.into_iter().zip(titles).collect())
+    }
+
+    /// `stored`'s listing, without writing the index.
+    fn scanned_logs(&self, cancel: &CancellationToken) -> Result<Vec<StoredSession>, QueryError> {
         self.state.corpus(cancel)?;
         let listed = {
             let cache = self.state.cache();
@@ -1482,15 +1503,13 @@ impl StoreSource {
                 })
                 .collect()
         };
-        // A scan that read logs the index did not know leaves the index behind.
-        self.state.write_index();
         Ok(listed)
     }
 
     /// The title of each listed log (as `stored` lists them), in order: the one the cache holds
     /// at the length and mtime the listing found (read before, or given by the catalog index),
-    /// else read from the log's first `len` bytes on a few threads and kept, and the index
-    /// written with it.
+    /// else read from the log's first `len` bytes on a few threads and kept (the index is then
+    /// behind: the next write of it holds them).
     pub(crate) fn titles(&self, listed: &[StoredSession]) -> Vec<Option<String>> {
         let state = &self.state;
         let known: Vec<Option<Titled>> = {
@@ -1519,7 +1538,6 @@ impl StoreSource {
                 index.dirty = true;
             }
         }
-        state.write_index();
         let mut read = read.into_iter();
         known.into_iter().map(|known| known.or_else(|| read.next()).and_then(|Titled(title)| title)).collect()
     }
@@ -1872,9 +1890,9 @@ mod tests {
         write("c", &title(0, "Cee \\\"quoted\\\""));
         let fresh = || StoreSource::persisted_only(store.clone()).with_index();
         let titles_of = |source: &StoreSource| {
-            let listed = super::super::store::top_level(source.stored(&CancellationToken::new()).unwrap(), None);
+            let listed = source.top_level_titled(None, &CancellationToken::new()).unwrap();
             let mut titled: Vec<(String, Option<String>)> =
-                listed.iter().map(|s| s.header.id.clone()).zip(source.titles(&listed)).collect();
+                listed.into_iter().map(|(s, title)| (s.header.id, title)).collect();
             titled.sort();
             titled
         };
