@@ -421,7 +421,7 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
         report.metric(
             &format!("list_{d}_children_{size}_unindexed_ms"),
             millis(rebuild),
-            text("without index (first listing ever: reads every child log, writes the index)", rebuild),
+            text("without index (first listing ever: reads every child log; the index is written after it)", rebuild),
         )?;
         report.metric(
             &format!("list_{d}_children_{size}_cold_ms"),
@@ -455,32 +455,60 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
 /// `session/list` over the catalog corpus (its unrelated sessions are top-level sessions with a
 /// title each) in a fresh `kin acp`: the first call after the start (no title in the catalog
 /// index yet), the next one, and the first call of another `kin acp` started after it (the
-/// titles from the index).
+/// titles from the index). Then, in that kin, a call after a long session of 16 MB was added
+/// (a title, then a turn's streamed text: its title read whole), and one after that session
+/// grew by a title (read from where the last read stopped).
 async fn session_list(sessions: &Path, report: &mut Report<'_>) -> Result<()> {
     let kin = KinProcess::start(sessions, None).await?;
     for call in ["first", "again"] {
-        session_list_call(&kin, call, &format!("{call} call"), report).await?;
+        session_list_call(&kin, call, &format!("{call} call"), CATALOG_UNRELATED, report).await?;
     }
     kin.close().await?;
     sync_disks();
     let kin = KinProcess::start(sessions, None).await?;
-    session_list_call(&kin, "restarted", "first call of a kin started after that", report).await?;
-    kin.close().await
+    session_list_call(&kin, "restarted", "first call of a kin started after that", CATALOG_UNRELATED, report).await?;
+    let header = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench/long".into()));
+    write_log(sessions, &header, 1, 16_000_000)?;
+    let path = crate::session::layout::log_path(sessions, header.cwd.as_deref(), &header.id);
+    let bytes = std::fs::metadata(&path)?.len();
+    let events = std::fs::read(&path)?.iter().filter(|b| **b == b'\n').count() - 1;
+    let mb = bytes as f64 / 1e6;
+    sync_disks();
+    let what = format!("next call, with a new {mb:.0} MB session");
+    session_list_call(&kin, "long_new", &what, CATALOG_UNRELATED + 1, report).await?;
+    let title = EventBody::Unknown { kind: "session/title".into(), data: json!({"title": "grown"}) };
+    let line = Record::Event(Event::new(events as u64, 0, title, None)).to_line() + "\n";
+    std::fs::OpenOptions::new().append(true).open(&path)?.write_all(line.as_bytes())?;
+    sync_disks();
+    let what = format!("next call, after that {mb:.0} MB session grew by a title");
+    let listed = session_list_call(&kin, "long_grown", &what, CATALOG_UNRELATED + 1, report).await?;
+    let shown = listed.iter().find(|s| s["sessionId"] == header.id.as_str()).map(|s| s["title"].clone());
+    anyhow::ensure!(shown == Some(json!("grown")), "the grown session's title: {shown:?}");
+    kin.close().await?;
+    std::fs::remove_dir_all(path.parent().context("a log's session directory")?)?;
+    Ok(())
 }
 
-/// One timed `session/list` of every stored session: the figure `call`, described as `what`.
-async fn session_list_call(kin: &KinProcess, call: &str, what: &str, report: &mut Report<'_>) -> Result<()> {
+/// One timed `session/list` of every stored session, checked to list `expected`: the figure
+/// `call`, described as `what`. The sessions listed.
+async fn session_list_call(
+    kin: &KinProcess,
+    call: &str,
+    what: &str,
+    expected: usize,
+    report: &mut Report<'_>,
+) -> Result<Vec<serde_json::Value>> {
     let started = Instant::now();
     let listed = kin.call("session/list", json!({})).await?;
     let took = started.elapsed();
-    let listed = listed["sessions"].as_array().map_or(0, Vec::len);
-    anyhow::ensure!(listed == CATALOG_UNRELATED, "session/list listed {listed} of {CATALOG_UNRELATED}");
+    let listed = listed["sessions"].as_array().cloned().unwrap_or_default();
+    anyhow::ensure!(listed.len() == expected, "session/list listed {} of {expected}", listed.len());
     report.metric(
         &format!("session_list_{CATALOG_UNRELATED}_{call}_ms"),
         millis(took),
         format!("session/list of {CATALOG_UNRELATED} stored sessions with titles, {what}: {}", ms(took)),
     )?;
-    Ok(())
+    Ok(listed)
 }
 
 /// The first listing of `parent`'s children in `sessions` by this kin process, just started, as

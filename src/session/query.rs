@@ -41,7 +41,7 @@ use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::{LocatedLine, read_header, read_title, scan_file, scan_file_locating};
+use super::scan::{LocatedLine, TitleMark, read_header, read_title, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError, StoredSession};
 use super::store_scan::{FoundLog, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
@@ -670,6 +670,8 @@ pub struct SourceIo {
     pub line_reads: u64,
     /// Logs read for their title (`titles`).
     pub title_reads: u64,
+    /// Bytes of logs read for their titles.
+    pub title_bytes: u64,
 }
 
 #[derive(Default)]
@@ -679,6 +681,7 @@ struct IoCounters {
     whole_reads: AtomicU64,
     line_reads: AtomicU64,
     title_reads: AtomicU64,
+    title_bytes: AtomicU64,
 }
 
 fn count(counter: &AtomicU64) {
@@ -739,6 +742,9 @@ struct CachedLog {
     facts: Option<Arc<Facts>>,
     /// Its title at (`len`, `modified`), once read (`titles`) or given by the index file.
     title: Option<Titled>,
+    /// Where the last read of its title stopped, kept while the log grows under the same
+    /// header: the next read goes on from there (`scan::read_title`).
+    title_mark: Option<Box<TitleMark>>,
 }
 
 impl CachedLog {
@@ -1137,11 +1143,19 @@ impl SourceState {
         let seen = logs.get(session).map_or(0, |c| c.seen);
         // A title read at this very length and mtime still holds.
         let title = logs.get(session).filter(|c| c.is_at(len, modified)).and_then(|c| c.title.clone());
-        let log =
-            CachedLog { len, modified, header: Ok(header), summary: None, seen, statted: true, facts: None, title };
-        match logs.insert(session.to_owned(), log) {
-            Some(old) if old.header == logs[session].header => {}
-            _ => cache.corpus = None,
+        let log = CachedLog {
+            len,
+            modified,
+            header: Ok(header),
+            summary: None,
+            seen,
+            statted: true,
+            facts: None,
+            title,
+            title_mark: None,
+        };
+        if replace(logs, session.to_owned(), log) {
+            cache.corpus = None;
         }
     }
 
@@ -1340,13 +1354,18 @@ impl SourceState {
             if let Ok(header) = &header {
                 headers.push((Some(header.clone()), l));
             }
-            let log = CachedLog { len, modified, header, summary: None, seen: generation, statted: true, facts, title };
-            // A log that grew under the same header (every live session does) leaves the
-            // corpus as it was.
-            match logs.insert(key, log) {
-                Some(old) if old.header == logs[&f.session].header => {}
-                _ => changed = true,
-            }
+            let log = CachedLog {
+                len,
+                modified,
+                header,
+                summary: None,
+                seen: generation,
+                statted: true,
+                facts,
+                title,
+                title_mark: None,
+            };
+            changed |= replace(logs, key, log);
         }
         Matched { logs: std::mem::take(logs), indexed, seen, from_index, read, changed, headers }
     }
@@ -1453,23 +1472,35 @@ impl SessionSource for StoreSource {
                 }
             }
         }
-        self.state.write_index();
+        self.write_index_soon();
     }
 }
 
 impl StoreSource {
+    /// Has the catalog index written, if a listing left it behind, on the watch's thread at the
+    /// end of its batch: after the listing has answered, off its path (a write of the whole file,
+    /// with its `fsync`s, is tens of milliseconds for a large store, and would share the two
+    /// cores with the answer). `settle` waits for it, and so does dropping the source.
+    fn write_index_soon(&self) {
+        let behind = self.state.cache().index.as_ref().is_some_and(|state| state.dirty);
+        if let Some(watch) = self.watch.as_ref().filter(|_| behind) {
+            watch.nudge();
+        }
+    }
+
     /// Every log of the store with a readable header, as of one corpus scan: what
     /// `SessionStore::list` reads from every log, from the cache instead (the headers of logs
     /// unchanged since the last scan, and after a start the catalog index's). Unordered.
     pub(crate) fn stored(&self, cancel: &CancellationToken) -> Result<Vec<StoredSession>, QueryError> {
         let listed = self.scanned_logs(cancel)?;
         // A scan that read logs the index did not know leaves the index behind.
-        self.state.write_index();
+        self.write_index_soon();
         Ok(listed)
     }
 
     /// The top-level sessions (only those in `cwd` if given), newest first (`store::top_level`),
-    /// each with its title (`titles`): `session/list`. The index is written once, after both.
+    /// each with its title (`titles`): `session/list`. The index is written once, after both
+    /// (`write_index_soon`).
     pub(crate) fn top_level_titled(
         &self,
         cwd: Option<&Path>,
@@ -1477,7 +1508,7 @@ impl StoreSource {
     ) -> Result<Vec<(StoredSession, Option<String>)>, QueryError> {
         let listed = super::store::top_level(self.scanned_logs(cancel)?, cwd);
         let titles = self.titles(&listed);
-        self.state.write_index();
+        self.write_index_soon();
         Ok(listed.into_iter().zip(titles).collect())
     }
 
@@ -1512,25 +1543,42 @@ impl StoreSource {
     /// behind: the next write of it holds them).
     pub(crate) fn titles(&self, listed: &[StoredSession]) -> Vec<Option<String>> {
         let state = &self.state;
-        let known: Vec<Option<Titled>> = {
+        // Each listed log's title if the cache holds it; else the log, with the mark to go on from.
+        type Unknown<'l> = (&'l StoredSession, Option<Box<TitleMark>>);
+        let (known, unknown): (Vec<Option<Titled>>, Vec<Unknown>) = {
             let cache = state.cache();
-            listed.iter().map(|stored| cached_at(&cache, stored)?.title.clone()).collect()
+            let mut unknown = Vec::new();
+            let known = listed
+                .iter()
+                .map(|stored| {
+                    let log = cached_at(&cache, stored);
+                    let title = log.and_then(|log| log.title.clone());
+                    if title.is_none() {
+                        // Read on from the last read of this log, if it only grew since.
+                        unknown.push((stored, log.and_then(|log| log.title_mark.clone())));
+                    }
+                    title
+                })
+                .collect();
+            (known, unknown)
         };
-        let unknown: Vec<&StoredSession> =
-            listed.iter().zip(&known).filter(|(_, known)| known.is_none()).map(|(stored, _)| stored).collect();
-        let read = each_in_parallel(&unknown, |stored| {
+        let read = each_in_parallel(&unknown, |(stored, mark)| {
             count(&state.io.title_reads);
-            Titled(read_title(&stored.path, stored.len))
+            let read = read_title(&stored.path, stored.len, mark.as_deref());
+            state.io.title_bytes.fetch_add(read.bytes, std::sync::atomic::Ordering::Relaxed);
+            read.mark
         });
+        let titles: Vec<Titled> = read.iter().map(|mark| Titled(mark.as_ref().and_then(|m| m.title.clone()))).collect();
         if !unknown.is_empty() {
             let mut guard = state.cache();
             let cache = &mut *guard;
             let mut kept = false;
-            for (stored, title) in unknown.iter().zip(&read) {
+            for (((stored, _), mark), title) in unknown.into_iter().zip(read).zip(&titles) {
                 let (project, session) = log_key(&stored.path);
                 let at = cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session));
                 if let Some(log) = at.filter(|log| log.is_as_listed(stored)) {
                     log.title = Some(title.clone());
+                    log.title_mark = mark.map(Box::new);
                     kept = true;
                 }
             }
@@ -1538,7 +1586,7 @@ impl StoreSource {
                 index.dirty = true;
             }
         }
-        let mut read = read.into_iter();
+        let mut read = titles.into_iter();
         known.into_iter().map(|known| known.or_else(|| read.next()).and_then(|Titled(title)| title)).collect()
     }
 
@@ -1552,6 +1600,7 @@ impl StoreSource {
             whole_reads: get(&io.whole_reads),
             line_reads: get(&io.line_reads),
             title_reads: get(&io.title_reads),
+            title_bytes: get(&io.title_bytes),
         }
     }
 }
@@ -1725,16 +1774,35 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
                 statted: true,
                 facts,
                 title: None,
+                title_mark: None,
             };
-            // A log new to the cache, or whose header changed, leaves the corpus behind; a log
-            // that only grew (a live child) does not.
-            let stale = logs.insert(session.to_owned(), entry).is_none_or(|old| old.header != logs[session].header);
-            if stale {
+            if replace(logs, session.to_owned(), entry) {
                 cache.corpus = None;
             }
         }
     }
     summary
+}
+
+/// Puts `log` in `logs` under `key` in place of what was there: whether the log is new to the
+/// cache or its header changed (which leaves the corpus behind; a log that only grew, as every
+/// live session does, leaves it as it was, and keeps the mark of its last title read).
+fn replace(logs: &mut HashMap<OsString, CachedLog>, key: OsString, mut log: CachedLog) -> bool {
+    match logs.entry(key) {
+        std::collections::hash_map::Entry::Occupied(mut at) => {
+            let old = at.get_mut();
+            let same = old.header == log.header;
+            if same && log.title_mark.is_none() {
+                log.title_mark = old.title_mark.take();
+            }
+            *old = log;
+            !same
+        }
+        std::collections::hash_map::Entry::Vacant(at) => {
+            at.insert(log);
+            true
+        }
+    }
 }
 
 /// What the cache holds of the log `stored` lists, at the length and mtime the listing found.
@@ -1864,6 +1932,68 @@ mod tests {
         assert_eq!(source.io().header_reads, reads + 1, "only the changed log's header was read again");
     }
 
+    fn title_line(seq: u64, text: &str) -> String {
+        format!(
+            "{{\"type\":\"session/title\",\"seq\":{seq},\"time\":0,\"data\":{{\"title\":\"{text}\",\"messageSeqs\":[0],\"source\":{{\"kind\":\"fallback\"}}}}}}\n"
+        )
+    }
+
+    /// Writes the log of a top-level session `id` in `/w`: its header, then `body`.
+    fn write_top_level(store: &SessionStore, id: &str, body: &str) -> PathBuf {
+        let path = super::super::layout::log_path(store.root(), Some("/w"), id);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let header = serde_json::to_string(&SessionHeader::new(id, 0, Some("/w".into()))).unwrap();
+        std::fs::write(&path, format!("{header}\n{body}")).unwrap();
+        path
+    }
+
+    /// Each top-level session's id and title, as `session/list` lists them.
+    fn titles_of(source: &StoreSource) -> Vec<(String, Option<String>)> {
+        let listed = source.top_level_titled(None, &CancellationToken::new()).unwrap();
+        source.settle(); // The index is written (as when the process ends).
+        let mut titled: Vec<(String, Option<String>)> =
+            listed.into_iter().map(|(s, title)| (s.header.id, title)).collect();
+        titled.sort();
+        titled
+    }
+
+    /// A long session's title, after a turn added to its log, is read from where the last
+    /// read stopped: only the new lines (and the last line read, checked), not the whole log.
+    /// A log cut below that point (as repair cuts an unreadable line) and written again is read
+    /// whole, and its title is what the log now holds.
+    #[test]
+    fn a_grown_log_s_title_is_read_from_where_the_last_read_stopped() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path().join("sessions"));
+        let filler: String = (0..2000)
+            .map(|seq| format!("{{\"type\":\"turn/start\",\"seq\":{seq},\"time\":0,\"data\":{{\"turn\":{seq}}}}}\n"))
+            .collect();
+        let path = write_top_level(&store, "long", &(title_line(0, "First") + &filler));
+        let whole = std::fs::metadata(&path).unwrap().len();
+        let source = StoreSource::persisted_only(store.clone()).with_index();
+        let titled = |title: &str| vec![("long".to_string(), Some(title.to_string()))];
+        assert_eq!(titles_of(&source), titled("First"));
+        assert_eq!(source.io().title_bytes, whole, "the first read reads it whole");
+        let added = title_line(2001, "Second");
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(added.as_bytes()).unwrap();
+        assert_eq!(titles_of(&source), titled("Second"));
+        let last_line = filler.lines().last().unwrap().len() as u64 + 1;
+        assert_eq!(
+            source.io().title_bytes,
+            whole + last_line + added.len() as u64,
+            "the last line read, and the new one"
+        );
+        // Cut below where the read stopped, and written again longer.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cut = text.find(&filler).unwrap() + filler.len() / 2;
+        let again = format!("{}{filler}", &text[..cut]);
+        std::fs::write(&path, &again).unwrap();
+        let before = source.io().title_bytes;
+        assert_eq!(titles_of(&source), titled("First"), "the second title was cut");
+        assert!(source.io().title_bytes - before >= again.len() as u64, "read from the start");
+    }
+
     /// `session/list`'s titles (issue 23): each read once at its log's length and mtime and kept
     /// in the catalog index, so the next process (a fresh query) reads none; a log that grew is
     /// read again, alone; and an index whose title was changed, or is not a title, is no index:
@@ -1873,29 +2003,11 @@ mod tests {
         use std::io::Write;
         let dir = tempfile::tempdir().unwrap();
         let store = SessionStore::new(dir.path().join("sessions"));
-        let title = |seq: u64, text: &str| {
-            format!(
-                "{{\"type\":\"session/title\",\"seq\":{seq},\"time\":0,\"data\":{{\"title\":\"{text}\",\"messageSeqs\":[0],\"source\":{{\"kind\":\"fallback\"}}}}}}\n"
-            )
-        };
-        let write = |id: &str, body: &str| {
-            let path = super::super::layout::log_path(store.root(), Some("/w"), id);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            let header = serde_json::to_string(&SessionHeader::new(id, 0, Some("/w".into()))).unwrap();
-            std::fs::write(&path, format!("{header}\n{body}")).unwrap();
-            path
-        };
+        let (title, write) = (title_line, |id: &str, body: &str| write_top_level(&store, id, body));
         write("a", &(title(0, "First") + &title(1, "Second")));
         let b = write("b", "");
         write("c", &title(0, "Cee \\\"quoted\\\""));
         let fresh = || StoreSource::persisted_only(store.clone()).with_index();
-        let titles_of = |source: &StoreSource| {
-            let listed = source.top_level_titled(None, &CancellationToken::new()).unwrap();
-            let mut titled: Vec<(String, Option<String>)> =
-                listed.into_iter().map(|(s, title)| (s.header.id, title)).collect();
-            titled.sort();
-            titled
-        };
         let expected = |b_title: Option<&str>| {
             vec![
                 ("a".to_string(), Some("Second".to_string())),

@@ -83,39 +83,108 @@ pub(crate) struct LogStat {
 /// read past without being held.
 const TITLE_LINE_LIMIT: usize = 64 * 1024;
 
+/// Where a read of a log's title stopped, to go on from there once the log has grown: the title
+/// found so far, the end of the last complete line read, where that line starts and a digest of
+/// its first `TITLE_LINE_LIMIT` bytes. A log is only appended to, but repair cuts an unreadable
+/// line and what follows it, and kin then writes other lines there: the line at the mark is
+/// read and checked before going on, and a log cut below it is read from its start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TitleMark {
+    pub(crate) title: Option<String>,
+    line_start: u64,
+    end: u64,
+    digest: u64,
+}
+
+impl TitleMark {
+    /// Whether `file` still holds the line this mark ends with, where it was; the bytes read to
+    /// check it.
+    fn holds(&self, file: &std::fs::File) -> (bool, u64) {
+        use std::os::unix::fs::FileExt;
+        let line = self.end - self.line_start;
+        let mut kept = vec![0; usize::try_from(line).unwrap_or(usize::MAX).min(TITLE_LINE_LIMIT)];
+        if file.read_exact_at(&mut kept, self.line_start).is_err() {
+            return (false, 0);
+        }
+        let mut read = kept.len() as u64;
+        let mut ends = kept.last() == Some(&b'\n');
+        if line > kept.len() as u64 {
+            let mut last = [0u8];
+            ends = file.read_exact_at(&mut last, self.end - 1).is_ok() && last[0] == b'\n';
+            read += 1;
+        }
+        (ends && xxhash_rust::xxh3::xxh3_64(&kept) == self.digest, read)
+    }
+}
+
+/// What `read_title` found, and how many bytes of the log it read.
+#[derive(Debug)]
+pub(crate) struct TitleRead {
+    /// `None` when the log cannot be read or holds no complete line.
+    pub(crate) mark: Option<TitleMark>,
+    pub(crate) bytes: u64,
+}
+
 /// The title of the log at `path` as its first `len` bytes hold it: its last `session/title`
 /// event among the complete lines there. Only a line that starts as one is parsed; every other
-/// line is read past, holding at most `TITLE_LINE_LIMIT` bytes of it. `None` when there is none
-/// or the log cannot be read.
-pub(crate) fn read_title(path: &Path, len: u64) -> Option<String> {
-    use std::io::BufRead;
+/// line is read past, holding at most `TITLE_LINE_LIMIT` bytes of it. A read goes on from
+/// `from` (a mark of an earlier read of the same log) when the log still holds the mark's line
+/// below `len`, else from the start. A log that cannot be read, or fails part way, has no mark.
+pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> TitleRead {
+    use std::io::{BufRead, Seek};
     const PREFIX: &[u8] = br#"{"type":"session/title","#;
-    let mut reader = std::io::BufReader::new(std::io::Read::take(open_log(path).ok()?, len));
-    let mut title = None;
+    let Ok(mut file) = open_log(path) else {
+        return TitleRead { mark: None, bytes: 0 };
+    };
+    let mut bytes = 0;
+    // The mark read on from, if it holds.
+    let mut start = None;
+    if let Some(from) = from.filter(|from| from.end <= len) {
+        let (holds, checked) = from.holds(&file);
+        bytes += checked;
+        if holds && file.seek(std::io::SeekFrom::Start(from.end)).is_ok() {
+            start = Some(from);
+        }
+    }
+    let mut title = start.and_then(|from| from.title.clone());
+    let mut at = start.map_or(0, |from| from.end);
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, std::io::Read::take(file, len - at));
+    // The last complete line read (its kept bytes, start and end), and the line being read.
+    let (mut last, mut last_at) = (Vec::new(), start.map(|from| (from.line_start, from.end)));
     let mut line = Vec::new();
+    let finish = |title, last: &[u8], last_at: Option<(u64, u64)>, bytes| {
+        let mark = last_at.map(|(line_start, end)| {
+            let digest = match start {
+                Some(from) if from.end == end => from.digest,
+                _ => xxhash_rust::xxh3::xxh3_64(last),
+            };
+            TitleMark { title, line_start, end, digest }
+        });
+        TitleRead { mark, bytes }
+    };
     loop {
         // One line: its first `TITLE_LINE_LIMIT` bytes kept, the rest consumed.
         line.clear();
-        let mut ended = false;
+        let line_start = at;
         loop {
-            let buf = reader.fill_buf().ok()?;
+            let Ok(buf) = reader.fill_buf() else {
+                return TitleRead { mark: None, bytes };
+            };
             if buf.is_empty() {
-                break;
+                // The end, or a line without its newline (not counted).
+                return finish(title, &last, last_at, bytes);
             }
-            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+            let (take, done) = match memchr::memchr(b'\n', buf) {
                 Some(end) => (end + 1, true),
                 None => (buf.len(), false),
             };
             let room = TITLE_LINE_LIMIT.saturating_sub(line.len());
             line.extend_from_slice(&buf[..take.min(room)]);
             reader.consume(take);
+            (at, bytes) = (at + take as u64, bytes + take as u64);
             if done {
-                ended = true;
                 break;
             }
-        }
-        if !ended {
-            return title;
         }
         if line.starts_with(PREFIX) && line.ends_with(b"\n") {
             let text = std::str::from_utf8(&line[..line.len() - 1]).ok();
@@ -126,6 +195,8 @@ pub(crate) fn read_title(path: &Path, len: u64) -> Option<String> {
                 title = Some(found.title);
             }
         }
+        std::mem::swap(&mut last, &mut line);
+        last_at = Some((line_start, at));
     }
 }
 
@@ -309,32 +380,98 @@ mod tests {
         "\n",
     );
 
+    fn title_event(seq: u64, text: &str) -> String {
+        format!(
+            "{{\"type\":\"session/title\",\"seq\":{seq},\"time\":0,\"data\":{{\"title\":\"{text}\",\"messageSeqs\":[1],\"source\":{{\"kind\":\"fallback\"}}}}}}\n"
+        )
+    }
+
+    /// The title of a whole read of the first `len` bytes.
+    fn title_at(path: &Path, len: u64) -> Option<String> {
+        read_title(path, len, None).mark.and_then(|mark| mark.title)
+    }
+
     #[test]
     fn a_title_is_the_last_title_event_among_complete_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.jsonl");
-        let title = |seq: u64, text: &str| {
-            format!(
-                "{{\"type\":\"session/title\",\"seq\":{seq},\"time\":0,\"data\":{{\"title\":\"{text}\",\"messageSeqs\":[1],\"source\":{{\"kind\":\"fallback\"}}}}}}\n"
-            )
-        };
+        let title = title_event;
         let long = format!("{{\"type\":\"tool/result\",\"x\":\"{}\"}}\n", "y".repeat(3 * TITLE_LINE_LIMIT));
         let text = format!("{LOG}{}{long}{}", title(3, "First"), title(4, "Second"));
         std::fs::write(&path, &text).unwrap();
         let all = text.len() as u64;
-        assert_eq!(read_title(&path, all).as_deref(), Some("Second"));
+        assert_eq!(title_at(&path, all).as_deref(), Some("Second"));
+        assert_eq!(read_title(&path, all, None).bytes, all, "read once, whole");
         // Only the first `len` bytes count: a title past them, or cut by them, does not.
         let first_ends = (LOG.len() + title(3, "First").len()) as u64;
-        assert_eq!(read_title(&path, first_ends).as_deref(), Some("First"));
-        assert_eq!(read_title(&path, all - 1).as_deref(), Some("First"), "the last line cut by the length");
-        assert_eq!(read_title(&path, first_ends - 1), None);
+        assert_eq!(title_at(&path, first_ends).as_deref(), Some("First"));
+        assert_eq!(title_at(&path, all - 1).as_deref(), Some("First"), "the last line cut by the length");
+        assert_eq!(title_at(&path, first_ends - 1), None);
         // A title on a torn last line does not count.
         let torn = title(5, "Torn");
         std::fs::write(&path, format!("{LOG}{}{}", title(3, "First"), torn.trim_end())).unwrap();
-        assert_eq!(read_title(&path, u64::MAX).as_deref(), Some("First"));
+        assert_eq!(title_at(&path, u64::MAX).as_deref(), Some("First"));
         std::fs::write(&path, LOG).unwrap();
-        assert_eq!(read_title(&path, u64::MAX), None);
-        assert_eq!(read_title(&dir.path().join("missing"), u64::MAX), None);
+        assert_eq!(title_at(&path, u64::MAX), None);
+        assert!(read_title(&dir.path().join("missing"), u64::MAX, None).mark.is_none());
+    }
+
+    /// A read goes on from an earlier read's mark when the log only grew, reading just what was
+    /// added (and the mark's line, to check it), with what a whole read gives; a log cut below the
+    /// mark and written again, or shorter than it, is read from its start.
+    #[test]
+    fn a_title_read_goes_on_from_its_mark() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let append = |text: &str| {
+            std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(text.as_bytes()).unwrap();
+            std::fs::metadata(&path).unwrap().len()
+        };
+        let long = format!("{{\"type\":\"tool/result\",\"x\":\"{}\"}}\n", "y".repeat(2 * TITLE_LINE_LIMIT));
+        std::fs::write(&path, format!("{LOG}{}", title_event(3, "First"))).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        let first = read_title(&path, len, None).mark.unwrap();
+        assert_eq!(first.title.as_deref(), Some("First"));
+        // Grown by lines without a title, then a long one (checked by its head and last byte),
+        // then a title, then a torn line: each read from the last mark reads only what was added.
+        let mut mark = first.clone();
+        for (added, expected) in [
+            (LOG.to_string(), "First"),
+            (long.clone(), "First"),
+            (title_event(9, "Second"), "Second"),
+            (title_event(10, "Torn").trim_end().to_string(), "Second"),
+        ] {
+            let before = len_of(&path);
+            let now = append(&added);
+            let read = read_title(&path, now, Some(&mark));
+            let next = read.mark.unwrap();
+            assert_eq!(next.title.as_deref(), Some(expected), "after {} bytes", added.len());
+            assert_eq!(next, read_title(&path, now, None).mark.unwrap(), "what a whole read gives");
+            let checked = (mark.end - mark.line_start).min(TITLE_LINE_LIMIT as u64)
+                + u64::from(mark.end - mark.line_start > TITLE_LINE_LIMIT as u64);
+            assert_eq!(read.bytes, checked + (now - before), "only the mark's line and what was added");
+            mark = next;
+        }
+        // Nothing new: the same mark.
+        let now = len_of(&path);
+        assert_eq!(read_title(&path, now, Some(&mark)).mark.unwrap(), mark);
+        // A mark past the length read: from the start.
+        assert_eq!(read_title(&path, len, Some(&mark)).mark.unwrap(), first);
+        assert_eq!(read_title(&path, len, Some(&mark)).bytes, len);
+        // Cut below the mark (as repair cuts an unreadable line) and written again past it.
+        let cut = std::fs::read(&path).unwrap()[..len as usize].to_vec();
+        std::fs::write(&path, [cut.as_slice(), long.as_bytes(), long.as_bytes(), LOG.as_bytes()].concat()).unwrap();
+        let now = len_of(&path);
+        assert!(now > mark.end);
+        let read = read_title(&path, now, Some(&mark));
+        assert_eq!(read.mark.as_ref().unwrap().title.as_deref(), Some("First"), "the later titles are gone");
+        assert_eq!(read.mark.unwrap(), read_title(&path, now, None).mark.unwrap());
+        assert!(read.bytes >= now, "read from the start: {} of {now}", read.bytes);
+    }
+
+    fn len_of(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
     }
 
     #[test]

@@ -38,7 +38,11 @@ const CHUNK: usize = 128;
 
 /// How many threads to use for `tasks` tasks: at most `SCAN_THREADS` and the machine's cores.
 pub(super) fn workers_for(tasks: usize) -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from).min(SCAN_THREADS).min(tasks)
+    // Read once: the standard library reads the process's cgroup files on every call, and a
+    // listing asks several times.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
+    cores.min(SCAN_THREADS).min(tasks)
 }
 
 /// A thread of `in_parallel` panicked.

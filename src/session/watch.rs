@@ -5,7 +5,9 @@
 //! deletes. A report is a path pushed on a channel — no I/O on the writer's side, no `fsync`, no
 //! work per appended event. One thread, started at the first report, takes the reports in
 //! batches (what arrives within `BATCH` of the first) and hands each batch, each path once, to
-//! the watcher's callback. `settle` waits until every report made so far has been handled (a
+//! the watcher's callback. A `nudge` starts a batch too, which runs the callback even with no
+//! path: a listing that left derived state behind has it written after its answer, off the
+//! answer's path (the batch's wait leaves the answer's own writing the two cores). `settle` waits until every report and nudge made so far has been handled (a
 //! fence for tests and for shutdown).
 
 use std::collections::BTreeSet;
@@ -20,6 +22,8 @@ const BATCH: Duration = Duration::from_millis(250);
 /// What the thread is handed.
 enum Message {
     Changed(PathBuf),
+    /// Run the handler at the end of a batch, with what is gathered or no path.
+    Nudge,
     /// Handle what is gathered now, without waiting out the batch window.
     Flush,
 }
@@ -59,6 +63,12 @@ impl LogWatch {
     /// The log at `path` was written, published, closed or removed by this process.
     pub fn changed(&self, path: &Path) {
         self.send(Message::Changed(path.to_path_buf()), true);
+    }
+
+    /// Has the handler run at the end of a batch, with no path if nothing was reported (counted,
+    /// for `settle`).
+    pub fn nudge(&self) {
+        self.send(Message::Nudge, true);
     }
 
     /// Waits until every report made before this call has been handled.
@@ -109,10 +119,15 @@ impl LogWatch {
 fn run(rx: &Receiver<Message>, handler: &Handler, progress: &(Mutex<(u64, u64)>, Condvar)) {
     while let Ok(first) = rx.recv() {
         let mut paths = BTreeSet::new();
-        let mut count = 0u64;
+        let (mut count, mut nudged) = (0u64, false);
         let mut take = |message: Message| match message {
             Message::Changed(path) => {
                 paths.insert(path);
+                count += 1;
+                true
+            }
+            Message::Nudge => {
+                nudged = true;
                 count += 1;
                 true
             }
@@ -136,7 +151,7 @@ fn run(rx: &Receiver<Message>, handler: &Handler, progress: &(Mutex<(u64, u64)>,
         while let Ok(message) = rx.try_recv() {
             take(message);
         }
-        if !paths.is_empty() {
+        if !paths.is_empty() || nudged {
             let paths: Vec<PathBuf> = paths.into_iter().collect();
             // A panicking handler loses its batch, not the thread (`settle` would wait forever).
             let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&paths)));
@@ -170,5 +185,10 @@ mod tests {
         watch.settle();
         assert_eq!(lock(&seen).len(), 2);
         assert_eq!(lock(&seen)[1], vec![PathBuf::from("c")]);
+        // A nudge runs the handler with no path; `settle` waits for it.
+        watch.nudge();
+        watch.settle();
+        assert_eq!(lock(&seen).len(), 3);
+        assert!(lock(&seen)[2].is_empty());
     }
 }
