@@ -77,6 +77,11 @@ fn kin(s: &Setup, command: &str, config: &str, env: &[(&str, &str)]) -> Command 
         .arg(s.root.join("kin.log"))
         .stderr(Stdio::null());
     kin.env_remove("KIN_SANDBOX_TEST_ABI");
+    // The sandbox's private temp dir is made under TMPDIR: here, inside the test's dir, so a kin
+    // killed with SIGKILL (which cannot remove it) leaves nothing behind in the system's /tmp.
+    let tmp = s.root.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    kin.env("TMPDIR", &tmp);
     for (k, v) in env {
         kin.env(k, v);
     }
