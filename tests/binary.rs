@@ -115,6 +115,30 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "check changes nothing");
 }
 
+/// A `kin acp` that read titles for `session/list` has them in the catalog index when it exits:
+/// the index is written after the answer, on the log watch's thread, and shutdown waits for it.
+#[test]
+fn kin_acp_leaves_the_titles_it_listed_in_the_catalog_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sessions = tmp.path().join("sessions");
+    let store = kin::testkit::session::SessionStore::new(&sessions);
+    let id = "cccccccc-0000-4000-8000-000000000002";
+    let mut s = store.create(kin::testkit::session::SessionHeader::new(id, 5, Some("/proj".into()))).unwrap();
+    s.append("session/title", json!({"title": "listed title", "messageSeqs": [], "source": {"kind": "fallback"}}));
+    s.flush().unwrap();
+    let mut peer = Peer::spawn(
+        Command::new(KIN).args(["acp", "--config", "/dev/null", "--sessions"]).arg(&sessions).stderr(Stdio::null()),
+    );
+    let t = Duration::from_secs(30);
+    peer.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), t);
+    let listed = peer.call("session/list", json!({}), t);
+    assert_eq!(listed["result"]["sessions"][0]["title"], "listed title", "{listed}");
+    assert!(peer.exit().success());
+    let index = kin::testkit::session::catalog_index::path(&sessions).unwrap();
+    let indexed = std::fs::read_to_string(&index).unwrap();
+    assert!(indexed.contains(r#""title":{"text":"listed title"}"#), "{indexed}");
+}
+
 #[test]
 fn a_bad_config_file_is_a_clear_startup_error() {
     let tmp = tempfile::tempdir().unwrap();

@@ -250,7 +250,7 @@ impl Runtime {
     }
 
     /// Drains continuable children (child-first), then stops every agent (cancelling running
-    /// turns) and flushes every session.
+    /// turns) and flushes every session; then waits for the session query's catalog index.
     pub async fn shutdown(&self) {
         // Nothing starts a new turn from here on: what is queued stays pending in the logs.
         for (_, agent) in self.agents.all() {
@@ -266,6 +266,12 @@ impl Runtime {
         futures::future::join_all(top.iter().map(|agent| agent.handle.shutdown())).await;
         // The MCP servers go last: an agent winding down may still call them.
         futures::future::join_all(top.iter().filter_map(Agent::top_level).map(|top| top.mcp.close())).await;
+        // The logs just closed, and what the last listings left behind, are in the catalog index
+        // before kin exits (the watch's batch is not waited out).
+        let query = self.query.clone();
+        if tokio::task::spawn_blocking(move || query.source().settle()).await.is_err() {
+            tracing::warn!("the catalog index could not be brought up to date at shutdown");
+        }
     }
 }
 
