@@ -468,16 +468,15 @@ async fn session_list(sessions: &Path, report: &mut Report<'_>) -> Result<()> {
     let kin = KinProcess::start(sessions, None).await?;
     session_list_call(&kin, "restarted", "first call of a kin started after that", CATALOG_UNRELATED, report).await?;
     let header = SessionHeader::new(uuid::Uuid::new_v4().to_string(), 0, Some("/bench/long".into()));
-    write_log(sessions, &header, 1, 16_000_000)?;
+    let events = write_log(sessions, &header, 1, 16_000_000)?;
     let path = crate::session::layout::log_path(sessions, header.cwd.as_deref(), &header.id);
     let bytes = std::fs::metadata(&path)?.len();
-    let events = std::fs::read(&path)?.iter().filter(|b| **b == b'\n').count() - 1;
     let mb = bytes as f64 / 1e6;
     sync_disks();
     let what = format!("next call, with a new {mb:.0} MB session");
     session_list_call(&kin, "long_new", &what, CATALOG_UNRELATED + 1, report).await?;
     let title = EventBody::Unknown { kind: "session/title".into(), data: json!({"title": "grown"}) };
-    let line = Record::Event(Event::new(events as u64, 0, title, None)).to_line() + "\n";
+    let line = Record::Event(Event::new(events, 0, title, None)).to_line() + "\n";
     std::fs::OpenOptions::new().append(true).open(&path)?.write_all(line.as_bytes())?;
     sync_disks();
     let what = format!("next call, after that {mb:.0} MB session grew by a title");
@@ -617,8 +616,8 @@ fn write_family(root: &Path, cwd: &str, children: usize, child_bytes: usize) -> 
 
 /// Writes a log directly (no fsync: a benchmark corpus): the header, `events` log-only events,
 /// and, when `child_bytes` > 0, a settled continuable child's conversation padded to about that
-/// many bytes.
-fn write_log(root: &Path, header: &SessionHeader, events: usize, child_bytes: usize) -> Result<()> {
+/// many bytes. The number of events written (the seq of the next).
+fn write_log(root: &Path, header: &SessionHeader, events: usize, child_bytes: usize) -> Result<u64> {
     let mut text = serde_json::to_string(header)?;
     text.push('\n');
     let mut seq = 0u64;
@@ -657,7 +656,7 @@ fn write_log(root: &Path, header: &SessionHeader, events: usize, child_bytes: us
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(path, text)?;
-    Ok(())
+    Ok(seq)
 }
 
 fn machine() -> String {

@@ -1792,7 +1792,7 @@ fn replace(logs: &mut HashMap<OsString, CachedLog>, key: OsString, mut log: Cach
         std::collections::hash_map::Entry::Occupied(mut at) => {
             let old = at.get_mut();
             let same = old.header == log.header;
-            if same && log.title_mark.is_none() {
+            if same {
                 log.title_mark = old.title_mark.take();
             }
             *old = log;

@@ -152,17 +152,7 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
     // The last complete line read (its kept bytes, start and end), and the line being read.
     let (mut last, mut last_at) = (Vec::new(), start.map(|from| (from.line_start, from.end)));
     let mut line = Vec::new();
-    let finish = |title, last: &[u8], last_at: Option<(u64, u64)>, bytes| {
-        let mark = last_at.map(|(line_start, end)| {
-            let digest = match start {
-                Some(from) if from.end == end => from.digest,
-                _ => xxhash_rust::xxh3::xxh3_64(last),
-            };
-            TitleMark { title, line_start, end, digest }
-        });
-        TitleRead { mark, bytes }
-    };
-    loop {
+    'lines: loop {
         // One line: its first `TITLE_LINE_LIMIT` bytes kept, the rest consumed.
         line.clear();
         let line_start = at;
@@ -172,7 +162,7 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
             };
             if buf.is_empty() {
                 // The end, or a line without its newline (not counted).
-                return finish(title, &last, last_at, bytes);
+                break 'lines;
             }
             let (take, done) = match memchr::memchr(b'\n', buf) {
                 Some(end) => (end + 1, true),
@@ -198,6 +188,14 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
         std::mem::swap(&mut last, &mut line);
         last_at = Some((line_start, at));
     }
+    let mark = last_at.map(|(line_start, end)| {
+        let digest = match start {
+            Some(from) if from.end == end => from.digest,
+            _ => xxhash_rust::xxh3::xxh3_64(&last),
+        };
+        TitleMark { title, line_start, end, digest }
+    });
+    TitleRead { mark, bytes }
 }
 
 /// Reads and scans the log at `path`, a line at a time: the file is never held whole, only

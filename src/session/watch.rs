@@ -7,8 +7,9 @@
 //! batches (what arrives within `BATCH` of the first) and hands each batch, each path once, to
 //! the watcher's callback. A `nudge` starts a batch too, which runs the callback even with no
 //! path: a listing that left derived state behind has it written after its answer, off the
-//! answer's path (the batch's wait leaves the answer's own writing the two cores). `settle` waits until every report and nudge made so far has been handled (a
-//! fence for tests and for shutdown).
+//! answer's path (the batch's wait leaves the two cores to the answer's own writing). `settle`
+//! waits until every report and nudge made so far has been handled (a fence for tests and for
+//! shutdown).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
