@@ -136,18 +136,18 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
     let Ok(mut file) = open_log(path) else {
         return TitleRead { mark: None, bytes: 0 };
     };
-    let mut bytes = 0;
-    // The mark read on from, if it holds.
-    let mut start = None;
+    // The mark read on from, if it holds, and the bytes read to check it.
+    let (mut start, mut checked) = (None, 0);
     if let Some(from) = from.filter(|from| from.end <= len) {
-        let (holds, checked) = from.holds(&file);
-        bytes += checked;
+        let holds;
+        (holds, checked) = from.holds(&file);
         if holds && file.seek(std::io::SeekFrom::Start(from.end)).is_ok() {
             start = Some(from);
         }
     }
     let mut title = start.and_then(|from| from.title.clone());
-    let mut at = start.map_or(0, |from| from.end);
+    let read_from = start.map_or(0, |from| from.end);
+    let mut at = read_from;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, std::io::Read::take(file, len - at));
     // The last complete line read (its kept bytes, start and end), and the line being read.
     let (mut last, mut last_at) = (Vec::new(), start.map(|from| (from.line_start, from.end)));
@@ -158,7 +158,7 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
         let line_start = at;
         loop {
             let Ok(buf) = reader.fill_buf() else {
-                return TitleRead { mark: None, bytes };
+                return TitleRead { mark: None, bytes: checked + (at - read_from) };
             };
             if buf.is_empty() {
                 // The end, or a line without its newline (not counted).
@@ -171,7 +171,7 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
             let room = TITLE_LINE_LIMIT.saturating_sub(line.len());
             line.extend_from_slice(&buf[..take.min(room)]);
             reader.consume(take);
-            (at, bytes) = (at + take as u64, bytes + take as u64);
+            at += take as u64;
             if done {
                 break;
             }
@@ -195,7 +195,7 @@ pub(crate) fn read_title(path: &Path, len: u64, from: Option<&TitleMark>) -> Tit
         };
         TitleMark { title, line_start, end, digest }
     });
-    TitleRead { mark, bytes }
+    TitleRead { mark, bytes: checked + (at - read_from) }
 }
 
 /// Reads and scans the log at `path`, a line at a time: the file is never held whole, only
