@@ -1788,6 +1788,7 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
     type Corruption<'c> = (&'c str, Box<dyn Fn() + 'c>);
     let path = index_file(&store);
     let write = |bytes: Vec<u8>| {
+        assert_ne!(bytes, good, "a corruption that leaves the file as it was");
         let path = path.clone();
         move || std::fs::write(&path, &bytes).unwrap()
     };
@@ -1812,17 +1813,17 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
         ("JSON of another shape", Box::new(write(b"{\"hello\": 1}\n[]\n".to_vec()))),
         (
             "another version",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":3", "\"kinCatalogIndex\":4", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":5", 1).into_bytes())),
         ),
         (
             "version 2 (no titles)",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":3", "\"kinCatalogIndex\":2", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":2", 1).into_bytes())),
         ),
         (
             "version 1 (SHA-256 digests)",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":3", "\"kinCatalogIndex\":1", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":1", 1).into_bytes())),
         ),
-        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":3", "\"kinCatalogIndex\":0", 1).into_bytes()))),
+        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":0", 1).into_bytes()))),
         (
             "an entry changed under its digest",
             Box::new(write(text.replacen("\"events\":", "\"events\":1", 1).into_bytes())),

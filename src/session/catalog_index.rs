@@ -3,7 +3,8 @@
 //! that walks it meets a file it does not know), holding what a listing needs of each log — its length and
 //! mtime, its header with a digest of it, once a listing has summarised the log its event
 //! count, surface verdict, inbox counts and where each `subagent/descriptor` line sits with a
-//! digest of that line, and once `session/list` has read it its title — so the first listing
+//! digest of that line, and once `session/list` has read it its title (with, for a long log, where
+//! that read stopped, so a read after the log grew goes on from there) — so the first listing
 //! after a start reads one descriptor line per child instead of every child log whole, and the
 //! first `session/list` reads no log for its titles (protocol/catalog.md, "The catalog index").
 //! Each project's entries are written in the order the last scan found its logs, so the next
@@ -34,14 +35,21 @@ use super::canonical::{self, Cursor};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::record::{Event, Record, SessionHeader};
-use super::scan::{LocatedLine, open_log, open_log_unchecked};
+use super::scan::{LocatedLine, TitleMark, open_log, open_log_unchecked};
 
 /// What the index's file name adds to the sessions directory's name (it sits beside it).
 pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
 /// The format version on the first line; any other is ignored.
 /// Version 2: the digests are XXH3-128 (version 1's were SHA-256, a third of reading the index).
 /// Version 3: an entry may hold the log's title.
-pub(crate) const INDEX_VERSION: u64 = 3;
+/// Version 4: a title may hold where its read stopped (`mark`), and say the log grew since
+/// (`grown`). A version-3 file is read as one of version 4 without marks.
+pub(crate) const INDEX_VERSION: u64 = 4;
+/// The oldest version read.
+const OLDEST_READ: u64 = 3;
+/// A title read's mark is kept in the file only for a log at least this long: a shorter one is
+/// read again from its start in about the time a mark's check takes.
+pub(crate) const MARK_KEPT_FROM: u64 = 1 << 20;
 /// An index larger than this is not read (nor written): listings fall back to reading logs.
 const INDEX_LIMIT: u64 = 256 << 20;
 /// The index is read through a buffer of this size (grown only for a longer line).
@@ -116,8 +124,10 @@ pub(crate) struct Entry {
     pub modified: SystemTime,
     pub header: Arc<SessionHeader>,
     pub facts: Option<Arc<Facts>>,
-    /// The log's title, once read.
+    /// The log's title at this length, once read.
     pub title: Option<Titled>,
+    /// Where the last read of its title stopped (at this length, or before the log grew).
+    pub title_mark: Option<Box<TitleMark>>,
 }
 
 /// A log's title as a read of its bytes up to the entry's length finds it: its last complete
@@ -183,11 +193,54 @@ struct EntryLine<'a> {
     summary: Option<FactsLine>,
 }
 
-/// A log's title: `{"text":null}` when it has none (an entry without `title` has not read it).
-#[derive(Serialize, Deserialize)]
+/// The last read of a log's title: `{"text":null}` when it found none (an entry without `title`
+/// has not read it). `mark` is where it stopped, as `[line start, end, XXH3-64 of the line's first
+/// 64 KiB]`; `grown` that the log has grown since, so `text` is the title up to the mark only.
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 struct TitleLine {
     text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mark: Option<(u64, u64, String)>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    grown: bool,
+}
+
+impl TitleLine {
+    /// What an entry of a log `len` bytes long writes of its title.
+    fn of(title: Option<&Titled>, mark: Option<&TitleMark>, len: u64) -> Option<TitleLine> {
+        let kept = mark.filter(|m| m.end >= MARK_KEPT_FROM && m.end <= len);
+        let line = |m: &TitleMark| (m.line_start, m.end, format!("{:016x}", m.digest));
+        match (title, kept) {
+            (Some(Titled(text)), kept) => {
+                Some(TitleLine { text: text.clone(), mark: kept.filter(|m| m.title == *text).map(line), grown: false })
+            }
+            (None, Some(m)) => Some(TitleLine { text: m.title.clone(), mark: Some(line(m)), grown: true }),
+            (None, None) => None,
+        }
+    }
+
+    /// The title at the entry's length (none if the log grew since the read) and the mark.
+    fn read(self, len: u64) -> Result<(Option<Titled>, Option<Box<TitleMark>>), String> {
+        let mark = match self.mark {
+            None => None,
+            Some((line_start, end, digest)) => {
+                let digest = (digest.len() == 16 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+                    .then(|| u64::from_str_radix(&digest, 16).ok())
+                    .flatten()
+                    .ok_or("a title mark's digest is not 16 hex digits")?;
+                let mark = TitleMark::new(self.text.clone(), line_start, end, digest)
+                    .filter(|mark| mark.end <= len)
+                    .ok_or("a title mark that is not a line of the log")?;
+                Some(Box::new(mark))
+            }
+        };
+        match (self.grown, mark) {
+            (true, None) => Err("a grown title without a mark".into()),
+            (true, mark) => Ok((None, mark)),
+            (false, mark) => Ok((Some(Titled(self.text)), mark)),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -265,8 +318,11 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     each_line(std::io::Read::take(file, INDEX_LIMIT), |line| {
         let Some(head) = head.as_ref() else {
             let first: Head = serde_json::from_slice(line).map_err(|e| format!("bad first line: {e}"))?;
-            if first.kin_catalog_index != INDEX_VERSION {
-                return Err(format!("version {} (this kin reads {INDEX_VERSION})", first.kin_catalog_index));
+            if !(OLDEST_READ..=INDEX_VERSION).contains(&first.kin_catalog_index) {
+                return Err(format!(
+                    "version {} (this kin reads {OLDEST_READ} to {INDEX_VERSION})",
+                    first.kin_catalog_index
+                ));
             }
             head = Some(first);
             return Ok(());
@@ -367,7 +423,7 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
                 header_text: e.header.get(),
                 header: None,
                 header_digest: e.header_digest,
-                title: e.title.map(|t| Titled(t.text)),
+                title: e.title,
                 summary: e.summary,
             }
         }
@@ -394,9 +450,10 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
                 .collect(),
         })
     });
+    let (title, title_mark) = e.title.map_or(Ok((None, None)), |t| t.read(e.len))?;
     let named = super::layout::is_segment_of(OsStr::new(e.session.as_ref()), &header.id);
     let key = (e.project, e.session);
-    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts, title: e.title }, named))
+    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts, title, title_mark }, named))
 }
 
 /// An entry line's fields, as read by serde or by `canonical_entry`.
@@ -410,7 +467,7 @@ struct Fields<'a> {
     /// The header, when `canonical_entry` read it (not validated yet).
     header: Option<SessionHeader>,
     header_digest: Cow<'a, str>,
-    title: Option<Titled>,
+    title: Option<TitleLine>,
     summary: Option<FactsLine>,
 }
 
@@ -437,8 +494,20 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let header_digest = c.string()?;
     let title = if c.eat(",\"title\":{\"text\":") {
         let text = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
+        let mark = if c.eat(",\"mark\":[") {
+            let line_start = c.uint()?;
+            c.expect(",")?;
+            let end = c.uint()?;
+            c.expect(",")?;
+            let digest = c.string()?.to_string();
+            c.expect("]")?;
+            Some((line_start, end, digest))
+        } else {
+            None
+        };
+        let grown = c.eat(",\"grown\":true");
         c.expect("}")?;
-        Some(Titled(text))
+        Some(TitleLine { text, mark, grown })
     } else {
         None
     };
@@ -494,7 +563,7 @@ pub(crate) fn write<'a>(
             mtime: (since.as_secs(), since.subsec_nanos()),
             header_digest: digest(header.get().as_bytes()).into(),
             header: &header,
-            title: entry.title.map(|Titled(text)| TitleLine { text }),
+            title: TitleLine::of(entry.title.as_ref(), entry.title_mark.as_deref(), entry.len),
             summary,
         };
         lines.push(serde_json::to_string(&line).map_err(|e| e.to_string())?);
@@ -574,32 +643,46 @@ mod tests {
             descriptors: vec![Located { seq: 0, offset: 120, len: 80, digest: digest(b"line") }],
         };
         let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+        const LEN: u64 = 4 << 20;
         let entry = |header: SessionHeader, facts: Option<Facts>, title: Option<Titled>| Entry {
-            len: 4096,
+            len: LEN,
             modified: at,
             header: Arc::new(header),
             facts: facts.map(Arc::new),
             title,
+            title_mark: None,
         };
         let titled = |text: &str| Some(Titled(Some(text.into())));
         let top = |id: &str| SessionHeader::new(id, 1, Some("/w".into()));
+        let marked = |mut entry: Entry, title: Option<&str>, end: u64| {
+            entry.title_mark = TitleMark::new(title.map(str::to_string), end - 300, end, u64::MAX - end).map(Box::new);
+            entry
+        };
         let entries = [
             ("--p--", "parent", entry(top("parent"), None, titled("Fix the parser"))),
             ("--p--", "child", entry(child, Some(facts), None)),
             ("--p--", "untitled", entry(top("untitled"), None, Some(Titled(None)))),
             ("--p--", "quoted", entry(top("quoted"), None, titled("The \"odd\" one \\ ünïcode"))),
+            // A long log's title with the mark of its read; one that grew since (its mark alone);
+            // one untitled up to its mark; a short log's mark, which is not kept.
+            ("--p--", "long", marked(entry(top("long"), None, titled("Long")), Some("Long"), 2 << 20)),
+            ("--p--", "grown", marked(entry(top("grown"), None, None), Some("Before"), LEN)),
+            ("--p--", "blank", marked(entry(top("blank"), None, Some(Titled(None))), None, MARK_KEPT_FROM)),
+            ("--p--", "short", marked(entry(top("short"), None, titled("Short")), Some("Short"), 4000)),
         ];
         write(&root, entries.iter().map(|(p, s, e)| (OsStr::new(p), OsStr::new(s), e.clone()))).unwrap();
         let text = std::fs::read_to_string(path(&root).unwrap()).unwrap();
         let lines: Vec<&str> = text.lines().skip(1).collect();
-        assert_eq!(lines.len(), 4);
+        assert_eq!(lines.len(), entries.len());
         for (line, (project, session, written)) in lines.iter().zip(&entries) {
             let ((p, s), read, named) = parse_entry(line).unwrap();
             assert!(named);
             assert_eq!((p.as_ref(), s.as_ref()), (*project, *session));
+            let kept_mark = written.title_mark.clone().filter(|m| m.end >= MARK_KEPT_FROM);
             assert_eq!(
-                (read.len, read.modified, &read.header, &read.facts, &read.title),
-                (4096, at, &written.header, &written.facts, &written.title)
+                (read.len, read.modified, &read.header, &read.facts, &read.title, &read.title_mark),
+                (LEN, at, &written.header, &written.facts, &written.title, &kept_mark),
+                "{line}"
             );
             if *session == "quoted" {
                 assert!(canonical_entry(line).is_none(), "a title with escapes is serde's to read: {line}");
@@ -612,7 +695,7 @@ mod tests {
             assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
             assert_eq!(fast.header_digest, serde.header_digest);
             assert_eq!(fast.summary.is_some(), serde.summary.is_some());
-            assert_eq!(fast.title, serde.title.map(|t| Titled(t.text)));
+            assert_eq!(fast.title, serde.title);
         }
         assert_eq!(load(&root).unwrap().len(), 1, "one project");
         // A line with an escape (outside the header, which its digest covers) is serde's to
@@ -621,6 +704,56 @@ mod tests {
         assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());
         let ((project, _), read, _) = parse_entry(&escaped).unwrap();
         assert_eq!((project.as_ref(), &read.header), ("--p--", &entries[0].2.header));
+    }
+
+    /// A title mark that is not exactly what `write` writes makes its entry malformed (and so
+    /// the file no index): a digest that is not 16 lowercase hex digits, a line that ends where
+    /// or before it starts or past the log's length, a mark that is not a triple, `grown`
+    /// without a mark, or a field it does not know. A version-3 file (no marks) is read.
+    #[test]
+    fn a_title_mark_is_read_exactly_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("sessions");
+        let entry = Entry {
+            len: 3 << 20,
+            modified: SystemTime::UNIX_EPOCH,
+            header: Arc::new(SessionHeader::new("s", 1, Some("/w".into()))),
+            facts: None,
+            title: Some(Titled(Some("T".into()))),
+            title_mark: TitleMark::new(Some("T".into()), 2 << 20, (2 << 20) + 99, 0xabc).map(Box::new),
+        };
+        write(&root, std::iter::once((OsStr::new("--w--"), OsStr::new("s"), entry.clone()))).unwrap();
+        let text = std::fs::read_to_string(path(&root).unwrap()).unwrap();
+        let line = text.lines().nth(1).unwrap();
+        let mark = r#""mark":[2097152,2097251,"0000000000000abc"]"#;
+        assert!(line.contains(&format!(r#""title":{{"text":"T",{mark}}}"#)), "{line}");
+        let (_, read, _) = parse_entry(line).unwrap();
+        assert_eq!((read.title, read.title_mark), (entry.title, entry.title_mark));
+        for bad in [
+            r#""mark":[2097152,2097251,"0000000000000ABC"]"#,
+            r#""mark":[2097152,2097251,"000000000000abc"]"#,
+            r#""mark":[2097152,2097251,"00000000000000abc"]"#,
+            r#""mark":[2097152,2097152,"0000000000000abc"]"#,
+            r#""mark":[2097152,2097100,"0000000000000abc"]"#,
+            r#""mark":[2097152,4194304,"0000000000000abc"]"#,
+            r#""mark":[2097152,"0000000000000abc"]"#,
+            r#""mark":null,"grown":true"#,
+            r#""grown":true"#,
+            r#""mark":[2097152,2097251,"0000000000000abc"],"grown":false,"odd":1"#,
+        ] {
+            let edited = line.replacen(mark, bad, 1);
+            assert!(parse_entry(&edited).is_err(), "read: {edited}");
+        }
+        let grown = line.replacen(mark, &format!(r#"{mark},"grown":true"#), 1);
+        let (_, read, _) = parse_entry(&grown).unwrap();
+        assert_eq!((read.title, read.title_mark.map(|m| m.title)), (None, Some(Some("T".into()))));
+        // The same file as version 3 is read; version 5 is not.
+        let head = text.lines().next().unwrap();
+        for (version, read) in [(3, true), (5, false)] {
+            let other = head.replacen(&format!(":{INDEX_VERSION},"), &format!(":{version},"), 1);
+            std::fs::write(path(&root).unwrap(), text.replacen(head, &other, 1)).unwrap();
+            assert_eq!(load(&root).is_ok(), read, "version {version}");
+        }
     }
 
     /// Issue 23: a scan in the file's order takes each entry in step; one out of step finds it
@@ -634,6 +767,7 @@ mod tests {
             header: Arc::new(SessionHeader::new(id, 1, None)),
             facts: None,
             title: None,
+            title_mark: None,
         };
         let mut logs = Logs::default();
         for name in ["a", "b", "c", "d", "e"] {
@@ -703,6 +837,7 @@ mod tests {
             header: Arc::new(SessionHeader::new(id, 1, None)),
             facts: None,
             title: None,
+            title_mark: None,
         };
         let interleaved = [("--a--", "a1"), ("--b--", "b1"), ("--a--", "a2"), ("--b--", "b2"), ("--a--", "a3")];
         let written = |logs: &[(&'static str, &'static str)]| {

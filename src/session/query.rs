@@ -1036,6 +1036,7 @@ impl SourceState {
                                 header: header.clone(),
                                 facts: log.facts.clone(),
                                 title: log.title.clone(),
+                                title_mark: log.title_mark.clone(),
                             },
                         )),
                         _ => None,
@@ -1095,14 +1096,15 @@ impl SourceState {
             Ok(meta) if meta.is_file() => Some((meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH))),
             _ => None,
         };
-        let known = {
+        let (known, earlier) = {
             let mut cache = self.cache();
-            let in_file = match cache.index.as_mut().map(|state| &mut state.file) {
+            let earlier = match cache.index.as_mut().map(|state| &mut state.file) {
                 Some(IndexFile::Loaded(entries)) => {
-                    entries.get_mut(project).and_then(|logs| logs.take(session)).is_some()
+                    entries.get_mut(project).and_then(|logs| logs.take(session)).map(|(_, entry)| entry)
                 }
-                _ => false,
+                _ => None,
             };
+            let in_file = earlier.is_some();
             let Some((len, modified)) = found else {
                 let cached = cache.logs.get_mut(project).and_then(|logs| logs.remove(session)).is_some();
                 if cached {
@@ -1117,7 +1119,7 @@ impl SourceState {
             if at.is_some_and(|c| c.is_at(len, modified) && (c.facts.is_some() || c.header.is_err())) {
                 return;
             }
-            at.and_then(|c| c.header.clone().ok()).map(|header| (header, len, modified))
+            (at.and_then(|c| c.header.clone().ok()).map(|header| (header, len, modified)), earlier)
         };
         let (header, len, modified) = match known {
             Some(known) => known,
@@ -1138,11 +1140,18 @@ impl SourceState {
             let _ = self.summary_at(path, &header.id, len, modified);
             return;
         }
+        // The index's entry of the log (taken from the file, which the cache now stands for)
+        // keeps its title read for the same header: the title at the same length and mtime, and
+        // the mark to go on from.
+        let earlier = earlier.filter(|entry| entry.header == header);
         let mut cache = self.cache();
         let logs = cache.logs.entry(project.to_owned()).or_default();
         let seen = logs.get(session).map_or(0, |c| c.seen);
         // A title read at this very length and mtime still holds.
-        let title = logs.get(session).filter(|c| c.is_at(len, modified)).and_then(|c| c.title.clone());
+        let title = match logs.get(session).filter(|c| c.is_at(len, modified)) {
+            Some(cached) => cached.title.clone(),
+            None => earlier.as_ref().filter(|e| e.len == len && e.modified == modified).and_then(|e| e.title.clone()),
+        };
         let log = CachedLog {
             len,
             modified,
@@ -1152,7 +1161,7 @@ impl SourceState {
             statted: true,
             facts: None,
             title,
-            title_mark: None,
+            title_mark: earlier.and_then(|entry| entry.title_mark),
         };
         if replace(logs, session.to_owned(), log) {
             cache.corpus = None;
@@ -1325,9 +1334,15 @@ impl SourceState {
                 None => (f.session.clone(), None),
             };
             // (`catalog_index::load` gives only entries in the directory their header's id names.)
-            let indexed = indexed.filter(|entry| entry.len == len && entry.modified == modified);
+            // An entry of the log at another length keeps only the mark of its title read, for
+            // the log under the same header (a title read checks the mark's line before using it).
+            let (indexed, earlier) = match indexed {
+                Some(entry) if entry.len == len && entry.modified == modified => (Some(entry), None),
+                earlier => (None, earlier),
+            };
             let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
             let title = indexed.as_ref().and_then(|entry| entry.title.clone());
+            let mut title_mark = indexed.as_ref().and_then(|entry| entry.title_mark.clone());
             if indexed.is_some() {
                 from_index += 1;
             } else {
@@ -1353,6 +1368,9 @@ impl SourceState {
             };
             if let Ok(header) = &header {
                 headers.push((Some(header.clone()), l));
+                if let Some(earlier) = earlier.filter(|earlier| earlier.header == *header) {
+                    title_mark = earlier.title_mark;
+                }
             }
             let log = CachedLog {
                 len,
@@ -1363,7 +1381,7 @@ impl SourceState {
                 statted: true,
                 facts,
                 title,
-                title_mark: None,
+                title_mark,
             };
             changed |= replace(logs, key, log);
         }
@@ -1786,14 +1804,15 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
 
 /// Puts `log` in `logs` under `key` in place of what was there: whether the log is new to the
 /// cache or its header changed (which leaves the corpus behind; a log that only grew, as every
-/// live session does, leaves it as it was, and keeps the mark of its last title read).
+/// live session does, leaves it as it was, and keeps the mark of its last title read unless
+/// `log` brings one).
 fn replace(logs: &mut HashMap<OsString, CachedLog>, key: OsString, mut log: CachedLog) -> bool {
     match logs.entry(key) {
         std::collections::hash_map::Entry::Occupied(mut at) => {
             let old = at.get_mut();
             let same = old.header == log.header;
             if same {
-                log.title_mark = old.title_mark.take();
+                log.title_mark = log.title_mark.take().or_else(|| old.title_mark.take());
             }
             *old = log;
             !same
@@ -1992,6 +2011,74 @@ mod tests {
         let before = source.io().title_bytes;
         assert_eq!(titles_of(&source), titled("First"), "the second title was cut");
         assert!(source.io().title_bytes - before >= again.len() as u64, "read from the start");
+    }
+
+    /// The mark of a long log's title read is kept in the catalog index, so the next process
+    /// reads on from it too once the log has grown: with the title at that length, and (`grown`)
+    /// alone, when the index was written after the log grew and before its title was read again.
+    /// A short log's mark is not kept: it is read whole.
+    #[test]
+    fn the_next_process_reads_a_grown_long_log_s_title_from_where_the_last_read_stopped() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path().join("sessions"));
+        let filler = |lines: u64| -> String {
+            (0..lines)
+                .map(|seq| {
+                    format!("{{\"type\":\"turn/start\",\"seq\":{seq},\"time\":0,\"data\":{{\"turn\":{seq}}}}}\n")
+                })
+                .collect()
+        };
+        let long_filler = filler(20_000);
+        let long = write_top_level(&store, "long", &(title_line(0, "First") + &long_filler));
+        let short = write_top_level(&store, "short", &(title_line(0, "Brief") + &filler(100)));
+        assert!(std::fs::metadata(&long).unwrap().len() > catalog_index::MARK_KEPT_FROM);
+        assert!(std::fs::metadata(&short).unwrap().len() < catalog_index::MARK_KEPT_FROM);
+        let fresh = || StoreSource::persisted_only(store.clone()).with_index();
+        let append = |path: &Path, text: &str| {
+            std::fs::OpenOptions::new().append(true).open(path).unwrap().write_all(text.as_bytes()).unwrap();
+        };
+        let titled = |long: &str, short: &str| {
+            vec![("long".to_string(), Some(long.to_string())), ("short".to_string(), Some(short.to_string()))]
+        };
+        assert_eq!(titles_of(&fresh()), titled("First", "Brief"));
+        // Both grow by a title; the next process reads the long log from the index's mark (the
+        // last line read, checked, and the new one) and the short one whole.
+        let added = title_line(20_001, "Second");
+        append(&long, &added);
+        append(&short, &title_line(101, "Briefer"));
+        let next = fresh();
+        assert_eq!(titles_of(&next), titled("Second", "Briefer"));
+        let last_line = long_filler.lines().last().unwrap().len() as u64 + 1;
+        let short_len = std::fs::metadata(&short).unwrap().len();
+        assert_eq!(next.io().title_bytes, last_line + added.len() as u64 + short_len);
+        // The long log grows by a turn and a title, which a process's own writes report to its
+        // watch before any scan: the mark in the index entry goes on with the log.
+        let (turn, third) = (filler(1), title_line(20_002, "Third"));
+        append(&long, &(turn.clone() + &third));
+        let watched = fresh();
+        watched.watch().unwrap().changed(&long);
+        watched.settle();
+        assert_eq!(titles_of(&watched), titled("Third", "Briefer"));
+        assert_eq!(watched.io().title_bytes, (added.len() + turn.len() + third.len()) as u64);
+        drop(watched);
+        // It grows by a turn; a process that only scans (no titles) writes the index with the
+        // log's new length and the mark alone.
+        append(&long, &turn);
+        let scanned = fresh();
+        scanned.stored(&CancellationToken::new()).unwrap();
+        scanned.settle();
+        drop(scanned);
+        let index = std::fs::read_to_string(catalog_index::path(store.root()).unwrap()).unwrap();
+        let entry = index.lines().find(|line| line.contains("\"session\":\"long\"")).unwrap();
+        assert!(entry.contains("\"text\":\"Third\",\"mark\":[") && entry.contains("\"grown\":true"), "{entry}");
+        let next = fresh();
+        assert_eq!(titles_of(&next), titled("Third", "Briefer"));
+        assert_eq!(
+            next.io().title_bytes,
+            (third.len() + turn.len()) as u64,
+            "its last title line, checked, and the turn"
+        );
     }
 
     /// `session/list`'s titles (issue 23): each read once at its log's length and mtime and kept

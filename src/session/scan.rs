@@ -91,12 +91,18 @@ const TITLE_LINE_LIMIT: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TitleMark {
     pub(crate) title: Option<String>,
-    line_start: u64,
-    end: u64,
-    digest: u64,
+    pub(crate) line_start: u64,
+    pub(crate) end: u64,
+    pub(crate) digest: u64,
 }
 
 impl TitleMark {
+    /// A mark as the catalog index holds one, `None` unless its line is a line (it starts
+    /// before it ends); whether the log holds it is checked when a read goes on from it.
+    pub(crate) fn new(title: Option<String>, line_start: u64, end: u64, digest: u64) -> Option<TitleMark> {
+        (line_start < end).then_some(TitleMark { title, line_start, end, digest })
+    }
+
     /// Whether `file` still holds the line this mark ends with, where it was; the bytes read to
     /// check it.
     fn holds(&self, file: &std::fs::File) -> (bool, u64) {
