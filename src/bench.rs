@@ -273,14 +273,18 @@ fn own_rss() -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// A Chat Completions SSE stream of `chunks` text deltas of `text` each, then the finish.
+/// A Chat Completions SSE stream of `chunks` text deltas of `text` each, then the finish. Each
+/// delta is the smallest chunk the API sends (no `index`, no `finish_reason`: 47 bytes for one
+/// character), so the million one-character chunks of `memory` stay under kin's 64 MiB cap on
+/// one response (`model::http::DEFAULT_MAX_RESPONSE_BYTES`; a provider's fuller chunks, some 80
+/// bytes with those fields, would pass it, as no model's answer does).
 fn sse_body(chunks: usize, text: &str) -> Vec<u8> {
     let delta = serde_json::to_string(text).unwrap_or_default();
-    let mut body = String::with_capacity(chunks * (80 + delta.len()));
+    let mut body = String::with_capacity(chunks * (50 + delta.len()));
     for _ in 0..chunks {
-        body.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        body.push_str("data: {\"choices\":[{\"delta\":{\"content\":");
         body.push_str(&delta);
-        body.push_str("},\"finish_reason\":null}]}\n\n");
+        body.push_str("}}]}\n\n");
     }
     body.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
     body.push_str("data: [DONE]\n\n");
@@ -1065,7 +1069,14 @@ async fn memory(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> 
     kin.close().await?;
 
     let chunks = if quick { 200_000 } else { 1_000_000 };
-    let fine = streamed_turn(&sessions, &cwd, sse_body(chunks, "x")).await?;
+    let body = sse_body(chunks, "x");
+    let cap = crate::model::http::DEFAULT_MAX_RESPONSE_BYTES;
+    anyhow::ensure!(
+        body.len() <= cap,
+        "the bench's stream of {chunks} chunks ({} bytes) is over kin's cap of {cap}",
+        body.len()
+    );
+    let fine = streamed_turn(&sessions, &cwd, body).await?;
     let key = if quick { "stream_200k_chunks" } else { "stream_1m_chunks" };
     report.metric(
         &format!("{key}_peak_rss_kib"),
