@@ -20,10 +20,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // `kin run` keeps stderr for its own progress lines: only warnings unless RUST_LOG says more.
+    // `kin run` keeps stderr for its own progress lines, and `kin bench` its figures (its
+    // in-process sections would log each compaction): only warnings unless RUST_LOG says more.
     let quiet = matches!(
         cli.command,
         Command::Run(_)
+            | Command::Bench { .. }
             | Command::Login(_)
             | Command::Logout { .. }
             | Command::Acp(kin::testkit::cli::AcpArgs { command: Some(_), .. })
