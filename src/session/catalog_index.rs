@@ -209,8 +209,11 @@ struct TitleLine {
 impl TitleLine {
     /// What an entry of a log `len` bytes long writes of its title.
     fn of(title: Option<&Titled>, mark: Option<&TitleMark>, len: u64) -> Option<TitleLine> {
-        let kept = mark.filter(|m| m.end >= MARK_KEPT_FROM && m.end <= len);
-        let line = |m: &TitleMark| (m.line_start, m.end, format!("{:016x}", m.digest));
+        let kept = mark.filter(|m| m.end() >= MARK_KEPT_FROM && m.end() <= len);
+        let line = |m: &TitleMark| {
+            let (start, end, digest) = m.line();
+            (start, end, format!("{digest:016x}"))
+        };
         match (title, kept) {
             (Some(Titled(text)), kept) => {
                 Some(TitleLine { text: text.clone(), mark: kept.filter(|m| m.title == *text).map(line), grown: false })
@@ -225,12 +228,12 @@ impl TitleLine {
         let mark = match self.mark {
             None => None,
             Some((line_start, end, digest)) => {
-                let digest = (digest.len() == 16 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+                let digest = is_lower_hex(&digest, 16)
                     .then(|| u64::from_str_radix(&digest, 16).ok())
                     .flatten()
-                    .ok_or("a title mark's digest is not 16 hex digits")?;
+                    .ok_or("a title mark's digest is not 16 lowercase hex digits")?;
                 let mark = TitleMark::new(self.text.clone(), line_start, end, digest)
-                    .filter(|mark| mark.end <= len)
+                    .filter(|mark| mark.end() <= len)
                     .ok_or("a title mark that is not a line of the log")?;
                 Some(Box::new(mark))
             }
@@ -276,9 +279,12 @@ fn digest_is(bytes: &[u8], hex: &str) -> bool {
 
 /// Whether `hex` is the digest whose value is `value`.
 fn digest_is_value(value: u128, hex: &str) -> bool {
-    hex.len() == 32
-        && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        && u128::from_str_radix(hex, 16).is_ok_and(|read| read == value)
+    is_lower_hex(hex, 32) && u128::from_str_radix(hex, 16).is_ok_and(|read| read == value)
+}
+
+/// Whether `hex` is `digits` lowercase hex digits (as kin writes its digests: one text each).
+fn is_lower_hex(hex: &str, digits: usize) -> bool {
+    hex.len() == digits && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// The index file of a sessions directory, beside it; `None` for a directory without a parent
@@ -678,7 +684,7 @@ mod tests {
             let ((p, s), read, named) = parse_entry(line).unwrap();
             assert!(named);
             assert_eq!((p.as_ref(), s.as_ref()), (*project, *session));
-            let kept_mark = written.title_mark.clone().filter(|m| m.end >= MARK_KEPT_FROM);
+            let kept_mark = written.title_mark.clone().filter(|m| m.end() >= MARK_KEPT_FROM);
             assert_eq!(
                 (read.len, read.modified, &read.header, &read.facts, &read.title, &read.title_mark),
                 (LEN, at, &written.header, &written.facts, &written.title, &kept_mark),

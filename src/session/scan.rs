@@ -91,9 +91,9 @@ const TITLE_LINE_LIMIT: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TitleMark {
     pub(crate) title: Option<String>,
-    pub(crate) line_start: u64,
-    pub(crate) end: u64,
-    pub(crate) digest: u64,
+    line_start: u64,
+    end: u64,
+    digest: u64,
 }
 
 impl TitleMark {
@@ -101,6 +101,16 @@ impl TitleMark {
     /// before it ends); whether the log holds it is checked when a read goes on from it.
     pub(crate) fn new(title: Option<String>, line_start: u64, end: u64, digest: u64) -> Option<TitleMark> {
         (line_start < end).then_some(TitleMark { title, line_start, end, digest })
+    }
+
+    /// Where the read stopped: the end of the last complete line it read.
+    pub(crate) fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// That line's start and end, and its digest (what `new` takes).
+    pub(crate) fn line(&self) -> (u64, u64, u64) {
+        (self.line_start, self.end, self.digest)
     }
 
     /// Whether `file` still holds the line this mark ends with, where it was; the bytes read to
