@@ -139,6 +139,34 @@ fn kin_acp_leaves_the_titles_it_listed_in_the_catalog_index() {
     assert!(indexed.contains(r#""title":{"text":"listed title"}"#), "{indexed}");
 }
 
+/// `session/list` refuses what it cannot honour, naming it, and goes on serving: a `cwd` that
+/// is not absolute, and a `cursor` (kin answers whole and never sends `nextCursor`).
+#[test]
+fn session_list_refuses_a_relative_cwd_and_a_cursor_it_never_issued() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sessions = tmp.path().join("sessions");
+    let store = kin::testkit::session::SessionStore::new(&sessions);
+    let id = "cccccccc-0000-4000-8000-000000000003";
+    store.create(kin::testkit::session::SessionHeader::new(id, 5, Some("/proj".into()))).unwrap().flush().unwrap();
+    let mut peer = Peer::spawn(
+        Command::new(KIN).args(["acp", "--config", "/dev/null", "--sessions"]).arg(&sessions).stderr(Stdio::null()),
+    );
+    let t = Duration::from_secs(30);
+    peer.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), t);
+    let relative = peer.call("session/list", json!({"cwd": "proj"}), t);
+    assert_eq!(relative["error"]["code"], -32602, "{relative}");
+    assert!(relative["error"].to_string().contains("cwd must be an absolute path: proj"), "{relative}");
+    let paged = peer.call("session/list", json!({"cursor": "page-2"}), t);
+    assert_eq!(paged["error"]["code"], -32602, "{paged}");
+    assert!(paged["error"].to_string().contains("\\\"page-2\\\" is not one of its own"), "{paged}");
+    for params in [json!({}), json!({"cwd": "/proj", "cursor": null})] {
+        let listed = peer.call("session/list", params, t);
+        assert_eq!(listed["result"]["sessions"][0]["sessionId"], id, "{listed}");
+        assert!(listed["result"].get("nextCursor").is_none(), "{listed}");
+    }
+    assert!(peer.exit().success());
+}
+
 #[test]
 fn a_bad_config_file_is_a_clear_startup_error() {
     let tmp = tempfile::tempdir().unwrap();

@@ -380,13 +380,24 @@ impl AcpServer {
     }
 
     /// Lists on a blocking thread (every log's header, and the titles of changed logs), so
-    /// the connection serves other requests meanwhile.
+    /// the connection serves other requests meanwhile. The answer is whole (no `nextCursor`),
+    /// so a `cursor` is none kin issued: refused, as is a `cwd` that is not absolute.
     pub(super) fn list_sessions(
         &self,
         req: ListSessionsRequest,
         responder: Responder<ListSessionsResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
+        if let Some(cwd) = req.cwd.as_deref().filter(|cwd| !cwd.is_absolute()) {
+            let message = format!("cwd must be an absolute path: {}", cwd.display());
+            return responder.respond_with_error(invalid_params(message));
+        }
+        if let Some(cursor) = &req.cursor {
+            return responder.respond_with_error(invalid_params(format!(
+                "kin answers session/list whole and issues no cursors, so {cursor:?} is not one of its own: \
+                 send the request without `cursor`"
+            )));
+        }
         let runtime = self.runtime.clone();
         cx.spawn(async move {
             let listed = tokio::task::spawn_blocking(move || runtime.list_sessions(req.cwd.as_deref())).await;
