@@ -115,23 +115,32 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "check changes nothing");
 }
 
-/// A `kin acp` that read titles for `session/list` has them in the catalog index when it exits:
-/// the index is written after the answer, on the log watch's thread, and shutdown waits for it.
-#[test]
-fn kin_acp_leaves_the_titles_it_listed_in_the_catalog_index() {
+const LIST_WAIT: Duration = Duration::from_secs(30);
+
+/// A `kin acp`, initialized, over a sessions directory (in the returned temp dir) holding one
+/// top-level session `id` in `/proj`, with `title` if given.
+fn acp_over_one_session(id: &str, title: Option<&str>) -> (tempfile::TempDir, std::path::PathBuf, Peer) {
     let tmp = tempfile::tempdir().unwrap();
     let sessions = tmp.path().join("sessions");
     let store = kin::testkit::session::SessionStore::new(&sessions);
-    let id = "cccccccc-0000-4000-8000-000000000002";
     let mut s = store.create(kin::testkit::session::SessionHeader::new(id, 5, Some("/proj".into()))).unwrap();
-    s.append("session/title", json!({"title": "listed title", "messageSeqs": [], "source": {"kind": "fallback"}}));
+    if let Some(title) = title {
+        s.append("session/title", json!({"title": title, "messageSeqs": [], "source": {"kind": "fallback"}}));
+    }
     s.flush().unwrap();
     let mut peer = Peer::spawn(
         Command::new(KIN).args(["acp", "--config", "/dev/null", "--sessions"]).arg(&sessions).stderr(Stdio::null()),
     );
-    let t = Duration::from_secs(30);
-    peer.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), t);
-    let listed = peer.call("session/list", json!({}), t);
+    peer.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), LIST_WAIT);
+    (tmp, sessions, peer)
+}
+
+/// A `kin acp` that read titles for `session/list` has them in the catalog index when it exits:
+/// the index is written after the answer, on the log watch's thread, and shutdown waits for it.
+#[test]
+fn kin_acp_leaves_the_titles_it_listed_in_the_catalog_index() {
+    let (_tmp, sessions, mut peer) = acp_over_one_session("cccccccc-0000-4000-8000-000000000002", Some("listed title"));
+    let listed = peer.call("session/list", json!({}), LIST_WAIT);
     assert_eq!(listed["result"]["sessions"][0]["title"], "listed title", "{listed}");
     assert!(peer.exit().success());
     let index = kin::testkit::session::catalog_index::path(&sessions).unwrap();
@@ -143,16 +152,9 @@ fn kin_acp_leaves_the_titles_it_listed_in_the_catalog_index() {
 /// is not absolute, and a `cursor` (kin answers whole and never sends `nextCursor`).
 #[test]
 fn session_list_refuses_a_relative_cwd_and_a_cursor_it_never_issued() {
-    let tmp = tempfile::tempdir().unwrap();
-    let sessions = tmp.path().join("sessions");
-    let store = kin::testkit::session::SessionStore::new(&sessions);
     let id = "cccccccc-0000-4000-8000-000000000003";
-    store.create(kin::testkit::session::SessionHeader::new(id, 5, Some("/proj".into()))).unwrap().flush().unwrap();
-    let mut peer = Peer::spawn(
-        Command::new(KIN).args(["acp", "--config", "/dev/null", "--sessions"]).arg(&sessions).stderr(Stdio::null()),
-    );
-    let t = Duration::from_secs(30);
-    peer.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), t);
+    let (_tmp, _, mut peer) = acp_over_one_session(id, None);
+    let t = LIST_WAIT;
     let relative = peer.call("session/list", json!({"cwd": "proj"}), t);
     assert_eq!(relative["error"]["code"], -32602, "{relative}");
     assert!(relative["error"].to_string().contains("cwd must be an absolute path: proj"), "{relative}");
