@@ -209,7 +209,7 @@ pub enum ScenarioCommand {
 pub enum SessionsCommand {
     /// List top-level sessions, newest first.
     List {
-        /// Only sessions whose cwd is DIR.
+        /// Only sessions whose cwd is DIR (a relative DIR is taken from the current directory).
         #[arg(long, value_name = "DIR")]
         cwd: Option<PathBuf>,
     },

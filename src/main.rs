@@ -217,6 +217,8 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
         }
         Command::Sessions { command } => match command {
             SessionsCommand::List { cwd } => {
+                // As `kin run --cwd` takes it: a relative DIR from the current directory.
+                let cwd = cwd.map(std::path::absolute).transpose()?;
                 kin::testkit::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS)
             }
             SessionsCommand::Show { id } => {

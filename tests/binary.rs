@@ -91,6 +91,20 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     let (ok, listed) = run(&["sessions", "list"]);
     assert!(ok && listed.contains("cccccccc-0000-4000-8000-000000000001") && listed.contains("/proj"), "{listed}");
     assert!(listed.trim_end().ends_with("/proj  hello there"), "the title ends the line: {listed}");
+    // `--cwd` keeps the sessions of one directory; a relative one is taken from the current
+    // directory, as `kin run --cwd` takes it.
+    let in_dir = |cwd: &str, from: &str| {
+        let out = Command::new(KIN)
+            .current_dir(from)
+            .args(["sessions", "list", "--cwd", cwd, "--config", "/dev/null", "--sessions"])
+            .arg(&sessions)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).contains("cccccccc-0000-4000-8000-000000000001")
+    };
+    assert!(in_dir("/proj", "/") && in_dir("proj", "/") && in_dir("./proj", "/"), "the session in /proj");
+    assert!(!in_dir("/elsewhere", "/") && !in_dir("proj", "/tmp"), "no session there");
     // The title is kept in the catalog index beside the sessions directory; a newer one is read
     // from the log, not taken from the index.
     let index = kin::testkit::session::catalog_index::path(&sessions).unwrap();
