@@ -388,9 +388,8 @@ impl AcpServer {
         responder: Responder<ListSessionsResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        if let Some(cwd) = req.cwd.as_deref().filter(|cwd| !cwd.is_absolute()) {
-            let message = format!("cwd must be an absolute path: {}", cwd.display());
-            return responder.respond_with_error(invalid_params(message));
+        if let Some(Err(e)) = req.cwd.as_deref().map(crate::runtime::absolute_cwd) {
+            return responder.respond_with_error(to_acp(e));
         }
         if let Some(cursor) = &req.cursor {
             return responder.respond_with_error(invalid_params(format!(

@@ -17,6 +17,7 @@ mod turns;
 mod view;
 
 pub(crate) use error::RuntimeError;
+pub(crate) use sessions::absolute_cwd;
 pub(crate) use turns::Prompted;
 pub(crate) use view::{Loaded, SessionView};
 

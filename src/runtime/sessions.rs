@@ -275,13 +275,19 @@ impl Runtime {
     }
 }
 
+/// A `cwd` a request names (a listing's filter, a new session's directory): an absolute path.
+pub(crate) fn absolute_cwd(cwd: &Path) -> Result<(), RuntimeError> {
+    if !cwd.is_absolute() {
+        return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
+    }
+    Ok(())
+}
+
 /// A new session's working directory: an absolute path to an existing directory (its commands,
 /// MCP servers and file tools run there; a session in a directory that is not there would fail
 /// every one of them).
 fn check_cwd(cwd: &Path) -> Result<(), RuntimeError> {
-    if !cwd.is_absolute() {
-        return Err(RuntimeError::InvalidParams(format!("cwd must be an absolute path: {}", cwd.display())));
-    }
+    absolute_cwd(cwd)?;
     if !cwd.is_dir() {
         return Err(RuntimeError::InvalidParams(format!(
             "cwd {} is not an existing directory; give the absolute path of the workspace",
