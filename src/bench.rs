@@ -358,8 +358,9 @@ const CATALOG_UNRELATED: usize = 10_000;
 /// query with no index file (it reads every child log whole, and writes the index; the corpus
 /// synced to disk first). Cold: the median of the first listings of five kin processes just
 /// started (`first_listing`), with the CPU time of that listing (the OS page cache is warm: the
-/// files were just written, and synced first). Warm: the median of the next five listings in one more fresh query, and how
-/// many times it statted each log per listing.
+/// files were just written, and synced first), and beside it the stat pass alone in this process
+/// (`store_scan::stat_pass`: the floor the host sets on a cold listing). Warm: the median of the
+/// next five listings in one more fresh query, and how many times it statted each log per listing.
 fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     use crate::session::query::{SessionQuery, StoreSource};
     use crate::subagent::catalog::list_children;
@@ -404,6 +405,12 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             (0..5).map(|_| first_listing_in_new_process(&root, &parent.id, d)).collect::<Result<_>>()?;
         colds.sort();
         let (cold, cold_cpu) = colds[colds.len() / 2];
+        // The stat pass alone, as the cold listings left the kernel's caches: the part of a cold
+        // listing no index saves (seed 000's rule: every log is checked), a floor set by the host.
+        let mut passes: Vec<(Duration, Duration)> =
+            (0..5).map(|_| timed_stat_pass(&root, CATALOG_UNRELATED + d + 1)).collect::<Result<_>>()?;
+        passes.sort();
+        let (pass, pass_cpu) = passes[passes.len() / 2];
         let query = fresh();
         list(&query)?;
         let warm: Vec<Duration> = (0..5).map(|_| list(&query)).collect::<Result<_>>()?;
@@ -436,6 +443,19 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             &format!("list_{d}_children_{size}_cold_cpu_ms"),
             millis(cold_cpu),
             format!("  the cold listing's CPU time, all threads of its process: {}", ms(cold_cpu)),
+        )?;
+        report.metric(
+            &format!("list_{d}_children_{size}_stat_pass_ms"),
+            millis(pass),
+            format!(
+                "  of it the stat pass alone (each project directory listed, one fstatat per log; no index): {} (median of 5)",
+                ms(pass)
+            ),
+        )?;
+        report.metric(
+            &format!("list_{d}_children_{size}_stat_pass_cpu_ms"),
+            millis(pass_cpu),
+            format!("  the stat pass's CPU time: {}", ms(pass_cpu)),
         )?;
         report.metric(&format!("list_{d}_children_{size}_warm_ms"), millis(warm), text("warm (median of 5)", warm))?;
         report.metric(
@@ -534,6 +554,16 @@ pub async fn first_listing(sessions: &Path, parent: &str, out: &mut dyn Write) -
     drop(query);
     writeln!(out, "{}", json!({"wallMs": millis(wall), "cpuMs": millis(cpu), "listed": listed}))?;
     Ok(())
+}
+
+/// One stat pass over `sessions` (`store_scan::stat_pass`, on its threads) in this process: its
+/// wall and CPU time, checked to find `logs` logs.
+fn timed_stat_pass(sessions: &Path, logs: usize) -> Result<(Duration, Duration)> {
+    let (started, cpu) = (Instant::now(), process_cpu());
+    let found = crate::session::store_scan::stat_pass(sessions)?;
+    let timed = (started.elapsed(), process_cpu().saturating_sub(cpu));
+    anyhow::ensure!(found == logs, "the stat pass found {found} of {logs} logs");
+    Ok(timed)
 }
 
 /// `first_listing` in a new kin process: its wall and CPU time, checked to list `children`.

@@ -17,7 +17,7 @@ pub(crate) mod repair;
 mod resident;
 pub(crate) mod scan;
 pub(crate) mod store;
-mod store_scan;
+pub(crate) mod store_scan;
 pub(crate) mod surface;
 mod warn;
 pub(crate) mod watch;

@@ -157,6 +157,13 @@ pub(super) fn scan_store(
     Ok(projects)
 }
 
+/// How many session logs `scan_store` finds under `root`: the stat pass alone, which every
+/// listing makes before it reads an index or a log (`kin bench`'s floor of a cold listing).
+pub(crate) fn stat_pass(root: &Path) -> Result<usize, QueryError> {
+    let projects = scan_store(root, &AtomicU64::new(0), &CancellationToken::new())?;
+    Ok(projects.iter().map(|p| p.logs.len()).sum())
+}
+
 /// The session directories of one project directory (entries that are not files).
 fn list_project(root: &Path, name: &OsStr, cancel: &CancellationToken) -> Result<Listed, QueryError> {
     if cancel.is_cancelled() {
@@ -289,6 +296,11 @@ mod tests {
         assert_eq!(found, expected, "every log with its length; session directories without one are left out");
         let small = projects.iter().find(|p| p.name == "small").unwrap();
         assert_eq!(small.logs.len(), 1);
+        assert_eq!(
+            stat_pass(root.path()).unwrap(),
+            expected.len() + 1,
+            "the bench's stat pass counts what the scan found"
+        );
         assert_eq!(small.logs[0].found, Err("not a regular file".to_string()));
         let cancelled = CancellationToken::new();
         cancelled.cancel();
