@@ -252,3 +252,61 @@ async fn serve_until(
     runtime.shutdown().await;
     result.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use agent_client_protocol::Channel;
+    use agent_client_protocol::schema::ProtocolVersion;
+
+    use super::*;
+    use crate::session::SessionHeader;
+
+    /// `session/list` lists on a blocking thread: while a listing waits (here for the session
+    /// query's cache, which the test holds), the connection answers other requests, and the
+    /// listing answers once the cache is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn other_requests_are_answered_while_a_listing_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = Runtime::for_tests(dir.path());
+        let cwd = dir.path().join("project");
+        std::fs::create_dir(&cwd).unwrap();
+        let stored = "5e2d3c1a-0000-4000-8000-0000000000aa";
+        let header = SessionHeader::new(stored, 0, Some(cwd.display().to_string()));
+        runtime.store().create(header).unwrap().flush().unwrap();
+        let held = runtime.query().source().hold_cache();
+        let (agent_end, client_end) = Channel::duplex();
+        let server = tokio::spawn(serve(runtime.clone(), agent_end));
+        let (answered, other_answered) = tokio::sync::oneshot::channel();
+        let client = Client.v1().name("fence").connect_with(client_end, async move |cx: ConnectionTo<Agent>| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1)).block_task().await?;
+            let mut listing = Box::pin(cx.send_request(ListSessionsRequest::new()).block_task());
+            // Answered while the listing waits (a listing on the message loop would hold them,
+            // and the test would end at the timeout instead).
+            let others = async {
+                let refused = cx.send_request(ListSessionsRequest::new().cursor("not-issued")).block_task().await;
+                let created = cx.send_request(NewSessionRequest::new(cwd.clone())).block_task().await;
+                (refused, created)
+            };
+            let (refused, created) = tokio::time::timeout(Duration::from_secs(60), others)
+                .await
+                .expect("other requests are answered while a listing waits");
+            assert_eq!(refused.unwrap_err().code, ErrorCode::from(-32602), "a cursor kin never issued");
+            let created = created.expect("a session is created while a listing waits");
+            assert!(futures::poll!(&mut listing).is_pending(), "the listing waits for the held cache");
+            answered.send(()).unwrap();
+            let listed = listing.await?;
+            let ids: Vec<String> = listed.sessions.iter().map(|s| s.session_id.0.to_string()).collect();
+            assert!(ids.contains(&stored.to_string()), "{ids:?}");
+            Ok(created)
+        });
+        let release = async move {
+            other_answered.await.unwrap();
+            drop(held);
+        };
+        let (created, ()) = tokio::join!(client, release);
+        created.unwrap();
+        server.abort();
+    }
+}

@@ -177,20 +177,12 @@ impl Runtime {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{Config, Overrides};
-    use crate::model::Model;
-    use crate::model::script::{ReplayEntry, ScriptedModel};
     use crate::session::SessionHeader;
-    use crate::tools::ToolRegistry;
 
     use super::*;
 
-    /// A runtime with its sessions under `dir` and a model that is never called.
     fn runtime(dir: &Path) -> Arc<Runtime> {
-        let overrides = Overrides { sessions: Some(dir.join("sessions")), ..Default::default() };
-        let config = Config::resolve(&overrides, &|_| None).unwrap();
-        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
-        Runtime::new(config, model, ToolRegistry::new()).unwrap()
+        Runtime::for_tests(dir)
     }
 
     #[tokio::test]

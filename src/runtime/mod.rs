@@ -117,6 +117,22 @@ impl Runtime {
         &self.store
     }
 
+    /// The catalog's session query (a test's fence holds its cache).
+    #[cfg(test)]
+    pub(crate) fn query(&self) -> &SessionQuery<StoreSource> {
+        &self.query
+    }
+
+    /// A runtime keeping its sessions under `dir/sessions`, with a model that is never called.
+    #[cfg(test)]
+    pub(crate) fn for_tests(dir: &std::path::Path) -> Arc<Runtime> {
+        use crate::model::script::{ReplayEntry, ScriptedModel};
+        let overrides = crate::config::Overrides { sessions: Some(dir.join("sessions")), ..Default::default() };
+        let config = Config::resolve(&overrides, &|_| None).expect("a config of defaults");
+        let model = Arc::new(ScriptedModel::new(Vec::<ReplayEntry>::new())) as Arc<dyn Model>;
+        Runtime::new(config, model, ToolRegistry::new()).expect("a runtime")
+    }
+
     /// Each route's context window and price.
     pub fn models(&self) -> Arc<crate::model::capacity::ModelTable> {
         self.config.compaction.models.clone()

@@ -927,7 +927,18 @@ impl StoreSource {
     pub fn store(&self) -> &SessionStore {
         &self.state.store
     }
+
+    /// Holds this source's cache until the guard drops: a scan, a listing or a refresh waits
+    /// for it meanwhile (a test's fence).
+    #[cfg(test)]
+    pub(crate) fn hold_cache(&self) -> CacheHeld<'_> {
+        CacheHeld(self.state.cache())
+    }
 }
+
+/// A `StoreSource`'s cache, held (`hold_cache`).
+#[cfg(test)]
+pub(crate) struct CacheHeld<'a>(#[expect(dead_code, reason = "held for its drop")] MutexGuard<'a, Cache>);
 
 impl Drop for StoreSource {
     /// What kin wrote is in the index before the source goes (a runtime shutting down).
