@@ -343,10 +343,9 @@ impl AcpServer {
         responder: Responder<SetSessionConfigOptionResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        let option = req.config_id.0.as_ref();
-        let hint = match option {
-            MODEL_OPTION => "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string(),
-            SANDBOX_OPTION => format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids()),
+        let (sandbox, hint) = match req.config_id.0.as_ref() {
+            MODEL_OPTION => (false, "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string()),
+            SANDBOX_OPTION => (true, format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids())),
             other => {
                 return responder.respond_with_error(invalid_params(format!(
                     "unknown config option {other}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\""
@@ -357,10 +356,7 @@ impl AcpServer {
             return responder.respond_with_error(invalid_params(hint));
         };
         let id = req.session_id.0.to_string();
-        let set = match option {
-            SANDBOX_OPTION => self.runtime.set_sandbox(&id, &value.0),
-            _ => self.runtime.set_model(&id, &value.0),
-        };
+        let set = if sandbox { self.runtime.set_sandbox(&id, &value.0) } else { self.runtime.set_model(&id, &value.0) };
         // As for the mode: answered once the choice is on disk, or with why it is not.
         let recording = match set {
             Ok(recording) => recording,
