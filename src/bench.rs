@@ -448,7 +448,7 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             &format!("list_{d}_children_{size}_stat_pass_ms"),
             millis(pass),
             format!(
-                "  of it the stat pass alone (each project directory listed, one fstatat per log; no index): {} (median of 5)",
+                "  the stat pass alone (each project directory listed, one fstatat per log; no index), in this process: {} (median of 5)",
                 ms(pass)
             ),
         )?;

@@ -181,14 +181,10 @@ mod tests {
 
     use super::*;
 
-    fn runtime(dir: &Path) -> Arc<Runtime> {
-        Runtime::for_tests(dir)
-    }
-
     #[tokio::test]
     async fn a_session_being_loaded_is_not_deleted_under_the_load() {
         let dir = tempfile::tempdir().unwrap();
-        let rt = runtime(dir.path());
+        let rt = Runtime::for_tests(dir.path());
         let id = "5e2d3c1a-0000-4000-8000-000000000001";
         let mut stored = rt.store().create(SessionHeader::new(id, 0, Some(dir.path().display().to_string()))).unwrap();
         stored.flush().unwrap();
@@ -208,7 +204,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn restoring_a_loaded_session_s_work_holds_its_load_gate() {
         let dir = tempfile::tempdir().unwrap();
-        let rt = runtime(dir.path());
+        let rt = Runtime::for_tests(dir.path());
         let id = "5e2d3c1a-0000-4000-8000-000000000002";
         let gate = rt.load_gate(id);
         let loading = gate.lock().await;
