@@ -31,6 +31,7 @@ fn main() -> ExitCode {
             | Command::Acp(kin::testkit::cli::AcpArgs { command: Some(_), .. })
     );
     let default_level = if quiet { "warn" } else { "info" };
+    let logs_to_file = config.log_file.is_some();
     let logging = init_logging(&config, default_level);
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads()).enable_all().build() {
@@ -43,7 +44,10 @@ fn main() -> ExitCode {
     let code = match runtime.block_on(run(cli, config)) {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!("{e:#}");
+            // Once on stderr: the log says it too only when it is a file.
+            if logs_to_file {
+                tracing::error!("{e:#}");
+            }
             eprintln!("kin: {e:#}");
             ExitCode::FAILURE
         }
@@ -219,11 +223,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
             SessionsCommand::List { cwd } => {
                 // As `kin run --cwd` takes it: a relative DIR from the current directory.
                 let cwd = cwd.map(std::path::absolute).transpose()?;
-                kin::testkit::commands::sessions_list(&config, cwd.as_deref()).map(|()| ExitCode::SUCCESS)
+                until_stdout_closes(kin::testkit::commands::sessions_list(&config, cwd.as_deref()))
             }
-            SessionsCommand::Show { id } => {
-                kin::testkit::commands::sessions_show(&config, &id).map(|()| ExitCode::SUCCESS)
-            }
+            SessionsCommand::Show { id } => until_stdout_closes(kin::testkit::commands::sessions_show(&config, &id)),
             SessionsCommand::Delete { id } => {
                 kin::testkit::commands::sessions_delete(&config, &id).map(|()| ExitCode::SUCCESS)
             }
@@ -232,5 +234,20 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                 Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
             }
         },
+    }
+}
+
+/// A command that only prints (`kin sessions list | head`): its reader closing stdout ends it
+/// quietly and successfully (what was wanted was read), as a closed pipe ends other tools.
+fn until_stdout_closes(printed: anyhow::Result<()>) -> anyhow::Result<ExitCode> {
+    let closed = |e: &anyhow::Error| {
+        e.chain().any(|cause| {
+            cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        })
+    };
+    match printed {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if closed(&e) => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e),
     }
 }

@@ -357,3 +357,31 @@ fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_retu
     kin.close_stdin();
     let _ = kin.child.wait();
 }
+
+/// `kin sessions list | head` and `kin sessions show ID | head`: a reader that closes stdout
+/// ends the command quietly and successfully. An error is said once on stderr.
+#[test]
+fn sessions_commands_end_quietly_when_their_reader_closes_stdout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sessions = tmp.path().join("sessions");
+    let id = "cccccccc-0000-4000-8000-000000000002";
+    let store = kin::testkit::session::SessionStore::new(&sessions);
+    store.create(kin::testkit::session::SessionHeader::new(id, 5, Some("/proj".into()))).unwrap().flush().unwrap();
+    let kin = |args: &[&str]| {
+        let mut command = Command::new(KIN);
+        command.args(args).args(["--config", "/dev/null", "--sessions"]).arg(&sessions);
+        command
+    };
+    for args in [&["sessions", "list"][..], &["sessions", "show", id]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = kin(args).stdout(writer).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && err.is_empty(), "{args:?}: {:?}, stderr {err:?}", out.status);
+    }
+    let missing = "cccccccc-0000-4000-8000-0000000000ff";
+    let out = kin(&["sessions", "show", missing]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.starts_with("kin: "), "{err}");
+    assert_eq!(err.matches(missing).count(), 1, "said once: {err}");
+}
