@@ -140,6 +140,33 @@ async fn text_output_streams_the_reply_and_exits_zero() {
     assert_eq!(prompt["data"]["content"][0]["text"], "say hello");
 }
 
+/// A reader that closes stdout early (`kin run ... | head`) ends nothing: the turn completes and
+/// kin exits 0 without a word. A stdout that cannot be written (`> /dev/full`) fails the run,
+/// saying so and where the reply is kept. Every output alike, and no panic.
+#[tokio::test]
+async fn a_closed_stdout_is_quiet_and_a_failing_one_is_an_error() {
+    let server = server_answering("Hello from kin.").await;
+    let home = Home::new();
+    for output in ["text", "json", "stream-json"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = home.kin(&server, &["--output", output, "say hello"]).stdout(writer).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{output}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked") && !stderr(&out).contains("stdout"), "{output}: {}", stderr(&out));
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = home.kin(&server, &["--output", output, "say hello"]).stdout(full).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{output}: {}", stderr(&out));
+        let said = stderr(&out);
+        assert!(said.contains("kin: cannot write the reply to stdout: No space left on device"), "{output}: {said}");
+        assert!(said.contains("kin sessions show ") && !said.contains("panicked"), "{output}: {said}");
+    }
+    let logs = home.logs();
+    assert_eq!(logs.len(), 6);
+    for (_, events) in &logs {
+        assert_eq!(turn_ends(events), [json!("completed")], "each turn completed and is on disk");
+    }
+}
+
 #[tokio::test]
 async fn the_prompt_comes_from_stdin_when_absent_or_dash() {
     let server = MockServer::start().await;

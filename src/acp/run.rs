@@ -217,6 +217,9 @@ async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, 
 struct Printer {
     output: Output,
     state: Mutex<State>,
+    /// The first write to stdout that failed: nothing more is written after it, and `finish`
+    /// says what it was (a reader that closed the pipe early is not a failure).
+    stdout_failed: Mutex<Option<std::io::Error>>,
 }
 
 #[derive(Default)]
@@ -235,7 +238,7 @@ struct State {
 
 impl Printer {
     fn new(output: Output) -> Self {
-        Printer { output, state: Mutex::new(State::default()) }
+        Printer { output, state: Mutex::new(State::default()), stdout_failed: Mutex::new(None) }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -254,9 +257,16 @@ impl Printer {
     }
 
     fn json_line(&self, value: &Value) {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{value}");
-        let _ = out.flush();
+        self.write_out(format!("{value}\n").as_bytes());
+    }
+
+    /// `bytes` on stdout, flushed, unless a write to it failed before.
+    fn write_out(&self, bytes: &[u8]) {
+        let mut failed = self.stdout_failed.lock().unwrap_or_else(PoisonError::into_inner);
+        if failed.is_none() {
+            let mut out = std::io::stdout().lock();
+            *failed = out.write_all(bytes).and_then(|()| out.flush()).err();
+        }
     }
 
     fn update(&self, n: &SessionNotification) {
@@ -271,9 +281,7 @@ impl Printer {
                 if let ContentBlock::Text(text) = &chunk.content {
                     state.text.push_str(&text.text);
                     if self.output == Output::Text {
-                        let mut out = std::io::stdout().lock();
-                        let _ = out.write_all(text.text.as_bytes());
-                        let _ = out.flush();
+                        self.write_out(text.text.as_bytes());
                     }
                 }
             }
@@ -363,8 +371,23 @@ impl Printer {
         }
     }
 
-    /// Prints the end of the run and maps it to an exit.
+    /// Prints the end of the run and maps it to an exit: a turn that completed but whose reply
+    /// could not be written (stdout full or failing, not closed by its reader) fails.
     fn finish(&self, session: &str, result: TurnResult) -> Exit {
+        let exit = self.finish_printing(session, result);
+        let failed = self.stdout_failed.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match failed {
+            Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                eprintln!(
+                    "kin: cannot write the reply to stdout: {e}; the session log keeps it (kin sessions show {session})"
+                );
+                if exit == Exit::Completed { Exit::Failed } else { exit }
+            }
+            _ => exit,
+        }
+    }
+
+    fn finish_printing(&self, session: &str, result: TurnResult) -> Exit {
         let state = self.state();
         let exit = match &result {
             Ok(StopReason::EndTurn) => Exit::Completed,
@@ -376,7 +399,7 @@ impl Printer {
         match self.output {
             Output::Text => {
                 if !state.text.is_empty() && !state.text.ends_with('\n') {
-                    println!();
+                    self.write_out(b"\n");
                 }
                 match &result {
                     Ok(StopReason::EndTurn) => {}
