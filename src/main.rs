@@ -21,7 +21,9 @@ fn main() -> ExitCode {
         }
     };
     // `kin run` keeps stderr for its own progress lines, and `kin bench` its figures (its
-    // in-process sections would log each compaction): only warnings unless RUST_LOG says more.
+    // in-process sections would log each compaction): only warnings unless RUST_LOG says more,
+    // and none from the ACP crate, which warns of every error it answers (`kin run` says each
+    // refusal itself).
     let quiet = matches!(
         cli.command,
         Command::Run(_)
@@ -30,7 +32,7 @@ fn main() -> ExitCode {
             | Command::Logout { .. }
             | Command::Acp(kin::testkit::cli::AcpArgs { command: Some(_), .. })
     );
-    let default_level = if quiet { "warn" } else { "info" };
+    let default_level = if quiet { "warn,agent_client_protocol=error" } else { "info" };
     let logs_to_file = config.log_file.is_some();
     let logging = init_logging(&config, default_level);
     let runtime =
