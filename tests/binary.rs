@@ -385,3 +385,20 @@ fn sessions_commands_end_quietly_when_their_reader_closes_stdout() {
     assert!(!out.status.success() && err.starts_with("kin: "), "{err}");
     assert_eq!(err.matches(missing).count(), 1, "said once: {err}");
 }
+
+/// A new user's first `kin sessions list`, before any session (no sessions directory, nor its
+/// parent): nothing listed, nothing said, nothing written.
+#[test]
+fn sessions_list_before_any_session_says_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sessions = tmp.path().join("state/kin/sessions");
+    let out = Command::new(KIN)
+        .args(["sessions", "list", "--config", "/dev/null", "--sessions"])
+        .arg(&sessions)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+    assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "nothing written");
+}

@@ -540,8 +540,9 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     })
 }
 
-/// Writes the index of `root` whole (temp file beside it, fsync, rename, directory fsync). Logs whose
-/// directory names are not UTF-8 are left out (their listings read them).
+/// Writes the index of `root` whole (temp file beside it, fsync, rename, directory fsync); nothing
+/// while `root` does not exist. Logs whose directory names are not UTF-8 are left out (their
+/// listings read them).
 pub(crate) fn write<'a>(
     root: &Path,
     entries: impl Iterator<Item = (&'a OsStr, &'a OsStr, Entry)>,
@@ -587,6 +588,11 @@ pub(crate) fn write<'a>(
         return Err(format!("the index would be larger than {INDEX_LIMIT} bytes; not written"));
     }
     let path = placed(root)?;
+    if std::fs::symlink_metadata(root).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        // No sessions directory yet (a first `kin sessions list`): nothing to index, and no
+        // directory beside which to put it.
+        return Ok(());
+    }
     let dir = path.parent().unwrap_or(root);
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let mut temp = tempfile::Builder::new().prefix(".catalog-index.").tempfile_in(dir).map_err(failed)?;
@@ -632,12 +638,19 @@ pub(crate) fn read_descriptors(path: &Path, facts: &Facts) -> Option<Vec<Event>>
 mod tests {
     use super::*;
 
+    /// A sessions directory in `dir`, made (an index is written only beside one that exists).
+    fn sessions_in(dir: &tempfile::TempDir) -> PathBuf {
+        let root = dir.path().join("sessions");
+        std::fs::create_dir(&root).unwrap();
+        root
+    }
+
     /// Issue 23: every line `write` writes is read by `canonical_entry` (serde only parses what
     /// kin did not write), as serde reads it.
     #[test]
     fn the_lines_kin_writes_are_read_without_serde_as_serde_reads_them() {
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("sessions");
+        let root = sessions_in(&dir);
         let mut child = SessionHeader::new("child", 3, Some("/w/{odd} c,wd}".into()));
         child.parent_session = Some("parent".into());
         child.origin = Some("subagent".into());
@@ -719,7 +732,7 @@ mod tests {
     #[test]
     fn a_title_mark_is_read_exactly_or_not_at_all() {
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("sessions");
+        let root = sessions_in(&dir);
         let entry = Entry {
             len: 3 << 20,
             modified: SystemTime::UNIX_EPOCH,
@@ -836,7 +849,7 @@ mod tests {
     #[test]
     fn a_project_met_again_later_in_the_file_keeps_its_earlier_entries() {
         let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("sessions");
+        let root = sessions_in(&dir);
         let entry = |id: &str| Entry {
             len: 10,
             modified: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
