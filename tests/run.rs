@@ -210,6 +210,11 @@ async fn bad_usage_exits_two() {
     assert_eq!(both.status.code(), Some(2));
     let output = home.run(&server, &["x", "--output", "yaml"]);
     assert_eq!(output.status.code(), Some(2));
+    // A provider kin does not know is refused at start, naming the route once.
+    let unknown = home.run(&server, &["x", "--model", "nosuch/model"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    let said = stderr(&unknown);
+    assert!(said.contains("unknown model provider \"nosuch\"") && said.matches("nosuch/model").count() == 1, "{said}");
     assert!(home.logs().is_empty(), "bad usage starts no session");
 }
 

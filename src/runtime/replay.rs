@@ -28,7 +28,7 @@ fn backend_for(config: &Config) -> Result<Backend> {
     let stored: crate::model::routed::KeyLookup =
         Arc::new(move |variable: &str| crate::keys::lookup(&|_| None, &store, variable));
     let routed = crate::model::routed::Routed::new(&config.model, config.models.clone(), stored)
-        .map_err(|e| anyhow::anyhow!("model route {}: {e}", config.model))?;
+        .map_err(|e| anyhow::anyhow!("model {e}"))?;
     let routed = Arc::new(routed);
     Ok(Backend { model: routed.clone(), keys: Some(routed), fixture: None })
 }
