@@ -402,3 +402,28 @@ fn sessions_list_before_any_session_says_nothing() {
     assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
     assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "nothing written");
 }
+
+/// A client that writes its first requests at once, without waiting for `initialize`'s answer
+/// (a script piping them in), has each served in order: the SDK alone would refuse those that
+/// arrive while initialization is under way ("ACP initialization must complete").
+#[test]
+fn requests_written_right_after_initialize_are_served_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (sessions, cwd) = (tmp.path().join("sessions"), tmp.path().join("cwd"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let mut kin = Peer::spawn(&mut common::acp(&sessions, None));
+    let lines = [
+        common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+        common::request(2, "session/new", json!({"cwd": cwd, "mcpServers": []})),
+        common::request(3, "session/list", json!({})),
+    ];
+    let all: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    kin.write_line(all.trim_end()).unwrap();
+    let answers = kin.responses(&[1, 2, 3], Duration::from_secs(20));
+    for id in [1, 2, 3] {
+        assert!(answers[&id].get("error").is_none(), "request {id}: {}", answers[&id]);
+    }
+    let created = answers[&2]["result"]["sessionId"].clone();
+    assert!(answers[&3]["result"]["sessions"].as_array().unwrap().iter().any(|s| s["sessionId"] == created));
+    assert!(kin.exit().success());
+}

@@ -2,6 +2,11 @@
 //! (`--max-frame-bytes`, `max_frame_bytes`; default 64 MiB, room for prompts with pasted files
 //! and images). It replaces the SDK's `Stdio`, which reads a line whole however long it is.
 //!
+//! After an `initialize` request, the input is held back until its response is written
+//! ([`InitGate`]): the SDK refuses any request that reaches it while initialization is under way,
+//! so a client that writes its first requests without waiting for the answer (a script piping
+//! them in) would otherwise have them refused; held back, they are served in order.
+//!
 //! A longer frame is never held: its first `ID_PREFIX_BYTES` are kept to recover the id cheaply,
 //! the rest is read and dropped. A request (or anything that is not a response) is answered with
 //! a JSON-RPC error (-32600, with the id if the prefix holds it, else null) written here, between
@@ -17,6 +22,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent_client_protocol::Lines;
 use futures::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -33,6 +39,9 @@ pub(crate) const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
 const PIPE_BYTES: usize = 256 * 1024;
 /// Bytes of an oversize frame kept to recover its id.
 const ID_PREFIX_BYTES: usize = 64 * 1024;
+/// The longest the input waits for the response to an `initialize` request (`InitGate`): a
+/// safety net only, as every request is answered.
+const INIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 type Writer = Arc<Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
 
@@ -62,15 +71,21 @@ pub(crate) fn framed(
 ) -> (Lines<impl Sink<String, Error = std::io::Error> + Send, impl Stream<Item = std::io::Result<String>> + Send>, Output)
 {
     let writer: Writer = Arc::new(Mutex::new(Box::pin(output)));
-    let outgoing = futures::sink::unfold(writer.clone(), |writer: Writer, line: String| async move {
+    let gate = Arc::new(InitGate::default());
+    let sent = (writer.clone(), gate.clone());
+    let outgoing = futures::sink::unfold(sent, |(writer, gate): (Writer, Arc<InitGate>), line: String| async move {
         let update = is_session_update(&line);
+        let answered = gate.answers_initialize(&line);
         write_line(&writer, line).await?;
+        if answered {
+            gate.open();
+        }
         if update {
             crate::outflow::outflow().written();
         }
-        Ok::<_, std::io::Error>(writer)
+        Ok::<_, std::io::Error>((writer, gate))
     });
-    (Lines::new(outgoing, incoming(input, writer.clone(), max_frame_bytes)), Output(writer))
+    (Lines::new(outgoing, incoming(input, writer.clone(), gate, max_frame_bytes)), Output(writer))
 }
 
 /// The transport's output, written line by line and never flushed until [`Output::flush`].
@@ -99,33 +114,107 @@ fn is_session_update(line: &str) -> bool {
     head.windows(METHOD.len()).any(|w| w == METHOD)
 }
 
-/// The frames of `input` for the SDK; refused ones are answered on `writer` (or, for responses
-/// to kin's own requests, handed on as an error response).
+/// Holds the input back from an `initialize` request until its response is written (see the
+/// module comment): the response with its id, or an error with a null id (the SDK answers so a
+/// frame it cannot read as a request, whatever id it had), and at most for `INIT_WAIT`. Only the
+/// lines before the first such response are looked at.
+#[derive(Default)]
+struct InitGate {
+    /// The id of the `initialize` request whose response is awaited.
+    awaiting: std::sync::Mutex<Option<Value>>,
+    /// A response to `initialize` was written: no line is looked at any more.
+    done: AtomicBool,
+    opened: tokio::sync::Notify,
+}
+
+impl InitGate {
+    fn awaiting(&self) -> std::sync::MutexGuard<'_, Option<Value>> {
+        self.awaiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An incoming line on its way to the SDK: an `initialize` request closes the gate behind it.
+    fn saw(&self, line: &str) {
+        if self.done.load(Ordering::Acquire) {
+            return;
+        }
+        let shape = Shape::of(&line.as_bytes()[..line.len().min(ID_PREFIX_BYTES)]);
+        if shape.initialize && !shape.id().is_null() {
+            *self.awaiting() = Some(shape.id());
+        }
+    }
+
+    /// Whether an outgoing line is the response to the awaited `initialize` request.
+    fn answers_initialize(&self, line: &str) -> bool {
+        if self.done.load(Ordering::Acquire) {
+            return false;
+        }
+        let awaiting = self.awaiting();
+        let Some(id) = awaiting.as_ref() else { return false };
+        let shape = Shape::of(&line.as_bytes()[..line.len().min(ID_PREFIX_BYTES)]);
+        shape.result_or_error && !shape.method && (shape.id() == *id || shape.id().is_null())
+    }
+
+    /// The response to `initialize` is written: the input goes on.
+    fn open(&self) {
+        *self.awaiting() = None;
+        self.done.store(true, Ordering::Release);
+        self.opened.notify_waiters();
+    }
+
+    /// Waits while the response to an `initialize` request is awaited (at most `INIT_WAIT`).
+    async fn pass(&self) {
+        if self.awaiting().is_none() {
+            return;
+        }
+        let waited = async {
+            loop {
+                // Made before the check, so an `open` between the two is not missed.
+                let opened = self.opened.notified();
+                if self.awaiting().is_none() {
+                    return;
+                }
+                opened.await;
+            }
+        };
+        if tokio::time::timeout(INIT_WAIT, waited).await.is_err() {
+            tracing::warn!("no response to initialize within {INIT_WAIT:?}; reading the next requests anyway");
+            self.open();
+        }
+    }
+}
+
+/// The frames of `input` for the SDK, none read while `gate` holds them back; refused ones are
+/// answered on `writer` (or, for responses to kin's own requests, handed on as an error response).
 fn incoming(
     input: impl AsyncRead + Send + 'static,
     writer: Writer,
+    gate: Arc<InitGate>,
     max_frame_bytes: usize,
 ) -> impl Stream<Item = std::io::Result<String>> + Send {
     let reader = Box::pin(BufReader::with_capacity(64 * 1024, input));
-    futures::stream::unfold((reader, writer), move |(mut reader, writer)| async move {
+    futures::stream::unfold((reader, writer, gate), move |(mut reader, writer, gate)| async move {
         loop {
+            gate.pass().await;
             let frame = match next_frame(&mut reader, max_frame_bytes).await {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return None,
-                Err(e) => return Some((Err(e), (reader, writer))),
+                Err(e) => return Some((Err(e), (reader, writer, gate))),
             };
             let refused = match frame {
-                Frame::Line(line) => return Some((Ok(line), (reader, writer))),
+                Frame::Line(line) => {
+                    gate.saw(&line);
+                    return Some((Ok(line), (reader, writer, gate)));
+                }
                 Frame::Oversize { bytes, prefix } => Refused::oversize(bytes, max_frame_bytes, &prefix),
                 Frame::NotUtf8 { prefix } => Refused::not_utf8(&prefix),
             };
             tracing::warn!(code = refused.code, id = %refused.id, "refused an incoming frame: {}", refused.message);
             if refused.answer {
                 // A response to a request of kin's: the SDK fails that request with the error.
-                return Some((Ok(refused.line()), (reader, writer)));
+                return Some((Ok(refused.line()), (reader, writer, gate)));
             }
             if let Err(e) = write_line(&writer, refused.line()).await {
-                return Some((Err(e), (reader, writer)));
+                return Some((Err(e), (reader, writer, gate)));
             }
         }
     })
@@ -247,6 +336,8 @@ impl Refused {
 struct Shape {
     id: Option<Value>,
     method: bool,
+    /// The method is `initialize`.
+    initialize: bool,
     result_or_error: bool,
 }
 
@@ -290,7 +381,7 @@ impl<'de> Visitor<'de> for Seek<'_> {
                 "id" => self.0.id = Some(map.next_value::<Value>()?),
                 "method" => {
                     self.0.method = true;
-                    map.next_value::<IgnoredAny>()?;
+                    self.0.initialize = map.next_value::<Value>()? == "initialize";
                 }
                 "result" | "error" => {
                     self.0.result_or_error = true;
@@ -384,6 +475,42 @@ mod tests {
         assert_eq!(got[1], Frame::Line("{}".into()));
     }
 
+    /// After an `initialize` request the next frame is not read until the response to that
+    /// request is written; lines after that are not looked at.
+    #[tokio::test]
+    async fn the_input_after_initialize_waits_for_its_response() {
+        let input = concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":2,"method":"session/list","params":{}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":3,"method":"initialize","params":{"protocolVersion":1}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":4,"method":"session/list","params":{}}"#,
+            "\n",
+        );
+        let gate = Arc::new(InitGate::default());
+        let writer: Writer = Arc::new(Mutex::new(Box::pin(Recorder::default())));
+        let input = futures::io::Cursor::new(input.as_bytes().to_vec());
+        let mut lines = Box::pin(incoming(input, writer, gate.clone(), 100_000));
+        let mut next = async || lines.next().await.unwrap().unwrap();
+        assert!(next().await.contains(r#""id":1"#));
+        let mut second = Box::pin(next());
+        assert!(futures::poll!(&mut second).is_pending(), "held back until initialize is answered");
+        for other in [r#"{"jsonrpc":"2.0","id":2,"result":{}}"#, r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{}}"#]
+        {
+            assert!(!gate.answers_initialize(other), "{other}");
+        }
+        // The SDK answers a frame it cannot read as a request with a null id.
+        assert!(gate.answers_initialize(r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"x"}}"#));
+        assert!(gate.answers_initialize(r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1}}"#));
+        gate.open();
+        assert!(second.await.contains(r#""id":2"#));
+        // Once initialized, a second `initialize` (the SDK refuses it) holds nothing back.
+        assert!(next().await.contains(r#""id":3"#));
+        assert!(next().await.contains(r#""id":4"#));
+    }
+
     #[test]
     fn the_id_is_recovered_from_the_start_of_a_frame() {
         let shape = |text: &str| Shape::of(text.as_bytes());
@@ -408,8 +535,9 @@ mod tests {
         let recorder = Recorder::default();
         let writer: Writer = Arc::new(Mutex::new(Box::pin(recorder.clone())));
         let input = futures::io::Cursor::new(input.into_bytes());
-        let lines: Vec<String> =
-            futures::executor::block_on(incoming(input, writer, 100_000).map(|line| line.unwrap()).collect::<Vec<_>>());
+        let lines: Vec<String> = futures::executor::block_on(
+            incoming(input, writer, Arc::default(), 100_000).map(|line| line.unwrap()).collect::<Vec<_>>(),
+        );
         assert_eq!(lines.len(), 3, "{lines:?}");
         assert_eq!(lines[0], "{\"first\":1}");
         let failed: Value = serde_json::from_str(&lines[1]).unwrap();
