@@ -692,8 +692,10 @@ impl ContinuationManager {
                 .await
             };
             match outcome {
-                // Nothing was handed over: the Activation closed first.
-                Err(e) if resident && e.code == ErrorCode::ActivationClosing => continue,
+                // Nothing was handed over: the Activation closed first, or (a cold resume) the
+                // child began to settle between the check above and the resume. The next round
+                // waits for that transition.
+                Err(e) if e.code == ErrorCode::ActivationClosing => continue,
                 other => return other,
             }
         }
