@@ -547,6 +547,11 @@ pub(crate) fn write<'a>(
     root: &Path,
     entries: impl Iterator<Item = (&'a OsStr, &'a OsStr, Entry)>,
 ) -> Result<(), String> {
+    if std::fs::symlink_metadata(root).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        // No sessions directory yet (a first `kin sessions list`): nothing to index, and no
+        // directory beside which to put it.
+        return Ok(());
+    }
     let mut lines = Vec::new();
     for (project, session, entry) in entries {
         let (Some(project), Some(session)) = (project.to_str(), session.to_str()) else { continue };
@@ -588,11 +593,6 @@ pub(crate) fn write<'a>(
         return Err(format!("the index would be larger than {INDEX_LIMIT} bytes; not written"));
     }
     let path = placed(root)?;
-    if std::fs::symlink_metadata(root).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
-        // No sessions directory yet (a first `kin sessions list`): nothing to index, and no
-        // directory beside which to put it.
-        return Ok(());
-    }
     let dir = path.parent().unwrap_or(root);
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let mut temp = tempfile::Builder::new().prefix(".catalog-index.").tempfile_in(dir).map_err(failed)?;
