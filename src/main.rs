@@ -34,7 +34,13 @@ fn main() -> ExitCode {
     );
     let default_level = if quiet { "warn,agent_client_protocol=error" } else { "info" };
     let logs_to_file = config.log_file.is_some();
-    let logging = init_logging(&config, default_level);
+    let logging = match init_logging(&config, default_level) {
+        Ok(logging) => logging,
+        Err(e) => {
+            eprintln!("kin: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(worker_threads()).enable_all().build() {
             Ok(rt) => rt,
@@ -121,7 +127,7 @@ fn run_prompt(arg: Option<&str>) -> anyhow::Result<Option<String>> {
     Ok(Some(text).filter(|t| !t.trim().is_empty()))
 }
 
-fn init_logging(config: &Config, default_level: &str) -> Logging {
+fn init_logging(config: &Config, default_level: &str) -> Result<Logging, String> {
     // The MCP client crate logs every server notification and handshake at info: warnings only.
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rmcp=warn")));
@@ -130,16 +136,23 @@ fn init_logging(config: &Config, default_level: &str) -> Logging {
         .lossy(true)
         .thread_name("kin-log");
     let (writer, guard) = match &config.log_file {
-        Some(path) => {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            let name = path.file_name().map_or_else(|| "kin.log".into(), |n| n.to_os_string());
-            builder.finish(tracing_appender::rolling::never(dir, name))
-        }
+        Some(path) => builder.finish(open_log_file(path)?),
         None => builder.finish(std::io::stderr()),
     };
     let dropped = writer.error_counter();
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).init();
-    Logging { guard, dropped }
+    Ok(Logging { guard, dropped })
+}
+
+/// The log file (`--log-file`, `log_file`), appended to; its directory is made if missing.
+fn open_log_file(path: &std::path::Path) -> Result<std::fs::File, String> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot make the log file's directory {}: {e}", dir.display()))?;
+    }
+    std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
+        format!("cannot open the log file {}: {e}; give a file path (--log-file, log_file)", path.display())
+    })
 }
 
 /// `kin login` (and `kin acp login`, the editor's terminal auth method): 0 when the key is stored.

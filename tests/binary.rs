@@ -427,3 +427,29 @@ fn requests_written_right_after_initialize_are_served_in_order() {
     assert!(answers[&3]["result"]["sessions"].as_array().unwrap().iter().any(|s| s["sessionId"] == created));
     assert!(kin.exit().success());
 }
+
+/// `--log-file`: a path that cannot be opened as a file is refused at start, naming it (status
+/// 2, no panic); a missing directory is made.
+#[test]
+fn a_log_file_that_cannot_be_opened_is_refused_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kin = |log: &Path| {
+        Command::new(KIN)
+            .args(["acp", "--config", "/dev/null", "--sessions"])
+            .arg(tmp.path().join("sessions"))
+            .arg("--log-file")
+            .arg(log)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = kin(tmp.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with(&format!("kin: cannot open the log file {}", tmp.path().display())), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let log = tmp.path().join("logs/today/kin.log");
+    let out = kin(&log);
+    assert!(out.status.success(), "{out:?}");
+    assert!(log.is_file(), "the log file and its directories are made");
+}
