@@ -210,6 +210,11 @@ async fn bad_usage_exits_two() {
     assert_eq!(both.status.code(), Some(2));
     let output = home.run(&server, &["x", "--output", "yaml"]);
     assert_eq!(output.status.code(), Some(2));
+    // A replay directory without a log is refused, naming the file once.
+    let missing = home.run(&server, &["x", "--replay", "/nonexistent-replay"]);
+    assert_eq!(missing.status.code(), Some(1));
+    let said = stderr(&missing);
+    assert_eq!(said.matches("/nonexistent-replay/session.jsonl").count(), 1, "{said}");
     // A provider kin does not know is refused at start, naming the route once.
     let unknown = home.run(&server, &["x", "--model", "nosuch/model"]);
     assert_eq!(unknown.status.code(), Some(1));

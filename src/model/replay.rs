@@ -60,10 +60,7 @@ impl ReplayModel {
     /// Reads the scripts of a scenario directory.
     pub(crate) fn from_dir(dir: &Path) -> Result<Self> {
         let parent = dir.join("session.jsonl");
-        let mut logs = vec![(
-            parent.clone(),
-            scan_file(&parent).with_context(|| format!("reading replay log {}", parent.display()))?,
-        )];
+        let mut logs = vec![(parent.clone(), scan_file(&parent).context("reading a replay log")?)];
         let mut children = Vec::new();
         for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
             let path = entry?.path();
@@ -73,7 +70,7 @@ impl ReplayModel {
                 .and_then(|rest| rest.strip_suffix(".jsonl"))
                 .is_some_and(|n| n.parse::<u32>().is_ok());
             if is_child {
-                let scanned = scan_file(&path).with_context(|| format!("reading replay log {}", path.display()))?;
+                let scanned = scan_file(&path).context("reading a replay log")?;
                 children.push((path, scanned));
             }
         }
