@@ -196,6 +196,10 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                 Some(dir) => std::path::absolute(&dir)?,
                 None => std::env::current_dir()?,
             };
+            if !cwd.is_dir() {
+                eprintln!("kin run: --cwd {} is not an existing directory", cwd.display());
+                return Ok(ExitCode::from(2));
+            }
             let target = match (&args.resume, args.continue_) {
                 (Some(id), _) => Target::Resume(id.clone()),
                 (None, true) => Target::Continue,

@@ -210,6 +210,10 @@ async fn bad_usage_exits_two() {
     assert_eq!(both.status.code(), Some(2));
     let output = home.run(&server, &["x", "--output", "yaml"]);
     assert_eq!(output.status.code(), Some(2));
+    // A --cwd that is not a directory is bad usage.
+    let nowhere = home.run(&server, &["x", "--cwd", "/nonexistent-cwd"]);
+    assert_eq!(nowhere.status.code(), Some(2));
+    assert_eq!(stderr(&nowhere), "kin run: --cwd /nonexistent-cwd is not an existing directory\n");
     // A replay directory without a log is refused, naming the file once.
     let missing = home.run(&server, &["x", "--replay", "/nonexistent-replay"]);
     assert_eq!(missing.status.code(), Some(1));
