@@ -403,11 +403,13 @@ fn sessions_list_before_any_session_says_nothing() {
     assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "nothing written");
 }
 
-/// A client that writes its first requests at once, without waiting for `initialize`'s answer
-/// (a script piping them in), has each served in order: the SDK alone would refuse those that
-/// arrive while initialization is under way ("ACP initialization must complete").
+/// A client that writes its first requests at once, without waiting for `initialize`'s answer,
+/// and closes kin's stdin (a script piping them in), has each served in order and answered
+/// before kin exits: the SDK alone would refuse those that arrive while initialization is under
+/// way ("ACP initialization must complete"), and would end at the end of the input without the
+/// answers still to come (the listing's).
 #[test]
-fn requests_written_right_after_initialize_are_served_in_order() {
+fn requests_piped_in_at_once_are_served_in_order_and_answered_before_exit() {
     let tmp = tempfile::tempdir().unwrap();
     let (sessions, cwd) = (tmp.path().join("sessions"), tmp.path().join("cwd"));
     std::fs::create_dir_all(&cwd).unwrap();
@@ -419,6 +421,7 @@ fn requests_written_right_after_initialize_are_served_in_order() {
     ];
     let all: String = lines.iter().map(|line| format!("{line}\n")).collect();
     kin.write_line(all.trim_end()).unwrap();
+    kin.close_stdin();
     let answers = kin.responses(&[1, 2, 3], Duration::from_secs(20));
     for id in [1, 2, 3] {
         assert!(answers[&id].get("error").is_none(), "request {id}: {}", answers[&id]);

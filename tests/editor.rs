@@ -1030,3 +1030,23 @@ async fn a_background_childs_question_after_its_call_ended_is_asked_on_the_paren
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }
+
+/// An editor (or script) that closes kin's stdin while a turn runs and a listing was just asked
+/// for still gets both answers before kin exits: the listing's, then the prompt's `cancelled`
+/// (the turn is stopped once the other requests are answered). Before, kin ended at the end of
+/// its input and neither answer came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_read_before_stdin_closes_are_answered_before_exit() {
+    let server = MockServer::start().await;
+    let (heard, asked) = common::Heard::new(openai_text("never sent").set_delay(Duration::from_secs(120)));
+    Mock::given(method("POST")).and(path("/chat/completions")).respond_with(heard).mount(&server).await;
+    let (mut editor, session, prompt) = prompted(&server, "bypass", "", json!({}), "Wait");
+    asked.recv_timeout(WAIT).expect("the turn calls the model");
+    let listing = editor.kin.request("session/list", json!({}));
+    editor.kin.close_stdin();
+    let answers = editor.kin.responses(&[prompt, listing], WAIT);
+    assert_eq!(answers[&prompt]["result"]["stopReason"], "cancelled", "{}", answers[&prompt]);
+    let listed = answers[&listing]["result"]["sessions"].as_array().unwrap_or_else(|| panic!("{}", answers[&listing]));
+    assert!(listed.iter().any(|s| s["sessionId"] == session), "{listed:?}");
+    assert!(editor.kin.exit().success());
+}

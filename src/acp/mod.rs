@@ -180,7 +180,8 @@ pub(crate) use transport::MIN_MAX_FRAME_BYTES;
 /// down (both alike: running turns end `disposed`, queued messages stay pending on disk). A
 /// frame longer than `max_frame_bytes` is answered with an error and dropped (see `transport`).
 pub async fn serve_stdio(runtime: Arc<Runtime>, max_frame_bytes: usize) -> anyhow::Result<()> {
-    let (lines, output) = transport::stdio(max_frame_bytes);
+    let turns = runtime.clone();
+    let (lines, output) = transport::stdio(max_frame_bytes, move || turns.stop_turns());
     let served = serve_until(runtime, lines, terminated()).await;
     output.flush().await;
     served

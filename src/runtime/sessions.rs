@@ -249,15 +249,21 @@ impl Runtime {
         Ok(())
     }
 
-    /// Drains continuable children (child-first), then stops every agent (cancelling running
-    /// turns) and flushes every session; then waits for the session query's catalog index.
-    pub async fn shutdown(&self) {
-        // Nothing starts a new turn from here on: what is queued stays pending in the logs.
+    /// The first step of `shutdown`: every session's running turn is cancelled (it ends
+    /// `disposed`) and nothing starts a new turn from here on; what is queued stays pending in the
+    /// logs.
+    pub(crate) fn stop_turns(&self) {
         for (_, agent) in self.agents.all() {
             if agent.top_level().is_some() {
                 agent.handle.stop();
             }
         }
+    }
+
+    /// Drains continuable children (child-first), then stops every agent (cancelling running
+    /// turns) and flushes every session; then waits for the session query's catalog index.
+    pub async fn shutdown(&self) {
+        self.stop_turns();
         self.continuation.drain().await;
         let children = self.agents.drain(|agent| agent.child().is_some());
         futures::future::join_all(children.iter().map(|(_, child)| child.handle.shutdown())).await;
