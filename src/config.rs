@@ -342,6 +342,10 @@ impl Config {
             .or_else(|| env("XDG_STATE_HOME").map(|s| Path::new(&s).join("kin/sessions")))
             .or_else(|| env("HOME").map(|h| Path::new(&h).join(".local/state/kin/sessions")))
             .context("cannot choose a sessions directory: pass --sessions DIR or set KIN_SESSIONS_DIR")?;
+        // Absolute from here on (a relative one is taken from the working directory): the catalog
+        // index sits beside it, and the sandbox protects it by path.
+        let sessions_dir = std::path::absolute(&sessions_dir)
+            .with_context(|| format!("the sessions directory {}", sessions_dir.display()))?;
         let (model_text, model_origin) = match (&flags.model, env("KIN_MODEL"), &file.model) {
             (Some(m), _, _) => (m.clone(), "--model".to_string()),
             (None, Some(m), _) => (m, "KIN_MODEL".to_string()),
@@ -918,6 +922,13 @@ mod tests {
         let c = Config::resolve(&flags, &env).unwrap();
         assert_eq!(c.model.to_string(), "flag/m");
         assert_eq!(c.sessions_dir, PathBuf::from("/flag"));
+    }
+
+    #[test]
+    fn a_relative_sessions_dir_is_made_absolute_from_the_working_directory() {
+        let flags = Overrides { sessions: Some("rel/sessions".into()), ..Default::default() };
+        let c = Config::resolve(&flags, &env_of(&[])).unwrap();
+        assert_eq!(c.sessions_dir, std::env::current_dir().unwrap().join("rel/sessions"));
     }
 
     #[test]

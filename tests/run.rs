@@ -433,3 +433,34 @@ fn replay_makes_a_run_keyless() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "one, two, three, four, five.\n");
 }
+
+/// A relative `--sessions DIR` is taken from the working directory: the run's session is there,
+/// `kin sessions list` finds it, and the catalog index is written beside it (a relative path used
+/// to put the index in a directory named "" and warn on every command).
+#[test]
+fn a_relative_sessions_directory_is_taken_from_the_working_directory() {
+    let home = Home::new();
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/streaming-text");
+    let kin = |args: &[&str]| {
+        Command::new(KIN)
+            .args(args)
+            .arg("--config")
+            .arg(home.config())
+            .args(["--sessions", "state/sessions"])
+            .current_dir(home.cwd())
+            .env_remove("DEEPSEEK_API_KEY")
+            .env_remove("KIN_MODEL")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = kin(&["run", "--replay", scenario, "Count to five slowly, thinking first."]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("WARN"), "{}", stderr(&out));
+    let listed = kin(&["sessions", "list"]);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    assert_eq!(stderr(&listed), "", "nothing to warn about");
+    assert!(stdout(&listed).contains("Count to five"), "{}", stdout(&listed));
+    assert!(home.cwd().join("state/sessions.catalog-index.jsonl").is_file(), "the index beside the directory");
+}
