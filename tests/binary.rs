@@ -456,3 +456,40 @@ fn a_log_file_that_cannot_be_opened_is_refused_at_start() {
     assert!(out.status.success(), "{out:?}");
     assert!(log.is_file(), "the log file and its directories are made");
 }
+
+/// A prompt written right behind the `session/load` of its session (a script piping both) is
+/// never refused as "unknown session": it is told the session is still being loaded, or, if the
+/// load answered first, it runs (here until stdin closes, then it answers `cancelled`).
+#[test]
+fn a_prompt_behind_the_load_of_its_session_is_told_to_wait_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
+    std::fs::create_dir_all(&replay).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    hanging_replay(&replay);
+    let mut kin = Peer::spawn(&mut common::acp(&sessions, None));
+    kin.send(common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})));
+    response(&kin, 1);
+    let id = kin.new_session(&cwd);
+    assert!(kin.exit().success());
+    let mut kin = start(&sessions, &replay, &cwd);
+    let lines = [
+        common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})),
+        common::request(2, "session/load", json!({"sessionId": id, "cwd": cwd, "mcpServers": []})),
+        common::request(3, "session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]})),
+    ];
+    let all: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    kin.write_line(all.trim_end()).unwrap();
+    kin.close_stdin();
+    let answers = kin.responses(&[1, 2, 3], Duration::from_secs(20));
+    assert!(answers[&2].get("result").is_some(), "{}", answers[&2]);
+    let prompt = &answers[&3];
+    let told = prompt["error"]["message"].as_str().is_some_and(|m| {
+        m == format!(
+            "Invalid params: session {id} is still being loaded or resumed; send this once that request has answered"
+        )
+    });
+    assert!(told || prompt["result"]["stopReason"] == "cancelled", "{prompt}");
+    // Its status tells whether the replayed answer was used, which depends on the order.
+    kin.exit();
+}

@@ -257,6 +257,9 @@ impl AcpServer {
         answer: fn(&SessionView) -> R,
     ) -> Result<(), Error> {
         let (server, forwarder, cx) = (self.clone(), self.forwarder(cx), cx.clone());
+        // Marked now, on the message loop: a prompt read after this request is told to wait for
+        // its answer, even before the task below starts.
+        let opening = self.runtime.opening(&id);
         cx.clone().spawn(async move {
             let runtime = &server.runtime;
             let opened = match how {
@@ -292,6 +295,7 @@ impl AcpServer {
                 }
             };
             let _ = responder.respond(answer(&view));
+            drop(opening);
             after_response(&cx, runtime, &id, &server.notices);
             // The continuing children re-announced after the response.
             let children = replayed

@@ -13,6 +13,21 @@ use crate::mcp::{McpSession, ServerSpec};
 use crate::prompt::{self};
 use crate::session::{Event, SessionObserver};
 
+/// A session being opened (`Runtime::opening`); dropped once its request is answered.
+pub(crate) struct Opening {
+    runtime: Arc<Runtime>,
+    id: String,
+    gate: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate.take() {
+            self.runtime.release_load_gate(&self.id, gate);
+        }
+    }
+}
+
 impl Runtime {
     /// Starts the work a loaded (or resumed) session came back with, after its response: its own
     /// pending inbox messages, in order, and each stored background child below it that has
@@ -54,6 +69,25 @@ impl Runtime {
         };
         self.release_load_gate(session_id, gate);
         Ok(Loaded { events: loaded?, view: self.view(session_id) })
+    }
+
+    /// Marks `session_id` as being opened (loaded or resumed) from the moment its request is
+    /// read until the guard is dropped (after the answer): a request for the session meanwhile is
+    /// told to wait for that answer instead of "unknown session" (`not_live`).
+    pub(crate) fn opening(self: &Arc<Self>, session_id: &str) -> Opening {
+        Opening { gate: Some(self.load_gate(session_id)), runtime: self.clone(), id: session_id.to_string() }
+    }
+
+    /// The error for a request about `session_id` that is not live: unknown, or still being
+    /// loaded or resumed.
+    pub(super) fn not_live(&self, session_id: &str) -> RuntimeError {
+        let loading = self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if loading.contains_key(session_id) {
+            return RuntimeError::InvalidParams(format!(
+                "session {session_id} is still being loaded or resumed; send this once that request has answered"
+            ));
+        }
+        RuntimeError::NotFound(session_id.to_string())
     }
 
     /// The gate of `session_id`'s loads and resumes.
@@ -177,6 +211,8 @@ impl Runtime {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use crate::session::SessionHeader;
 
     use super::*;
@@ -199,6 +235,29 @@ mod tests {
         rt.release_load_gate(id, gate);
         rt.delete_session(id).unwrap();
         assert!(rt.store().locate(id).unwrap().is_none());
+    }
+
+    /// From the moment a load or resume of a session is read until it answers, a request about
+    /// that session is told to wait for the answer, not that the session is unknown.
+    #[tokio::test]
+    async fn a_request_for_a_session_being_opened_is_told_to_wait_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Runtime::for_tests(dir.path());
+        let id = "5e2d3c1a-0000-4000-8000-000000000003";
+        let text = json!([{"type": "text", "text": "hi"}]).as_array().unwrap().clone();
+        let opening = rt.opening(id);
+        let refusals = [
+            rt.prompt(id, text.clone()).err().unwrap().to_string(),
+            rt.set_permission_mode(id, crate::permission::PermissionMode::Ask).err().unwrap().to_string(),
+            rt.close_session(id).await.unwrap_err().to_string(),
+        ];
+        for refused in refusals {
+            assert!(refused.contains(&format!("session {id} is still being loaded or resumed")), "{refused}");
+        }
+        drop(opening);
+        assert!(rt.loading.lock().unwrap().is_empty(), "the mark is gone with its guard");
+        let unknown = rt.prompt(id, text).err().unwrap().to_string();
+        assert_eq!(unknown, format!("unknown session: {id}"));
     }
 
     #[tokio::test(flavor = "current_thread")]

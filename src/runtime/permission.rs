@@ -55,8 +55,7 @@ impl Runtime {
     /// `PendingSetting` tells whether the mode was written (if not, it is unchanged).
     pub fn set_permission_mode(&self, session_id: &str, mode: PermissionMode) -> Result<PendingSetting, RuntimeError> {
         self.reject_child(session_id)?;
-        let (handle, top) =
-            self.agents.top_level(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let (handle, top) = self.agents.top_level(session_id).ok_or_else(|| self.not_live(session_id))?;
         let permissions = top.permissions.clone();
         let recorded = handle.record(event::SessionMode { mode: mode.id().to_string() }, move || {
             permissions.set_mode(mode);

@@ -174,7 +174,7 @@ impl Runtime {
         let removed = self.agents.remove_if(session_id, Agent::is_top_level);
         let Some((handle, top)) = removed.ok().flatten().and_then(|a| Some((a.handle.clone(), a.top_level()?.clone())))
         else {
-            return Err(RuntimeError::NotFound(session_id.to_string()));
+            return Err(self.not_live(session_id));
         };
         handle.stop();
         let mut unsaved = self.continuation.close_descendants(session_id).await;

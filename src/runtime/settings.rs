@@ -53,8 +53,7 @@ impl Runtime {
     /// policy or session is refused at once; the returned `PendingSetting` tells whether it was written.
     pub fn set_sandbox(&self, session_id: &str, policy: &str) -> Result<PendingSetting, RuntimeError> {
         self.reject_child(session_id)?;
-        let (handle, top) =
-            self.agents.top_level(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let (handle, top) = self.agents.top_level(session_id).ok_or_else(|| self.not_live(session_id))?;
         let policy = SandboxPolicy::parse_arg(policy).map_err(RuntimeError::InvalidParams)?;
         let sandbox = top.sandbox.clone();
         let recorded = handle.record(SessionSandbox::event_body(policy), move || sandbox.set(policy));
@@ -85,7 +84,7 @@ impl Runtime {
     pub fn set_model(&self, session_id: &str, route: &str) -> Result<PendingSetting, RuntimeError> {
         self.reject_child(session_id)?;
         if !self.agents.is_top_level(session_id) {
-            return Err(RuntimeError::NotFound(session_id.to_string()));
+            return Err(self.not_live(session_id));
         }
         let route = crate::model::ModelRoute::parse(route).map_err(RuntimeError::InvalidParams)?;
         if !self.config.model_choices.contains(&route) {
@@ -95,8 +94,7 @@ impl Runtime {
                 valid.join(", ")
             )));
         }
-        let (handle, _) =
-            self.agents.top_level(session_id).ok_or_else(|| RuntimeError::NotFound(session_id.to_string()))?;
+        let (handle, _) = self.agents.top_level(session_id).ok_or_else(|| self.not_live(session_id))?;
         Ok(PendingSetting::of("model", handle.record_route(route)))
     }
 }

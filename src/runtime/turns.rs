@@ -68,7 +68,7 @@ impl Runtime {
             None => content,
         };
         let Some((handle, _)) = self.agents.top_level(session_id) else {
-            return Err(RuntimeError::NotFound(session_id.to_string()));
+            return Err(self.not_live(session_id));
         };
         let turn = handle.prompt(content, json!({"kind": "user"})).map_err(|refused| match refused {
             PromptRefused::Busy => RuntimeError::InvalidParams("a prompt is already in flight for this session".into()),
@@ -102,7 +102,7 @@ impl Runtime {
     /// meanwhile; a cancel of it answers `cancelled`.
     pub(super) fn compact(&self, session_id: &str, focus: String) -> Result<Prompted, RuntimeError> {
         let Some((handle, _)) = self.agents.top_level(session_id) else {
-            return Err(RuntimeError::NotFound(session_id.to_string()));
+            return Err(self.not_live(session_id));
         };
         let (tx, rx) = oneshot::channel();
         let focus = Some(focus).filter(|f| !f.trim().is_empty());
