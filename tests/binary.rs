@@ -1,7 +1,7 @@
 //! A few tests of the real binary over pipes: stdin EOF mid-turn exits 0 with the log flushed,
 //! stdout carries only JSON-RPC, and the `kin sessions` commands read what `kin acp` wrote.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -19,6 +19,14 @@ fn hanging_replay(dir: &Path) {
     std::fs::write(dir.join("replay.override.json"), entry.to_string()).unwrap();
 }
 
+/// The replay, working and sessions directories of a test under `tmp`; the first two are made.
+fn scratch(tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (replay, cwd, sessions) = (tmp.join("replay"), tmp.join("cwd"), tmp.join("sessions"));
+    std::fs::create_dir_all(&replay).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    (replay, cwd, sessions)
+}
+
 fn start(sessions: &Path, replay: &Path, cwd: &Path) -> Peer {
     Peer::spawn(common::acp(sessions, Some(replay)).current_dir(cwd))
 }
@@ -31,9 +39,7 @@ fn response(kin: &Peer, id: u64) -> Value {
 #[test]
 fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
-    std::fs::create_dir_all(&replay).unwrap();
-    std::fs::create_dir_all(&cwd).unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
     hanging_replay(&replay);
     let mut kin = start(&sessions, &replay, &cwd);
     kin.send(
@@ -198,9 +204,7 @@ fn a_bad_config_file_is_a_clear_startup_error() {
 #[test]
 fn a_session_written_by_one_kin_is_refused_by_another() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
-    std::fs::create_dir_all(&replay).unwrap();
-    std::fs::create_dir_all(&cwd).unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
     hanging_replay(&replay);
     let mut first = start(&sessions, &replay, &cwd);
     first.send(
@@ -269,9 +273,7 @@ fn start_limited(sessions: &Path, replay: &Path, cwd: &Path, blocks: Option<u32>
 #[test]
 fn a_full_disk_fails_the_turn_cleanly_and_the_session_recovers() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
-    std::fs::create_dir_all(&replay).unwrap();
-    std::fs::create_dir_all(&cwd).unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
     answering_replay(&replay, 3);
     // 64 blocks of 512 bytes: room for the header and a small turn, not for a 100 KB prompt.
     let mut kin = start_limited(&sessions, &replay, &cwd, Some(64));
@@ -317,10 +319,8 @@ impl Drop for Mount {
 #[test]
 fn enospc_on_a_full_tmpfs_fails_the_turn_and_the_session_resumes_when_space_returns() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
-    for dir in [&replay, &cwd, &sessions] {
-        std::fs::create_dir_all(dir).unwrap();
-    }
+    let (replay, cwd, sessions) = scratch(tmp.path());
+    std::fs::create_dir_all(&sessions).unwrap();
     let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&sessions).status();
     if !mounted.is_ok_and(|s| s.success()) {
         eprintln!("skipping: cannot mount a tmpfs here (needs root); the file-size-limit test covers the same path");
@@ -463,9 +463,7 @@ fn a_log_file_that_cannot_be_opened_is_refused_at_start() {
 #[test]
 fn a_prompt_behind_the_load_of_its_session_is_told_to_wait_for_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = (tmp.path().join("replay"), tmp.path().join("cwd"), tmp.path().join("sessions"));
-    std::fs::create_dir_all(&replay).unwrap();
-    std::fs::create_dir_all(&cwd).unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
     hanging_replay(&replay);
     let mut kin = Peer::spawn(&mut common::acp(&sessions, None));
     kin.send(common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})));
