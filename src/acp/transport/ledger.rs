@@ -79,10 +79,8 @@ impl Ledger {
         let mut open = self.open();
         if open.len() < OPEN_TRACKED {
             open.push(Open { id, kind });
-        } else if open.len() == OPEN_TRACKED {
-            tracing::debug!(
-                "more than {OPEN_TRACKED} requests open; request {id} is not waited for at the end of the input"
-            );
+        } else {
+            tracing::debug!("{OPEN_TRACKED} requests open; request {id} is not waited for at the end of the input");
         }
     }
 
