@@ -167,6 +167,19 @@ mod tests {
     use super::super::tests::{request, wrote};
     use super::*;
 
+    /// The ledger is bounded: past `OPEN_TRACKED` open requests, more are not entered.
+    #[test]
+    fn at_most_open_tracked_requests_are_kept() {
+        let ledger = Ledger::default();
+        for id in 0..OPEN_TRACKED as u64 + 10 {
+            ledger.saw(&request(id, "session/list"));
+        }
+        assert_eq!(ledger.open().len(), OPEN_TRACKED);
+        wrote(&ledger, r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
+        ledger.saw(&request(5000, "session/list"));
+        assert_eq!(ledger.open().last().map(|o| o.id.clone()), Some(serde_json::json!(5000)), "room again");
+    }
+
     /// A frame the SDK cannot read as a request (answered with a null id) is not entered: an
     /// `initialize` of that kind holds nothing back, and nothing waits for it at the end.
     #[tokio::test]
