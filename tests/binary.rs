@@ -491,3 +491,22 @@ fn a_prompt_behind_the_load_of_its_session_is_told_to_wait_for_it() {
     // Its status tells whether the replayed answer was used, which depends on the order.
     kin.exit();
 }
+
+/// SIGTERM during a turn, stdin still open: the turn is stopped and its prompt answered
+/// `cancelled` before kin exits 0 (before, kin ended without answering it).
+#[test]
+fn sigterm_mid_turn_answers_the_prompt_cancelled_before_exit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
+    hanging_replay(&replay);
+    let mut kin = start(&sessions, &replay, &cwd);
+    kin.send(common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})));
+    response(&kin, 1);
+    let id = kin.new_session(&cwd);
+    let prompt = kin.request("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]}));
+    common::until_blocking("the turn to start streaming", || cwd.join(".ready").exists());
+    let pid = kin.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert_eq!(response(&kin, prompt)["result"]["stopReason"], "cancelled");
+    assert!(kin.child.wait().unwrap().success(), "SIGTERM is a clean exit");
+}

@@ -177,12 +177,17 @@ pub(crate) use transport::DEFAULT_MAX_FRAME_BYTES;
 pub(crate) use transport::MIN_MAX_FRAME_BYTES;
 
 /// Serves ACP on stdin/stdout until stdin closes or kin gets SIGTERM, then shuts the runtime
-/// down (both alike: running turns end `disposed`, queued messages stay pending on disk). A
+/// down (both alike: the requests already read are answered first, running turns end
+/// `disposed` and their prompts are answered `cancelled`, queued messages stay pending on disk). A
 /// frame longer than `max_frame_bytes` is answered with an error and dropped (see `transport`).
 pub async fn serve_stdio(runtime: Arc<Runtime>, max_frame_bytes: usize) -> anyhow::Result<()> {
     let turns = runtime.clone();
     let (lines, output) = transport::stdio(max_frame_bytes, move || turns.stop_turns());
-    let served = serve_until(runtime, lines, terminated()).await;
+    let stop = async {
+        terminated().await;
+        output.answer_before_the_end().await;
+    };
+    let served = serve_until(runtime, lines, stop).await;
     output.flush().await;
     served
 }

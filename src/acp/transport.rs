@@ -91,19 +91,33 @@ pub(crate) fn framed(
         }
         Ok::<_, std::io::Error>((writer, ledger))
     });
-    (Lines::new(outgoing, incoming(input, writer.clone(), ledger, max_frame_bytes)), Output(writer))
+    let output = Output { writer: writer.clone(), ledger: ledger.clone() };
+    (Lines::new(outgoing, incoming(input, writer, ledger, max_frame_bytes)), output)
 }
 
 /// The transport's output, written line by line and never flushed until [`Output::flush`].
-pub(crate) struct Output(Writer);
+pub(crate) struct Output {
+    writer: Writer,
+    ledger: Arc<Ledger>,
+}
 
 impl Output {
     /// How long kin waits at exit for its last lines to reach a client that stopped reading.
     const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
+    /// How long kin waits after SIGTERM for the answers to the requests it read.
+    const SIGTERM_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// After SIGTERM, while the connection still serves: the requests already read are answered,
+    /// the running prompts `cancelled` once their turns are stopped, waiting at most
+    /// `SIGTERM_WAIT` (see `Ledger::answer_before_the_end`).
+    pub(crate) async fn answer_before_the_end(&self) {
+        self.ledger.answer_before_the_end("SIGTERM", Self::SIGTERM_WAIT).await;
+    }
+
     /// Writes out whatever is still on its way (waiting at most `DRAIN`).
     pub(crate) async fn flush(&self) {
-        let flushed = async { self.0.lock().await.flush().await };
+        let flushed = async { self.writer.lock().await.flush().await };
         match tokio::time::timeout(Self::DRAIN, flushed).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("cannot write kin's last output: {e}"),
@@ -137,7 +151,7 @@ fn incoming(
             let frame = match next_frame(&mut reader, max_frame_bytes).await {
                 Ok(Some(frame)) => frame,
                 Ok(None) => {
-                    ledger.answer_before_the_end().await;
+                    ledger.answer_before_the_end("the input ended", ledger::ANSWER_WAIT).await;
                     return None;
                 }
                 Err(e) => return Some((Err(e), (reader, writer, ledger))),
@@ -321,7 +335,7 @@ mod tests {
             write_line(&writer, line.to_string()).await.unwrap();
         }
         assert_eq!(*recorder.0.lock().unwrap(), (b"{\"a\":1}\n{\"b\":2}\n".to_vec(), 0));
-        Output(writer).flush().await;
+        Output { writer, ledger: Arc::default() }.flush().await;
         assert_eq!(recorder.0.lock().unwrap().1, 1);
     }
 

@@ -137,17 +137,17 @@ impl Ledger {
         }
     }
 
-    /// At the end of the input: waits for the answers to the requests already read, so a client
-    /// that writes its requests and closes its end (a script) gets them, waiting at most
-    /// `ANSWER_WAIT` in all. First every request but the prompts; then `stop_turns` ends the
-    /// running turns, and their prompts are answered as they end (`cancelled`).
-    pub(super) async fn answer_before_the_end(&self) {
+    /// At the end of the input (or at SIGTERM, `why`): waits for the answers to the requests
+    /// already read, so a client that writes its requests and closes its end (a script) gets them,
+    /// waiting at most `within` in all. First every request but the prompts; then `stop_turns`
+    /// ends the running turns, and their prompts are answered as they end (`cancelled`).
+    pub(super) async fn answer_before_the_end(&self, why: &str, within: std::time::Duration) {
         let open = self.open().len();
         if open == 0 {
             return;
         }
-        tracing::info!("the input ended with {open} request(s) unanswered; answering them before ending");
-        let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+        tracing::info!("{why} with {open} request(s) unanswered; answering them before ending");
+        let deadline = tokio::time::Instant::now() + within;
         self.until_none(|o| o.kind != Kind::Prompt, deadline).await;
         if let Some(stop_turns) = &self.stop_turns {
             stop_turns();
@@ -155,7 +155,7 @@ impl Ledger {
         if !self.until_none(|_| true, deadline).await {
             let ids: Vec<String> = self.open().iter().map(|o| o.id.to_string()).collect();
             tracing::warn!(
-                "the input ended and requests {} were not answered within {ANSWER_WAIT:?}; ending without their answers",
+                "{why} and requests {} were not answered within {within:?}; ending without their answers",
                 ids.join(", ")
             );
         }
