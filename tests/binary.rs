@@ -36,10 +36,10 @@ fn response(kin: &Peer, id: u64) -> Value {
     kin.response(id, Duration::from_secs(20), |frame| assert_eq!(frame["jsonrpc"], "2.0", "{frame}"))
 }
 
-#[test]
-fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = scratch(tmp.path());
+/// A kin under `tmp` whose one session is mid-turn (its model call streamed a little and hangs):
+/// kin, its sessions directory, the session id and the prompt's request id.
+fn mid_turn(tmp: &Path) -> (Peer, PathBuf, String, u64) {
+    let (replay, cwd, sessions) = scratch(tmp);
     hanging_replay(&replay);
     let mut kin = start(&sessions, &replay, &cwd);
     kin.send(
@@ -50,6 +50,13 @@ fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
     let id = response(&kin, 2)["result"]["sessionId"].as_str().unwrap().to_string();
     kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"go"}]}}));
     common::until_blocking("the turn to start streaming", || cwd.join(".ready").exists());
+    (kin, sessions, id, 3)
+}
+
+#[test]
+fn stdin_eof_mid_turn_exits_zero_with_the_log_flushed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut kin, sessions, id, _) = mid_turn(tmp.path());
     let status = kin.exit();
     assert!(status.success(), "exit status {status:?}");
     let store = kin::testkit::session::SessionStore::new(&sessions);
@@ -497,14 +504,7 @@ fn a_prompt_behind_the_load_of_its_session_is_told_to_wait_for_it() {
 #[test]
 fn sigterm_mid_turn_answers_the_prompt_cancelled_before_exit() {
     let tmp = tempfile::tempdir().unwrap();
-    let (replay, cwd, sessions) = scratch(tmp.path());
-    hanging_replay(&replay);
-    let mut kin = start(&sessions, &replay, &cwd);
-    kin.send(common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})));
-    response(&kin, 1);
-    let id = kin.new_session(&cwd);
-    let prompt = kin.request("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]}));
-    common::until_blocking("the turn to start streaming", || cwd.join(".ready").exists());
+    let (mut kin, _, _, prompt) = mid_turn(tmp.path());
     let pid = kin.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     assert_eq!(response(&kin, prompt)["result"]["stopReason"], "cancelled");
