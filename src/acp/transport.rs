@@ -105,14 +105,12 @@ impl Output {
     /// How long kin waits at exit for its last lines to reach a client that stopped reading.
     const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
-    /// How long kin waits after SIGTERM for the answers to the requests it read.
-    const SIGTERM_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
     /// After SIGTERM, while the connection still serves: the requests already read are answered,
     /// the running prompts `cancelled` once their turns are stopped, waiting at most
-    /// `SIGTERM_WAIT` (see `Ledger::answer_before_the_end`).
+    /// `ledger::SIGTERM_WAIT`; a request read meanwhile is refused (see
+    /// `Ledger::answer_before_the_end`).
     pub(crate) async fn answer_before_the_end(&self) {
-        self.ledger.answer_before_the_end("SIGTERM", Self::SIGTERM_WAIT).await;
+        self.ledger.answer_before_the_end("SIGTERM", ledger::SIGTERM_WAIT).await;
     }
 
     /// Writes out whatever is still on its way (waiting at most `DRAIN`).
@@ -157,6 +155,7 @@ fn incoming(
                 Err(e) => return Some((Err(e), (reader, writer, ledger))),
             };
             let refused = match frame {
+                Frame::Line(line) if ledger.ending() && Shape::of_line(&line).is_request() => Refused::ending(&line),
                 Frame::Line(line) => {
                     ledger.saw(&line);
                     return Some((Ok(line), (reader, writer, ledger)));
@@ -274,6 +273,20 @@ impl Refused {
             id: shape.id(),
             code: -32700,
             message: "Parse error: the frame is not valid UTF-8; JSON-RPC frames must be UTF-8 JSON".into(),
+            data: Value::Null,
+        }
+    }
+
+    /// A request read once kin began to end (after SIGTERM): notifications and responses still
+    /// pass (a `session/cancel` or a permission answer only helps the turns end).
+    fn ending(line: &str) -> Self {
+        Refused {
+            answer: false,
+            id: Shape::of_line(line).id(),
+            code: -32603,
+            message: "Internal error: kin is shutting down (it got SIGTERM) and serves no new request; \
+                      send it again to a new kin process"
+                .into(),
             data: Value::Null,
         }
     }
@@ -435,6 +448,34 @@ mod tests {
         assert!(stopped.load(Ordering::SeqCst), "the turns are stopped once only prompts are open");
         wrote(&ledger, r#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"cancelled"}}"#);
         assert!(end.await.is_none(), "every request read is answered");
+    }
+
+    /// Once the end began (SIGTERM, with the input still open), a request read is answered with
+    /// an error and not served; notifications and responses to kin's own requests still pass.
+    #[tokio::test]
+    async fn a_request_read_after_the_end_began_is_refused_and_the_rest_passes() {
+        let ledger = Arc::new(Ledger::default());
+        let recorder = Recorder::default();
+        let writer: Writer = Arc::new(Mutex::new(Box::pin(recorder.clone())));
+        let cancel = r#"{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}"#;
+        let permission = r#"{"jsonrpc":"2.0","id":0,"result":{"outcome":{"outcome":"cancelled"}}}"#;
+        let input: String = [request(1, "session/prompt"), request(2, "session/new"), cancel.into(), permission.into()]
+            .iter()
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let input = futures::io::Cursor::new(input.into_bytes());
+        let mut lines = Box::pin(incoming(input, writer, ledger.clone(), 100_000));
+        assert!(lines.next().await.unwrap().unwrap().contains(r#""id":1"#));
+        let mut end = Box::pin(ledger.answer_before_the_end("SIGTERM", ledger::SIGTERM_WAIT));
+        assert!(futures::poll!(&mut end).is_pending(), "the prompt is open");
+        assert_eq!(lines.next().await.unwrap().unwrap(), cancel, "a notification passes");
+        assert_eq!(lines.next().await.unwrap().unwrap(), permission, "an answer to kin passes");
+        let written = recorder.0.lock().unwrap().0.clone();
+        let refused: Value = serde_json::from_slice(written.strip_suffix(b"\n").unwrap()).unwrap();
+        assert_eq!((refused["id"].clone(), refused["error"]["code"].clone()), (json!(2), json!(-32603)), "{refused}");
+        assert!(refused["error"]["message"].as_str().unwrap().contains("shutting down"), "{refused}");
+        wrote(&ledger, r#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"cancelled"}}"#);
+        assert!(futures::poll!(&mut end).is_ready(), "the refused request was never entered, so not waited for");
     }
 
     /// A request never answered does not keep the transport from ending: it waits `ANSWER_WAIT`.

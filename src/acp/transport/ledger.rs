@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 
-use super::ID_PREFIX_BYTES;
 use super::shape::Shape;
 
 /// The longest the input waits for the response to an `initialize` request: a safety net only,
@@ -30,6 +29,8 @@ pub(super) struct Ledger {
     initialized: AtomicBool,
     /// Something left `open`.
     answered: tokio::sync::Notify,
+    /// The end began ([`Ledger::answer_before_the_end`]): a request read from now on is refused.
+    ending: AtomicBool,
     /// Ends the running turns (at the end of the input, once the other requests are answered).
     stop_turns: Option<Box<dyn Fn() + Send + Sync>>,
 }
@@ -53,6 +54,8 @@ enum Kind {
 const OPEN_TRACKED: usize = 1024;
 /// How long the end of the input waits for the answers to the requests already read.
 pub(super) const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long kin waits after SIGTERM for the answers to the requests it read.
+pub(super) const SIGTERM_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Ledger {
     /// A ledger whose end of input calls `stop_turns` once only prompts are unanswered.
@@ -66,7 +69,7 @@ impl Ledger {
 
     /// An incoming line on its way to the SDK: a request the SDK answers with its id is entered.
     pub(super) fn saw(&self, line: &str) {
-        let shape = Shape::of(&line.as_bytes()[..line.len().min(ID_PREFIX_BYTES)]);
+        let shape = Shape::of_line(line);
         if !shape.is_request() {
             return;
         }
@@ -84,13 +87,18 @@ impl Ledger {
         }
     }
 
+    /// Whether the end began: a request read now gets no service ([`Ledger::answer_before_the_end`]).
+    pub(super) fn ending(&self) -> bool {
+        self.ending.load(Ordering::Acquire)
+    }
+
     /// The id an outgoing line answers, if it is a response with an id and a request is open.
     /// Looked at before the line is written, and [`Ledger::answered`] after.
     pub(super) fn answers(&self, line: &str) -> Option<Value> {
         if self.open().is_empty() {
             return None;
         }
-        let shape = Shape::of(&line.as_bytes()[..line.len().min(ID_PREFIX_BYTES)]);
+        let shape = Shape::of_line(line);
         shape.is_response().then(|| shape.id())
     }
 
@@ -140,8 +148,11 @@ impl Ledger {
     /// At the end of the input (or at SIGTERM, `why`): waits for the answers to the requests
     /// already read, so a client that writes its requests and closes its end (a script) gets them,
     /// waiting at most `within` in all. First every request but the prompts; then `stop_turns`
-    /// ends the running turns, and their prompts are answered as they end (`cancelled`).
+    /// ends the running turns, and their prompts are answered as they end (`cancelled`). A
+    /// request read from the start of this on (after SIGTERM, the input is still read) is
+    /// answered with an error instead of served (`ending`).
     pub(super) async fn answer_before_the_end(&self, why: &str, within: std::time::Duration) {
+        self.ending.store(true, Ordering::Release);
         let open = self.open().len();
         if open == 0 {
             return;

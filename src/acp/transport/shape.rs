@@ -35,6 +35,11 @@ impl Shape {
         shape
     }
 
+    /// What a whole frame's start says (its first `ID_PREFIX_BYTES`).
+    pub(super) fn of_line(line: &str) -> Shape {
+        Shape::of(&line.as_bytes()[..line.len().min(super::ID_PREFIX_BYTES)])
+    }
+
     /// The id to answer with: the frame's, when it is a valid JSON-RPC id, else null.
     pub(super) fn id(&self) -> Value {
         match &self.id {
