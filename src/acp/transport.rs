@@ -155,11 +155,21 @@ fn incoming(
                 Err(e) => return Some((Err(e), (reader, writer, ledger))),
             };
             let refused = match frame {
-                Frame::Line(line) if ledger.ending() && Shape::of_line(&line).is_request() => Refused::ending(&line),
-                Frame::Line(line) => {
-                    ledger.saw(&line);
-                    return Some((Ok(line), (reader, writer, ledger)));
-                }
+                Frame::Line(line) => match Shape::of_line(&line) {
+                    shape if shape.is_request() && ledger.ending() => Refused::ending(shape.id()),
+                    // A request the SDK cannot parse it answers with a null id, which the client
+                    // cannot match: it is answered here, with its id (as the SDK parses it).
+                    shape
+                        if shape.is_request()
+                            && let Err(e) = serde_json::from_str::<Value>(&line) =>
+                    {
+                        Refused::not_json(shape.id(), &e)
+                    }
+                    shape => {
+                        ledger.saw(&shape);
+                        return Some((Ok(line), (reader, writer, ledger)));
+                    }
+                },
                 Frame::Oversize { bytes, prefix } => Refused::oversize(bytes, max_frame_bytes, &prefix),
                 Frame::NotUtf8 { prefix } => Refused::not_utf8(&prefix),
             };
@@ -279,14 +289,26 @@ impl Refused {
 
     /// A request read once kin began to end (after SIGTERM): notifications and responses still
     /// pass (a `session/cancel` or a permission answer only helps the turns end).
-    fn ending(line: &str) -> Self {
+    fn ending(id: Value) -> Self {
         Refused {
             answer: false,
-            id: Shape::of_line(line).id(),
+            id,
             code: -32603,
             message: "Internal error: kin is shutting down (it got SIGTERM) and serves no new request; \
                       send it again to a new kin process"
                 .into(),
+            data: Value::Null,
+        }
+    }
+
+    /// A request that is not JSON as the SDK parses it (a lone surrogate escape, a number out
+    /// of range, trailing text, nesting too deep), answered with its id.
+    fn not_json(id: Value, e: &serde_json::Error) -> Self {
+        Refused {
+            answer: false,
+            id,
+            code: -32700,
+            message: format!("Parse error: the request is not valid JSON ({e}); fix it and send it again"),
             data: Value::Null,
         }
     }
@@ -476,6 +498,43 @@ mod tests {
         assert!(refused["error"]["message"].as_str().unwrap().contains("shutting down"), "{refused}");
         wrote(&ledger, r#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"cancelled"}}"#);
         assert!(futures::poll!(&mut end).is_ready(), "the refused request was never entered, so not waited for");
+    }
+
+    /// A request the SDK cannot parse (it would answer with a null id, leaving the client's
+    /// request hanging and the end of the input waiting for it) is answered here with its own
+    /// id, and never reaches the SDK or the ledger.
+    #[tokio::test]
+    async fn a_request_that_is_not_json_is_answered_with_its_id() {
+        use agent_client_protocol::TransportFrame;
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let bad = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"text":"half \ud83d emoji"}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":2,"method":"session/list","params":{}} x"#.into(),
+            r#"{"jsonrpc":"2.0","id":3,"method":"session/list","params":{"a":1,}}"#.into(),
+            r#"{"jsonrpc":"2.0","id":"four","method":"session/list","params":{"n":1e999}}"#.into(),
+            format!(r#"{{"jsonrpc":"2.0","id":5,"method":"session/list","params":{{"deep":{deep}}}}}"#),
+        ];
+        for frame in &bad {
+            assert!(matches!(TransportFrame::parse_json(frame), TransportFrame::Malformed { .. }), "{frame}");
+        }
+        let good = request(6, "session/list");
+        let input: String = bad.iter().chain([&good]).map(|line| format!("{line}\n")).collect();
+        let ledger = Arc::new(Ledger::default());
+        let recorder = Recorder::default();
+        let writer: Writer = Arc::new(Mutex::new(Box::pin(recorder.clone())));
+        let mut lines =
+            Box::pin(incoming(futures::io::Cursor::new(input.into_bytes()), writer, ledger.clone(), 100_000));
+        assert_eq!(lines.next().await.unwrap().unwrap(), good, "only the valid request reaches the SDK");
+        let written = String::from_utf8(recorder.0.lock().unwrap().0.clone()).unwrap();
+        let answers: Vec<Value> = written.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+        let ids: Vec<Value> = answers.iter().map(|a| a["id"].clone()).collect();
+        assert_eq!(ids, [json!(1), json!(2), json!(3), json!("four"), json!(5)]);
+        for answer in &answers {
+            assert_eq!(answer["error"]["code"], -32700, "{answer}");
+            assert!(answer["error"]["message"].as_str().unwrap().contains("not valid JSON ("), "{answer}");
+        }
+        wrote(&ledger, r#"{"jsonrpc":"2.0","id":6,"result":{"sessions":[]}}"#);
+        assert!(futures::poll!(lines.next()).is_ready(), "nothing refused is waited for at the end");
     }
 
     /// A request never answered does not keep the transport from ending: it waits `ANSWER_WAIT`.

@@ -67,9 +67,9 @@ impl Ledger {
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// An incoming line on its way to the SDK: a request the SDK answers with its id is entered.
-    pub(super) fn saw(&self, line: &str) {
-        let shape = Shape::of_line(line);
+    /// An incoming frame (its `shape`) on its way to the SDK: a request the SDK answers with its
+    /// id is entered.
+    pub(super) fn saw(&self, shape: &Shape) {
         if !shape.is_request() {
             return;
         }
@@ -183,11 +183,11 @@ mod tests {
     fn at_most_open_tracked_requests_are_kept() {
         let ledger = Ledger::default();
         for id in 0..OPEN_TRACKED as u64 + 10 {
-            ledger.saw(&request(id, "session/list"));
+            ledger.saw(&Shape::of_line(&request(id, "session/list")));
         }
         assert_eq!(ledger.open().len(), OPEN_TRACKED);
         wrote(&ledger, r#"{"jsonrpc":"2.0","id":0,"result":{}}"#);
-        ledger.saw(&request(5000, "session/list"));
+        ledger.saw(&Shape::of_line(&request(5000, "session/list")));
         assert_eq!(ledger.open().last().map(|o| o.id.clone()), Some(serde_json::json!(5000)), "room again");
     }
 
@@ -196,11 +196,11 @@ mod tests {
     #[tokio::test]
     async fn a_frame_the_sdk_cannot_read_is_not_entered() {
         let ledger = Ledger::default();
-        ledger.saw(r#"{"jsonrpc":"1.0","id":7,"method":"initialize","params":{}}"#);
-        ledger.saw(r#"{"jsonrpc":"2.0","id":8,"method":"session/list","params":"x"}"#);
+        ledger.saw(&Shape::of_line(r#"{"jsonrpc":"1.0","id":7,"method":"initialize","params":{}}"#));
+        ledger.saw(&Shape::of_line(r#"{"jsonrpc":"2.0","id":8,"method":"session/list","params":"x"}"#));
         assert!(ledger.open().is_empty());
         assert!(futures::poll!(Box::pin(ledger.pass())).is_ready(), "nothing holds the input");
-        ledger.saw(&request(9, "initialize"));
+        ledger.saw(&Shape::of_line(&request(9, "initialize")));
         wrote(&ledger, r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"x"}}"#);
         assert_eq!(ledger.open().len(), 1, "a null id answers nothing");
         wrote(&ledger, r#"{"jsonrpc":"2.0","id":9,"result":{}}"#);
