@@ -81,13 +81,18 @@ impl Runtime {
     /// The error for a request about `session_id` that is not live: unknown, or still being
     /// loaded or resumed.
     pub(super) fn not_live(&self, session_id: &str) -> RuntimeError {
-        let loading = self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if loading.contains_key(session_id) {
+        if self.being_opened(session_id) {
             return RuntimeError::InvalidParams(format!(
                 "session {session_id} is still being loaded or resumed; send this once that request has answered"
             ));
         }
         RuntimeError::NotFound(session_id.to_string())
+    }
+
+    /// Whether a load or resume of `session_id` was read and has not answered (someone holds
+    /// its gate: an `opening` mark or the load itself).
+    pub(super) fn being_opened(&self, session_id: &str) -> bool {
+        self.loading.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(session_id)
     }
 
     /// The gate of `session_id`'s loads and resumes.
@@ -245,7 +250,13 @@ mod tests {
         let rt = Runtime::for_tests(dir.path());
         let id = "5e2d3c1a-0000-4000-8000-000000000003";
         let text = json!([{"type": "text", "text": "hi"}]).as_array().unwrap().clone();
+        let mut stored = rt.store().create(SessionHeader::new(id, 0, Some(dir.path().display().to_string()))).unwrap();
+        stored.flush().unwrap();
+        drop(stored);
         let opening = rt.opening(id);
+        let deleted = rt.delete_session(id).unwrap_err().to_string();
+        assert!(deleted.contains(&format!("session {id} is being loaded or resumed")), "{deleted}");
+        assert!(rt.store().locate(id).unwrap().is_some(), "a delete read after the load is refused");
         let refusals = [
             rt.prompt(id, text.clone()).err().unwrap().to_string(),
             rt.set_permission_mode(id, crate::permission::PermissionMode::Ask).err().unwrap().to_string(),

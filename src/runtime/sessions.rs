@@ -235,13 +235,15 @@ impl Runtime {
                 "session {session_id} is open; close it (session/close) before deleting it"
             )));
         }
-        // Not while it is being loaded or resumed (the load would find it gone, or hold its log).
+        // Not while it is being loaded or resumed (the load would find it gone, or hold its log):
+        // from the moment that request was read (`opening`), not only once the load holds the gate.
+        if self.being_opened(session_id) {
+            return Err(being_loaded(session_id));
+        }
         let gate = self.load_gate(session_id);
         let removed = match gate.try_lock() {
             Ok(_loads) => self.store.delete(session_id).map_err(store_error),
-            Err(_) => Err(RuntimeError::InvalidParams(format!(
-                "session {session_id} is being loaded or resumed; close it (session/close) once that is done before deleting it"
-            ))),
+            Err(_) => Err(being_loaded(session_id)),
         };
         self.release_load_gate(session_id, gate);
         let removed = removed?;
@@ -301,4 +303,11 @@ fn check_cwd(cwd: &Path) -> Result<(), RuntimeError> {
         )));
     }
     Ok(())
+}
+
+/// The refusal of a `session/delete` of a session being loaded or resumed.
+fn being_loaded(session_id: &str) -> RuntimeError {
+    RuntimeError::InvalidParams(format!(
+        "session {session_id} is being loaded or resumed; close it (session/close) once that is done before deleting it"
+    ))
 }
