@@ -740,8 +740,13 @@ impl SessionTitle {
 
 /// `text` cut to `MAX_TITLE_CHARS` characters, `…` marking a cut.
 fn cut_title(text: &str) -> String {
-    match text.char_indices().nth(MAX_TITLE_CHARS - 1) {
-        Some((cut, _)) if text.chars().count() > MAX_TITLE_CHARS => format!("{}…", &text[..cut]),
+    cut_chars(text, MAX_TITLE_CHARS)
+}
+
+/// `text` cut to `max` characters (at least 1), `…` marking a cut (as the last of them).
+pub(crate) fn cut_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max.max(1) - 1) {
+        Some((cut, _)) if text.chars().nth(max).is_some() => format!("{}…", &text[..cut]),
         _ => text.to_string(),
     }
 }

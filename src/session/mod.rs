@@ -25,6 +25,7 @@ pub(crate) mod writer;
 
 pub(crate) use event::EventBody;
 pub use event::Kind;
+pub(crate) use event::cut_chars;
 pub use live::Session;
 pub use live::SessionObserver;
 pub(crate) use live::now_ms;

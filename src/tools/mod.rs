@@ -181,6 +181,12 @@ impl ToolOutput {
     }
 }
 
+/// The most bytes of a tool error's message kept (`ToolError::named`).
+pub(crate) const MAX_ERROR_BYTES: usize = 8192;
+/// The most characters of a call's title shown to the editor (`ToolRegistry::shown`); the call's
+/// arguments go with it whole.
+pub(crate) const MAX_CALL_TITLE_CHARS: usize = 1000;
+
 /// A failed tool call: the message the model reads, plus a name and stable code for the log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolError {
@@ -196,9 +202,13 @@ impl ToolError {
         Self::named("ToolError", code, message)
     }
 
-    /// An error with its own name (`AbortError`, `PermissionError`, ...).
+    /// An error with its own name (`AbortError`, `PermissionError`, ...). The message is cut at
+    /// `MAX_ERROR_BYTES` with a note: an error may quote what the model sent (an id, a tool name),
+    /// which is only as short as the model made it.
     pub fn named(name: &str, code: &str, message: impl Into<String>) -> Self {
-        ToolError { name: name.into(), code: code.into(), message: message.into(), events: Vec::new() }
+        let message = message.into();
+        let message = if message.len() > MAX_ERROR_BYTES { capture::cut(&message, MAX_ERROR_BYTES) } else { message };
+        ToolError { name: name.into(), code: code.into(), message, events: Vec::new() }
     }
 
     /// Adds a log-only event recorded with the failed result.
@@ -332,11 +342,14 @@ impl ToolRegistry {
     /// not hold (a call recorded by a tool since removed, a child's own tool, a session's MCP
     /// tool) is titled by its name (an MCP tool's names its server and tool) and touches
     /// something kin cannot see into.
+    /// The title is cut at `MAX_CALL_TITLE_CHARS`, `…` marking the cut (a command or a name the
+    /// model wrote may be any length).
     pub fn shown(&self, name: &str, arguments: &Value) -> (String, Access) {
-        match self.get(name) {
+        let (title, access) = match self.get(name) {
             Some(tool) => (tool.title(arguments), tool.access(arguments)),
             None => (crate::mcp::call_title(name, arguments).unwrap_or_else(|| name.to_string()), Access::External),
-        }
+        };
+        (crate::session::cut_chars(&title, MAX_CALL_TITLE_CHARS), access)
     }
 
     /// Each tool's prompt advice as `(name, advice)`, in registration order.
@@ -431,6 +444,27 @@ mod tests {
         assert_eq!(registry.guidance(), [("zeta".to_string(), "replaced in place"), ("mid".to_string(), "second")]);
         let filtered = registry.filtered(|name| name != "zeta");
         assert_eq!(filtered.guidance(), [("mid".to_string(), "second")]);
+    }
+
+    /// What the model sent comes back in an error or a title only so long: a 3 MB tool name
+    /// gives an error of at most `MAX_ERROR_BYTES` saying how much was cut, and a title of
+    /// `MAX_CALL_TITLE_CHARS` ending in `…`.
+    #[test]
+    fn an_error_or_title_quoting_what_the_model_sent_is_cut_and_says_so() {
+        let name = "z".repeat(3 << 20);
+        let error = unknown_tool(&name);
+        assert!(error.message.len() <= MAX_ERROR_BYTES + 64, "{}", error.message.len());
+        assert!(error.message.starts_with("unknown tool \"zzz"), "{}", &error.message[..40]);
+        let note =
+            format!("[... {} more bytes not shown ...]", "unknown tool \"\"".len() + name.len() - MAX_ERROR_BYTES);
+        assert!(error.message.ends_with(&note), "{}", &error.message[error.message.len() - 60..]);
+        let (title, _) = ToolRegistry::new().shown(&name, &json!({}));
+        assert_eq!(title.chars().count(), MAX_CALL_TITLE_CHARS);
+        assert!(title.ends_with('…'));
+        let short = ToolRegistry::new().shown("a", &json!({})).0;
+        assert_eq!(short, "a", "a short title is whole");
+        let exact = "é".repeat(MAX_CALL_TITLE_CHARS);
+        assert_eq!(crate::session::cut_chars(&exact, MAX_CALL_TITLE_CHARS), exact, "exactly the limit is not cut");
     }
 
     #[test]
