@@ -70,15 +70,34 @@ pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for (s, title) in sessions {
         let title = title.map(|t| format!("  {t}")).unwrap_or_default();
-        writeln!(
-            out,
+        let line = format!(
             "{}  {}  {}{title}",
             s.header.id,
             crate::timefmt::rfc3339(s.modified),
             s.header.cwd.as_deref().unwrap_or("-")
-        )?;
+        );
+        writeln!(out, "{}", for_terminal(&line, false))?;
     }
     Ok(())
+}
+
+/// `text` safe to print to a terminal: each control character (an escape sequence that would
+/// retitle or recolour it, a bell) written as its escape (`\u{1b}`), line breaks and tabs too
+/// unless `multiline`. A log is the user's and the model's text, written by any process.
+fn for_terminal(text: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && !(multiline && (c == '\n' || c == '\t'));
+    if !text.contains(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 pub fn sessions_show(config: &Config, id: &str) -> Result<()> {
@@ -86,13 +105,14 @@ pub fn sessions_show(config: &Config, id: &str) -> Result<()> {
     let scanned = store.inspect(id).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut out = std::io::stdout().lock();
     let h = &scanned.header;
-    writeln!(out, "session {} (cwd {}, depth {})", h.id, h.cwd.as_deref().unwrap_or("-"), h.delegation_depth)?;
+    let cwd = for_terminal(h.cwd.as_deref().unwrap_or("-"), false);
+    writeln!(out, "session {} (cwd {cwd}, depth {})", h.id, h.delegation_depth)?;
     if let Some(parent) = &h.parent_session {
         writeln!(out, "parent  {parent}")?;
     }
     for event in &scanned.events {
         if let Some(line) = describe(event) {
-            writeln!(out, "{line}")?;
+            writeln!(out, "{}", for_terminal(&line, true))?;
         }
     }
     if let Some(torn) = &scanned.torn {
@@ -260,5 +280,15 @@ mod tests {
             Some("remote run acp-1 by acp:fw (sh), child session s1: error (it broke)")
         );
         assert_eq!(describe(&event("tool/progress", json!({"callId": "c1", "text": "Read a"}))), None);
+    }
+
+    /// What the session commands print of a log is safe for a terminal: control characters
+    /// are written as escapes (line breaks and tabs kept only where the output has lines).
+    #[test]
+    fn control_characters_are_printed_as_escapes() {
+        let title = "hi\u{7}\u{1b}]0;PWNED\u{9b}31m\tx\ny";
+        assert_eq!(for_terminal(title, false), "hi\\u{7}\\u{1b}]0;PWNED\\u{9b}31m\\u{9}x\\u{a}y");
+        assert_eq!(for_terminal(title, true), "hi\\u{7}\\u{1b}]0;PWNED\\u{9b}31m\tx\ny");
+        assert!(matches!(for_terminal("plain é", false), std::borrow::Cow::Borrowed("plain é")));
     }
 }

@@ -714,6 +714,9 @@ impl SessionTitle {
     /// `MAX_TITLE_CHARS` characters); `None` when the prompt has no text.
     pub fn fallback(message: &UserMessage, seq: u64) -> Option<Self> {
         let text: Vec<&str> = message.content.iter().filter_map(|b| b["text"].as_str()).collect();
+        // Control characters (an escape sequence pasted into a prompt) count as spaces: a title
+        // is printed to terminals and shown in lists.
+        let text: Vec<String> = text.iter().map(|t| t.replace(char::is_control, " ")).collect();
         let words: Vec<&str> = text.iter().flat_map(|t| t.split_whitespace()).take(FALLBACK_WORDS).collect();
         if words.is_empty() {
             return None;
@@ -728,7 +731,7 @@ impl SessionTitle {
 
     /// A title a model wrote (trimmed and cut to `MAX_TITLE_CHARS`); `None` when it is blank.
     pub fn by_model(title: &str, message_seqs: Vec<u64>, provider: &str, model: &str) -> Option<Self> {
-        let title = title.split_whitespace().collect::<Vec<_>>().join(" ");
+        let title = title.replace(char::is_control, " ").split_whitespace().collect::<Vec<_>>().join(" ");
         let title = title.trim_matches(|c: char| c == '"' || c == '\'' || c == '`' || c == '*').trim();
         if title.is_empty() {
             return None;
@@ -930,6 +933,11 @@ mod tests {
             r#"{"title":"Fix the parser","messageSeqs":[1,9],"source":{"kind":"model","provider":"p","model":"m"}}"#
         );
         assert_eq!(SessionTitle::by_model("\"\"", vec![], "p", "m"), None);
+        // An escape sequence in a prompt (or a title model's answer) leaves no control character
+        // in the title: it would retitle or recolour the terminal that lists it.
+        let hostile = "hello\u{7}\u{1b}]0;PWNED\u{7}\u{1b}[31mred";
+        assert_eq!(SessionTitle::fallback(&user(hostile), 1).unwrap().title, "hello ]0;PWNED [31mred");
+        assert_eq!(SessionTitle::by_model(hostile, vec![1], "p", "m").unwrap().title, "hello ]0;PWNED [31mred");
     }
 
     #[test]
