@@ -87,21 +87,30 @@ pub struct SlashCommand {
     pub action: Action,
 }
 
+/// A directory command files are read from, and the directory they must resolve within: the
+/// workspace, for the workspace's own (a cloned repository's `review.md -> ~/.ssh/id_rsa` is not
+/// followed out of it); a user directory's may link anywhere (a shared commands directory).
+pub(crate) struct CommandDir {
+    path: PathBuf,
+    within: Option<PathBuf>,
+}
+
 /// The directories command files are read from for a session in `cwd`, first wins on a name:
 /// the workspace's `.kin/commands` and `.claude/commands`, then `user_dirs` (from the config:
 /// kin's config dir's `commands`, then `~/.claude/commands`).
-pub(crate) fn dirs(cwd: Option<&Path>, user_dirs: &[PathBuf]) -> Vec<PathBuf> {
+pub(crate) fn dirs(cwd: Option<&Path>, user_dirs: &[PathBuf]) -> Vec<CommandDir> {
     let mut dirs = Vec::new();
     if let Some(cwd) = cwd {
-        dirs.push(cwd.join(".kin/commands"));
-        dirs.push(cwd.join(".claude/commands"));
+        for dir in [".kin/commands", ".claude/commands"] {
+            dirs.push(CommandDir { path: cwd.join(dir), within: Some(cwd.to_path_buf()) });
+        }
     }
-    dirs.extend(user_dirs.iter().cloned());
+    dirs.extend(user_dirs.iter().map(|path| CommandDir { path: path.clone(), within: None }));
     dirs
 }
 
 /// The built-ins, then the command files of `dirs` (a name already taken is skipped).
-pub(crate) fn discover(dirs: &[PathBuf]) -> Vec<SlashCommand> {
+pub(crate) fn discover(dirs: &[CommandDir]) -> Vec<SlashCommand> {
     let mut commands: Vec<SlashCommand> = Builtin::ALL
         .iter()
         .map(|b| SlashCommand {
@@ -114,11 +123,11 @@ pub(crate) fn discover(dirs: &[PathBuf]) -> Vec<SlashCommand> {
     for dir in dirs {
         for command in read_dir(dir) {
             if commands.len() >= MAX_COMMANDS {
-                tracing::warn!(dir = %dir.display(), "more than {MAX_COMMANDS} slash commands; the rest are not offered");
+                tracing::warn!(dir = %dir.path.display(), "more than {MAX_COMMANDS} slash commands; the rest are not offered");
                 return commands;
             }
             if commands.iter().any(|c| c.name == command.name) {
-                tracing::debug!(name = %command.name, dir = %dir.display(), "slash command already defined earlier; skipped");
+                tracing::debug!(name = %command.name, dir = %dir.path.display(), "slash command already defined earlier; skipped");
                 continue;
             }
             commands.push(command);
@@ -128,7 +137,8 @@ pub(crate) fn discover(dirs: &[PathBuf]) -> Vec<SlashCommand> {
 }
 
 /// The command files of one directory, in name order; a missing directory has none.
-fn read_dir(dir: &Path) -> Vec<SlashCommand> {
+fn read_dir(command_dir: &CommandDir) -> Vec<SlashCommand> {
+    let dir = command_dir.path.as_path();
     let Ok(mut entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -147,18 +157,48 @@ fn read_dir(dir: &Path) -> Vec<SlashCommand> {
         tracing::warn!(dir = %dir.display(), "more than {MAX_FILES} command files; only the first are read");
         paths.truncate(MAX_FILES);
     }
-    paths.iter().filter_map(|p| read_file(p)).collect()
+    let within = match &command_dir.within {
+        Some(root) => match std::fs::canonicalize(root) {
+            Ok(root) => Some(root),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "command files skipped: the workspace cannot be resolved: {e}");
+                return Vec::new();
+            }
+        },
+        None => None,
+    };
+    paths.iter().filter_map(|p| read_file(p, within.as_deref())).collect()
 }
 
-fn read_file(path: &Path) -> Option<SlashCommand> {
+/// The command of the file at `path`; one that resolves outside `within` (when given) is
+/// skipped with a warning.
+fn read_file(path: &Path, within: Option<&Path>) -> Option<SlashCommand> {
     let name = path.file_stem()?.to_str()?.to_string();
     if !valid_name(&name) {
         tracing::warn!(path = %path.display(), "command file name is not a plain command name (letters, digits, - _ .); skipped");
         return None;
     }
+    // A workspace's file is read where it resolves, which must be in the workspace.
+    let resolved = match within {
+        Some(root) => {
+            let resolved = std::fs::canonicalize(path)
+                .map_err(|e| tracing::warn!(path = %path.display(), "command file skipped: {e}"))
+                .ok()?;
+            if !resolved.starts_with(root) {
+                tracing::warn!(
+                    path = %path.display(),
+                    target = %resolved.display(),
+                    "command file skipped: it links outside the workspace; copy it in, or put shared commands in ~/.config/kin/commands"
+                );
+                return None;
+            }
+            resolved
+        }
+        None => path.to_path_buf(),
+    };
     // Through symlinks (a shared commands dir), but only a regular file, and never more of it
     // than the cap.
-    let text = crate::tools::regular::read_text(path, MAX_FILE_BYTES)
+    let text = crate::tools::regular::read_text(&resolved, MAX_FILE_BYTES)
         .map_err(|e| tracing::warn!(path = %path.display(), "command file skipped: {e}"))
         .ok()?;
     let (front, body) = front_matter(&text);
@@ -317,6 +357,35 @@ mod tests {
         assert!(init.contains("AGENTS.md"), "{init}");
         assert_eq!(expand(&found[1], "", ""), Expansion::Compact(String::new()), "/compact runs no turn");
         assert_eq!(expand(&found[1], "the tests", "and docs\n"), Expansion::Compact("the tests\nand docs".into()));
+    }
+
+    /// A workspace's command file that links outside the workspace (a cloned repository's
+    /// `review.md -> ~/.ssh/id_rsa`) is not read; one linking inside it is, and a user
+    /// directory's may link anywhere.
+    #[test]
+    fn a_workspace_command_file_is_not_followed_out_of_the_workspace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cwd, user) = (tmp.path().join("w"), tmp.path().join("user"));
+        for dir in [cwd.join(".kin/commands"), cwd.join("docs"), user.clone()] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let secret = tmp.path().join("secret.txt");
+        std::fs::write(&secret, "TOP-SECRET-TOKEN=abc123\n").unwrap();
+        std::fs::write(cwd.join("docs/ship.md"), "Ship it.\n").unwrap();
+        let link = |target: &Path, at: PathBuf| std::os::unix::fs::symlink(target, at).unwrap();
+        link(&secret, cwd.join(".kin/commands/review.md"));
+        link(Path::new("../../docs/ship.md"), cwd.join(".kin/commands/ship.md"));
+        link(&cwd.join("docs/../../secret.txt"), cwd.join(".kin/commands/dotdot.md"));
+        link(&secret, user.join("mine.md"));
+        let found = discover(&dirs(Some(&cwd), std::slice::from_ref(&user)));
+        let listed: Vec<(&str, &str)> =
+            found.iter().skip(2).map(|c| (c.name.as_str(), c.description.as_str())).collect();
+        assert_eq!(listed, [("ship", "Ship it."), ("mine", "TOP-SECRET-TOKEN=abc123")]);
+        // A workspace whose commands directory itself links out is read no further either.
+        std::fs::remove_dir_all(cwd.join(".kin/commands")).unwrap();
+        link(&user, cwd.join(".kin/commands"));
+        let found = discover(&dirs(Some(&cwd), &[]));
+        assert_eq!(found.len(), 2, "only the built-ins: {:?}", found.iter().map(|c| &c.name).collect::<Vec<_>>());
     }
 
     #[test]
