@@ -109,7 +109,7 @@ fn built(settings: &PromptSettings<'_>) -> String {
     }
     if let Some(cwd) = settings.cwd {
         for name in INSTRUCTION_FILES {
-            if let Some(text) = instructions(&cwd.join(name)) {
+            if let Some(text) = instructions(&cwd.join(name), cwd) {
                 let _ = write!(
                     out,
                     "\n\n# Project instructions ({name})\n\nThese instructions come from {name} \
@@ -122,17 +122,19 @@ fn built(settings: &PromptSettings<'_>) -> String {
 }
 
 /// The text of an instruction file, cut at `MAX_INSTRUCTION_BYTES`; `None` when absent or empty,
-/// and when it cannot be read or is not a regular file (a FIFO would block, `/dev/zero` never
-/// end; a workspace may hold such a symlink): that is warned about.
-fn instructions(path: &Path) -> Option<String> {
-    let head = match regular::read_head(path, MAX_INSTRUCTION_BYTES) {
-        Ok(head) => head,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), "project instructions left out of the system prompt: {e}");
-            return None;
-        }
-    };
+/// and when it cannot be read, is not a regular file (a FIFO would block, `/dev/zero` never
+/// end; a workspace may hold such a symlink) or links outside the workspace `cwd` (a cloned
+/// repository's `AGENTS.md -> ~/.ssh/id_rsa` would reach the model unasked): that is warned about.
+fn instructions(path: &Path, cwd: &Path) -> Option<String> {
+    let head =
+        match regular::resolved_within(path, cwd).and_then(|path| regular::read_head(&path, MAX_INSTRUCTION_BYTES)) {
+            Ok(head) => head,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "project instructions left out of the system prompt: {e}");
+                return None;
+            }
+        };
     let mut text = String::from_utf8_lossy(&head.bytes).trim().to_string();
     if text.is_empty() {
         return None;
@@ -247,6 +249,22 @@ mod tests {
         std::fs::write(dir.path().join("CLAUDE.md"), "Use tabs.\n").unwrap();
         let text = build_promptly(dir.path()).unwrap();
         assert!(!text.contains("# Project instructions (AGENTS.md)"), "{text}");
+        assert!(text.contains("# Project instructions (CLAUDE.md)") && text.ends_with("Use tabs."), "{text}");
+    }
+
+    /// An instruction file that links outside the workspace is left out (it would reach the
+    /// model without the user asking); one linking to a file inside it is read.
+    #[test]
+    fn instruction_files_linking_outside_the_workspace_are_left_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cwd = tmp.path().join("w");
+        std::fs::create_dir_all(cwd.join("docs")).unwrap();
+        std::fs::write(tmp.path().join("id_rsa"), "PRIVATE KEY\n").unwrap();
+        std::fs::write(cwd.join("docs/rules.md"), "Use tabs.\n").unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("id_rsa"), cwd.join("AGENTS.md")).unwrap();
+        std::os::unix::fs::symlink("docs/rules.md", cwd.join("CLAUDE.md")).unwrap();
+        let text = build_promptly(&cwd).unwrap();
+        assert!(!text.contains("PRIVATE KEY") && !text.contains("(AGENTS.md)"), "{text}");
         assert!(text.contains("# Project instructions (CLAUDE.md)") && text.ends_with("Use tabs."), "{text}");
     }
 

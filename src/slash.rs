@@ -157,17 +157,7 @@ fn read_dir(command_dir: &CommandDir) -> Vec<SlashCommand> {
         tracing::warn!(dir = %dir.display(), "more than {MAX_FILES} command files; only the first are read");
         paths.truncate(MAX_FILES);
     }
-    let within = match &command_dir.within {
-        Some(root) => match std::fs::canonicalize(root) {
-            Ok(root) => Some(root),
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), "command files skipped: the workspace cannot be resolved: {e}");
-                return Vec::new();
-            }
-        },
-        None => None,
-    };
-    paths.iter().filter_map(|p| read_file(p, within.as_deref())).collect()
+    paths.iter().filter_map(|p| read_file(p, command_dir.within.as_deref())).collect()
 }
 
 /// The command of the file at `path`; one that resolves outside `within` (when given) is
@@ -180,20 +170,14 @@ fn read_file(path: &Path, within: Option<&Path>) -> Option<SlashCommand> {
     }
     // A workspace's file is read where it resolves, which must be in the workspace.
     let resolved = match within {
-        Some(root) => {
-            let resolved = std::fs::canonicalize(path)
-                .map_err(|e| tracing::warn!(path = %path.display(), "command file skipped: {e}"))
-                .ok()?;
-            if !resolved.starts_with(root) {
+        Some(root) => crate::tools::regular::resolved_within(path, root)
+            .map_err(|e| {
                 tracing::warn!(
                     path = %path.display(),
-                    target = %resolved.display(),
-                    "command file skipped: it links outside the workspace; copy it in, or put shared commands in ~/.config/kin/commands"
-                );
-                return None;
-            }
-            resolved
-        }
+                    "command file skipped: {e}; copy it in, or put shared commands in ~/.config/kin/commands"
+                )
+            })
+            .ok()?,
         None => path.to_path_buf(),
     };
     // Through symlinks (a shared commands dir), but only a regular file, and never more of it

@@ -9,7 +9,7 @@
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The metadata of `path` (symlinks followed) when it is a regular file. A missing path is
 /// `NotFound`, a directory `IsADirectory`, anything else that is not a regular file
@@ -18,6 +18,25 @@ pub(crate) fn regular(path: &Path) -> io::Result<Metadata> {
     let meta = std::fs::metadata(path)?;
     check(path, &meta)?;
     Ok(meta)
+}
+
+/// `path` with its symlinks resolved, when that stays inside `root` (resolved too): a file the
+/// workspace itself offers kin (its instructions, its command files) is read only from inside
+/// it, so a cloned repository's `AGENTS.md -> ~/.ssh/id_rsa` is `PermissionDenied`, its message
+/// naming where the link leads. A missing path is `NotFound`.
+pub(crate) fn resolved_within(path: &Path, root: &Path) -> io::Result<PathBuf> {
+    let resolved = std::fs::canonicalize(path)?;
+    if !resolved.starts_with(std::fs::canonicalize(root)?) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} links to {}, outside the workspace, which kin does not follow",
+                path.display(),
+                resolved.display()
+            ),
+        ));
+    }
+    Ok(resolved)
 }
 
 /// Opens `path` for reading when it is a regular file (see [`regular`]), without ever blocking
