@@ -60,6 +60,11 @@ impl Fixture {
             Tool::new("env", "Lists the names of its environment variables.", schema(none.clone())),
             Tool::new("add_tool", "Adds the tool `late`.", schema(none.clone())),
             Tool::new("crash", "Exits the server.", schema(none.clone())),
+            Tool::new(
+                "huge",
+                "Answers with 17 MiB of text, more than a client reads as one message.",
+                schema(none.clone()),
+            ),
         ];
         if self.late.load(Ordering::SeqCst) {
             tools.push(Tool::new("late", "A tool added later.", schema(none)));
@@ -127,6 +132,7 @@ impl ServerHandler for Fixture {
             }
             "late" if self.late.load(Ordering::SeqCst) => CallToolResult::success(vec![text("late tool ran")]),
             "crash" => std::process::exit(3),
+            "huge" => CallToolResult::success(vec![text("x".repeat(17 << 20))]),
             _ => return Err(ErrorData::invalid_params(format!("tool not found: {name}"), None)),
         };
         Ok(result.into())

@@ -16,6 +16,7 @@ mod cli;
 mod commands;
 mod config;
 mod heap;
+mod jsonrpc;
 mod keys;
 mod login;
 mod mcp;

@@ -453,6 +453,35 @@ async fn a_slow_call_times_out_and_cancelling_the_turn_cancels_the_call() {
     kin.stop();
 }
 
+/// A server's answer longer than kin reads as one message (16 MiB) fails its call at once,
+/// saying so (rmcp alone dropped it unseen, and the call waited out its timeout), and the server
+/// keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_too_long_to_read_fails_its_call_at_once_saying_so() {
+    let config = "permission_mode = \"bypass\"\n[mcp]\ntool_timeout_secs = 120\n";
+    let mut kin = Kin::start(config, json!({})).await;
+    let log = kin.path("fixture.log");
+    kin.new_session(json!([fixture_entry("fx", &log, &[])]));
+    kin.script.calls(&[("t1", "mcp__fx__huge", json!({}))]).calls(&[(
+        "t2",
+        "mcp__fx__echo",
+        json!({"text": "still here"}),
+    )]);
+    let started = std::time::Instant::now();
+    assert_eq!(kin.prompt("big"), "end_turn");
+    assert!(started.elapsed() < Duration::from_secs(60), "the call failed at once, not at its timeout");
+    let requests = kin.model_requests().await;
+    let huge = tool_result(&requests[1], "t1");
+    assert!(
+        huge.contains("the MCP server fx answered, but its message of ")
+            && huge.contains("bytes is larger than the 16777216 bytes kin reads and was dropped"),
+        "{huge}"
+    );
+    assert!(huge.len() < 10_000, "{} bytes", huge.len());
+    assert_eq!(tool_result(&requests[2], "t2"), "echo: still here");
+    kin.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_list_changes_show_from_the_next_step_and_a_dead_server_restarts_once() {
     let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({"session": {"notices": {}}})).await;
@@ -470,7 +499,10 @@ async fn tool_list_changes_show_from_the_next_step_and_a_dead_server_restarts_on
     assert!(tool_names(&requests[1]).contains(&"mcp__fx__late".to_string()), "{:?}", tool_names(&requests[1]));
     assert_eq!(tool_result(&requests[2], "l2"), "late tool ran");
     let crashed = tool_result(&requests[3], "l3");
-    assert!(crashed.contains("MCP server fx is unavailable: it stopped during the call"), "{crashed}");
+    assert!(
+        crashed.contains("MCP server fx is unavailable: it stopped during the call; kin restarts it once"),
+        "{crashed}"
+    );
     assert_eq!(tool_result(&requests[4], "l4"), "echo: back", "restarted before the next step");
     let started = pids(&log);
     assert_eq!(started.len(), 2, "{:?}", noted(&log));
@@ -485,7 +517,10 @@ async fn tool_list_changes_show_from_the_next_step_and_a_dead_server_restarts_on
     let requests = kin.model_requests().await;
     let tools = tool_names(&requests[7]);
     assert!(!tools.iter().any(|t| t.starts_with("mcp__fx__")), "a dead server offers no tools: {tools:?}");
-    assert!(tool_result(&requests[7], "m2").contains("unknown tool"), "{}", tool_result(&requests[7], "m2"));
+    let again = tool_result(&requests[6], "m1");
+    assert!(again.contains("it was restarted once already, so kin does not start it again"), "{again}");
+    let unknown = tool_result(&requests[7], "m2");
+    assert!(unknown.contains("unknown tool") && unknown.contains("its MCP server is not running now"), "{unknown}");
     let notices: Vec<&Value> = kin.updates().into_iter().filter(|u| u["sessionUpdate"] == "notice").collect();
     assert_eq!(notices.len(), 1, "{notices:?}");
     assert_eq!(notices[0]["title"], "MCP server `fx` stopped again");

@@ -10,7 +10,7 @@
 //! answered (the SDK ends the connection, and drops the answers still to come, once its input
 //! ends): the other requests first, then the prompts, whose turns are stopped.
 //!
-//! A longer frame is never held: its first `ID_PREFIX_BYTES` are kept to recover the id cheaply,
+//! A longer frame is never held (`jsonrpc::next_frame`): its first `ID_PREFIX_BYTES` are kept to recover the id cheaply,
 //! the rest is read and dropped. A request (or anything that is not a response) is answered with
 //! a JSON-RPC error (-32600, with the id if the prefix holds it, else null) written here, between
 //! the SDK's lines; an oversize *response* to one of kin's own requests reaches the SDK as an
@@ -24,19 +24,18 @@
 //! drains the pipe once, when kin is done serving.
 
 mod ledger;
-mod shape;
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use agent_client_protocol::Lines;
-use futures::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use futures::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use futures::lock::Mutex;
 use futures::{Sink, Stream};
 use serde_json::{Value, json};
 
+use crate::jsonrpc::{Frame, Shape, next_frame};
 use ledger::Ledger;
-use shape::Shape;
 
 /// The default maximum frame size.
 pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
@@ -44,8 +43,6 @@ pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 pub(crate) const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
 /// The buffer between kin's async side and the blocking reads of stdin and writes of stdout.
 const PIPE_BYTES: usize = 256 * 1024;
-/// Bytes of an oversize frame kept to recover its id.
-const ID_PREFIX_BYTES: usize = 64 * 1024;
 
 type Writer = Arc<Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
 
@@ -191,65 +188,6 @@ async fn write_line(writer: &Writer, line: String) -> std::io::Result<()> {
     writer.lock().await.write_all(&bytes).await
 }
 
-/// One frame read from the input.
-#[derive(Debug, PartialEq)]
-enum Frame {
-    /// A frame within the limit, without its line ending.
-    Line(String),
-    /// A frame of `bytes` bytes, more than the limit; `prefix` is its start.
-    Oversize { bytes: u64, prefix: Vec<u8> },
-    /// A frame within the limit that is not UTF-8; `prefix` is its start.
-    NotUtf8 { prefix: Vec<u8> },
-}
-
-/// Reads one newline-terminated frame, holding at most `max` bytes of it; `None` at the end of
-/// the input.
-async fn next_frame<R: AsyncBufRead + Unpin>(reader: &mut R, max: usize) -> std::io::Result<Option<Frame>> {
-    let mut buf = Vec::new();
-    let mut bytes = 0u64;
-    let mut oversize = false;
-    loop {
-        let available = reader.fill_buf().await?;
-        if available.is_empty() {
-            if bytes == 0 {
-                return Ok(None);
-            }
-            break;
-        }
-        let newline = available.iter().position(|&b| b == b'\n');
-        let part = &available[..newline.unwrap_or(available.len())];
-        if !oversize && buf.len() + part.len() > max {
-            oversize = true;
-            let room = ID_PREFIX_BYTES.saturating_sub(buf.len()).min(part.len());
-            buf.extend_from_slice(&part[..room]);
-            buf.truncate(ID_PREFIX_BYTES);
-            buf.shrink_to_fit();
-        } else if !oversize {
-            buf.extend_from_slice(part);
-        }
-        bytes += part.len() as u64;
-        let used = newline.map_or(available.len(), |end| end + 1);
-        reader.consume_unpin(used);
-        if newline.is_some() {
-            break;
-        }
-    }
-    if oversize {
-        return Ok(Some(Frame::Oversize { bytes, prefix: buf }));
-    }
-    if buf.last() == Some(&b'\r') {
-        buf.pop();
-    }
-    match String::from_utf8(buf) {
-        Ok(line) => Ok(Some(Frame::Line(line))),
-        Err(e) => {
-            let mut prefix = e.into_bytes();
-            prefix.truncate(ID_PREFIX_BYTES);
-            Ok(Some(Frame::NotUtf8 { prefix }))
-        }
-    }
-}
-
 /// The answer to a frame kin refused.
 struct Refused {
     id: Value,
@@ -329,17 +267,6 @@ mod tests {
     use super::*;
     use futures::StreamExt;
 
-    fn frames(input: &[u8], max: usize) -> Vec<Frame> {
-        futures::executor::block_on(async {
-            let mut reader = BufReader::with_capacity(16, input);
-            let mut out = Vec::new();
-            while let Some(frame) = next_frame(&mut reader, max).await.unwrap() {
-                out.push(frame);
-            }
-            out
-        })
-    }
-
     /// An output that records what it was given and how often it was flushed.
     #[derive(Default, Clone)]
     struct Recorder(Arc<std::sync::Mutex<(Vec<u8>, usize)>>);
@@ -384,23 +311,6 @@ mod tests {
         assert!(is_session_update(&line), "{line}");
         assert!(!is_session_update(r#"{"jsonrpc":"2.0","id":1,"method":"session/request_permission","params":{}}"#));
         assert!(!is_session_update(r#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}"#));
-    }
-
-    #[test]
-    fn frames_within_the_limit_pass_and_longer_ones_keep_only_a_prefix() {
-        let long = format!("{{\"id\":7,\"method\":\"m\",\"params\":\"{}\"}}", "x".repeat(200_000));
-        let input = format!("{{\"a\":1}}\r\n\n{long}\nlast");
-        let got = frames(input.as_bytes(), 100_000);
-        assert_eq!(got[0], Frame::Line("{\"a\":1}".into()));
-        assert_eq!(got[1], Frame::Line(String::new()));
-        let Frame::Oversize { bytes, prefix } = &got[2] else { panic!("{:?}", got[2]) };
-        assert_eq!((*bytes, prefix.len()), (long.len() as u64, ID_PREFIX_BYTES));
-        assert!(prefix.capacity() <= ID_PREFIX_BYTES, "{}", prefix.capacity());
-        assert_eq!(got[3], Frame::Line("last".into()));
-        assert_eq!(got.len(), 4);
-        let got = frames(b"\xff\xfe{}\n{}\n", 100);
-        assert!(matches!(&got[0], Frame::NotUtf8 { .. }), "{got:?}");
-        assert_eq!(got[1], Frame::Line("{}".into()));
     }
 
     /// `line` written to the client through `ledger`, as the transport's output does.

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientCacheConfig, ClientHandler, MAX_CLIENT_CACHE_TTL, Peer, RoleClient, ServiceExt};
 use tokio::io::AsyncReadExt;
 
@@ -80,16 +80,27 @@ pub(super) struct Connection {
     pub peer: Peer<RoleClient>,
     /// The process group of a stdio server.
     pgid: Option<i32>,
+    /// A stdio server's process (killed if dropped), waited for at close.
+    child: tokio::sync::Mutex<Option<tokio::process::Child>>,
 }
 
 impl Connection {
     /// A started connection. Its `tools/list` answers are kept until the server says its tool
     /// list changed (rmcp drops them when the notification arrives, in order with the results
     /// after it), so listing at every step asks the server only after a change.
-    async fn new(service: RunningService<RoleClient, Handler>, pgid: Option<i32>) -> Connection {
+    async fn new(
+        service: RunningService<RoleClient, Handler>,
+        pgid: Option<i32>,
+        child: Option<tokio::process::Child>,
+    ) -> Connection {
         let peer = service.peer().clone();
         peer.set_response_cache_config(ClientCacheConfig::default().with_default_ttl(MAX_CLIENT_CACHE_TTL)).await;
-        Connection { service: tokio::sync::Mutex::new(Some(service)), peer, pgid }
+        Connection {
+            service: tokio::sync::Mutex::new(Some(service)),
+            peer,
+            pgid,
+            child: tokio::sync::Mutex::new(child),
+        }
     }
 
     /// Whether the connection has ended (the server exited or hung up).
@@ -97,14 +108,21 @@ impl Connection {
         self.peer.is_transport_closed()
     }
 
-    /// Closes the connection: a grace to exit, then the process group is killed.
+    /// Closes the connection: a stdio server's stdin is closed, it gets half of `CLOSE_GRACE` to
+    /// exit, then SIGTERM and the other half; then its process group is killed.
     pub(super) async fn close(&self) {
-        if let Some(mut service) = self.service.lock().await.take()
-            && let Ok(None) = service.close_with_timeout(CLOSE_GRACE).await
-        {
-            tracing::debug!("an MCP server did not exit within the grace; killing its process group");
+        if let Some(mut service) = self.service.lock().await.take() {
+            let _ = service.close_with_timeout(CLOSE_GRACE / 2).await;
         }
-        kill_group(self.pgid);
+        if let Some(mut child) = self.child.lock().await.take()
+            && tokio::time::timeout(CLOSE_GRACE / 2, child.wait()).await.is_err()
+        {
+            signal_group(self.pgid, libc::SIGTERM);
+            if tokio::time::timeout(CLOSE_GRACE / 2, child.wait()).await.is_err() {
+                tracing::debug!("an MCP server did not exit within the grace; killing its process group");
+            }
+        }
+        signal_group(self.pgid, libc::SIGKILL);
     }
 }
 
@@ -120,16 +138,69 @@ impl GroupGuard {
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        kill_group(self.0);
+        signal_group(self.0, libc::SIGKILL);
     }
 }
 
-/// Kills a process group (nothing when there is none or it is gone).
-fn kill_group(pgid: Option<i32>) {
+/// Signals a process group (nothing when there is none or it is gone).
+fn signal_group(pgid: Option<i32>, signal: libc::c_int) {
     if let Some(pgid) = pgid.filter(|p| *p > 1) {
         // SAFETY: killpg only sends a signal; a stale or missing group gives ESRCH, ignored.
         unsafe {
-            libc::killpg(pgid, libc::SIGKILL);
+            libc::killpg(pgid, signal);
+        }
+    }
+}
+
+/// The most bytes of one message kin takes from a stdio server (rmcp's own limit, which it
+/// enforces by dropping the line unseen, so a call waited for its timeout).
+pub(super) const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// The pipe between the relay and rmcp.
+const RELAY_BYTES: usize = 64 * 1024;
+
+/// Hands a stdio server's messages to rmcp (`into`), each at most `MAX_MESSAGE_BYTES`. A longer
+/// one (or one that is not UTF-8) is read to its end and dropped: when it answers a request of
+/// kin's, rmcp gets an error answer to that request instead, saying why, so the call fails at
+/// once with the reason; anything else is noted in the log and the server's stderr tail. Ends
+/// (rmcp sees the server hang up) when the server's stdout does.
+async fn relay(
+    name: String,
+    stdout: tokio::process::ChildStdout,
+    mut into: tokio::io::DuplexStream,
+    tail: Arc<StderrTail>,
+) {
+    use crate::jsonrpc::{Frame, Shape, next_frame};
+    use tokio::io::AsyncWriteExt;
+    use tokio_util::compat::TokioAsyncReadCompatExt;
+    let mut reader = futures::io::BufReader::with_capacity(RELAY_BYTES, stdout.compat());
+    while let Ok(Some(frame)) = next_frame(&mut reader, MAX_MESSAGE_BYTES).await {
+        let (why, prefix) = match frame {
+            Frame::Line(line) => {
+                if into.write_all(line.as_bytes()).await.is_err() || into.write_all(b"\n").await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Frame::Oversize { bytes, prefix } => (
+                format!(
+                    "its message of {bytes} bytes is larger than the {MAX_MESSAGE_BYTES} bytes kin reads and was dropped"
+                ),
+                prefix,
+            ),
+            Frame::NotUtf8 { prefix } => ("its message is not valid UTF-8 and was dropped".to_string(), prefix),
+        };
+        let shape = Shape::of(&prefix);
+        tracing::warn!(server = %name, "MCP server {name}: {why}");
+        tail.push(format!("(kin: {why})"));
+        if shape.is_response() {
+            let answer = serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": shape.id(),
+                "error": {"code": -32603, "message": format!("the MCP server {name} answered, but {why}")},
+            });
+            if into.write_all(format!("{answer}\n").as_bytes()).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -164,25 +235,30 @@ pub(super) async fn connect(
             if let Some(cwd) = cwd.filter(|c| c.is_dir()) {
                 cmd.current_dir(cwd);
             }
-            let (child, stderr) =
-                TokioChildProcess::builder(cmd).stderr(Stdio::piped()).spawn().map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => fail(format!("the command `{command}` was not found"), &tail),
-                    std::io::ErrorKind::PermissionDenied => {
-                        fail(format!("the command `{command}` is not executable"), &tail)
-                    }
-                    _ => fail(format!("the command `{command}` could not be started: {e}"), &tail),
-                })?;
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut child = cmd.spawn().map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => fail(format!("the command `{command}` was not found"), &tail),
+                std::io::ErrorKind::PermissionDenied => {
+                    fail(format!("the command `{command}` is not executable"), &tail)
+                }
+                _ => fail(format!("the command `{command}` could not be started: {e}"), &tail),
+            })?;
             let group = GroupGuard(child.id().and_then(|pid| i32::try_from(pid).ok()));
-            let reader = stderr.map(|stderr| tokio::spawn(read_stderr(name.to_string(), stderr, tail.clone())));
-            let started = tokio::time::timeout(timeout, handler.serve(child)).await;
+            let (Some(stdin), Some(stdout), Some(stderr)) =
+                (child.stdin.take(), child.stdout.take(), child.stderr.take())
+            else {
+                return Err(fail("its standard streams could not be opened".into(), &tail));
+            };
+            let reader = tokio::spawn(read_stderr(name.to_string(), stderr, tail.clone()));
+            let (relayed, from_server) = tokio::io::duplex(RELAY_BYTES);
+            tokio::spawn(relay(name.to_string(), stdout, from_server, tail.clone()));
+            let started = tokio::time::timeout(timeout, handler.serve((relayed, stdin))).await;
             let service = match started {
                 Ok(Ok(service)) => service,
                 Ok(Err(e)) => {
                     drop(group);
                     // The last words of a server that exited are worth waiting a moment for.
-                    if let Some(reader) = reader {
-                        let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
-                    }
+                    let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
                     return Err(fail(handshake_error(&e.to_string()), &tail));
                 }
                 Err(_) => {
@@ -191,7 +267,7 @@ pub(super) async fn connect(
                 }
             };
             let pgid = group.disarm();
-            Ok(Connection::new(service, pgid).await)
+            Ok(Connection::new(service, pgid, Some(child)).await)
         }
         Transport::Http { url, headers } => {
             install_crypto_provider();
@@ -203,7 +279,7 @@ pub(super) async fn connect(
                 Ok(Err(e)) => return Err(fail(handshake_error(&e.to_string()), &tail)),
                 Err(_) => return Err(fail(timed_out(), &tail)),
             };
-            Ok(Connection::new(service, None).await)
+            Ok(Connection::new(service, None, None).await)
         }
         Transport::Unsupported { kind } => Err(fail(format!("the `{kind}` transport is not supported"), &tail)),
     }

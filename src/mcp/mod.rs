@@ -26,7 +26,7 @@ mod session;
 mod spec;
 mod tool;
 
-pub(crate) use names::call_title;
+pub(crate) use names::{call_title, is_mcp_tool};
 
 pub(crate) use replay::Recording;
 pub(crate) use session::McpNotice;

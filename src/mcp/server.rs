@@ -311,7 +311,14 @@ impl Server {
             )),
             Ok(Err(ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
                 self.lose(&connection).await;
-                Err(gone(self.name(), "it stopped during the call; kin restarts it once before the next step"))
+                Err(gone(
+                    self.name(),
+                    if self.state().restarted {
+                        "it stopped during the call; it was restarted once already, so kin does not start it again"
+                    } else {
+                        "it stopped during the call; kin restarts it once before the next step"
+                    },
+                ))
             }
             Ok(Err(e)) => Err(mcp_error(format!("MCP server {}", self.name()), &e.to_string())),
             Err(_) => Err(ToolError::named(
@@ -376,7 +383,7 @@ async fn list(connection: &Connection, timeout: Duration) -> Result<Vec<Listed>,
     let mut tools = match tokio::time::timeout(timeout, pages).await {
         Ok(Ok(tools)) => tools,
         Ok(Err(e)) => return Err(format!("listing its tools failed: {}", cut(&e.to_string(), MAX_ERROR_TEXT_BYTES))),
-        Err(_) => return Err(format!("listing its tools took longer than {} s", timeout.as_secs_f64())),
+        Err(_) => return Err(format!("listing its tools took longer than {:.1} s", timeout.as_secs_f64())),
     };
     if tools.len() > MAX_TOOLS {
         tracing::warn!(count = tools.len(), "an MCP server lists more than {MAX_TOOLS} tools; the rest are dropped");

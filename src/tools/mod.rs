@@ -392,7 +392,12 @@ impl ToolRegistry {
 
 /// The error of a call naming a tool the agent does not have.
 pub(crate) fn unknown_tool(name: &str) -> ToolError {
-    ToolError::new("UNKNOWN_TOOL", format!("unknown tool \"{name}\""))
+    let why = if crate::mcp::is_mcp_tool(name) {
+        " (its MCP server is not running now, or no longer offers it: use the tools offered in this step)"
+    } else {
+        ""
+    };
+    ToolError::new("UNKNOWN_TOOL", format!("unknown tool \"{name}\"{why}"))
 }
 
 /// A call's arguments as JSON (`{}` when blank); not JSON is the call's error.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 
-use super::shape::Shape;
+use crate::jsonrpc::Shape;
 
 /// The longest the input waits for the response to an `initialize` request: a safety net only,
 /// as every request is answered.

@@ -7,12 +7,12 @@ use serde_json::Value;
 
 /// What the start of a frame says about it: the top-level keys seen before the start ends.
 #[derive(Debug, PartialEq)]
-pub(super) struct Shape {
+pub(crate) struct Shape {
     id: Option<Value>,
-    pub(super) method: bool,
+    pub(crate) method: bool,
     /// The method, when it is a string.
-    pub(super) method_name: Option<String>,
-    pub(super) result_or_error: bool,
+    pub(crate) method_name: Option<String>,
+    pub(crate) result_or_error: bool,
     /// `"jsonrpc": "2.0"`.
     version_2: bool,
     /// The params are absent, null, an object or an array (as far as the start shows).
@@ -28,7 +28,7 @@ impl Default for Shape {
 impl Shape {
     /// Reads the top-level members of a (possibly cut) JSON object; stops quietly where the
     /// text stops or turns invalid.
-    pub(super) fn of(prefix: &[u8]) -> Shape {
+    pub(crate) fn of(prefix: &[u8]) -> Shape {
         let mut shape = Shape::default();
         let mut parser = serde_json::Deserializer::from_slice(prefix);
         let _ = serde::Deserializer::deserialize_map(&mut parser, Seek(&mut shape));
@@ -36,12 +36,12 @@ impl Shape {
     }
 
     /// What a whole frame's start says (its first `ID_PREFIX_BYTES`).
-    pub(super) fn of_line(line: &str) -> Shape {
+    pub(crate) fn of_line(line: &str) -> Shape {
         Shape::of(&line.as_bytes()[..line.len().min(super::ID_PREFIX_BYTES)])
     }
 
     /// The id to answer with: the frame's, when it is a valid JSON-RPC id, else null.
-    pub(super) fn id(&self) -> Value {
+    pub(crate) fn id(&self) -> Value {
         match &self.id {
             Some(id @ Value::String(_)) => id.clone(),
             Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Value::Number(n.clone()),
@@ -50,7 +50,7 @@ impl Shape {
     }
 
     /// A response to a request of kin's: an id, a result or error, no method.
-    pub(super) fn is_response(&self) -> bool {
+    pub(crate) fn is_response(&self) -> bool {
         self.result_or_error && !self.method && !self.id().is_null()
     }
 
@@ -58,7 +58,7 @@ impl Shape {
     /// name, a string or integer id (not null: kin enters only answers it can tell apart),
     /// params that fit, no result or error. The SDK answers any other frame with a method and an
     /// id with an error with a null id.
-    pub(super) fn is_request(&self) -> bool {
+    pub(crate) fn is_request(&self) -> bool {
         let id = matches!(&self.id, Some(Value::String(_))) || self.id.as_ref().is_some_and(|id| id.is_i64());
         id && self.method_name.is_some() && !self.result_or_error && self.version_2 && self.params_fit
     }
