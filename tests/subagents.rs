@@ -352,6 +352,40 @@ async fn a_failed_run_names_its_cause_and_the_failed_disposal() {
     );
 }
 
+/// Arguments the model got wrong are refused before any child starts: a blank prompt, and a
+/// `run_in_background` that is not a boolean (it was read as false: a foreground child ran
+/// while the model thought it had started a background one).
+#[tokio::test]
+async fn a_blank_prompt_or_a_background_flag_that_is_not_a_boolean_starts_nothing() {
+    use kin::testkit::tools::Tool;
+    let service = Arc::new(kin::testkit::subagent::SubagentService::new());
+    service.register_provider(Arc::new(FailingRun)).unwrap();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let seen = ends.clone();
+    service.observe(move |e| seen.lock().unwrap().push(e.clone()));
+    let tool = delegate(service, "failing");
+    for (args, said) in [
+        (json!({"description": "d", "prompt": " \n"}), "prompt is empty: give the subagent its whole task"),
+        (
+            json!({"description": "d", "prompt": "p", "run_in_background": "yes"}),
+            "`run_in_background` must be true or false, got \"yes\"",
+        ),
+        (
+            json!({"description": "d", "prompt": "p", "run_in_background": 1}),
+            "`run_in_background` must be true or false, got 1",
+        ),
+    ] {
+        let err = tool.execute(args, tool_context(caller(0))).await.err().unwrap();
+        assert_eq!(err.code, "INVALID_ARGUMENTS", "{err:?}");
+        assert!(err.message.contains(said), "{}", err.message);
+    }
+    // "true" as a string is what it says, and this tool offers no background children.
+    let args = json!({"description": "d", "prompt": "p", "run_in_background": "true"});
+    let err = tool.execute(args, tool_context(caller(0))).await.err().unwrap();
+    assert_eq!(err.message, "run_in_background is not enabled for this tool");
+    assert!(ends.lock().unwrap().is_empty(), "no child started: {:?}", ends.lock().unwrap());
+}
+
 #[tokio::test]
 async fn a_child_whose_turn_fails_reports_the_childs_error_to_the_parent() {
     let dir = tempfile::tempdir().unwrap();

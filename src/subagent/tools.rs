@@ -278,6 +278,13 @@ impl Tool for DelegateTool {
                     .ok_or_else(|| ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string")))
             };
             let (label, prompt) = (text("description")?, text("prompt")?);
+            if prompt.trim().is_empty() {
+                return Err(ToolError::new(
+                    "INVALID_ARGUMENTS",
+                    "prompt is empty: give the subagent its whole task (it does not see this conversation otherwise)",
+                ));
+            }
+            let asked_background = crate::tools::args::optional_bool(&arguments, "run_in_background", "subagent")?;
             let (persona, tool_filter, route, agent, background_default) = match launch {
                 Some((launch, background, notice)) => {
                     // An unresolved model falls back to the parent's: the editor shows it on
@@ -305,7 +312,7 @@ impl Tool for DelegateTool {
             };
             // An agent that runs in the background by default does so where background children
             // are offered; a call may still say otherwise.
-            let in_background = match arguments["run_in_background"].as_bool() {
+            let in_background = match asked_background {
                 Some(asked) => asked,
                 None => background_default == Some(true) && background.is_some(),
             };
