@@ -396,6 +396,10 @@ async fn the_gate_refuses_asks_and_a_rejected_call_never_reaches_the_server() {
     kin.set_mode("bypass");
     kin.script.calls(&[("b1", "mcp__fx__image", json!({}))]).text("ran");
     assert_eq!(kin.prompt("five"), "end_turn");
+    // Arguments that are not an object cannot be sent: refused without asking.
+    kin.set_mode("ask");
+    kin.script.calls(&[("q1", "mcp__fx__fail", json!([1, 2]))]).text("refused");
+    assert_eq!(kin.prompt("six"), "end_turn");
 
     let requests = kin.model_requests().await;
     let refused = tool_result(&requests[1], "r1");
@@ -404,6 +408,7 @@ async fn the_gate_refuses_asks_and_a_rejected_call_never_reaches_the_server() {
     assert_eq!(tool_result(&requests[6], "a3"), "echo: again");
     assert!(tool_result(&requests[8], "e1").contains("rejected"));
     assert!(tool_result(&requests[10], "b1").starts_with("a red pixel"));
+    assert_eq!(tool_result(&requests[12], "q1"), "Error: arguments for fail must be a JSON object, not [1,2]");
 
     let asked: Vec<&Value> = kin
         .frames

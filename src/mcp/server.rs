@@ -284,16 +284,10 @@ impl Server {
                 }
             }
         };
+        check_arguments(tool, &arguments)?;
         let mut params = CallToolRequestParams::new(tool.to_string());
-        match arguments {
-            Value::Object(map) => params = params.with_arguments(map),
-            Value::Null => {}
-            other => {
-                return Err(ToolError::new(
-                    "INVALID_ARGUMENTS",
-                    format!("arguments for {tool} must be a JSON object, not {other}"),
-                ));
-            }
+        if let Value::Object(map) = arguments {
+            params = params.with_arguments(map);
         }
         let request = tokio::time::timeout(self.tool_timeout, connection.peer.call_tool(params));
         let answer = tokio::select! {
@@ -355,6 +349,16 @@ impl Server {
 /// `MAX_ERROR_TEXT_BYTES` with a note of the rest.
 fn mcp_error(what: String, said: &str) -> ToolError {
     ToolError::named("McpError", "MCP_ERROR", format!("{what}: {}", cut(said, MAX_ERROR_TEXT_BYTES)))
+}
+
+/// A call's arguments must be a JSON object (or absent): MCP's `arguments` is one.
+pub(super) fn check_arguments(tool: &str, arguments: &Value) -> Result<(), ToolError> {
+    match arguments {
+        Value::Object(_) | Value::Null => Ok(()),
+        other => {
+            Err(ToolError::new("INVALID_ARGUMENTS", format!("arguments for {tool} must be a JSON object, not {other}")))
+        }
+    }
 }
 
 fn gone(server: &str, why: &str) -> ToolError {

@@ -54,6 +54,14 @@ impl Tool for McpTool {
         super::names::call_title(&self.name, arguments).unwrap_or_else(|| self.name.clone())
     }
 
+    /// Arguments that are not a JSON object are refused before the gate asks about the call.
+    fn check(&self, arguments: &Value) -> Result<(), ToolError> {
+        match &self.backend {
+            Backend::Live { tool, .. } => super::server::check_arguments(tool, arguments),
+            Backend::Recorded(_) => Ok(()),
+        }
+    }
+
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         match &self.backend {
             Backend::Live { server, tool } => {
