@@ -579,6 +579,48 @@ async fn a_step_runs_at_most_64_calls_and_says_so_to_the_rest() {
     assert!(f.peak.load(Ordering::SeqCst) <= 4, "within the pool");
 }
 
+/// Calls the model gave one id get ids of their own: the results, the editor's calls and the
+/// next request carry distinct ids (two results of one id are refused by model APIs).
+#[tokio::test]
+async fn tool_calls_sharing_an_id_are_given_ids_of_their_own() {
+    use kin::testkit::model::StreamChunk;
+    let args: Vec<String> = (0..3).map(|i| format!(r#"{{"text":"{i}"}}"#)).collect();
+    let ReplayEntry::Chunks(chunks_of) = calls("echo", &args) else { unreachable!() };
+    let renamed = |id: &str| match id {
+        "c0" | "c1" => "same".to_string(),
+        _ => "same-2".to_string(),
+    };
+    let chunks_of = chunks_of
+        .into_iter()
+        .map(|chunk| match chunk {
+            StreamChunk::ToolCallDelta { index, id, name, arguments_delta } => {
+                StreamChunk::ToolCallDelta { index, id: renamed(&id), name, arguments_delta }
+            }
+            StreamChunk::BlockEnd { index, mut block } => {
+                let id = renamed(block["id"].as_str().unwrap());
+                block["id"] = json!(id);
+                StreamChunk::BlockEnd { index, block }
+            }
+            other => other,
+        })
+        .collect();
+    let f = start(vec![ReplayEntry::Chunks(chunks_of), chunks(text_response(&["ok"]))], 5);
+    assert_eq!(f.handle.followup(text("go"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    let events = f.events().await;
+    let ids = |kind: &str, at: &dyn Fn(&Event) -> Value| -> Vec<Value> {
+        events.iter().filter(|e| e.kind == kind).map(at).collect()
+    };
+    let expected = [json!("same"), json!("same-3"), json!("same-2")];
+    assert_eq!(ids("tool/call", &|e| e.data["callId"].clone()), expected);
+    assert_eq!(ids("tool/result", &|e| e.data["message"]["content"][0]["toolCallId"].clone()), expected);
+    let texts = ids("tool/result", &|e| e.data["message"]["content"][0]["content"][0]["text"].clone());
+    assert_eq!(texts, [json!("0"), json!("1"), json!("2")], "each call ran once, with its own arguments");
+    let sent = &f.model.requests()[1].messages;
+    let assistant = sent.iter().rev().find(|m| m["role"] == "assistant").unwrap();
+    let called: Vec<Value> = assistant["content"].as_array().unwrap().iter().map(|b| b["id"].clone()).collect();
+    assert_eq!(called, expected, "the next request's assistant message matches its results");
+}
+
 /// A response cut off at the output limit in the middle of a tool call ends the turn
 /// `max-tokens`, and its calls are not run but answered: the next turn's request carries a result
 /// for each (a call without one makes every later request one the model's API refuses).

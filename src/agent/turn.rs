@@ -242,7 +242,8 @@ async fn run_step(
         }
     };
     let Call { blocks, usage, chunk_seqs, .. } = call;
-    let message = event::ModelMessage::new(blocks.into_values().collect(), &deps.route.provider, &deps.route.model);
+    let blocks = unique_call_ids(blocks.into_values().collect());
+    let message = event::ModelMessage::new(blocks, &deps.route.provider, &deps.route.model);
     let calls = message.tool_calls();
     session.push_from(event::AssistantMessage { turn, step, message, usage }, chunk_seqs);
     if finish == FinishReason::MaxTokens {
@@ -390,6 +391,32 @@ fn has_content<'a>(blocks: impl IntoIterator<Item = &'a Value>) -> bool {
         Some("tool-call") => true,
         _ => false,
     })
+}
+
+/// The response's blocks with every tool call's id made unique: a model that gives two calls
+/// one id (or none) would get two results of that id back, which model APIs refuse, and the editor
+/// two calls it cannot tell apart. A repeated id becomes `<id>-2` (`-3`, …: the first free one);
+/// the stream's chunks in the log keep what the model sent.
+fn unique_call_ids(mut blocks: Vec<Value>) -> Vec<Value> {
+    let mut seen = std::collections::HashSet::new();
+    let taken: std::collections::HashSet<String> = blocks
+        .iter()
+        .filter(|b| b["type"] == "tool-call")
+        .filter_map(|b| b["id"].as_str().map(str::to_string))
+        .collect();
+    for block in blocks.iter_mut().filter(|b| b["type"] == "tool-call") {
+        let id = block["id"].as_str().unwrap_or_default().to_string();
+        if seen.insert(id.clone()) && !id.is_empty() {
+            continue;
+        }
+        let base = if id.is_empty() { "call".to_string() } else { id.clone() };
+        let fresh =
+            (2..).map(|n| format!("{base}-{n}")).find(|c| !taken.contains(c) && !seen.contains(c)).unwrap_or(base);
+        tracing::warn!(id = %id, renamed = %fresh, "the model gave a tool call an id already used in its response");
+        seen.insert(fresh.clone());
+        block["id"] = Value::String(fresh);
+    }
+    blocks
 }
 
 /// The failure of a call that completed with no content.
