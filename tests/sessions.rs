@@ -209,6 +209,34 @@ fn deleting_a_parent_removes_its_children_and_a_child_id_is_refused() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown session"));
 }
 
+/// One workspace however the editor spells it: sessions opened in `<w>/`, `<w>/./` and
+/// `<w>/sub/..` are recorded in `<w>` and listed by `session/list` for `<w>` (and for `<w>/`).
+#[test]
+fn a_workspace_spelled_three_ways_is_one() {
+    let dirs = Dirs::new();
+    std::fs::create_dir_all(dirs.cwd().join("sub")).unwrap();
+    replay_of(&dirs.replay(), json!([]));
+    let mut kin = kin(&dirs, &dirs.replay(), "ask");
+    let spelled = |tail: &str| format!("{}{tail}", dirs.cwd().display());
+    let first = open(&mut kin, Path::new(&spelled("/")));
+    let mut ids = vec![first];
+    for tail in ["/./", "/sub/.."] {
+        let created = call(&mut kin, "session/new", json!({"cwd": spelled(tail), "mcpServers": []}));
+        ids.push(created["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{created}")).to_string());
+    }
+    for filter in [spelled(""), spelled("/")] {
+        let listed = call(&mut kin, "session/list", json!({"cwd": filter}));
+        let sessions = listed["result"]["sessions"].as_array().unwrap_or_else(|| panic!("{listed}"));
+        let mut found: Vec<&str> = sessions.iter().map(|s| s["sessionId"].as_str().unwrap()).collect();
+        found.sort();
+        let mut expected: Vec<&str> = ids.iter().map(String::as_str).collect();
+        expected.sort();
+        assert_eq!(found, expected, "listed for {filter}");
+        assert!(sessions.iter().all(|s| s["cwd"] == spelled("")), "{listed}");
+    }
+    assert!(kin.exit().success());
+}
+
 #[test]
 fn fork_and_resume_answer_with_the_model_selector() {
     let dirs = Dirs::new();

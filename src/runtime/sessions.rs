@@ -33,6 +33,7 @@ impl Runtime {
         servers: Vec<ServerSpec>,
     ) -> Result<SessionView, RuntimeError> {
         check_cwd(cwd)?;
+        let cwd = &crate::session::layout::workspace(cwd);
         let (system, record) = self.session_prompt(cwd)?;
         let id = self.mint_session_id();
         let header = SessionHeader::new(id, now_ms(), Some(cwd.display().to_string()));
@@ -210,6 +211,7 @@ impl Runtime {
     ) -> Result<SessionView, RuntimeError> {
         self.reject_child(source_id)?;
         check_cwd(cwd)?;
+        let cwd = &crate::session::layout::workspace(cwd);
         let source = self.store.inspect(source_id).map_err(store_error)?;
         let seed = crate::agent::completed_prefix(&source.events).to_vec();
         let system = match prompt::recorded(&seed) {

@@ -72,6 +72,28 @@ pub(crate) fn encode_segment(segment: &str) -> String {
     out
 }
 
+/// A session's working directory as kin records and compares it: absolute, with `.`
+/// components, repeated and trailing separators dropped and each `..` taking off the component
+/// before it (lexically: a symlinked workspace keeps the path it was opened by). So
+/// `/w/`, `/w/./` and `/w/x/..` are one workspace, listed and continued together.
+pub(crate) fn workspace(cwd: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in cwd.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                // Above the root is the root.
+                if out.parent().is_some() {
+                    out.pop();
+                }
+            }
+            Component::Prefix(_) | Component::RootDir | Component::Normal(_) => out.push(part),
+        }
+    }
+    out
+}
+
 /// dsh `projectKey`: runs of `/`, `\` or `:` become one `-`, unsafe units are `~XXXX`-escaped,
 /// leading `-` stripped (empty → `root`), truncated to 251 characters, wrapped as `--slug--`.
 pub fn project_key(cwd: &str) -> String {
@@ -116,6 +138,21 @@ pub fn log_path(root: &Path, cwd: Option<&str>, id: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workspace_is_kept_in_one_spelling() {
+        for (given, kept) in [
+            ("/w", "/w"),
+            ("/w/", "/w"),
+            ("//w//x/", "/w/x"),
+            ("/w/./x/.", "/w/x"),
+            ("/w/x/..", "/w"),
+            ("/w/x/../../..", "/"),
+            ("/", "/"),
+        ] {
+            assert_eq!(workspace(Path::new(given)), Path::new(kept), "{given}");
+        }
+    }
 
     #[test]
     fn project_key_collapses_separators_and_wraps() {

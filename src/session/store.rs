@@ -296,12 +296,16 @@ impl SessionStore {
 /// The top-level sessions of a listing (no `parentSession`: never subagent children or forks),
 /// newest first by modification time, only those whose cwd is `cwd` if given.
 pub(crate) fn top_level(listed: Vec<StoredSession>, cwd: Option<&Path>) -> Vec<StoredSession> {
-    let cwd = cwd.map(|c| c.to_string_lossy().into_owned());
-    let mut sessions: Vec<StoredSession> = listed
-        .into_iter()
-        .filter(|s| s.header.parent_session.is_none())
-        .filter(|s| cwd.is_none() || s.header.cwd == cwd)
-        .collect();
+    // One workspace however it is spelled (`layout::workspace`), in the filter and in headers
+    // written before kin kept one spelling.
+    let cwd = cwd.map(super::layout::workspace);
+    let in_cwd = |s: &StoredSession| match (&cwd, &s.header.cwd) {
+        (None, _) => true,
+        (Some(cwd), Some(theirs)) => super::layout::workspace(Path::new(theirs)) == *cwd,
+        (Some(_), None) => false,
+    };
+    let mut sessions: Vec<StoredSession> =
+        listed.into_iter().filter(|s| s.header.parent_session.is_none()).filter(in_cwd).collect();
     sessions.sort_by_key(|s| std::cmp::Reverse((s.modified, s.header.created_at)));
     sessions
 }
