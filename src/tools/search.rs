@@ -196,7 +196,18 @@ impl Newest {
 fn render_glob(root: &Path, pattern: &str, found: Newest) -> String {
     let total = found.total;
     if total == 0 {
-        return format!("No files found matching `{pattern}` in {}", root.display());
+        let mut text = format!("No files found matching `{pattern}` in {}", root.display());
+        // A pattern that names a place above or outside the search directory matches nothing
+        // below it: say where to point instead.
+        let outside = pattern.starts_with("../")
+            || pattern.contains("/../")
+            || (Path::new(pattern).is_absolute() && !Path::new(pattern).starts_with(root));
+        if outside {
+            text.push_str(
+                " (a pattern matches paths below the search directory; to search another directory, give it as `path` and the pattern relative to it)",
+            );
+        }
+        return text;
     }
     let shown = found.into_sorted();
     let mut text = shown.iter().map(|path| relative_display(path, root)).collect::<Vec<_>>().join("\n");
@@ -427,6 +438,14 @@ fn grep_files(
             };
             hits.skip(&shown, &why);
         }
+        if found.binary && root.is_file() {
+            // The one file asked about: "no matches" would be wrong.
+            return Ok(format!(
+                "{} is a binary file (it holds a NUL byte), which grep does not search; read it, or \
+                 search it with a command",
+                root.display()
+            ));
+        }
         hits.add_file(&shown, found);
     }
     if cancel.is_cancelled() {
@@ -598,7 +617,14 @@ mod tests {
         let out = glob(dir.path(), json!({"pattern": "**/helper.rs", "path": "src"})).await.unwrap();
         assert_eq!(out, "nested/helper.rs");
         let out = glob(dir.path(), json!({"pattern": "*.zig"})).await.unwrap();
-        assert!(out.starts_with("No files found"), "{out}");
+        assert!(out.starts_with("No files found") && !out.contains("give it as `path`"), "{out}");
+        for outside in ["../*.txt", "/elsewhere/*.txt"] {
+            let out = glob(dir.path(), json!({"pattern": outside})).await.unwrap();
+            assert!(
+                out.ends_with("to search another directory, give it as `path` and the pattern relative to it)"),
+                "{out}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -682,6 +708,9 @@ mod tests {
         assert!(!out.contains("built"), "{out}");
         assert!(!out.contains("in_git"), "{out}");
         assert!(!out.contains("in_binary"), "{out}");
+        // Asked about that one file, grep says it is binary instead of "no matches".
+        let out = grep(dir.path(), json!({"pattern": "in_binary", "path": "blob.bin"})).await.unwrap();
+        assert!(out.ends_with("blob.bin is a binary file (it holds a NUL byte), which grep does not search; read it, or search it with a command"), "{out}");
     }
 
     #[tokio::test]
