@@ -140,8 +140,36 @@ fn init_logging(config: &Config, default_level: &str) -> Result<Logging, String>
         None => builder.finish(std::io::stderr()),
     };
     let dropped = writer.error_counter();
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(false).init();
+    let capped = move || CappedLine(writer.clone());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(capped).with_ansi(false).init();
     Ok(Logging { guard, dropped })
+}
+
+/// The most bytes of one log line kept: a line may quote what a client or a server sent (the
+/// ACP SDK logs a handler's description, 33 KB for one bad request), and the queue holds
+/// `LOG_QUEUE_LINES` of them.
+const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
+
+/// A writer of one formatted log line (tracing writes each event whole, once) that cuts it at
+/// `MAX_LOG_LINE_BYTES`, saying how much it cut.
+struct CappedLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for CappedLine<W> {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        if line.len() <= MAX_LOG_LINE_BYTES {
+            return self.0.write(line);
+        }
+        let mut cut = line[..MAX_LOG_LINE_BYTES].to_vec();
+        cut.extend_from_slice(
+            format!(" [... {} more bytes of this log line cut]\n", line.len() - MAX_LOG_LINE_BYTES).as_bytes(),
+        );
+        self.0.write_all(&cut)?;
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// The log file (`--log-file`, `log_file`), appended to; its directory is made if missing.
@@ -268,5 +296,26 @@ fn until_stdout_closes(printed: anyhow::Result<()>) -> anyhow::Result<ExitCode> 
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if closed(&e) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_log_line_is_cut_and_says_so() {
+        let mut out = Vec::new();
+        CappedLine(&mut out).write_all(b"short\n").unwrap();
+        assert_eq!(out, b"short\n");
+        let long = "x".repeat(40_000) + "\n";
+        let mut out = Vec::new();
+        CappedLine(&mut out).write_all(long.as_bytes()).unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let note = format!(" [... {} more bytes of this log line cut]\n", long.len() - MAX_LOG_LINE_BYTES);
+        assert_eq!(text.len(), MAX_LOG_LINE_BYTES + note.len());
+        assert!(text.ends_with(&note), "{}", &text[text.len() - 80..]);
     }
 }
