@@ -551,6 +551,17 @@ async fn slash_compact_is_busy_during_a_turn_then_compacts_with_its_focus_and_sh
     let cancelled = kin.response(slow, wait, |_| {});
     assert_eq!(cancelled["result"]["stopReason"], "cancelled", "{cancelled}");
     assert!(summaries.lock().unwrap().is_empty(), "a busy /compact asks no model");
+    // `/compact` with an image attached is refused (its focus is text; the image would be lost).
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+    let attached = json!({"sessionId": session, "prompt": [
+        {"type": "text", "text": "/compact"},
+        {"type": "image", "mimeType": "image/png", "data": png},
+    ]});
+    let refused = kin.request("session/prompt", attached);
+    let refused = kin.response(refused, wait, |_| {});
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("/compact takes only text"), "{refused}");
+    assert!(summaries.lock().unwrap().is_empty(), "a refused /compact asks no model");
     // After the turn: `/compact` with focus text compacts; the editor sees the progress thought
     // and the outcome with the tokens before and after, and the answer.
     let id = kin.request("session/prompt", prompt("/compact the open questions"));

@@ -235,6 +235,7 @@ async fn a_route_that_takes_no_images_gets_a_placeholder_and_one_notice() {
     assert_eq!(notices[0]["title"], "Images not sent");
     let description = notices[0]["description"].as_str().unwrap();
     assert!(!description.contains('\n') && description.contains("deepseek/deepseek-v4-flash"), "{description}");
+    assert!(description.starts_with("The image stays in the session, but the model"), "{description}");
     editor.kin.close_stdin();
     assert!(editor.kin.child.wait().unwrap().success());
 }

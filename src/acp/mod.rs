@@ -152,11 +152,11 @@ fn config_options(view: &SessionView) -> Vec<SessionConfigOption> {
 /// The one-line warning that a prompt's images do not reach the model of the session's route.
 fn no_images(runtime: &Runtime, session_id: &str, images: usize, as_notices: bool) -> SessionUpdate {
     let route = runtime.session_model(session_id).map(|r| r.to_string()).unwrap_or_default();
-    let what = if images == 1 { "The image" } else { "The images" };
+    let what = if images == 1 { "The image stays" } else { "The images stay" };
     mcp::notice_update(
         "Images not sent".into(),
         format!(
-            "{what} stay in the session, but the model {route} takes no images and sees a placeholder; \
+            "{what} in the session, but the model {route} takes no images and sees a placeholder; \
              choose a model that takes images, or set `images = true` for its [providers.*] entry."
         ),
         as_notices,

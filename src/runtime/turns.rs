@@ -64,6 +64,14 @@ impl Runtime {
                 content[0] = json!({"type": "text", "text": text});
                 content
             }
+            // Its focus is text: an attached file or image would be dropped unseen.
+            Some(slash::Expansion::Compact(_)) if content.len() > 1 => {
+                return Err(RuntimeError::InvalidParams(
+                    "/compact takes only text (what the summary should focus on); send the attached files and \
+                     images in a later prompt"
+                        .into(),
+                ));
+            }
             Some(slash::Expansion::Compact(focus)) => return self.compact(session_id, focus),
             None => content,
         };
