@@ -331,15 +331,20 @@ fn tool_context(caller: Arc<Caller>) -> kin::testkit::tools::ToolContext {
     }
 }
 
-#[tokio::test]
-async fn a_failed_run_names_its_cause_and_the_failed_disposal() {
-    use kin::testkit::tools::Tool;
+/// The `subagent` tool over a provider whose runs fail, and the lifecycle events it records.
+fn failing_delegate() -> (kin::testkit::subagent::tools::DelegateTool, Arc<Mutex<Vec<Lifecycle>>>) {
     let service = Arc::new(kin::testkit::subagent::SubagentService::new());
     service.register_provider(Arc::new(FailingRun)).unwrap();
     let ends = Arc::new(Mutex::new(Vec::new()));
     let seen = ends.clone();
     service.observe(move |e| seen.lock().unwrap().push(e.clone()));
-    let tool = delegate(service, "failing");
+    (delegate(service, "failing"), ends)
+}
+
+#[tokio::test]
+async fn a_failed_run_names_its_cause_and_the_failed_disposal() {
+    use kin::testkit::tools::Tool;
+    let (tool, ends) = failing_delegate();
     let args = json!({"description": "d", "prompt": "p"});
     let err = tool.execute(args, tool_context(caller(0))).await.err().unwrap();
     assert_eq!(err.message, "subagent run failed: published run failed; dispose failed: handle disposal failed");
@@ -358,12 +363,7 @@ async fn a_failed_run_names_its_cause_and_the_failed_disposal() {
 #[tokio::test]
 async fn a_blank_prompt_or_a_background_flag_that_is_not_a_boolean_starts_nothing() {
     use kin::testkit::tools::Tool;
-    let service = Arc::new(kin::testkit::subagent::SubagentService::new());
-    service.register_provider(Arc::new(FailingRun)).unwrap();
-    let ends = Arc::new(Mutex::new(Vec::new()));
-    let seen = ends.clone();
-    service.observe(move |e| seen.lock().unwrap().push(e.clone()));
-    let tool = delegate(service, "failing");
+    let (tool, ends) = failing_delegate();
     for (args, said) in [
         (json!({"description": "d", "prompt": " \n"}), "prompt is empty: give the subagent its whole task"),
         (
