@@ -389,8 +389,8 @@ async fn read_only_refuses_a_write_and_ask_refuses_with_a_message() {
     assert_eq!(std::fs::read_to_string(home.cwd().join("out.txt")).unwrap(), "x");
 }
 
-#[tokio::test]
-async fn sigint_cancels_the_turn_and_the_log_says_so() {
+/// `kin run ARGS` sent `signal` once its turn is in its model call (which would take a minute).
+async fn signalled(signal: libc::c_int, args: &[&str]) -> (Output, Home) {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/chat/completions"))
@@ -398,7 +398,7 @@ async fn sigint_cancels_the_turn_and_the_log_says_so() {
         .mount(&server)
         .await;
     let home = Home::new();
-    let child = home.kin(&server, &["wait for it"]).spawn().unwrap();
+    let child = home.kin(&server, args).spawn().unwrap();
     // Fenced on the model request having arrived: the turn is running.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while server.received_requests().await.unwrap_or_default().is_empty() {
@@ -406,11 +406,30 @@ async fn sigint_cancels_the_turn_and_the_log_says_so() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
+    unsafe { libc::kill(child.id() as i32, signal) };
+    (child.wait_with_output().unwrap(), home)
+}
+
+#[tokio::test]
+async fn sigint_cancels_the_turn_and_the_log_says_so() {
+    let (out, home) = signalled(libc::SIGINT, &["wait for it"]).await;
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     assert!(stderr(&out).contains("cancelling the turn"), "{}", stderr(&out));
     let logs = home.logs();
+    assert_eq!(turn_ends(&logs[0].1), [json!("aborted")]);
+}
+
+/// SIGTERM (a CI job's cancel, `timeout`) ends the run as SIGINT does, with its own code: the
+/// turn is cancelled, the result still printed (before, kin died of it with no result).
+#[tokio::test]
+async fn sigterm_cancels_the_turn_and_the_result_is_still_printed() {
+    let (out, home) = signalled(libc::SIGTERM, &["--output", "json", "wait for it"]).await;
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert!(stderr(&out).contains("terminated (SIGTERM): cancelling the turn"), "{}", stderr(&out));
+    let result: Value = serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("{e}: {}", stdout(&out)));
+    assert_eq!(result["stopReason"], "cancelled", "{result}");
+    let logs = home.logs();
+    assert_eq!(result["sessionId"], logs[0].0, "{result}");
     assert_eq!(turn_ends(&logs[0].1), [json!("aborted")]);
 }
 

@@ -66,6 +66,8 @@ pub enum Exit {
     Refused,
     /// The turn was cancelled (SIGINT).
     Cancelled,
+    /// The turn was cancelled by SIGTERM (a CI job's cancel, `timeout`).
+    Terminated,
 }
 
 impl Exit {
@@ -75,6 +77,7 @@ impl Exit {
             Exit::Failed => 1,
             Exit::Refused => 4,
             Exit::Cancelled => 130,
+            Exit::Terminated => 143,
         }
     }
 }
@@ -120,7 +123,10 @@ pub async fn run(runtime: Arc<Runtime>, request: RunRequest) -> anyhow::Result<E
     }
     let outcome = outcome.map_err(|e| anyhow::anyhow!("kin run: {e}"))?;
     let exit = match outcome {
-        Ok((session, result)) => printer.finish(&session, result),
+        Ok((session, result, stopped)) => match (printer.finish(&session, result), stopped) {
+            (Exit::Cancelled, Some(Exit::Terminated)) => Exit::Terminated,
+            (exit, _) => exit,
+        },
         Err(message) => {
             printer.failed_to_start(&message);
             Exit::Failed
@@ -132,12 +138,15 @@ pub async fn run(runtime: Arc<Runtime>, request: RunRequest) -> anyhow::Result<E
 /// What the prompt answered: a stop reason, or the turn's error message.
 type TurnResult = Result<StopReason, String>;
 
-/// Opens the session and runs the turn; an error is a failure to open the session.
+/// Opens the session and runs the turn; an error is a failure to open the session. With the
+/// session and the prompt's answer comes the signal that cancelled the turn, if one did: the
+/// first SIGINT or SIGTERM sends `session/cancel` (the turn ends, its text kept, the result
+/// printed), a second signal exits at once.
 async fn turn(
     cx: &ConnectionTo<Agent>,
     request: &RunRequest,
     printer: &Printer,
-) -> Result<(String, TurnResult), String> {
+) -> Result<(String, TurnResult, Option<Exit>), String> {
     // Announced subagents show children's progress and give each turn a usage update; notices
     // (an MCP server that cannot be used) are notes, never part of the answer.
     let capabilities = ClientCapabilities::new()
@@ -158,29 +167,40 @@ async fn turn(
         PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(request.prompt.clone()))]);
     let answer = cx.send_request(prompt).block_task();
     tokio::pin!(answer);
-    let mut interrupted = false;
+    let mut stopped: Option<Exit> = None;
     let result = loop {
-        tokio::select! {
+        let signal = tokio::select! {
             answer = &mut answer => break answer.map(|r| r.stop_reason).map_err(|e| e.message),
-            signal = tokio::signal::ctrl_c(), if !interrupted => {
-                if signal.is_err() {
-                    continue;
-                }
-                interrupted = true;
-                printer.note("interrupted: cancelling the turn (press Ctrl-C again to exit now)");
-                if let Err(e) = cx.send_notification(CancelNotification::new(session.clone())) {
-                    tracing::debug!("cancel not delivered: {e}");
-                }
-                // A second SIGINT exits at once; the log keeps what was already written.
-                tokio::spawn(async {
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        std::process::exit(i32::from(Exit::Cancelled.code()));
-                    }
-                });
-            }
+            signal = next_signal(), if stopped.is_none() => signal,
+        };
+        let Some(signal) = signal else { continue };
+        stopped = Some(signal);
+        printer.note(match signal {
+            Exit::Terminated => "terminated (SIGTERM): cancelling the turn (a second signal exits now)",
+            _ => "interrupted: cancelling the turn (press Ctrl-C again to exit now)",
+        });
+        if let Err(e) = cx.send_notification(CancelNotification::new(session.clone())) {
+            tracing::debug!("cancel not delivered: {e}");
         }
+        // A second signal exits at once; the log keeps what was already written.
+        tokio::spawn(async {
+            if let Some(second) = next_signal().await {
+                std::process::exit(i32::from(second.code()));
+            }
+        });
     };
-    Ok((session, result))
+    Ok((session, result, stopped))
+}
+
+/// The next SIGINT (`Exit::Cancelled`) or SIGTERM (`Exit::Terminated`); `None` when neither can
+/// be listened for.
+async fn next_signal() -> Option<Exit> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut interrupt, mut terminate) = (signal(SignalKind::interrupt()).ok()?, signal(SignalKind::terminate()).ok()?);
+    tokio::select! {
+        _ = interrupt.recv() => Some(Exit::Cancelled),
+        _ = terminate.recv() => Some(Exit::Terminated),
+    }
 }
 
 /// The session id the turn goes to: a new one, or a stored one resumed.
