@@ -362,17 +362,19 @@ impl Config {
             anyhow::bail!("{}: key `agent.max_parallel_tools` must be a positive integer", where_());
         }
         let subagents = resolve_subagents(file.subagents, &where_())?;
-        let permission_mode = match (flags.permission_mode, env("KIN_PERMISSION_MODE")) {
-            (Some(mode), _) => mode,
-            (None, Some(id)) => {
-                PermissionMode::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_PERMISSION_MODE: {e}"))?
-            }
-            (None, None) => match &file.permission_mode {
-                Some(id) => PermissionMode::parse_arg(id)
-                    .map_err(|e| anyhow::anyhow!("{}: key `permission_mode`: {e}", where_()))?,
-                None => PermissionMode::default(),
-            },
-        };
+        // Each source is checked even when a stronger one wins (`kin run` always passes its own
+        // mode): a bad value stops kin wherever it is.
+        let env_mode = env("KIN_PERMISSION_MODE")
+            .map(|id| PermissionMode::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_PERMISSION_MODE: {e}")))
+            .transpose()?;
+        let file_mode = file
+            .permission_mode
+            .as_deref()
+            .map(|id| {
+                PermissionMode::parse_arg(id).map_err(|e| anyhow::anyhow!("{}: key `permission_mode`: {e}", where_()))
+            })
+            .transpose()?;
+        let permission_mode = flags.permission_mode.or(env_mode).or(file_mode).unwrap_or_default();
         let system_prompt_file =
             file.system_prompt_file.map(|path| match config_file.as_deref().and_then(Path::parent) {
                 Some(dir) if path.is_relative() => dir.join(path),
@@ -390,25 +392,23 @@ impl Config {
                 model_choices.push(route);
             }
         }
-        let max_frame_bytes = match (flags.max_frame_bytes, file.max_frame_bytes) {
-            (Some(bytes), _) => frame_limit(bytes, "--max-frame-bytes")?,
-            (None, Some(bytes)) => frame_limit(bytes, &format!("{}: key `max_frame_bytes`", where_()))?,
-            (None, None) => crate::acp::DEFAULT_MAX_FRAME_BYTES,
-        };
+        let file_frames = file
+            .max_frame_bytes
+            .map(|bytes| frame_limit(bytes, &format!("{}: key `max_frame_bytes`", where_())))
+            .transpose()?;
+        let flag_frames = flags.max_frame_bytes.map(|bytes| frame_limit(bytes, "--max-frame-bytes")).transpose()?;
+        let max_frame_bytes = flag_frames.or(file_frames).unwrap_or(crate::acp::DEFAULT_MAX_FRAME_BYTES);
         let title_model = file
             .title_model
             .map(|m| ModelRoute::parse(&m).map_err(|e| anyhow::anyhow!("{}: key `title_model`: {e}", where_())))
             .transpose()?;
         let (models, model_table) = resolve_models(file.model_settings, file.providers, &where_())?;
-        let from_file = match (flags.sandbox, env("KIN_SANDBOX")) {
-            (Some(policy), _) => Err(policy),
-            (None, Some(id)) => Err(SandboxPolicy::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_SANDBOX: {e}"))?),
-            (None, None) => Ok(file.sandbox.as_deref()),
-        };
-        let policy = match from_file {
-            Err(policy) => policy,
-            Ok(id) => sandbox_policy(id, file.sandbox_network, &|k| format!("{}: key `{k}`", where_()))?,
-        };
+        let env_sandbox = env("KIN_SANDBOX")
+            .map(|id| SandboxPolicy::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_SANDBOX: {e}")))
+            .transpose()?;
+        let file_sandbox =
+            sandbox_policy(file.sandbox.as_deref(), file.sandbox_network, &|k| format!("{}: key `{k}`", where_()))?;
+        let policy = flags.sandbox.or(env_sandbox).unwrap_or(file_sandbox);
         let fallback = match file.sandbox_fallback.as_deref() {
             None => SandboxFallback::default(),
             Some(id) => SandboxFallback::parse(id).ok_or_else(|| {
@@ -1014,6 +1014,24 @@ mod tests {
         let err = Config::resolve(&flags, &home).unwrap_err().to_string();
         assert!(err.contains("permission_mode") && err.contains("\"yolo\""), "{err}");
         assert!(err.contains("accept-edits"), "{err}");
+        // A bad value stops kin even where a stronger source wins (`kin run` passes its own mode).
+        let err = Config::resolve(&flagged, &home).unwrap_err().to_string();
+        assert!(err.contains("key `permission_mode`") && err.contains("\"yolo\""), "{err}");
+        std::fs::write(&file, "max_frame_bytes = 10\n").unwrap();
+        let strong =
+            Overrides { sandbox: Some(SandboxPolicy::default()), max_frame_bytes: Some(1 << 20), ..flagged.clone() };
+        let err = Config::resolve(&strong, &home).unwrap_err().to_string();
+        assert!(err.contains("key `max_frame_bytes`"), "{err}");
+        std::fs::write(&file, "sandbox = \"tight\"\n").unwrap();
+        let err = Config::resolve(&strong, &home).unwrap_err().to_string();
+        assert!(err.contains("key `sandbox`") && err.contains("tight"), "{err}");
+        std::fs::write(&file, "").unwrap();
+        let env = env_of(&[("HOME", "/h"), ("KIN_PERMISSION_MODE", "yolo"), ("KIN_SANDBOX", "read-only")]);
+        let err = Config::resolve(&strong, &env).unwrap_err().to_string();
+        assert!(err.contains("KIN_PERMISSION_MODE"), "{err}");
+        let env = env_of(&[("HOME", "/h"), ("KIN_SANDBOX", "x")]);
+        let err = Config::resolve(&strong, &env).unwrap_err().to_string();
+        assert!(err.contains("KIN_SANDBOX"), "{err}");
     }
 
     #[test]
