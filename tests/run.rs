@@ -389,6 +389,36 @@ async fn read_only_refuses_a_write_and_ask_refuses_with_a_message() {
     assert_eq!(std::fs::read_to_string(home.cwd().join("out.txt")).unwrap(), "x");
 }
 
+/// A command kin run cannot ask about under accept-edits, with a sandbox asked for that the
+/// kernel cannot enforce (simulated): the refusal says what would let it run, and kin says once
+/// that the sandbox is not in force (before, neither: the hint named the mode already given).
+#[tokio::test]
+async fn a_refused_command_says_what_would_let_it_run_and_that_the_sandbox_is_not_in_force() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .and(body_string_contains("\"role\":\"tool\""))
+        .respond_with(answer("It was refused.", "stop"))
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/chat/completions"))
+        .respond_with(tool_call("bash", json!({"command": "touch made.txt", "description": "make a file"})))
+        .mount(&server)
+        .await;
+    let home = Home::new();
+    let args = ["--permission-mode", "accept-edits", "--sandbox", "workspace-write", "make a file"];
+    let out = home.kin(&server, &args).env("KIN_SANDBOX_TEST_ABI", "0").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("run with --permission-mode bypass, or give commands a sandbox the kernel enforces"),
+        "{said}"
+    );
+    assert_eq!(said.matches("this kernel has no Landlock: commands are not sandboxed").count(), 1, "{said}");
+    assert!(!home.cwd().join("made.txt").exists(), "a refused command never runs");
+}
+
 /// `kin run ARGS` sent `signal` once its turn is in its model call (which would take a minute).
 async fn signalled(signal: libc::c_int, args: &[&str]) -> (Output, Home) {
     let server = MockServer::start().await;

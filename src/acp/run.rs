@@ -86,7 +86,7 @@ impl Exit {
 pub async fn run(runtime: Arc<Runtime>, request: RunRequest) -> anyhow::Result<Exit> {
     let (agent_end, client_end) = Channel::duplex();
     let server = tokio::spawn(super::serve(runtime, agent_end));
-    let printer = Arc::new(Printer::new(request.output));
+    let printer = Arc::new(Printer::new(request.output, request.mode));
     let (on_update, on_permission) = (printer.clone(), printer.clone());
     let outcome = Client
         .v1()
@@ -236,6 +236,8 @@ async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, 
 /// Prints what the run sees, in the chosen output.
 struct Printer {
     output: Output,
+    /// The run's permission mode (what a refusal suggests depends on it).
+    mode: PermissionMode,
     state: Mutex<State>,
     /// The first write to stdout that failed: nothing more is written after it, and `finish`
     /// says what it was (a reader that closed the pipe early is not a failure).
@@ -257,8 +259,8 @@ struct State {
 }
 
 impl Printer {
-    fn new(output: Output) -> Self {
-        Printer { output, state: Mutex::new(State::default()), stdout_failed: Mutex::new(None) }
+    fn new(output: Output, mode: PermissionMode) -> Self {
+        Printer { output, mode, state: Mutex::new(State::default()), stdout_failed: Mutex::new(None) }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -377,9 +379,16 @@ impl Printer {
             );
         }
         let title = req.tool_call.fields.title.clone().unwrap_or_else(|| req.tool_call.tool_call_id.0.to_string());
-        self.note(&format!(
-            "refused: {title}: kin run cannot ask for permission (run with --permission-mode accept-edits or bypass to allow it)"
-        ));
+        // What would have let it run: a looser mode than the run's (commands and paths outside
+        // the workspace ask even in accept-edits; a command confined by a sandbox does not).
+        let allow = match self.mode {
+            PermissionMode::Ask => "run with --permission-mode accept-edits (workspace edits) or bypass to allow it",
+            PermissionMode::AcceptEdits | PermissionMode::ReadOnly | PermissionMode::Bypass => {
+                "commands and paths outside the workspace ask even in accept-edits: run with --permission-mode \
+                 bypass, or give commands a sandbox the kernel enforces (--sandbox workspace-write)"
+            }
+        };
+        self.note(&format!("refused: {title}: kin run cannot ask for permission ({allow})"));
     }
 
     fn failed_to_start(&self, message: &str) {

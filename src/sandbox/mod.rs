@@ -69,9 +69,21 @@ impl SessionSandbox {
     }
 
     /// True when a command in `workspace` would run confined by the kernel now.
+    /// A sandbox asked for that the kernel cannot enforce is said once in the log here, where
+    /// the permission gate first asks (a refused command never reaches `plan`, which says it too).
     pub fn in_force(&self, workspace: Option<&Path>) -> bool {
         let policy = self.policy();
-        policy.is_sandboxed() && matches!(assess(policy, &self.settings, workspace), Ok(Verdict::Enforce { .. }))
+        if !policy.is_sandboxed() {
+            return false;
+        }
+        match assess(policy, &self.settings, workspace) {
+            Ok(Verdict::Enforce { .. }) => true,
+            Ok(Verdict::Unconfined(notice)) => {
+                say_once(&notice);
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// What the model is told about the sandbox in the bash tool's description, for a session
