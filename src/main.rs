@@ -32,8 +32,14 @@ fn main() -> ExitCode {
             | Command::Logout { .. }
             | Command::Acp(kin::testkit::cli::AcpArgs { command: Some(_), .. })
     );
-    let default_level = if quiet { "warn,agent_client_protocol=error" } else { "info" };
     let logs_to_file = config.log_file.is_some();
+    // On the user's stderr, `kin run` says each retry and a failed turn itself: the model
+    // client's and the turn's own warnings of them would say each two or three times.
+    let default_level = match (quiet, logs_to_file) {
+        (true, false) => "warn,agent_client_protocol=error,kin::model::http=error,kin::agent::turn=error",
+        (true, true) => "warn,agent_client_protocol=error",
+        (false, _) => "info",
+    };
     let logging = match init_logging(&config, default_level) {
         Ok(logging) => logging,
         Err(e) => {
@@ -233,9 +239,9 @@ async fn run(cli: Cli, config: Config) -> anyhow::Result<ExitCode> {
                 (None, true) => Target::Continue,
                 (None, false) => Target::New,
             };
-            let mode = config.permission_mode;
+            let (mode, logs_to_file) = (config.permission_mode, config.log_file.is_some());
             let runtime = build_runtime(config)?;
-            let request = RunRequest { prompt, cwd, output: args.output.into(), target, mode };
+            let request = RunRequest { prompt, cwd, output: args.output.into(), target, mode, logs_to_file };
             let exit = kin::testkit::acp::run::run(runtime, request).await?;
             Ok(ExitCode::from(exit.code()))
         }

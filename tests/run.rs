@@ -295,7 +295,23 @@ async fn a_failed_turn_exits_one_and_max_tokens_exits_four() {
     let home = Home::new();
     let out = home.run(&failing, &["hello"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("rejected"), "the turn's error is printed: {}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("rejected"), "the turn's error is printed: {said}");
+    // Once, in the turn's words: no JSON-RPC code name, no warning of the same failure beside it.
+    assert_eq!(said.matches("rejected").count(), 1, "{said}");
+    assert!(said.contains("kin: turn failed: ") && !said.contains("Internal error"), "{said}");
+    // With a log file, what ended the run is in it too.
+    let log = home.cwd().join("kin.log");
+    let out = home.run(&failing, &["--log-file", log.to_str().unwrap(), "hello"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("ERROR") && logged.contains("kin run: turn failed: ") && logged.contains("rejected"),
+        "{logged}"
+    );
+    let out = home.run(&failing, &["--log-file", log.to_str().unwrap(), "--resume", "nope", "hello"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&log).unwrap().contains("unknown session: nope"));
 
     let cut = MockServer::start().await;
     Mock::given(method("POST"))

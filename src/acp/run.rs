@@ -53,6 +53,8 @@ pub struct RunRequest {
     pub output: Output,
     pub target: Target,
     pub mode: PermissionMode,
+    /// The log is a file (`--log-file`): what ends the run badly is written there too.
+    pub logs_to_file: bool,
 }
 
 /// How a run ended; each has its own exit code (documented in README).
@@ -86,7 +88,7 @@ impl Exit {
 pub async fn run(runtime: Arc<Runtime>, request: RunRequest) -> anyhow::Result<Exit> {
     let (agent_end, client_end) = Channel::duplex();
     let server = tokio::spawn(super::serve(runtime, agent_end));
-    let printer = Arc::new(Printer::new(request.output, request.mode));
+    let printer = Arc::new(Printer::new(&request));
     let (on_update, on_permission) = (printer.clone(), printer.clone());
     let outcome = Client
         .v1()
@@ -170,7 +172,10 @@ async fn turn(
     let mut stopped: Option<Exit> = None;
     let result = loop {
         let signal = tokio::select! {
-            answer = &mut answer => break answer.map(|r| r.stop_reason).map_err(|e| e.message),
+            // The turn's own words: the JSON-RPC code's name ("Internal error: ") says nothing here.
+            answer = &mut answer => break answer.map(|r| r.stop_reason).map_err(|e| {
+                e.message.strip_prefix("Internal error: ").map_or(e.message.clone(), str::to_string)
+            }),
             signal = next_signal(), if stopped.is_none() => signal,
         };
         let Some(signal) = signal else { continue };
@@ -238,6 +243,8 @@ struct Printer {
     output: Output,
     /// The run's permission mode (what a refusal suggests depends on it).
     mode: PermissionMode,
+    /// The log is a file: failures are logged as well as printed.
+    logs_to_file: bool,
     state: Mutex<State>,
     /// The first write to stdout that failed: nothing more is written after it, and `finish`
     /// says what it was (a reader that closed the pipe early is not a failure).
@@ -259,8 +266,22 @@ struct State {
 }
 
 impl Printer {
-    fn new(output: Output, mode: PermissionMode) -> Self {
-        Printer { output, mode, state: Mutex::new(State::default()), stdout_failed: Mutex::new(None) }
+    fn new(request: &RunRequest) -> Self {
+        Printer {
+            output: request.output,
+            mode: request.mode,
+            logs_to_file: request.logs_to_file,
+            state: Mutex::new(State::default()),
+            stdout_failed: Mutex::new(None),
+        }
+    }
+
+    /// A failure that ends the run, in the log file too (on stderr it is printed once, by the
+    /// caller).
+    fn log_failure(&self, message: &str) {
+        if self.logs_to_file {
+            tracing::error!("kin run: {message}");
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -392,6 +413,7 @@ impl Printer {
     }
 
     fn failed_to_start(&self, message: &str) {
+        self.log_failure(message);
         match self.output {
             Output::Text => eprintln!("kin: {message}"),
             Output::Json | Output::StreamJson => {
@@ -417,6 +439,9 @@ impl Printer {
     }
 
     fn finish_printing(&self, session: &str, result: TurnResult) -> Exit {
+        if let Err(message) = &result {
+            self.log_failure(&format!("{message} (session {session})"));
+        }
         let state = self.state();
         let exit = match &result {
             Ok(StopReason::EndTurn) => Exit::Completed,
