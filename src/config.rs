@@ -588,10 +588,9 @@ fn resolve_compaction(
     policy.retain_ratio = section.retain_ratio.unwrap_or(policy.retain_ratio);
     if policy.retain_ratio >= policy.threshold_ratio {
         anyhow::bail!(
-            "{} ({}) must be below {} ({}): the kept tail must fit under the threshold",
+            "{} ({}) must be below `compaction.threshold_ratio` ({}): the kept tail must fit under the threshold",
             key("retain_ratio"),
             policy.retain_ratio,
-            key("threshold_ratio"),
             policy.threshold_ratio
         );
     }
@@ -1159,6 +1158,7 @@ mod tests {
             std::fs::write(&file, text).unwrap();
             let err = format!("{:#}", Config::resolve(&flags, &home).unwrap_err());
             assert!(err.contains(key), "{text}: {err}");
+            assert_eq!(err.matches(&file.display().to_string()).count(), 1, "the file is named once: {err}");
         }
     }
 
