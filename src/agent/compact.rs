@@ -261,7 +261,9 @@ async fn transact(
         (Some(room), Some(limit)) => Some(room.min(limit)),
         (room, limit) => room.or(limit),
     };
-    let fitted = summary_input::fit(&messages, &tokens, wanted, room, &balanced);
+    // A round over less than a summary may hold (the output cap) would not shrink it.
+    let min_progress = u64::from(output_cap(request.deps));
+    let fitted = summary_input::fit(&messages, &tokens, wanted, room, &balanced, min_progress);
     let turn = request.turn;
     let start = session.push(CompactStart { turn });
     session.write_eager();
@@ -890,6 +892,45 @@ mod tests {
         assert_eq!(model.requests()[0].max_tokens, Some(750));
         let summary = session.events().iter().find_map(|e| e.get::<CompactSummary>()).unwrap();
         assert_eq!(summary.max_tokens, Some(750));
+    }
+
+    /// A short exchange, then a call larger than the summariser's room: the first round takes the
+    /// call (cut down) with the short head, and the compaction succeeds (the head alone was smaller
+    /// than its summary, so every compaction of such a session failed and it stayed over its window).
+    #[tokio::test]
+    async fn a_short_head_before_a_huge_call_is_compacted_with_the_call_cut_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let mut session = store.create(SessionHeader::new("s", 0, None)).unwrap();
+        let user = |text: &str| UserMessage::new(vec![json!({"type": "text", "text": text})], json!({"kind": "user"}));
+        session.push(user("hi"));
+        session.push(AssistantMessage {
+            turn: 1,
+            step: 1,
+            message: ModelMessage::new(vec![json!({"type": "text", "text": "hello"})], "test", "model"),
+            usage: None,
+        });
+        session.push(user("write the file"));
+        let arguments = json!({"content": "z".repeat(60_000)}).to_string();
+        let calls = vec![json!({"type": "tool-call", "id": "c1", "name": "write", "arguments": arguments})];
+        session.push(AssistantMessage {
+            turn: 2,
+            step: 1,
+            message: ModelMessage::new(calls, "test", "model"),
+            usage: None,
+        });
+        session.push(ToolResult::new(2, 1, "c1", vec![json!({"type": "text", "text": "written"})], None, None));
+        session.push(user("next"));
+        // A summary longer than the short head ("hi", "hello", "write the file").
+        let summary = "A summary of what happened so far, longer than the first three short messages were. ".repeat(4);
+        let model = Arc::new(ScriptedModel::new([ReplayEntry::Chunks(text_response(&[summary.as_str()]))]));
+        let mut deps = small_summariser(model.clone(), 20_000);
+        deps.compaction.max_tokens = 8192;
+        let done = run(&mut session, &deps, None).await.unwrap().unwrap();
+        assert_eq!((done.items, done.unfinished.as_deref()), (5, None), "{done:?}");
+        assert_eq!(model.requests().len(), 1);
+        let messages = session.messages();
+        assert_eq!(messages.len(), 2, "the checkpoint, then the newest message");
     }
 
     #[tokio::test]

@@ -3,8 +3,9 @@
 //! session's own requests, so a provider's prefix cache still serves it. A range that does not
 //! fit is shortened to the longest head that fits and ends at a balanced cut (no tool call apart
 //! from its result). Items go whole; one that does not fit waits for the next round, unless the
-//! round would make no progress without it (it is among the first two, or parts a call from its
-//! result): then it is cut to half the room left, its long texts keeping their head and tail
+//! round would make no progress without it (it is among the first two, parts a call from its
+//! result, or what went before it is smaller than a summary may be, which the summary would not
+//! shrink): then it is cut to half the room left, its long texts keeping their head and tail
 //! with a note of how much was left out (a tool call's arguments stay JSON; a cut reasoning
 //! block loses its signature, which no longer matches). The compaction shadows only what it
 //! sent; the rest is the next round's.
@@ -28,13 +29,17 @@ pub(crate) struct Fitted {
 
 /// The first `keep` of `messages` (estimated at `tokens`), fitted to `room` estimated tokens
 /// (`None`: the summariser's window is not known, and they go as they are). `balanced[i]` says
-/// whether the cut before `messages[i]` keeps every tool call with its result.
+/// whether the cut before `messages[i]` keeps every tool call with its result. `min_progress`:
+/// while less than this many estimated tokens went before it, an item that does not fit is cut
+/// instead of left for the next round (a round over a small head fails when its summary is not
+/// smaller than the head, and every round after it would start from the same head).
 pub(crate) fn fit(
     messages: &[Value],
     tokens: &[u64],
     keep: usize,
     room: Option<u64>,
     balanced: &[bool],
+    min_progress: u64,
 ) -> Result<Fitted, String> {
     let whole: u64 = tokens[..keep].iter().sum();
     let Some(room) = room.filter(|&room| whole > room) else {
@@ -48,7 +53,7 @@ pub(crate) fn fit(
         // progress without it: then it is cut to half of what is left.
         let (message, cost) = if estimate <= left {
             (message.clone(), estimate)
-        } else if fitted == 0 || input.len() < 2 {
+        } else if fitted == 0 || input.len() < 2 || room - left < min_progress {
             let cut = shrink(message, left / 2);
             let cost = message_tokens(&cut);
             (cut, cost)
@@ -157,7 +162,7 @@ mod tests {
     fn fitting(messages: &[Value], room: Option<u64>) -> Result<Fitted, String> {
         let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
         let balanced = vec![true; messages.len() + 1];
-        fit(messages, &tokens, messages.len(), room, &balanced)
+        fit(messages, &tokens, messages.len(), room, &balanced, 0)
     }
 
     #[test]
@@ -176,14 +181,14 @@ mod tests {
         let each = message_tokens(&messages[0]);
         let tokens = vec![each; 10];
         let mut balanced = vec![true; 11];
-        let fitted = fit(&messages, &tokens, 10, Some(4 * each + 1), &balanced).unwrap();
+        let fitted = fit(&messages, &tokens, 10, Some(4 * each + 1), &balanced, 0).unwrap();
         assert_eq!(fitted, Fitted { keep: 4, input: messages[..4].to_vec() });
         // The cut after the fourth would part a call from its result: three go.
         balanced[4] = false;
-        let fitted = fit(&messages, &tokens, 10, Some(4 * each + 1), &balanced).unwrap();
+        let fitted = fit(&messages, &tokens, 10, Some(4 * each + 1), &balanced, 0).unwrap();
         assert_eq!(fitted, Fitted { keep: 3, input: messages[..3].to_vec() });
         // Never more than `keep`, whatever the room.
-        let fitted = fit(&messages, &tokens, 5, Some(4 * each + 1), &balanced).unwrap();
+        let fitted = fit(&messages, &tokens, 5, Some(4 * each + 1), &balanced, 0).unwrap();
         assert_eq!(fitted.keep, 3);
     }
 
@@ -217,6 +222,28 @@ mod tests {
         let output = fitted.input[1]["content"][0]["content"][0]["text"].as_str().unwrap();
         assert!(output.starts_with("HEAD") && output.contains("bytes omitted"));
         assert_eq!(fitted.input[2], messages[2], "an item that fits goes whole");
+    }
+
+    /// A short head followed by an item larger than the room: the item is cut and goes in this
+    /// round (left for the next, the round would summarise a few words into a longer summary, fail
+    /// the shrink rule, and every compaction after it would fail the same way).
+    #[test]
+    fn an_item_too_large_after_a_small_head_is_cut_into_the_round() {
+        let call = json!({"role": "assistant", "content": [
+            {"type": "tool-call", "id": "c", "name": "write", "arguments": json!({"content": "x".repeat(60_000)}).to_string()},
+        ]});
+        let result = json!({"role": "user", "content": [{"type": "tool-result", "toolCallId": "c", "content": []}]});
+        let messages = [text("hi"), text("hello"), text("write it"), call, result, text(&"y".repeat(16_000))];
+        let tokens: Vec<u64> = messages.iter().map(message_tokens).collect();
+        let mut balanced = vec![true; messages.len() + 1];
+        balanced[4] = false;
+        let room = 9_000;
+        // Without a floor, the round stops before the large call: three short messages.
+        assert_eq!(fit(&messages, &tokens, 6, Some(room), &balanced, 0).unwrap().keep, 3);
+        let fitted = fit(&messages, &tokens, 6, Some(room), &balanced, 5_000).unwrap();
+        assert!(fitted.keep >= 5, "the call and its result go in this round: {}", fitted.keep);
+        let sent: u64 = fitted.input.iter().map(message_tokens).sum();
+        assert!(sent <= room && message_tokens(&fitted.input[3]) <= room / 2, "{sent}");
     }
 
     #[test]
