@@ -373,21 +373,28 @@ async fn resume_and_continue_add_a_turn_to_the_right_session() {
     assert_eq!(stderr(&missing).lines().count(), 1, "{}", stderr(&missing));
 }
 
-#[tokio::test]
-async fn read_only_refuses_a_write_and_ask_refuses_with_a_message() {
+/// A model that calls `tool` with `arguments`, then answers `then` once the call's result is in
+/// its request.
+async fn server_calling(tool: &str, arguments: Value, then: &str) -> MockServer {
     let server = MockServer::start().await;
-    let write = json!({"file_path": "out.txt", "content": "x"});
     Mock::given(method("POST"))
         .and(path("/chat/completions"))
         .and(body_string_contains("\"role\":\"tool\""))
-        .respond_with(answer("I could not write it.", "stop"))
+        .respond_with(answer(then, "stop"))
         .mount(&server)
         .await;
     Mock::given(method("POST"))
         .and(path("/chat/completions"))
-        .respond_with(tool_call("write", write))
+        .respond_with(tool_call(tool, arguments))
         .mount(&server)
         .await;
+    server
+}
+
+#[tokio::test]
+async fn read_only_refuses_a_write_and_ask_refuses_with_a_message() {
+    let write = json!({"file_path": "out.txt", "content": "x"});
+    let server = server_calling("write", write, "I could not write it.").await;
     let home = Home::new();
     let read_only = home.run(&server, &["write out.txt"]);
     assert_eq!(read_only.status.code(), Some(0), "{}", stderr(&read_only));
@@ -410,18 +417,8 @@ async fn read_only_refuses_a_write_and_ask_refuses_with_a_message() {
 /// that the sandbox is not in force (before, neither: the hint named the mode already given).
 #[tokio::test]
 async fn a_refused_command_says_what_would_let_it_run_and_that_the_sandbox_is_not_in_force() {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/chat/completions"))
-        .and(body_string_contains("\"role\":\"tool\""))
-        .respond_with(answer("It was refused.", "stop"))
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/chat/completions"))
-        .respond_with(tool_call("bash", json!({"command": "touch made.txt", "description": "make a file"})))
-        .mount(&server)
-        .await;
+    let bash = json!({"command": "touch made.txt", "description": "make a file"});
+    let server = server_calling("bash", bash, "It was refused.").await;
     let home = Home::new();
     let args = ["--permission-mode", "accept-edits", "--sandbox", "workspace-write", "make a file"];
     let out = home.kin(&server, &args).env("KIN_SANDBOX_TEST_ABI", "0").output().unwrap();
