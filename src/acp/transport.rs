@@ -10,8 +10,8 @@
 //! answered (the SDK ends the connection, and drops the answers still to come, once its input
 //! ends): the other requests first, then the prompts, whose turns are stopped.
 //!
-//! A longer frame is never held (`jsonrpc::next_frame`): its first `ID_PREFIX_BYTES` are kept to recover the id cheaply,
-//! the rest is read and dropped. A request (or anything that is not a response) is answered with
+//! A longer frame is never held (`jsonrpc::next_frame`): its first `ID_PREFIX_BYTES` are kept to
+//! recover the id cheaply, the rest is read and dropped. A request (or anything that is not a response) is answered with
 //! a JSON-RPC error (-32600, with the id if the prefix holds it, else null) written here, between
 //! the SDK's lines; an oversize *response* to one of kin's own requests reaches the SDK as an
 //! error response for that id, so the request fails instead of waiting forever. A frame that is

@@ -301,7 +301,11 @@ pub(crate) fn top_level(listed: Vec<StoredSession>, cwd: Option<&Path>) -> Vec<S
     let cwd = cwd.map(super::layout::workspace);
     let in_cwd = |s: &StoredSession| match (&cwd, &s.header.cwd) {
         (None, _) => true,
-        (Some(cwd), Some(theirs)) => super::layout::workspace(Path::new(theirs)) == *cwd,
+        // `Path`'s equality already ignores `.`, repeated and trailing separators: a header's
+        // path is spelled out again (an allocation per stored session) only when it has a `..`.
+        (Some(cwd), Some(theirs)) => {
+            Path::new(theirs) == cwd || (theirs.contains("..") && super::layout::workspace(Path::new(theirs)) == *cwd)
+        }
         (Some(_), None) => false,
     };
     let mut sessions: Vec<StoredSession> =
@@ -345,6 +349,34 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+
+    /// Headers written before kin kept one spelling of a workspace are listed under it however
+    /// they spell it.
+    #[test]
+    fn a_cwd_filter_matches_every_spelling_of_the_workspace() {
+        let stored = |id: &str, cwd: &str| StoredSession {
+            header: SessionHeader::new(id, 0, Some(cwd.to_string())),
+            path: PathBuf::new(),
+            modified: SystemTime::UNIX_EPOCH,
+            len: 0,
+        };
+        let listed = vec![
+            stored("a", "/w"),
+            stored("b", "/w/"),
+            stored("c", "//w/./"),
+            stored("d", "/w/x/.."),
+            stored("e", "/w/x"),
+            stored("f", "/other/../w2"),
+        ];
+        for filter in ["/w", "/w/", "/w/x/.."] {
+            let mut found: Vec<String> =
+                top_level(listed.clone(), Some(Path::new(filter))).into_iter().map(|s| s.header.id).collect();
+            found.sort();
+            assert_eq!(found, ["a", "b", "c", "d"], "{filter}");
+        }
+        let found: Vec<String> = top_level(listed, Some(Path::new("/w2"))).into_iter().map(|s| s.header.id).collect();
+        assert_eq!(found, ["f"]);
+    }
 
     /// Set by `scan_while_another_writer_tries` when its writer was refused.
     static REFUSED: AtomicBool = AtomicBool::new(false);
