@@ -403,6 +403,13 @@ impl Config {
             .map(|m| ModelRoute::parse(&m).map_err(|e| anyhow::anyhow!("{}: key `title_model`: {e}", where_())))
             .transpose()?;
         let (models, model_table) = resolve_models(file.model_settings, file.providers, &where_())?;
+        let replay = flags.replay.clone().or_else(|| env("KIN_REPLAY_DIR").map(PathBuf::from));
+        // A replay answers from its recording whatever the route; any other run needs a provider
+        // it can reach, refused here as bad usage (exit 2) rather than when the runtime is built.
+        if replay.is_none() {
+            crate::model::router::check_provider(&model.provider, &models)
+                .map_err(|e| anyhow::anyhow!("{model_origin}: model route {model}: {e}"))?;
+        }
         let env_sandbox = env("KIN_SANDBOX")
             .map(|id| SandboxPolicy::parse_arg(&id).map_err(|e| anyhow::anyhow!("KIN_SANDBOX: {e}")))
             .transpose()?;
@@ -458,7 +465,7 @@ impl Config {
             sessions_dir,
             model,
             log_file: flags.log_file.clone().or_else(|| env("KIN_LOG_FILE").map(PathBuf::from)).or(file.log_file),
-            replay: flags.replay.clone().or_else(|| env("KIN_REPLAY_DIR").map(PathBuf::from)),
+            replay,
             max_steps,
             max_parallel_tools,
             config_file,
@@ -905,22 +912,43 @@ mod tests {
     fn flags_beat_env_beat_file_beat_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, "model = \"file/m\"\nsessions_dir = \"/from/file\"\n[agent]\nmax_steps = 7\n").unwrap();
+        std::fs::write(&file, "model = \"openai/file-m\"\nsessions_dir = \"/from/file\"\n[agent]\nmax_steps = 7\n")
+            .unwrap();
         let flags = Overrides { config: Some(file.clone()), ..Default::default() };
-        let env = env_of(&[("KIN_MODEL", "env/m")]);
+        let env = env_of(&[("KIN_MODEL", "anthropic/env-m")]);
         let c = Config::resolve(&flags, &env).unwrap();
-        assert_eq!(c.model.to_string(), "env/m");
+        assert_eq!(c.model.to_string(), "anthropic/env-m");
         assert_eq!(c.sessions_dir, PathBuf::from("/from/file"));
         assert_eq!(c.max_steps, 7);
         let flags = Overrides {
             config: Some(file),
-            model: Some("flag/m".into()),
+            model: Some("deepseek/flag-m".into()),
             sessions: Some("/flag".into()),
             ..Default::default()
         };
         let c = Config::resolve(&flags, &env).unwrap();
-        assert_eq!(c.model.to_string(), "flag/m");
+        assert_eq!(c.model.to_string(), "deepseek/flag-m");
         assert_eq!(c.sessions_dir, PathBuf::from("/flag"));
+    }
+
+    #[test]
+    fn a_model_of_an_unknown_provider_is_refused_naming_where_it_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "model = \"local/m\"\n[providers.local]\nbase_url = \"http://127.0.0.1:1/v1\"\n")
+            .unwrap();
+        let flags = Overrides { config: Some(file.clone()), sessions: Some("/s".into()), ..Default::default() };
+        let c = Config::resolve(&flags, &env_of(&[])).unwrap();
+        assert_eq!(c.model.to_string(), "local/m", "a declared provider is known");
+        let error = Config::resolve(&flags, &env_of(&[("KIN_MODEL", "nosuch/m")])).unwrap_err().to_string();
+        assert!(error.starts_with("KIN_MODEL: model route nosuch/m: unknown model provider \"nosuch\""), "{error}");
+        assert!(error.contains("known providers: deepseek, openai, anthropic, local"), "{error}");
+        let flagged = Overrides { model: Some("nosuch/m".into()), ..flags.clone() };
+        let error = Config::resolve(&flagged, &env_of(&[])).unwrap_err().to_string();
+        assert!(error.starts_with("--model: model route nosuch/m"), "{error}");
+        // A replay answers from its recording: its route needs no provider.
+        let replay = Overrides { replay: Some(dir.path().into()), ..flagged };
+        assert_eq!(Config::resolve(&replay, &env_of(&[])).unwrap().model.to_string(), "nosuch/m");
     }
 
     #[test]

@@ -219,9 +219,9 @@ async fn bad_usage_exits_two() {
     assert_eq!(missing.status.code(), Some(1));
     let said = stderr(&missing);
     assert_eq!(said.matches("/nonexistent-replay/session.jsonl").count(), 1, "{said}");
-    // A provider kin does not know is refused at start, naming the route once.
+    // A provider kin does not know is bad usage, refused at start, naming the route once.
     let unknown = home.run(&server, &["x", "--model", "nosuch/model"]);
-    assert_eq!(unknown.status.code(), Some(1));
+    assert_eq!(unknown.status.code(), Some(2));
     let said = stderr(&unknown);
     assert!(said.contains("unknown model provider \"nosuch\"") && said.matches("nosuch/model").count() == 1, "{said}");
     assert!(home.logs().is_empty(), "bad usage starts no session");

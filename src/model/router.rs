@@ -120,15 +120,27 @@ pub(crate) fn endpoint(
             Ok((WireApi::OpenAi { deepseek: false }, Server::from_env("OPENAI", "https://api.openai.com/v1", env)))
         }
         "anthropic" => Ok((WireApi::Anthropic, Server::from_env("ANTHROPIC", "https://api.anthropic.com", env))),
-        other => {
-            let mut all: Vec<&str> = BUILTIN_PROVIDERS.to_vec();
-            all.extend(settings.providers.iter().map(|p| p.name.as_str()).filter(|n| !BUILTIN_PROVIDERS.contains(n)));
-            Err(format!(
-                "unknown model provider {other:?}; known providers: {} (declare others under [providers.NAME] in the config file)",
-                all.join(", ")
-            ))
-        }
+        other => Err(unknown_provider(other, settings)),
     }
+}
+
+/// Whether `provider` is one kin can reach: a built-in or a `[providers.NAME]`; else the error
+/// naming the known ones (checked when the configuration is read, and again per call).
+pub(crate) fn check_provider(provider: &str, settings: &ModelSettings) -> Result<(), String> {
+    if BUILTIN_PROVIDERS.contains(&provider) || settings.providers.iter().any(|p| p.name == provider) {
+        Ok(())
+    } else {
+        Err(unknown_provider(provider, settings))
+    }
+}
+
+fn unknown_provider(provider: &str, settings: &ModelSettings) -> String {
+    let mut all: Vec<&str> = BUILTIN_PROVIDERS.to_vec();
+    all.extend(settings.providers.iter().map(|p| p.name.as_str()).filter(|n| !BUILTIN_PROVIDERS.contains(n)));
+    format!(
+        "unknown model provider {provider:?}; known providers: {} (declare others under [providers.NAME] in the config file)",
+        all.join(", ")
+    )
 }
 
 /// The providers that take a key, with the variable each reads it from: the built-ins (unless
