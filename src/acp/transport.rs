@@ -34,7 +34,7 @@ use futures::lock::Mutex;
 use futures::{Sink, Stream};
 use serde_json::{Value, json};
 
-use crate::jsonrpc::{Frame, Shape, next_frame};
+use crate::jsonrpc::{Frame, Shape, check_json, next_frame};
 use ledger::Ledger;
 
 /// The default maximum frame size.
@@ -158,7 +158,7 @@ fn incoming(
                     // cannot match: it is answered here, with its id (as the SDK parses it).
                     shape
                         if shape.is_request()
-                            && let Err(e) = serde_json::from_str::<Value>(&line) =>
+                            && let Err(e) = check_json(&line) =>
                     {
                         Refused::not_json(shape.id(), &e)
                     }

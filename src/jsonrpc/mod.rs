@@ -2,13 +2,15 @@
 //! stdin, an MCP server's stdout): frames of at most a given size, a longer one or one that is not
 //! UTF-8 read on to its end and dropped with only its start kept ([`next_frame`]), and what that
 //! start says of it — its id, whether it is a request or a response ([`Shape`]) — so the frame
-//! can be answered instead of dropped unseen.
+//! can be answered instead of dropped unseen; and whether a frame is JSON at all ([`check_json`]).
 
 mod shape;
+mod valid;
 
 use futures::io::{AsyncBufRead, AsyncBufReadExt};
 
 pub(crate) use shape::Shape;
+pub(crate) use valid::check_json;
 
 /// Bytes of an oversize frame kept to recover its id.
 pub(crate) const ID_PREFIX_BYTES: usize = 64 * 1024;
