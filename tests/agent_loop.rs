@@ -245,6 +245,94 @@ async fn inject_during_a_turn_lands_before_the_next_step() {
     assert_eq!(f.model.requests().len(), 2);
 }
 
+fn notice() -> Value {
+    json!({"kind": "subagent-settled", "form": "notice", "summary": "done", "senderSessionId": "c"})
+}
+
+/// The turns' triggers in the log: the text of each turn's first user message.
+fn turn_texts(events: &[Event]) -> Vec<String> {
+    let mut texts = Vec::new();
+    let mut open = false;
+    for e in events {
+        match e.kind.as_str() {
+            "turn/start" => open = true,
+            "user/message" if open => {
+                texts.push(e.data["content"][0]["text"].as_str().unwrap_or_default().to_string());
+                open = false;
+            }
+            _ => {}
+        }
+    }
+    texts
+}
+
+#[tokio::test]
+async fn steer_between_turns_starts_a_turn() {
+    let f = start(vec![chunks(text_response(&["seen"])), chunks(text_response(&["after"]))], 5);
+    f.handle.steer(text("child done"), notice()).await.unwrap();
+    // FIFO: a follow-up sent now runs after the steered turn.
+    assert_eq!(f.handle.followup(text("next"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    assert_eq!(turn_texts(&f.events().await), ["child done", "next"]);
+    assert_eq!(f.model.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn steer_during_a_turn_lands_before_its_next_step_without_a_turn_of_its_own() {
+    let f = start(
+        vec![
+            chunks(tool_call_response("c1", "echo", r#"{"text":"a","hold":true}"#)),
+            chunks(text_response(&["done"])),
+            chunks(text_response(&["after"])),
+        ],
+        5,
+    );
+    let turn = f.handle.followup(text("go"), user()).unwrap();
+    f.gate.entered.notified().await;
+    f.handle.steer(text("child done"), notice()).await.unwrap();
+    f.gate.release.notify_one();
+    assert_eq!(turn.await.unwrap(), TurnEnd::Completed);
+    assert_eq!(f.handle.followup(text("next"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    let events = f.events().await;
+    assert_eq!(turn_texts(&events), ["go", "next"], "no turn of its own");
+    let k = kinds(&events);
+    let second_step = k
+        .iter()
+        .position(|k| *k == "step/start")
+        .map(|first| first + 1 + k[first + 1..].iter().position(|k| *k == "step/start").unwrap());
+    assert_eq!(k[second_step.unwrap() - 1], "user/message", "{k:?}");
+    assert_eq!(f.model.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn steer_that_no_step_took_before_the_turn_ended_gets_a_turn_of_its_own() {
+    // One step: the tool call's turn ends at the step limit, with the message still staged.
+    let f = start(
+        vec![
+            chunks(tool_call_response("c1", "echo", r#"{"text":"a","hold":true}"#)),
+            chunks(text_response(&["seen"])),
+            chunks(text_response(&["after"])),
+        ],
+        1,
+    );
+    let turn = f.handle.followup(text("go"), user()).unwrap();
+    f.gate.entered.notified().await;
+    f.handle.steer(text("child done"), notice()).await.unwrap();
+    f.gate.release.notify_one();
+    assert_ne!(turn.await.unwrap(), TurnEnd::Aborted);
+    assert_eq!(f.handle.followup(text("next"), user()).unwrap().await.unwrap(), TurnEnd::Completed);
+    let events = f.events().await;
+    assert_eq!(turn_texts(&events), ["go", "child done", "next"]);
+    assert_eq!(f.model.requests().len(), 3, "the notice's turn called the model");
+    // The log says where it went: claimed from the step list, inserted in the turn queue.
+    let targets: Vec<&Value> =
+        events.iter().filter(|e| e.kind == "agent/inbox/spliced").map(|e| &e.data["target"]).collect();
+    assert_eq!(targets[..2], [&json!("next-step"), &json!("next-step")], "staged, then claimed: {targets:?}");
+    assert_eq!(targets[2], &json!("next-turn"), "then queued for a turn: {targets:?}");
+    // And the log folds to an idle inbox: a reload does not run it again.
+    let inbox = kin::testkit::session::inbox::fold(&events, 0).unwrap();
+    assert!(inbox.is_idle(), "nothing pending after its turn");
+}
+
 #[tokio::test]
 async fn tool_calls_run_and_their_results_feed_the_next_step() {
     let f = start(

@@ -54,9 +54,10 @@ pub(super) enum Arrival {
     /// A message for its own turn; `accepted` is `Some` for an inbox message (written first),
     /// `None` for a prompt (queued as it is).
     Turn { queued: Queued, accepted: Option<Accepted> },
-    /// A message without a turn of its own: appended at once between turns, or (durably staged)
-    /// before the next step of a running turn.
-    Step { message: UserMessage, accepted: Accepted },
+    /// A message for the next step: (durably staged) before the next step of a running turn;
+    /// between turns appended at once, or with `wake` (dsh's `steer`) queued for a turn of its
+    /// own, as it is when the turn ends before a step took it.
+    Step { message: UserMessage, accepted: Accepted, wake: bool },
     /// A log-only event of a setting (`session/mode`, `session/model`, `session/sandbox`): written
     /// like a message, then `apply` runs (only when it was written) before `recorded` is answered.
     Log { body: EventBody, apply: Apply, recorded: Accepted },
@@ -67,8 +68,9 @@ struct Lists {
     arrivals: Vec<Arrival>,
     /// Messages waiting for their own turns, FIFO (inbox messages and prompts).
     queue: VecDeque<Queued>,
-    /// Inbox messages waiting for the next step of the running turn.
-    staged: Vec<UserMessage>,
+    /// Inbox messages waiting for the next step of the running turn, and whether each wants a
+    /// turn of its own if no step takes it.
+    staged: Vec<(UserMessage, bool)>,
 }
 
 /// The lists, shared by the actor and the turn it runs (both on the actor's task).
@@ -126,7 +128,11 @@ impl Intake {
                     bodies.push(InboxSplice::insert(InboxTarget::NextStep, step_len, vec![message.clone()]).into());
                     step_len += 1;
                 }
-                Arrival::Step { message, .. } => bodies.push(message.clone().into()),
+                Arrival::Step { message, wake: true, .. } => {
+                    bodies.push(InboxSplice::insert(InboxTarget::NextTurn, turn_len, vec![message.clone()]).into());
+                    turn_len += 1;
+                }
+                Arrival::Step { message, wake: false, .. } => bodies.push(message.clone().into()),
                 Arrival::Log { body, .. } => bodies.push(body.clone()),
             }
         }
@@ -141,9 +147,13 @@ impl Intake {
                     }
                     let _ = accepted.send(written.clone());
                 }
-                Arrival::Step { message, accepted } => {
-                    if written.is_ok() && running {
-                        lists.staged.push(message);
+                Arrival::Step { message, accepted, wake } => {
+                    if written.is_ok() {
+                        if running {
+                            lists.staged.push((message, wake));
+                        } else if wake {
+                            lists.queue.push_back(Queued::inbox(message));
+                        }
                     }
                     let _ = accepted.send(written.clone());
                 }
@@ -167,16 +177,38 @@ impl Intake {
         self.lists().queue.pop_front()
     }
 
-    /// Appends the staged step messages to the history: their claim, then each message (at a
-    /// step's start, or between turns for those that came too late for a step).
+    /// Appends the staged step messages to the history at a step's start: their claim, then
+    /// each message.
     pub(super) fn land_staged(&self, session: &mut Session) {
         let staged = std::mem::take(&mut self.lists().staged);
         if staged.is_empty() {
             return;
         }
         session.push(InboxSplice::claim(InboxTarget::NextStep, staged.len()));
-        for message in staged {
+        for (message, _) in staged {
             session.push(message);
+        }
+    }
+
+    /// The staged step messages no step took before the turn ended (between turns): their
+    /// claim, then each one that wants a turn (`wake`) inserted at the end of the turn queue for
+    /// one, the others appended to the history.
+    pub(super) fn land_late(&self, session: &mut Session) {
+        let mut lists = self.lists();
+        let staged = std::mem::take(&mut lists.staged);
+        if staged.is_empty() {
+            return;
+        }
+        session.push(InboxSplice::claim(InboxTarget::NextStep, staged.len()));
+        let mut turn_len = lists.queue.iter().filter(|q| q.durable).count();
+        for (message, wake) in staged {
+            if wake {
+                session.push(InboxSplice::insert(InboxTarget::NextTurn, turn_len, vec![message.clone()]));
+                turn_len += 1;
+                lists.queue.push_back(Queued::inbox(message));
+            } else {
+                session.push(message);
+            }
         }
     }
 

@@ -112,6 +112,13 @@ struct Queued {
     durable: bool,
 }
 
+impl Queued {
+    /// An inbox message whose insertion is in the log, with no one waiting for its turn.
+    fn inbox(message: UserMessage) -> Self {
+        Queued { message, preamble: Vec::new(), reply: None, durable: true }
+    }
+}
+
 /// The session's prompt slot, held from a user prompt's (or `/compact`'s) arrival until its turn
 /// has ended: while it is held `prompt` answers `Busy`. Dropping it (the turn ended, or what held
 /// it was dropped unanswered) frees the slot. Its token is the prompt's turn's cancellation from
@@ -332,7 +339,19 @@ impl AgentHandle {
         let message = UserMessage::new(content, source);
         let id = message.id.clone();
         let (accepted, written) = oneshot::channel();
-        self.arrive(Arrival::Step { message, accepted }, written).await?;
+        self.arrive(Arrival::Step { message, accepted, wake: false }, written).await?;
+        Ok(id)
+    }
+
+    /// `inject`, for a message the agent must act on (dsh's `steer`): during a turn it is
+    /// staged for the next step, and if the turn ends before a step takes it, it is queued for a
+    /// turn of its own; between turns it is queued for one at once. Returns the message id once
+    /// it is in the log and `fsync`ed.
+    pub async fn steer(&self, content: Vec<Value>, source: Value) -> Result<String, NotAccepted> {
+        let message = UserMessage::new(content, source);
+        let id = message.id.clone();
+        let (accepted, written) = oneshot::channel();
+        self.arrive(Arrival::Step { message, accepted, wake: true }, written).await?;
         Ok(id)
     }
 
@@ -613,7 +632,7 @@ impl Actor {
     async fn idle_command(&mut self, command: Command, shutdown: &mut Option<oneshot::Sender<Result<(), String>>>) {
         match command {
             Command::Arrive(arrival) => {
-                if matches!(arrival, Arrival::Turn { .. }) {
+                if matches!(arrival, Arrival::Turn { .. } | Arrival::Step { wake: true, .. }) {
                     self.held = false;
                 }
                 self.intake.arrive(arrival);
@@ -714,7 +733,7 @@ impl Actor {
             end
         };
         // Step messages that arrived too late for a step land between turns.
-        self.intake.land_staged(&mut self.session);
+        self.intake.land_late(&mut self.session);
         self.intake.accept(&mut self.session, false);
         if !deferred.logs.is_empty() {
             log_durably(&mut self.session, deferred.logs);

@@ -75,8 +75,7 @@ mod tests {
     fn refuses_exactly_what_a_value_parse_refuses() {
         let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
         let cases = [
-            r#"{"id":1,"method":"m","params":{"a":[1,-2,3.5e3,true,false,null,"x\n\u00e9"]}}"#
-                .to_string(),
+            r#"{"id":1,"method":"m","params":{"a":[1,-2,3.5e3,true,false,null,"x\n\u00e9"]}}"#.to_string(),
             r#"{"t":"\ud83d\ude00"}"#.into(),
             r#"{"t":"\ud83d"}"#.into(),
             r#"{"\ud83d":1}"#.into(),

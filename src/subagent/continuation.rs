@@ -178,6 +178,18 @@ fn not_handed_over(id: &str) -> SubagentError {
     )
 }
 
+/// Why a message to a live agent was not delivered, as the sender's error.
+fn undelivered(e: &NotAccepted) -> SubagentError {
+    match e {
+        NotAccepted::Gone(_) => parent_unavailable(),
+        NotAccepted::Unwritten { .. } => err(ErrorCode::Infrastructure, format!("report not delivered: {e}")),
+    }
+}
+
+fn parent_unavailable() -> SubagentError {
+    err(ErrorCode::ParentUnavailable, "direct parent is not live; report was not delivered".into())
+}
+
 /// Runs an acceptance on a task of its own and awaits its outcome. Once a message is handed to a
 /// child (or a child is resumed, or created, to take one), its acceptance must end whatever
 /// becomes of the caller: the durable write awaited and its turn watched (so the child settles
@@ -576,8 +588,10 @@ impl ContinuationManager {
         output
     }
 
-    /// `Background subagent <id> finished…` to the live parent: a new turn when idle, input to
-    /// its next step when busy. A failed delivery is logged and dropped.
+    /// `Background subagent <id> finished…` to the live parent: a new turn when idle; when busy,
+    /// input to its next step, or a turn of its own after this one if no step takes it (dsh's
+    /// `steer`; a continuable parent's turns are the manager's, so it queues one as when idle);
+    /// while draining, input without a turn. A failed delivery is logged and dropped.
     async fn notify_parent(self: &Arc<Self>, child_id: &str, parent_id: &str, stop: StopReason, output: &str) {
         let subject = format!("Background subagent {child_id}");
         let summary = match stop {
@@ -596,9 +610,15 @@ impl ContinuationManager {
         }
         let source =
             json!({"kind": "subagent-settled", "form": "notice", "summary": summary, "senderSessionId": child_id});
-        let busy = self.factory().ok().and_then(|f| f.live_agent(parent_id)).is_some_and(|p| p.is_running());
-        let wake = !busy && !self.draining.load(Ordering::SeqCst);
-        if let Err(e) = self.deliver(parent_id, content, source, wake).await {
+        let busy = self.factory().ok().and_then(|f| f.live_agent(parent_id)).filter(|p| p.is_running());
+        let delivered = match busy {
+            _ if self.draining.load(Ordering::SeqCst) => self.deliver(parent_id, content, source, false).await,
+            Some(parent) if !self.is_resident(parent_id) => {
+                parent.steer(content, source).await.map_err(|e| undelivered(&e))
+            }
+            _ => self.deliver(parent_id, content, source, true).await,
+        };
+        if let Err(e) = delivered {
             tracing::warn!(child = %child_id, "settlement notice was not delivered to its parent: {e}");
         }
     }
@@ -615,18 +635,13 @@ impl ContinuationManager {
         if wake && self.is_resident(recipient) {
             return self.submit(recipient, content, source).await;
         }
-        let unavailable =
-            || err(ErrorCode::ParentUnavailable, "direct parent is not live; report was not delivered".into());
-        let agent = self.factory()?.live_agent(recipient).ok_or_else(unavailable)?;
+        let agent = self.factory()?.live_agent(recipient).ok_or_else(parent_unavailable)?;
         let sent = if wake {
             agent.enqueue(content, source).await.map(|(id, _)| id)
         } else {
             agent.inject(content, source).await
         };
-        sent.map_err(|e| match e {
-            NotAccepted::Gone(_) => unavailable(),
-            NotAccepted::Unwritten { .. } => err(ErrorCode::Infrastructure, format!("report not delivered: {e}")),
-        })
+        sent.map_err(|e| undelivered(&e))
     }
 
     /// `send_message`: routes by residency. Only the exact direct parent may deliver.
