@@ -902,6 +902,63 @@ async fn context_overflow_is_not_retried() {
 }
 
 #[tokio::test]
+async fn a_redirect_is_not_followed_so_the_key_stays_with_the_configured_server() {
+    let (server, elsewhere) = (MockServer::start().await, MockServer::start().await);
+    always(&elsewhere, MESSAGES, sse(text_answer("stolen"))).await;
+    let target = format!("{}{MESSAGES}", elsewhere.uri());
+    always(&server, MESSAGES, ResponseTemplate::new(307).insert_header("location", target.as_str())).await;
+    let env = fake_env(vec![("ANTHROPIC_BASE_URL", server.uri()), ("ANTHROPIC_API_KEY", KEY.to_string())]);
+    let (model, retries) = routed("anthropic/claude-x", &fast_settings(), &env);
+    let failure = thrown(&call(&model, request("anthropic/claude-x", vec![user("Hi")])).await);
+    assert_eq!(failure.code, "PROVIDER_ERROR");
+    assert_eq!(failure.extra["status"], 307);
+    assert!(
+        failure.message.contains(&format!("redirected the request for anthropic/claude-x (HTTP 307) to {target}")),
+        "{}",
+        failure.message
+    );
+    assert!(failure.message.contains("set the provider's base URL"), "{}", failure.message);
+    assert!(retries.lock().unwrap().is_empty(), "a redirect is not retried");
+    assert_eq!(requests(&server).await.len(), 1);
+    assert!(requests(&elsewhere).await.is_empty(), "nothing, and no key, reached the other server");
+}
+
+#[tokio::test]
+async fn a_document_answered_with_200_is_an_error_that_quotes_it_not_a_broken_stream() {
+    let server = MockServer::start().await;
+    always(
+        &server,
+        CHAT,
+        ResponseTemplate::new(200).set_body_json(
+            json!({"error": {"message": "Insufficient credits: top up your account", "type": "billing"}}),
+        ),
+    )
+    .await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    let failure = thrown(&call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert_eq!(failure.code, "PROVIDER_ERROR");
+    assert!(
+        failure.message.contains("with application/json instead of an event stream (HTTP 200 OK)"),
+        "{}",
+        failure.message
+    );
+    assert!(failure.message.contains("Insufficient credits: top up your account"), "{}", failure.message);
+    assert!(retries.lock().unwrap().is_empty(), "not retried");
+    let portal = MockServer::start().await;
+    always(
+        &portal,
+        CHAT,
+        ResponseTemplate::new(200)
+            .set_body_raw("<html><body>Log in to the Wi-Fi</body></html>", "text/html; charset=utf-8"),
+    )
+    .await;
+    let (model, _) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&portal));
+    let failure = thrown(&call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    assert!(failure.message.contains("with text/html instead of an event stream"), "{}", failure.message);
+    assert!(failure.message.contains("Log in to the Wi-Fi"), "{}", failure.message);
+}
+
+#[tokio::test]
 async fn a_rejected_key_names_the_variable_but_never_the_key() {
     let server = MockServer::start().await;
     always(

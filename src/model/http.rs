@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -114,6 +114,9 @@ impl RetryPolicy {
 pub(crate) fn client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(30))
+        // A redirect is an error naming where it points: followed, it would carry the API key
+        // (and the configured headers) to whatever server it names.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| format!("cannot create the HTTP client: {}", error_chain(&e)))
 }
@@ -524,12 +527,27 @@ async fn attempt_once<D: Decoder + Default>(
         Ok(Ok(response)) => response,
     };
     let status = response.status();
+    if status.is_redirection() {
+        return Err(redirected(call, status.as_u16(), response.headers()));
+    }
     if !status.is_success() {
         let retry_after = retry_after(response.headers());
         let body = BodyHead::read(response, ERROR_BODY_LIMIT, idle).await;
         let mut error = status_error(call, status.as_u16(), &body);
         error.retry_after = retry_after;
         return Err(error);
+    }
+    if let Some(kind) = not_a_stream(response.headers()) {
+        let body = BodyHead::read(response, ERROR_BODY_LIMIT, idle).await;
+        return Err(AttemptError::new(
+            PROVIDER_ERROR,
+            format!(
+                "{} answered the request for {} with {kind} instead of an event stream (HTTP {status}); check the provider's base URL: {}",
+                call.base_url,
+                call.request.route,
+                body.excerpt()
+            ),
+        ));
     }
     let mut body = response.bytes_stream();
     let mut events = EventStream::new(MAX_EVENT_BYTES);
@@ -641,6 +659,30 @@ fn transport_error(call: &HttpCall, error: &reqwest::Error) -> AttemptError {
         CONNECTION_FAILED,
         format!("cannot reach {} for {}: {}", call.base_url, call.request.route, error_chain(error)),
     )
+}
+
+/// A redirect, not followed: where it points, and what to do.
+fn redirected(call: &HttpCall, status: u16, headers: &HeaderMap) -> AttemptError {
+    let to = headers.get(LOCATION).and_then(|v| v.to_str().ok()).map(|v| cut(v, 1000));
+    AttemptError::new(
+        PROVIDER_ERROR,
+        format!(
+            "{} redirected the request for {} (HTTP {status}) to {}: kin does not follow a model server's redirects, which would send the API key along; set the provider's base URL to the address the server means",
+            call.base_url,
+            call.request.route,
+            to.as_deref().unwrap_or("nowhere (no Location header)")
+        ),
+    )
+    .with_status(status)
+}
+
+/// A successful answer whose content type says it is a document, not a stream (a JSON error
+/// with HTTP 200, a proxy's or portal's HTML page): that type. Any other type (or none) is read
+/// as a stream.
+fn not_a_stream(headers: &HeaderMap) -> Option<String> {
+    let kind = headers.get(CONTENT_TYPE)?.to_str().ok()?;
+    let essence = kind.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    matches!(essence.as_str(), "application/json" | "text/html" | "application/xhtml+xml").then(|| cut(&essence, 100))
 }
 
 /// Classifies a non-success HTTP status (the body is the provider's error document, or its head).
