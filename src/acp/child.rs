@@ -193,6 +193,23 @@ fn stop_of(answer: &Value) -> Result<RemoteStop, Failure> {
     }
 }
 
+/// Where a path an agent names points, as the agent would take it: against the working directory
+/// `root` when relative, `~` and `~/…` in the home directory (a shell or an agent expands them,
+/// so `~/.ssh/id_rsa` is not a workspace file named `~`). `None` for one kin cannot follow
+/// (`~user/…`, a `$VARIABLE` in it, or `~` without a home directory).
+fn agent_path(root: &Path, raw: &str, home: Option<&Path>) -> Option<PathBuf> {
+    if raw.contains('$') {
+        return None;
+    }
+    match raw.strip_prefix('~') {
+        None => Some(crate::tools::paths::resolve(root, raw)),
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            Some(crate::tools::paths::resolve(home?, rest.trim_start_matches('/')))
+        }
+        Some(_) => None,
+    }
+}
+
 impl ClientSide for Side {
     fn permission(&self, request: RequestPermissionRequest) -> BoxFuture<'_, Result<RequestPermissionResponse, Error>> {
         async move {
@@ -200,10 +217,15 @@ impl ClientSide for Side {
             let raw_input = fields.raw_input.unwrap_or(Value::Null);
             let located = fields.locations.into_iter().flatten().map(|l| l.path);
             let named = ["path", "file_path", "filePath"].into_iter().filter_map(|key| raw_input[key].as_str());
-            let paths: Vec<PathBuf> = located
-                .chain(named.map(PathBuf::from))
-                .map(|p| crate::tools::paths::resolve(&self.root, &p.to_string_lossy()))
-                .collect();
+            let home = std::env::var_os("HOME").map(PathBuf::from);
+            let (mut paths, mut opaque) = (Vec::new(), Vec::new());
+            for raw in located.chain(named.map(PathBuf::from)) {
+                let raw = raw.to_string_lossy();
+                match agent_path(&self.root, &raw, home.as_deref()) {
+                    Some(path) => paths.push(path),
+                    None => opaque.push(raw.into_owned()),
+                }
+            }
             let kind = fields.kind.unwrap_or_default();
             let options = request
                 .options
@@ -216,6 +238,7 @@ impl ClientSide for Side {
                 title: fields.title,
                 raw_input,
                 paths,
+                opaque,
                 options,
             };
             let outcome = match self.answers.permission(ask).await {
@@ -358,11 +381,43 @@ mod tests {
             serde_json::json!({"outcome": {"outcome": "selected", "optionId": "ok"}})
         );
         let ask = asked.0.lock().unwrap().clone().unwrap();
+        assert!(ask.opaque.is_empty());
         let paths = vec![PathBuf::from("/ws/a.rs"), PathBuf::from("/ws/src/b.rs")];
         assert_eq!((ask.kind, &ask.access, &ask.paths), ("edit", &Access::Edit { paths: paths.clone() }, &paths));
         assert_eq!(ask.title.as_deref(), Some("Edit two files"));
         let offered: Vec<(&str, OfferKind)> = ask.options.iter().map(|o| (o.id.as_str(), o.kind)).collect();
         assert_eq!(offered, [("ok", OfferKind::AllowOnce), ("no", OfferKind::RejectAlways)]);
+    }
+
+    #[test]
+    fn a_path_is_taken_as_the_agent_would_take_it() {
+        let (root, home) = (Path::new("/ws"), Some(Path::new("/home/u")));
+        let path = |raw: &str| agent_path(root, raw, home);
+        assert_eq!(path("src/a.rs"), Some(PathBuf::from("/ws/src/a.rs")));
+        assert_eq!(path("/etc/passwd"), Some(PathBuf::from("/etc/passwd")));
+        assert_eq!(path("~/.ssh/id_rsa"), Some(PathBuf::from("/home/u/.ssh/id_rsa")), "not /ws/~/.ssh/id_rsa");
+        assert_eq!(path("~"), Some(PathBuf::from("/home/u")));
+        assert_eq!(path("~root/.ssh/id_rsa"), None, "another user's home");
+        assert_eq!(path("$HOME/.ssh/id_rsa"), None);
+        assert_eq!(path("src/${X}/a"), None);
+        assert_eq!(agent_path(root, "~/.ssh", None), None, "no home directory known");
+    }
+
+    #[tokio::test]
+    async fn a_question_naming_a_home_path_is_not_a_workspace_question() {
+        let asked = Arc::new(Asked::default());
+        let side = Side { answers: asked.clone(), root: PathBuf::from("/ws"), session: Mutex::new(None) };
+        let request: RequestPermissionRequest = serde_json::from_value(serde_json::json!({
+            "sessionId": "s",
+            "toolCall": {"toolCallId": "t", "kind": "read", "title": "Read README.md",
+                "locations": [{"path": "~/.ssh/id_rsa"}], "rawInput": {"path": "$HOME/.aws/credentials"}},
+            "options": [{"optionId": "ok", "name": "Allow", "kind": "allow_once"}],
+        }))
+        .unwrap();
+        side.permission(request).await.unwrap();
+        let ask = asked.0.lock().unwrap().clone().unwrap();
+        assert!(ask.paths.iter().all(|p| !p.starts_with("/ws")), "{:?}", ask.paths);
+        assert_eq!(ask.opaque, ["$HOME/.aws/credentials"]);
     }
 
     #[test]

@@ -115,7 +115,12 @@ impl Answers {
     /// the question is open answers `cancelled`.
     async fn forward_permission(&self, forward: &Forward, ask: PermissionAsk) -> PermissionChoice {
         let title = ask.title.as_deref().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
-        let in_workspace = names_only_workspace_paths(&self.root, &ask.paths);
+        let title = match ask.opaque.as_slice() {
+            [] => title.to_string(),
+            opaque => format!("{title} (naming {})", crate::session::cut_chars(&opaque.join(", "), 500)),
+        };
+        let title = title.as_str();
+        let in_workspace = names_only_workspace_paths(&self.root, &ask);
         let asked =
             Asked { kind: ask.kind, title, raw_input: ask.raw_input.clone(), access: ask.access.clone(), in_workspace };
         let Some(answer) = forward.ask(self.request(forward, asked)).await else {
@@ -280,7 +285,7 @@ impl RemoteAnswers for Answers {
 /// kind and paths are the agent's word, and what it would read is not known.
 fn permission_answer(policy: AcpPermission, root: &Path, ask: &PermissionAsk) -> PermissionChoice {
     let allow =
-        policy.allows_reads() && matches!(ask.kind, "read" | "search") && names_only_workspace_paths(root, &ask.paths);
+        policy.allows_reads() && matches!(ask.kind, "read" | "search") && names_only_workspace_paths(root, ask);
     let answer = if allow { PermissionAnswer::AllowOnce } else { PermissionAnswer::RejectOnce };
     chosen(offered(ask, passed_on(answer)))
 }
@@ -326,9 +331,12 @@ fn chosen(offer: Option<&PermissionOffer>) -> PermissionChoice {
     offer.map_or(PermissionChoice::Cancelled, |o| PermissionChoice::Selected(o.id.clone()))
 }
 
-/// Whether the call names paths and all of them lie in the working directory.
-fn names_only_workspace_paths(root: &Path, paths: &[PathBuf]) -> bool {
-    !paths.is_empty() && paths.iter().all(|p| crate::tools::paths::inside_workspace(&[root.to_path_buf()], p))
+/// Whether the call names paths and all of them lie in the working directory (none of them in a
+/// form kin cannot resolve).
+fn names_only_workspace_paths(root: &Path, ask: &PermissionAsk) -> bool {
+    ask.opaque.is_empty()
+        && !ask.paths.is_empty()
+        && ask.paths.iter().all(|p| crate::tools::paths::inside_workspace(&[root.to_path_buf()], p))
 }
 
 /// The text of the regular file at `real` (`shown` names it in errors), refusing anything else
@@ -409,6 +417,7 @@ mod tests {
             title: Some(format!("{kind} something")),
             raw_input: Value::Null,
             paths,
+            opaque: Vec::new(),
             options: vec![
                 super::super::port::PermissionOffer { id: "a1".into(), kind: OfferKind::AllowOnce },
                 super::super::port::PermissionOffer { id: "r1".into(), kind: OfferKind::RejectOnce },
@@ -571,15 +580,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (root, _) = workspace(&dir);
         std::os::unix::fs::symlink("/etc", root.join("etc")).unwrap();
-        let named =
-            |paths: &[&str]| -> Vec<PathBuf> { paths.iter().map(|p| crate::tools::paths::resolve(&root, p)).collect() };
+        let named = |paths: &[&str]| PermissionAsk {
+            paths: paths.iter().map(|p| crate::tools::paths::resolve(&root, p)).collect(),
+            ..ask("read", &[])
+        };
         let inside = root.join("a.txt").display().to_string();
         assert!(names_only_workspace_paths(&root, &named(&[&inside])));
         assert!(names_only_workspace_paths(&root, &named(&["src/new.rs"])));
-        assert!(!names_only_workspace_paths(&root, &[]), "no path named");
+        assert!(!names_only_workspace_paths(&root, &named(&[])), "no path named");
         assert!(!names_only_workspace_paths(&root, &named(&[&inside, "/etc/passwd"])));
         assert!(!names_only_workspace_paths(&root, &named(&["../x"])));
         assert!(!names_only_workspace_paths(&root, &named(&["etc/passwd"])), "a symlink out");
+        let opaque = PermissionAsk { opaque: vec!["$HOME/.ssh/id_rsa".into()], ..named(&[&inside]) };
+        assert!(!names_only_workspace_paths(&root, &opaque), "a path kin cannot resolve");
     }
 
     #[tokio::test]

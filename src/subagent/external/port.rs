@@ -109,8 +109,11 @@ pub struct PermissionAsk {
     pub title: Option<String>,
     pub raw_input: Value,
     /// Every path the call names (its locations and a `path` / `file_path` / `filePath` input),
-    /// resolved against the working directory.
+    /// resolved against the working directory (`~/…` in the home directory).
     pub paths: Vec<PathBuf>,
+    /// The paths it names that kin cannot resolve (`~user/…`, `$HOME/…`), as named: such a call
+    /// is never taken to stay in the working directory, and the question shows them.
+    pub opaque: Vec<String>,
     pub options: Vec<PermissionOffer>,
 }
 
