@@ -115,9 +115,22 @@ impl Answers {
     /// the question is open answers `cancelled`.
     async fn forward_permission(&self, forward: &Forward, ask: PermissionAsk) -> PermissionChoice {
         let title = ask.title.as_deref().filter(|t| !t.trim().is_empty()).unwrap_or("a tool call");
-        let title = match ask.opaque.as_slice() {
+        // The paths the question is really about, when the title may not say them: every one
+        // not in the working directory (the agent's title is its own word).
+        let root = [self.root.clone()];
+        let elsewhere: Vec<String> = ask
+            .paths
+            .iter()
+            .filter(|p| !crate::tools::paths::inside_workspace(&root, p))
+            .map(|p| p.display().to_string())
+            .chain(ask.opaque.iter().cloned())
+            .collect();
+        let title = match elsewhere.as_slice() {
             [] => title.to_string(),
-            opaque => format!("{title} (naming {})", crate::session::cut_chars(&opaque.join(", "), 500)),
+            named => format!(
+                "{title} (it names {}: not known to be in the working directory)",
+                crate::session::cut_chars(&named.join(", "), 500)
+            ),
         };
         let title = title.as_str();
         let in_workspace = names_only_workspace_paths(&self.root, &ask);
@@ -284,8 +297,7 @@ impl RemoteAnswers for Answers {
 /// in the working directory `root`, else "reject once". A call naming no path is rejected: its
 /// kind and paths are the agent's word, and what it would read is not known.
 fn permission_answer(policy: AcpPermission, root: &Path, ask: &PermissionAsk) -> PermissionChoice {
-    let allow =
-        policy.allows_reads() && matches!(ask.kind, "read" | "search") && names_only_workspace_paths(root, ask);
+    let allow = policy.allows_reads() && matches!(ask.kind, "read" | "search") && names_only_workspace_paths(root, ask);
     let answer = if allow { PermissionAnswer::AllowOnce } else { PermissionAnswer::RejectOnce };
     chosen(offered(ask, passed_on(answer)))
 }
@@ -593,6 +605,44 @@ mod tests {
         assert!(!names_only_workspace_paths(&root, &named(&["etc/passwd"])), "a symlink out");
         let opaque = PermissionAsk { opaque: vec!["$HOME/.ssh/id_rsa".into()], ..named(&[&inside]) };
         assert!(!names_only_workspace_paths(&root, &opaque), "a path kin cannot resolve");
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_question_names_the_paths_outside_the_working_directory() {
+        /// Keeps each question's title and whether it stays in the working directory.
+        struct Shown(Mutex<Vec<(String, bool)>>);
+        impl PermissionPrompt for Shown {
+            fn ask(&self, request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+                self.0.lock().unwrap().push((request.title, request.in_workspace));
+                async { PermissionAnswer::RejectOnce }.boxed()
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (root, _) = workspace(&dir);
+        let shown = Arc::new(Shown(Mutex::new(Vec::new())));
+        let run = forwarding_to(&root, shown.clone());
+        let inside = root.join("a.txt").display().to_string();
+        let titled = |paths: &[&str]| PermissionAsk { title: Some("Read README.md".into()), ..ask("read", paths) };
+        run.permission(titled(&[&inside])).await;
+        run.permission(titled(&[&inside, "/root/.ssh/id_rsa"])).await;
+        run.permission(PermissionAsk { opaque: vec!["$HOME/.aws/credentials".into()], ..titled(&[&inside]) }).await;
+        let shown = shown.0.lock().unwrap().clone();
+        assert_eq!(shown[0], ("acp:t: Read README.md".to_string(), true));
+        assert_eq!(
+            shown[1],
+            (
+                "acp:t: Read README.md (it names /root/.ssh/id_rsa: not known to be in the working directory)".into(),
+                false
+            )
+        );
+        assert_eq!(
+            shown[2],
+            (
+                "acp:t: Read README.md (it names $HOME/.aws/credentials: not known to be in the working directory)"
+                    .into(),
+                false
+            )
+        );
     }
 
     #[tokio::test]
