@@ -233,6 +233,15 @@ impl PackedRow {
         if self.kind == "tool-call-chunks" && self.data.id.is_none() {
             return Err("tool-call-chunks row has no id".into());
         }
+        if self.data.dt.iter().try_fold(self.time0, |time, &gap| time.checked_add(gap)).is_none() {
+            return Err(format!(
+                "{} row's times run past the largest time (time0 {} plus its gaps)",
+                self.kind, self.time0
+            ));
+        }
+        if self.seq0.checked_add(members as u64 - 1).is_none() {
+            return Err(format!("{} row's seqs run past the largest seq (seq0 {})", self.kind, self.seq0));
+        }
         Ok(())
     }
 
@@ -247,7 +256,8 @@ impl PackedRow {
         };
         for (i, piece) in pieces.into_iter().enumerate() {
             if i > 0 {
-                time += dt.get(i - 1).copied().unwrap_or(0);
+                // `check` refused a row whose times overflow.
+                time = time.saturating_add(dt.get(i - 1).copied().unwrap_or(0));
             }
             let chunk = match self.kind.as_str() {
                 "text-chunks" => StreamChunk::TextDelta { index, text: piece },
@@ -259,7 +269,7 @@ impl PackedRow {
                     arguments_delta: piece,
                 },
             };
-            out.push(Event::new(self.seq0 + i as u64, time, AssistantChunk { turn, step, chunk }, None));
+            out.push(Event::new(self.seq0.saturating_add(i as u64), time, AssistantChunk { turn, step, chunk }, None));
         }
         out
     }
@@ -312,6 +322,23 @@ mod tests {
     fn packed_row_with_wrong_gap_count_is_rejected() {
         let line = r#"{"type":"text-chunks","seq0":0,"time0":0,"data":{"turn":1,"step":1,"index":0,"dt":[],"texts":["a","b"]}}"#;
         assert!(Record::parse(line).unwrap_err().contains("time gaps"));
+    }
+
+    #[test]
+    fn packed_rows_whose_times_or_seqs_overflow_are_rejected_not_unpacked() {
+        let max = u64::MAX;
+        let big_start = format!(
+            r#"{{"type":"text-chunks","seq0":0,"time0":{max},"data":{{"turn":1,"step":1,"index":0,"dt":[1],"texts":["a","b"]}}}}"#
+        );
+        assert!(Record::parse(&big_start).unwrap_err().contains("times run past"));
+        let big_gap = format!(
+            r#"{{"type":"text-chunks","seq0":0,"time0":5,"data":{{"turn":1,"step":1,"index":0,"dt":[0,{max}],"texts":["a","b","c"]}}}}"#
+        );
+        assert!(Record::parse(&big_gap).unwrap_err().contains("times run past"));
+        let big_seq = format!(
+            r#"{{"type":"text-chunks","seq0":{max},"time0":0,"data":{{"turn":1,"step":1,"index":0,"dt":[0],"texts":["a","b"]}}}}"#
+        );
+        assert!(Record::parse(&big_seq).unwrap_err().contains("seqs run past"));
     }
 
     #[test]
