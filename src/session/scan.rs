@@ -263,7 +263,11 @@ pub(crate) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// `open_log`, with the metadata its check read (one `fstat`).
 fn open_log_statted(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
-    let file = open_log_unchecked(path)?;
+    regular(open_no_follow(path, std::fs::OpenOptions::new().read(true))?)
+}
+
+/// `file` and its metadata when it is a regular file, else the error saying it is not.
+fn regular(file: std::fs::File) -> std::io::Result<(std::fs::File, std::fs::Metadata)> {
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
@@ -271,19 +275,29 @@ fn open_log_statted(path: &Path) -> std::io::Result<(std::fs::File, std::fs::Met
     Ok((file, meta))
 }
 
+/// Opens a log as `options` say (the writer's: for appending) with `open_log`'s checks: no
+/// symlink followed, no FIFO blocked on, nothing but a regular file.
+pub(crate) fn open_log_as(path: &Path, options: &mut std::fs::OpenOptions) -> std::io::Result<std::fs::File> {
+    regular(open_no_follow(path, options)?).map(|(file, _)| file)
+}
+
 /// `open_log` without its `fstat`, for a caller that has just statted the path as a regular
 /// file and checks what it reads (anything else at the path fails the read or the check).
 pub(crate) fn open_log_unchecked(path: &Path) -> std::io::Result<std::fs::File> {
+    open_no_follow(path, std::fs::OpenOptions::new().read(true))
+}
+
+/// `options` opening `path` without following a symlink at it or blocking on a FIFO.
+fn open_no_follow(path: &Path, options: &mut std::fs::OpenOptions) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(|e| {
-        if e.raw_os_error() == Some(libc::ELOOP) {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the session log is a symlink, which kin does not follow",
-            )
-        } else {
-            e
-        }
+    options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the session log is a symlink, which kin does not follow",
+        ),
+        // A FIFO opened for writing with no reader (or a device without one).
+        Some(libc::ENXIO) => std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
+        _ => e,
     })
 }
 

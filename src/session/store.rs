@@ -417,6 +417,31 @@ mod tests {
     }
 
     #[test]
+    fn a_load_refuses_a_fifo_or_a_symlink_at_the_log_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = write_log(dir.path(), "/a", "real", "");
+        let fifo = log_path(dir.path(), Some("/a"), "fifo");
+        std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let link = log_path(dir.path(), Some("/a"), "link");
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let root = dir.path().to_path_buf();
+        // On a thread: a load that blocks on the FIFO fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let store = SessionStore::new(root);
+            let error = |id: &str| store.load(id).err().map(|e| format!("{e:#}"));
+            let _ = tx.send((error("fifo"), error("link")));
+        });
+        let (fifo, link) = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the load blocked");
+        assert!(fifo.as_deref().is_some_and(|e| e.contains("not a regular file")), "{fifo:?}");
+        assert!(link.as_deref().is_some_and(|e| e.contains("symlink")), "{link:?}");
+    }
+
+    #[test]
     fn a_load_locks_the_log_before_it_scans_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = SessionStore::new(dir.path());

@@ -374,9 +374,9 @@ pub(crate) struct LockedLog {
 impl LockedLog {
     /// Opens and locks `path`; refused while another kin process writes it.
     pub(crate) fn open(path: PathBuf) -> Result<LockedLog> {
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&path)
+        // Not a FIFO (the open would block the runtime's thread until a writer came), not a
+        // symlink, not a directory: what a scan would refuse anyway, refused before the lock.
+        let file = super::scan::open_log_as(&path, OpenOptions::new().append(true))
             .with_context(|| format!("opening session log {}", path.display()))?;
         let file = lock_exclusive(file, &path)?;
         Ok(LockedLog { path, file })
