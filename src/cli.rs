@@ -130,7 +130,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub output: OutputArg,
     /// Add the turn to this stored session.
-    #[arg(long, value_name = "ID", conflicts_with = "continue_")]
+    #[arg(long, value_name = "ID", conflicts_with = "continue_", value_parser = session_id)]
     pub resume: Option<String>,
     /// Add the turn to the newest top-level session of the working directory.
     #[arg(long = "continue")]
@@ -214,11 +214,25 @@ pub enum SessionsCommand {
         cwd: Option<PathBuf>,
     },
     /// Print a readable transcript of a session.
-    Show { id: String },
+    Show {
+        #[arg(value_parser = session_id)]
+        id: String,
+    },
     /// Validate logs (all, or one); report torn tails and corruption by file and line. Changes nothing.
-    Check { id: Option<String> },
+    Check {
+        #[arg(value_parser = session_id)]
+        id: Option<String>,
+    },
     /// Delete a top-level session and its subagent sessions (refused while a kin has it open).
-    Delete { id: String },
+    Delete {
+        #[arg(value_parser = session_id)]
+        id: String,
+    },
+}
+
+/// A session id as a command line gives it: one kin could store (bad usage otherwise, exit 2).
+fn session_id(id: &str) -> Result<String, String> {
+    crate::session::layout::validate_session_id(id).map(|()| id.to_string())
 }
 
 impl Cli {

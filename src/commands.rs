@@ -212,20 +212,40 @@ pub fn sessions_delete(config: &Config, id: &str) -> Result<()> {
 /// Validates logs; returns true when every checked log is clean.
 pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
     let store = SessionStore::new(config.sessions_dir.clone());
-    let paths: Vec<PathBuf> = match id {
-        Some(id) => vec![
-            store.locate(id).map_err(|e| anyhow::anyhow!("{e}"))?.with_context(|| format!("unknown session: {id}"))?,
-        ],
-        None => all_logs(store.root()),
-    };
     let mut out = std::io::stdout().lock();
-    let mut clean = true;
+    let (paths, unreadable) = match id {
+        Some(id) => (
+            vec![
+                store
+                    .locate(id)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .with_context(|| format!("unknown session: {id}"))?,
+            ],
+            Vec::new(),
+        ),
+        None => all_logs(store.root())?,
+    };
+    let mut clean = unreadable.is_empty();
+    for problem in unreadable {
+        writeln!(out, "unreadable {problem}")?;
+    }
+    if paths.is_empty() && clean {
+        writeln!(out, "no session logs under {}", store.root().display())?;
+    }
     for path in paths {
-        match crate::session::scan::scan_file(&path) {
+        // The directory a log is filed under is the id its header must name.
+        let dir_id = path.parent().and_then(Path::file_name).and_then(std::ffi::OsStr::to_str).unwrap_or_default();
+        let checked = crate::session::scan::scan_file(&path).and_then(|s| crate::session::store::named(dir_id, s));
+        match checked {
             Ok(scanned) => match &scanned.torn {
                 None => {
-                    let open = !crate::session::repair::closers(&scanned.events).is_empty();
-                    let note = if open { " (last turn interrupted; load will close it)" } else { "" };
+                    let note = if SessionStore::is_open(&path) {
+                        " (open in a kin process, which is writing it)"
+                    } else if crate::session::repair::closers(&scanned.events).is_empty() {
+                        ""
+                    } else {
+                        " (last turn interrupted; load will close it)"
+                    };
                     writeln!(out, "ok       {} ({} events){note}", path.display(), scanned.events.len())?;
                 }
                 Some(torn) => {
@@ -242,17 +262,38 @@ pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
             },
             Err(e) => {
                 clean = false;
-                writeln!(out, "corrupt  {e}")?;
+                let label = match e {
+                    crate::session::scan::ScanError::Io { .. } => "unreadable",
+                    crate::session::scan::ScanError::Corrupt { .. } => "corrupt ",
+                };
+                writeln!(out, "{label} {e}")?;
             }
         }
     }
     Ok(clean)
 }
 
-fn all_logs(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for project in std::fs::read_dir(root).into_iter().flatten().flatten() {
-        for session in std::fs::read_dir(project.path()).into_iter().flatten().flatten() {
+/// Every log under the sessions directory `root` (none when it does not exist; an error when it
+/// cannot be read), and each project directory that cannot be read, with why.
+fn all_logs(root: &Path) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let projects = match std::fs::read_dir(root) {
+        Ok(projects) => projects,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
+        Err(e) => anyhow::bail!("cannot read the sessions directory {}: {e}", root.display()),
+    };
+    let (mut out, mut unreadable) = (Vec::new(), Vec::new());
+    for project in projects.flatten() {
+        if !project.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let sessions = match std::fs::read_dir(project.path()) {
+            Ok(sessions) => sessions,
+            Err(e) => {
+                unreadable.push(format!("{}: {e}", project.path().display()));
+                continue;
+            }
+        };
+        for session in sessions.flatten() {
             let path = session.path().join(crate::session::layout::LOG_FILE);
             if std::fs::symlink_metadata(&path).is_ok() {
                 out.push(path);
@@ -260,7 +301,7 @@ fn all_logs(root: &Path) -> Vec<PathBuf> {
         }
     }
     out.sort();
-    out
+    Ok((out, unreadable))
 }
 
 #[cfg(test)]

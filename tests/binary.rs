@@ -130,6 +130,10 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     assert!(std::fs::read_to_string(&index).unwrap().contains(r#""title":{"text":"hello again"}"#));
     let (ok, shown) = run(&["sessions", "show", "cccccccc-0000-4000-8000-000000000001"]);
     assert!(ok && shown.contains("user: hello there") && shown.contains("title: hello there (fallback)"), "{shown}");
+    // This test's writer still holds the log, mid-turn: check says so, not "interrupted".
+    let (ok, checked) = run(&["sessions", "check"]);
+    assert!(ok && checked.contains("(open in a kin process, which is writing it)"), "{checked}");
+    drop(s);
     let (ok, checked) = run(&["sessions", "check"]);
     assert!(ok && checked.contains("last turn interrupted"), "{checked}");
     // A torn tail is reported by file and line, and the file is left as it was.
@@ -140,6 +144,50 @@ fn sessions_commands_list_show_and_check_what_acp_wrote() {
     let (ok, checked) = run(&["sessions", "check", "cccccccc-0000-4000-8000-000000000001"]);
     assert!(!ok && checked.contains("torn") && checked.contains(":6:"), "{checked}");
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "check changes nothing");
+}
+
+/// `kin sessions check` says what it could not check, and holds a log to the id of the directory
+/// it is filed under, as a load does; an id no session could have is bad usage.
+#[test]
+fn sessions_check_reports_what_it_cannot_read_and_a_header_filed_under_another_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kin = |sessions: &Path, args: &[&str]| {
+        let out = Command::new(KIN)
+            .args(args)
+            .arg("--sessions")
+            .arg(sessions)
+            .args(["--config", "/dev/null"])
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    let missing = tmp.path().join("missing");
+    let (code, said) = kin(&missing, &["sessions", "check"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("no session logs under"), "{said}");
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let (code, said) = kin(&file, &["sessions", "check"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("cannot read the sessions directory"), "{said}");
+    let sessions = tmp.path().join("sessions");
+    let store = kin::testkit::session::SessionStore::new(&sessions);
+    let id = "dddddddd-0000-4000-8000-000000000001";
+    store.create(kin::testkit::session::SessionHeader::new(id, 1, Some("/proj".into()))).unwrap().flush().unwrap();
+    let path = store.locate(id).unwrap().unwrap();
+    let moved = path.parent().unwrap().with_file_name("other-id");
+    std::fs::rename(path.parent().unwrap(), &moved).unwrap();
+    let (code, said) = kin(&sessions, &["sessions", "check"]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(&format!(":1: corrupt session log: header names session \"{id}\", not \"other-id\"")),
+        "{said}"
+    );
+    for bad in ["../../x", "", "a/b"] {
+        let (code, said) = kin(&sessions, &["sessions", "show", bad]);
+        assert_eq!(code, Some(2), "{bad:?}: {said}");
+    }
 }
 
 const LIST_WAIT: Duration = Duration::from_secs(30);

@@ -158,15 +158,12 @@ impl SessionStore {
 
     /// `scan` of the log at `path`, whose header must name `id`.
     fn scan_at(id: &str, path: PathBuf, scan: fn(&Path) -> Result<Scanned, ScanError>) -> Result<Scanned, StoreError> {
-        let scanned = scan(&path).map_err(StoreError::Scan)?;
-        if scanned.header.id != id {
-            return Err(StoreError::Scan(ScanError::Corrupt {
-                path,
-                line: 1,
-                reason: format!("header names session {:?}, not {id:?}", scanned.header.id),
-            }));
-        }
-        Ok(scanned)
+        scan(&path).and_then(|scanned| named(id, scanned)).map_err(StoreError::Scan)
+    }
+
+    /// Whether a kin process (this one or another) has the log at `path` open for writing.
+    pub(crate) fn is_open(path: &Path) -> bool {
+        matches!(super::writer::try_lock(path), Ok(None))
     }
 
     /// Repairing load: truncates a torn tail, closes an interrupted turn (durably), and returns
@@ -244,13 +241,20 @@ impl SessionStore {
     pub fn delete(&self, id: &str) -> Result<Vec<String>, StoreError> {
         let path = self.locate(id)?.ok_or_else(|| StoreError::NotFound(id.to_string()))?;
         let header = match stored_at(&path) {
-            Ok(Some(stored)) => stored.header,
+            Ok(Some(stored)) => Some(stored.header),
             Ok(None) => return Err(StoreError::NotFound(id.to_string())),
+            // A log whose header cannot be read (empty, damaged, not a file) is deleted as a
+            // top-level session: nothing shows it is a subagent child, and nothing else in kin
+            // can remove it.
             Err(reason) => {
-                return Err(StoreError::Scan(ScanError::Corrupt { path, line: 1, reason }));
+                tracing::warn!(path = %path.display(), "deleting a session whose header cannot be read: {reason}");
+                None
             }
         };
-        if header.parent_session.is_some() && header.origin.as_deref() == Some("subagent") {
+        if let Some(header) = &header
+            && header.parent_session.is_some()
+            && header.origin.as_deref() == Some("subagent")
+        {
             return Err(StoreError::Refused(format!(
                 "{id} is a subagent session; delete its top-level session, which removes it too"
             )));
@@ -274,6 +278,8 @@ impl SessionStore {
         for (sid, path) in &tree {
             match super::writer::try_lock(path) {
                 Ok(Some(file)) => locks.push(file),
+                // A symlink is not a log kin writes: there is no lock to take.
+                Err(_) if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink()) => {}
                 Ok(None) => {
                     let whose = if sid == id { String::new() } else { format!(" (its subagent session {sid} is)") };
                     return Err(StoreError::Refused(format!(
@@ -319,7 +325,13 @@ pub(crate) fn top_level(listed: Vec<StoredSession>, cwd: Option<&Path>) -> Vec<S
 fn remove_log(path: &Path) -> anyhow::Result<()> {
     use anyhow::Context;
     let sync = |dir: &Path| std::fs::File::open(dir).and_then(|d| d.sync_all());
-    std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+    // A directory where the log should be is removed with what it holds (a symlink, not its target).
+    let removed = if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    removed.with_context(|| format!("removing {}", path.display()))?;
     let Some(dir) = path.parent() else { return Ok(()) };
     sync(dir).with_context(|| format!("syncing {}", dir.display()))?;
     match std::fs::remove_dir(dir) {
@@ -331,6 +343,16 @@ fn remove_log(path: &Path) -> anyhow::Result<()> {
         Err(e) => tracing::debug!(dir = %dir.display(), "keeping a session directory that holds other files: {e}"),
     }
     Ok(())
+}
+
+/// `scanned` when its header names session `id` (the directory it is filed under), else the
+/// corruption at line 1 every reader reports.
+pub(crate) fn named(id: &str, scanned: Scanned) -> Result<Scanned, ScanError> {
+    if scanned.header.id == id {
+        return Ok(scanned);
+    }
+    let reason = format!("header names session {:?}, not {id:?}", scanned.header.id);
+    Err(ScanError::Corrupt { path: scanned.path, line: 1, reason })
 }
 
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
@@ -439,6 +461,34 @@ mod tests {
         let (fifo, link) = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the load blocked");
         assert!(fifo.as_deref().is_some_and(|e| e.contains("not a regular file")), "{fifo:?}");
         assert!(link.as_deref().is_some_and(|e| e.contains("symlink")), "{link:?}");
+    }
+
+    #[test]
+    fn a_session_whose_header_cannot_be_read_can_still_be_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(dir.path());
+        let at = |id: &str| {
+            let path = log_path(dir.path(), Some("/a"), id);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            path
+        };
+        std::fs::write(at("empty"), "").unwrap();
+        std::fs::write(at("garbage"), "not a header\n").unwrap();
+        std::fs::write(at("v1"), "{\"type\":\"session\",\"version\":1,\"id\":\"v1\",\"createdAt\":0}\n").unwrap();
+        std::fs::create_dir(at("dir")).unwrap();
+        std::fs::write(at("dir").join("inside"), "x").unwrap();
+        std::os::unix::fs::symlink("/nonexistent/target", at("dangling")).unwrap();
+        let outside = dir.path().join("outside.jsonl");
+        std::fs::write(&outside, "kept").unwrap();
+        std::os::unix::fs::symlink(&outside, at("link")).unwrap();
+        let fifo = std::ffi::CString::new(at("fifo").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        for id in ["empty", "garbage", "v1", "dir", "dangling", "link", "fifo"] {
+            assert_eq!(store.delete(id).map_err(|e| e.to_string()), Ok(vec![id.to_string()]), "{id}");
+            assert!(!log_path(dir.path(), Some("/a"), id).parent().unwrap().exists(), "{id}: its directory is gone");
+        }
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept", "a link's target is not touched");
     }
 
     #[test]

@@ -431,7 +431,8 @@ fn create_dir_syncing(dir: &Path, mut sync: impl FnMut(&Path) -> std::io::Result
 /// the file is dropped), `None` means a writer — a live session, in this process or another —
 /// holds it.
 pub(super) fn try_lock(path: &Path) -> Result<Option<LockedFile>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // As a scan opens a log: a FIFO does not block the open, a symlink is not followed.
+    let file = super::scan::open_log_unchecked(path).with_context(|| format!("opening {}", path.display()))?;
     LockedFile::take(file).with_context(|| format!("locking {}", path.display()))
 }
 
