@@ -234,8 +234,12 @@ pub fn sessions_check(config: &Config, id: Option<&str>) -> Result<bool> {
     }
     for path in paths {
         // The directory a log is filed under is the id its header must name.
-        let dir_id = path.parent().and_then(Path::file_name).and_then(std::ffi::OsStr::to_str).unwrap_or_default();
-        let checked = crate::session::scan::scan_file(&path).and_then(|s| crate::session::store::named(dir_id, s));
+        let checked = crate::session::scan::scan_file(&path).and_then(|scanned| {
+            match crate::session::scan::filed(&path, &scanned.header.id) {
+                Ok(()) => Ok(scanned),
+                Err(reason) => Err(crate::session::scan::ScanError::Corrupt { path: path.clone(), line: 1, reason }),
+            }
+        });
         match checked {
             Ok(scanned) => match &scanned.torn {
                 None => {

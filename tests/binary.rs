@@ -180,9 +180,14 @@ fn sessions_check_reports_what_it_cannot_read_and_a_header_filed_under_another_i
     std::fs::rename(path.parent().unwrap(), &moved).unwrap();
     let (code, said) = kin(&sessions, &["sessions", "check"]);
     assert_eq!(code, Some(1), "{said}");
+    let misfiled = format!(
+        ":1: corrupt session log: header names session \"{id}\", not the one its directory \"other-id\" is for"
+    );
+    assert!(said.contains(&misfiled), "{said}");
+    let (_, listed) = kin(&sessions, &["sessions", "list"]);
     assert!(
-        said.contains(&format!(":1: corrupt session log: header names session \"{id}\", not \"other-id\"")),
-        "{said}"
+        !listed.lines().any(|line| line.starts_with(id)),
+        "a log filed under another id is not listed under an id nothing opens: {listed}"
     );
     for bad in ["../../x", "", "a/b"] {
         let (code, said) = kin(&sessions, &["sessions", "show", bad]);

@@ -41,7 +41,7 @@ use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::{LocatedLine, TitleMark, read_header, read_title, scan_file, scan_file_locating};
+use super::scan::{LocatedLine, TitleMark, read_filed_header, read_title, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError, StoredSession};
 use super::store_scan::{FoundLog, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
@@ -1642,7 +1642,7 @@ impl SourceState {
 
     fn read_header(&self, path: &Path) -> Result<(SessionHeader, super::scan::LogStat), String> {
         count(&self.io.header_reads);
-        read_header(path)
+        read_filed_header(path)
     }
 
     fn read_descriptors(&self, path: &Path, facts: &Facts) -> Option<Vec<Event>> {

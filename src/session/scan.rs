@@ -57,6 +57,25 @@ impl std::error::Error for ScanError {}
 /// A header line longer than this is not a header.
 const HEADER_LIMIT: u64 = 1 << 20;
 
+/// `read_header` of a log in the store (`<session dir>/session.jsonl`), refusing a header whose
+/// id is not the one its session directory names: every reader finds a session by that
+/// directory, so such a log would be listed under an id nothing could open.
+pub(crate) fn read_filed_header(path: &Path) -> Result<(SessionHeader, LogStat), String> {
+    let (header, stat) = read_header(path)?;
+    filed(path, &header.id)?;
+    Ok((header, stat))
+}
+
+/// Whether the log at `path` is filed under the session directory of `id` (else why not).
+pub(crate) fn filed(path: &Path, id: &str) -> Result<(), String> {
+    match path.parent().and_then(Path::file_name) {
+        Some(dir) if !super::layout::is_segment_of(dir, id) => {
+            Err(format!("header names session {id:?}, not the one its directory {:?} is for", dir.to_string_lossy()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Reads only the header line of the log at `path` (opened as `open_log` does; at most
 /// `HEADER_LIMIT` bytes, ending in a newline), with the log's length and modification time
 /// from the same `fstat`.

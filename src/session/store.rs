@@ -9,7 +9,7 @@ use super::layout::{LOG_FILE, encode_segment, log_path, validate_session_id};
 use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
-use super::scan::{ScanError, Scanned, read_header, scan_file, scan_file_resident};
+use super::scan::{ScanError, Scanned, read_filed_header, scan_file, scan_file_resident};
 use super::store_scan::each_in_parallel;
 use super::watch::LogWatch;
 use super::writer::{LockedLog, LogWriter};
@@ -347,7 +347,7 @@ fn remove_log(path: &Path) -> anyhow::Result<()> {
 
 /// `scanned` when its header names session `id` (the directory it is filed under), else the
 /// corruption at line 1 every reader reports.
-pub(crate) fn named(id: &str, scanned: Scanned) -> Result<Scanned, ScanError> {
+fn named(id: &str, scanned: Scanned) -> Result<Scanned, ScanError> {
     if scanned.header.id == id {
         return Ok(scanned);
     }
@@ -357,7 +357,7 @@ pub(crate) fn named(id: &str, scanned: Scanned) -> Result<Scanned, ScanError> {
 
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
 fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
-    match read_header(path) {
+    match read_filed_header(path) {
         Ok((header, stat)) => {
             Ok(Some(StoredSession { header, path: path.to_path_buf(), modified: stat.modified, len: stat.len }))
         }

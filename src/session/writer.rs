@@ -445,6 +445,15 @@ mod tests {
     fn reopen(path: PathBuf, committed: u64) -> Result<LogWriter> {
         LockedLog::open(path)?.resume(committed)
     }
+
+    /// A writer on `/dev/full`, which fails every write with ENOSPC (opened directly: a load
+    /// refuses anything but a regular file).
+    fn full_device() -> LogWriter {
+        let path = PathBuf::from("/dev/full");
+        let file = OpenOptions::new().append(true).open(&path).unwrap();
+        let file = lock_exclusive(file, &path).unwrap();
+        LockedLog { path, file }.resume(0).unwrap()
+    }
     use serde_json::json;
 
     fn event(seq: u64) -> Event {
@@ -501,7 +510,7 @@ mod tests {
     #[test]
     fn a_durable_append_that_cannot_be_written_leaves_nothing_of_itself() {
         // /dev/full fails every write with ENOSPC.
-        let mut w = reopen(PathBuf::from("/dev/full"), 0).unwrap();
+        let mut w = full_device();
         w.append(&event(0));
         let before = w.pending.clone();
         let err = w.append_durably(&[event(1), event(2)]).unwrap_err();
@@ -555,7 +564,7 @@ mod tests {
     #[test]
     fn a_failed_rollback_is_remembered_and_the_stray_bytes_cut_before_the_next_append() {
         // /dev/full fails every write, and a device cannot be truncated: the rollback fails.
-        let mut w = reopen(PathBuf::from("/dev/full"), 0).unwrap();
+        let mut w = full_device();
         w.append(&event(0));
         let err = format!("{:#}", w.flush().unwrap_err());
         assert!(err.contains("rollback failed too"), "{err}");
