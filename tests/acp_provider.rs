@@ -510,6 +510,53 @@ async fn forward_asks_the_parent_editor_and_an_allowed_edit_is_written() {
     assert_eq!((asked[0].tool.as_str(), &asked[0].raw_input), ("edit", &json!({"path": "notes.txt"})));
 }
 
+/// An editor that never answers (the user is away); counts the questions.
+struct Away(std::sync::atomic::AtomicUsize);
+
+impl kin::testkit::permission::PermissionPrompt for Away {
+    fn ask(
+        &self,
+        _: kin::testkit::permission::PermissionRequest,
+    ) -> futures::future::BoxFuture<'static, kin::testkit::permission::PermissionAnswer> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(futures::future::pending())
+    }
+}
+
+/// A child that asks permission, then dies while the question is open: the run ends at once,
+/// saying how the child ended, instead of waiting for an answer nobody can use.
+#[tokio::test]
+async fn a_child_that_dies_while_its_question_is_open_ends_the_run() {
+    const ASKS_THEN_DIES: &str = script_child!(
+        r#"printf '%s\n' '{"jsonrpc":"2.0","id":"perm","method":"session/request_permission","params":{"sessionId":"s1","toolCall":{"toolCallId":"t1","title":"Write notes.txt","kind":"edit","rawInput":{"path":"notes.txt"}},"options":[{"optionId":"yes","name":"Allow","kind":"allow_once"}]}}'
+while [ ! -e asked ]; do sleep 0.02; done
+echo "died on purpose" >&2
+exit 9
+"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![], &sh_agent_toml("dies", ASKS_THEN_DIES, "permission = \"forward\"\n"));
+    let away = Arc::new(Away(Default::default()));
+    rt.connect_client(kin::testkit::runtime::ClientLink {
+        prompt: Some(away.clone()),
+        files: None,
+        terminals: None,
+        children: None,
+    });
+    let cwd = workspace(dir.path());
+    let run = rt.subagents().start("acp:dies", request(&cwd)).await.unwrap();
+    // The child dies only once its question reached the editor.
+    common::until("the question to reach the editor", || away.0.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    std::fs::write(cwd.join("asked"), "").unwrap();
+    let result =
+        tokio::time::timeout(Duration::from_secs(20), run.result).await.expect("the run ends").unwrap().unwrap();
+    (run.dispose)().await.unwrap();
+    rt.shutdown().await;
+    assert_eq!(result.stop_reason, StopReason::Error);
+    let failure = result.failure.unwrap_or_default();
+    assert!(failure.contains("exit code 9") && failure.contains("died on purpose"), "{failure}");
+}
+
 #[tokio::test]
 async fn forward_passes_a_rejection_on_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,6 +29,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use super::wire::{Wire, WireOptions};
 
@@ -83,6 +84,8 @@ impl AgentPeer {
         let (done, finished) = oneshot::channel::<()>();
         let (s_permission, s_read, s_write, s_update) = (side.clone(), side.clone(), side.clone(), side);
         let flow = wire.flow();
+        let ended = wire.output_ended();
+        let (p_ended, r_ended, w_ended) = (ended.clone(), ended.clone(), ended);
         let builder = Builder::new(Client)
             .name(name)
             // First in the chain: each message's dispatch frees its room in the wire.
@@ -97,21 +100,21 @@ impl AgentPeer {
             // answered them: one at a time, the next frame read once this one is answered.
             .on_receive_request(
                 async move |request: RequestPermissionRequest, responder, _cx| {
-                    let answer = s_permission.permission(request).await;
+                    let answer = unless_gone(&p_ended, s_permission.permission(request)).await;
                     responder.respond_with_result(answer)
                 },
                 on_receive_request!(),
             )
             .on_receive_request(
                 async move |request: ReadTextFileRequest, responder, _cx| {
-                    let answer = s_read.read_text_file(request).await;
+                    let answer = unless_gone(&r_ended, s_read.read_text_file(request)).await;
                     responder.respond_with_result(answer)
                 },
                 on_receive_request!(),
             )
             .on_receive_request(
                 async move |request: WriteAnsweredNull, responder, _cx| {
-                    let written = s_write.write_text_file(request.0).await.map(|()| Value::Null);
+                    let written = unless_gone(&w_ended, s_write.write_text_file(request.0)).await.map(|()| Value::Null);
                     responder.respond_with_result(written)
                 },
                 on_receive_request!(),
@@ -216,6 +219,16 @@ pub(crate) enum Answer {
 }
 
 pub(crate) use super::wire::numbering;
+
+/// `answer` to one of the agent's requests, unless the agent's output ends first (it exited
+/// while, say, the editor had its forwarded permission question open): then what `answer` waited
+/// on is dropped, and the dispatch loop it held is free to see the connection end.
+async fn unless_gone<T>(gone: &CancellationToken, answer: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    tokio::select! {
+        answered = answer => answered,
+        () = gone.cancelled() => Err(Error::internal_error().data("the agent's output ended before kin answered it")),
+    }
+}
 
 /// Picks a permission option from the offered `(optionId, kind)` pairs (kinds by their wire
 /// names, `allow_once` …); `None` answers `cancelled`.

@@ -211,6 +211,11 @@ impl Wire {
         self.read_done.cancelled().await;
     }
 
+    /// Fires once every line the process wrote was read (or reading stopped): its output ended.
+    pub(crate) fn output_ended(&self) -> CancellationToken {
+        self.read_done.clone()
+    }
+
     /// Why the connection broke, if it did.
     pub(crate) fn broken(&self) -> Option<Broken> {
         lock(&self.shared).broken.clone()
