@@ -563,3 +563,18 @@ fn sigterm_mid_turn_answers_the_prompt_cancelled_before_exit() {
     assert_eq!(response(&kin, prompt)["result"]["stopReason"], "cancelled");
     assert!(kin.child.wait().unwrap().success(), "SIGTERM is a clean exit");
 }
+
+/// SIGHUP (the terminal kin ran in closed) and SIGINT (Ctrl-C) end kin as SIGTERM does, the
+/// running turn answered and the children stopped, instead of killing it on the spot (which left
+/// an external agent child running on its own).
+#[test]
+fn sighup_and_sigint_end_kin_as_sigterm_does() {
+    for signal in ["-HUP", "-INT"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut kin, _, _, prompt) = mid_turn(tmp.path());
+        let pid = kin.child.id().to_string();
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success());
+        assert_eq!(response(&kin, prompt)["result"]["stopReason"], "cancelled", "{signal}");
+        assert!(kin.child.wait().unwrap().success(), "{signal} is a clean exit");
+    }
+}

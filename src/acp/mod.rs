@@ -176,7 +176,8 @@ pub(crate) use transport::DEFAULT_MAX_FRAME_BYTES;
 
 pub(crate) use transport::MIN_MAX_FRAME_BYTES;
 
-/// Serves ACP on stdin/stdout until stdin closes or kin gets SIGTERM, then shuts the runtime
+/// Serves ACP on stdin/stdout until stdin closes or kin gets SIGTERM (or SIGHUP, SIGINT: a
+/// closed terminal or a Ctrl-C end kin as cleanly, its children with it), then shuts the runtime
 /// down (both alike: the requests already read are answered first, running turns end
 /// `disposed` and their prompts are answered `cancelled`, queued messages stay pending on disk). A
 /// frame longer than `max_frame_bytes` is answered with an error and dropped (see `transport`).
@@ -184,27 +185,38 @@ pub async fn serve_stdio(runtime: Arc<Runtime>, max_frame_bytes: usize) -> anyho
     let turns = runtime.clone();
     let (lines, output) = transport::stdio(max_frame_bytes, move || turns.stop_turns());
     let stop = async {
-        terminated().await;
-        output.answer_before_the_end().await;
+        let signal = terminated().await;
+        output.answer_before_the_end(signal).await;
     };
     let served = serve_until(runtime, lines, stop).await;
     output.flush().await;
     served
 }
 
-/// Resolves when kin gets SIGTERM (never, if the handler cannot be installed: kin then dies of
-/// it as it would without one, and loses nothing accepted, which is on disk already).
-async fn terminated() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut sigterm) => {
-            sigterm.recv().await;
-            tracing::info!("SIGTERM: shutting down as when stdin closes; queued messages stay pending on disk");
+/// Resolves with the signal's name when kin gets SIGTERM, SIGHUP or SIGINT (one whose handler
+/// cannot be installed is never heard: kin then dies of it as it would without one, and loses
+/// nothing accepted, which is on disk already).
+async fn terminated() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let heard = |kind: SignalKind, name: &'static str| async move {
+        match signal(kind) {
+            Ok(mut stream) => {
+                stream.recv().await;
+                name
+            }
+            Err(e) => {
+                tracing::warn!("cannot handle {name} ({e}); it will end kin without a clean shutdown");
+                std::future::pending().await
+            }
         }
-        Err(e) => {
-            tracing::warn!("cannot handle SIGTERM ({e}); it will end kin without a clean shutdown");
-            std::future::pending::<()>().await;
-        }
-    }
+    };
+    let name = tokio::select! {
+        name = heard(SignalKind::terminate(), "SIGTERM") => name,
+        name = heard(SignalKind::hangup(), "SIGHUP") => name,
+        name = heard(SignalKind::interrupt(), "SIGINT") => name,
+    };
+    tracing::info!("{name}: shutting down as when stdin closes; queued messages stay pending on disk");
+    name
 }
 
 /// Serves ACP over `transport` until it closes, then shuts the runtime down.

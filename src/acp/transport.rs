@@ -106,8 +106,8 @@ impl Output {
     /// the running prompts `cancelled` once their turns are stopped, waiting at most
     /// `ledger::SIGTERM_WAIT`; a request read meanwhile is refused (see
     /// `Ledger::answer_before_the_end`).
-    pub(crate) async fn answer_before_the_end(&self) {
-        self.ledger.answer_before_the_end("SIGTERM", ledger::SIGTERM_WAIT).await;
+    pub(crate) async fn answer_before_the_end(&self, signal: &'static str) {
+        self.ledger.answer_before_the_end(signal, ledger::SIGTERM_WAIT).await;
     }
 
     /// Writes out whatever is still on its way (waiting at most `DRAIN`).
@@ -153,7 +153,7 @@ fn incoming(
             };
             let refused = match frame {
                 Frame::Line(line) => match Shape::of_line(&line) {
-                    shape if shape.is_request() && ledger.ending() => Refused::ending(shape.id()),
+                    shape if shape.is_request() && let Some(why) = ledger.ending() => Refused::ending(shape.id(), why),
                     // A request the SDK cannot parse it answers with a null id, which the client
                     // cannot match: it is answered here, with its id (as the SDK parses it).
                     shape
@@ -225,16 +225,17 @@ impl Refused {
         }
     }
 
-    /// A request read once kin began to end (after SIGTERM): notifications and responses still
-    /// pass (a `session/cancel` or a permission answer only helps the turns end).
-    fn ending(id: Value) -> Self {
+    /// A request read once kin began to end (after SIGTERM, `why`): notifications and responses
+    /// still pass (a `session/cancel` or a permission answer only helps the turns end).
+    fn ending(id: Value, why: &str) -> Self {
         Refused {
             answer: false,
             id,
             code: -32603,
-            message: "Internal error: kin is shutting down (it got SIGTERM) and serves no new request; \
-                      send it again to a new kin process"
-                .into(),
+            message: format!(
+                "Internal error: kin is shutting down (it got {why}) and serves no new request; send it again to a \
+                 new kin process"
+            ),
             data: Value::Null,
         }
     }

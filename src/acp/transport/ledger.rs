@@ -29,8 +29,9 @@ pub(super) struct Ledger {
     initialized: AtomicBool,
     /// Something left `open`.
     answered: tokio::sync::Notify,
-    /// The end began ([`Ledger::answer_before_the_end`]): a request read from now on is refused.
-    ending: AtomicBool,
+    /// The end began ([`Ledger::answer_before_the_end`]), and why: a request read from now on is
+    /// refused.
+    ending: std::sync::OnceLock<&'static str>,
     /// Ends the running turns (at the end of the input, once the other requests are answered).
     stop_turns: Option<Box<dyn Fn() + Send + Sync>>,
 }
@@ -87,9 +88,10 @@ impl Ledger {
         }
     }
 
-    /// Whether the end began: a request read now gets no service ([`Ledger::answer_before_the_end`]).
-    pub(super) fn ending(&self) -> bool {
-        self.ending.load(Ordering::Acquire)
+    /// Why the end began, once it did: a request read now gets no service
+    /// ([`Ledger::answer_before_the_end`]).
+    pub(super) fn ending(&self) -> Option<&'static str> {
+        self.ending.get().copied()
     }
 
     /// The id an outgoing line answers, if it is a response with an id and a request is open.
@@ -151,8 +153,8 @@ impl Ledger {
     /// ends the running turns, and their prompts are answered as they end (`cancelled`). A
     /// request read from the start of this on (after SIGTERM, the input is still read) is
     /// answered with an error instead of served (`ending`).
-    pub(super) async fn answer_before_the_end(&self, why: &str, within: std::time::Duration) {
-        self.ending.store(true, Ordering::Release);
+    pub(super) async fn answer_before_the_end(&self, why: &'static str, within: std::time::Duration) {
+        let _ = self.ending.set(why);
         let open = self.open().len();
         if open == 0 {
             return;
