@@ -153,7 +153,12 @@ fn incoming(
             };
             let refused = match frame {
                 Frame::Line(line) => match Shape::of_line(&line) {
-                    shape if shape.is_request() && let Some(why) = ledger.ending() => Refused::ending(shape.id(), why),
+                    shape
+                        if shape.is_request()
+                            && let Some(why) = ledger.ending() =>
+                    {
+                        Refused::ending(shape.id(), why)
+                    }
                     // A request the SDK cannot parse it answers with a null id, which the client
                     // cannot match: it is answered here, with its id (as the SDK parses it).
                     shape

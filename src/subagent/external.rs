@@ -169,6 +169,15 @@ impl ExternalAgentConfig {
     }
 }
 
+impl ExternalAgentConfig {
+    /// How long a cancelled run may take to end with its result: the agent's grace to answer
+    /// `session/cancel`, and a second for its kill (immediate unless the process is stuck) and
+    /// for the result to be recorded (`subagent/remote-run`).
+    pub(crate) fn wind_down(&self) -> Duration {
+        self.cancel_grace + Duration::from_secs(1)
+    }
+}
+
 /// `delegate_KEY`, with characters a tool name cannot hold replaced by `_`.
 pub(crate) fn default_tool_name(key: &str) -> String {
     let safe: String =
@@ -234,6 +243,10 @@ impl SubagentProvider for AcpProvider {
 
     fn inherits_parent_context(&self) -> bool {
         false
+    }
+
+    fn wind_down(&self) -> Option<Duration> {
+        Some(self.config.wind_down())
     }
 
     fn start(&self, resolved: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>> {
@@ -547,6 +560,7 @@ mod tests {
         assert_eq!(config.program_name(), "codex-acp");
         assert_eq!(config.cancel_grace, Duration::from_secs(6));
         assert_eq!(config.kill_grace, Duration::from_secs(3));
+        assert_eq!(config.wind_down(), Duration::from_secs(7), "a cancelled run's result is waited for");
         let debug = format!("{config:?}");
         assert!(debug.contains("OPENAI_API_KEY") && !debug.contains("secret"), "{debug}");
     }

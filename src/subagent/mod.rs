@@ -226,6 +226,11 @@ pub trait SubagentProvider: Send + Sync {
     }
     /// Publishes the child and returns its run; a rejection leaves nothing behind.
     fn start(&self, request: ResolvedStart) -> BoxFuture<'static, Result<SubagentRun, SubagentError>>;
+    /// How long a cancelled run may take to end with its result (the delegating call waits that
+    /// long for it before giving up); `None`: the tools' default.
+    fn wind_down(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// Observe-only lifecycle of runs.

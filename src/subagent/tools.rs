@@ -173,6 +173,13 @@ fn failed_text(fault: &str, dispose_failure: Option<&str>) -> String {
 }
 
 impl Tool for DelegateTool {
+    /// An external agent's run gets its provider's grace to answer the cancel, so its result
+    /// (and the `subagent/remote-run` record) is kept.
+    fn cancel_grace(&self) -> std::time::Duration {
+        let provider = self.service.provider(&self.config.provider).ok().and_then(|p| p.wind_down());
+        provider.unwrap_or(crate::tools::CANCEL_GRACE).max(crate::tools::CANCEL_GRACE)
+    }
+
     fn name(&self) -> &str {
         &self.config.tool_name
     }

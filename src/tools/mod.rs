@@ -32,8 +32,8 @@ use crate::model::{ModelRoute, ToolSchema};
 use crate::session::{Event, EventBody, SessionHeader};
 
 /// How long a cancelled tool call may take to wind down (kill processes, cancel children)
-/// before its future is dropped.
-const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// before its future is dropped, unless the tool says otherwise (`Tool::cancel_grace`).
+pub(crate) const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The agent making a tool call.
 #[derive(Debug, Clone)]
@@ -248,6 +248,10 @@ pub trait Tool: Send + Sync {
     fn parallel_safe(&self) -> bool {
         false
     }
+    /// How long a cancelled call may take to end with its own result before it is abandoned.
+    fn cancel_grace(&self) -> std::time::Duration {
+        CANCEL_GRACE
+    }
     /// True when the tool needs the caller's completed history (`Caller::history`).
     fn needs_history(&self) -> bool {
         false
@@ -374,6 +378,7 @@ impl ToolRegistry {
         };
         let arguments = parse_arguments(name, raw_arguments)?;
         let cancel = ctx.cancel.clone();
+        let grace = tool.cancel_grace();
         let run = tool.execute(arguments, ctx);
         tokio::pin!(run);
         tokio::select! {
@@ -381,7 +386,7 @@ impl ToolRegistry {
             () = cancel.cancelled() => {
                 // Let the tool wind down (it sees the same token) and report what really
                 // happened; a tool that does not finish within the grace is abandoned.
-                match tokio::time::timeout(CANCEL_GRACE, &mut run).await {
+                match tokio::time::timeout(grace, &mut run).await {
                     Ok(result) => result,
                     Err(_) => Err(args::aborted()),
                 }
@@ -434,6 +439,56 @@ mod tests {
         }
         fn execute(&self, _arguments: Value, _ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
             Box::pin(async { Ok(ToolOutput::text("")) })
+        }
+    }
+
+    /// A tool that, once cancelled, takes `wind_down` to end with its own result, and gives
+    /// itself `grace` for it.
+    struct Slow {
+        wind_down: std::time::Duration,
+        grace: std::time::Duration,
+    }
+
+    impl Tool for Slow {
+        fn name(&self) -> &str {
+            "slow"
+        }
+        fn description(&self) -> String {
+            String::new()
+        }
+        fn parameters(&self) -> Value {
+            json!({"type": "object"})
+        }
+        fn access(&self, _arguments: &Value) -> Access {
+            Access::External
+        }
+        fn cancel_grace(&self) -> std::time::Duration {
+            self.grace
+        }
+        fn execute(&self, _arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+            let wind_down = self.wind_down;
+            Box::pin(async move {
+                ctx.cancel.cancelled().await;
+                tokio::time::sleep(wind_down).await;
+                Ok(ToolOutput::text("wound down"))
+            })
+        }
+    }
+
+    /// A cancelled call ends with its own result when it winds down within its tool's grace (an
+    /// external agent's run, whose result is recorded), and is abandoned past it.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_call_gets_its_tools_grace_to_end() {
+        let secs = std::time::Duration::from_secs;
+        for (grace, expected) in [(CANCEL_GRACE, Err("ABORTED")), (secs(9), Ok("wound down"))] {
+            let mut registry = ToolRegistry::new();
+            registry.register(Arc::new(Slow { wind_down: secs(3), grace }));
+            let cancel = CancellationToken::new();
+            cancel.cancel();
+            let result = registry.call("slow", "{}", ToolContext::detached(None, cancel)).await;
+            let got =
+                result.as_ref().map(|o| o.content[0]["text"].as_str().unwrap_or_default()).map_err(|e| e.code.as_str());
+            assert_eq!(got, expected, "grace {grace:?}");
         }
     }
 
