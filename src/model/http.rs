@@ -769,10 +769,14 @@ fn is_context_overflow(lower: &str) -> bool {
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let number =
         |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<f64>().ok());
+    // A wait past what a `Duration` holds (`1e300`) is the longest one, which the policy caps.
+    let wait = |secs: f64| {
+        Duration::try_from_secs_f64(secs).ok().or_else(|| (secs > 0.0 && !secs.is_nan()).then_some(Duration::MAX))
+    };
     if let Some(ms) = number("retry-after-ms") {
-        return Duration::try_from_secs_f64(ms / 1000.0).ok();
+        return wait(ms / 1000.0);
     }
-    number("retry-after").and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+    number("retry-after").and_then(wait)
 }
 
 /// A short, single-line excerpt of an error body: the provider's `error.message` when the body
@@ -906,6 +910,16 @@ mod tests {
         let mut dated = HeaderMap::new();
         dated.insert("retry-after", HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
         assert_eq!(retry_after(&dated), None);
+        // Past what a Duration holds: the longest wait, which the policy caps (not none at all).
+        for (name, value) in [("retry-after", "1e300"), ("retry-after", "1e999"), ("retry-after-ms", "1e30")] {
+            let mut huge = HeaderMap::new();
+            huge.insert(name, HeaderValue::from_static(value));
+            assert_eq!(retry_after(&huge), Some(Duration::MAX), "{name}: {value}");
+            assert_eq!(RetryPolicy::default().delay(1, retry_after(&huge)), Duration::from_secs(60));
+        }
+        let mut negative = HeaderMap::new();
+        negative.insert("retry-after", HeaderValue::from_static("-5"));
+        assert_eq!(retry_after(&negative), None);
     }
 
     #[test]
