@@ -274,6 +274,8 @@ struct PendingCall {
     /// Our block index.
     index: u64,
     id: String,
+    /// The server gave `id` (else kin made it up).
+    id_given: bool,
     name: String,
     arguments: String,
     /// Surrogate halves of the arguments held across events.
@@ -350,7 +352,14 @@ impl ChatDecoder {
             other => other.to_string(),
         };
         let marked = self.marked;
-        if let Some(call) = self.positions.get(&key).map(|&at| &mut self.calls[at]) {
+        let given_id = delta["id"].as_str().filter(|id| !id.is_empty());
+        // A delta at a call's position (its `index`, or its place in the list when a server
+        // sends none) continues that call, unless it names another id: then it starts a call of
+        // its own, which takes the position over.
+        let continued = self.positions.get(&key).map(|&at| &mut self.calls[at]).filter(|call| {
+            !(call.id_given && given_id.is_some_and(|id| Joiner::whole(id, marked) != call.id.as_str()))
+        });
+        if let Some(call) = continued {
             let arguments_piece = call.join.piece(&raw_arguments, marked).into_owned();
             call.arguments.push_str(&arguments_piece);
             // Some servers repeat the name on every delta: only the first one counts.
@@ -370,7 +379,7 @@ impl ChatDecoder {
         }
         self.close_open(out);
         let index = self.new_index();
-        let id = delta["id"].as_str().filter(|id| !id.is_empty()).map_or_else(
+        let id = given_id.map_or_else(
             || format!("call_{}", uuid::Uuid::new_v4().simple()),
             |id| Joiner::whole(id, marked).into_owned(),
         );
@@ -384,7 +393,15 @@ impl ChatDecoder {
             arguments_delta: arguments_piece.clone(),
         });
         self.positions.insert(key, self.calls.len());
-        self.calls.push(PendingCall { index, id, name: name_piece.into_owned(), arguments: arguments_piece, join });
+        let id_given = given_id.is_some();
+        self.calls.push(PendingCall {
+            index,
+            id,
+            id_given,
+            name: name_piece.into_owned(),
+            arguments: arguments_piece,
+            join,
+        });
     }
 
     /// Closes the blocks and appends usage and the finish.
@@ -620,6 +637,60 @@ mod tests {
         assert_eq!(config.request_body(&request(Vec::new()))["max_tokens"], 1000);
         let summary = ModelRequest { max_tokens: Some(8192), ..request(Vec::new()) };
         assert_eq!(config.request_body(&summary)["max_tokens"], 8192);
+    }
+
+    /// Each call a server streams is a call of its own, however it numbers them: without
+    /// `index` (each delta's place in its list is 0), or reusing an index for a new id; a delta
+    /// without an id, or repeating its call's id, continues its call.
+    #[test]
+    fn tool_calls_are_told_apart_by_id_when_the_index_does_not() {
+        let call = |index: Option<u64>, id: Option<&str>, name: Option<&str>, args: &str| {
+            let mut delta = json!({"function": {"arguments": args}});
+            if let Some(index) = index {
+                delta["index"] = json!(index);
+            }
+            if let Some(id) = id {
+                delta["id"] = json!(id);
+            }
+            if let Some(name) = name {
+                delta["function"]["name"] = json!(name);
+            }
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}).to_string()
+        };
+        let stop = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.to_string();
+        let calls = |events: Vec<String>| -> Vec<(String, String)> {
+            let refs: Vec<&str> = events.iter().map(String::as_str).collect();
+            let mut calls: Vec<(String, String)> = Vec::new();
+            for chunk in decode(&refs).unwrap() {
+                if let StreamChunk::ToolCallDelta { id, arguments_delta, .. } = chunk {
+                    match calls.iter_mut().find(|(known, _)| *known == id) {
+                        Some((_, args)) => args.push_str(&arguments_delta),
+                        None => calls.push((id, arguments_delta)),
+                    }
+                }
+            }
+            calls
+        };
+        let a = r#"{"path": "a.txt"}"#;
+        let b = r#"{"path": "b.txt"}"#;
+        let expected = vec![("c1".to_string(), a.to_string()), ("c2".to_string(), b.to_string())];
+        // No index at all.
+        let no_index =
+            vec![call(None, Some("c1"), Some("read"), a), call(None, Some("c2"), Some("read"), b), stop.clone()];
+        assert_eq!(calls(no_index), expected);
+        // Index 0 reused for a new id.
+        let reused =
+            vec![call(Some(0), Some("c1"), Some("read"), a), call(Some(0), Some("c2"), Some("read"), b), stop.clone()];
+        assert_eq!(calls(reused), expected);
+        // A call streamed in pieces, its id on the first delta only, or repeated on each.
+        let pieces = vec![
+            call(Some(0), Some("c1"), Some("read"), r#"{"path": "#),
+            call(Some(0), None, None, r#""a.txt"}"#),
+            call(Some(1), Some("c2"), Some("read"), r#"{"path": "#),
+            call(Some(1), Some("c2"), None, r#""b.txt"}"#),
+            stop,
+        ];
+        assert_eq!(calls(pieces), expected);
     }
 
     #[test]
