@@ -452,6 +452,34 @@ async fn model_failures_end_the_turn_with_their_message() {
     assert_eq!(reasons[1]["failure"]["code"], "STREAM_INCOMPLETE");
 }
 
+/// A call that fails after streaming text keeps that text, as a cancelled one does: the editor
+/// showed it, so the log (a replay of the session) and the next turn's model have it too.
+#[tokio::test]
+async fn a_failed_calls_streamed_text_is_kept() {
+    let streamed = text_response(&["partial ", "answer"]);
+    let f = start(
+        vec![
+            ReplayEntry::Throw {
+                chunks: streamed[..3].to_vec(),
+                message: "overloaded".into(),
+                code: "SERVER_ERROR".into(),
+            },
+            chunks(text_response(&["again"])),
+        ],
+        5,
+    );
+    assert_eq!(f.handle.followup(text("a"), user()).unwrap().await.unwrap(), TurnEnd::Error("overloaded".into()));
+    let events = f.events().await;
+    let k = kinds(&events);
+    let message = events.iter().find(|e| e.kind == "assistant/message").expect("the partial text is kept");
+    assert_eq!(message.data["message"]["content"][0]["text"], "partial answer");
+    let at = k.iter().position(|k| *k == "assistant/message").unwrap();
+    assert_eq!(k[at + 1..at + 3], ["step/end", "turn/end"], "{k:?}");
+    f.handle.followup(text("b"), user()).unwrap().await.unwrap();
+    let next = f.model.requests().pop().unwrap();
+    assert!(next.messages.iter().any(|m| m["role"] == "assistant"), "the next turn's model sees it");
+}
+
 #[tokio::test]
 async fn shutdown_disposes_queued_turns_and_flushes() {
     let f = start(vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], 5);

@@ -209,6 +209,8 @@ async fn run_step(
                 return StepEnd::Overflow(failure);
             }
             Ok(FinishReason::Error { failure }) | Err(failure) => {
+                // What streamed before the failure was shown: kept, as a cancelled call's is.
+                keep_partial(session, deps, turn, step, call);
                 return abandon(session, turn, step, TurnEndReason::Error { step, failure: Some(failure) });
             }
             Ok(finish) => finish,
