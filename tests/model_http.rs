@@ -1169,6 +1169,13 @@ async fn anthropic_overload_in_the_stream_is_retried_and_max_tokens_is_mapped() 
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
     ]);
     once(&server, MESSAGES, sse(overloaded)).await;
+    // An overload right after an empty block's start showed nothing yet: retried as well.
+    let after_a_start = anthropic_sse(&[
+        message_start(10),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ]);
+    once(&server, MESSAGES, sse(after_a_start)).await;
     once(&server, MESSAGES, sse(anthropic_text("cut", "max_tokens"))).await;
     let (model, retries) = routed("anthropic/claude-test", &fast_settings(), &anthropic_env(&server));
     let got = chunks(call(&model, request("anthropic/claude-test", vec![user("Hi")])).await);
@@ -1185,7 +1192,7 @@ async fn anthropic_overload_in_the_stream_is_retried_and_max_tokens_is_mapped() 
         ]
     );
     let codes: Vec<String> = retries.lock().unwrap().iter().map(|r| r.code.clone()).collect();
-    assert_eq!(codes, vec!["SERVER_ERROR".to_string()]);
+    assert_eq!(codes, vec!["SERVER_ERROR".to_string(), "SERVER_ERROR".to_string()]);
 }
 
 #[tokio::test]

@@ -615,6 +615,12 @@ async fn attempt_once<D: Decoder + Default>(
 
 /// Hands the decoded chunks on; false when the consumer went away.
 async fn forward(out: &mut Vec<StreamChunk>, tx: &mpsc::Sender<ModelResult>, forwarded: &mut bool) -> bool {
+    // An attempt's first block starts wait for something of theirs (a delta, their end): one
+    // that fails after a bare start (Anthropic's `content_block_start`, then an overload) has
+    // shown nothing, and is retried.
+    if !*forwarded && out.iter().all(|chunk| matches!(chunk, StreamChunk::BlockStart { .. })) {
+        return true;
+    }
     for chunk in out.drain(..) {
         if tx.send(Ok(ModelEvent::Chunk(chunk))).await.is_err() {
             return false;
