@@ -546,7 +546,10 @@ async fn disconnect_after_chunks_finishes_with_an_error_and_no_retry() {
     assert_eq!(got[..2], [start(0, "text"), text_delta(0, "partial")]);
     match &got[2] {
         StreamChunk::Finish { reason: FinishReason::Error { failure }, .. } => {
-            assert_eq!(failure.code, "STREAM_INCOMPLETE")
+            assert_eq!(failure.code, "STREAM_INCOMPLETE");
+            // Whose stream it was.
+            let whose = format!("(from {} for deepseek/deepseek-v4-flash)", server.uri());
+            assert!(failure.message.ends_with(&whose), "{}", failure.message);
         }
         other => panic!("expected an error finish, got {other:?}"),
     }

@@ -378,6 +378,13 @@ impl AttemptError {
         AttemptError { failure: Box::new(Failure::new(message, code)), retry_after: None }
     }
 
+    /// The error a decoder found in `call`'s stream, saying whose stream it was (the decoders
+    /// know only the stream).
+    fn naming(mut self, call: &HttpCall) -> Self {
+        self.failure.message = format!("{} (from {} for {})", self.failure.message, call.base_url, call.request.route);
+        self
+    }
+
     fn with_status(mut self, status: u16) -> Self {
         self.failure.extra.insert("status".into(), status.into());
         self
@@ -564,7 +571,7 @@ async fn attempt_once<D: Decoder + Default>(
         };
         let piece = match piece {
             None => {
-                decoder.end(&mut out)?;
+                decoder.end(&mut out).map_err(|e| e.naming(call))?;
                 forward(&mut out, tx, forwarded).await;
                 return Ok(());
             }
@@ -602,7 +609,7 @@ async fn attempt_once<D: Decoder + Default>(
                     ));
                 }
             };
-            let done = decoder.event(event, &mut out)?;
+            let done = decoder.event(event, &mut out).map_err(|e| e.naming(call))?;
             if !out.is_empty() {
                 deadline = tokio::time::Instant::now() + idle;
             }
