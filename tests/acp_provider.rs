@@ -286,6 +286,13 @@ async fn a_protocol_version_mismatch_is_a_clear_error() {
     );
     assert!(took < Duration::from_secs(5), "the child exits when its stdin closes: {took:?}");
     assert_reaped(&recorded_pid(&pid_file));
+    // A version that is not a number is said as it came, not as missing.
+    let script = format!("{}; exec cat > /dev/null", answer_first_request(r#"{"protocolVersion":"1"}"#));
+    let (err, _) = failed_start(dir.path(), sh_agent("v2", &script, &pid_file)).await;
+    assert_eq!(
+        err.message,
+        "subagent provider \"acp:v2\": the child agent's initialize answer gives protocolVersion \"1\", not a version number (kin speaks version 1)"
+    );
 }
 
 #[tokio::test]

@@ -87,11 +87,17 @@ impl RemoteSession for Child {
                 .client_capabilities(ClientCapabilities::new().fs(fs).terminal(false))
                 .client_info(Implementation::new("kin", env!("CARGO_PKG_VERSION")));
             let answer = step(&peer, "initialize", &init, deadline).await?;
-            match answer.get("protocolVersion").and_then(Value::as_u64) {
-                Some(version) if version == u64::from(PROTOCOL_VERSION) => {}
-                Some(other) => {
+            match answer.get("protocolVersion") {
+                Some(version) if version.as_u64() == Some(u64::from(PROTOCOL_VERSION)) => {}
+                Some(Value::Number(other)) => {
                     return Err(StartFailure::Other(format!(
                         "the child agent speaks ACP protocol version {other}; kin speaks version {PROTOCOL_VERSION}"
+                    )));
+                }
+                Some(other) => {
+                    return Err(StartFailure::Other(format!(
+                        "the child agent's initialize answer gives protocolVersion {}, not a version number (kin speaks version {PROTOCOL_VERSION})",
+                        crate::session::cut_chars(&other.to_string(), 100)
                     )));
                 }
                 None => {
@@ -303,7 +309,9 @@ fn kind_name(kind: ToolKind) -> &'static str {
     }
 }
 
-/// An option kind kin can choose; kinds newer than this schema are never chosen.
+/// An option kind kin can choose; kinds newer than this schema are never chosen. (A kind the
+/// SDK itself does not know fails the request's parse: the agent's request is refused whole,
+/// `-32602`, which chooses nothing either.)
 fn offer_kind(kind: PermissionOptionKind) -> Option<OfferKind> {
     match kind {
         PermissionOptionKind::AllowOnce => Some(OfferKind::AllowOnce),
