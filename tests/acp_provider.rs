@@ -562,6 +562,10 @@ exit 9
     assert_eq!(result.stop_reason, StopReason::Error);
     let failure = result.failure.unwrap_or_default();
     assert!(failure.contains("exit code 9") && failure.contains("died on purpose"), "{failure}");
+    assert!(
+        failure.starts_with("subagent provider \"acp:dies\": the child agent exited"),
+        "names the agent: {failure}"
+    );
 }
 
 #[tokio::test]

@@ -474,7 +474,8 @@ impl Connection {
             output: self.answers.output(),
             structured: None,
             stop_reason,
-            failure: error.clone(),
+            // Named as a start failure is: the model may hold several agents' runs.
+            failure: error.as_ref().map(|cause| format!("subagent provider \"{}\": {cause}", config.name)),
             remote: Some(RemoteRun {
                 provider: config.name.clone(),
                 command: config.program_name(),
