@@ -135,6 +135,27 @@ async fn follow_ups_need_the_exact_parent_and_a_continuable_child() {
     rt.shutdown().await;
 }
 
+/// A running continuable child that names itself is told what the catalog says of the caller
+/// itself, not that it belongs to another parent.
+#[tokio::test]
+async fn a_child_naming_itself_is_not_its_own_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], "");
+    let (_, caller) = parent(&rt, dir.path());
+    let manager = rt.continuation().clone();
+    let (child, _) = manager.start("spawn", "mine".into(), start_request(&caller, "go")).await.unwrap();
+    assert!(manager.is_resident(&child), "its turn hangs: its Activation lives");
+    let header = rt.store().inspect(&child).unwrap().header;
+    let itself = kin::testkit::tools::Caller { header, ..(*caller).clone() };
+    let own = format!("subagent \"{child}\" is live but not a continuable child of this agent");
+    let source = json!({"kind": "coordinator", "senderSessionId": child});
+    let err = manager.followup(&itself, &child, vec![json!({"type": "text", "text": "x"})], source).await.unwrap_err();
+    assert_eq!((err.code, err.message), (ErrorCode::Unauthorized, own.clone()));
+    let err = manager.interrupt(&child, &child, false).await.unwrap_err();
+    assert_eq!((err.code, err.message), (ErrorCode::Unauthorized, own));
+    rt.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_unsupported_provider_leaves_no_child() {
     let dir = tempfile::tempdir().unwrap();

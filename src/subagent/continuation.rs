@@ -158,6 +158,12 @@ enum Reach {
 /// Parent links followed from a stored target towards its caller.
 const MAX_ANCESTRY: usize = 64;
 
+/// A live agent that is not a continuable child of the caller: the caller itself, or a busy
+/// top-level session.
+fn not_a_child(id: &str) -> SubagentError {
+    err(ErrorCode::Unauthorized, format!("subagent \"{id}\" is live but not a continuable child of this agent"))
+}
+
 fn another_parent(id: &str) -> SubagentError {
     err(ErrorCode::Unauthorized, format!("subagent \"{id}\" belongs to another parent session"))
 }
@@ -673,6 +679,9 @@ impl ContinuationManager {
             let transitioning = {
                 let state = self.state();
                 if let Some(act) = state.activations.get(child_id) {
+                    if child_id == caller.header.id {
+                        return Err(not_a_child(child_id));
+                    }
                     if act.parent_id != caller.header.id {
                         return Err(another_parent(child_id));
                     }
@@ -729,10 +738,7 @@ impl ContinuationManager {
         settling: bool,
     ) -> Result<crate::session::SessionHeader, SubagentError> {
         if !settling && factory.live_agent(target).is_some() {
-            return Err(err(
-                ErrorCode::Unauthorized,
-                format!("subagent \"{target}\" is live but not a continuable child of this agent"),
-            ));
+            return Err(not_a_child(target));
         }
         let header = factory.stored_header(target).ok_or_else(|| unavailable(target))?;
         let mut parent = header.parent_session.clone();
@@ -989,6 +995,9 @@ impl ContinuationManager {
             let state = self.state();
             match state.activations.get(target) {
                 Some(act) => {
+                    if target == caller_id {
+                        return Err(not_a_child(target));
+                    }
                     if !through_continuable(&above, |id| state.activations.contains_key(id), caller_id) {
                         return Err(another_parent(target));
                     }
