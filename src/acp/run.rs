@@ -172,10 +172,7 @@ async fn turn(
     let mut stopped: Option<Exit> = None;
     let result = loop {
         let signal = tokio::select! {
-            // The turn's own words: the JSON-RPC code's name ("Internal error: ") says nothing here.
-            answer = &mut answer => break answer.map(|r| r.stop_reason).map_err(|e| {
-                e.message.strip_prefix("Internal error: ").map_or(e.message.clone(), str::to_string)
-            }),
+            answer = &mut answer => break answer.map(|r| r.stop_reason).map_err(|e| words(&e)),
             signal = next_signal(), if stopped.is_none() => signal,
         };
         let Some(signal) = signal else { continue };
@@ -213,7 +210,7 @@ async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, 
     let id = match &request.target {
         Target::New => {
             let created = cx.send_request(NewSessionRequest::new(request.cwd.clone())).block_task().await;
-            return created.map(|r| r.session_id.0.to_string()).map_err(|e| e.message);
+            return created.map(|r| r.session_id.0.to_string()).map_err(|e| words(&e));
         }
         Target::Resume(id) => id.clone(),
         Target::Continue => {
@@ -221,7 +218,7 @@ async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, 
                 .send_request(ListSessionsRequest::new().cwd(request.cwd.clone()))
                 .block_task()
                 .await
-                .map_err(|e| e.message)?;
+                .map_err(|e| words(&e))?;
             let newest = listed.sessions.into_iter().next().ok_or_else(|| {
                 format!(
                     "no stored session in {} to continue; run without --continue to start one",
@@ -234,8 +231,18 @@ async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, 
     cx.send_request(ResumeSessionRequest::new(id.clone(), request.cwd.clone()))
         .block_task()
         .await
-        .map_err(|e| e.message)?;
+        .map_err(|e| words(&e))?;
     Ok(id)
+}
+
+/// What an error answer says, in its own words: the JSON-RPC code's name the SDK puts first
+/// ("Internal error: ", "Invalid params: ") says nothing to the person running kin.
+fn words(e: &agent_client_protocol::Error) -> String {
+    ["Internal error: ", "Invalid params: "]
+        .iter()
+        .find_map(|name| e.message.strip_prefix(name))
+        .unwrap_or(&e.message)
+        .to_string()
 }
 
 /// Prints what the run sees, in the chosen output.
