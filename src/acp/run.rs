@@ -236,9 +236,9 @@ async fn open(cx: &ConnectionTo<Agent>, request: &RunRequest) -> Result<String, 
 }
 
 /// What an error answer says, in its own words: the JSON-RPC code's name the SDK puts first
-/// ("Internal error: ", "Invalid params: ") says nothing to the person running kin.
+/// ("Internal error: ", "Resource not found: ") says nothing to the person running kin.
 fn words(e: &agent_client_protocol::Error) -> String {
-    ["Internal error: ", "Invalid params: "]
+    ["Internal error: ", "Invalid params: ", "Resource not found: ", "Invalid request: ", "Authentication required: "]
         .iter()
         .find_map(|name| e.message.strip_prefix(name))
         .unwrap_or(&e.message)
