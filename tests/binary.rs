@@ -552,6 +552,37 @@ fn a_prompt_behind_the_load_of_its_session_is_told_to_wait_for_it() {
     kin.exit();
 }
 
+/// Requests written right behind a `session/close` (a script piping them) see the session
+/// closed: a prompt is told the session is unknown (it was answered `cancelled`, its text never
+/// written), a load waits for the close and then opens the session again (it was refused as
+/// "being written by another kin process"), and a delete is refused as "being closed" or, if the
+/// close was done by then, deletes it.
+#[test]
+fn requests_behind_a_close_see_the_session_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut kin, _, id, prompt) = mid_turn(tmp.path());
+    assert_eq!(prompt, 3);
+    let lines = [
+        common::request(4, "session/close", json!({"sessionId": id})),
+        common::request(5, "session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "lost?"}]})),
+        common::request(6, "session/load", json!({"sessionId": id, "cwd": tmp.path().join("cwd"), "mcpServers": []})),
+    ];
+    let all: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    kin.write_line(all.trim_end()).unwrap();
+    let answers = kin.responses(&[3, 4, 5, 6], Duration::from_secs(20));
+    assert_eq!(answers[&3]["result"]["stopReason"], "cancelled", "{}", answers[&3]);
+    assert!(answers[&4].get("result").is_some(), "{}", answers[&4]);
+    assert_eq!(answers[&5]["error"]["code"], -32002, "unknown session: {}", answers[&5]);
+    assert!(answers[&6].get("result").is_some(), "the load waited for the close: {}", answers[&6]);
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+    let log = std::fs::read_to_string(
+        kin::testkit::session::SessionStore::new(tmp.path().join("sessions")).locate(&id).unwrap().unwrap(),
+    )
+    .unwrap();
+    assert!(!log.contains("lost?"), "the refused prompt was not written");
+}
+
 /// SIGTERM during a turn, stdin still open: the turn is stopped and its prompt answered
 /// `cancelled` before kin exits 0 (before, kin ended without answering it).
 #[test]

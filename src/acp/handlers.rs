@@ -430,9 +430,15 @@ impl AcpServer {
         responder: Responder<CloseSessionResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        let runtime = self.runtime.clone();
+        // The session stops being live now, before the next request is read; the rest of the
+        // close runs on its own task.
+        let closing = self.runtime.begin_close(&req.session_id.0);
         cx.spawn(async move {
-            let sent = match runtime.close_session(&req.session_id.0).await {
+            let closed = match closing {
+                Ok(closing) => closing.finish().await,
+                Err(e) => Err(e),
+            };
+            let sent = match closed {
                 Ok(()) => responder.respond(CloseSessionResponse::new()),
                 Err(e) => responder.respond_with_error(to_acp(e)),
             };

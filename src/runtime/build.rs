@@ -171,6 +171,7 @@ impl Runtime {
                 agents: Default::default(),
                 client: Mutex::new(ClientLink::default()),
                 loading: Mutex::new(HashMap::new()),
+                closing: Mutex::new(std::collections::HashSet::new()),
                 mcp_recording,
                 fixture,
                 keys,

@@ -81,6 +81,10 @@ impl Runtime {
     /// The error for a request about `session_id` that is not live: unknown, or still being
     /// loaded or resumed.
     pub(super) fn not_live(&self, session_id: &str) -> RuntimeError {
+        // Closed, as far as a request read after its `session/close` can tell.
+        if self.is_closing(session_id) {
+            return RuntimeError::NotFound(session_id.to_string());
+        }
         if self.being_opened(session_id) {
             return RuntimeError::InvalidParams(format!(
                 "session {session_id} is still being loaded or resumed; send this once that request has answered"

@@ -86,6 +86,9 @@ pub struct Runtime {
     /// One gate per session being loaded or resumed: a second load or resume of the same
     /// session waits for the first instead of racing it for the log.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The sessions whose `session/close` was read and has not finished: no longer live, their
+    /// load gate held until their agents are stopped and their logs closed.
+    closing: Mutex<std::collections::HashSet<String>>,
     /// Replay: the recorded MCP results that stand in for the servers.
     mcp_recording: Option<Arc<crate::mcp::Recording>>,
     /// A replay's hooks (`scenario::fixture`); none in a real run.

@@ -170,7 +170,15 @@ impl Runtime {
     /// log (or that of a child it stopped) could not be written at the end, the answer is an
     /// error naming the cause: what was not written is lost, and a later load shows the session
     /// as it was last written.
-    pub async fn close_session(&self, session_id: &str) -> Result<(), RuntimeError> {
+    pub async fn close_session(self: &Arc<Self>, session_id: &str) -> Result<(), RuntimeError> {
+        self.begin_close(session_id)?.finish().await
+    }
+
+    /// The part of `close_session` done as its request is read, before anything after it: the
+    /// session is no longer live (a prompt for it is told it is unknown) and its turn is stopped;
+    /// a load or resume of it waits on its gate, and a delete is refused, until `finish` has
+    /// closed its log.
+    pub(crate) fn begin_close(self: &Arc<Self>, session_id: &str) -> Result<Closing, RuntimeError> {
         self.reject_child(session_id)?;
         let removed = self.agents.remove_if(session_id, Agent::is_top_level);
         let Some((handle, top)) = removed.ok().flatten().and_then(|a| Some((a.handle.clone(), a.top_level()?.clone())))
@@ -178,6 +186,24 @@ impl Runtime {
             return Err(self.not_live(session_id));
         };
         handle.stop();
+        let gate = self.load_gate(session_id);
+        let held = gate.clone().try_lock_owned().ok();
+        self.closing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(session_id.to_string());
+        Ok(Closing { runtime: self.clone(), id: session_id.to_string(), handle, top, gate: Some(gate), held })
+    }
+
+    /// Whether a `session/close` of `session_id` was read and has not finished.
+    pub(super) fn is_closing(&self, session_id: &str) -> bool {
+        self.closing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(session_id)
+    }
+
+    /// The rest of `close_session` (see `begin_close`).
+    async fn finish_close(
+        &self,
+        session_id: &str,
+        handle: crate::agent::AgentHandle,
+        top: Arc<TopLevel>,
+    ) -> Result<(), RuntimeError> {
         let mut unsaved = self.continuation.close_descendants(session_id).await;
         for (id, handle) in self.descendants(session_id) {
             if let Err(e) = handle.dispose().await {
@@ -235,6 +261,11 @@ impl Runtime {
         if self.agents.is_top_level(session_id) {
             return Err(RuntimeError::InvalidParams(format!(
                 "session {session_id} is open; close it (session/close) before deleting it"
+            )));
+        }
+        if self.is_closing(session_id) {
+            return Err(RuntimeError::InvalidParams(format!(
+                "session {session_id} is being closed; send session/delete once session/close has answered"
             )));
         }
         // Not while it is being loaded or resumed (the load would find it gone, or hold its log):
@@ -312,4 +343,35 @@ fn being_loaded(session_id: &str) -> RuntimeError {
     RuntimeError::InvalidParams(format!(
         "session {session_id} is being loaded or resumed; close it (session/close) once that is done before deleting it"
     ))
+}
+
+/// A `session/close` whose first part was done as its request was read (`Runtime::begin_close`);
+/// `finish` does the rest. Until it finishes (or is dropped) the session's load gate is held.
+pub(crate) struct Closing {
+    runtime: Arc<Runtime>,
+    id: String,
+    handle: crate::agent::AgentHandle,
+    top: Arc<TopLevel>,
+    gate: Option<Arc<tokio::sync::Mutex<()>>>,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Closing {
+    /// Stops the session's children and agent, flushes its log and frees it.
+    pub(crate) async fn finish(self) -> Result<(), RuntimeError> {
+        let (runtime, id, handle, top) = (self.runtime.clone(), self.id.clone(), self.handle.clone(), self.top.clone());
+        let closed = runtime.finish_close(&id, handle, top).await;
+        drop(self);
+        closed
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.runtime.closing.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.id);
+        drop(self.held.take());
+        if let Some(gate) = self.gate.take() {
+            self.runtime.release_load_gate(&self.id, gate);
+        }
+    }
 }
