@@ -583,6 +583,32 @@ fn requests_behind_a_close_see_the_session_closed() {
     assert!(!log.contains("lost?"), "the refused prompt was not written");
 }
 
+/// The same for a session that is live and idle: the prompt behind its load does not start a
+/// turn on the agent the load replaces (the load was then refused for the turn in flight).
+#[test]
+fn a_prompt_behind_the_load_of_a_live_session_does_not_get_ahead_of_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
+    hanging_replay(&replay);
+    let mut kin = start(&sessions, &replay, &cwd);
+    kin.send(common::request(1, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})));
+    response(&kin, 1);
+    let id = kin.new_session(&cwd);
+    let lines = [
+        common::request(2, "session/load", json!({"sessionId": id, "cwd": cwd, "mcpServers": []})),
+        common::request(3, "session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "go"}]})),
+    ];
+    let all: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    kin.write_line(all.trim_end()).unwrap();
+    kin.close_stdin();
+    let answers = kin.responses(&[2, 3], Duration::from_secs(20));
+    assert!(answers[&2].get("result").is_some(), "the load is not refused: {}", answers[&2]);
+    let prompt = &answers[&3];
+    let told = prompt["error"]["message"].as_str().is_some_and(|m| m.contains("is still being loaded or resumed"));
+    assert!(told || prompt["result"]["stopReason"] == "cancelled", "{prompt}");
+    kin.exit();
+}
+
 /// SIGTERM during a turn, stdin still open: the turn is stopped and its prompt answered
 /// `cancelled` before kin exits 0 (before, kin ended without answering it).
 #[test]

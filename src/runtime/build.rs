@@ -172,6 +172,7 @@ impl Runtime {
                 client: Mutex::new(ClientLink::default()),
                 loading: Mutex::new(HashMap::new()),
                 closing: Mutex::new(std::collections::HashSet::new()),
+                opening: Mutex::new(HashMap::new()),
                 mcp_recording,
                 fixture,
                 keys,

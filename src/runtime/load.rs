@@ -20,8 +20,24 @@ pub(crate) struct Opening {
     gate: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
+/// The error for a request about a session a load or resume of which has not answered yet.
+pub(super) fn still_opening(session_id: &str) -> RuntimeError {
+    RuntimeError::InvalidParams(format!(
+        "session {session_id} is still being loaded or resumed; send this once that request has answered"
+    ))
+}
+
 impl Drop for Opening {
     fn drop(&mut self) {
+        {
+            let mut opening = self.runtime.opening.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(count) = opening.get_mut(&self.id) {
+                *count -= 1;
+                if *count == 0 {
+                    opening.remove(&self.id);
+                }
+            }
+        }
         if let Some(gate) = self.gate.take() {
             self.runtime.release_load_gate(&self.id, gate);
         }
@@ -75,7 +91,20 @@ impl Runtime {
     /// read until the guard is dropped (after the answer): a request for the session meanwhile is
     /// told to wait for that answer instead of "unknown session" (`not_live`).
     pub(crate) fn opening(self: &Arc<Self>, session_id: &str) -> Opening {
+        *self
+            .opening
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(session_id.to_string())
+            .or_default() += 1;
         Opening { gate: Some(self.load_gate(session_id)), runtime: self.clone(), id: session_id.to_string() }
+    }
+
+    /// Whether a load or resume of `session_id` was read and has not answered: a prompt for the
+    /// session, live or not, waits for that answer (it would run on the agent the load replaces,
+    /// and the load then be refused for the turn in flight).
+    pub(super) fn is_opening(&self, session_id: &str) -> bool {
+        self.opening.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(session_id)
     }
 
     /// The error for a request about `session_id` that is not live: unknown, or still being
@@ -86,9 +115,7 @@ impl Runtime {
             return RuntimeError::NotFound(session_id.to_string());
         }
         if self.being_opened(session_id) {
-            return RuntimeError::InvalidParams(format!(
-                "session {session_id} is still being loaded or resumed; send this once that request has answered"
-            ));
+            return still_opening(session_id);
         }
         RuntimeError::NotFound(session_id.to_string())
     }

@@ -86,6 +86,8 @@ pub struct Runtime {
     /// One gate per session being loaded or resumed: a second load or resume of the same
     /// session waits for the first instead of racing it for the log.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per session, the loads and resumes read and not answered yet (`Runtime::opening`).
+    opening: Mutex<HashMap<String, usize>>,
     /// The sessions whose `session/close` was read and has not finished: no longer live, their
     /// load gate held until their agents are stopped and their logs closed.
     closing: Mutex<std::collections::HashSet<String>>,

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 
 use super::Runtime;
 use super::error::RuntimeError;
+use super::load::still_opening;
 use crate::agent::{PromptRefused, TurnEnd};
 use crate::slash;
 
@@ -75,6 +76,9 @@ impl Runtime {
             Some(slash::Expansion::Compact(focus)) => return self.compact(session_id, focus),
             None => content,
         };
+        if self.is_opening(session_id) {
+            return Err(still_opening(session_id));
+        }
         let Some((handle, _)) = self.agents.top_level(session_id) else {
             return Err(self.not_live(session_id));
         };
