@@ -34,7 +34,7 @@ use futures::lock::Mutex;
 use futures::{Sink, Stream};
 use serde_json::{Value, json};
 
-use crate::jsonrpc::{Frame, Shape, check_json, next_frame};
+use crate::jsonrpc::{Frame, ID_PREFIX_BYTES, Shape, check_json, next_frame};
 use ledger::Ledger;
 
 /// The default maximum frame size.
@@ -167,6 +167,9 @@ fn incoming(
                     {
                         Refused::not_json(shape.id(), &e)
                     }
+                    shape if let Some(defect) = shape.answer_defect(line.len() <= ID_PREFIX_BYTES) => {
+                        Refused::bad_answer(shape.id(), defect)
+                    }
                     shape => {
                         ledger.saw(&shape);
                         return Some((Ok(line), (reader, writer, ledger)));
@@ -240,6 +243,21 @@ impl Refused {
             message: format!(
                 "Internal error: kin is shutting down (it got {why}) and serves no new request; send it again to a \
                  new kin process"
+            ),
+            data: Value::Null,
+        }
+    }
+
+    /// An answer to one of kin's requests that is not a JSON-RPC response (`Shape::answer_defect`):
+    /// handed to the SDK as an error answer to that request, which then fails (a permission
+    /// question so answered is a rejection) instead of waiting forever.
+    fn bad_answer(id: Value, defect: &str) -> Self {
+        Refused {
+            answer: true,
+            id,
+            code: -32600,
+            message: format!(
+                "Invalid request: the client's answer to this request is not a JSON-RPC response ({defect})"
             ),
             data: Value::Null,
         }
@@ -451,6 +469,47 @@ mod tests {
         }
         wrote(&ledger, r#"{"jsonrpc":"2.0","id":6,"result":{"sessions":[]}}"#);
         assert!(futures::poll!(lines.next()).is_ready(), "nothing refused is waited for at the end");
+    }
+
+    /// An answer to one of kin's requests that the SDK would drop (kin's request then waits
+    /// forever: a permission question's turn hangs) reaches it as an error answer to that request
+    /// instead; well-formed answers, `null` results included, pass as they came.
+    #[test]
+    fn a_malformed_answer_to_kin_reaches_the_sdk_as_an_error_answer() {
+        let malformed = [
+            (r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000}}"#, "its error is not an object"),
+            (r#"{"jsonrpc":"2.0","id":2,"error":"no"}"#, "its error is not an object"),
+            (r#"{"jsonrpc":"2.0","id":3,"result":{},"error":{"code":1,"message":"m"}}"#, "both a result and an error"),
+            (r#"{"jsonrpc":"2.0","id":"four"}"#, "neither a result nor an error"),
+            (r#"{"id":5,"result":{"outcome":{"outcome":"cancelled"}}}"#, "lacks \"jsonrpc\""),
+        ];
+        let fine = [
+            r#"{"jsonrpc":"2.0","id":6,"result":null}"#,
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"m","data":{"x":1}}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}"#,
+        ];
+        let input: String = malformed.iter().map(|(line, _)| *line).chain(fine).map(|l| format!("{l}\n")).collect();
+        let lines: Vec<String> = futures::executor::block_on(
+            incoming(
+                futures::io::Cursor::new(input.into_bytes()),
+                Arc::new(Mutex::new(Box::pin(Recorder::default()))),
+                Arc::default(),
+                100_000,
+            )
+            .map(|line| line.unwrap())
+            .collect::<Vec<_>>(),
+        );
+        assert_eq!(lines.len(), 8, "{lines:?}");
+        for ((line, (sent, defect)), id) in
+            lines.iter().zip(malformed).zip([json!(1), json!(2), json!(3), json!("four"), json!(5)])
+        {
+            let answer: Value = serde_json::from_str(line).unwrap();
+            assert_eq!((answer["jsonrpc"].clone(), answer["id"].clone()), (json!("2.0"), id), "{sent}");
+            assert_eq!(answer["error"]["code"], -32600, "{sent}");
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(message.contains("not a JSON-RPC response") && message.contains(defect), "{sent}: {message}");
+        }
+        assert_eq!(lines[5..], fine, "well-formed frames pass untouched");
     }
 
     /// A request never answered does not keep the transport from ending: it waits `ANSWER_WAIT`.

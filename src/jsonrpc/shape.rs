@@ -13,6 +13,11 @@ pub(crate) struct Shape {
     /// The method, when it is a string.
     pub(crate) method_name: Option<String>,
     pub(crate) result_or_error: bool,
+    /// A `result` member.
+    result: bool,
+    /// An `error` member, and whether it is an object with an integer `code` and a string
+    /// `message`.
+    error: Option<bool>,
     /// `"jsonrpc": "2.0"`.
     version_2: bool,
     /// The params are absent, null, an object or an array (as far as the start shows).
@@ -21,7 +26,16 @@ pub(crate) struct Shape {
 
 impl Default for Shape {
     fn default() -> Self {
-        Shape { id: None, method: false, method_name: None, result_or_error: false, version_2: false, params_fit: true }
+        Shape {
+            id: None,
+            method: false,
+            method_name: None,
+            result_or_error: false,
+            result: false,
+            error: None,
+            version_2: false,
+            params_fit: true,
+        }
     }
 }
 
@@ -54,6 +68,24 @@ impl Shape {
         self.result_or_error && !self.method && !self.id().is_null()
     }
 
+    /// What is wrong with a frame that answers one of kin's requests (an id, no method) but is
+    /// not a JSON-RPC response the SDK would take (it drops such a frame, and the request then
+    /// waits forever); `None` for a well-formed answer or any other frame. `whole`: the shape
+    /// was read from the whole frame (a member past a cut start is not known to be missing).
+    pub(crate) fn answer_defect(&self, whole: bool) -> Option<&'static str> {
+        if self.method || self.id().is_null() {
+            return None;
+        }
+        match (self.result, self.error) {
+            (true, Some(_)) => Some("it has both a result and an error"),
+            (_, Some(false)) => Some("its error is not an object with an integer code and a string message"),
+            (false, None) if whole => Some("it has neither a result nor an error"),
+            (false, None) => None,
+            _ if !self.version_2 => Some("it lacks \"jsonrpc\": \"2.0\""),
+            _ => None,
+        }
+    }
+
     /// A request the SDK reads as one, and so answers with its id: JSON-RPC 2.0, a method
     /// name, a string or integer id (not null: kin enters only answers it can tell apart),
     /// params that fit, no result or error. The SDK answers any other frame with a method and an
@@ -81,9 +113,15 @@ impl<'de> Visitor<'de> for Seek<'_> {
                     self.0.method = true;
                     self.0.method_name = map.next_value::<Value>()?.as_str().map(str::to_string);
                 }
-                "result" | "error" => {
+                "result" => {
                     self.0.result_or_error = true;
+                    self.0.result = true;
                     map.next_value::<IgnoredAny>()?;
+                }
+                "error" => {
+                    self.0.result_or_error = true;
+                    let error = map.next_value::<Value>()?;
+                    self.0.error = Some(error["code"].is_i64() && error["message"].is_string());
                 }
                 "jsonrpc" => self.0.version_2 = map.next_value::<Value>()? == "2.0",
                 "params" => {
