@@ -434,8 +434,9 @@ impl Permissions {
     /// touches (its ACP kind, mapped in `acp::child`) and whether its paths are known to lie in
     /// the workspace, or `None` when the user must be asked. The table is the one for kin's own
     /// calls (`verdict`); remembered answers are not consulted.
-    pub fn decide_forwarded(&self, access: &Access, in_workspace: bool) -> Option<PermissionAnswer> {
-        match verdict(access, self.mode(), !in_workspace) {
+    pub fn decide_forwarded(&self, access: &Access, in_workspace: bool, cwd: &Path) -> Option<PermissionAnswer> {
+        let guarded = !guarded_paths(access, cwd).is_empty();
+        match verdict(access, self.mode(), !in_workspace || guarded) {
             Verdict::Allow => Some(PermissionAnswer::AllowOnce),
             Verdict::Refuse => Some(PermissionAnswer::RejectOnce),
             Verdict::Ask => None,
@@ -713,7 +714,8 @@ mod tests {
         ];
         for (mode, expected) in cases {
             let permissions = Permissions::new(mode);
-            let got = calls.clone().map(|(access, inside)| permissions.decide_forwarded(&access, inside));
+            let got =
+                calls.clone().map(|(access, inside)| permissions.decide_forwarded(&access, inside, Path::new("/ws")));
             assert_eq!(got, expected, "{mode:?}");
         }
     }
@@ -894,6 +896,11 @@ mod tests {
         assert!(question.title("Write pre-commit").contains("(git runs what this changes: "), "{question:?}");
         permissions.answer(&question, PermissionAnswer::AllowAlways);
         assert!(matches!(permissions.decide("write", &access, &l.ws), Decision::Ask(_)), "asked again");
+        // An external agent's edit of them, forwarded, is asked about too.
+        let forwarded = Access::Edit { paths: vec![l.ws.join(".git/config")] };
+        assert_eq!(permissions.decide_forwarded(&forwarded, true, &l.ws), None);
+        let ordinary = Access::Edit { paths: vec![l.ws.join("notes.txt")] };
+        assert_eq!(permissions.decide_forwarded(&ordinary, true, &l.ws), Some(PermissionAnswer::AllowOnce));
     }
 
     #[test]

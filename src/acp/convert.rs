@@ -701,7 +701,7 @@ mod tests {
     fn a_forwarded_think_is_asked_about_and_refused_in_read_only() {
         use crate::permission::{PermissionAnswer, PermissionMode, Permissions};
         let think = access_of_kind(ToolKind::Think, vec![PathBuf::from("/w/a")]);
-        let decided = |mode| Permissions::new(mode).decide_forwarded(&think, true);
+        let decided = |mode| Permissions::new(mode).decide_forwarded(&think, true, std::path::Path::new("/ws"));
         assert_eq!(decided(PermissionMode::Ask), None, "asked");
         assert_eq!(decided(PermissionMode::AcceptEdits), None, "asked");
         assert_eq!(decided(PermissionMode::ReadOnly), Some(PermissionAnswer::RejectOnce));

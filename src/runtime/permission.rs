@@ -38,7 +38,7 @@ impl PermissionPrompt for ForwardPrompt {
         let Some(rt) = self.0.upgrade() else {
             return Some(PermissionAnswer::Dismissed);
         };
-        rt.permissions_of(&request.session_id)?.decide_forwarded(&request.access, request.in_workspace)
+        rt.permissions_of(&request.session_id)?.decide_forwarded(&request.access, request.in_workspace, &request.cwd)
     }
 }
 

@@ -569,7 +569,7 @@ mod tests {
         }
 
         fn decided_by_mode(&self, request: &PermissionRequest) -> Option<PermissionAnswer> {
-            self.permissions.decide_forwarded(&request.access, request.in_workspace)
+            self.permissions.decide_forwarded(&request.access, request.in_workspace, &request.cwd)
         }
     }
 
