@@ -791,6 +791,8 @@ async fn edit_via(
 
 /// The edited text and the number of replacements, or why the edit cannot be made.
 fn apply_edit(path: &Path, content: &str, request: &EditRequest) -> Result<(String, usize), ToolError> {
+    let crlf = in_line_endings_of(content, request);
+    let request = crlf.as_ref().unwrap_or(request);
     let count = content.matches(request.old_string.as_str()).count();
     if count == 0 {
         return Err(ToolError::new(
@@ -821,6 +823,30 @@ fn apply_edit(path: &Path, content: &str, request: &EditRequest) -> Result<(Stri
         content.replacen(&request.old_string, &request.new_string, 1)
     };
     Ok((updated, count))
+}
+
+/// The edit in a CRLF file's line endings, when it needs them: `read` shows lines without
+/// their `\r`, so a model's `old_string` spanning lines has bare `\n`s and would never match,
+/// and its `new_string` would put LF lines into a CRLF file. `None`: the edit as it came (the
+/// file has no CRLF, the strings already carry `\r`, or only the text as given matches).
+fn in_line_endings_of(content: &str, request: &EditRequest) -> Option<EditRequest> {
+    let to_crlf = |text: &str| text.replace("\r\n", "\n").replace('\n', "\r\n");
+    if !content.contains("\r\n") || request.old_string.contains('\r') || request.new_string.contains('\r') {
+        return None;
+    }
+    if !request.old_string.contains('\n') && !request.new_string.contains('\n') {
+        return None;
+    }
+    let old_string = to_crlf(&request.old_string);
+    if old_string.is_empty() || !content.contains(old_string.as_str()) {
+        return None;
+    }
+    Some(EditRequest {
+        file_path: request.file_path.clone(),
+        old_string,
+        new_string: to_crlf(&request.new_string),
+        replace_all: request.replace_all,
+    })
 }
 
 /// Refuses an edit whose result would be larger than `MAX_WHOLE_FILE_BYTES`, before it is built:
@@ -1256,6 +1282,30 @@ mod tests {
         assert_eq!(err.code, "EDIT_NO_CHANGE");
         let err = f.edit(json!({"file_path": "missing.txt", "old_string": "a", "new_string": "b"})).await.unwrap_err();
         assert_eq!(err.code, "FILE_NOT_FOUND");
+    }
+
+    /// A CRLF file is edited in its own line endings: `read` shows its lines without `\r`, so
+    /// an `old_string` spanning lines (bare `\n`) matches, and a `new_string`'s lines end in
+    /// `\r\n` too; an LF file is untouched by this.
+    #[tokio::test]
+    async fn a_crlf_file_is_edited_in_its_own_line_endings() {
+        let f = fixture();
+        std::fs::write(f.ws.join("main.rs"), "fn main() {\r\n    println!(\"hi\");\r\n}\r\n").unwrap();
+        f.read(json!({"file_path": "main.rs"})).await.unwrap();
+        let spanning = json!({"file_path": "main.rs", "old_string": "fn main() {\n    println!(\"hi\");", "new_string": "fn main() {\n    let x = 1;\n    println!(\"{x}\");"});
+        f.edit(spanning).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(f.ws.join("main.rs")).unwrap(),
+            "fn main() {\r\n    let x = 1;\r\n    println!(\"{x}\");\r\n}\r\n"
+        );
+        let one_line =
+            json!({"file_path": "main.rs", "old_string": "let x = 1;", "new_string": "let x = 1;\n    let y = 2;"});
+        f.edit(one_line).await.unwrap();
+        assert!(std::fs::read_to_string(f.ws.join("main.rs")).unwrap().contains("let x = 1;\r\n    let y = 2;\r\n"));
+        std::fs::write(f.ws.join("lf.rs"), "a\nb\n").unwrap();
+        f.read(json!({"file_path": "lf.rs"})).await.unwrap();
+        f.edit(json!({"file_path": "lf.rs", "old_string": "a\nb", "new_string": "a\nc"})).await.unwrap();
+        assert_eq!(std::fs::read_to_string(f.ws.join("lf.rs")).unwrap(), "a\nc\n");
     }
 
     /// A `replace_all` whose result would pass `MAX_WHOLE_FILE_BYTES` is refused before the
