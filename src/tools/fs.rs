@@ -474,6 +474,19 @@ impl WriteTool {
     }
 }
 
+/// `write`'s `file_path`: a string that names a file (a trailing slash names a directory, and
+/// writing there made a file of that name instead).
+fn write_path(arguments: &Value) -> Result<String, ToolError> {
+    let path = required_str(arguments, "file_path", "write")?;
+    if path.ends_with('/') {
+        return Err(ToolError::new(
+            "INVALID_ARGUMENTS",
+            format!("file_path {path:?} ends with '/', which names a directory; give the path of the file to write"),
+        ));
+    }
+    Ok(path)
+}
+
 impl Tool for WriteTool {
     fn name(&self) -> &str {
         "write"
@@ -492,7 +505,7 @@ impl Tool for WriteTool {
     }
 
     fn check(&self, arguments: &Value) -> Result<(), ToolError> {
-        required_str(arguments, "file_path", "write")?;
+        write_path(arguments)?;
         required_str(arguments, "content", "write").map(drop)
     }
 
@@ -528,7 +541,7 @@ impl Tool for WriteTool {
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let files = self.files.scoped(&ctx.session_id);
         async move {
-            let file_path = required_str(&arguments, "file_path", "write")?;
+            let file_path = write_path(&arguments)?;
             let content = required_str(&arguments, "content", "write")?;
             let cwd = call_cwd(&ctx);
             let allow = ctx.allow_outside;
@@ -1282,6 +1295,15 @@ mod tests {
         assert_eq!(err.code, "EDIT_NO_CHANGE");
         let err = f.edit(json!({"file_path": "missing.txt", "old_string": "a", "new_string": "b"})).await.unwrap_err();
         assert_eq!(err.code, "FILE_NOT_FOUND");
+    }
+
+    #[tokio::test]
+    async fn a_write_to_a_path_ending_in_a_slash_is_refused() {
+        let f = fixture();
+        let err = f.write(json!({"file_path": "newdir/", "content": "x"})).await.unwrap_err();
+        assert_eq!(err.code, "INVALID_ARGUMENTS");
+        assert!(err.message.contains("names a directory"), "{}", err.message);
+        assert!(!f.ws.join("newdir").exists(), "nothing was made");
     }
 
     /// A CRLF file is edited in its own line endings: `read` shows its lines without `\r`, so
