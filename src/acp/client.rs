@@ -248,6 +248,10 @@ mod tests {
         let access = Access::Execute { command: "echo ```x```".into(), workdir: Some("sub".into()) };
         let content = serde_json::to_value(convert::request_content(&access, Path::new("/w")).unwrap()).unwrap();
         assert_eq!(content["content"]["text"], "Working directory: /w/sub\n\n````sh\necho ```x```\n````");
+        // A right-to-left override cannot show the command as something else: it is escaped.
+        let access = Access::Execute { command: "echo a\u{202e}fr- mr\u{202c} b".into(), workdir: None };
+        let content = serde_json::to_value(convert::request_content(&access, Path::new("/w")).unwrap()).unwrap();
+        assert_eq!(content["content"]["text"], "Working directory: /w\n\n```sh\necho a\\u{202e}fr- mr\\u{202c} b\n```");
         // A forwarded command kin does not know, and anything that is not a command: no content.
         let unknown = Access::Execute { command: String::new(), workdir: None };
         assert!(convert::request_content(&unknown, Path::new("/w")).is_none());

@@ -425,6 +425,7 @@ pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallCon
             // A fence longer than any run of backticks in the command, so the command cannot end it.
             let longest = command.split(|c| c != '`').map(str::len).max().unwrap_or(0);
             let fence = "`".repeat(longest.max(2) + 1);
+            let command = crate::tools::shown_plainly(command);
             format!("Working directory: {dir}\n\n{fence}sh\n{command}\n{fence}")
         }
         Access::Execute { .. }

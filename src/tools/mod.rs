@@ -395,6 +395,29 @@ impl ToolRegistry {
     }
 }
 
+/// A character that hides or reorders the text around it when shown (bidi overrides and
+/// isolates, zero-width characters): a command shown for approval writes it as its escape, so
+/// `echo a\u{202e}rm -rf\u{202c} b` is not displayed as something else.
+pub(crate) fn reorders_or_hides(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
+/// `text` with each character [`reorders_or_hides`] says so of written as its escape.
+pub(crate) fn shown_plainly(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(reorders_or_hides) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if reorders_or_hides(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The error of a call naming a tool the agent does not have.
 pub(crate) fn unknown_tool(name: &str) -> ToolError {
     let why = if crate::mcp::is_mcp_tool(name) {
