@@ -137,27 +137,72 @@ fn glob_files(
             format!("glob path {} is a file, not a directory; pass the directory to search in", root.display()),
         ));
     }
-    let found = find_files(&root, &filter, cancel);
+    let (found, unread) = find_files(&root, &filter, cancel);
     if cancel.is_cancelled() {
         return Err(aborted());
     }
-    Ok(render_glob(&root, pattern, found))
+    let mut text = render_glob(&root, pattern, found);
+    if !unread.is_empty() {
+        text.push_str(&format!(
+            "\n\n({} director{} could not be read, so files in {} may be missing: {})",
+            unread.len(),
+            if unread.len() == 1 { "y" } else { "ies" },
+            if unread.len() == 1 { "it" } else { "them" },
+            named_briefly(&unread)
+        ));
+    }
+    Ok(text)
 }
 
-/// The non-ignored files under `root` matching `filter`: the `MAX_GLOB_RESULTS` newest.
-fn find_files(root: &Path, filter: &NameFilter, cancel: &CancellationToken) -> Newest {
+/// The non-ignored files under `root` matching `filter`: the `MAX_GLOB_RESULTS` newest; and
+/// the directories that could not be read, with why.
+fn find_files(root: &Path, filter: &NameFilter, cancel: &CancellationToken) -> (Newest, Vec<String>) {
     let mut found = Newest::new(MAX_GLOB_RESULTS);
-    for entry in walker(root).flatten() {
+    let mut unread = Vec::new();
+    for entry in walker(root) {
         if cancel.is_cancelled() {
             break;
         }
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                unread.extend(unreadable(&error, root).map(|(shown, why)| format!("{shown} ({why})")));
+                continue;
+            }
+        };
         if !is_file(&entry) || !filter.matches(entry.path(), root) {
             continue;
         }
         let modified = entry.metadata().ok().and_then(|meta| meta.modified().ok()).unwrap_or(SystemTime::UNIX_EPOCH);
         found.offer(entry.into_path(), modified);
     }
-    found
+    (found, unread)
+}
+
+/// A directory the walk could not read (permission denied): its path relative to `base`, and
+/// why; `None` for any other walk error (a symlink loop is left out on purpose).
+fn unreadable(error: &ignore::Error, base: &Path) -> Option<(String, &'static str)> {
+    fn denied(error: &ignore::Error) -> Option<Option<&Path>> {
+        match error {
+            ignore::Error::WithPath { path, err } => denied(err).map(|_| Some(path.as_path())),
+            ignore::Error::WithDepth { err, .. } | ignore::Error::WithLineNumber { err, .. } => denied(err),
+            ignore::Error::Io(e) if e.kind() == io::ErrorKind::PermissionDenied => Some(None),
+            _ => None,
+        }
+    }
+    let path = denied(error)?;
+    let shown = path.map_or_else(|| base.display().to_string(), |p| relative_display(p, base));
+    Some((shown, "permission denied"))
+}
+
+/// The first few of `names`, and how many more there are.
+fn named_briefly(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut text = names.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        text.push_str(&format!("; and {} more", names.len() - SHOWN));
+    }
+    text
 }
 
 /// The newest of the paths offered (by modification time, then by path), at most `keep` of
@@ -418,10 +463,19 @@ fn grep_files(
         .heap_limit(Some(MAX_GREP_LINE_BYTES))
         .build();
     let mut hits = Hits::default();
-    for entry in walker(&root).flatten() {
+    for entry in walker(&root) {
         if cancel.is_cancelled() {
             break;
         }
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                if let Some((shown, why)) = unreadable(&error, &base) {
+                    hits.skip(&shown, &format!("a directory that cannot be read ({why})"));
+                }
+                continue;
+            }
+        };
         let wanted = include.as_ref().is_none_or(|filter| filter.matches(entry.path(), &root));
         if !is_file(&entry) || !wanted {
             continue;
@@ -639,6 +693,28 @@ mod tests {
         assert!(out.starts_with("f000.txt\n"), "{out}");
         assert_eq!(out.lines().filter(|l| l.ends_with(".txt")).count(), 100);
         assert!(out.contains("5 more files omitted"), "{out}");
+    }
+
+    /// A directory the walk cannot read is named with why (this machine's tests run as root,
+    /// whom permissions do not stop, so the walk's error is built here); other walk errors, such
+    /// as a symlink loop, are not.
+    #[test]
+    fn an_unreadable_directory_is_named_not_skipped_silently() {
+        let base = Path::new("/ws");
+        let denied = || io::Error::from(io::ErrorKind::PermissionDenied);
+        let error = ignore::Error::WithDepth {
+            depth: 1,
+            err: Box::new(ignore::Error::WithPath {
+                path: base.join("locked"),
+                err: Box::new(ignore::Error::Io(denied())),
+            }),
+        };
+        assert_eq!(unreadable(&error, base), Some(("locked".to_string(), "permission denied")));
+        assert_eq!(unreadable(&ignore::Error::Io(denied()), base).unwrap().0, "/ws", "the root itself");
+        let looped = ignore::Error::Loop { ancestor: base.into(), child: base.join("a/loop") };
+        assert_eq!(unreadable(&looped, base), None);
+        let many: Vec<String> = (0..12).map(|i| format!("d{i}")).collect();
+        assert!(named_briefly(&many).ends_with("d9; and 2 more"), "{}", named_briefly(&many));
     }
 
     #[test]
