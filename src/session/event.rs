@@ -704,6 +704,25 @@ pub struct TitleSource {
     pub model: Option<String>,
 }
 
+/// The user's own words in a prompt's text: without the attachments written into it (by
+/// `acp::convert`: `[resource uri=…]` … `[/resource]`, and the one-line `[resource …]` and
+/// `[resource_link …]` notes), whose contents (a file's, a secret in it) make no title.
+fn own_words(text: &str) -> String {
+    let mut own = String::with_capacity(text.len().min(1024));
+    let mut attached = false;
+    for line in text.split('\n') {
+        if attached {
+            attached = line != "[/resource]";
+        } else if line.starts_with("[resource uri=") && line.ends_with(']') {
+            attached = !line.ends_with("not shown]");
+        } else if !(line.starts_with("[resource_link ") && line.ends_with(']')) {
+            own.push_str(line);
+            own.push('\n');
+        }
+    }
+    own
+}
+
 /// How many words of the first prompt a fallback title keeps (dsh's rule).
 const FALLBACK_WORDS: usize = 5;
 /// The longest title kin writes, in characters.
@@ -713,7 +732,7 @@ impl SessionTitle {
     /// The fallback title of a prompt (message `seq`): its first five words (at most
     /// `MAX_TITLE_CHARS` characters); `None` when the prompt has no text.
     pub fn fallback(message: &UserMessage, seq: u64) -> Option<Self> {
-        let text: Vec<&str> = message.content.iter().filter_map(|b| b["text"].as_str()).collect();
+        let text: Vec<String> = message.content.iter().filter_map(|b| b["text"].as_str()).map(own_words).collect();
         // Control characters (an escape sequence pasted into a prompt) count as spaces: a title
         // is printed to terminals and shown in lists.
         let text: Vec<String> = text.iter().map(|t| t.replace(char::is_control, " ")).collect();
@@ -938,6 +957,13 @@ mod tests {
         let hostile = "hello\u{7}\u{1b}]0;PWNED\u{7}\u{1b}[31mred";
         assert_eq!(SessionTitle::fallback(&user(hostile), 1).unwrap().title, "hello ]0;PWNED [31mred");
         assert_eq!(SessionTitle::by_model(hostile, vec![1], "p", "m").unwrap().title, "hello ]0;PWNED [31mred");
+        // What is attached (a file's text, perhaps a secret) is not the user's words.
+        let attached = "\n[resource uri=\"file:///w/.env\"]\nAPI_KEY=sk-live-123 hello\n[/resource]\nwhat is this";
+        assert_eq!(SessionTitle::fallback(&user(attached), 1).unwrap().title, "what is this");
+        let linked = "Review\n[resource_link name=\"a.rs\" uri=\"file:///w/a.rs\"]\nand\n[resource uri=\"file:///w/b.bin\" mimeType=\"application/octet-stream\": about 3 bytes of binary data, not shown]\nb please";
+        assert_eq!(SessionTitle::fallback(&user(linked), 1).unwrap().title, "Review and b please");
+        let only_a_file = "\n[resource uri=\"file:///w/.env\"]\nAPI_KEY=sk-live-123\n[/resource]\n";
+        assert_eq!(SessionTitle::fallback(&user(only_a_file), 1), None);
     }
 
     #[test]
