@@ -448,11 +448,11 @@ fn render_page(path: &Path, page: &Page, offset: u64) -> String {
     if let Some(line) = page.first_cut {
         let _ = write!(
             out,
+            // In characters, as the cut was made (`cut -c` counts bytes: wrong past ASCII).
             "\n(Lines longer than {MAX_LINE_CHARS} characters were cut. To see more of one, use bash, \
-             e.g. `sed -n '{line}p' {} | cut -c {}-{}`.)",
+             e.g. `sed -n '{line}p' {} | perl -CSD -ne 'print substr($_, {MAX_LINE_CHARS}, {})'`.)",
             path.display(),
-            MAX_LINE_CHARS + 1,
-            MAX_LINE_CHARS * 3
+            MAX_LINE_CHARS * 2
         );
     }
     out.push_str("\n</content>");
@@ -1197,6 +1197,7 @@ mod tests {
         assert!(out.contains(&expected), "{out}");
         assert!(out.contains("(Lines longer than 2000 characters were cut. To see more of one, use bash"), "{out}");
         assert!(out.contains("sed -n '1p'"), "{out}");
+        assert!(out.contains("| perl -CSD -ne 'print substr($_, 2000, 4000)'`"), "in characters: {out}");
     }
 
     #[test]
