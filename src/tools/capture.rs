@@ -127,14 +127,35 @@ pub(crate) fn render(parts: &[&Capture], limits: Limits) -> String {
             all.extend_from_slice(&part.head);
             all.extend(part.tail.iter());
         }
-        return String::from_utf8_lossy(&all).into_owned();
+        return with_binary_note(as_text(&all));
     }
     let head = leading_bytes(parts, limits.head);
     let tail = trailing_bytes(parts, limits.tail);
     let head = &head[..utf8_prefix_len(&head)];
     let tail = &tail[utf8_start(&tail)..];
     let omitted = total - head.len() - tail.len();
-    format!("{}\n[... {omitted} bytes omitted ...]\n{}", String::from_utf8_lossy(head), String::from_utf8_lossy(tail))
+    let (head, tail) = (as_text(head), as_text(tail));
+    let binary = head.1 || tail.1;
+    with_binary_note((format!("{}\n[... {omitted} bytes omitted ...]\n{}", head.0, tail.0), binary))
+}
+
+/// Output bytes as text, and whether they held binary data: a NUL byte is written `\0` (some
+/// model APIs refuse a message holding one), bytes that are not UTF-8 as U+FFFD.
+fn as_text(bytes: &[u8]) -> (String, bool) {
+    let text = String::from_utf8_lossy(bytes);
+    let binary = matches!(text, std::borrow::Cow::Owned(_)) || bytes.contains(&0);
+    let text = if bytes.contains(&0) { text.replace('\0', "\\0") } else { text.into_owned() };
+    (text, binary)
+}
+
+/// `text`, with a note when it held binary data (`as_text`).
+fn with_binary_note((mut text, binary): (String, bool)) -> String {
+    if binary {
+        text.push_str(
+            "\n[the output holds binary data: NUL bytes are shown as \\0, other bytes that are not UTF-8 as \u{fffd}]",
+        );
+    }
+    text
 }
 
 /// The first `limit` bytes of the streams concatenated. Each stream keeps its first
@@ -211,6 +232,25 @@ mod tests {
         let (count, tail) = rest.split_once(" bytes omitted ...]\n").unwrap();
         let omitted: usize = count.parse().unwrap();
         assert_eq!(head.len() + tail.len() + omitted, text.len() + "tail-end".len());
+    }
+
+    /// Binary output (NUL bytes, bytes that are not UTF-8) says so, and carries no NUL.
+    #[test]
+    fn binary_output_is_shown_without_nul_bytes_and_says_it_is_binary() {
+        let mut stdout = Capture::new(LIMITS);
+        stdout.push(b"a\0b\xff\n");
+        let out = render(&[&stdout], LIMITS);
+        assert!(out.starts_with("a\\0b\u{fffd}\n"), "{out:?}");
+        assert!(!out.contains('\0'));
+        assert!(
+            out.ends_with(
+                "[the output holds binary data: NUL bytes are shown as \\0, other bytes that are not UTF-8 as \u{fffd}]"
+            ),
+            "{out:?}"
+        );
+        let mut text = Capture::new(LIMITS);
+        text.push("plain é text\n".as_bytes());
+        assert_eq!(render(&[&text], LIMITS), "plain é text\n", "text says nothing of binary");
     }
 
     #[test]
