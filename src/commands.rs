@@ -85,19 +85,7 @@ pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
 /// retitle or recolour it, a bell) written as its escape (`\u{1b}`), line breaks and tabs too
 /// unless `multiline`. A log is the user's and the model's text, written by any process.
 fn for_terminal(text: &str, multiline: bool) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && !(multiline && (c == '\n' || c == '\t'));
-    if !text.contains(unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
+    crate::tools::escaped_where(text, |c| c.is_control() && !(multiline && (c == '\n' || c == '\t')))
 }
 
 pub fn sessions_show(config: &Config, id: &str) -> Result<()> {

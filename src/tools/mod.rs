@@ -404,12 +404,18 @@ pub(crate) fn reorders_or_hides(c: char) -> bool {
 
 /// `text` with each character [`reorders_or_hides`] says so of written as its escape.
 pub(crate) fn shown_plainly(text: &str) -> std::borrow::Cow<'_, str> {
-    if !text.contains(reorders_or_hides) {
+    escaped_where(text, reorders_or_hides)
+}
+
+/// `text` with each character `escape` picks written as its escape (`\u{1b}`); borrowed when
+/// there is none.
+pub(crate) fn escaped_where(text: &str, escape: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    if !text.contains(&escape) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
-        if reorders_or_hides(c) {
+        if escape(c) {
             out.extend(c.escape_unicode());
         } else {
             out.push(c);
