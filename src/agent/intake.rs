@@ -177,39 +177,29 @@ impl Intake {
         self.lists().queue.pop_front()
     }
 
-    /// Appends the staged step messages to the history at a step's start: their claim, then
-    /// each message.
-    pub(super) fn land_staged(&self, session: &mut Session) {
-        let staged = std::mem::take(&mut self.lists().staged);
+    /// Lands the staged step messages: their claim, then each message appended to the history
+    /// (at a step's start, `late` false); or, for those no step took before the turn ended
+    /// (`late`), each that wants a turn (`wake`) inserted at the end of the turn queue for one.
+    pub(super) fn land_staged(&self, session: &mut Session, late: bool) {
+        let (staged, mut turn_len) = {
+            let mut lists = self.lists();
+            (std::mem::take(&mut lists.staged), lists.queue.iter().filter(|q| q.durable).count())
+        };
         if staged.is_empty() {
             return;
         }
         session.push(InboxSplice::claim(InboxTarget::NextStep, staged.len()));
-        for (message, _) in staged {
-            session.push(message);
-        }
-    }
-
-    /// The staged step messages no step took before the turn ended (between turns): their
-    /// claim, then each one that wants a turn (`wake`) inserted at the end of the turn queue for
-    /// one, the others appended to the history.
-    pub(super) fn land_late(&self, session: &mut Session) {
-        let mut lists = self.lists();
-        let staged = std::mem::take(&mut lists.staged);
-        if staged.is_empty() {
-            return;
-        }
-        session.push(InboxSplice::claim(InboxTarget::NextStep, staged.len()));
-        let mut turn_len = lists.queue.iter().filter(|q| q.durable).count();
+        let mut turns = Vec::new();
         for (message, wake) in staged {
-            if wake {
+            if late && wake {
                 session.push(InboxSplice::insert(InboxTarget::NextTurn, turn_len, vec![message.clone()]));
                 turn_len += 1;
-                lists.queue.push_back(Queued::inbox(message));
+                turns.push(Queued::inbox(message));
             } else {
                 session.push(message);
             }
         }
+        self.lists().queue.extend(turns);
     }
 
     /// Discards every queued inbox message (prompts stay): one durable `canceled` splice, then

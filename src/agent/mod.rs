@@ -733,7 +733,7 @@ impl Actor {
             end
         };
         // Step messages that arrived too late for a step land between turns.
-        self.intake.land_late(&mut self.session);
+        self.intake.land_staged(&mut self.session, true);
         self.intake.accept(&mut self.session, false);
         if !deferred.logs.is_empty() {
             log_durably(&mut self.session, deferred.logs);

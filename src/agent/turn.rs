@@ -103,7 +103,7 @@ pub(super) async fn run_turn(
             // The tools of this step: a source's (MCP) changes show from the next step on.
             let tools = serving(session, intake, deps.tools.snapshot(&cancel)).await;
             super::compact::relieve_pressure(session, deps, &tools.schemas(), turn, &cancel).await;
-            intake.land_staged(session);
+            intake.land_staged(session, false);
             session.push(event::StepStart { turn, step });
             let end = run_step(session, deps, &tools, (turn, step), &cancel, intake, disposing).await;
             match end {
