@@ -144,6 +144,10 @@ async fn the_network_is_cut_without_network_and_reachable_with_it() {
     let (out, accepted) = connect("workspace-write").await;
     assert!(!out.contains("CONNECTED") && !accepted, "{out}");
     assert!(out.contains("Permission denied"), "{out}");
+    // Named as the network refused, not as a write to a file under /dev.
+    assert!(out.contains("blocked by the sandbox: a network connection (tcp 127.0.0.1 port "), "{out}");
+    assert!(out.contains("must write there or reach the network"), "{out}");
+    assert!(!out.contains("blocked by the sandbox: /dev/"), "{out}");
     let (out, accepted) = connect("workspace-write+network").await;
     assert!(out.contains("CONNECTED") && accepted, "{out}");
     let (out, _) = connect("read-only").await;

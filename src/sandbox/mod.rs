@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::session::event::SandboxChoice;
 
-pub(crate) use blocked::blocked_paths;
+pub(crate) use blocked::{Blocked, blocked};
 pub(crate) use confine::{Confinement, Layout};
 pub(crate) use kernel::Support;
 pub(crate) use policy::SandboxFallback;

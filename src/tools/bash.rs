@@ -442,17 +442,21 @@ async fn wait_command(
             let errors = snapshot(&stderr);
             let mut output = render(&[&snapshot(&stdout), &errors], LIMITS);
             if let Some(confined) = confined {
-                let blocked = sandbox::blocked_paths(&errors.render(), dir, &confined.layout);
-                for path in &blocked {
+                let blocked = sandbox::blocked(&errors.render(), dir, &confined.layout, confined.policy.network());
+                for what in &blocked {
                     if !output.is_empty() && !output.ends_with('\n') {
                         output.push('\n');
                     }
-                    output.push_str(&format!("blocked by the sandbox: {}\n", path.display()));
+                    output.push_str(&format!("blocked by the sandbox: {what}\n"));
                 }
                 if !blocked.is_empty() {
-                    output.push_str(
-                        "(if the command must write there, call bash again with `sandbox: \"off\"`: the user is asked)\n",
-                    );
+                    let needs = match blocked.iter().any(|b| matches!(b, sandbox::Blocked::Network(_))) {
+                        true => "must write there or reach the network",
+                        false => "must write there",
+                    };
+                    output.push_str(&format!(
+                        "(if the command {needs}, call bash again with `sandbox: \"off\"`: the user is asked)\n"
+                    ));
                 }
             }
             Ok(with_exit_code(output, exit_code(status)))
