@@ -1,7 +1,7 @@
 //! A session's model-written title (config `title_model`, off by default): after the turn that
 //! gave the session its fallback title (the first prompt's first words, written by the turn
-//! itself), one short model call without tools names the conversation from that prompt and the
-//! answer, and the title is recorded as a `session/title` with a `model` source. Bounded: the
+//! itself), one short model call without tools names the conversation from that prompt's own
+//! words (not the text of a file attached to it) and the answer, and the title is recorded as a `session/title` with a `model` source. Bounded: the
 //! request carries at most `MAX_INPUT_CHARS` of each text, the answer is read up to
 //! `MAX_ANSWER_CHARS`, and the call is given `TIMEOUT`; any failure keeps the fallback title.
 
@@ -45,8 +45,10 @@ pub(crate) fn basis(events: &[Event]) -> Option<Basis> {
         return None;
     }
     let message_seq = *title.message_seqs.first()?;
+    // The user's own words: an attached file's text is not sent to the title model (which may
+    // be another provider's) and does not name the session.
     let prompt = match events.iter().find(|e| e.seq == message_seq)?.body() {
-        EventBody::UserMessage(message) => texts(&message.content),
+        EventBody::UserMessage(message) => event::own_words(&texts(&message.content)).trim().to_string(),
         _ => return None,
     };
     let answer = events[last_turn..]
@@ -173,6 +175,14 @@ mod tests {
         let mut later = log.clone();
         later.push(Event::new(4, 0, turn(), None));
         assert_eq!(basis(&later), None);
+        // An attached file's text is left out, its words and the user's kept.
+        let attached = prompt(
+            "Review this\n[resource uri=\"file:///w/.env\"]\nAPI_KEY=sk-secret\n[/resource]\n\
+             [resource_link name=\"b.rs\" uri=\"file:///w/b.rs\"]\nand that",
+        );
+        let title = SessionTitle::fallback(&attached, 1).unwrap();
+        let log = events(vec![turn(), attached.into(), title.into(), answer("Looks fine.")]);
+        assert_eq!(basis(&log).unwrap().prompt, "Review this\nand that");
         let named = SessionTitle::by_model("Parser race", vec![1], "p", "m").unwrap();
         let log = events(vec![turn(), first.into(), named.into()]);
         assert_eq!(basis(&log), None);

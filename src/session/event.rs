@@ -707,7 +707,7 @@ pub struct TitleSource {
 /// The user's own words in a prompt's text: without the attachments written into it (by
 /// `acp::convert`: `[resource uri=…]` … `[/resource]`, and the one-line `[resource …]` and
 /// `[resource_link …]` notes), whose contents (a file's, a secret in it) make no title.
-fn own_words(text: &str) -> String {
+pub(crate) fn own_words(text: &str) -> String {
     let mut own = String::with_capacity(text.len().min(1024));
     let mut attached = false;
     for line in text.split('\n') {
