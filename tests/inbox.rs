@@ -431,6 +431,48 @@ fn a_report_accepted_while_the_parent_runs_a_tool_survives_a_sigkill() {
     let _ = kin.child.wait();
 }
 
+/// A settlement notice steered into a parent that is running a tool waits in the parent's
+/// next-step list; kin killed before a step takes it, the load gives it the turn of its own it
+/// would have had at the end of that turn (it used to be appended without one: the parent never
+/// heard its child was done until the user spoke).
+#[test]
+fn a_settlement_notice_staged_when_kin_dies_gets_a_turn_after_load() {
+    let world = world_with(Duration::from_millis(1), "[subagents]\nsettlement_notice = true\n");
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    let hold = world.cwd.join("hold");
+    kin.request(
+        "session/prompt",
+        json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("wait {}", hold.display())}]}),
+    );
+    common::until_blocking("the parent's tool to run", || world.cwd.join("hold.started").exists());
+    std::fs::write(&gate, "").unwrap();
+    let notice = format!("Background subagent {child} finished");
+    let is_notice = |e: &Event| e.kind == "user/message" && first_text(e.data.value()).starts_with(&notice);
+    common::until_blocking("the notice to be staged for the parent's next step", || {
+        let events = world.events(&parent);
+        events.iter().any(|e| e.kind == "agent/inbox/spliced" && e.data["target"] == "next-step")
+            && inserted(&events).iter().any(|t| t.starts_with(&notice))
+    });
+    kin.child.kill().unwrap();
+    kin.child.wait().unwrap();
+    let mut kin = world.kin();
+    world.load(&mut kin, &parent);
+    common::until_blocking("the notice's turn to answer", || {
+        let events = world.events(&parent);
+        events.iter().position(is_notice).is_some_and(|at| events[at..].iter().any(|e| e.kind == "turn/end"))
+    });
+    let events = world.events(&parent);
+    let at = events.iter().position(is_notice).unwrap();
+    assert_eq!(events[at - 1].kind, "turn/start", "the notice opens a turn of its own: {:?}", &events[at - 3..=at]);
+    assert_eq!(events.iter().filter(|e| is_notice(e)).count(), 1);
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
 /// A full disk with children, made real with a file-size limit (RLIMIT_FSIZE, `ulimit -S -f`):
 /// a tmpfs needs root, while a soft limit on kin's own process fails its writes past the limit
 /// with EFBIG exactly where a full disk fails them with ENOSPC (the writer treats both alike), and

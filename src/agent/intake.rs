@@ -265,11 +265,22 @@ impl Restored {
     }
 }
 
+/// Whether a message staged for a step wants a turn of its own when no step takes it: a
+/// settlement notice (dsh's `steer`, `Agent::steer`). The log keeps no other mark of it than the
+/// notice's source.
+fn wants_turn(message: &UserMessage) -> bool {
+    message.source["kind"] == SETTLED_SOURCE
+}
+
+/// The source kind of a background child's settlement notice to its parent.
+pub(crate) const SETTLED_SOURCE: &str = "subagent-settled";
+
 /// Reads a loaded session's inbox back from its log and settles what needs no turn: a claim
 /// whose message never reached the log is put back at the front of its list, and the messages
-/// waiting for a step that will never come (kin stopped during their turn) are appended now, as
-/// between turns. Returns what waits for turns. Fails (writing nothing) when a splice does not
-/// fit, or when the log cannot be written.
+/// waiting for a step that will never come (kin stopped during their turn) are claimed: a
+/// settlement notice is queued for a turn of its own (as at the end of the turn it missed), the
+/// others are appended now, as between turns. Returns what waits for turns. Fails (writing
+/// nothing) when a splice does not fit, or when the log cannot be written.
 pub(crate) fn prepare(session: &mut Session) -> Result<Restored, String> {
     let seed_length = session.header.seed_length.unwrap_or(0);
     let folded = inbox::fold(session.events(), seed_length).map_err(|e| e.to_string())?;
@@ -284,13 +295,21 @@ pub(crate) fn prepare(session: &mut Session) -> Result<Restored, String> {
     if !step_back.is_empty() {
         bodies.push(InboxSplice::insert(InboxTarget::NextStep, 0, step_back.clone()).into());
     }
+    let mut next_turn: Vec<UserMessage> = turn_back.into_iter().chain(folded.next_turn).collect();
     let steps: Vec<UserMessage> = step_back.into_iter().chain(folded.next_step).collect();
     if !steps.is_empty() {
         bodies.push(InboxSplice::claim(InboxTarget::NextStep, steps.len()).into());
-        bodies.extend(steps.into_iter().map(EventBody::from));
+        for message in steps {
+            if wants_turn(&message) {
+                bodies.push(InboxSplice::insert(InboxTarget::NextTurn, next_turn.len(), vec![message.clone()]).into());
+                next_turn.push(message);
+            } else {
+                bodies.push(message.into());
+            }
+        }
     }
     if !bodies.is_empty() {
         session.push_durably(bodies)?;
     }
-    Ok(Restored { next_turn: turn_back.into_iter().chain(folded.next_turn).collect() })
+    Ok(Restored { next_turn })
 }

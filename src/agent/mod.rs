@@ -18,7 +18,7 @@ pub(crate) use intake::NotAccepted;
 
 pub use intake::Restored;
 
-pub(crate) use intake::prepare;
+pub(crate) use intake::{SETTLED_SOURCE, prepare};
 pub use turn::completed_prefix;
 
 use std::collections::VecDeque;

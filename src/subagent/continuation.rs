@@ -614,8 +614,7 @@ impl ContinuationManager {
             content.push(json!({"type": "text", "text": "Its closing message:"}));
             content.push(json!({"type": "text", "text": output}));
         }
-        let source =
-            json!({"kind": "subagent-settled", "form": "notice", "summary": summary, "senderSessionId": child_id});
+        let source = json!({"kind": crate::agent::SETTLED_SOURCE, "form": "notice", "summary": summary, "senderSessionId": child_id});
         let busy = self.factory().ok().and_then(|f| f.live_agent(parent_id)).filter(|p| p.is_running());
         let delivered = match busy {
             _ if self.draining.load(Ordering::SeqCst) => self.deliver(parent_id, content, source, false).await,
