@@ -432,7 +432,12 @@ impl Config {
                 &format!("{}: key `sandbox_writable_roots`", where_()),
             )?,
             fallback,
-            protected: own_dir.into_iter().chain([sessions_dir.clone()]).collect(),
+            // The catalog index sits beside the sessions directory.
+            protected: own_dir
+                .into_iter()
+                .chain([sessions_dir.clone()])
+                .chain(crate::session::catalog_index::path(&sessions_dir))
+                .collect(),
         };
         let acp_agents = resolve_acp_agents(file.acp_agents, &where_(), &sandbox)?;
         let mcp = resolve_mcp_defaults(&file.mcp, &where_())?;
@@ -1321,7 +1326,10 @@ mod tests {
         assert_eq!(c.sandbox.policy.id(), "workspace-write+network");
         assert_eq!(c.sandbox.writable_roots, [PathBuf::from("/srv/cache")]);
         assert_eq!(c.sandbox.fallback, SandboxFallback::Warn);
-        assert_eq!(c.sandbox.protected, [dir.path().to_path_buf(), PathBuf::from("/st")]);
+        assert_eq!(
+            c.sandbox.protected,
+            [dir.path().to_path_buf(), PathBuf::from("/st"), PathBuf::from("/st.catalog-index.jsonl")]
+        );
         let agent = c.acp_agents[0].sandbox.clone().unwrap();
         assert_eq!(agent.policy.id(), "read-only");
         assert_eq!(agent.writable_roots, [PathBuf::from("/srv/cache"), PathBuf::from("/k")]);
@@ -1333,7 +1341,11 @@ mod tests {
         assert_eq!(defaults.sandbox.policy, SandboxPolicy::OFF);
         assert_eq!(
             defaults.sandbox.protected,
-            [PathBuf::from("/h/.config/kin"), PathBuf::from("/h/.local/state/kin/sessions")]
+            [
+                PathBuf::from("/h/.config/kin"),
+                PathBuf::from("/h/.local/state/kin/sessions"),
+                PathBuf::from("/h/.local/state/kin/sessions.catalog-index.jsonl")
+            ]
         );
         for (text, key) in [
             ("sandbox = \"jail\"\n", "`sandbox`"),

@@ -85,23 +85,27 @@ async fn workspace_write_writes_inside_reads_anywhere_and_names_blocked_writes()
     assert_eq!(output.meta, Some(json!({"sandbox": "sandboxed: workspace-write"})));
 }
 
+/// All of `.git` stays read-only: its hooks and config, what else git follows (`commondir` moves
+/// both elsewhere), and `.git` itself, which a command could otherwise rename and replace with a
+/// writable copy (`mv .git .g && cp -a .g .git`, then a hook).
 #[tokio::test]
-async fn workspace_write_keeps_git_hooks_and_config_read_only() {
+async fn workspace_write_keeps_all_of_git_read_only() {
     if !landlock_for_tests() {
         return;
     }
     let l = layout();
-    let command =
-        "echo evil > .git/hooks/pre-commit; echo x >> .git/config; echo ok > .git/HEAD_TEST && cat .git/HEAD_TEST";
+    let command = "echo evil > .git/hooks/pre-commit; echo x >> .git/config; echo ../evil > .git/commondir; \
+                   mv .git .git_orig; rm -rf .git; ls -d .git && echo ok > inside && cat inside";
     let output = run(&tool("workspace-write"), &l.ws, command).await.unwrap();
     let out = text(&output);
     assert!(!l.ws.join(".git/hooks/pre-commit").exists(), "{out}");
     assert_eq!(std::fs::read_to_string(l.ws.join(".git/config")).unwrap(), "[core]\n", "{out}");
-    assert!(out.starts_with("ok\n"), "the rest of .git is writable: {out}");
-    assert!(
-        out.contains(&format!("blocked by the sandbox: {}", l.ws.join(".git/hooks/pre-commit").display())),
-        "{out}"
-    );
+    assert!(!l.ws.join(".git/commondir").exists(), "{out}");
+    assert!(!l.ws.join(".git_orig").exists() && l.ws.join(".git/hooks").is_dir(), "not moved nor removed: {out}");
+    assert!(out.contains(".git\nok\n"), "the rest of the workspace is writable: {out}");
+    for blocked in [".git/hooks/pre-commit", ".git/commondir"] {
+        assert!(out.contains(&format!("blocked by the sandbox: {}", l.ws.join(blocked).display())), "{out}");
+    }
 }
 
 #[tokio::test]

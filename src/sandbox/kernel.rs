@@ -1,5 +1,5 @@
 //! What the running kernel offers the sandbox, probed once per process: the Landlock ABI (0: none),
-//! seccomp filters, and a private mount namespace (to keep `.git/hooks` and kin's own directories
+//! seccomp filters, and a private mount namespace (to keep `.git` and kin's own directories
 //! read-only inside a writable workspace). A debug build reads `KIN_SANDBOX_TEST_ABI` to pretend
 //! the kernel has a lower Landlock ABI (0: none), so tests can see the fallback on this kernel.
 

@@ -101,7 +101,8 @@ impl SessionSandbox {
             SandboxLevel::ReadOnly => "may read files but write only in $TMPDIR (a private temp dir)",
             SandboxLevel::WorkspaceWrite => {
                 "may read files but write only in the session workspace, the configured writable roots and \
-                 $TMPDIR (a private temp dir); .git/hooks and .git/config stay read-only"
+                 $TMPDIR (a private temp dir); .git stays read-only (git commands that write to it, such as \
+                 commit, need `sandbox: \"off\"`)"
             }
         };
         let network = if policy.network() { "" } else { " and cannot reach the network" };
@@ -280,14 +281,13 @@ fn layout(policy: SandboxPolicy, settings: &SandboxSettings, workspace: Option<&
         }
     }
     let mut read_only: Vec<PathBuf> = Vec::new();
+    // All of a writable root's `.git` (a directory, or a worktree's `.git` file): git runs what
+    // its hooks, config, `commondir` and submodules' git dirs say, and a `.git` that could be
+    // renamed or replaced would take any of them along. A mount point cannot be renamed.
     for root in &writable {
         let git = root.join(".git");
-        if git.is_dir() {
-            let hooks = git.join("hooks");
-            read_only.push(if hooks.is_dir() { real(&hooks) } else { real(&git) });
-            if git.join("config").is_file() {
-                read_only.push(real(&git.join("config")));
-            }
+        if git.symlink_metadata().is_ok_and(|m| m.is_dir() || m.is_file()) {
+            read_only.push(real(&git));
         }
     }
     for dir in settings.protected.iter().filter(|d| d.exists()).map(|d| real(d)) {
@@ -357,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn git_hooks_git_config_and_kin_dirs_inside_the_workspace_stay_read_only() {
+    fn git_and_kin_dirs_inside_the_workspace_stay_read_only() {
         let dir = tempfile::tempdir().unwrap();
         let ws = real(dir.path()).join("ws");
         std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
@@ -369,7 +369,7 @@ mod tests {
         s.protected = vec![ws.join("state/sessions"), outside.clone()];
         let layout = layout(s.policy, &s, Some(&ws));
         assert_eq!(layout.writable, std::slice::from_ref(&ws));
-        assert_eq!(layout.read_only, [ws.join(".git/config"), ws.join(".git/hooks"), ws.join("state/sessions")]);
+        assert_eq!(layout.read_only, [ws.join(".git"), ws.join("state/sessions")]);
         // A declared writable root inside a protected dir means the user wants it writable.
         s.writable_roots = vec![ws.join("state/sessions")];
         assert!(!layout_of(&s, &ws).read_only.contains(&ws.join("state/sessions")));
@@ -377,10 +377,12 @@ mod tests {
         let ro = settings(SandboxPolicy::parse("read-only").unwrap());
         let layout = layout_of(&ro, &ws);
         assert!(layout.writable.is_empty() && layout.read_only.is_empty(), "{layout:?}");
-        // Without hooks the whole .git is kept.
-        std::fs::remove_dir(ws.join(".git/hooks")).unwrap();
-        let layout = layout_of(&settings(s.policy), &ws);
-        assert_eq!(layout.read_only, [ws.join(".git")]);
+        // A worktree's `.git` file is kept as well; a workspace without one has nothing to keep.
+        std::fs::remove_dir_all(ws.join(".git")).unwrap();
+        std::fs::write(ws.join(".git"), "gitdir: /elsewhere/.git/worktrees/ws\n").unwrap();
+        assert_eq!(layout_of(&settings(s.policy), &ws).read_only, [ws.join(".git")]);
+        std::fs::remove_file(ws.join(".git")).unwrap();
+        assert!(layout_of(&settings(s.policy), &ws).read_only.is_empty());
     }
 
     fn layout_of(s: &SandboxSettings, ws: &Path) -> Layout {
