@@ -170,6 +170,9 @@ pub struct PermissionRequest {
     /// Every path the call names is known to lie in the workspace (a forwarded question is
     /// answered by the mode alone only for such a read or edit).
     pub in_workspace: bool,
+    /// An "always" answer is kept (`Question::keeps_always`): the editor is offered "Allow
+    /// always" and "Reject always" only then.
+    pub keeps_always: bool,
     /// The call itself when the question is about something else done on its behalf (an
     /// external child's request forwarded on the delegating call): the editor shows the
     /// question's title and kind while it asks, then the call's own again.
@@ -256,9 +259,16 @@ pub enum Decision {
 pub struct Question {
     pub tool: String,
     pub scope: Scope,
+    /// What an "always" answer is kept under (`Tool::remembered_as`); `None`: it is not kept.
+    pub remembered_as: Option<String>,
 }
 
 impl Question {
+    /// Whether an "always" answer to this question is kept: the editor is offered one only then.
+    pub fn keeps_always(&self) -> bool {
+        self.remembered_as.is_some() && !matches!(self.scope, Scope::Guarded(_))
+    }
+
     /// The dialog's title: the call's own, and where it reaches outside the workspace.
     pub fn title(&self, call_title: &str) -> String {
         match &self.scope {
@@ -403,8 +413,14 @@ impl Permissions {
     }
 
     /// Decides a call of `tool` that touches `access`, in the workspace `cwd` (empty: the
-    /// process directory).
+    /// process directory), its "always" answers kept under its name.
     pub fn decide(&self, tool: &str, access: &Access, cwd: &Path) -> Decision {
+        self.decide_as(tool, Some(tool), access, cwd)
+    }
+
+    /// `decide`, with the "always" answers kept under `remembered_as` (`Tool::remembered_as`;
+    /// `None`: none is consulted nor kept, the call is asked about each time).
+    pub(crate) fn decide_as(&self, tool: &str, remembered_as: Option<&str>, access: &Access, cwd: &Path) -> Decision {
         let outside = outside_paths(access, cwd);
         let guarded = guarded_paths(access, cwd);
         match verdict(access, self.mode(), !outside.is_empty() || !guarded.is_empty()) {
@@ -421,10 +437,14 @@ impl Permissions {
                     (true, false) => Scope::Guarded(guarded),
                     (true, true) => Scope::Workspace,
                 };
-                match self.remembered(tool, &scope) {
+                match remembered_as.and_then(|key| self.remembered(key, &scope)) {
                     Some(true) => Decision::Allow { outside: matches!(scope, Scope::Outside(_)) },
                     Some(false) => Decision::Refuse(rejected(tool)),
-                    None => Decision::Ask(Question { tool: tool.to_string(), scope }),
+                    None => Decision::Ask(Question {
+                        tool: tool.to_string(),
+                        scope,
+                        remembered_as: remembered_as.map(str::to_string),
+                    }),
                 }
             }
         }
@@ -482,7 +502,7 @@ impl Permissions {
     }
 
     fn remember(&self, question: &Question, allow: bool) {
-        let tool = question.tool.clone();
+        let Some(tool) = question.remembered_as.clone() else { return };
         let mut rules = lock(&self.shared.rules);
         match &question.scope {
             Scope::Workspace => rules.push(Rule { tool, under: None, allow }),
@@ -567,8 +587,9 @@ pub(crate) async fn admit(
     let arguments = parsed.clone().unwrap_or(Value::Null);
     let access = handler.access(&arguments);
     let unconfined = matches!(access, Access::Execute { .. });
+    let remembered_as = handler.remembered_as(&arguments);
     let cwd = ctx.cwd.clone().unwrap_or_default();
-    let mut decision = permissions.decide(tool, &access, &cwd);
+    let mut decision = permissions.decide_as(tool, remembered_as.as_deref(), &access, &cwd);
     if let Decision::Ask(_) = decision {
         // A call that fails before it touches anything gets that failure, not a question.
         parsed.and_then(|arguments| handler.check(&arguments))?;
@@ -581,7 +602,7 @@ pub(crate) async fn admit(
             () = ctx.cancel.cancelled() => return Err(rejected(tool)),
         };
         // The mode or the remembered answers may have changed while this call waited.
-        decision = permissions.decide(tool, &access, &cwd);
+        decision = permissions.decide_as(tool, remembered_as.as_deref(), &access, &cwd);
         if let Decision::Ask(question) = decision {
             let request = PermissionRequest {
                 session_id: ctx.session_id.clone(),
@@ -592,6 +613,7 @@ pub(crate) async fn admit(
                 access,
                 cwd,
                 in_workspace: matches!(question.scope, Scope::Workspace | Scope::Guarded(_)),
+                keeps_always: question.keeps_always(),
                 on_behalf_of: None,
                 unannounced: false,
             };
@@ -650,6 +672,30 @@ mod tests {
                 assert_eq!(recorded.capped_at(start), expected, "{recorded:?} under {start:?}");
             }
         }
+    }
+
+    /// "Always" answers are kept under what the tool says (`Tool::remembered_as`), not its
+    /// model-visible name: another tool under that name asks again; `None` is asked every time.
+    #[test]
+    fn always_answers_are_kept_under_the_tools_identity() {
+        let permissions = Permissions::new(PermissionMode::Ask);
+        let ws = Path::new("/w");
+        let call = Access::External;
+        let Decision::Ask(question) = permissions.decide_as("mcp__x_y__run", Some("x.y:fx:run"), &call, ws) else {
+            panic!("asked")
+        };
+        assert!(question.keeps_always());
+        permissions.answer(&question, PermissionAnswer::AllowAlways);
+        assert!(matches!(
+            permissions.decide_as("mcp__x_y__run", Some("x.y:fx:run"), &call, ws),
+            Decision::Allow { .. }
+        ));
+        let other = permissions.decide_as("mcp__x_y__run", Some("x_y:other:run"), &call, ws);
+        assert!(matches!(other, Decision::Ask(_)), "another server under the same model-visible name asks");
+        let Decision::Ask(never) = permissions.decide_as("bash", None, &call, ws) else { panic!("asked") };
+        assert!(!never.keeps_always());
+        permissions.answer(&never, PermissionAnswer::AllowAlways);
+        assert!(matches!(permissions.decide_as("bash", None, &call, ws), Decision::Ask(_)), "not remembered");
     }
 
     #[test]

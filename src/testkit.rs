@@ -58,7 +58,9 @@ pub mod model {
     }
 }
 pub mod permission {
-    pub use crate::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
+    pub use crate::permission::{
+        Decision, PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions,
+    };
 }
 pub mod runtime {
     pub use crate::runtime::{ClientLink, Runtime};

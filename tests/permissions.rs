@@ -11,7 +11,9 @@ use futures::future::BoxFuture;
 use kin::testkit::agent::{AgentDeps, AgentHandle, TurnEnd, spawn_agent};
 use kin::testkit::model::script::{ReplayEntry, ScriptedModel};
 use kin::testkit::model::{Model, ModelRoute, text_response, tool_call_response};
-use kin::testkit::permission::{PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions};
+use kin::testkit::permission::{
+    Decision, PermissionAnswer, PermissionMode, PermissionPrompt, PermissionRequest, Permissions,
+};
 use kin::testkit::sandbox::{SandboxPolicy, SandboxSettings, SessionSandbox, landlock_for_tests};
 use kin::testkit::session::{Event, SessionHeader, SessionStore};
 use kin::testkit::tools::bash::BashTool;
@@ -341,6 +343,31 @@ async fn a_command_the_sandbox_confines_runs_without_a_question_in_ask_and_accep
     let result = f.run().await;
     assert!(f.asked().is_empty() && is_error(&result));
     assert_eq!(result.data["error"]["code"], "PERMISSION_DENIED");
+}
+
+/// An escalation is asked about every time: the editor is offered no "always" for it, and an
+/// "Allow always" for bash given while no sandbox was on (every command asked then) does not let a
+/// later command leave the sandbox unasked.
+#[tokio::test]
+async fn no_always_answer_lets_an_escalation_out_of_the_sandbox_unasked() {
+    if !landlock_for_tests() {
+        return;
+    }
+    let command = "echo x > ../outside/escaped && echo wrote";
+    let call = bash_call(command, "Write the build cache", true);
+    let f = start_in(PermissionMode::Ask, sandbox("workspace-write"), call, &[PermissionAnswer::RejectOnce]);
+    // Before the sandbox was on, the user said "Allow always" to a plain command.
+    let plain = Access::Execute { command: "make".into(), workdir: None };
+    let Decision::Ask(question) = f.permissions.decide("bash", &plain, &f.ws) else {
+        panic!("a command asks in ask mode")
+    };
+    f.permissions.answer(&question, PermissionAnswer::AllowAlways);
+    let result = f.run().await;
+    let asked = f.asked();
+    assert_eq!(asked.len(), 1, "the escalation was asked about");
+    assert!(!asked[0].keeps_always, "no \"always\" is offered for an escalation");
+    assert_eq!(result.data["error"]["code"], "PERMISSION_REJECTED");
+    assert!(!exists(&f.outside.join("escaped")), "the escalation ran unasked");
 }
 
 #[tokio::test]

@@ -63,13 +63,18 @@ struct EditorPrompt {
     parent_of: Option<ParentOf>,
 }
 
-fn options() -> Vec<PermissionOption> {
-    vec![
-        PermissionOption::new(ALLOW_ONCE, "Allow once", PermissionOptionKind::AllowOnce),
-        PermissionOption::new(ALLOW_ALWAYS, "Allow always", PermissionOptionKind::AllowAlways),
-        PermissionOption::new(REJECT_ONCE, "Reject", PermissionOptionKind::RejectOnce),
-        PermissionOption::new(REJECT_ALWAYS, "Reject always", PermissionOptionKind::RejectAlways),
+/// The answers offered: the "always" ones only where such an answer is kept (`keeps_always`).
+fn options(keeps_always: bool) -> Vec<PermissionOption> {
+    let always = |option: PermissionOption| keeps_always.then_some(option);
+    [
+        Some(PermissionOption::new(ALLOW_ONCE, "Allow once", PermissionOptionKind::AllowOnce)),
+        always(PermissionOption::new(ALLOW_ALWAYS, "Allow always", PermissionOptionKind::AllowAlways)),
+        Some(PermissionOption::new(REJECT_ONCE, "Reject", PermissionOptionKind::RejectOnce)),
+        always(PermissionOption::new(REJECT_ALWAYS, "Reject always", PermissionOptionKind::RejectAlways)),
     ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// `session/request_permission` for a request: the call's title and kind, its status (`pending`:
@@ -84,7 +89,7 @@ fn permission_request(request: PermissionRequest) -> RequestPermissionRequest {
         fields = fields.content(vec![content]);
     }
     let call = ToolCallUpdate::new(request.call_id, fields.raw_input(request.raw_input));
-    RequestPermissionRequest::new(request.session_id, call, options())
+    RequestPermissionRequest::new(request.session_id, call, options(request.keeps_always))
 }
 
 /// The answer a response carries; anything but one of our options is a dismissal.
@@ -231,6 +236,7 @@ mod tests {
             access: crate::tools::bash::BashTool::default().access(&raw_input),
             cwd: "/work/project".into(),
             in_workspace: true,
+            keeps_always: true,
             on_behalf_of: None,
             unannounced: false,
         };
@@ -260,7 +266,7 @@ mod tests {
 
     #[test]
     fn options_carry_every_kind_and_answers_map_back() {
-        let options = options();
+        let options = options(true);
         let kinds: Vec<_> = options.iter().map(|o| o.kind).collect();
         assert_eq!(
             kinds,
@@ -282,6 +288,9 @@ mod tests {
             let outcome = RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(option.option_id.clone()));
             assert_eq!(answer_of(&outcome), answer);
         }
+        // Where no "always" answer is kept, none is offered.
+        let once: Vec<_> = super::options(false).into_iter().map(|o| o.kind).collect();
+        assert_eq!(once, [PermissionOptionKind::AllowOnce, PermissionOptionKind::RejectOnce]);
         let unknown = RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new("something-else"));
         assert_eq!(answer_of(&unknown), PermissionAnswer::Dismissed);
         assert_eq!(answer_of(&RequestPermissionOutcome::Cancelled), PermissionAnswer::Dismissed);

@@ -134,6 +134,17 @@ impl ServerSpec {
         ServerSpec { name: name.into(), transport, settings: Settings::default(), origin: Origin::Editor }
     }
 
+    /// What tells this server from another for remembered answers (in memory only): its name,
+    /// transport and what it runs or reaches, without env or header values.
+    pub(crate) fn identity(&self) -> String {
+        let target = match &self.transport {
+            Transport::Stdio { command, args, .. } => format!("{command}\u{0}{}", args.join("\u{0}")),
+            Transport::Http { url, .. } => url.clone(),
+            Transport::Unsupported { kind } => kind.clone(),
+        };
+        format!("{}\u{0}{}\u{0}{target}", self.name, self.transport.kind())
+    }
+
     /// What the log records: name, kind and origin (nothing that may hold a secret).
     pub fn describe(&self) -> McpServer {
         McpServer { name: self.name.clone(), kind: self.transport.kind().into(), origin: self.origin.id().into() }
@@ -180,6 +191,30 @@ mod tests {
             })
             .collect();
         assert_eq!(got, [("a", "config-a"), ("b", "editor-b"), ("c", "c2")]);
+    }
+
+    /// What remembered answers are kept under: two servers whose names map to one model-visible
+    /// name (`x.y`, `x_y`), or another program under one name, are told apart; env and header
+    /// values are not part of it.
+    #[test]
+    fn identities_tell_servers_apart_without_their_secrets() {
+        let a = stdio("x.y", "fx", Origin::Editor);
+        let b = stdio("x_y", "fx", Origin::Editor);
+        let other_program = stdio("x.y", "evil", Origin::Editor);
+        assert_ne!(a.identity(), b.identity());
+        assert_ne!(a.identity(), other_program.identity());
+        assert_eq!(a.identity(), stdio("x.y", "fx", Origin::Config).identity(), "where it was given does not count");
+        let env =
+            Transport::Stdio { command: "fx".into(), args: vec!["--v".into()], env: vec![("K".into(), "sk-1".into())] };
+        let with_env = ServerSpec { transport: env, ..stdio("x.y", "fx", Origin::Editor) };
+        assert!(!with_env.identity().contains("sk-1"));
+        assert_ne!(with_env.identity(), a.identity(), "the arguments count");
+        let http = |url: &str| ServerSpec {
+            transport: Transport::Http { url: url.into(), headers: vec![("Authorization".into(), "sk-2".into())] },
+            ..stdio("x.y", "", Origin::Editor)
+        };
+        assert_ne!(http("https://a.example/mcp").identity(), http("https://b.example/mcp").identity());
+        assert!(!http("https://a.example/mcp").identity().contains("sk-2"));
     }
 
     #[test]

@@ -49,6 +49,16 @@ impl Tool for McpTool {
         if self.trusted_read_only { Access::Read { paths: Vec::new(), line: None } } else { Access::External }
     }
 
+    /// Under the server's identity (its name, transport, command and arguments or URL) and the
+    /// tool's own name there: two servers whose names map to one model-visible name, or another
+    /// program under a server's name after a resume, never inherit each other's answers.
+    fn remembered_as(&self, _arguments: &Value) -> Option<String> {
+        Some(match &self.backend {
+            Backend::Live { server, tool } => format!("mcp\u{0}{}\u{0}{tool}", server.spec.identity()),
+            Backend::Recorded(_) => self.name.clone(),
+        })
+    }
+
     /// `server: tool {arguments}` (the editor, the permission dialog and a parent's progress).
     fn title(&self, arguments: &Value) -> String {
         super::names::call_title(&self.name, arguments).unwrap_or_else(|| self.name.clone())

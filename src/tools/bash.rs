@@ -120,6 +120,14 @@ impl Tool for BashTool {
         }
     }
 
+    /// A call out of the sandbox in force is asked about each time: an "always" for bash given
+    /// before the sandbox was on (or for another escalation) does not let it leave unasked.
+    fn remembered_as(&self, arguments: &Value) -> Option<String> {
+        let in_force = self.sandbox.as_ref().is_some_and(|s| s.in_force(self.workspace.as_deref()));
+        let escapes = arguments["sandbox"] == "off" && in_force;
+        (!escapes).then(|| self.name().to_string())
+    }
+
     fn title(&self, arguments: &Value) -> String {
         let workdir = arguments["workdir"].as_str().filter(|w| !w.trim().is_empty());
         let mut title = title(arguments["command"].as_str().unwrap_or_default(), workdir);

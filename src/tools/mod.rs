@@ -229,6 +229,13 @@ pub trait Tool: Send + Sync {
     /// What a call with these arguments touches (`Null` when they are not JSON). No default:
     /// every tool says, and anything not declared a read in the workspace is asked about.
     fn access(&self, arguments: &Value) -> Access;
+    /// What a remembered "always" answer about this call is kept under, or `None` when none is
+    /// (the call is asked about each time): by default the tool's name. A tool whose name may
+    /// come to stand for another tool (an MCP server's, when another server takes its name) says
+    /// where it comes from.
+    fn remembered_as(&self, _arguments: &Value) -> Option<String> {
+        Some(self.name().to_string())
+    }
     /// What a call does, in a few words: its one title, shown by the editor on the call, in its
     /// permission dialog and as a parent's progress.
     fn title(&self, _arguments: &Value) -> String {

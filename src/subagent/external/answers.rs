@@ -163,6 +163,7 @@ impl Answers {
             access: asked.access,
             cwd: self.root.clone(),
             in_workspace: asked.in_workspace,
+            keeps_always: true,
             on_behalf_of: Some(forward.call.clone()),
             unannounced: false,
         }
