@@ -13,7 +13,7 @@ use crate::agent::{Restored, spawn_restored};
 use crate::mcp::{McpNotice, McpSession, ServerSpec};
 use crate::permission::{PermissionMode, Permissions};
 use crate::prompt::{self};
-use crate::sandbox::SessionSandbox;
+use crate::sandbox::{SandboxPolicy, SessionSandbox};
 use crate::session::event;
 use crate::session::{Session, SessionHeader, SessionObserver, now_ms};
 use crate::subagent::agents::Agents;
@@ -128,8 +128,11 @@ impl Runtime {
         // The session's named agents: its workspace's files over the config's and the user's.
         let agents = Arc::new(Agents::load(&self.config.agents, session.header.cwd.as_deref().map(Path::new)));
         // A sandbox chosen before a restart stays chosen, unless kin was started stricter.
-        let recorded =
-            event::last::<event::SandboxChoice>(session.events()).and_then(|c| SessionSandbox::from_event(&c));
+        let chosen = event::last::<event::SandboxChoice>(session.events()).and_then(|c| SessionSandbox::from_event(&c));
+        let recorded = restorable_sandbox(chosen, self.sandbox_settings.policy, mode);
+        if let (Some(dropped), None) = (chosen, recorded) {
+            tracing::info!(session = %id, recorded = %dropped, "restoring the session without its sandbox: kin was started without one, where every command asks");
+        }
         let sandbox = Arc::new(SessionSandbox::restored(self.sandbox_settings.clone(), recorded));
         let workspace = session.header.cwd.clone();
         let mut deps = self.deps(&permissions, &mcp, &agents, &sandbox, workspace.as_deref(), system);
@@ -373,5 +376,42 @@ impl Drop for Closing {
         if let Some(gate) = self.gate.take() {
             self.runtime.release_load_gate(&self.id, gate);
         }
+    }
+}
+
+/// The sandbox a restored session may take back from its log (`recorded`), with kin started in
+/// `start` and the session restored in `mode`: a sandbox lets commands it confines run unasked,
+/// so over a start without one, where every command asks (`ask`, `accept-edits`), it would be
+/// looser than the start and is not restored; elsewhere it is (the start's own clamp applies
+/// after, in `SessionSandbox::restored`).
+fn restorable_sandbox(
+    recorded: Option<SandboxPolicy>,
+    start: SandboxPolicy,
+    mode: PermissionMode,
+) -> Option<SandboxPolicy> {
+    let asks_commands = match mode {
+        PermissionMode::Ask | PermissionMode::AcceptEdits => true,
+        PermissionMode::ReadOnly | PermissionMode::Bypass => false,
+    };
+    recorded.filter(|_| start.is_sandboxed() || !asks_commands)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_is_not_restored_over_a_start_where_every_command_asks() {
+        let ro_net = SandboxPolicy::parse("read-only+network").unwrap();
+        let ww = SandboxPolicy::parse("workspace-write").unwrap();
+        for mode in [PermissionMode::Ask, PermissionMode::AcceptEdits] {
+            assert_eq!(restorable_sandbox(Some(ro_net), SandboxPolicy::OFF, mode), None, "{mode}");
+            assert_eq!(restorable_sandbox(Some(ro_net), ww, mode), Some(ro_net), "{mode}: clamped later");
+        }
+        // Where commands do not ask (bypass) or never run (read-only), a sandbox only confines.
+        for mode in [PermissionMode::Bypass, PermissionMode::ReadOnly] {
+            assert_eq!(restorable_sandbox(Some(ro_net), SandboxPolicy::OFF, mode), Some(ro_net), "{mode}");
+        }
+        assert_eq!(restorable_sandbox(None, ww, PermissionMode::Ask), None);
     }
 }
