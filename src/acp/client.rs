@@ -82,7 +82,7 @@ fn options(keeps_always: bool) -> Vec<PermissionOption> {
 /// runs as content.
 fn permission_request(request: PermissionRequest) -> RequestPermissionRequest {
     let mut fields = ToolCallUpdateFields::new()
-        .title(request.title)
+        .title(crate::tools::shown_on_one_line(&request.title).into_owned())
         .kind(convert::tool_kind(&request.access))
         .status(ToolCallStatus::Pending);
     if let Some(content) = convert::request_content(&request.access, &request.cwd) {
@@ -247,17 +247,34 @@ mod tests {
         assert!(title.contains(" in / (shortened: "), "says where and that it is shortened: {title}");
         assert!(title.ends_with("more commands among them)"), "a hidden second command is announced: {title}");
         let text = call["content"][0]["content"]["text"].as_str().unwrap();
-        assert_eq!(text, format!("Working directory: /\n\n```sh\n{command}\n```"));
+        assert_eq!(text, format!("Working directory: `/`\n\n```sh\n{command}\n```"));
         assert_eq!(call["rawInput"], raw_input);
         assert_eq!(call["kind"], "execute");
         // Backticks in the command cannot end its fence; a workdir resolves against the session's.
         let access = Access::Execute { command: "echo ```x```".into(), workdir: Some("sub".into()) };
         let content = serde_json::to_value(convert::request_content(&access, Path::new("/w")).unwrap()).unwrap();
-        assert_eq!(content["content"]["text"], "Working directory: /w/sub\n\n````sh\necho ```x```\n````");
+        assert_eq!(content["content"]["text"], "Working directory: `/w/sub`\n\n````sh\necho ```x```\n````");
         // A right-to-left override cannot show the command as something else: it is escaped.
         let access = Access::Execute { command: "echo a\u{202e}fr- mr\u{202c} b".into(), workdir: None };
         let content = serde_json::to_value(convert::request_content(&access, Path::new("/w")).unwrap()).unwrap();
-        assert_eq!(content["content"]["text"], "Working directory: /w\n\n```sh\necho a\\u{202e}fr- mr\\u{202c} b\n```");
+        assert_eq!(
+            content["content"]["text"],
+            "Working directory: `/w`\n\n```sh\necho a\\u{202e}fr- mr\\u{202c} b\n```"
+        );
+        // A carriage return or an escape sequence cannot overwrite the command shown before it.
+        let access = Access::Execute { command: "rm -rf ./important\r\u{1b}[2Kls -la\ntrue".into(), workdir: None };
+        let content = serde_json::to_value(convert::request_content(&access, Path::new("/w")).unwrap()).unwrap();
+        let text = content["content"]["text"].as_str().unwrap();
+        assert!(text.contains("rm -rf ./important\\u{d}\\u{1b}[2Kls -la\ntrue"), "{text}");
+        // A directory's name is code on one line: no fence or comment in it is read as markdown.
+        let spoof = "x\n\n```sh\nls -la\n```\n\n<!--";
+        let access = Access::Execute { command: "rm -rf ./important".into(), workdir: Some(spoof.into()) };
+        let content = serde_json::to_value(convert::request_content(&access, Path::new("/w")).unwrap()).unwrap();
+        let text = content["content"]["text"].as_str().unwrap();
+        assert_eq!(
+            text,
+            "Working directory: ````/w/x\\u{a}\\u{a}```sh\\u{a}ls -la\\u{a}```\\u{a}\\u{a}<!--````\n\n```sh\nrm -rf ./important\n```"
+        );
         // A forwarded command kin does not know, and anything that is not a command: no content.
         let unknown = Access::Execute { command: String::new(), workdir: None };
         assert!(convert::request_content(&unknown, Path::new("/w")).is_none());

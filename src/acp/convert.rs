@@ -411,6 +411,19 @@ pub(super) fn tool_kind(access: &Access) -> ToolKind {
     }
 }
 
+/// The longest run of backticks in `text`.
+fn longest_backticks(text: &str) -> usize {
+    text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
+}
+
+/// `text` as a markdown code span: delimited by more backticks than any run in it, padded with a
+/// space where it starts or ends with one.
+fn code_span(text: &str) -> String {
+    let ticks = "`".repeat(longest_backticks(text) + 1);
+    let pad = if text.starts_with('`') || text.ends_with('`') { " " } else { "" };
+    format!("{ticks}{pad}{text}{pad}{ticks}")
+}
+
 /// What a permission request shows besides its title, which is cut: for a command, the whole
 /// command and the directory it runs in (`workdir` resolved against `cwd`, the session's).
 pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallContent> {
@@ -420,11 +433,14 @@ pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallCon
                 Some(dir) => crate::tools::paths::resolve(cwd, &dir.to_string_lossy()),
                 None => cwd.to_path_buf(),
             };
-            let dir =
-                if dir.as_os_str().is_empty() { "the process directory".into() } else { dir.display().to_string() };
+            // The directory as code on one line, so no markdown in its name (a fence, a comment
+            // hiding what follows) is read as such.
+            let dir = match dir.as_os_str().is_empty() {
+                true => "the process directory".to_string(),
+                false => code_span(&crate::tools::shown_on_one_line(&dir.display().to_string())),
+            };
             // A fence longer than any run of backticks in the command, so the command cannot end it.
-            let longest = command.split(|c| c != '`').map(str::len).max().unwrap_or(0);
-            let fence = "`".repeat(longest.max(2) + 1);
+            let fence = "`".repeat(longest_backticks(command).max(2) + 1);
             let command = crate::tools::shown_plainly(command);
             format!("Working directory: {dir}\n\n{fence}sh\n{command}\n{fence}")
         }

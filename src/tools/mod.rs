@@ -360,7 +360,7 @@ impl ToolRegistry {
             Some(tool) => (tool.title(arguments), tool.access(arguments)),
             None => (crate::mcp::call_title(name, arguments).unwrap_or_else(|| name.to_string()), Access::External),
         };
-        (crate::session::cut_chars(&title, MAX_CALL_TITLE_CHARS), access)
+        (crate::session::cut_chars(&shown_on_one_line(&title), MAX_CALL_TITLE_CHARS), access)
     }
 
     /// Each tool's prompt advice as `(name, advice)`, in registration order.
@@ -409,9 +409,17 @@ pub(crate) fn reorders_or_hides(c: char) -> bool {
     matches!(c, '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
 }
 
-/// `text` with each character [`reorders_or_hides`] says so of written as its escape.
+/// `text` (lines of it: a command) with each character that would not show as itself written as
+/// its escape: [`reorders_or_hides`] ones, and control characters but the line break and the tab
+/// (a carriage return or an escape sequence could overwrite what was shown before it).
 pub(crate) fn shown_plainly(text: &str) -> std::borrow::Cow<'_, str> {
-    escaped_where(text, reorders_or_hides)
+    escaped_where(text, |c| (c.is_control() && c != '\n' && c != '\t') || reorders_or_hides(c))
+}
+
+/// `text` as one line shown as it is: every control character (line breaks too) and every
+/// [`reorders_or_hides`] one written as its escape (a title, a path in a dialog).
+pub(crate) fn shown_on_one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped_where(text, |c| c.is_control() || reorders_or_hides(c))
 }
 
 /// `text` with each character `escape` picks written as its escape (`\u{1b}`); borrowed when
@@ -561,6 +569,19 @@ mod tests {
         assert_eq!(short, "a", "a short title is whole");
         let exact = "é".repeat(MAX_CALL_TITLE_CHARS);
         assert_eq!(crate::session::cut_chars(&exact, MAX_CALL_TITLE_CHARS), exact, "exactly the limit is not cut");
+    }
+
+    /// A title is shown as one line of what it says: a file named to read backwards
+    /// (`notes\u{202e}txt.sh` shows as "noteshs.txt") or holding a line break or an escape
+    /// sequence is written with their escapes, whichever tool made the title.
+    #[test]
+    fn titles_show_hiding_and_control_characters_as_escapes() {
+        let mut registry = ToolRegistry::new();
+        crate::tools::builtin::register_coding_tools(&mut registry, crate::tools::fs::FileState::default());
+        let (title, _) = registry.shown("write", &json!({"file_path": "notes\u{202e}txt.sh", "content": ""}));
+        assert_eq!(title, "Write notes\\u{202e}txt.sh");
+        let (title, _) = registry.shown("read", &json!({"file_path": "a\nb\u{1b}[2K.txt"}));
+        assert!(!title.contains(|c: char| c.is_control()) && title.contains("\\u{a}b\\u{1b}[2K"), "{title}");
     }
 
     #[test]
