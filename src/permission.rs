@@ -14,7 +14,7 @@
 //! | `Plan` (`todo_write`), `Delegate` (`subagent`, `send_message`, …) | allow | allow | allow | allow |
 //! | `Edit`, `Delete`, `Move` inside the workspace (`write`, `edit`) | ask | allow | refuse | allow |
 //! | the same of anything in `.git` (git runs its hooks, config, `commondir`; never remembered) | ask | ask | refuse | allow |
-//! | `Execute` (`bash`), `Fetch`, `External` (a tool kin cannot see into) | ask | ask | refuse | allow |
+//! | `Execute` (`bash`), `Fetch`, `External` (a tool or an external agent kin cannot see into) | ask | ask | refuse | allow |
 //! | `ExecuteSandboxed` (`bash` confined by the session's sandbox, in force on this kernel) | allow | allow | refuse | allow |
 //! | any path outside the workspace (`read` too) | ask | ask | refuse | allow |
 //!

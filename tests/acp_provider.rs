@@ -148,7 +148,10 @@ async fn a_parent_turn_delegates_to_kin_and_records_the_remote_run() {
     let dir = tempfile::tempdir().unwrap();
     let replay = replay_dir(dir.path(), "replay", false);
     let child_sessions = dir.path().join("child-sessions");
-    let config = kin_agent_toml("kin", &replay, &child_sessions, "permission = \"allow-reads\"\n");
+    let config = format!(
+        "permission_mode = \"bypass\"\n{}",
+        kin_agent_toml("kin", &replay, &child_sessions, "permission = \"allow-reads\"\n")
+    );
     let entries = vec![
         ReplayEntry::Chunks(tool_call_response(
             "c1",
@@ -374,8 +377,14 @@ reply "$prompt" '{"stopReason":"refusal"}'
 );
 
 /// Runs one parent turn that delegates once to `delegate_KEY` (the agent `[acp_agents.KEY]` is
-/// `sh -c SCRIPT`) and returns the parent's log.
+/// `sh -c SCRIPT`) and returns the parent's log; kin is started in `bypass` (a delegation to an
+/// external agent asks otherwise).
 async fn delegate_once(key: &str, script: &str) -> Vec<Event> {
+    delegate_once_in("bypass", key, script).await
+}
+
+/// [`delegate_once`], with kin started in permission mode `mode`.
+async fn delegate_once_in(mode: &str, key: &str, script: &str) -> Vec<Event> {
     let dir = tempfile::tempdir().unwrap();
     let entries = vec![
         ReplayEntry::Chunks(tool_call_response(
@@ -385,13 +394,27 @@ async fn delegate_once(key: &str, script: &str) -> Vec<Event> {
         )),
         ReplayEntry::Chunks(text_response(&["parent done"])),
     ];
-    let (rt, _) = runtime(dir.path(), entries, &sh_agent_toml(key, script, ""));
+    let config = format!("permission_mode = \"{mode}\"\n{}", sh_agent_toml(key, script, ""));
+    let (rt, _) = runtime(dir.path(), entries, &config);
     let id = rt.new_session(&workspace(dir.path()), Arc::new(Quiet)).unwrap();
     let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
     assert_eq!(tokio::time::timeout(Duration::from_secs(20), turn).await.unwrap().unwrap(), TurnEnd::Completed);
     let log = rt.store().inspect(&id).unwrap().events;
     rt.shutdown().await;
     log
+}
+
+/// An external agent is a process kin cannot see into (its own writes and commands pass no gate
+/// of kin's): delegating to it is asked about in `ask` (here with nobody to ask: refused) and
+/// refused in `read-only`, and the agent never starts.
+#[tokio::test]
+async fn delegating_to_an_external_agent_is_asked_about_and_refused_in_read_only() {
+    for (mode, code) in [("read-only", "PERMISSION_DENIED"), ("ask", "PERMISSION_REJECTED")] {
+        let log = delegate_once_in(mode, "w", WORKS).await;
+        let result = log.iter().find(|e| e.kind == "tool/result").expect("the call has a result");
+        assert_eq!(result.data["error"]["code"], code, "{mode}: {}", result.data);
+        assert!(!log.iter().any(|e| e.kind == "subagent/remote-run"), "{mode}: the agent ran");
+    }
 }
 
 #[tokio::test]

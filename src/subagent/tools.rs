@@ -184,8 +184,11 @@ impl Tool for DelegateTool {
         &self.config.tool_name
     }
 
+    /// An in-process child's calls pass this session's gate (`Delegate`); an external agent is a
+    /// process kin cannot see into, whose own writes and commands no gate of kin's stops
+    /// (`External`: asked about, refused in read-only mode).
     fn access(&self, _arguments: &Value) -> Access {
-        Access::Delegate
+        if self.config.external { Access::External } else { Access::Delegate }
     }
 
     /// An in-process child is shown as its own session: the call says what it delegates.

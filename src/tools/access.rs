@@ -36,7 +36,7 @@ pub enum Access {
     Delegate,
     /// Changes only the agent's own task list.
     Plan,
-    /// Does something kin cannot see into.
+    /// Does something kin cannot see into (an MCP tool, a delegation to an external agent).
     External,
 }
 
