@@ -632,6 +632,8 @@ struct TermClient {
     created: Vec<Value>,
     events: Vec<String>,
     frames: Vec<Value>,
+    /// Never answers `terminal/create` (an editor that hangs).
+    silent: bool,
 }
 
 impl TermClient {
@@ -656,6 +658,7 @@ impl TermClient {
             "session/request_permission" => {
                 Self::answer(kin, frame, json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}}))
             }
+            "terminal/create" if self.silent => self.created.push(params.clone()),
             "terminal/create" => {
                 self.created.push(params.clone());
                 let id = format!("term-{}", self.terms.len() + 1);
@@ -850,6 +853,23 @@ fn running(needle: &str) -> usize {
         .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
         .filter(|cmdline| String::from_utf8_lossy(cmdline).contains(needle))
         .count()
+}
+
+/// An editor that never answers `terminal/create` does not hold the turn: the command's own
+/// timeout ends the call, saying the command did not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_the_editor_never_creates_times_out_with_the_command() {
+    let calls = [("bash", json!({"command": "echo never", "description": "Never", "timeoutMs": 300}))];
+    let (_server, mut editor, _session, prompt) = prompted_with_terminal("bypass", "", &calls, "Run").await;
+    let mut client = TermClient { silent: true, ..Default::default() };
+    let response = client.serve(&mut editor.kin, prompt, |_, _| {});
+    assert_eq!(response["result"]["stopReason"], "end_turn", "{response}");
+    assert_eq!(client.created.len(), 1, "asked once");
+    let (status, text) = client.result("call_0");
+    assert_eq!(status, "failed");
+    assert!(text.starts_with("Error: the editor did not start the command in a terminal within 300 ms"), "{text}");
+    editor.kin.close_stdin();
+    assert!(editor.kin.child.wait().unwrap().success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

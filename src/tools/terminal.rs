@@ -159,12 +159,26 @@ pub(super) async fn run(
     rules: Rules,
 ) -> Result<String, ToolError> {
     let session = command.session_id.clone();
+    // The command's timeout counts from the call, so an editor that never answers the create
+    // cannot hold the turn.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(rules.timeout_ms);
     let mut created = tokio::spawn(terminals.create(command));
     let id = tokio::select! {
         created = &mut created => created
             .map_err(io::Error::other)
             .and_then(|id| id)
             .map_err(|e| ToolError::new("SPAWN_FAILED", format!("the editor could not start the command in a terminal: {e}")))?,
+        () = tokio::time::sleep_until(deadline) => {
+            release_when_created(terminals, session, created);
+            return Err(ToolError::new(
+                "TIMEOUT",
+                format!(
+                    "the editor did not start the command in a terminal within {} ms (the command's timeout); \
+                     it did not run here, and is stopped if the editor starts it later",
+                    rules.timeout_ms
+                ),
+            ));
+        }
         () = cancel.cancelled() => {
             release_when_created(terminals, session, created);
             return Err((rules.aborted)());
@@ -173,7 +187,7 @@ pub(super) async fn run(
     let held = Held { terminals: terminals.clone(), session: session.clone(), id: id.clone(), released: false };
     let ending = tokio::select! {
         exit = terminals.wait(&session, &id) => Ending::Exited(exit),
-        () = tokio::time::sleep(Duration::from_millis(rules.timeout_ms)) => Ending::TimedOut,
+        () = tokio::time::sleep_until(deadline) => Ending::TimedOut,
         () = cancel.cancelled() => Ending::Aborted,
     };
     let result = match ending {
