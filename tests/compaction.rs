@@ -562,6 +562,19 @@ async fn slash_compact_is_busy_during_a_turn_then_compacts_with_its_focus_and_sh
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
     assert!(refused["error"]["message"].as_str().unwrap().contains("/compact takes only text"), "{refused}");
     assert!(summaries.lock().unwrap().is_empty(), "a refused /compact asks no model");
+    // So is one with a file or a link attached: they are written into its text block, and would
+    // become the focus, never the conversation.
+    for block in [
+        json!({"type": "resource", "resource": {"uri": "file:///w/notes.md", "text": "NOTES"}}),
+        json!({"type": "resource_link", "name": "notes.md", "uri": "file:///w/notes.md"}),
+    ] {
+        let attached = json!({"sessionId": session, "prompt": [{"type": "text", "text": "/compact"}, block]});
+        let refused = kin.request("session/prompt", attached);
+        let refused = kin.response(refused, wait, |_| {});
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+        assert!(refused["error"]["message"].as_str().unwrap().contains("/compact takes only text"), "{refused}");
+    }
+    assert!(summaries.lock().unwrap().is_empty(), "a refused /compact asks no model");
     // After the turn: `/compact` with focus text compacts; the editor sees the progress thought
     // and the outcome with the tokens before and after, and the answer.
     let id = kin.request("session/prompt", prompt("/compact the open questions"));

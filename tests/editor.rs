@@ -330,6 +330,14 @@ async fn slash_commands_are_offered_and_expanded_from_the_workspace_and_user_fil
     assert_eq!(asked[1], "Say hello in one word.");
     assert!(asked[2].contains("draft AGENTS.md"), "{}", asked[2]);
     assert_eq!(asked[3], "/usr/bin/true fails, why?", "not a command: sent as it is");
+    // A blank command file is refused, naming the command, not sent as an empty message.
+    std::fs::write(workspace.join("empty.md"), "---\ndescription: Nothing\n---\n  \n").unwrap();
+    let refused =
+        editor.call("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "/empty"}]}));
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("/empty expands to an empty prompt"), "{message}");
+    assert_eq!(bodies(&server).await.len(), 4, "no model call");
     // A loaded session is offered its commands again.
     let loaded = editor.call("session/load", json!({"sessionId": session, "cwd": editor.cwd, "mcpServers": []}));
     assert!(loaded.get("result").is_some(), "{loaded}");

@@ -12,6 +12,7 @@ use super::Runtime;
 use super::error::RuntimeError;
 use super::load::still_opening;
 use crate::agent::{PromptRefused, TurnEnd};
+use crate::session::event;
 use crate::slash;
 
 /// What a prompt started.
@@ -60,13 +61,25 @@ impl Runtime {
         // Command files are read before the live table is locked.
         let cwd = self.agents.top_level(session_id).and_then(|(_, top)| top.cwd.clone());
         let content = match self.slash_expansion(cwd.as_deref(), &content) {
+            // A blank command file would send the model an empty message.
+            Some(slash::Expansion::Prompt(text)) if text.trim().is_empty() && content.len() == 1 => {
+                let typed = content[0]["text"].as_str().unwrap_or_default();
+                let command = typed.split_whitespace().next().unwrap_or(typed);
+                return Err(RuntimeError::InvalidParams(format!(
+                    "{command} expands to an empty prompt (its command file has no text): write text in the file, \
+                     or send the prompt without the command"
+                )));
+            }
             Some(slash::Expansion::Prompt(text)) => {
                 let mut content = content;
                 content[0] = json!({"type": "text", "text": text});
                 content
             }
-            // Its focus is text: an attached file or image would be dropped unseen.
-            Some(slash::Expansion::Compact(_)) if content.len() > 1 => {
+            // Its focus is text: an attached file or image would be dropped unseen (a file or a
+            // link is written into the text block, an image is a block of its own).
+            Some(slash::Expansion::Compact(_))
+                if content.len() > 1 || content[0]["text"].as_str().is_some_and(event::has_attachment) =>
+            {
                 return Err(RuntimeError::InvalidParams(
                     "/compact takes only text (what the summary should focus on); send the attached files and \
                      images in a later prompt"

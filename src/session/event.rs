@@ -707,6 +707,13 @@ pub struct TitleSource {
 /// The user's own words in a prompt's text: without the attachments written into it (by
 /// `acp::convert`: `[resource uri=…]` … `[/resource]`, and the one-line `[resource …]` and
 /// `[resource_link …]` notes), whose contents (a file's, a secret in it) make no title.
+/// Whether a prompt's text holds an attachment `acp::convert` wrote into it (the lines
+/// `own_words` leaves out).
+pub(crate) fn has_attachment(text: &str) -> bool {
+    text.split('\n')
+        .any(|line| (line.starts_with("[resource uri=") || line.starts_with("[resource_link ")) && line.ends_with(']'))
+}
+
 pub(crate) fn own_words(text: &str) -> String {
     let mut own = String::with_capacity(text.len().min(1024));
     let mut attached = false;
