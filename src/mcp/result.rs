@@ -14,15 +14,51 @@ const MAX_TEXT: usize = 30_000;
 
 /// The largest image (base64) passed on; a larger one becomes a placeholder.
 const MAX_IMAGE_BASE64: usize = 1024 * 1024;
+/// The most images one result passes on (each stays in every later request of the session), and
+/// the most base64 they hold together; the others become placeholders.
+const MAX_IMAGES: usize = 8;
+const MAX_IMAGES_BASE64: usize = 4 * 1024 * 1024;
 
-/// Accumulates blocks under the text budget.
+/// Accumulates blocks under the text and image budgets.
 struct Blocks {
     blocks: Vec<Value>,
     text_left: usize,
     cut: usize,
+    images: usize,
+    image_bytes: usize,
 }
 
 impl Blocks {
+    /// An image block, when the result's image budget holds it; else why it is not passed on.
+    fn image(&mut self, mime: &str, data: &str) {
+        let refused = if data.len() > MAX_IMAGE_BASE64 {
+            Some(format!("{} bytes of base64, too large to pass on", data.len()))
+        } else if self.images == MAX_IMAGES {
+            Some(format!("not passed on: this result already passes on {MAX_IMAGES} images, the most one result does"))
+        } else if self.image_bytes + data.len() > MAX_IMAGES_BASE64 {
+            Some(format!(
+                "not passed on: this result's images would pass {} bytes of base64, the most one result does",
+                MAX_IMAGES_BASE64
+            ))
+        } else {
+            // Passed on as `read` passes an image: one of the formats models take, told by its
+            // bytes (not by the server's word), else a note of why not.
+            match image::check_base64(data) {
+                Ok(format) => {
+                    self.images += 1;
+                    self.image_bytes += data.len();
+                    self.blocks.push(json!({"type": "image", "mediaType": format.media_type(), "data": data}));
+                    None
+                }
+                Err(reason) => Some(format!("not passed on: {reason}")),
+            }
+        };
+        if let Some(why) = refused {
+            let mime: String = mime.chars().take(100).collect();
+            self.text(&format!("[image {mime}: {why}]"));
+        }
+    }
+
     fn text(&mut self, text: &str) {
         if text.len() <= self.text_left {
             self.text_left -= text.len();
@@ -64,25 +100,13 @@ fn describe_resource(resource: &Value) -> (String, Option<String>) {
 
 /// The result of calling `tool` on `server`.
 pub(super) fn map(result: &Value, server: &str, tool: &str) -> Result<ToolOutput, ToolError> {
-    let mut out = Blocks { blocks: Vec::new(), text_left: MAX_TEXT, cut: 0 };
+    let mut out = Blocks { blocks: Vec::new(), text_left: MAX_TEXT, cut: 0, images: 0, image_bytes: 0 };
     let content = result["content"].as_array().map(Vec::as_slice).unwrap_or_default();
     for block in content {
         let text = |key: &str| block[key].as_str().unwrap_or_default();
         match block["type"].as_str().unwrap_or_default() {
             "text" => out.text(text("text")),
-            // Passed on as `read` passes an image: one of the formats models take, told by its
-            // bytes (not by the server's word), else a note of why not.
-            "image" if text("data").len() <= MAX_IMAGE_BASE64 => match image::check_base64(text("data")) {
-                Ok(format) => {
-                    out.blocks.push(json!({"type": "image", "mediaType": format.media_type(), "data": text("data")}));
-                }
-                Err(reason) => out.text(&format!("[image {}: not passed on: {reason}]", text("mimeType"))),
-            },
-            "image" => out.text(&format!(
-                "[image {}: {} bytes of base64, too large to pass on]",
-                text("mimeType"),
-                text("data").len()
-            )),
+            "image" => out.image(text("mimeType"), text("data")),
             "audio" => out.text(&format!("[audio {}: not passed to the model]", text("mimeType"))),
             "resource" => {
                 let (head, body) = describe_resource(&block["resource"]);
@@ -193,5 +217,30 @@ mod tests {
         assert!(note(2).starts_with("[image image/png: not passed on: its data is not valid base64"), "{}", note(2));
         let content = ok(json!({"content": [{"type": "image", "data": huge_image, "mimeType": "image/png"}]}));
         assert!(content[0]["text"].as_str().unwrap().contains("too large"), "{content:?}");
+    }
+
+    /// Every image stays in every later request of the session: one result passes on at most
+    /// `MAX_IMAGES`, holding at most `MAX_IMAGES_BASE64` together; the rest are notes (under the
+    /// text cap, so 5,000 of them are cut and the cut said).
+    #[test]
+    fn images_are_capped_in_number_and_size_per_result() {
+        let png = "iVBORw0KGgo=";
+        let many: Vec<Value> =
+            (0..5000).map(|_| json!({"type": "image", "data": png, "mimeType": "image/png"})).collect();
+        let content = ok(json!({"content": many}));
+        assert_eq!(content.iter().filter(|b| b["type"] == "image").count(), MAX_IMAGES);
+        let first_note = content[MAX_IMAGES]["text"].as_str().unwrap();
+        assert!(first_note.contains(&format!("already passes on {MAX_IMAGES} images")), "{first_note}");
+        let text: usize = content.iter().filter_map(|b| b["text"].as_str()).map(str::len).sum();
+        assert!(text < MAX_TEXT + 100, "{text}");
+        assert!(content.last().unwrap()["text"].as_str().unwrap().contains("more bytes of output cut"));
+        // Large ones: as many as fit in the total.
+        let big = format!("iVBORw0KGgoA{}", "A".repeat(MAX_IMAGE_BASE64 - 12));
+        let large: Vec<Value> =
+            (0..6).map(|_| json!({"type": "image", "data": big, "mimeType": "image/png"})).collect();
+        let content = ok(json!({"content": large}));
+        let passed = content.iter().filter(|b| b["type"] == "image").count();
+        assert_eq!(passed, MAX_IMAGES_BASE64 / big.len());
+        assert!(content[passed]["text"].as_str().unwrap().contains("bytes of base64, the most one result does"));
     }
 }
