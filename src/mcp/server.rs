@@ -150,15 +150,26 @@ impl Server {
         let started = tokio::time::Instant::now();
         let cwd = self.cwd.as_deref();
         let connection = Arc::new(
-            connect::connect(self.name(), &self.spec.transport, cwd, self.startup_timeout, self.tail.clone()).await?,
+            connect::connect(self.name(), &self.spec.transport, cwd, self.startup_timeout, self.tail.clone())
+                .await
+                .map_err(|e| self.redacted(e))?,
         );
         let left = self.startup_timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
         match list(&connection, left).await {
             Ok(tools) => Ok((connection, tools)),
             Err(reason) => {
                 connection.close().await;
-                Err(StartError { reason, stderr: self.tail.lines() })
+                Err(self.redacted(StartError { reason, stderr: self.tail.lines() }))
             }
+        }
+    }
+
+    /// `error` without the secrets of this server's transport (`Transport::redact`).
+    fn redacted(&self, error: StartError) -> StartError {
+        let transport = &self.spec.transport;
+        StartError {
+            reason: transport.redact(&error.reason).into_owned(),
+            stderr: error.stderr.iter().map(|line| transport.redact(line).into_owned()).collect(),
         }
     }
 
@@ -203,7 +214,10 @@ impl Server {
             }
             (Phase::Ready, Some(connection)) => match list(&connection, self.startup_timeout).await {
                 Ok(tools) => self.state().tools = tools,
-                Err(reason) => tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}"),
+                Err(reason) => {
+                    let reason = self.spec.transport.redact(&reason);
+                    tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}")
+                }
             },
             (Phase::Lost, _) => self.restart_if_allowed(restarted).await,
             // Still starting (the step waited for the first start), given up, or closed.
@@ -314,7 +328,9 @@ impl Server {
                     },
                 ))
             }
-            Ok(Err(e)) => Err(mcp_error(format!("MCP server {}", self.name()), &e.to_string())),
+            Ok(Err(e)) => {
+                Err(mcp_error(format!("MCP server {}", self.name()), &self.spec.transport.redact(&e.to_string())))
+            }
             Err(_) => Err(ToolError::named(
                 "McpError",
                 "MCP_TIMEOUT",

@@ -20,6 +20,40 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// `text` without what could show a secret of this transport, each as `[redacted]`: an HTTP
+    /// URL's query and user info (`?token=…`, `user:pass@`) and its header values, a stdio
+    /// server's env values (of 4 characters or more: a shorter one would garble the text). An
+    /// error of the HTTP client quotes the URL it failed on.
+    pub(crate) fn redact<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        let mut secrets: Vec<&str> = match self {
+            Transport::Stdio { env, .. } => env.iter().map(|(_, v)| v.as_str()).filter(|v| v.len() >= 4).collect(),
+            Transport::Http { url, headers } => {
+                let mut found: Vec<&str> = headers.iter().map(|(_, v)| v.as_str()).filter(|v| v.len() >= 4).collect();
+                if let Some((_, query)) = url.split_once('?') {
+                    found.push(query.split('#').next().unwrap_or(query));
+                }
+                let authority = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+                let authority = authority.split(['/', '?', '#']).next().unwrap_or(authority);
+                if let Some((user_info, _)) = authority.rsplit_once('@') {
+                    found.push(user_info);
+                }
+                found
+            }
+            Transport::Unsupported { .. } => Vec::new(),
+        };
+        secrets.retain(|s| !s.is_empty() && text.contains(*s));
+        if secrets.is_empty() {
+            return std::borrow::Cow::Borrowed(text);
+        }
+        // The longest first, so a secret holding another is replaced whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        let mut out = text.to_string();
+        for secret in secrets {
+            out = out.replace(secret, "[redacted]");
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
     /// `stdio`, `http` or the unsupported kind.
     pub fn kind(&self) -> &str {
         match self {
@@ -215,6 +249,30 @@ mod tests {
         };
         assert_ne!(http("https://a.example/mcp").identity(), http("https://b.example/mcp").identity());
         assert!(!http("https://a.example/mcp").identity().contains("sk-2"));
+    }
+
+    /// An HTTP client's error quotes the URL: its token, user info and header values are
+    /// redacted from every failure text, as a stdio server's env values are.
+    #[test]
+    fn failure_texts_are_redacted() {
+        let http = Transport::Http {
+            url: "https://bob:pw1@mcp.example/v1?token=SECRET123&x=1#frag".into(),
+            headers: vec![("Authorization".into(), "Bearer sk-live-9".into())],
+        };
+        let error = "error sending request for url (https://bob:pw1@mcp.example/v1?token=SECRET123&x=1#frag): \
+                     401 with Bearer sk-live-9";
+        let said = http.redact(error);
+        assert_eq!(
+            said,
+            "error sending request for url (https://[redacted]@mcp.example/v1?[redacted]#frag): 401 with [redacted]"
+        );
+        assert!(matches!(http.redact("connection refused"), std::borrow::Cow::Borrowed(_)));
+        let stdio = Transport::Stdio {
+            command: "fx".into(),
+            args: vec![],
+            env: vec![("K".into(), "sk-abc".into()), ("N".into(), "1".into())],
+        };
+        assert_eq!(stdio.redact("bad key sk-abc (attempt 1)"), "bad key [redacted] (attempt 1)");
     }
 
     #[test]
