@@ -44,6 +44,8 @@ fn schema(value: Value) -> Arc<JsonObject> {
 #[derive(Clone, Default)]
 struct Fixture {
     late: Arc<AtomicBool>,
+    /// `stall_list` was called: `tools/list` is never answered from then on.
+    stalled: Arc<AtomicBool>,
 }
 
 impl Fixture {
@@ -59,6 +61,11 @@ impl Fixture {
             Tool::new("structured", "Returns structured content only.", schema(none.clone())),
             Tool::new("env", "Lists the names of its environment variables.", schema(none.clone())),
             Tool::new("add_tool", "Adds the tool `late`.", schema(none.clone())),
+            Tool::new(
+                "stall_list",
+                "Says its tool list changed, and never answers `tools/list` again.",
+                schema(none.clone()),
+            ),
             Tool::new("crash", "Exits the server.", schema(none.clone())),
             Tool::new(
                 "huge",
@@ -88,6 +95,10 @@ impl ServerHandler for Fixture {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        note("list");
+        if self.stalled.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
@@ -129,6 +140,11 @@ impl ServerHandler for Fixture {
                 self.late.store(true, Ordering::SeqCst);
                 let _ = context.peer.notify_tool_list_changed().await;
                 CallToolResult::success(vec![text("added late")])
+            }
+            "stall_list" => {
+                self.stalled.store(true, Ordering::SeqCst);
+                let _ = context.peer.notify_tool_list_changed().await;
+                CallToolResult::success(vec![text("stalled")])
             }
             "late" if self.late.load(Ordering::SeqCst) => CallToolResult::success(vec![text("late tool ran")]),
             "crash" => std::process::exit(3),

@@ -301,7 +301,7 @@ async fn mcp_tools_reach_the_model_and_their_results_come_back() {
     let requests = kin.model_requests().await;
     assert_eq!(requests.len(), 2);
     let names = tool_names(&requests[0]);
-    for tool in ["echo", "image", "fail", "slow", "structured", "env", "add_tool", "crash"] {
+    for tool in ["echo", "image", "fail", "slow", "structured", "env", "add_tool", "stall_list", "crash"] {
         assert!(names.contains(&format!("mcp__fx__{tool}")), "{tool} missing from {names:?}");
     }
     let echo =
@@ -530,6 +530,33 @@ async fn tool_list_changes_show_from_the_next_step_and_a_dead_server_restarts_on
     assert_eq!(notices.len(), 1, "{notices:?}");
     assert_eq!(notices[0]["title"], "MCP server `fx` stopped again");
     assert_eq!(pids(&log).len(), 2);
+    kin.stop();
+}
+
+/// A server that says its tool list changed and then never answers `tools/list` holds one step
+/// for its startup timeout, not every step: its earlier tools are kept (and work), it is not
+/// asked again for a while, and one notice says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_tool_list_the_server_never_sends_holds_one_step_not_every_one() {
+    let config = "permission_mode = \"bypass\"\n[mcp]\nstartup_timeout_secs = 1\n";
+    let mut kin = Kin::start(config, json!({"session": {"notices": {}}})).await;
+    let log = kin.path("fixture.log");
+    kin.new_session(json!([fixture_entry("fx", &log, &[])]));
+    kin.script
+        .calls(&[("s1", "mcp__fx__stall_list", json!({}))])
+        .calls(&[("e1", "mcp__fx__echo", json!({"text": "one"}))])
+        .calls(&[("e2", "mcp__fx__echo", json!({"text": "two"}))])
+        .text("done");
+    assert_eq!(kin.prompt("stall"), "end_turn");
+    let requests = kin.model_requests().await;
+    assert_eq!(tool_result(&requests[2], "e1"), "echo: one");
+    assert_eq!(tool_result(&requests[3], "e2"), "echo: two");
+    assert!(tool_names(&requests[3]).contains(&"mcp__fx__echo".to_string()), "the earlier tools are kept");
+    assert_eq!(count(&log, "list"), 2, "the first listing and one re-list, not one per step");
+    let notices: Vec<&Value> = kin.updates().into_iter().filter(|u| u["sessionUpdate"] == "notice").collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let title = notices[0]["title"].as_str().unwrap();
+    assert!(title.starts_with("MCP server `fx` changed its tools but could not list them"), "{title}");
     kin.stop();
 }
 

@@ -62,7 +62,14 @@ struct State {
     connection: Option<Arc<Connection>>,
     tools: Vec<Listed>,
     restarted: bool,
+    /// A re-list failed: steps keep the tools listed before and do not ask again until then.
+    relist_after: Option<tokio::time::Instant>,
 }
+
+/// How long steps keep a server's earlier tools after a re-list of them failed (a server that
+/// says its list changed and then never answers `tools/list` would hold every step for its
+/// startup timeout).
+const RELIST_BACKOFF: Duration = Duration::from_secs(300);
 
 pub(super) struct Server {
     pub spec: ServerSpec,
@@ -93,7 +100,13 @@ impl Server {
             cwd,
             startup_timeout,
             tool_timeout,
-            state: Mutex::new(State { phase: Phase::Starting, connection: None, tools: Vec::new(), restarted: false }),
+            state: Mutex::new(State {
+                phase: Phase::Starting,
+                connection: None,
+                tools: Vec::new(),
+                restarted: false,
+                relist_after: None,
+            }),
             settled: CancellationToken::new(),
             closing: CancellationToken::new(),
             refreshing: tokio::sync::Mutex::new(()),
@@ -203,20 +216,34 @@ impl Server {
     /// Never fails: what goes wrong is a notice or a warning.
     pub(super) async fn refresh(&self) {
         let _one = self.refreshing.lock().await;
-        let (phase, connection, restarted) = {
+        let (phase, connection, restarted, backing_off) = {
             let state = self.state();
-            (state.phase, state.connection.clone(), state.restarted)
+            let backing_off = state.relist_after.is_some_and(|after| tokio::time::Instant::now() < after);
+            (state.phase, state.connection.clone(), state.restarted, backing_off)
         };
         match (phase, connection) {
             (Phase::Ready, Some(connection)) if connection.is_closed() => {
                 self.lose(&connection).await;
                 self.restart_if_allowed(restarted).await;
             }
+            (Phase::Ready, Some(_)) if backing_off => {}
             (Phase::Ready, Some(connection)) => match list(&connection, self.startup_timeout).await {
-                Ok(tools) => self.state().tools = tools,
+                Ok(tools) => {
+                    let mut state = self.state();
+                    state.tools = tools;
+                    state.relist_after = None;
+                }
                 Err(reason) => {
-                    let reason = self.spec.transport.redact(&reason);
-                    tracing::warn!(server = %self.name(), "re-listing MCP tools failed: {reason}")
+                    self.state().relist_after = Some(tokio::time::Instant::now() + RELIST_BACKOFF);
+                    let reason = self.spec.transport.redact(&reason).into_owned();
+                    let error = StartError { reason, stderr: self.tail.lines() };
+                    let title = format!(
+                        "MCP server `{}` changed its tools but could not list them; its earlier tools are kept, \
+                         and it is asked again in {} minutes",
+                        self.name(),
+                        RELIST_BACKOFF.as_secs() / 60
+                    );
+                    self.notify(title, &error);
                 }
             },
             (Phase::Lost, _) => self.restart_if_allowed(restarted).await,
