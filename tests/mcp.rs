@@ -647,13 +647,11 @@ async fn children_share_the_servers_under_their_tool_filter() {
     kin.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zeds_session_new_with_an_http_and_a_stdio_server() {
-    let tmp = tempfile::tempdir().unwrap();
-    let http_log = tmp.path().join("http.log");
+/// The fixture serving MCP over HTTP, noting into `log`: the process and its `host:port`.
+fn http_fixture(log: &Path) -> (std::process::Child, String) {
     let mut http = Command::new(fixture())
         .arg("--http")
-        .env("FIXTURE_LOG", &http_log)
+        .env("FIXTURE_LOG", log)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -662,6 +660,53 @@ async fn zeds_session_new_with_an_http_and_a_stdio_server() {
     BufReader::new(http.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr =
         line.trim().strip_prefix("listening ").unwrap_or_else(|| panic!("the fixture said {line:?}")).to_string();
+    (http, addr)
+}
+
+/// Over HTTP: an answer larger than the client reads ends the connection, which kin opens again
+/// for the next step (no restart is used up: the server still serves); a server that dies during
+/// a call ends the call (pings go unanswered) instead of holding it for the tool timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_server_s_oversized_answer_fails_the_call_and_its_death_ends_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let http_log = tmp.path().join("http.log");
+    let (mut http, addr) = http_fixture(&http_log);
+    let config = "permission_mode = \"bypass\"\n[mcp]\ntool_timeout_secs = 60\n";
+    let mut kin = Kin::start(config, json!({"session": {"notices": {}}})).await;
+    kin.new_session(json!([{"type": "http", "name": "remote", "url": format!("http://{addr}/mcp"), "headers": []}]));
+    kin.script
+        .calls(&[("h1", "mcp__remote__huge", json!({}))])
+        .calls(&[("h2", "mcp__remote__echo", json!({"text": "still here"}))])
+        .calls(&[("h3", "mcp__remote__slow", json!({"seconds": 50}))])
+        .text("done");
+    let session = kin.session.clone();
+    let prompt =
+        kin.peer.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "go"}]}));
+    // The fixture notes the slow call as it starts it: then it dies.
+    common::until_blocking("the slow call to reach the server", || count(&http_log, "call slow") == 1);
+    http.kill().unwrap();
+    http.wait().unwrap();
+    let answer = kin.until("the prompt's answer", |f| common::is_response(f, prompt));
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let requests = kin.model_requests().await;
+    let ended = "MCP server remote is unavailable: the connection to it ended during the call";
+    let huge = tool_result(&requests[1], "h1");
+    assert!(huge.contains(ended) && huge.contains("larger than the 16 MiB kin reads"), "{huge}");
+    assert_eq!(tool_result(&requests[2], "h2"), "echo: still here", "connected again");
+    let died = tool_result(&requests[3], "h3");
+    assert!(died.contains(ended), "{died}");
+    // A second lost connection is not the end of it: the next step connects again (and finds
+    // nobody, which one notice says).
+    let notices: Vec<&Value> = kin.updates().into_iter().filter(|u| u["sessionUpdate"] == "notice").collect();
+    assert!(notices.iter().all(|n| !n["title"].as_str().unwrap().contains("stopped again")), "{notices:?}");
+    kin.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeds_session_new_with_an_http_and_a_stdio_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let http_log = tmp.path().join("http.log");
+    let (mut http, addr) = http_fixture(&http_log);
 
     let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({"fs": {"readTextFile": true}})).await;
     let log = kin.path("fixture.log");

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rmcp::ServiceError;
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, ClientRequest};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::connect::{self, Connection, StartError, StderrTail};
 use super::result;
 use super::session::McpNotice;
-use super::spec::{ServerSpec, Trust};
+use super::spec::{ServerSpec, Transport, Trust};
 use crate::tools::capture::{MAX_ERROR_TEXT_BYTES, cut};
 use crate::tools::{ToolError, ToolOutput, args};
 
@@ -65,6 +65,11 @@ struct State {
     /// A re-list failed: steps keep the tools listed before and do not ask again until then.
     relist_after: Option<tokio::time::Instant>,
 }
+
+/// How often an HTTP server is pinged during a call, and how long a ping may take, before the
+/// call fails as the server's death.
+const PING_EVERY: Duration = Duration::from_secs(5);
+const PING_WITHIN: Duration = Duration::from_secs(5);
 
 /// How long steps keep a server's earlier tools after a re-list of them failed (a server that
 /// says its list changed and then never answers `tools/list` would hold every step for its
@@ -271,7 +276,10 @@ impl Server {
         if self.state().phase != Phase::Lost {
             return;
         }
-        if restarted {
+        // An HTTP server is connected to again each time its connection ends (an answer over
+        // the client's size limit ends it too, the server still up); a dead one fails to connect.
+        let http = matches!(self.spec.transport, Transport::Http { .. });
+        if restarted && !http {
             self.state().phase = Phase::Failed;
             let error = StartError {
                 reason: "it was restarted once already, so it is not started again".into(),
@@ -280,7 +288,7 @@ impl Server {
             self.notify(format!("MCP server `{}` stopped again", self.name()), &error);
             return;
         }
-        self.state().restarted = true;
+        self.state().restarted = !http;
         match self.open_unless_closed().await {
             Some(Ok((connection, tools))) => {
                 tracing::info!(server = %self.name(), "MCP server restarted");
@@ -334,6 +342,8 @@ impl Server {
         let answer = tokio::select! {
             answer = request => answer,
             () = cancel.cancelled() => return Err(args::aborted()),
+            // Over HTTP nothing tells kin the server died: the client waits on the call's stream.
+            () = self.until_unreachable(&connection) => Ok(Err(ServiceError::TransportClosed)),
         };
         match answer {
             Ok(Ok(value)) => {
@@ -344,11 +354,20 @@ impl Server {
                 format!("MCP server {} answered {tool} with error {}", self.name(), e.code.0),
                 &e.message,
             )),
+            // One request failed (an HTTP answer over the client's size limit, say), while the
+            // connection holds: the call's failure, not the server's.
+            Ok(Err(ServiceError::TransportSend(e))) if !connection.is_closed() => Err(mcp_error(
+                format!("MCP server {} could not answer {tool}", self.name()),
+                &self.spec.transport.redact(&error_chain(&e)),
+            )),
             Ok(Err(ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
                 self.lose(&connection).await;
                 Err(gone(
                     self.name(),
-                    if self.state().restarted {
+                    if matches!(self.spec.transport, Transport::Http { .. }) {
+                        "the connection to it ended during the call (it stopped answering, or its answer was larger \
+                         than the 16 MiB kin reads); kin connects to it again before the next step"
+                    } else if self.state().restarted {
                         "it stopped during the call; it was restarted once already, so kin does not start it again"
                     } else {
                         "it stopped during the call; kin restarts it once before the next step"
@@ -367,6 +386,23 @@ impl Server {
                     self.tool_timeout.as_secs_f64()
                 ),
             )),
+        }
+    }
+
+    /// Resolves once an HTTP server stops answering pings during a call (a dead server: a ping
+    /// every `PING_EVERY` that fails, or is not answered within `PING_WITHIN`); never for a stdio
+    /// server, whose end the connection sees.
+    async fn until_unreachable(&self, connection: &Connection) {
+        if !matches!(self.spec.transport, Transport::Http { .. }) {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(PING_EVERY).await;
+            let ping = connection.peer.send_request(ClientRequest::PingRequest(Default::default()));
+            match tokio::time::timeout(PING_WITHIN, ping).await {
+                Ok(Ok(_)) | Ok(Err(ServiceError::McpError(_))) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
         }
     }
 
@@ -390,6 +426,21 @@ impl Server {
 
 /// An `MCP_ERROR`: `what` (whose error, about what), then what the server said, cut to
 /// `MAX_ERROR_TEXT_BYTES` with a note of the rest.
+/// `error` with its causes (`a: b: c`), as the HTTP client nests them.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn mcp_error(what: String, said: &str) -> ToolError {
     ToolError::named("McpError", "MCP_ERROR", format!("{what}: {}", cut(said, MAX_ERROR_TEXT_BYTES)))
 }
