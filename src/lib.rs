@@ -28,6 +28,7 @@ mod runtime;
 mod sandbox;
 mod scenario;
 mod session;
+mod signals;
 mod slash;
 mod subagent;
 pub mod testkit;

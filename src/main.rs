@@ -12,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     kin::testkit::heap::configure();
+    kin::testkit::signals::survive_file_size_limits();
     let cli = Cli::parse();
     let config = match Config::resolve(&cli.overrides(), &process_env) {
         Ok(config) => config,

@@ -27,6 +27,9 @@ pub mod commands {
         scenario_dirs, scenario_run, sessions_check, sessions_delete, sessions_list, sessions_show,
     };
 }
+pub mod signals {
+    pub use crate::signals::survive_file_size_limits;
+}
 pub mod heap {
     pub use crate::heap::configure;
 }

@@ -324,7 +324,7 @@ fn prompt(kin: &mut Peer, id: u64, session: &str, text: &str) -> Value {
 /// kin under a file-size limit (`ulimit -f`): appends past it fail like a full disk (EFBIG).
 fn start_limited(sessions: &Path, replay: &Path, cwd: &Path, blocks: Option<u32>) -> Peer {
     let limit = blocks.map_or(String::new(), |b| format!("ulimit -f {b}; "));
-    let script = format!("trap '' XFSZ; {limit}exec \"$0\" acp --config /dev/null --sessions \"$1\" --replay \"$2\"");
+    let script = format!("{limit}exec \"$0\" acp --config /dev/null --sessions \"$1\" --replay \"$2\"");
     Peer::spawn(
         Command::new("sh").args(["-c", &script, KIN]).arg(sessions).arg(replay).current_dir(cwd).stderr(Stdio::null()),
     )

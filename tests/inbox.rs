@@ -179,8 +179,7 @@ impl World {
     /// 512-byte blocks (the hard limit stays unlimited, so it can be raised from outside).
     fn command(&self, limit: Option<u32>, stderr: Option<&Path>) -> Command {
         let limit = limit.map_or(String::new(), |b| format!("ulimit -S -f {b}; "));
-        let script =
-            format!("trap '' XFSZ; {limit}exec \"$0\" acp --permission-mode bypass --config \"$1\" --sessions \"$2\"");
+        let script = format!("{limit}exec \"$0\" acp --permission-mode bypass --config \"$1\" --sessions \"$2\"");
         let mut command = Command::new("sh");
         command
             .args(["-c", &script, KIN])

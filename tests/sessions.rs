@@ -394,16 +394,14 @@ fn open_then_set(kin: &mut Peer, cwd: &Path, mode: &str) -> String {
     id
 }
 
-/// [`kin`] through `sh` with SIGXFSZ ignored, so that a file-size limit set on it later
-/// ([`fill_disk`]) fails its writes with EFBIG, as a full disk fails them with ENOSPC (the writer
-/// treats both alike), instead of killing it.
+/// [`kin`], on which a file-size limit set later ([`fill_disk`]) fails its writes with EFBIG, as
+/// a full disk fails them with ENOSPC (the writer treats both alike): kin catches SIGXFSZ itself
+/// (`signals`), so the limit does not kill it.
 /// Without `replay` it serves the HTTP model (never called by the tests that use it that way),
 /// and starts MCP servers, which a replay answers from its recording instead.
 fn kin_on_a_disk_that_fills(dirs: &Dirs, replay: Option<&Path>, mode: &str) -> Peer {
-    let mut command = Command::new("sh");
-    command
-        .args(["-c", "trap '' XFSZ; exec \"$0\" \"$@\"", KIN, "acp", "--config", "/dev/null", "--sessions"])
-        .arg(dirs.sessions());
+    let mut command = Command::new(KIN);
+    command.args(["acp", "--config", "/dev/null", "--sessions"]).arg(dirs.sessions());
     if let Some(replay) = replay {
         command.arg("--replay").arg(replay);
     }

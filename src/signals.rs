@@ -1,0 +1,44 @@
+//! Process-wide signal dispositions set first in `main`.
+//!
+//! A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) must fail kin's write with `EFBIG`, as a full
+//! disk fails it with `ENOSPC`, not kill kin: by default a write past the limit delivers
+//! `SIGXFSZ`, whose default action ends the process (and every session in it). The signal is
+//! caught by a handler that does nothing. It is not ignored: an ignored signal stays ignored in
+//! the commands kin runs, while a caught one is reset to its default by `execve`.
+
+/// Catches `SIGXFSZ` (see the module comment); call it first in `main`.
+pub fn survive_file_size_limits() {
+    extern "C" fn nothing(_signal: libc::c_int) {}
+    // SAFETY: a handler that does nothing is async-signal-safe; `sigaction` only sets this
+    // process's disposition of one signal.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = nothing as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut action.sa_mask);
+        action.sa_flags = libc::SA_RESTART;
+        if libc::sigaction(libc::SIGXFSZ, &action, std::ptr::null_mut()) != 0 {
+            eprintln!("kin: cannot catch SIGXFSZ: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    /// Caught here, the signal keeps its default in a command started after: a write past the
+    /// limit kills it, as it would had kin not caught the signal.
+    #[test]
+    fn a_command_keeps_the_default_of_sigxfsz() {
+        super::survive_file_size_limits();
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("sh")
+            .args(["-c", "ulimit -f 1; head -c 4096 /dev/zero > big"])
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        // The shell reports its child's signal as 128 + n, or dies of it itself.
+        let by_signal = status.signal() == Some(libc::SIGXFSZ) || status.code() == Some(128 + libc::SIGXFSZ);
+        assert!(by_signal, "{status:?}");
+    }
+}
