@@ -34,16 +34,36 @@ enum Verdict {
     Hold,
 }
 
+/// What became of the events a failed write was writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Kept in memory, written at the next attempt.
+    Kept,
+    /// Dropped: they were being accepted durably, and their sender hears they were not.
+    Refused,
+}
+
+impl Fate {
+    fn said(self) -> &'static str {
+        match self {
+            Fate::Kept => "its events are kept and written once writing works again",
+            Fate::Refused => "the events being accepted were not kept, and their sender was told so",
+        }
+    }
+}
+
 impl WriteWarnings {
-    /// A write of `path` failed with `error`.
-    pub(crate) fn failed(&mut self, path: &Path, error: &anyhow::Error) {
-        if let Verdict::Warn { held } = self.judge(failure_kind(error), Instant::now()) {
+    /// A write of `path` failed with `error`; what it was writing met `fate`.
+    pub(crate) fn failed(&mut self, path: &Path, error: &anyhow::Error, fate: Fate) {
+        // A refusal is warned of apart from failures whose events are kept.
+        let kind = match fate {
+            Fate::Kept => failure_kind(error),
+            Fate::Refused => format!("{} (refused)", failure_kind(error)),
+        };
+        if let Verdict::Warn { held } = self.judge(kind, Instant::now()) {
             let more =
                 if held > 0 { format!(" ({held} more such failures in the last minute)") } else { String::new() };
-            tracing::warn!(
-                path = %path.display(),
-                "cannot write the session log: {error:#}; its events are kept and written once writing works again{more}"
-            );
+            tracing::warn!(path = %path.display(), "cannot write the session log: {error:#}; {}{more}", fate.said());
         }
     }
 
@@ -99,6 +119,12 @@ mod tests {
         assert_eq!(warnings.failures, 63);
         warnings.succeeded(Path::new("x"));
         assert_eq!(warnings.judge("StorageFull".into(), t0 + Duration::from_secs(62)), Verdict::Warn { held: 0 });
+    }
+
+    #[test]
+    fn the_warning_says_what_became_of_the_events() {
+        assert!(Fate::Kept.said().contains("kept and written once writing works again"));
+        assert!(Fate::Refused.said().contains("not kept") && !Fate::Refused.said().contains("written once"));
     }
 
     #[test]

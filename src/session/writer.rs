@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 use super::record::{Event, SessionHeader};
-use super::warn::WriteWarnings;
+use super::warn::{Fate, WriteWarnings};
 use super::watch::LogWatch;
 
 /// Pending bytes above which an append writes through (without `fsync`).
@@ -115,7 +115,7 @@ impl LogWriter {
                 && let Err(e) = file.sync_data()
             {
                 let e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
-                self.warnings.failed(&self.path, &e);
+                self.warnings.failed(&self.path, &e, Fate::Kept);
                 return Err(e);
             }
             self.unsynced = false;
@@ -129,12 +129,16 @@ impl LogWriter {
     /// pending for the next attempt) and `events` are dropped. What a caller acknowledges as
     /// accepted goes through here.
     pub fn append_durably(&mut self, events: &[Event]) -> Result<()> {
-        self.write_logged()?;
+        if let Err(e) = self.write_logged() {
+            // The earlier events are kept (and warned of so); these are refused.
+            self.warnings.failed(&self.path, &e, Fate::Refused);
+            return Err(e);
+        }
         let before = self.committed;
         for event in events {
             event.write_line(&mut self.pending);
         }
-        if let Err(e) = self.write_logged() {
+        if let Err(e) = self.write_logged_as(Fate::Refused) {
             self.pending.clear();
             return Err(e);
         }
@@ -148,7 +152,7 @@ impl LogWriter {
                 self.stray = Some(format!("{e:#}"));
                 e = e.context(format!("(truncating it back failed too: {r})"));
             }
-            self.warnings.failed(&self.path, &e);
+            self.warnings.failed(&self.path, &e, Fate::Refused);
             return Err(e);
         }
         self.unsynced = false;
@@ -177,6 +181,11 @@ impl LogWriter {
 
     /// `write_pending`, logging a failure (rate-limited) and a recovery.
     fn write_logged(&mut self) -> Result<()> {
+        self.write_logged_as(Fate::Kept)
+    }
+
+    /// `write_logged`, warning that what it was writing met `fate` if it fails.
+    fn write_logged_as(&mut self, fate: Fate) -> Result<()> {
         let had_pending = !self.pending.is_empty();
         match self.write_pending() {
             Ok(()) => {
@@ -186,7 +195,7 @@ impl LogWriter {
                 Ok(())
             }
             Err(e) => {
-                self.warnings.failed(&self.path, &e);
+                self.warnings.failed(&self.path, &e, fate);
                 Err(e)
             }
         }
