@@ -169,8 +169,8 @@ async fn stderr_without_newlines_is_kept_to_its_last_bytes() {
     assert!(grew < PEAK_GROWTH_MIB, "50 MB of stderr grew the peak RSS by {grew} MiB");
 }
 
-/// Runs one parent turn that delegates once to `delegate_KEY` (`sh -c SCRIPT`) and returns the
-/// parent's log.
+/// Runs one parent turn that delegates once to `delegate_KEY` (`sh -c SCRIPT`), in `bypass` (a
+/// delegation to an external agent asks otherwise), and returns the parent's log.
 async fn delegate_once(key: &str, script: &str) -> Vec<Event> {
     let dir = tempfile::tempdir().unwrap();
     let entries = vec![
@@ -182,8 +182,9 @@ async fn delegate_once(key: &str, script: &str) -> Vec<Event> {
         ReplayEntry::Chunks(text_response(&["parent done"])),
     ];
     let script = serde_json::to_string(script).unwrap();
-    let config =
-        format!("[acp_agents.{key}]\ncommand = \"sh\"\nargs = [\"-c\", {script}]\npermission = \"allow-reads\"\n");
+    let config = format!(
+        "permission_mode = \"bypass\"\n[acp_agents.{key}]\ncommand = \"sh\"\nargs = [\"-c\", {script}]\npermission = \"allow-reads\"\n"
+    );
     let (rt, _) = runtime(dir.path(), entries, &config);
     let id = rt.new_session(&workspace(dir.path()), Arc::new(Quiet)).unwrap();
     let turn = rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap();
