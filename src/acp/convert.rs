@@ -59,25 +59,34 @@ pub(super) fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, Stri
         match block {
             ContentBlock::Text(t) => text.push_str(&t.text),
             ContentBlock::ResourceLink(link) => {
-                let name = serde_json::to_string(&link.name).unwrap_or_default();
-                let uri = serde_json::to_string(&link.uri).unwrap_or_default();
+                let (name, uri) = (quoted(&link.name), quoted(&link.uri));
                 text.push_str(&format!("\n[resource_link name={name} uri={uri}]\n"));
             }
             ContentBlock::Image(picture) => image(&picture.data, number, &mut text, &mut content)?,
             ContentBlock::Resource(embedded) => match &embedded.resource {
                 EmbeddedResourceResource::TextResourceContents(resource) => {
-                    let uri = serde_json::to_string(&resource.uri).unwrap_or_default();
+                    let uri = quoted(&resource.uri);
                     text.push_str(&format!("\n[resource uri={uri}]\n{}\n[/resource]\n", resource_text(&resource.text)));
                 }
+                // An image, by its type or (without one) by its bytes.
                 EmbeddedResourceResource::BlobResourceContents(blob)
-                    if blob.mime_type.as_deref().is_some_and(|m| m.starts_with("image/")) =>
+                    if blob
+                        .mime_type
+                        .as_deref()
+                        .map_or_else(|| image::check_base64(&blob.blob).is_ok(), |m| m.starts_with("image/")) =>
                 {
                     image(&blob.blob, number, &mut text, &mut content)?
                 }
+                // A text file sent as base64 is its text.
+                EmbeddedResourceResource::BlobResourceContents(blob)
+                    if let Some(decoded) = text_blob(blob.mime_type.as_deref(), &blob.blob) =>
+                {
+                    let uri = quoted(&blob.uri);
+                    text.push_str(&format!("\n[resource uri={uri}]\n{}\n[/resource]\n", resource_text(&decoded)));
+                }
                 EmbeddedResourceResource::BlobResourceContents(blob) => {
-                    let uri = serde_json::to_string(&blob.uri).unwrap_or_default();
-                    let mime =
-                        serde_json::to_string(blob.mime_type.as_deref().unwrap_or("unknown")).unwrap_or_default();
+                    let uri = quoted(&blob.uri);
+                    let mime = quoted(blob.mime_type.as_deref().unwrap_or("unknown"));
                     let bytes = blob.blob.len() / 4 * 3;
                     text.push_str(&format!(
                         "\n[resource uri={uri} mimeType={mime}: about {bytes} bytes of binary data, not shown]\n"
@@ -112,6 +121,34 @@ pub(super) fn prompt_content(blocks: &[ContentBlock]) -> Result<Vec<Value>, Stri
 }
 
 /// An embedded resource's text, its first and last `MAX_RESOURCE_BYTES / 2` bytes when longer.
+/// The most characters of an attachment's name, URI or media type a prompt keeps.
+const MAX_NAME_CHARS: usize = 1024;
+
+/// `value` as a JSON string, cut to `MAX_NAME_CHARS` with a note of what was left out.
+fn quoted(value: &str) -> String {
+    let kept = match value.char_indices().nth(MAX_NAME_CHARS) {
+        Some((cut, _)) => format!("{}… [{} more characters not shown]", &value[..cut], value[cut..].chars().count()),
+        None => value.to_string(),
+    };
+    serde_json::to_string(&kept).unwrap_or_default()
+}
+
+/// The text of a base64 blob whose media type says text (`text/*`, JSON, XML, YAML, TOML),
+/// when it decodes to UTF-8.
+fn text_blob(mime: Option<&str>, data: &str) -> Option<String> {
+    use base64::Engine;
+    let mime = mime?.split(';').next()?.trim().to_ascii_lowercase();
+    let textual = mime.starts_with("text/")
+        || ["json", "xml", "yaml", "toml", "javascript"].iter().any(|kind| mime.ends_with(kind))
+        || mime.ends_with("+json")
+        || mime.ends_with("+xml");
+    if !textual {
+        return None;
+    }
+    let bytes = base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
 fn resource_text(text: &str) -> String {
     let half = MAX_RESOURCE_BYTES / 2;
     let mut capture = Capture::new(Limits { head: half, tail: half });
@@ -786,6 +823,31 @@ mod tests {
                 .map(|u| serde_json::to_value(u).unwrap()["content"]["type"].clone())
                 .collect();
         assert_eq!(shown, ["text", "image", "text", "image", "text"]);
+    }
+
+    /// A text file sent as base64 is its text; an image blob without a type is told by its bytes;
+    /// an attachment's name, URI and type are cut to 1,024 characters, saying so.
+    #[test]
+    fn blobs_are_read_for_what_they_are_and_attachment_names_are_capped() {
+        use base64::Engine;
+        let notes = base64::engine::general_purpose::STANDARD.encode("line one\nline two");
+        let prompt = blocks_of(json!([
+            {"type": "text", "text": "See"},
+            {"type": "resource", "resource": {"uri": "file:///w/n.txt", "blob": notes, "mimeType": "text/plain; charset=utf-8"}},
+            {"type": "resource", "resource": {"uri": "file:///w/p", "blob": PNG}},
+        ]));
+        let content = prompt_content(&prompt).unwrap();
+        assert_eq!(content[0]["text"], "See\n[resource uri=\"file:///w/n.txt\"]\nline one\nline two\n[/resource]\n");
+        assert_eq!(content[1], json!({"type": "image", "mediaType": "image/png", "data": PNG}));
+        let long = "x".repeat(3 << 20);
+        let prompt = blocks_of(json!([
+            {"type": "resource_link", "name": long, "uri": long},
+            {"type": "resource", "resource": {"uri": "file:///w/d.bin", "blob": "AAAA", "mimeType": long}},
+        ]));
+        let text = prompt_content(&prompt).unwrap()[0]["text"].as_str().unwrap().to_string();
+        assert!(text.len() < 8 * 1024, "{}", text.len());
+        let note = format!("… [{} more characters not shown]", (3 << 20) - 1024);
+        assert_eq!(text.matches(&note).count(), 3, "{text:.200}");
     }
 
     #[test]

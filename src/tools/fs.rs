@@ -215,8 +215,9 @@ impl Tool for ReadTool {
         "read"
     }
 
+    /// The line is the one the read starts at: `offset`, which counts from 1 (0 reads from 1).
     fn access(&self, arguments: &Value) -> Access {
-        Access::Read { paths: named_path(arguments, "file_path"), line: arguments["offset"].as_u64() }
+        Access::Read { paths: named_path(arguments, "file_path"), line: arguments["offset"].as_u64().map(|o| o.max(1)) }
     }
 
     fn title(&self, arguments: &Value) -> String {
@@ -1198,6 +1199,17 @@ mod tests {
         assert!(out.contains("(Lines longer than 2000 characters were cut. To see more of one, use bash"), "{out}");
         assert!(out.contains("sed -n '1p'"), "{out}");
         assert!(out.contains("| perl -CSD -ne 'print substr($_, 2000, 4000)'`"), "in characters: {out}");
+    }
+
+    #[test]
+    fn a_read_from_offset_0_is_located_at_line_1() {
+        let read = ReadTool::new(FileState::default());
+        for (offset, line) in [(json!(0), Some(1)), (json!(7), Some(7)), (json!(null), None)] {
+            let Access::Read { line: located, .. } = read.access(&json!({"file_path": "a", "offset": offset})) else {
+                panic!("a read")
+            };
+            assert_eq!(located, line, "offset {offset}");
+        }
     }
 
     #[test]
