@@ -89,6 +89,30 @@ fn an_oversize_frame_is_refused_with_its_id_and_kin_keeps_serving() {
     assert!(kin.child.wait().unwrap().success());
 }
 
+/// The SDK answers a malformed request by quoting it: kin cuts that quote, so a 4 MiB prompt
+/// with one bad block is not echoed back whole.
+#[test]
+fn a_malformed_request_is_not_echoed_back_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut kin = initialized(&mut common::acp(&tmp.path().join("sessions"), None));
+    let head = r#"{"jsonrpc":"2.0","id":11,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"nonsense","text":""#;
+    write_huge(&mut kin, head, 4 << 20, r#""}]}}"#);
+    let line = loop {
+        let line = kin.line(TIMEOUT).expect("an answer");
+        let frame: Value = serde_json::from_str(&line).unwrap();
+        if frame["id"] == 11 {
+            break line;
+        }
+    };
+    let refused: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(line.len() <= 64 * 1024, "{} bytes", line.len());
+    let listed = kin.call("session/list", json!({}), TIMEOUT);
+    assert!(listed["result"]["sessions"].is_array(), "still serving: {listed}");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
+
 #[test]
 fn a_huge_frame_never_costs_its_size_in_memory() {
     const SIZE: usize = 300 << 20;

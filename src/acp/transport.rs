@@ -77,6 +77,7 @@ pub(crate) fn framed(
     let ledger = Arc::new(Ledger::new(stop_turns));
     let sent = (writer.clone(), ledger.clone());
     let outgoing = futures::sink::unfold(sent, |(writer, ledger): (Writer, Arc<Ledger>), line: String| async move {
+        let line = bounded_error(line);
         let update = is_session_update(&line);
         let answers = if update { None } else { ledger.answers(&line) };
         write_line(&writer, line).await?;
@@ -123,6 +124,30 @@ impl Output {
 
 /// Whether an outgoing line is a `session/update` notification (what `outflow` counts): the
 /// SDK writes `jsonrpc` and `method` first.
+/// The most bytes an error response kin writes may take.
+const MAX_ERROR_LINE: usize = 64 * 1024;
+
+/// An error response longer than `MAX_ERROR_LINE` with its `data` replaced by a note, and its
+/// message cut: the SDK's answer to a malformed request quotes the request whole (a 20 MiB
+/// prompt with one bad block was echoed back whole). Any other line as it is.
+fn bounded_error(line: String) -> String {
+    if line.len() <= MAX_ERROR_LINE || !line.as_bytes()[..line.len().min(256)].windows(8).any(|w| w == b"\"error\":") {
+        return line;
+    }
+    let Ok(mut frame) = serde_json::from_str::<Value>(&line) else { return line };
+    let Some(error) = frame.get_mut("error").and_then(Value::as_object_mut) else { return line };
+    if let Some(data) = error.get_mut("data") {
+        *data = json!(format!("{} bytes of error data not shown (it quoted the request)", data.to_string().len()));
+    }
+    if let Some(Value::String(message)) = error.get_mut("message")
+        && message.len() > MAX_ERROR_LINE / 2
+    {
+        let cut = crate::tools::capture::cut(message, MAX_ERROR_LINE / 2);
+        *message = cut;
+    }
+    serde_json::to_string(&frame).unwrap_or(line)
+}
+
 fn is_session_update(line: &str) -> bool {
     const METHOD: &[u8] = b"\"method\":\"session/update\"";
     let head = &line.as_bytes()[..line.len().min(64)];
@@ -290,6 +315,27 @@ mod tests {
 
     use super::*;
     use futures::StreamExt;
+
+    #[test]
+    fn a_long_error_response_is_cut_and_says_so_and_other_lines_pass() {
+        let echoed = "x".repeat(1 << 20);
+        let error = json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "Invalid params", "data": {"params": echoed}}});
+        let cut = bounded_error(error.to_string());
+        assert!(cut.len() < 1024, "{}", cut.len());
+        let frame: Value = serde_json::from_str(&cut).unwrap();
+        assert_eq!((frame["id"].clone(), frame["error"]["code"].clone()), (json!(7), json!(-32602)));
+        assert!(
+            frame["error"]["data"].as_str().unwrap().ends_with("bytes of error data not shown (it quoted the request)")
+        );
+        let long_message = json!({"jsonrpc": "2.0", "id": 8, "error": {"code": -32603, "message": echoed}});
+        assert!(bounded_error(long_message.to_string()).len() <= MAX_ERROR_LINE);
+        // A long update, result or short error is left as it is.
+        let update = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"text": echoed}}).to_string();
+        assert_eq!(bounded_error(update.clone()), update);
+        let short =
+            json!({"jsonrpc": "2.0", "id": 9, "error": {"code": -32602, "message": "m", "data": "d"}}).to_string();
+        assert_eq!(bounded_error(short.clone()), short);
+    }
 
     /// An output that records what it was given and how often it was flushed.
     #[derive(Default, Clone)]
