@@ -74,8 +74,11 @@ impl Fixture {
             ),
         ];
         if self.late.load(Ordering::SeqCst) {
-            tools.push(Tool::new("late", "A tool added later.", schema(none)));
+            tools.push(Tool::new("late", "A tool added later.", schema(none.clone())));
         }
+        // `FIXTURE_EXTRA_TOOLS=N`: N more tools, `extra_0` …
+        let extra = std::env::var("FIXTURE_EXTRA_TOOLS").ok().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+        tools.extend((0..extra).map(|i| Tool::new(format!("extra_{i}"), "An extra tool.", schema(none.clone()))));
         tools
     }
 }

@@ -533,6 +533,26 @@ async fn tool_list_changes_show_from_the_next_step_and_a_dead_server_restarts_on
     kin.stop();
 }
 
+/// A server that lists more tools than kin offers (256) is cut there, and one notice says so,
+/// naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_too_many_tools_is_cut_and_a_notice_says_so() {
+    let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({"session": {"notices": {}}})).await;
+    let log = kin.path("fixture.log");
+    kin.new_session(json!([fixture_entry("fx", &log, &[("FIXTURE_EXTRA_TOOLS", "300")])]));
+    kin.script.text("done");
+    assert_eq!(kin.prompt("hi"), "end_turn");
+    let requests = kin.model_requests().await;
+    let offered = tool_names(&requests[0]).iter().filter(|n| n.starts_with("mcp__fx__")).count();
+    assert_eq!(offered, 256);
+    let notices: Vec<&Value> = kin.updates().into_iter().filter(|u| u["sessionUpdate"] == "notice").collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0]["title"], "MCP server `fx` offers only some of its tools");
+    let said = notices[0].to_string();
+    assert!(said.contains("kin offers the first 256"), "{said}");
+    kin.stop();
+}
+
 /// A server that says its tool list changed and then never answers `tools/list` holds one step
 /// for its startup timeout, not every step: its earlier tools are kept (and work), it is not
 /// asked again for a while, and one notice says so.
@@ -570,17 +590,24 @@ async fn servers_kin_cannot_use_get_one_notice_each_and_the_others_work() {
     let log = kin.path("fixture.log");
     let shell_pids = kin.path("pids");
     let sh = |script: &str| script.replace("PIDS", &shell_pids.display().to_string());
+    // A script whose interpreter does not exist.
+    let script = kin.path("server.sh");
+    std::fs::write(&script, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let servers = json!([
         {"name": "missing", "command": "/nonexistent/mcp-server", "args": [], "env": []},
         {"name": "garbage", "command": "sh", "args": ["-c", sh("echo $$ >> PIDS; echo 'this is not JSON-RPC'; echo 'garbage server says hi' >&2; exec sleep 300")], "env": []},
         {"name": "hang", "command": "sh", "args": ["-c", sh("echo $$ >> PIDS; exec sleep 300")], "env": []},
         {"type": "sse", "name": "events", "url": "http://127.0.0.1:9/sse", "headers": []},
+        {"name": "exits", "command": "sh", "args": ["-c", "echo 'error: GITHUB_TOKEN is not set' >&2; exit 1"], "env": []},
+        {"name": "shebang", "command": script.display().to_string(), "args": [], "env": []},
+        {"type": "http", "name": "badurl", "url": "not a url", "headers": []},
         fixture_entry("fx", &log, &[]),
     ]);
     kin.new_session(servers);
     let mut notices = Vec::new();
-    while notices.len() < 4 {
-        let frame = kin.until("four notices", |f| f["params"]["update"]["sessionUpdate"] == "notice");
+    while notices.len() < 7 {
+        let frame = kin.until("seven notices", |f| f["params"]["update"]["sessionUpdate"] == "notice");
         notices.push(frame["params"]["update"].clone());
     }
     let find = |server: &str| {
@@ -601,6 +628,14 @@ async fn servers_kin_cannot_use_get_one_notice_each_and_the_others_work() {
     let hang = find("hang");
     assert!(hang["description"].as_str().unwrap().contains("within 2 s"), "{hang}");
     assert_eq!(find("events")["title"], "MCP server `events` was skipped");
+    // A server that exits at start says so with its status and last words, not a broken pipe.
+    let exits = find("exits")["description"].as_str().unwrap().to_string();
+    assert!(exits.contains("exited (exit status: 1) before completing the MCP handshake"), "{exits}");
+    assert!(exits.contains("GITHUB_TOKEN is not set"), "{exits}");
+    let shebang = find("shebang")["description"].as_str().unwrap().to_string();
+    assert!(shebang.contains("the interpreter its `#!` line names was not found"), "{shebang}");
+    let badurl = find("badurl")["description"].as_str().unwrap().to_string();
+    assert!(badurl.contains("is not a valid http or https URL"), "{badurl}");
 
     kin.script.calls(&[("w1", "mcp__fx__echo", json!({"text": "still here"}))]).text("done");
     assert_eq!(kin.prompt("go"), "end_turn");

@@ -237,6 +237,11 @@ pub(super) async fn connect(
             }
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
             let mut child = cmd.spawn().map_err(|e| match e.kind() {
+                // The file is there: what is missing is the interpreter its `#!` line names.
+                std::io::ErrorKind::NotFound if command.contains('/') && Path::new(command).is_file() => fail(
+                    format!("the command `{command}` could not be started: the interpreter its `#!` line names was not found"),
+                    &tail,
+                ),
                 std::io::ErrorKind::NotFound => fail(format!("the command `{command}` was not found"), &tail),
                 std::io::ErrorKind::PermissionDenied => {
                     fail(format!("the command `{command}` is not executable"), &tail)
@@ -256,10 +261,16 @@ pub(super) async fn connect(
             let service = match started {
                 Ok(Ok(service)) => service,
                 Ok(Err(e)) => {
-                    drop(group);
-                    // The last words of a server that exited are worth waiting a moment for.
+                    // The last words of a server that exited are worth waiting a moment for, and
+                    // so is its exit status.
                     let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
-                    return Err(fail(handshake_error(&e.to_string()), &tail));
+                    let exited = tokio::time::timeout(Duration::from_millis(500), child.wait()).await;
+                    drop(group);
+                    let reason = match exited {
+                        Ok(Ok(status)) => format!("it exited ({status}) before completing the MCP handshake"),
+                        _ => handshake_error(&e.to_string()),
+                    };
+                    return Err(fail(reason, &tail));
                 }
                 Err(_) => {
                     drop(group);
@@ -270,6 +281,9 @@ pub(super) async fn connect(
             Ok(Connection::new(service, pgid, Some(child)).await)
         }
         Transport::Http { url, headers } => {
+            if !reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https")) {
+                return Err(fail(format!("its URL `{url}` is not a valid http or https URL"), &tail));
+            }
             install_crypto_provider();
             let headers = http_headers(headers).map_err(|reason| fail(reason, &tail))?;
             let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
@@ -287,7 +301,7 @@ pub(super) async fn connect(
 
 /// A handshake failure in words.
 fn handshake_error(error: &str) -> String {
-    if error.starts_with("connection closed") {
+    if error.starts_with("connection closed") || error.contains("Broken pipe") {
         "it closed the connection before completing the MCP handshake (did it exit?)".into()
     } else {
         format!("the MCP handshake failed: {}", cut(error, MAX_ERROR_TEXT_BYTES))

@@ -174,7 +174,13 @@ impl Server {
         );
         let left = self.startup_timeout.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
         match list(&connection, left).await {
-            Ok(tools) => Ok((connection, tools)),
+            Ok(Listing { tools, cut }) => {
+                if let Some(cut) = cut {
+                    let error = StartError { reason: cut, stderr: Vec::new() };
+                    self.notify(format!("MCP server `{}` offers only some of its tools", self.name()), &error);
+                }
+                Ok((connection, tools))
+            }
             Err(reason) => {
                 connection.close().await;
                 Err(self.redacted(StartError { reason, stderr: self.tail.lines() }))
@@ -233,7 +239,7 @@ impl Server {
             }
             (Phase::Ready, Some(_)) if backing_off => {}
             (Phase::Ready, Some(connection)) => match list(&connection, self.startup_timeout).await {
-                Ok(tools) => {
+                Ok(Listing { tools, .. }) => {
                     let mut state = self.state();
                     state.tools = tools;
                     state.relist_after = None;
@@ -424,8 +430,6 @@ impl Server {
     }
 }
 
-/// An `MCP_ERROR`: `what` (whose error, about what), then what the server said, cut to
-/// `MAX_ERROR_TEXT_BYTES` with a note of the rest.
 /// `error` with its causes (`a: b: c`), as the HTTP client nests them.
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
@@ -441,6 +445,8 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// An `MCP_ERROR`: `what` (whose error, about what), then what the server said, cut to
+/// `MAX_ERROR_TEXT_BYTES` with a note of the rest.
 fn mcp_error(what: String, said: &str) -> ToolError {
     ToolError::named("McpError", "MCP_ERROR", format!("{what}: {}", cut(said, MAX_ERROR_TEXT_BYTES)))
 }
@@ -463,7 +469,7 @@ fn gone(server: &str, why: &str) -> ToolError {
 const MAX_PAGES: usize = 16;
 
 /// The tools the server lists (following up to 16 pages), within `timeout`, capped at 256.
-async fn list(connection: &Connection, timeout: Duration) -> Result<Vec<Listed>, String> {
+async fn list(connection: &Connection, timeout: Duration) -> Result<Listing, String> {
     let pages = async {
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
@@ -473,21 +479,32 @@ async fn list(connection: &Connection, timeout: Duration) -> Result<Vec<Listed>,
             tools.extend(page.tools.iter().map(Listed::from_rmcp));
             match page.next_cursor {
                 Some(next) if tools.len() < MAX_TOOLS => cursor = Some(next),
-                _ => break,
+                more => {
+                    cursor = more;
+                    break;
+                }
             }
         }
-        Ok::<_, ServiceError>(tools)
+        Ok::<_, ServiceError>((tools, cursor.is_some()))
     };
-    let mut tools = match tokio::time::timeout(timeout, pages).await {
-        Ok(Ok(tools)) => tools,
+    let (mut tools, more) = match tokio::time::timeout(timeout, pages).await {
+        Ok(Ok(listed)) => listed,
         Ok(Err(e)) => return Err(format!("listing its tools failed: {}", cut(&e.to_string(), MAX_ERROR_TEXT_BYTES))),
         Err(_) => return Err(format!("listing its tools took longer than {:.1} s", timeout.as_secs_f64())),
     };
-    if tools.len() > MAX_TOOLS {
-        tracing::warn!(count = tools.len(), "an MCP server lists more than {MAX_TOOLS} tools; the rest are dropped");
-        tools.truncate(MAX_TOOLS);
-    }
-    Ok(tools)
+    let cut = (tools.len() > MAX_TOOLS || more).then(|| {
+        let listed = if more { format!("more than {} tools", tools.len()) } else { format!("{} tools", tools.len()) };
+        format!("it lists {listed}; kin offers the first {}", tools.len().min(MAX_TOOLS))
+    });
+    tools.truncate(MAX_TOOLS);
+    Ok(Listing { tools, cut })
+}
+
+/// A server's tools as listed, and what was left out of them (more than `MAX_TOOLS`, or pages
+/// past `MAX_PAGES`), said once when it starts.
+struct Listing {
+    tools: Vec<Listed>,
+    cut: Option<String>,
 }
 
 #[cfg(test)]
