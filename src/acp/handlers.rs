@@ -273,7 +273,7 @@ impl AcpServer {
                     return Ok(());
                 }
             };
-            forwarder.count(&events);
+            let usage = forwarder.count(&events);
             let tools = runtime.tools();
             let replayed = match how {
                 Reopen::Load => {
@@ -294,6 +294,10 @@ impl AcpServer {
                     None
                 }
             };
+            // The context meter as the log leaves it, before the next model call refreshes it.
+            if let Some(usage) = usage {
+                tree::notify(&cx, &id, usage);
+            }
             let _ = responder.respond(answer(&view));
             drop(opening);
             after_response(&cx, runtime, &id, &server.notices);

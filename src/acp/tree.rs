@@ -174,14 +174,20 @@ impl Forwarder {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts the model usage a loaded log already holds (after any lineage seed).
-    pub(super) fn count(&self, events: &[Event]) {
+    /// Counts the model usage a loaded log already holds (after any lineage seed); returns the
+    /// `usage_update` the client's context meter shows again (as it stood after the last call
+    /// counted, when that call's route has a known window).
+    pub(super) fn count(&self, events: &[Event]) -> Option<SessionUpdate> {
         let own = events.iter().position(|e| e.kind == Kind::SessionEndSeed).map_or(0, |i| i + 1);
         let mut state = self.state();
+        let mut window = None;
         for message in events[own..].iter().filter_map(Event::get::<event::AssistantMessage>) {
-            let price = self.tree.models.info(&route_of(&message)).price;
-            state.usage.add(message.usage.as_ref(), price);
+            let info = self.tree.models.info(&route_of(&message));
+            if state.usage.add(message.usage.as_ref(), info.price) {
+                window = info.context_window;
+            }
         }
+        window.map(|size| state.usage.update(size))
     }
 
     fn send(&self, session: &str, update: SessionUpdate) {
