@@ -190,7 +190,10 @@ impl ServerSpec {
 pub(crate) fn merge(config: &[ServerSpec], editor: Vec<ServerSpec>) -> Vec<ServerSpec> {
     let mut editor_last: Vec<ServerSpec> = Vec::new();
     for spec in editor {
-        editor_last.retain(|s| s.name != spec.name);
+        if editor_last.iter().any(|s| s.name == spec.name) {
+            tracing::warn!(server = %spec.name, "the editor gave two MCP servers named `{}`; the last one is used", spec.name);
+            editor_last.retain(|s| s.name != spec.name);
+        }
         editor_last.push(spec);
     }
     let mut merged: Vec<ServerSpec> =
