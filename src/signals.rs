@@ -1,4 +1,5 @@
-//! Process-wide signal dispositions set first in `main`.
+//! Process-wide signal dispositions set first in `main`, and the death signal of the children
+//! that speak to kin over pipes (`die_with_kin`).
 //!
 //! A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) must fail kin's write with `EFBIG`, as a full
 //! disk fails it with `ENOSPC`, not kill kin: by default a write past the limit delivers
@@ -20,6 +21,33 @@ pub fn survive_file_size_limits() {
             eprintln!("kin: cannot catch SIGXFSZ: {}", std::io::Error::last_os_error());
         }
     }
+}
+
+/// Makes the child `command` starts get `SIGKILL` when kin dies, by `SIGKILL` too (Linux's
+/// parent-death signal; elsewhere nothing): an MCP server or an external agent that ignores the
+/// end of its input would outlive kin otherwise. The signal follows the thread that starts the
+/// child: kin starts them from its runtime's threads (the main thread and the workers), which
+/// live as long as kin does.
+pub(crate) fn die_with_kin(command: &mut tokio::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        let kin = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        // SAFETY: between fork and exec the closure makes only async-signal-safe system calls.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // kin died before the call above: the child is orphaned already.
+                if libc::getppid() != kin {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
 }
 
 #[cfg(test)]

@@ -863,6 +863,29 @@ fn running(needle: &str) -> usize {
         .count()
 }
 
+/// An external agent that ignores the end of its input dies with kin, even when kin is killed
+/// with SIGKILL (as an editor stops an agent): it was left running, orphaned, before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_agent_that_ignores_the_end_of_its_input_dies_with_a_killed_kin() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("agent.pid");
+    let script = format!("echo $$ > {}; trap '' TERM HUP; exec sleep 300", pid_file.display());
+    let config =
+        format!("[acp_agents.stub]\ncommand = \"sh\"\nargs = [\"-c\", {}]\n", serde_json::to_string(&script).unwrap());
+    let calls = [("delegate_stub", json!({"description": "wait", "prompt": "Wait."}))];
+    let server = calling_model(&calls).await;
+    let (mut editor, _session, _prompt) = prompted(&server, "bypass", &config, json!({}), "Delegate");
+    common::until_blocking("the agent to start", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    });
+    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+    let alive = || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    assert!(alive());
+    editor.kin.child.kill().unwrap();
+    editor.kin.child.wait().unwrap();
+    common::until_blocking("the agent to die with kin", || !alive());
+}
+
 /// An editor that never answers `terminal/create` does not hold the turn: the command's own
 /// timeout ends the call, saying the command did not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -533,6 +533,24 @@ async fn tool_list_changes_show_from_the_next_step_and_a_dead_server_restarts_on
     kin.stop();
 }
 
+/// A server that ignores the end of its input dies with kin, even when kin is killed with
+/// SIGKILL (as an editor stops an agent): it would be left running, orphaned, before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_the_end_of_its_input_dies_with_a_killed_kin() {
+    let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({})).await;
+    let pid_file = kin.path("server.pid");
+    let script = format!("echo $$ > {}; trap '' TERM HUP; exec sleep 300", pid_file.display());
+    kin.new_session(json!([{"name": "stubborn", "command": "sh", "args": ["-c", script], "env": []}]));
+    common::until_blocking("the server to start", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    });
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    assert!(running(pid));
+    kin.peer.child.kill().unwrap();
+    kin.peer.child.wait().unwrap();
+    common::until_blocking("the server to die with kin", || !running(pid));
+}
+
 /// A server that lists more tools than kin offers (256) is cut there, and one notice says so,
 /// naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

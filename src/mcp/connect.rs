@@ -232,6 +232,7 @@ pub(super) async fn connect(
         Transport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
             cmd.args(args).env_clear().envs(child_env(env)).process_group(0).kill_on_drop(true);
+            crate::signals::die_with_kin(&mut cmd);
             if let Some(cwd) = cwd.filter(|c| c.is_dir()) {
                 cmd.current_dir(cwd);
             }

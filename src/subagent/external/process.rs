@@ -51,6 +51,7 @@ impl AgentProcess {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        crate::signals::die_with_kin(&mut command);
         for (key, value) in &config.env {
             command.env(key, value);
         }
