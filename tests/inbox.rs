@@ -394,13 +394,15 @@ fn session_cancel_on_the_parent_lets_the_background_turn_complete() {
     let _ = kin.child.wait();
 }
 
-#[test]
-fn a_report_accepted_while_the_parent_runs_a_tool_survives_a_sigkill() {
-    let world = world(Duration::from_millis(1));
+/// A kin of `world` with a parent session whose background child waits at its gate (its prompt
+/// `gate <file> <then>`), the parent then running a tool that waits (at `hold`, never opened),
+/// and the child's gate opened: the child goes on while its parent is busy. Returns kin, the
+/// parent and the child.
+fn a_child_released_while_its_parent_runs_a_tool(world: &World, then: &str) -> (Peer, String, String) {
     let mut kin = world.kin();
     let parent = world.new_session(&mut kin);
     let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {} report R_OK", gate.display()));
+    let child = start_child(world, &mut kin, &parent, &format!("gate {} {then}", gate.display()));
     common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
     let hold = world.cwd.join("hold");
     kin.request(
@@ -409,6 +411,13 @@ fn a_report_accepted_while_the_parent_runs_a_tool_survives_a_sigkill() {
     );
     common::until_blocking("the parent's tool to run", || world.cwd.join("hold.started").exists());
     std::fs::write(&gate, "").unwrap();
+    (kin, parent, child)
+}
+
+#[test]
+fn a_report_accepted_while_the_parent_runs_a_tool_survives_a_sigkill() {
+    let world = world(Duration::from_millis(1));
+    let (mut kin, parent, child) = a_child_released_while_its_parent_runs_a_tool(&world, "report R_OK");
     // The child's report result is in its log: the parent accepted the report while its tool ran.
     common::until_blocking("the report to be accepted", || {
         tool_results(&world.events(&child)).iter().any(|r| r.starts_with("report accepted"))
@@ -437,18 +446,7 @@ fn a_report_accepted_while_the_parent_runs_a_tool_survives_a_sigkill() {
 #[test]
 fn a_settlement_notice_staged_when_kin_dies_gets_a_turn_after_load() {
     let world = world_with(Duration::from_millis(1), "[subagents]\nsettlement_notice = true\n");
-    let mut kin = world.kin();
-    let parent = world.new_session(&mut kin);
-    let gate = world.cwd.join("gate");
-    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
-    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
-    let hold = world.cwd.join("hold");
-    kin.request(
-        "session/prompt",
-        json!({"sessionId": parent, "prompt": [{"type": "text", "text": format!("wait {}", hold.display())}]}),
-    );
-    common::until_blocking("the parent's tool to run", || world.cwd.join("hold.started").exists());
-    std::fs::write(&gate, "").unwrap();
+    let (mut kin, parent, child) = a_child_released_while_its_parent_runs_a_tool(&world, "");
     let notice = format!("Background subagent {child} finished");
     let is_notice = |e: &Event| e.kind == "user/message" && first_text(e.data.value()).starts_with(&notice);
     common::until_blocking("the notice to be staged for the parent's next step", || {
