@@ -395,9 +395,9 @@ impl Server {
         }
     }
 
-    /// Resolves once an HTTP server stops answering pings during a call (a dead server: a ping
-    /// every `PING_EVERY` that fails, or is not answered within `PING_WITHIN`); never for a stdio
-    /// server, whose end the connection sees.
+    /// Resolves once an HTTP server cannot be reached during a call (a dead server: a ping every
+    /// `PING_EVERY` that fails to reach it; one not answered within `PING_WITHIN` is a busy
+    /// server, and the call waits on); never for a stdio server, whose end the connection sees.
     async fn until_unreachable(&self, connection: &Connection) {
         if !matches!(self.spec.transport, Transport::Http { .. }) {
             return std::future::pending().await;
@@ -406,8 +406,11 @@ impl Server {
             tokio::time::sleep(PING_EVERY).await;
             let ping = connection.peer.send_request(ClientRequest::PingRequest(Default::default()));
             match tokio::time::timeout(PING_WITHIN, ping).await {
-                Ok(Ok(_)) | Ok(Err(ServiceError::McpError(_))) => {}
-                Ok(Err(_)) | Err(_) => return,
+                // An answer, even an error, or none yet from a busy server: the call waits on
+                // (the tool timeout bounds a server that accepts and never answers).
+                Ok(Ok(_)) | Ok(Err(ServiceError::McpError(_))) | Err(_) => {}
+                // The request could not reach it (the connection is refused): it is gone.
+                Ok(Err(_)) => return,
             }
         }
     }
