@@ -129,7 +129,8 @@ impl Runtime {
         let agents = Arc::new(Agents::load(&self.config.agents, session.header.cwd.as_deref().map(Path::new)));
         // A sandbox chosen before a restart stays chosen, unless kin was started stricter.
         let chosen = event::last::<event::SandboxChoice>(session.events()).and_then(|c| SessionSandbox::from_event(&c));
-        let recorded = restorable_sandbox(chosen, self.sandbox_settings.policy, mode);
+        // Judged by the mode kin was started in: the session's may be raised back to it.
+        let recorded = restorable_sandbox(chosen, self.sandbox_settings.policy, ceiling);
         if let (Some(dropped), None) = (chosen, recorded) {
             tracing::info!(session = %id, recorded = %dropped, "restoring the session without its sandbox: kin was started without one, where every command asks");
         }
@@ -380,10 +381,10 @@ impl Drop for Closing {
 }
 
 /// The sandbox a restored session may take back from its log (`recorded`), with kin started in
-/// `start` and the session restored in `mode`: a sandbox lets commands it confines run unasked,
-/// so over a start without one, where every command asks (`ask`, `accept-edits`), it would be
-/// looser than the start and is not restored; elsewhere it is (the start's own clamp applies
-/// after, in `SessionSandbox::restored`).
+/// the sandbox `start` and the permission mode `mode`: a sandbox lets commands it confines run
+/// unasked, so over a start without one, where every command asks (`ask`, `accept-edits`), it
+/// would be looser than the start and is not restored; elsewhere it is (the start's own clamp
+/// applies after, in `SessionSandbox::restored`).
 fn restorable_sandbox(
     recorded: Option<SandboxPolicy>,
     start: SandboxPolicy,
