@@ -149,16 +149,29 @@ fn landlock_rules(policy: SandboxPolicy, layout: &Layout, support: Support) -> R
     fd.ok_or_else(|| "the kernel refused to create a Landlock ruleset".to_string())
 }
 
+/// The x32 ABI's system calls are x86-64's numbers with this bit set, under the same audit
+/// architecture: a kernel built with x32 takes `socket` by that number too.
+const X32_SYSCALL_BIT: i64 = 0x4000_0000;
+
 /// A seccomp filter: `socket(2)` of any family but `AF_UNIX`, and `io_uring_setup(2)` (whose
-/// socket operations would bypass the filter), fail with `EACCES`.
+/// socket operations would bypass the filter), fail with `EACCES`, by their x32 numbers too on
+/// x86-64.
 fn socket_filter() -> Result<BpfProgram, String> {
     let failed = |e: &dyn std::fmt::Display| format!("cannot build the network filter: {e}");
     let arch = std::env::consts::ARCH.try_into().map_err(|e| failed(&e))?;
     let not_unix = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, libc::AF_UNIX as u64)
         .map_err(|e| failed(&e))?;
+    let numbers = |call: i64| {
+        let x32 = cfg!(target_arch = "x86_64").then_some(call | X32_SYSCALL_BIT);
+        std::iter::once(call).chain(x32)
+    };
     let mut rules = BTreeMap::new();
-    rules.insert(libc::SYS_socket, vec![SeccompRule::new(vec![not_unix]).map_err(|e| failed(&e))?]);
-    rules.insert(libc::SYS_io_uring_setup, vec![]);
+    for socket in numbers(libc::SYS_socket) {
+        rules.insert(socket, vec![SeccompRule::new(vec![not_unix.clone()]).map_err(|e| failed(&e))?]);
+    }
+    for setup in numbers(libc::SYS_io_uring_setup) {
+        rules.insert(setup, vec![]);
+    }
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)
         .map_err(|e| failed(&e))?;
     filter.try_into().map_err(|e: seccompiler::BackendError| failed(&e))
@@ -182,4 +195,22 @@ fn read_only_mount(path: &Path) -> Result<ReadOnlyMount, String> {
     ];
     let flags = kept.iter().filter(|(st, _)| stat.f_flag & st != 0).fold(0, |acc, (_, ms)| acc | ms);
     Ok(ReadOnlyMount { path: c_path, flags })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The filter compares the system call number with `socket`'s, and on x86-64 with its x32
+    /// number as well.
+    #[test]
+    fn the_network_filter_names_the_x32_socket_call_too() {
+        let program = socket_filter().unwrap();
+        let compares = |number: i64| program.iter().any(|op| i64::from(op.k) == number);
+        assert!(compares(libc::SYS_socket));
+        if cfg!(target_arch = "x86_64") {
+            assert!(compares(libc::SYS_socket | X32_SYSCALL_BIT));
+            assert!(compares(libc::SYS_io_uring_setup | X32_SYSCALL_BIT));
+        }
+    }
 }
