@@ -299,8 +299,12 @@ async fn slash_commands_are_offered_and_expanded_from_the_workspace_and_user_fil
     editor.init(json!({}));
     let session = editor.new_session();
     editor.prompt(&session, json!([{"type": "text", "text": "/review src/lib.rs"}]));
-    let offered: Vec<Value> = editor
-        .updates()
+    let updates = editor.updates();
+    // The session is titled by what the user typed, not by the command's expansion.
+    let titles: Vec<&Value> =
+        updates.iter().filter(|u| u["sessionUpdate"] == "session_info_update").map(|u| &u["title"]).collect();
+    assert_eq!(titles, [&json!("/review src/lib.rs")]);
+    let offered: Vec<Value> = updates
         .into_iter()
         .filter(|u| u["sessionUpdate"] == "available_commands_update")
         .map(|u| u["availableCommands"].clone())

@@ -110,12 +110,15 @@ struct Queued {
     reply: Option<Reply>,
     /// An inbox message (its insertion is in the log): its turn starts with its claim.
     durable: bool,
+    /// What the user typed, when the message is its expansion (a slash command): the session's
+    /// fallback title takes these words.
+    typed: Option<String>,
 }
 
 impl Queued {
     /// An inbox message whose insertion is in the log, with no one waiting for its turn.
     fn inbox(message: UserMessage) -> Self {
-        Queued { message, preamble: Vec::new(), reply: None, durable: true }
+        Queued { message, preamble: Vec::new(), reply: None, durable: true, typed: None }
     }
 }
 
@@ -278,8 +281,19 @@ impl AgentHandle {
     /// A user prompt: `followup`, one at a time per session. `Busy` while another prompt (or
     /// `/compact`) is in flight; the slot is free again once the turn's end is answered.
     pub fn prompt(&self, content: Vec<Value>, source: Value) -> Result<oneshot::Receiver<TurnEnd>, PromptRefused> {
+        self.prompt_typed(content, source, None)
+    }
+
+    /// `prompt`, for `content` that expands what the user `typed` (a slash command): the
+    /// session's fallback title is made of their words, not of the expansion.
+    pub fn prompt_typed(
+        &self,
+        content: Vec<Value>,
+        source: Value,
+        typed: Option<String>,
+    ) -> Result<oneshot::Receiver<TurnEnd>, PromptRefused> {
         let slot = self.claim().ok_or(PromptRefused::Busy)?;
-        self.queue_turn(content, source, Vec::new(), Some(slot)).map_err(PromptRefused::Gone)
+        self.queue_turn(content, source, Vec::new(), Some(slot), typed).map_err(PromptRefused::Gone)
     }
 
     /// Queues a prompt (`content`) as the sole message of its own FIFO turn; the receiver
@@ -297,7 +311,7 @@ impl AgentHandle {
         source: Value,
         preamble: Vec<EventBody>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
-        self.queue_turn(content, source, preamble, None)
+        self.queue_turn(content, source, preamble, None, None)
     }
 
     fn queue_turn(
@@ -306,10 +320,11 @@ impl AgentHandle {
         source: Value,
         preamble: Vec<EventBody>,
         slot: Option<PromptSlot>,
+        typed: Option<String>,
     ) -> Result<oneshot::Receiver<TurnEnd>, AgentGone> {
         let (tx, rx) = oneshot::channel();
         let reply = Some(Reply { tx, slot });
-        let queued = Queued { message: UserMessage::new(content, source), preamble, reply, durable: false };
+        let queued = Queued { message: UserMessage::new(content, source), preamble, reply, durable: false, typed };
         self.send(Command::Arrive(Arrival::Turn { queued, accepted: None }))?;
         Ok(rx)
     }
@@ -325,7 +340,8 @@ impl AgentHandle {
         let (tx, rx) = oneshot::channel();
         let message = UserMessage::new(content, source);
         let id = message.id.clone();
-        let queued = Queued { message, preamble: Vec::new(), reply: Some(Reply { tx, slot: None }), durable: true };
+        let queued =
+            Queued { message, preamble: Vec::new(), reply: Some(Reply { tx, slot: None }), durable: true, typed: None };
         let (accepted, written) = oneshot::channel();
         self.arrive(Arrival::Turn { queued, accepted: Some(accepted) }, written).await?;
         Ok((id, rx))
@@ -561,7 +577,13 @@ pub(crate) fn spawn_restored(session: Session, restored: Restored, deps: AgentDe
     for message in restored.next_turn {
         let (tx, rx) = oneshot::channel();
         turns.push((message.id.clone(), rx));
-        queue.push_back(Queued { message, preamble: Vec::new(), reply: Some(Reply { tx, slot: None }), durable: true });
+        queue.push_back(Queued {
+            message,
+            preamble: Vec::new(),
+            reply: Some(Reply { tx, slot: None }),
+            durable: true,
+            typed: None,
+        });
     }
     let held = !queue.is_empty();
     let actor = Actor { session, deps, shared, intake: Intake::with_queue(queue), held, restored: Some(turns) };
@@ -705,10 +727,10 @@ impl Actor {
         // A route chosen since the last turn applies from this one.
         self.deps.route = self.shared.route();
         let log_before = self.session.log_bytes();
-        let Queued { message, preamble, reply, durable } = item;
+        let Queued { message, preamble, reply, durable, typed } = item;
         let mut deferred = Deferred::default();
         let mut end = {
-            let input = turn::TurnInput { message, preamble, claim: durable };
+            let input = turn::TurnInput { message, preamble, claim: durable, typed };
             let run = turn::run_turn(
                 &mut self.session,
                 &self.deps,

@@ -61,6 +61,8 @@ pub(super) struct TurnInput {
     pub preamble: Vec<EventBody>,
     /// The message came from the inbox: the turn starts with its claim.
     pub claim: bool,
+    /// What the user typed, when the message is its expansion: the fallback title's words.
+    pub typed: Option<String>,
 }
 
 pub(super) async fn run_turn(
@@ -72,7 +74,7 @@ pub(super) async fn run_turn(
     disposing: &AtomicBool,
 ) -> TurnEnd {
     let cancelled = || cancelled_end(disposing);
-    let TurnInput { message, preamble, claim } = input;
+    let TurnInput { message, preamble, claim, typed } = input;
     let turn = session.next_turn();
     if claim {
         session.push(InboxSplice::claim(InboxTarget::NextTurn, 1));
@@ -80,7 +82,11 @@ pub(super) async fn run_turn(
     session.push(event::TurnStart { turn, trigger: event::Trigger::message(message.source.clone()) });
     // The first prompt names the session (dsh's fallback title), until a title exists.
     let untitled = message.is_from_user() && !session.events().iter().any(|e| e.kind == Kind::SessionTitle);
-    let title = if untitled { event::SessionTitle::fallback(&message, 0) } else { None };
+    let title = match (untitled, &typed) {
+        (false, _) => None,
+        (true, Some(typed)) => event::SessionTitle::fallback_of(&[typed.as_str()], 0),
+        (true, None) => event::SessionTitle::fallback(&message, 0),
+    };
     let message_seq = session.push(message);
     if let Some(mut title) = title {
         title.message_seqs = vec![message_seq];

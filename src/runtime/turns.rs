@@ -60,6 +60,9 @@ impl Runtime {
         self.reject_child(session_id)?;
         // Command files are read before the live table is locked.
         let cwd = self.agents.top_level(session_id).and_then(|(_, top)| top.cwd.clone());
+        // A slash command's session is titled by what the user typed, not by its expansion.
+        let typed = content.first().and_then(|b| b["text"].as_str()).map(str::to_string);
+        let mut expanded = false;
         let content = match self.slash_expansion(cwd.as_deref(), &content) {
             // A blank command file would send the model an empty message.
             Some(slash::Expansion::Prompt(text)) if text.trim().is_empty() && content.len() == 1 => {
@@ -73,6 +76,7 @@ impl Runtime {
             Some(slash::Expansion::Prompt(text)) => {
                 let mut content = content;
                 content[0] = json!({"type": "text", "text": text});
+                expanded = true;
                 content
             }
             // Its focus is text: an attached file or image would be dropped unseen (a file or a
@@ -95,7 +99,8 @@ impl Runtime {
         let Some((handle, _)) = self.agents.top_level(session_id) else {
             return Err(self.not_live(session_id));
         };
-        let turn = handle.prompt(content, json!({"kind": "user"})).map_err(|refused| match refused {
+        let typed = typed.filter(|_| expanded);
+        let turn = handle.prompt_typed(content, json!({"kind": "user"}), typed).map_err(|refused| match refused {
             PromptRefused::Busy => RuntimeError::InvalidParams("a prompt is already in flight for this session".into()),
             PromptRefused::Gone(gone) => RuntimeError::Internal(gone.to_string()),
         })?;

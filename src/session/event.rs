@@ -739,7 +739,13 @@ impl SessionTitle {
     /// The fallback title of a prompt (message `seq`): its first five words (at most
     /// `MAX_TITLE_CHARS` characters); `None` when the prompt has no text.
     pub fn fallback(message: &UserMessage, seq: u64) -> Option<Self> {
-        let text: Vec<String> = message.content.iter().filter_map(|b| b["text"].as_str()).map(own_words).collect();
+        let texts: Vec<&str> = message.content.iter().filter_map(|b| b["text"].as_str()).collect();
+        Self::fallback_of(&texts, seq)
+    }
+
+    /// `fallback` of a prompt's texts (what the user typed, for a slash command's expansion).
+    pub fn fallback_of(texts: &[&str], seq: u64) -> Option<Self> {
+        let text: Vec<String> = texts.iter().map(|t| own_words(t)).collect();
         // Control characters (an escape sequence pasted into a prompt) count as spaces: a title
         // is printed to terminals and shown in lists.
         let text: Vec<String> = text.iter().map(|t| t.replace(char::is_control, " ")).collect();
