@@ -551,6 +551,29 @@ async fn a_server_that_ignores_the_end_of_its_input_dies_with_a_killed_kin() {
     common::until_blocking("the server to die with kin", || !running(pid));
 }
 
+/// A step that waits for a server still starting says so after 2 s, instead of a silent
+/// spinner for the server's startup timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_waiting_for_a_starting_server_says_so() {
+    let config = "permission_mode = \"bypass\"\n[mcp]\nstartup_timeout_secs = 4\n";
+    let mut kin = Kin::start(config, json!({"session": {"notices": {}}})).await;
+    kin.new_session(json!([{"name": "slowpoke", "command": "sh", "args": ["-c", "exec sleep 300"], "env": []}]));
+    kin.script.text("done");
+    assert_eq!(kin.prompt("hi"), "end_turn");
+    let titles: Vec<String> = kin
+        .updates()
+        .into_iter()
+        .filter(|u| u["sessionUpdate"] == "notice")
+        .map(|u| u["title"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        titles,
+        ["Waiting for MCP servers to start: `slowpoke`", "MCP server `slowpoke` failed to start"],
+        "said while the step waited, then the failure"
+    );
+    kin.stop();
+}
+
 /// A server that lists more tools than kin offers (256) is cut there, and one notice says so,
 /// naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -150,6 +150,11 @@ impl Server {
         self.settled.cancel();
     }
 
+    /// Whether its first start is still under way.
+    pub(super) fn is_starting(&self) -> bool {
+        !self.settled.is_cancelled()
+    }
+
     /// Waits until the first start has finished.
     pub(super) async fn settled(&self) {
         self.settled.cancelled().await;

@@ -164,9 +164,13 @@ impl McpSession {
     }
 }
 
+/// How long a step waits for servers still starting before a notice says it does.
+const STARTING_NOTICE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl ToolSource for McpSession {
     fn tools(&self, cancel: CancellationToken) -> BoxFuture<'static, Vec<Arc<dyn Tool>>> {
         let inner = self.lock().clone();
+        let notices = self.notice_tx.clone();
         async move {
             if let Some(recording) = &inner.recording {
                 return recorded_tools(&inner.specs, recording);
@@ -175,9 +179,23 @@ impl ToolSource for McpSession {
                 join_all(inner.servers.iter().map(|s| s.settled())).await;
                 join_all(inner.servers.iter().map(|s| s.refresh())).await;
             };
+            // The editor would show a silent spinner for up to a server's startup timeout.
+            let still_starting = async {
+                tokio::time::sleep(STARTING_NOTICE_AFTER).await;
+                let waiting: Vec<&Arc<Server>> = inner.servers.iter().filter(|s| s.is_starting()).collect();
+                if let Some(first) = waiting.first() {
+                    let names: Vec<String> = waiting.iter().map(|s| format!("`{}`", s.name())).collect();
+                    let title = format!("Waiting for MCP servers to start: {}", names.join(", "));
+                    let reason = "the turn goes on once each has started and listed its tools, or its \
+                                  startup_timeout_secs has passed";
+                    let _ = notices.send(McpNotice::new(first.name(), title, reason, &[]));
+                }
+                std::future::pending::<()>().await
+            };
             tokio::select! {
                 () = ready => {}
                 () = cancel.cancelled() => {}
+                () = still_starting => {}
             }
             live_tools(&inner.servers)
         }
