@@ -470,6 +470,38 @@ fn a_settlement_notice_staged_when_kin_dies_gets_a_turn_after_load() {
     let _ = kin.child.wait();
 }
 
+/// A background child working when kin is killed (its command running, nothing queued behind
+/// it): loading its parent closes the child's cut turn (`interrupted`) and, with settlement
+/// notices, tells the parent it failed before it finished. The turn was left open, unnoticed.
+#[test]
+fn a_child_turn_cut_by_a_crash_is_closed_when_its_parent_loads() {
+    let world = world_with(Duration::from_millis(1), "[subagents]\nsettlement_notice = true\n");
+    let mut kin = world.kin();
+    let parent = world.new_session(&mut kin);
+    let gate = world.cwd.join("gate");
+    let child = start_child(&world, &mut kin, &parent, &format!("gate {}", gate.display()));
+    common::until_blocking("the child to wait at its gate", || world.cwd.join("gate.started").exists());
+    kin.child.kill().unwrap();
+    kin.child.wait().unwrap();
+    let open = |events: &[Event]| {
+        let last_start = events.iter().rposition(|e| e.kind == "turn/start");
+        last_start.is_some_and(|at| !events[at..].iter().any(|e| e.kind == "turn/end"))
+    };
+    assert!(open(&world.events(&child)), "the crash cut the child's turn");
+    let mut kin = world.kin();
+    world.load(&mut kin, &parent);
+    common::until_blocking("the child's cut turn to be closed", || !open(&world.events(&child)));
+    let ends: Vec<Value> =
+        world.events(&child).iter().filter(|e| e.kind == "turn/end").map(|e| e.data["reason"].clone()).collect();
+    assert_eq!(ends.last().unwrap()["kind"], "interrupted", "{ends:?}");
+    let failed = format!("Background subagent {child} failed before it finished.");
+    common::until_blocking("the parent to hear of it", || {
+        world.events(&parent).iter().any(|e| e.kind == "user/message" && first_text(e.data.value()) == failed)
+    });
+    kin.close_stdin();
+    let _ = kin.child.wait();
+}
+
 /// A full disk with children, made real with a file-size limit (RLIMIT_FSIZE, `ulimit -S -f`):
 /// a tmpfs needs root, while a soft limit on kin's own process fails its writes past the limit
 /// with EFBIG exactly where a full disk fails them with ENOSPC (the writer treats both alike), and

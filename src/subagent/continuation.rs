@@ -864,8 +864,8 @@ impl ContinuationManager {
     }
 
     /// After a session was loaded or resumed: cold-resumes each stored continuable child below
-    /// it that has inbox messages pending, or a descendant that has (so that it hears their
-    /// reports), parents first, and runs the pending messages in order. A child that cannot be
+    /// it that has inbox messages pending or a turn a crash cut, or a descendant that has (so
+    /// that it hears their reports), parents first, and runs the pending messages in order. A child that cannot be
     /// resumed is logged and skipped (its messages stay pending in its log).
     pub async fn restore_below(self: &Arc<Self>, root_id: &str, fallback: &ModelRoute) {
         let Ok(factory) = self.factory() else { return };
@@ -943,13 +943,16 @@ impl ContinuationManager {
             if !continuable {
                 continue;
             }
-            let own = match crate::session::inbox::fold(&events, seed_length) {
+            let pending = match crate::session::inbox::fold(&events, seed_length) {
                 Ok(inbox) => !inbox.is_idle(),
                 Err(e) => {
                     tracing::warn!(child = %header.id, "the inbox of a subagent cannot be read: {e}");
                     false
                 }
             };
+            // A turn a crash cut (kin stopped while the child worked): resumed, its load closes
+            // the turn, and the child settles (its parent hears it failed, with settlement notices).
+            let own = pending || !crate::session::repair::closers(&events).is_empty();
             let at = plan.len();
             plan.push((parent_id.to_string(), header.id.clone()));
             let below = self.plan_restore(factory, children, &header.id, depth + 1, plan);
