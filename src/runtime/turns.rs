@@ -60,10 +60,9 @@ impl Runtime {
         self.reject_child(session_id)?;
         // Command files are read before the live table is locked.
         let cwd = self.agents.top_level(session_id).and_then(|(_, top)| top.cwd.clone());
-        // A slash command's session is titled by what the user typed, not by its expansion.
-        let typed = content.first().and_then(|b| b["text"].as_str()).map(str::to_string);
-        let mut expanded = false;
-        let content = match self.slash_expansion(cwd.as_deref(), &content) {
+        // With what the user typed in place of an expansion: a slash command's session is titled
+        // by that, not by the expansion.
+        let (content, typed) = match self.slash_expansion(cwd.as_deref(), &content) {
             // A blank command file would send the model an empty message.
             Some(slash::Expansion::Prompt(text)) if text.trim().is_empty() && content.len() == 1 => {
                 let typed = content[0]["text"].as_str().unwrap_or_default();
@@ -75,9 +74,8 @@ impl Runtime {
             }
             Some(slash::Expansion::Prompt(text)) => {
                 let mut content = content;
-                content[0] = json!({"type": "text", "text": text});
-                expanded = true;
-                content
+                let typed = std::mem::replace(&mut content[0], json!({"type": "text", "text": text}));
+                (content, typed["text"].as_str().map(str::to_string))
             }
             // Its focus is text: an attached file or image would be dropped unseen (a file or a
             // link is written into the text block, an image is a block of its own).
@@ -91,7 +89,7 @@ impl Runtime {
                 ));
             }
             Some(slash::Expansion::Compact(focus)) => return self.compact(session_id, focus),
-            None => content,
+            None => (content, None),
         };
         if self.is_opening(session_id) {
             return Err(still_opening(session_id));
@@ -99,7 +97,6 @@ impl Runtime {
         let Some((handle, _)) = self.agents.top_level(session_id) else {
             return Err(self.not_live(session_id));
         };
-        let typed = typed.filter(|_| expanded);
         let turn = handle.prompt_typed(content, json!({"kind": "user"}), typed).map_err(|refused| match refused {
             PromptRefused::Busy => RuntimeError::InvalidParams("a prompt is already in flight for this session".into()),
             PromptRefused::Gone(gone) => RuntimeError::Internal(gone.to_string()),

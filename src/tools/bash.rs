@@ -69,7 +69,12 @@ impl BashTool {
     /// True when a call with these arguments would run confined by the kernel: no escalation,
     /// and the session's sandbox in force for its workspace.
     fn confines(&self, arguments: &Value) -> bool {
-        arguments["sandbox"] != "off" && self.sandbox.as_ref().is_some_and(|s| s.in_force(self.workspace.as_deref()))
+        arguments["sandbox"] != "off" && self.sandbox_in_force()
+    }
+
+    /// The session's sandbox is in force for its workspace.
+    fn sandbox_in_force(&self) -> bool {
+        self.sandbox.as_ref().is_some_and(|s| s.in_force(self.workspace.as_deref()))
     }
 }
 
@@ -123,8 +128,7 @@ impl Tool for BashTool {
     /// A call out of the sandbox in force is asked about each time: an "always" for bash given
     /// before the sandbox was on (or for another escalation) does not let it leave unasked.
     fn remembered_as(&self, arguments: &Value) -> Option<String> {
-        let in_force = self.sandbox.as_ref().is_some_and(|s| s.in_force(self.workspace.as_deref()));
-        let escapes = arguments["sandbox"] == "off" && in_force;
+        let escapes = arguments["sandbox"] == "off" && self.sandbox_in_force();
         (!escapes).then(|| self.name().to_string())
     }
 
