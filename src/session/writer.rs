@@ -2,8 +2,11 @@
 //! written in batches; `flush` writes and `fsync`s. The first flush materializes the file through
 //! a temporary file, `fsync`, a no-overwrite hard link and a directory `fsync`, so a log either
 //! exists with its header or not at all. A failed write truncates the file back to its last
-//! committed length, so a half line is never followed by another record. A creation that fails
-//! (in `materialize`, or later through `discard`) leaves neither the file nor its directory.
+//! committed length, so a half line is never followed by another record. A failed `fsync` cuts
+//! the file back to its last synced length and writes the bytes it covered again: Linux may drop
+//! the pages whose writeback failed and report the error once, so a later `fsync` that succeeds
+//! says nothing of them. A creation that fails (in `materialize`, or later through `discard`)
+//! leaves neither the file nor its directory.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -22,6 +25,10 @@ const WRITE_THROUGH_BYTES: usize = 1 << 20;
 /// The batch buffer's capacity kept after a write.
 const KEPT_BUFFER_BYTES: usize = 64 * 1024;
 
+/// Written bytes not yet `fsync`ed are kept in memory (to be written again if the `fsync`
+/// fails); when they reach this, a write-through `fsync`s them, so the copy stays bounded.
+const UNSYNCED_KEPT_BYTES: usize = 4 << 20;
+
 /// Appends events to one log file.
 #[derive(Debug)]
 pub struct LogWriter {
@@ -31,8 +38,14 @@ pub struct LogWriter {
     header_line: Option<String>,
     committed: u64,
     pending: Vec<u8>,
-    /// True when bytes were written since the last `fsync`.
-    unsynced: bool,
+    /// The bytes written since the last successful `fsync`: the file's last `unsynced.len()`
+    /// bytes of its `committed`. A failed `fsync` cuts the file back to before them and puts them
+    /// back in front of `pending`.
+    unsynced: Vec<u8>,
+    /// Test hook: how many of the next `fsync`s fail with EIO (a real one cannot be made to fail
+    /// once on a test machine's disk).
+    #[cfg(test)]
+    failing_syncs: usize,
     /// A failed write's rollback failed too (this is why the write failed): bytes past
     /// `committed` (part of a line) may be in the file. They are cut before anything else is
     /// appended, or nothing is: appending after them would put a broken line inside the log.
@@ -70,7 +83,9 @@ impl LogWriter {
             header_line,
             committed,
             pending: Vec::new(),
-            unsynced: false,
+            unsynced: Vec::new(),
+            #[cfg(test)]
+            failing_syncs: 0,
             stray: None,
             created: None,
             warnings: WriteWarnings::default(),
@@ -101,27 +116,71 @@ impl LogWriter {
     /// write-through keeps the batch (the file is rolled back) and surfaces at the next `flush`.
     pub fn append(&mut self, event: &Event) {
         event.write_line(&mut self.pending);
-        if self.pending.len() >= WRITE_THROUGH_BYTES {
-            let _ = self.write_logged();
+        if self.pending.len() >= WRITE_THROUGH_BYTES && self.write_logged().is_ok() {
+            self.sync_when_kept_is_full();
         }
     }
 
     /// Writes everything pending and `fsync`s. On failure the file is back at its last committed
-    /// length and the pending events are kept for the next attempt.
+    /// length (its last synced one, when the `fsync` failed) and the events not yet durable are
+    /// kept for the next attempt.
     pub fn flush(&mut self) -> Result<()> {
         self.write_logged()?;
-        if self.unsynced {
-            if let Some(file) = &self.file
-                && let Err(e) = file.sync_data()
-            {
-                let e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
-                self.warnings.failed(&self.path, &e, Fate::Kept);
-                return Err(e);
-            }
-            self.unsynced = false;
-            self.report();
+        self.sync().inspect_err(|e| self.warnings.failed(&self.path, e, Fate::Kept))
+    }
+
+    /// `fsync`s what was written since the last `fsync`. When that fails, the bytes it covered
+    /// cannot be trusted to reach the disk even if a later `fsync` succeeds, so the file is cut
+    /// back to its last synced length and they go back in front of `pending`, to be written again.
+    fn sync(&mut self) -> Result<()> {
+        if self.unsynced.is_empty() {
+            return Ok(());
         }
+        if let Err(e) = self.sync_data() {
+            let synced = self.synced();
+            let mut e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
+            if let Some(file) = &self.file
+                && let Err(r) = file.set_len(synced)
+            {
+                // Whatever is past `synced` is cut before the next append, or nothing is appended.
+                self.stray = Some(format!("{e:#}"));
+                e = e.context(format!("(truncating it back failed too: {r})"));
+            }
+            self.committed = synced;
+            let mut again = std::mem::take(&mut self.unsynced);
+            again.append(&mut self.pending);
+            self.pending = again;
+            return Err(e);
+        }
+        self.unsynced.clear();
+        self.unsynced.shrink_to(KEPT_BUFFER_BYTES);
+        self.report();
         Ok(())
+    }
+
+    /// The file's length at its last successful `fsync`.
+    fn synced(&self) -> u64 {
+        self.committed - self.unsynced.len() as u64
+    }
+
+    /// `fsync` of the file's data (failing while the test hook says so).
+    fn sync_data(&mut self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.failing_syncs > 0 {
+            self.failing_syncs -= 1;
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.file.as_ref().map_or(Ok(()), |file| file.sync_data())
+    }
+
+    /// `sync`s when the copy of unsynced bytes has reached its bound (a failure is logged, and
+    /// the bytes are written again at the next write).
+    fn sync_when_kept_is_full(&mut self) {
+        if self.unsynced.len() >= UNSYNCED_KEPT_BYTES
+            && let Err(e) = self.sync()
+        {
+            self.warnings.failed(&self.path, &e, Fate::Kept);
+        }
     }
 
     /// Writes `events` after everything pending and `fsync`s, all or nothing for `events`: when
@@ -134,7 +193,8 @@ impl LogWriter {
             self.warnings.failed(&self.path, &e, Fate::Refused);
             return Err(e);
         }
-        let before = self.committed;
+        // What was written before these events and not yet synced, kept if the sync fails.
+        let earlier = self.unsynced.len();
         for event in events {
             event.write_line(&mut self.pending);
         }
@@ -142,29 +202,21 @@ impl LogWriter {
             self.pending.clear();
             return Err(e);
         }
-        if let Some(file) = &self.file
-            && let Err(e) = file.sync_data()
-        {
-            let rollback = file.set_len(before);
-            self.committed = before;
-            let mut e = anyhow::Error::new(e).context(format!("syncing {}", self.path.display()));
-            if let Err(r) = rollback {
-                self.stray = Some(format!("{e:#}"));
-                e = e.context(format!("(truncating it back failed too: {r})"));
-            }
+        if let Err(e) = self.sync() {
+            // The file is back at its last synced length; the earlier bytes are pending again,
+            // these events' are dropped.
+            self.pending.truncate(earlier);
             self.warnings.failed(&self.path, &e, Fate::Refused);
             return Err(e);
         }
-        self.unsynced = false;
-        self.report();
         Ok(())
     }
 
     /// Hands queued events to the OS without `fsync` (eager writes at await points: they survive
     /// a killed process, and `flush` later makes them durable). Failures are retried at `flush`.
     pub fn write_eager(&mut self) {
-        if !self.pending.is_empty() {
-            let _ = self.write_logged();
+        if !self.pending.is_empty() && self.write_logged().is_ok() {
+            self.sync_when_kept_is_full();
         }
     }
 
@@ -176,7 +228,7 @@ impl LogWriter {
 
     /// True when events are queued but not yet durable.
     pub fn is_dirty(&self) -> bool {
-        !self.pending.is_empty() || self.unsynced || self.header_line.is_some()
+        !self.pending.is_empty() || !self.unsynced.is_empty() || self.header_line.is_some()
     }
 
     /// `write_pending`, logging a failure (rate-limited) and a recovery.
@@ -233,11 +285,11 @@ impl LogWriter {
             };
         }
         self.committed += self.pending.len() as u64;
+        self.unsynced.extend_from_slice(&self.pending);
         self.pending.clear();
         // A huge line (a message built from a million chunks) or a full batch must not keep
         // its buffer for the life of the session.
         self.pending.shrink_to(KEPT_BUFFER_BYTES);
-        self.unsynced = true;
         Ok(())
     }
 
@@ -540,6 +592,74 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         let seqs: Vec<&str> = text.lines().skip(1).map(|l| &l[l.find("\"seq\":").unwrap() + 6..][..1]).collect();
         assert_eq!(seqs, ["0", "1"]);
+    }
+
+    /// A new log at `dir/a/session.jsonl` with event 0 synced, and the file's length then.
+    fn synced_log(dir: &tempfile::TempDir) -> (PathBuf, LogWriter, u64) {
+        let path = dir.path().join("a/session.jsonl");
+        let mut w = LogWriter::create(path.clone(), &SessionHeader::new("a", 0, None)).unwrap();
+        w.append(&event(0));
+        w.flush().unwrap();
+        let synced = std::fs::metadata(&path).unwrap().len();
+        (path, w, synced)
+    }
+
+    /// The seqs of the events in the log at `path`, in file order.
+    fn seqs_in(path: &Path) -> Vec<u64> {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"].as_u64().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_sync_cuts_the_log_back_and_writes_its_bytes_again_before_trusting_a_later_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut w, synced) = synced_log(&dir);
+        w.append(&event(1));
+        w.append(&event(2));
+        w.write_eager();
+        assert!(std::fs::metadata(&path).unwrap().len() > synced, "handed to the OS, not synced");
+        w.failing_syncs = 1;
+        let err = format!("{:#}", w.flush().unwrap_err());
+        assert!(err.contains("syncing") && err.contains("Input/output error"), "{err}");
+        // The pages of events 1 and 2 may never reach the disk, whatever the next fsync says:
+        // they are cut from the file and pending again.
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), synced, "cut back to the last synced length");
+        assert_eq!(seqs_in(&path), [0]);
+        assert!(w.is_dirty());
+        w.flush().unwrap();
+        assert_eq!(seqs_in(&path), [0, 1, 2], "written again, once each, and synced");
+        assert!(!w.is_dirty());
+    }
+
+    #[test]
+    fn a_durable_append_whose_sync_fails_keeps_the_earlier_events_and_refuses_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut w, synced) = synced_log(&dir);
+        w.append(&event(1));
+        w.failing_syncs = 1;
+        assert!(w.append_durably(&[event(2), event(3)]).is_err());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), synced);
+        w.append(&event(4));
+        w.flush().unwrap();
+        assert_eq!(seqs_in(&path), [0, 1, 4], "event 1 kept and written again, the refused ones gone");
+    }
+
+    #[test]
+    fn unsynced_bytes_kept_for_a_rewrite_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut w, _) = synced_log(&dir);
+        let big = |seq| Event { data: json!({"text": "x".repeat(100_000)}).into(), ..event(seq) };
+        for seq in 1..=100 {
+            w.append(&big(seq));
+            assert!(w.unsynced.len() < UNSYNCED_KEPT_BYTES + WRITE_THROUGH_BYTES + 200_000, "at event {seq}");
+        }
+        assert!(std::fs::metadata(&path).unwrap().len() > 9_000_000, "written through");
+        assert!(w.unsynced.len() < UNSYNCED_KEPT_BYTES, "synced when the copy was full");
+        w.flush().unwrap();
+        assert_eq!(seqs_in(&path), (0..=100).collect::<Vec<_>>());
     }
 
     #[test]
