@@ -551,6 +551,59 @@ async fn a_server_that_ignores_the_end_of_its_input_dies_with_a_killed_kin() {
     common::until_blocking("the server to die with kin", || !running(pid));
 }
 
+/// What a server starts in the background, in a session of its own (`setsid`, out of its
+/// process group), is stopped with it: when the session closes, and when a server that never
+/// completes its handshake is given up. Only the server's process group was killed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_setsid_helpers_stop_with_it() {
+    let config = "permission_mode = \"bypass\"\n[mcp]\nstartup_timeout_secs = 1\n";
+    let mut kin = Kin::start(config, json!({})).await;
+    let (log, helper, stalled) = (kin.path("fixture.log"), kin.path("helper.pid"), kin.path("stalled.pid"));
+    let mut server = fixture_entry("fx", &log, &[]);
+    let script = format!("setsid sleep 300 & echo $! > {}; exec {}", helper.display(), fixture().display());
+    server["command"] = json!("sh");
+    server["args"] = json!(["-c", script]);
+    let stalled_script = format!("setsid sleep 300 & echo $! > {}; exec sleep 300", stalled.display());
+    let never = json!({"name": "never", "command": "sh", "args": ["-c", stalled_script], "env": []});
+    let id = kin.new_session(json!([server, never]));
+    kin.script.calls(&[("e1", "mcp__fx__echo", json!({"text": "up"}))]).text("done");
+    assert_eq!(kin.prompt("go"), "end_turn");
+    assert_eq!(tool_result(&kin.model_requests().await[1], "e1"), "echo: up");
+    let pid_in = |file: &Path| -> i32 { std::fs::read_to_string(file).unwrap().trim().parse().unwrap() };
+    // The step waited for both servers: the one that never answers was given up by now.
+    let (helper, stalled) = (pid_in(&helper), pid_in(&stalled));
+    common::until_blocking("the given-up server's helper to stop", || !running(stalled));
+    assert!(running(helper), "the live server's helper runs while the session is open");
+    let closed = kin.call("session/close", json!({"sessionId": id}));
+    assert!(closed.get("result").is_some(), "{closed}");
+    assert!(!running(helper), "stopped with the session");
+    kin.stop();
+}
+
+/// A server that does not exit when its input ends gets SIGTERM (a chance to clean up) before
+/// it is killed at session close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_outstays_its_input_gets_sigterm_before_the_kill() {
+    let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({})).await;
+    let (log, termed) = (kin.path("fixture.log"), kin.path("termed"));
+    let mut server = fixture_entry("fx", &log, &[]);
+    // The fixture serves; when its input ends the shell stays, until a SIGTERM it notes.
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; exec 3<&0; {} <&3 3<&- & wait $!; while :; do sleep 1; done",
+        termed.display(),
+        fixture().display()
+    );
+    server["command"] = json!("sh");
+    server["args"] = json!(["-c", script]);
+    let id = kin.new_session(json!([server]));
+    kin.script.calls(&[("e1", "mcp__fx__echo", json!({"text": "up"}))]).text("done");
+    assert_eq!(kin.prompt("go"), "end_turn");
+    let closed = kin.call("session/close", json!({"sessionId": id}));
+    assert!(closed.get("result").is_some(), "{closed}");
+    assert_eq!(std::fs::read_to_string(&termed).unwrap_or_default(), "term\n", "SIGTERM came before the kill");
+    kin.stop();
+}
+
 /// A step that waits for a server still starting says so after 2 s, instead of a silent
 /// spinner for the server's startup timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

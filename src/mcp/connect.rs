@@ -1,18 +1,19 @@
 //! Starting one MCP server and the handshake, under the server's startup timeout.
 //!
-//! A stdio server runs exactly the given command and arguments in the session cwd, in its own
-//! process group, with a cleared environment: only `PATH` and `HOME` (kin's own, so a bare
-//! `npx` is found) and the given variables, so kin's API keys never reach it. Its stderr goes to
-//! kin's log at debug level (lines cut at 4 KiB, 1 MiB per server, then only a note), and its
-//! last lines are kept for the notice of a failure. Closing gives the server a grace to exit
-//! (stdin closed, then SIGTERM), then kills its whole process group.
+//! A stdio server runs exactly the given command and arguments in the session cwd, with a
+//! cleared environment: only `PATH` and `HOME` (kin's own, so a bare `npx` is found) and the
+//! given variables, so kin's API keys never reach it. It runs under the bash tool's supervisor
+//! (`sandbox::supervise`, unconfined), so no process it starts outlives it, `setsid` or
+//! double-forked ones included, nor kin. Its stderr goes to kin's log at debug level (lines cut
+//! at 4 KiB, 1 MiB per server, then only a note), and its last lines are kept for the notice of
+//! a failure. Closing gives the server a grace to exit (stdin closed, then SIGTERM to its
+//! process group), then kills everything it started.
 //!
 //! An HTTP server is reached over streamable HTTP with the given headers (the ones the transport
 //! owns — `Accept`, `Mcp-Session-Id`, `Last-Event-Id` — are dropped with a warning).
 
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -24,10 +25,13 @@ use rmcp::{ClientCacheConfig, ClientHandler, MAX_CLIENT_CACHE_TTL, Peer, RoleCli
 use tokio::io::AsyncReadExt;
 
 use super::spec::Transport;
+use crate::sandbox::supervise::{self, Input, Program, Supervised};
 use crate::tools::capture::{MAX_ERROR_TEXT_BYTES, cut};
 
-/// How long a closing server may take to exit before its process group is killed.
+/// How long a closing server may take to exit before everything it started is killed.
 pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// How long a close waits for the supervisor to have killed and reaped what was left.
+const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// The longest stderr line logged (the rest of the line is dropped).
 const MAX_LINE: usize = 4096;
@@ -78,29 +82,18 @@ impl StderrTail {
 pub(super) struct Connection {
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, Handler>>>,
     pub peer: Peer<RoleClient>,
-    /// The process group of a stdio server.
-    pgid: Option<i32>,
-    /// A stdio server's process (killed if dropped), waited for at close.
-    child: tokio::sync::Mutex<Option<tokio::process::Child>>,
+    /// A stdio server's supervised process (everything it started is killed if dropped).
+    process: tokio::sync::Mutex<Option<Supervised>>,
 }
 
 impl Connection {
     /// A started connection. Its `tools/list` answers are kept until the server says its tool
     /// list changed (rmcp drops them when the notification arrives, in order with the results
     /// after it), so listing at every step asks the server only after a change.
-    async fn new(
-        service: RunningService<RoleClient, Handler>,
-        pgid: Option<i32>,
-        child: Option<tokio::process::Child>,
-    ) -> Connection {
+    async fn new(service: RunningService<RoleClient, Handler>, process: Option<Supervised>) -> Connection {
         let peer = service.peer().clone();
         peer.set_response_cache_config(ClientCacheConfig::default().with_default_ttl(MAX_CLIENT_CACHE_TTL)).await;
-        Connection {
-            service: tokio::sync::Mutex::new(Some(service)),
-            peer,
-            pgid,
-            child: tokio::sync::Mutex::new(child),
-        }
+        Connection { service: tokio::sync::Mutex::new(Some(service)), peer, process: tokio::sync::Mutex::new(process) }
     }
 
     /// Whether the connection has ended (the server exited or hung up).
@@ -109,45 +102,20 @@ impl Connection {
     }
 
     /// Closes the connection: a stdio server's stdin is closed, it gets half of `CLOSE_GRACE` to
-    /// exit, then SIGTERM and the other half; then its process group is killed.
+    /// exit, then SIGTERM to its process group and the other half; then everything it started
+    /// (its background processes too) is killed.
     pub(super) async fn close(&self) {
         if let Some(mut service) = self.service.lock().await.take() {
             let _ = service.close_with_timeout(CLOSE_GRACE / 2).await;
         }
-        if let Some(mut child) = self.child.lock().await.take()
-            && tokio::time::timeout(CLOSE_GRACE / 2, child.wait()).await.is_err()
-        {
-            signal_group(self.pgid, libc::SIGTERM);
-            if tokio::time::timeout(CLOSE_GRACE / 2, child.wait()).await.is_err() {
-                tracing::debug!("an MCP server did not exit within the grace; killing its process group");
+        if let Some(mut process) = self.process.lock().await.take() {
+            if tokio::time::timeout(CLOSE_GRACE / 2, process.exited()).await.is_err() {
+                process.terminate();
+                if tokio::time::timeout(CLOSE_GRACE / 2, process.exited()).await.is_err() {
+                    tracing::debug!("an MCP server did not exit within the grace; killing it");
+                }
             }
-        }
-        signal_group(self.pgid, libc::SIGKILL);
-    }
-}
-
-/// Kills a process group when dropped, unless disarmed: a start abandoned midway (its future
-/// dropped when the session closes) leaves no process behind.
-struct GroupGuard(Option<i32>);
-
-impl GroupGuard {
-    fn disarm(mut self) -> Option<i32> {
-        self.0.take()
-    }
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        signal_group(self.0, libc::SIGKILL);
-    }
-}
-
-/// Signals a process group (nothing when there is none or it is gone).
-fn signal_group(pgid: Option<i32>, signal: libc::c_int) {
-    if let Some(pgid) = pgid.filter(|p| *p > 1) {
-        // SAFETY: killpg only sends a signal; a stale or missing group gives ESRCH, ignored.
-        unsafe {
-            libc::killpg(pgid, signal);
+            process.finish(KILL_WAIT).await;
         }
     }
 }
@@ -230,28 +198,18 @@ pub(super) async fn connect(
     };
     match transport {
         Transport::Stdio { command, args, env } => {
-            let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).env_clear().envs(child_env(env)).process_group(0).kill_on_drop(true);
-            crate::signals::die_with_kin(&mut cmd);
-            if let Some(cwd) = cwd.filter(|c| c.is_dir()) {
-                cmd.current_dir(cwd);
-            }
-            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-            let mut child = cmd.spawn().map_err(|e| match e.kind() {
-                // The file is there: what is missing is the interpreter its `#!` line names.
-                std::io::ErrorKind::NotFound if command.contains('/') && Path::new(command).is_file() => fail(
-                    format!("the command `{command}` could not be started: the interpreter its `#!` line names was not found"),
-                    &tail,
-                ),
-                std::io::ErrorKind::NotFound => fail(format!("the command `{command}` was not found"), &tail),
-                std::io::ErrorKind::PermissionDenied => {
-                    fail(format!("the command `{command}` is not executable"), &tail)
-                }
-                _ => fail(format!("the command `{command}` could not be started: {e}"), &tail),
-            })?;
-            let group = GroupGuard(child.id().and_then(|pid| i32::try_from(pid).ok()));
+            let env = child_env(env);
+            let dir = cwd.filter(|c| c.is_dir());
+            let path = resolve(command, dir, &env).map_err(|reason| fail(reason, &tail))?;
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let program = Program::in_env(&path, &args, env.into_iter().map(|(k, v)| (k.into(), v.into())))
+                .map_err(|e| fail(format!("the command `{command}` could not be started: {e}"), &tail))?;
+            // Dropped before the handshake completes (a failure, or the session closed
+            // meanwhile), it kills everything the server started.
+            let mut process = supervise::spawn(program, dir.unwrap_or(Path::new("")), None, Input::Piped)
+                .map_err(|e| fail(format!("the command `{command}` could not be started: {e}"), &tail))?;
             let (Some(stdin), Some(stdout), Some(stderr)) =
-                (child.stdin.take(), child.stdout.take(), child.stderr.take())
+                (process.stdin.take(), process.stdout.take(), process.stderr.take())
             else {
                 return Err(fail("its standard streams could not be opened".into(), &tail));
             };
@@ -265,21 +223,17 @@ pub(super) async fn connect(
                     // The last words of a server that exited are worth waiting a moment for, and
                     // so is its exit status.
                     let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
-                    let exited = tokio::time::timeout(Duration::from_millis(500), child.wait()).await;
-                    drop(group);
+                    let exited = tokio::time::timeout(Duration::from_millis(500), process.exited()).await;
                     let reason = match exited {
                         Ok(Ok(status)) => format!("it exited ({status}) before completing the MCP handshake"),
-                        _ => handshake_error(&e.to_string()),
+                        Ok(Err(e)) => not_run(command, &e),
+                        Err(_) => handshake_error(&e.to_string()),
                     };
                     return Err(fail(reason, &tail));
                 }
-                Err(_) => {
-                    drop(group);
-                    return Err(fail(timed_out(), &tail));
-                }
+                Err(_) => return Err(fail(timed_out(), &tail)),
             };
-            let pgid = group.disarm();
-            Ok(Connection::new(service, pgid, Some(child)).await)
+            Ok(Connection::new(service, Some(process)).await)
         }
         Transport::Http { url, headers } => {
             if !reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https")) {
@@ -294,9 +248,55 @@ pub(super) async fn connect(
                 Ok(Err(e)) => return Err(fail(handshake_error(&e.to_string()), &tail)),
                 Err(_) => return Err(fail(timed_out(), &tail)),
             };
-            Ok(Connection::new(service, None, None).await)
+            Ok(Connection::new(service, None).await)
         }
         Transport::Unsupported { kind } => Err(fail(format!("the `{kind}` transport is not supported"), &tail)),
+    }
+}
+
+/// The file a stdio server's `command` names, as a shell would find it: a name with a `/` is a
+/// path (relative to the server's directory `dir`), a bare name the first executable file of
+/// that name in the server's `PATH`.
+fn resolve(command: &str, dir: Option<&Path>, env: &[(String, String)]) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable =
+        |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let not_executable = || format!("the command `{command}` is not executable");
+    if command.contains('/') {
+        let path = dir.map_or_else(|| PathBuf::from(command), |dir| dir.join(command));
+        return match std::fs::metadata(&path) {
+            Err(_) => Err(format!("the command `{command}` was not found")),
+            Ok(_) if executable(&path) => Ok(path),
+            Ok(_) => Err(not_executable()),
+        };
+    }
+    if command.is_empty() {
+        return Err("the server's command is empty".into());
+    }
+    let search = env.iter().rev().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH, |(_, v)| v.as_str());
+    let mut found_unrunnable = false;
+    for entry in search.split(':') {
+        let path = Path::new(if entry.is_empty() { "." } else { entry }).join(command);
+        if executable(&path) {
+            return Ok(path);
+        }
+        found_unrunnable |= path.is_file();
+    }
+    Err(if found_unrunnable { not_executable() } else { format!("the command `{command}` was not found") })
+}
+
+/// Why a stdio server's command, found, could not be run (the error `execve` gave).
+fn not_run(command: &str, error: &std::io::Error) -> String {
+    match error.raw_os_error() {
+        // The file is there: what is missing is the interpreter its `#!` line names.
+        Some(libc::ENOENT) => {
+            format!("the command `{command}` could not be started: the interpreter its `#!` line names was not found")
+        }
+        Some(libc::EACCES) => format!("the command `{command}` is not executable"),
+        Some(libc::ENOEXEC) => format!(
+            "the command `{command}` is neither a program nor a script with a `#!` line (add one, such as `#!/bin/sh`)"
+        ),
+        _ => format!("the command `{command}` could not be started: {error}"),
     }
 }
 
@@ -398,6 +398,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_command_is_found_as_a_shell_finds_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, other) = (dir.path().join("bin"), dir.path().join("other"));
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let make = |path: &Path, mode: u32| {
+            std::fs::write(path, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        make(&other.join("srv"), 0o644);
+        make(&bin.join("srv"), 0o755);
+        make(&other.join("plain"), 0o644);
+        let path = |dirs: &[&Path]| {
+            let joined: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+            vec![("PATH".to_string(), joined.join(":"))]
+        };
+        assert_eq!(resolve("srv", None, &path(&[&other, &bin])).unwrap(), bin.join("srv"), "the first executable one");
+        assert_eq!(
+            resolve("plain", None, &path(&[&other, &bin])).unwrap_err(),
+            "the command `plain` is not executable"
+        );
+        assert_eq!(resolve("nope", None, &path(&[&bin])).unwrap_err(), "the command `nope` was not found");
+        assert_eq!(
+            resolve("bin/srv", Some(dir.path()), &[]).unwrap(),
+            bin.join("srv"),
+            "relative to the server's directory"
+        );
+        assert_eq!(
+            resolve("./other/srv", Some(dir.path()), &[]).unwrap_err(),
+            "the command `./other/srv` is not executable"
+        );
+        assert!(resolve("", None, &[]).is_err());
+        let said = not_run("srv", &std::io::Error::from_raw_os_error(libc::ENOEXEC));
+        assert!(said.contains("`#!` line"), "{said}");
+    }
+
+    #[test]
     fn the_child_environment_is_path_home_and_the_given_variables() {
         let env = child_env(&[("API_KEY".into(), "k".into()), ("PATH".into(), "/only/here".into())]);
         let keys: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
@@ -422,7 +460,7 @@ mod tests {
         let tail = Arc::new(StderrTail::default());
         let mut child = tokio::process::Command::new("sh")
             .args(["-c", "i=0; while [ $i -lt 12 ]; do echo line$i >&2; i=$((i+1)); done; head -c 5000 /dev/zero | tr '\\0' x >&2"])
-            .stderr(Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let stderr = child.stderr.take().unwrap();

@@ -5,7 +5,9 @@
 //! and holds the read end of a lifeline pipe whose write end only kin has: when kin closes it
 //! (the call ended, timed out or was cancelled) or dies (its descriptors close even on
 //! `SIGKILL`), the supervisor kills the command's group and then, level by level, every process
-//! left below it, reaps them and exits. Between `fork` and `execve` only system calls run.
+//! left below it, reaps them and exits. A `SIGTERM` sent to the supervisor is passed on to the
+//! command's group (a server's grace before the kill). Between `fork` and `execve` only system
+//! calls run.
 
 use std::ffi::{CString, OsString};
 use std::io;
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
 use super::confine::Confinement;
 
@@ -38,14 +40,23 @@ pub(crate) struct Program {
 impl Program {
     /// `path` with `args`, in this process's environment with `overrides` set.
     pub(crate) fn new(path: &Path, args: &[&str], overrides: &[(OsString, OsString)]) -> io::Result<Program> {
+        let mut env: Vec<(OsString, OsString)> =
+            std::env::vars_os().filter(|(k, _)| !overrides.iter().any(|(o, _)| o == k)).collect();
+        env.extend(overrides.iter().cloned());
+        Program::in_env(path, args, env)
+    }
+
+    /// `path` with `args`, in exactly the environment `env`.
+    pub(crate) fn in_env(
+        path: &Path,
+        args: &[&str],
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> io::Result<Program> {
         let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
         let mut argv = vec![c(path.file_name().map_or(path.as_os_str(), |n| n).as_bytes())?];
         for arg in args {
             argv.push(c(arg.as_bytes())?);
         }
-        let mut env: Vec<(OsString, OsString)> =
-            std::env::vars_os().filter(|(k, _)| !overrides.iter().any(|(o, _)| o == k)).collect();
-        env.extend(overrides.iter().cloned());
         let env = env
             .into_iter()
             .filter_map(|(k, v)| {
@@ -62,9 +73,14 @@ impl Program {
 /// A running supervised command.
 pub(crate) struct Supervised {
     supervisor: Child,
+    /// Piped only when `spawn` was asked to (`Input::Piped`).
+    pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
     status: Option<tokio::net::unix::pipe::Receiver>,
+    /// The status message read so far (a read cancelled midway goes on from here).
+    message: [u8; 5],
+    got: usize,
     /// Closing it tells the supervisor to kill everything.
     lifeline: Option<OwnedFd>,
 }
@@ -80,9 +96,23 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The command's standard input.
+#[derive(Clone, Copy)]
+pub(crate) enum Input {
+    /// `/dev/null`.
+    Null,
+    /// A pipe from kin (`Supervised::stdin`).
+    Piped,
+}
+
 /// Starts `program` in `dir` (empty: this process's directory) under a supervisor, confined
-/// when `confinement` is given; stdin is `/dev/null`, stdout and stderr are piped.
-pub(crate) fn spawn(program: Program, dir: &Path, confinement: Option<Arc<Confinement>>) -> io::Result<Supervised> {
+/// when `confinement` is given; stdin as `input` says, stdout and stderr piped.
+pub(crate) fn spawn(
+    program: Program,
+    dir: &Path,
+    confinement: Option<Arc<Confinement>>,
+    input: Input,
+) -> io::Result<Supervised> {
     let (life_read, life_write) = pipe()?;
     let (status_read, status_write) = pipe()?;
     let mut argv: Vec<*const libc::c_char> = program.argv.iter().map(|a| a.as_ptr()).collect();
@@ -99,7 +129,11 @@ pub(crate) fn spawn(program: Program, dir: &Path, confinement: Option<Arc<Confin
     };
     // The program never runs through `Command`: the supervisor's pre-exec hook does not return.
     let mut command = Command::new(std::ffi::OsStr::from_bytes(child_side.program.path.as_bytes()));
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(false);
+    let stdin = match input {
+        Input::Null => Stdio::null(),
+        Input::Piped => Stdio::piped(),
+    };
+    command.stdin(stdin).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(false);
     if !dir.as_os_str().is_empty() {
         command.current_dir(dir);
     }
@@ -112,28 +146,38 @@ pub(crate) fn spawn(program: Program, dir: &Path, confinement: Option<Arc<Confin
     drop((life_read, status_write));
     let status = tokio::net::unix::pipe::Receiver::from_owned_fd(status_read)?;
     Ok(Supervised {
+        stdin: supervisor.stdin.take(),
         stdout: supervisor.stdout.take(),
         stderr: supervisor.stderr.take(),
         supervisor,
         status: Some(status),
+        message: [0; 5],
+        got: 0,
         lifeline: Some(life_write),
     })
 }
 
 impl Supervised {
     /// Waits for the command (not its background processes) to exit. An error is a command that
-    /// could not be started or confined.
+    /// could not be started or confined. Cancel-safe: a wait dropped midway loses nothing.
     pub(crate) async fn exited(&mut self) -> io::Result<ExitStatus> {
-        let mut message = [0u8; 5];
-        let read = match self.status.as_mut() {
-            Some(pipe) => pipe.read_exact(&mut message).await.map(|_| ()),
-            None => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-        };
+        let mut read = Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        while let Some(pipe) = self.status.as_mut() {
+            match pipe.read(&mut self.message[self.got..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => self.got += n,
+            }
+            if self.got == self.message.len() {
+                read = Ok(());
+                break;
+            }
+        }
         self.status = None;
         if read.is_err() {
             // The supervisor died without a word: its own status stands for the command's.
             return self.supervisor.wait().await;
         }
+        let message = self.message;
         let value = i32::from_ne_bytes([message[1], message[2], message[3], message[4]]);
         match message[0] {
             EXITED => Ok(ExitStatus::from_raw(value)),
@@ -149,6 +193,16 @@ impl Supervised {
     /// Tells the supervisor to kill every process of the command (at once; idempotent).
     pub(crate) fn kill(&mut self) {
         self.lifeline = None;
+    }
+
+    /// Has the supervisor send `SIGTERM` to the command's group (a grace before `kill`).
+    pub(crate) fn terminate(&self) {
+        if let Some(pid) = self.supervisor.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) {
+            // SAFETY: kill only sends a signal; the supervisor is our child, not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
     }
 
     /// Kills everything and waits up to `limit` for the supervisor to have reaped it all.
@@ -187,6 +241,7 @@ impl ChildSide {
             let mut chld: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut chld);
             libc::sigaddset(&mut chld, libc::SIGCHLD);
+            libc::sigaddset(&mut chld, libc::SIGTERM);
             libc::sigprocmask(libc::SIG_BLOCK, &chld, std::ptr::null_mut());
             let signals = libc::signalfd(-1, &chld, libc::SFD_CLOEXEC);
             let ruleset = self.confinement.as_ref().and_then(|c| c.ruleset_fd()).unwrap_or(-1);
@@ -206,6 +261,7 @@ impl ChildSide {
             libc::signal(libc::SIGPIPE, libc::SIG_IGN);
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             if null >= 0 {
+                libc::dup2(null, 0);
                 libc::dup2(null, 1);
                 libc::dup2(null, 2);
                 libc::close(null);
@@ -279,8 +335,12 @@ impl ChildSide {
                     return code;
                 }
                 if fds[1].revents != 0 {
-                    let mut buf = [0u8; 512];
-                    libc::read(signals, buf.as_mut_ptr().cast(), buf.len());
+                    let mut infos: [libc::signalfd_siginfo; 4] = std::mem::zeroed();
+                    let len = libc::read(signals, infos.as_mut_ptr().cast(), std::mem::size_of_val(&infos));
+                    let read = usize::try_from(len).unwrap_or(0) / std::mem::size_of::<libc::signalfd_siginfo>();
+                    if infos[..read].iter().any(|info| info.ssi_signo == libc::SIGTERM as u32) {
+                        libc::kill(-command, libc::SIGTERM);
+                    }
                 }
             }
         }

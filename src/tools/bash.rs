@@ -389,8 +389,8 @@ async fn run_command(
     let env: Vec<(OsString, OsString)> = confined.map(Confined::env).unwrap_or_default();
     let shell = shell()?;
     let program = Program::new(&shell, &["-c", &request.command], &env).map_err(|e| spawn_error(&shell, &e))?;
-    let mut command =
-        supervise::spawn(program, dir, confined.map(|c| c.confinement.clone())).map_err(|e| spawn_error(&shell, &e))?;
+    let mut command = supervise::spawn(program, dir, confined.map(|c| c.confinement.clone()), supervise::Input::Null)
+        .map_err(|e| spawn_error(&shell, &e))?;
     let result = wait_command(request, dir, cancel, confined, &mut command, live).await;
     command.finish(FINISH_LIMIT).await;
     result
