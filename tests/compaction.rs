@@ -73,17 +73,9 @@ async fn prompt_twice(
     (dir, store, ends[1].clone())
 }
 
-/// A fresh session on `model` given each of `prompts` in turn; each turn's end.
-async fn prompt_each(
-    model: Arc<dyn Model>,
-    route: ModelRoute,
-    compaction: Policy,
-    prompts: &[Vec<Value>],
-) -> (tempfile::TempDir, SessionStore, Vec<TurnEnd>) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SessionStore::new(dir.path());
-    let session = store.create(SessionHeader::new("s", 1, Some("/w".into()))).unwrap();
-    let deps = AgentDeps {
+/// An agent on `model` without tools, at most 5 steps a prompt.
+fn deps(model: Arc<dyn Model>, route: ModelRoute, compaction: Policy) -> AgentDeps {
+    AgentDeps {
         model,
         tools: ToolRegistry::new(),
         route,
@@ -96,8 +88,20 @@ async fn prompt_each(
         file_access: None,
         retry: Default::default(),
         compaction,
-    };
-    let handle = spawn_agent(session, deps);
+    }
+}
+
+/// A fresh session on `model` given each of `prompts` in turn; each turn's end.
+async fn prompt_each(
+    model: Arc<dyn Model>,
+    route: ModelRoute,
+    compaction: Policy,
+    prompts: &[Vec<Value>],
+) -> (tempfile::TempDir, SessionStore, Vec<TurnEnd>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SessionStore::new(dir.path());
+    let session = store.create(SessionHeader::new("s", 1, Some("/w".into()))).unwrap();
+    let handle = spawn_agent(session, deps(model, route, compaction));
     let mut ends = Vec::new();
     for prompt in prompts {
         ends.push(handle.followup(prompt.clone(), json!({"kind": "user"})).unwrap().await.unwrap());
@@ -686,4 +690,90 @@ async fn a_cancelled_slash_compact_answers_cancelled() {
     assert_eq!(texts.last().map(String::as_str), Some("Compaction cancelled."), "{texts:?}");
     kin.close_stdin();
     kin.child.wait().unwrap();
+}
+
+/// A DeepSeek answer calling `read` (a tool the test's registry does not have: its result is
+/// an error, which is all the loop needs) with the call id `id`.
+fn chat_call(id: &str) -> String {
+    let chunk = |delta: Value, finish: Value| json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let call = json!({"index": 0, "id": id, "type": "function", "function": {"name": "read", "arguments": "{}"}});
+    let events =
+        [chunk(json!({"role": "assistant", "tool_calls": [call]}), Value::Null), chunk(json!({}), json!("tool_calls"))];
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    body
+}
+
+/// Serves DeepSeek's route like a provider whose window holds one tool result: a request with
+/// two is refused as too long. A summary request gets a summary (after `summary_delay`), a
+/// request whose last message is the user's `first` an answer, any other a tool call: every
+/// overflow is recovered by a compaction, and the model calls a tool again at once. How many
+/// step requests it got.
+async fn overflowing_tool_loop(
+    summary_delay: std::time::Duration,
+) -> (wiremock::MockServer, Arc<std::sync::Mutex<usize>>) {
+    let steps: Arc<std::sync::Mutex<usize>> = Arc::default();
+    let counted = steps.clone();
+    let respond = move |request: &wiremock::Request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        if body.to_string().contains("You are now acting as a compaction engine") {
+            return wiremock::ResponseTemplate::new(200)
+                .set_delay(summary_delay)
+                .set_body_raw(chat_answer("Summary so far."), "text/event-stream");
+        }
+        let mut steps = counted.lock().unwrap();
+        *steps += 1;
+        let messages = body["messages"].as_array().unwrap();
+        if messages.iter().filter(|m| m["role"] == "tool").count() >= 2 {
+            return wiremock::ResponseTemplate::new(400).set_body_json((DEEPSEEK.overflow)());
+        }
+        let last = messages.last().unwrap();
+        let answer = if last["role"] == "user" && last.to_string().contains("first") {
+            chat_answer("ok")
+        } else {
+            chat_call(&format!("c{steps}"))
+        };
+        wiremock::ResponseTemplate::new(200).set_body_raw(answer, "text/event-stream")
+    };
+    (serving(DEEPSEEK.path, respond).await, steps)
+}
+
+/// Each overflow recovery opens a retry turn whose steps count from 1 again, and the model's
+/// next tool call resets the overflow count: a provider that overflows after every tool step
+/// kept one prompt running forever. The prompt's `max_steps` (5) now covers its retry turns.
+#[tokio::test]
+async fn overflow_recoveries_do_not_let_a_prompt_outrun_its_steps() {
+    let (server, steps) = overflowing_tool_loop(std::time::Duration::ZERO).await;
+    let (model, route) = served(&DEEPSEEK, &server);
+    let (_dir, store, ends) =
+        prompt_each(model, route, Policy::default(), &[text(&format!("first {}", "x".repeat(2000))), text("loop")])
+            .await;
+    assert_eq!(ends[0], TurnEnd::Completed);
+    let TurnEnd::Error(message) = &ends[1] else { panic!("{:?}", ends[1]) };
+    assert!(message.starts_with("the conversation no longer fits the context window"), "{message}");
+    assert!(message.contains("the prompt used all 5 steps (its retry turns' included)"), "{message}");
+    assert_eq!(*steps.lock().unwrap(), 1 + 5, "the first prompt's step, then five for the second");
+    let events = store.inspect("s").unwrap().events;
+    let retries = events.iter().filter(|e| e.kind == "turn/start" && e.data["trigger"]["kind"] == "retry").count();
+    assert_eq!(retries, 1, "one recovery: the second overflow came with no step left");
+}
+
+/// A cancel while an overflow recovery compacts ends the prompt cancelled, as any cancel does,
+/// not with the compaction's failure.
+#[tokio::test]
+async fn a_cancel_during_an_overflow_recovery_cancels_the_prompt() {
+    let (server, _) = overflowing_tool_loop(std::time::Duration::from_secs(30)).await;
+    let (model, route) = served(&DEEPSEEK, &server);
+    let dir = tempfile::tempdir().unwrap();
+    let store = SessionStore::new(dir.path());
+    let session = store.create(SessionHeader::new("s", 1, Some("/w".into()))).unwrap();
+    let handle = spawn_agent(session, deps(model, route, Policy::default()));
+    let ended = handle.followup(text("loop"), json!({"kind": "user"})).unwrap();
+    let events = || store.inspect("s").map(|log| log.events).unwrap_or_default();
+    common::until("the recovery's compaction to start", || events().iter().any(|e| e.kind == "compact/start")).await;
+    handle.cancel();
+    assert_eq!(ended.await.unwrap(), TurnEnd::Aborted);
+    handle.shutdown().await;
+    let end = events().into_iter().rfind(|e| e.kind == "turn/end").unwrap();
+    assert_eq!(end.data["reason"]["kind"], "aborted", "{}", end.data);
 }

@@ -104,8 +104,15 @@ pub(super) async fn run_turn(
     let mut turn = turn;
     // Overflow recoveries since the last answer of the model (dsh resets on `assistant/message`).
     let mut overflows = 0;
+    // The prompt's steps, its retry turns' included: a recovery opens a turn whose steps count
+    // from 1 again, and one that overflows after every tool step would otherwise never end.
+    let mut steps_left = u64::from(deps.max_steps);
+    let mut last_step = 0;
     'turn: loop {
-        for step in 1..=u64::from(deps.max_steps) {
+        let this_turn = steps_left;
+        for step in 1..=this_turn {
+            steps_left -= 1;
+            last_step = step;
             // The tools of this step: a source's (MCP) changes show from the next step on.
             let tools = serving(session, intake, deps.tools.snapshot(&cancel)).await;
             super::compact::relieve_pressure(session, deps, &tools.schemas(), turn, &cancel).await;
@@ -125,6 +132,15 @@ pub(super) async fn run_turn(
                     }
                 }
                 StepEnd::Over(end) => return end,
+                StepEnd::Overflow(failure) if steps_left == 0 => {
+                    // No step is left for a retry turn: the provider's refusal stands.
+                    let message = format!(
+                        "{}; the prompt used all {} steps (its retry turns' included), so kin does not compact and ask again (raise agent.max_steps to allow more)",
+                        failure.message, deps.max_steps
+                    );
+                    let failure = Failure { message, ..failure };
+                    return end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) });
+                }
                 StepEnd::Overflow(failure) => {
                     let schemas = tools.schemas();
                     let overflow = Overflow { turn, step, done: overflows, tools: &schemas };
@@ -139,6 +155,8 @@ pub(super) async fn run_turn(
                             session.write_eager();
                             continue 'turn;
                         }
+                        // Cancelled during the recovery: the prompt was called off, not failed.
+                        Err(_) if cancel.is_cancelled() => return end_turn(session, turn, cancelled()),
                         Err(why) => {
                             let failure = Failure { message: format!("{}; {why}", failure.message), ..failure };
                             return end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) });
@@ -156,8 +174,7 @@ pub(super) async fn run_turn(
         ),
         super::STEP_LIMIT,
     );
-    let step = u64::from(deps.max_steps);
-    end_turn(session, turn, TurnEndReason::Error { step, failure: Some(failure) })
+    end_turn(session, turn, TurnEndReason::Error { step: last_step, failure: Some(failure) })
 }
 
 /// How a cancelled turn ends: `disposed` when the agent is shutting down, else `aborted`.
