@@ -506,6 +506,21 @@ async fn a_long_retry_after_is_capped_and_the_notice_says_so() {
     assert_eq!((retries[0].delay_ms, retries[0].requested_delay_ms), (20, None));
 }
 
+/// A rate limit whose text speaks of tokens ("too many tokens per minute") is a rate limit:
+/// waited out and retried, never taken for a context overflow (which compacts the history).
+#[tokio::test]
+async fn a_rate_limit_about_tokens_is_retried_not_taken_for_an_overflow() {
+    let server = MockServer::start().await;
+    let tpm = json!({"error": {"message": "Rate limit reached: too many tokens per minute (TPM). Please retry after 1s.", "code": "rate_limit_exceeded"}});
+    once(&server, CHAT, ResponseTemplate::new(429).insert_header("retry-after-ms", "5").set_body_json(tpm)).await;
+    once(&server, CHAT, sse(text_answer("hello"))).await;
+    let (model, retries) = routed("deepseek/deepseek-v4-flash", &fast_settings(), &deepseek_env(&server));
+    answered_hello(call(&model, request("deepseek/deepseek-v4-flash", vec![user("Hi")])).await);
+    let retries = retries.lock().unwrap().clone();
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert_eq!(retries[0].code, "RATE_LIMITED");
+}
+
 #[tokio::test]
 async fn server_error_then_success() {
     let server = MockServer::start().await;

@@ -726,7 +726,9 @@ fn status_error(call: &HttpCall, status: u16, body: &BodyHead) -> AttemptError {
                 "model {model:?} was not found (HTTP {status}) for route {route} at {base_url}; check the model name and the base URL: {detail}"
             ),
         ),
-        _ if status == 413 || (status < 500 && is_context_overflow(&lower)) => AttemptError::new(
+        // A rate limit is waited out, never taken for an overflow (compacting would lose history
+        // for nothing), whatever its text says of tokens ("too many tokens per minute").
+        _ if status == 413 || (status < 500 && status != 429 && is_context_overflow(&lower)) => AttemptError::new(
             CONTEXT_WINDOW_EXCEEDED,
             format!("the conversation no longer fits the context window of {route} (HTTP {status}): {detail}"),
         ),
@@ -749,10 +751,11 @@ pub(crate) fn stream_error(error: &Value) -> AttemptError {
     let kind = error["type"].as_str().or_else(|| error["code"].as_str()).unwrap_or("error");
     let kind = cut(kind, MAX_ERROR_TEXT_BYTES);
     let lower = format!("{kind} {message}").to_lowercase();
-    let code = if is_context_overflow(&lower) {
-        CONTEXT_WINDOW_EXCEEDED
-    } else if lower.contains("rate_limit") || lower.contains("rate limit") {
+    let code = if lower.contains("rate_limit") || lower.contains("rate limit") {
+        // Before the overflow check: a rate limit's text may speak of tokens.
         RATE_LIMITED
+    } else if is_context_overflow(&lower) {
+        CONTEXT_WINDOW_EXCEEDED
     } else if ["invalid_request", "authentication", "permission", "not_found"].iter().any(|p| lower.contains(p)) {
         PROVIDER_ERROR
     } else {
@@ -944,6 +947,14 @@ mod tests {
         assert_eq!(excerpt("  bad\n\ngateway "), "bad gateway");
         assert_eq!(excerpt(""), "(empty body)");
         assert_eq!(excerpt(&"x".repeat(400)).chars().count(), 301);
+    }
+
+    #[test]
+    fn a_rate_limit_in_the_stream_is_one_whatever_it_says_of_tokens() {
+        let tpm = serde_json::json!({"message": "Rate limit reached: too many tokens per minute (TPM).", "code": "rate_limit_exceeded"});
+        assert_eq!(stream_error(&tpm).failure.code, RATE_LIMITED);
+        let overflow = serde_json::json!({"message": "prompt is too long: 215000 tokens > 200000 maximum", "type": "invalid_request_error"});
+        assert_eq!(stream_error(&overflow).failure.code, CONTEXT_WINDOW_EXCEEDED);
     }
 
     #[test]
