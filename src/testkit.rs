@@ -123,7 +123,7 @@ pub mod subagent {
         pub use crate::subagent::continuation::{ContinuationManager, ContinuationSettings};
     }
     pub mod control {
-        pub use crate::subagent::control::{InterruptTool, SendMessageTool};
+        pub use crate::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
     }
     pub mod external {
         pub use crate::subagent::external::{AcpProvider, ExternalAgentConfig, MAX_OUTPUT_BYTES};

@@ -233,8 +233,14 @@ async fn reports_need_a_live_continuable_child_and_a_live_parent() {
     assert_eq!(err.message, format!("agent \"{parent_id}\" is not a live continuable subagent and cannot report"));
     let (child, _) = manager.start("spawn", "reporter".into(), start_request(&caller, "work")).await.unwrap();
     let message_id = manager.report(&child, "progress").await.unwrap();
+    // A report is bounded as a child's answer is: its first and last 40 000 bytes.
+    let big = format!("{}{}", "h".repeat(150_000), "t".repeat(150_000));
+    manager.report(&child, &big).await.unwrap();
     rt.continuation().drain().await;
     let events = rt.store().inspect(&parent_id).unwrap().events;
+    let landed = events.iter().rfind(|e| e.kind == "user/message").unwrap();
+    let text = landed.data["content"][1]["text"].as_str().unwrap();
+    assert!(text.len() < 80_100 && text.contains("[... 220000 bytes omitted ...]"), "{} bytes", text.len());
     let report = events.iter().find(|e| e.kind == "user/message").expect("the quiet report landed between turns");
     assert_eq!(report.data["id"], message_id.as_str());
     assert_eq!(report.data["content"][0]["text"], format!("Background subagent {child} reported:"));

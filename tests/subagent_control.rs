@@ -14,7 +14,7 @@ use kin::testkit::model::text_response;
 use kin::testkit::runtime::Runtime;
 use kin::testkit::session::{Event, SessionHeader, SessionStore};
 use kin::testkit::subagent::Lifecycle;
-use kin::testkit::subagent::control::{InterruptTool, SendMessageTool};
+use kin::testkit::subagent::control::{InterruptTool, ReportTool, SendMessageTool};
 use kin::testkit::tools::{Caller, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -147,6 +147,21 @@ async fn refused_control_calls_write_nothing_and_both_tools_refuse_alike() {
             (&sent.code, &sent.message),
             "interrupt_agent of {target}"
         );
+    }
+    // A blank message or report is refused before anything else: nothing to deliver.
+    for blank in ["", "  \n\t"] {
+        let sent =
+            send_tool.execute(json!({"subagent_id": unknown, "message": blank}), ctx(&caller)).await.unwrap_err();
+        assert_eq!(sent.code, "INVALID_ARGUMENTS");
+        assert!(
+            sent.message.starts_with("message is empty: write what the subagent should do next"),
+            "{}",
+            sent.message
+        );
+        let reported =
+            ReportTool(rt.continuation().clone()).execute(json!({"output": blank}), ctx(&caller)).await.unwrap_err();
+        assert_eq!(reported.code, "INVALID_ARGUMENTS");
+        assert!(reported.message.starts_with("output is empty"), "{}", reported.message);
     }
     assert_eq!(snapshot(&sessions), before, "a refused call wrote nothing anywhere");
     rt.cancel(&busy);

@@ -976,7 +976,7 @@ impl ContinuationManager {
         })?;
         let content = vec![
             json!({"type": "text", "text": format!("Background subagent {child_id} reported:")}),
-            json!({"type": "text", "text": output}),
+            json!({"type": "text", "text": crate::tools::capture::ends_of(output, super::OUTPUT_LIMITS)}),
         ];
         let source = json!({"kind": "subagent-report", "senderSessionId": child_id});
         self.deliver(&parent_id, content, source, self.settings.report_delivery == ReportDelivery::Wakeup).await

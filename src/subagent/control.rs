@@ -25,6 +25,15 @@ fn string_arg(args: &Value, key: &str) -> Result<String, ToolError> {
         .ok_or_else(|| ToolError::new("INVALID_ARGUMENTS", format!("{key} must be a string")))
 }
 
+/// `string_arg`, refused when blank with `what_to_send` said (nothing is sent).
+fn text_arg(args: &Value, key: &str, what_to_send: &str) -> Result<String, ToolError> {
+    let text = string_arg(args, key)?;
+    if text.trim().is_empty() {
+        return Err(ToolError::new("INVALID_ARGUMENTS", format!("{key} is empty: {what_to_send} (nothing was sent)")));
+    }
+    Ok(text)
+}
+
 /// `send_message`.
 pub struct SendMessageTool(pub Arc<ContinuationManager>);
 
@@ -57,7 +66,8 @@ impl Tool for SendMessageTool {
         let manager = self.0.clone();
         async move {
             let parent = caller(&ctx, "send_message")?;
-            let (id, message) = (string_arg(&arguments, "subagent_id")?, string_arg(&arguments, "message")?);
+            let id = string_arg(&arguments, "subagent_id")?;
+            let message = text_arg(&arguments, "message", "write what the subagent should do next")?;
             let source = json!({"kind": "coordinator", "senderSessionId": parent.header.id});
             let content = vec![json!({"type": "text", "text": message})];
             // The call's cancellation holds only until the message is handed to the child; from
@@ -73,7 +83,7 @@ impl Tool for SendMessageTool {
 }
 
 /// `report`, scoped to one continuable child.
-pub(crate) struct ReportTool(pub Arc<ContinuationManager>);
+pub struct ReportTool(pub Arc<ContinuationManager>);
 
 impl Tool for ReportTool {
     fn name(&self) -> &str {
@@ -103,7 +113,7 @@ impl Tool for ReportTool {
         let manager = self.0.clone();
         async move {
             let child = caller(&ctx, "report")?;
-            let output = string_arg(&arguments, "output")?;
+            let output = text_arg(&arguments, "output", "write what your parent should know")?;
             let message_id = manager.report(&child.header.id, &output).await?;
             Ok(ToolOutput::text(format!("report accepted by the agent that started you as message {message_id}")))
         }

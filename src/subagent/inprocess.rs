@@ -284,16 +284,18 @@ fn first_live_seq(events: &[Event]) -> u64 {
     events.iter().find(|e| e.kind == Kind::SessionEndSeed).map_or(0, |e| e.seq + 1)
 }
 
-/// The text of the last assistant message at or after `from`.
+/// The text of the last assistant message at or after `from`, as its parent gets it: bounded
+/// by `OUTPUT_LIMITS` (a child's answer is the parent's tool result or closing message).
 pub(crate) fn last_assistant_text(events: &[Event], from: u64) -> String {
-    events
+    let text: String = events
         .iter()
         .rev()
         .take_while(|e| e.seq >= from)
         .find(|e| e.kind == Kind::AssistantMessage)
         .and_then(Event::get::<event::AssistantMessage>)
         .map(|m| m.message.content.iter().filter(|b| b["type"] == "text").filter_map(|b| b["text"].as_str()).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    crate::tools::capture::ends_of(&text, super::OUTPUT_LIMITS)
 }
 
 /// `structured_output`: the child's capture tool for a requested schema.
@@ -357,4 +359,31 @@ fn check_shape(schema: &Value, value: &Value) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_childs_answer_reaches_its_parent_bounded() {
+        let answer = |seq, text: &str| {
+            Event {
+            kind: Kind::AssistantMessage.as_str().into(),
+            seq,
+            time: 0,
+            data: serde_json::json!({"turn": 1, "step": 1, "message": {"role": "assistant", "content": [{"type": "text", "text": text}]}}).into(),
+            source_event_seqs: None,
+            surface_op: None,
+        }
+        };
+        let short = [answer(0, "old"), answer(1, "done")];
+        assert_eq!(last_assistant_text(&short, 0), "done");
+        assert_eq!(last_assistant_text(&short, 2), "", "nothing at or after the seq");
+        let long = format!("{}{}", "h".repeat(100_000), "t".repeat(100_000));
+        let got = last_assistant_text(&[answer(0, &long)], 0);
+        assert!(got.len() < 80_100, "{} bytes", got.len());
+        assert!(got.starts_with(&"h".repeat(40_000)) && got.ends_with(&"t".repeat(40_000)));
+        assert!(got.contains("[... 120000 bytes omitted ...]"), "the cut says so");
+    }
 }

@@ -26,6 +26,17 @@ pub(crate) fn cut(text: &str, limit: usize) -> String {
     format!("{}\n[... {} more bytes not shown ...]", &text[..keep], text.len() - keep)
 }
 
+/// `text` whole up to `limits.total()` bytes, else its head and tail with a note of how much was
+/// left out, as a [`Capture`] of it renders them.
+pub(crate) fn ends_of(text: &str, limits: Limits) -> String {
+    if text.len() <= limits.total() {
+        return text.to_string();
+    }
+    let mut capture = Capture::new(limits);
+    capture.push(text.as_bytes());
+    capture.render()
+}
+
 /// How much of a stream is kept: its first `head` and its last `tail` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limits {
@@ -211,6 +222,13 @@ pub(crate) fn utf8_start(bytes: &[u8]) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ends_of_keeps_a_short_text_whole_and_a_long_one_s_ends() {
+        let limits = Limits { head: 4, tail: 3 };
+        assert_eq!(ends_of("1234567", limits), "1234567");
+        assert_eq!(ends_of("1234XXXX567", limits), "1234\n[... 4 bytes omitted ...]\n567");
+    }
+
     use super::*;
 
     const LIMITS: Limits = Limits { head: 15_000, tail: 15_000 };

@@ -25,8 +25,8 @@ use crate::tools::capture::{Capture, Limits};
 use crate::tools::regular::{open_regular, write_regular};
 use crate::tools::{Access, Progress};
 
-/// The agent's answer text keeps its first and last 40 000 bytes.
-pub(crate) const OUTPUT_LIMITS: Limits = Limits { head: 40_000, tail: 40_000 };
+/// The agent's answer text keeps what any child's does (`subagent::OUTPUT_LIMITS`).
+pub(crate) const OUTPUT_LIMITS: Limits = crate::subagent::OUTPUT_LIMITS;
 /// The largest file served to the agent (`fs/read_text_file`), about the size of a frame it may send.
 pub(crate) const MAX_SERVED_FILE: u64 = 16 << 20;
 
