@@ -46,8 +46,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::tools::paths;
 use crate::tools::{Access, ToolContext, ToolError, ToolRegistry, parse_arguments, unknown_tool};
+use crate::tools::{args, paths};
 
 /// How much a session may do without asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -371,9 +371,6 @@ impl Rule {
 struct Shared {
     mode: Mutex<PermissionMode>,
     rules: Mutex<Vec<Rule>>,
-    /// Held while a question is open, so the user sees one dialog at a time and an "always"
-    /// answer covers the calls waiting behind it.
-    asking: tokio::sync::Mutex<()>,
 }
 
 /// One session's permission state: its top-level session's mode and remembered answers, and for
@@ -383,12 +380,16 @@ struct Shared {
 pub struct Permissions {
     shared: Arc<Shared>,
     cap: Option<PermissionMode>,
+    /// Held while one of this session's questions is open, so its calls ask one at a time and an
+    /// "always" answer covers the calls waiting behind it. Per session: a question a background
+    /// child's user does not answer must not hold its parent's (or a sibling's) calls.
+    asking: tokio::sync::Mutex<()>,
 }
 
 impl Permissions {
     pub fn new(mode: PermissionMode) -> Self {
-        let shared = Shared { mode: Mutex::new(mode), rules: Mutex::new(Vec::new()), asking: Default::default() };
-        Permissions { shared: Arc::new(shared), cap: None }
+        let shared = Shared { mode: Mutex::new(mode), rules: Mutex::new(Vec::new()) };
+        Permissions { shared: Arc::new(shared), cap: None, asking: Default::default() }
     }
 
     /// The permissions of a child: the same mode and remembered answers, never looser than
@@ -398,7 +399,7 @@ impl Permissions {
             (Some(mine), Some(theirs)) => Some(mine.capped_at(theirs)),
             (mine, theirs) => mine.or(theirs),
         };
-        Permissions { shared: self.shared.clone(), cap }
+        Permissions { shared: self.shared.clone(), cap, asking: Default::default() }
     }
 
     /// The mode calls are decided in: the top-level session's, under the cap.
@@ -598,8 +599,8 @@ pub(crate) async fn admit(
             return Err(rejected(tool));
         };
         let _open = tokio::select! {
-            guard = permissions.shared.asking.lock() => guard,
-            () = ctx.cancel.cancelled() => return Err(rejected(tool)),
+            guard = permissions.asking.lock() => guard,
+            () = ctx.cancel.cancelled() => return Err(args::aborted()),
         };
         // The mode or the remembered answers may have changed while this call waited.
         decision = permissions.decide_as(tool, remembered_as.as_deref(), &access, &cwd);
@@ -619,7 +620,8 @@ pub(crate) async fn admit(
             };
             let answer = tokio::select! {
                 answer = prompt.ask(request) => answer,
-                () = ctx.cancel.cancelled() => PermissionAnswer::Dismissed,
+                // Called off before the user answered: aborted, not rejected by the user.
+                () = ctx.cancel.cancelled() => return Err(args::aborted()),
             };
             decision = permissions.answer(&question, answer);
         }
@@ -1125,6 +1127,18 @@ mod tests {
         }
     }
 
+    /// Says it was asked, then never answers.
+    struct Unanswered(Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+
+    impl PermissionPrompt for Unanswered {
+        fn ask(&self, _request: PermissionRequest) -> BoxFuture<'static, PermissionAnswer> {
+            if let Some(asked) = lock(&self.0).take() {
+                let _ = asked.send(());
+            }
+            futures::future::pending().boxed()
+        }
+    }
+
     fn ctx(ws: &Path) -> ToolContext {
         let mut ctx = ToolContext::detached(Some(ws.to_path_buf()), CancellationToken::new());
         ctx.session_id = "s1".into();
@@ -1198,7 +1212,43 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         cancel.cancel();
         let err = pending.await.unwrap().unwrap_err();
-        assert_eq!(err.code, "PERMISSION_REJECTED");
+        // Called off while asking: aborted (dsh's words), not "the user rejected" a call the
+        // user never answered.
+        assert_eq!((err.code.as_str(), err.message.as_str()), ("ABORTED", "tool call aborted"));
+    }
+
+    #[tokio::test]
+    async fn a_childs_unanswered_question_does_not_hold_its_parents() {
+        let l = layout();
+        let parent = Arc::new(Permissions::new(Ask));
+        let child = Arc::new(parent.narrowed(None));
+        let args = r#"{"command": "echo hi", "description": "Say hi"}"#;
+        // The child's question is open and nobody answers it (a background child's user looks
+        // at the parent's thread).
+        let (asked_tx, asked_rx) = tokio::sync::oneshot::channel();
+        let unanswered: Arc<dyn PermissionPrompt> = Arc::new(Unanswered(Mutex::new(Some(asked_tx))));
+        let child_context = ctx(&l.ws);
+        let child_cancel = child_context.cancel.clone();
+        let open =
+            tokio::spawn(
+                async move { admit(Some(child), Some(unanswered), &tools(), "bash", args, child_context).await },
+            );
+        asked_rx.await.unwrap();
+        let prompt = Scripted::new(&[PermissionAnswer::AllowOnce]);
+        let registry = tools();
+        let parents = admit(
+            Some(parent.clone()),
+            Some(prompt.clone() as Arc<dyn PermissionPrompt>),
+            &registry,
+            "bash",
+            args,
+            ctx(&l.ws),
+        );
+        let admitted = tokio::time::timeout(std::time::Duration::from_secs(10), parents).await;
+        assert!(admitted.expect("the parent's question is not held by the child's").is_ok());
+        assert_eq!(prompt.count.load(Ordering::SeqCst), 1, "the parent was asked");
+        child_cancel.cancel();
+        assert_eq!(open.await.unwrap().unwrap_err().code, "ABORTED");
     }
 
     #[tokio::test]
