@@ -13,6 +13,7 @@ use tracing_subscriber::EnvFilter;
 fn main() -> ExitCode {
     kin::testkit::heap::configure();
     kin::testkit::signals::survive_file_size_limits();
+    kin::testkit::signals::raise_open_files_limit();
     let cli = Cli::parse();
     let config = match Config::resolve(&cli.overrides(), &process_env) {
         Ok(config) => config,

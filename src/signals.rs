@@ -1,5 +1,11 @@
-//! Process-wide signal dispositions set first in `main`, and the death signal of the children
-//! that speak to kin over pipes (`die_with_kin`).
+//! Process-wide signal dispositions and limits set first in `main`, and the death signal of the
+//! children that speak to kin over pipes (`die_with_kin`).
+//!
+//! kin holds a descriptor per open session log and per connection, so it raises its soft limit
+//! on open files to the hard one (`raise_open_files_limit`): the common soft limit of 1,024 ran
+//! out at about a thousand sessions. The commands and servers it starts get the limit kin was
+//! started with back (`restore_open_files_limit`, between their fork and `execve`), since a
+//! program using `select` breaks on descriptors past 1,024.
 //!
 //! A file-size limit (`RLIMIT_FSIZE`, `ulimit -f`) must fail kin's write with `EFBIG`, as a full
 //! disk fails it with `ENOSPC`, not kill kin: by default a write past the limit delivers
@@ -23,11 +29,55 @@ pub fn survive_file_size_limits() {
     }
 }
 
+/// The soft limit on open files kin was started with, when `raise_open_files_limit` raised it.
+static STARTED_WITH_OPEN_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// The most the soft limit is raised to (Linux's default `fs.nr_open`).
+const MAX_OPEN_FILES: u64 = 1 << 20;
+
+/// Raises the soft limit on open files to the hard one (at most `MAX_OPEN_FILES`); call it
+/// first in `main`. A failure leaves the limit as it was.
+pub fn raise_open_files_limit() {
+    // SAFETY: getrlimit and setrlimit read and set this process's limit through a local struct.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        let wanted = limit.rlim_max.min(MAX_OPEN_FILES);
+        if limit.rlim_cur >= wanted {
+            return;
+        }
+        let started = limit.rlim_cur;
+        limit.rlim_cur = wanted;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+            STARTED_WITH_OPEN_FILES.store(started, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// Gives this process (a child between its fork and `execve`) the soft limit on open files kin
+/// was started with. Async-signal-safe: an atomic load and two system calls.
+pub(crate) fn restore_open_files_limit() {
+    let started = STARTED_WITH_OPEN_FILES.load(std::sync::atomic::Ordering::Relaxed);
+    if started == u64::MAX {
+        return;
+    }
+    // SAFETY: getrlimit and setrlimit on a local struct.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = started;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 /// Makes the child `command` starts get `SIGKILL` when kin dies, by `SIGKILL` too (Linux's
-/// parent-death signal; elsewhere nothing): an MCP server or an external agent that ignores the
-/// end of its input would outlive kin otherwise. The signal follows the thread that starts the
-/// child: kin starts them from its runtime's threads (the main thread and the workers), which
-/// live as long as kin does.
+/// parent-death signal; elsewhere nothing): an external agent that ignores the end of its input
+/// would outlive kin otherwise. The signal follows the thread that starts the child: kin starts
+/// them from its runtime's threads (the main thread and the workers), which live as long as kin
+/// does. The child also gets the open-files limit kin was started with.
 pub(crate) fn die_with_kin(command: &mut tokio::process::Command) {
     #[cfg(target_os = "linux")]
     {
@@ -38,6 +88,7 @@ pub(crate) fn die_with_kin(command: &mut tokio::process::Command) {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                restore_open_files_limit();
                 // kin died before the call above: the child is orphaned already.
                 if libc::getppid() != kin {
                     libc::_exit(1);

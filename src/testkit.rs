@@ -28,7 +28,7 @@ pub mod commands {
     };
 }
 pub mod signals {
-    pub use crate::signals::survive_file_size_limits;
+    pub use crate::signals::{raise_open_files_limit, survive_file_size_limits};
 }
 pub mod heap {
     pub use crate::heap::configure;

@@ -93,6 +93,11 @@ struct Kin {
 impl Kin {
     /// Starts `kin acp` with `config` (TOML) and `initialize`s it with `capabilities`.
     async fn start(config: &str, capabilities: Value) -> Kin {
+        Kin::start_with(config, capabilities, |_| {}).await
+    }
+
+    /// `start`, with `adjust` applied to kin's command first.
+    async fn start_with(config: &str, capabilities: Value, adjust: impl FnOnce(&mut Command)) -> Kin {
         let server = MockServer::start().await;
         let script = Script::default();
         Mock::given(method("POST")).and(path("/chat/completions")).respond_with(script.clone()).mount(&server).await;
@@ -101,19 +106,20 @@ impl Kin {
         std::fs::create_dir_all(&cwd).unwrap();
         let config_path = tmp.path().join("config.toml");
         std::fs::write(&config_path, config).unwrap();
-        let peer = Peer::spawn(
-            Command::new(KIN)
-                .args(["acp", "--config"])
-                .arg(&config_path)
-                .arg("--sessions")
-                .arg(tmp.path().join("sessions"))
-                .env("DEEPSEEK_BASE_URL", server.uri())
-                .env("DEEPSEEK_API_KEY", "sk-mcp-model-secret")
-                .env("RUST_LOG", "kin=debug")
-                .env_remove("KIN_MODEL")
-                .env_remove("KIN_PERMISSION_MODE")
-                .stderr(Stdio::null()),
-        );
+        let mut command = Command::new(KIN);
+        command
+            .args(["acp", "--config"])
+            .arg(&config_path)
+            .arg("--sessions")
+            .arg(tmp.path().join("sessions"))
+            .env("DEEPSEEK_BASE_URL", server.uri())
+            .env("DEEPSEEK_API_KEY", "sk-mcp-model-secret")
+            .env("RUST_LOG", "kin=debug")
+            .env_remove("KIN_MODEL")
+            .env_remove("KIN_PERMISSION_MODE")
+            .stderr(Stdio::null());
+        adjust(&mut command);
+        let peer = Peer::spawn(&mut command);
         let mut kin = Kin {
             tmp,
             server,
@@ -601,6 +607,39 @@ async fn a_server_that_outstays_its_input_gets_sigterm_before_the_kill() {
     let closed = kin.call("session/close", json!({"sessionId": id}));
     assert!(closed.get("result").is_some(), "{closed}");
     assert_eq!(std::fs::read_to_string(&termed).unwrap_or_default(), "term\n", "SIGTERM came before the kill");
+    kin.stop();
+}
+
+/// kin raises its soft limit on open files to the hard one (a descriptor per open session ran
+/// out at about a thousand under the common 1,024), and what it starts gets the limit kin was
+/// started with back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kin_raises_its_open_files_limit_and_its_servers_get_the_original() {
+    use std::os::unix::process::CommandExt;
+    let lowered = |command: &mut Command| {
+        // SAFETY: setrlimit on a local struct, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                let mut limit: libc::rlimit = std::mem::zeroed();
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                limit.rlim_cur = 256;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                Ok(())
+            });
+        }
+    };
+    let mut kin = Kin::start_with("permission_mode = \"bypass\"\n", json!({}), lowered).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", kin.peer.child.id())).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap().to_string();
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers[0], numbers[1].replace("unlimited", "1048576"), "soft raised to the hard limit: {line}");
+    let seen = kin.path("server-limit");
+    let script = format!("ulimit -Sn > {}; exec sleep 300", seen.display());
+    kin.new_session(json!([{"name": "limits", "command": "sh", "args": ["-c", script], "env": []}]));
+    common::until_blocking("the server to note its limit", || {
+        std::fs::read_to_string(&seen).is_ok_and(|l| l.ends_with('\n'))
+    });
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "256\n", "the server gets the limit kin started with");
     kin.stop();
 }
 

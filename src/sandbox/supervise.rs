@@ -285,6 +285,7 @@ impl ChildSide {
                 libc::_exit(137);
             }
             libc::setpgid(0, 0);
+            crate::signals::restore_open_files_limit();
             if let Some(confinement) = &self.confinement
                 && let Err(e) = confinement.enter()
             {
