@@ -498,6 +498,8 @@ fn spawn_error(program: &Path, error: &io::Error) -> ToolError {
     ToolError::new("SPAWN_FAILED", format!("cannot start {}: {error}", program.display()))
 }
 
+/// The error of a command killed at its timeout, with its output (head and tail, as `LIMITS`
+/// keeps them, so its message is bounded: about 30 KB).
 fn timed_out(timeout_ms: u64, output: &str) -> ToolError {
     let mut message = format!(
         "command timed out after {timeout_ms} ms and was killed (raise timeoutMs, up to \
@@ -507,7 +509,7 @@ fn timed_out(timeout_ms: u64, output: &str) -> ToolError {
         message.push_str("\nOutput before the timeout:\n");
         message.push_str(output);
     }
-    ToolError::new("TIMEOUT", message)
+    ToolError::bounded("TIMEOUT", message)
 }
 
 /// The shell's exit code; a signal death counts as 128 + signal, as in shells.
@@ -739,6 +741,21 @@ mod tests {
         assert!(err.message.starts_with("command timed out after 300 ms"), "{}", err.message);
         assert!(err.message.contains("started"), "{}", err.message);
         assert!(sleepers_gone(&seconds).await, "a sleep survived the timeout");
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_command_keeps_the_head_and_tail_of_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let command = "echo FIRST; seq 1 200000; echo LAST-BEFORE-THE-HANG; sleep 30";
+        let err = bash(dir.path(), json!({"command": command, "timeoutMs": 1500})).await.unwrap_err();
+        assert_eq!(err.code, "TIMEOUT");
+        let text = &err.message;
+        assert!(text.contains("FIRST") && text.contains("LAST-BEFORE-THE-HANG"), "the tail shows where it hung");
+        let printed = "FIRST\n".len()
+            + (1..=200_000).map(|n: u32| n.to_string().len() + 1).sum::<usize>()
+            + "LAST-BEFORE-THE-HANG\n".len();
+        assert!(text.contains(&format!("[... {} bytes omitted ...]", printed - LIMITS.total())), "{}", &text[..200]);
+        assert!(text.len() < LIMITS.total() + 400, "{} bytes", text.len());
     }
 
     #[tokio::test]

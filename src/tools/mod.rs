@@ -211,6 +211,13 @@ impl ToolError {
         ToolError { name: name.into(), code: code.into(), message, events: Vec::new() }
     }
 
+    /// An error whose message its maker bounded (a command's output before its timeout, already
+    /// cut to its head and tail with a note): not cut again at `MAX_ERROR_BYTES`, which would drop
+    /// the tail, where a hung command shows where it hung.
+    pub(crate) fn bounded(code: &str, message: String) -> Self {
+        ToolError { name: "ToolError".into(), code: code.into(), message, events: Vec::new() }
+    }
+
     /// Adds a log-only event recorded with the failed result.
     pub fn with_event(mut self, body: impl Into<EventBody>) -> Self {
         self.events.push(body.into());
