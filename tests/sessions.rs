@@ -154,6 +154,35 @@ fn unknown_and_deleted_sessions_are_not_found_everywhere() {
     assert!(kin.child.wait().unwrap().success());
 }
 
+/// A `session/list` that cannot read the store (kin out of file descriptors here) is an error
+/// naming the cause, not an empty list that hides every stored session; once descriptors are
+/// free again it lists them.
+#[test]
+fn a_listing_that_cannot_read_the_store_fails_instead_of_listing_nothing() {
+    let dirs = Dirs::new();
+    let replay = dirs.replay();
+    replay_of(&replay, json!([answer("hi")]));
+    let mut kin = kin(&dirs, &replay, "bypass");
+    let id = open(&mut kin, &dirs.cwd());
+    assert_eq!(prompt(&mut kin, &id, "hello")["result"]["stopReason"], "end_turn");
+    let pid = kin.child.id().to_string();
+    let open_fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count();
+    let limit = |nofile: String| {
+        let set = Command::new("prlimit").args(["--pid", &pid, &format!("--nofile={nofile}")]).status();
+        assert!(set.unwrap().success(), "prlimit sets kin's open-files limit");
+    };
+    // Room for what kin holds, and none for the listing's directories.
+    limit(format!("{open_fds}:"));
+    let failed = call(&mut kin, "session/list", json!({}));
+    let said = failed["error"]["data"].as_str().unwrap_or_else(|| panic!("{failed}")).to_string();
+    assert!(said.contains("Too many open files") && said.contains("nothing was listed"), "{said}");
+    limit("4096:".into());
+    let listed = call(&mut kin, "session/list", json!({}));
+    assert_eq!(listed["result"]["sessions"][0]["sessionId"], id.as_str(), "{listed}");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
+
 #[test]
 fn deleting_a_parent_removes_its_children_and_a_child_id_is_refused() {
     let dirs = Dirs::new();

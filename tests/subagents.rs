@@ -232,7 +232,7 @@ async fn children_are_never_listed_as_top_level_sessions() {
     std::fs::create_dir_all(&cwd).unwrap();
     let id = rt.new_session(&cwd, Arc::new(Quiet)).unwrap();
     assert_eq!(rt.prompt(&id, vec![json!({"type": "text", "text": "go"})]).unwrap().await.unwrap(), TurnEnd::Completed);
-    let listed: Vec<String> = rt.list_sessions(None).into_iter().map(|(s, _)| s.header.id).collect();
+    let listed: Vec<String> = rt.list_sessions(None).unwrap().into_iter().map(|(s, _)| s.header.id).collect();
     assert_eq!(listed, [id]);
     assert_eq!(rt.store().list().len(), 2);
     // The child's request carried the persona and the filtered tool list.

@@ -405,7 +405,11 @@ impl AcpServer {
         cx.spawn(async move {
             let listed = tokio::task::spawn_blocking(move || runtime.list_sessions(req.cwd.as_deref())).await;
             let sent = match listed {
-                Ok(listed) => {
+                Ok(Err(e)) => responder.respond_with_error(
+                    Error::internal_error()
+                        .data(format!("{e}; nothing was listed (free what the error names, then list again)")),
+                ),
+                Ok(Ok(listed)) => {
                     let sessions = listed
                         .into_iter()
                         .filter_map(|(s, title)| {

@@ -46,13 +46,19 @@ impl Runtime {
 
     /// Top-level sessions (never children), newest first, optionally only those in `cwd`, each
     /// with its title (its last `session/title`; kept by the session query and its catalog
-    /// index per log). Blocking file I/O.
-    pub fn list_sessions(&self, cwd: Option<&Path>) -> Vec<(StoredSession, Option<String>)> {
+    /// index per log). When the query cannot read the store, what the store reads of every log
+    /// it can (a project directory it cannot read left out); when that finds none either, the
+    /// query's error: "no sessions" would hide every stored one from the user. Blocking file I/O.
+    pub fn list_sessions(&self, cwd: Option<&Path>) -> Result<Vec<(StoredSession, Option<String>)>, String> {
         let source = self.query.source();
-        source.top_level_titled(cwd, &CancellationToken::new()).unwrap_or_else(|e| {
-            let listed = top_level(self.every_log(&e), cwd);
+        source.top_level_titled(cwd, &CancellationToken::new()).or_else(|e| {
+            let every = self.every_log(&e);
+            if every.is_empty() {
+                return Err(format!("cannot read the sessions in {}: {e}", self.store.root().display()));
+            }
+            let listed = top_level(every, cwd);
             let titles = source.titles(&listed);
-            listed.into_iter().zip(titles).collect()
+            Ok(listed.into_iter().zip(titles).collect())
         })
     }
 
