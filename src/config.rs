@@ -799,11 +799,15 @@ fn resolve_acp_agents(
     Ok(agents)
 }
 
-/// A maximum frame size: at least `MIN_MAX_FRAME_BYTES`, so that the handshake fits.
+/// A maximum frame size: at least `MIN_MAX_FRAME_BYTES`, so that the handshake fits, and at
+/// most `MAX_MAX_FRAME_BYTES`, so that a prompt's line in the log stays one kin reads back.
 fn frame_limit(bytes: usize, origin: &str) -> Result<usize> {
-    let min = crate::acp::MIN_MAX_FRAME_BYTES;
+    let (min, max) = (crate::acp::MIN_MAX_FRAME_BYTES, crate::acp::MAX_MAX_FRAME_BYTES);
     if bytes < min {
         anyhow::bail!("{origin} must be at least {min} bytes (64 KiB), not {bytes}");
+    }
+    if bytes > max {
+        anyhow::bail!("{origin} must be at most {max} bytes (128 MiB), not {bytes}");
     }
     Ok(bytes)
 }
@@ -1212,6 +1216,10 @@ mod tests {
         std::fs::write(&file, "max_frame_bytes = 10\n").unwrap();
         let err = Config::resolve(&flags, &home).unwrap_err().to_string();
         assert!(err.contains("key `max_frame_bytes` must be at least"), "{err}");
+        std::fs::write(&file, "max_frame_bytes = 1048576\n").unwrap();
+        let huge = Overrides { max_frame_bytes: Some(1 << 30), ..flags.clone() };
+        let err = Config::resolve(&huge, &home).unwrap_err().to_string();
+        assert!(err.contains("--max-frame-bytes must be at most 134217728 bytes (128 MiB)"), "{err}");
     }
 
     #[test]

@@ -120,6 +120,42 @@ fn read_and_grep_of_a_huge_single_line_stay_bounded() {
     assert!(peak < 120 * 1024 * 1024, "kin peaked at {} MB reading a {} MB line", peak >> 20, SIZE >> 20);
 }
 
+/// A session log with 300 MB of damage after its last event (no newline, or garbage up to a
+/// newline) loads in bounded memory: the damage is cut as a torn tail without being held.
+#[test]
+fn a_huge_torn_tail_loads_without_being_held() {
+    const SIZE: usize = 300 * 1024 * 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let cwd = tmp.path().join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    replay(&tmp.path().join("replay"), &[]);
+    let (kin, id) = run_turn(tmp.path(), &cwd, "ask");
+    stop(kin);
+    let log = SessionStore::new(tmp.path().join("sessions")).locate(&id).unwrap().unwrap();
+    let clean = std::fs::metadata(&log).unwrap().len();
+    for ending in ["", "\n"] {
+        let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        let block = vec![b'x'; 1 << 20];
+        for _ in 0..SIZE >> 20 {
+            file.write_all(&block).unwrap();
+        }
+        file.write_all(ending.as_bytes()).unwrap();
+        drop(file);
+        // A load asks no model: no replay to consume.
+        let mut command = common::acp(&tmp.path().join("sessions"), None);
+        command.current_dir(&cwd);
+        let mut kin = Peer::spawn(&mut command);
+        let init = kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}), TIMEOUT);
+        assert!(init["result"].is_object(), "{init}");
+        let loaded = kin.call("session/load", json!({"sessionId": id, "cwd": cwd, "mcpServers": []}), TIMEOUT);
+        assert!(loaded["result"].is_object(), "{loaded}");
+        let peak = peak_rss(kin.child.id());
+        stop(kin);
+        assert!(peak < 120 * 1024 * 1024, "kin peaked at {} MB loading a log with a 300 MB torn tail", peak >> 20);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), clean, "the torn tail is cut ({ending:?})");
+    }
+}
+
 #[test]
 fn a_fifo_in_the_workspace_is_refused_and_kin_still_exits() {
     let tmp = tempfile::tempdir().unwrap();

@@ -174,7 +174,7 @@ fn after_response(cx: &ConnectionTo<Client>, runtime: &Runtime, id: &str, as_not
 
 pub(crate) use transport::DEFAULT_MAX_FRAME_BYTES;
 
-pub(crate) use transport::MIN_MAX_FRAME_BYTES;
+pub(crate) use transport::{MAX_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 
 /// Serves ACP on stdin/stdout until stdin closes or kin gets SIGTERM (or SIGHUP, SIGINT: a
 /// closed terminal or a Ctrl-C end kin as cleanly, its children with it), then shuts the runtime

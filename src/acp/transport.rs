@@ -41,6 +41,9 @@ use ledger::Ledger;
 pub(crate) const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// The smallest maximum frame size accepted (an `initialize` must fit).
 pub(crate) const MIN_MAX_FRAME_BYTES: usize = 64 * 1024;
+/// The largest maximum frame size accepted: a prompt's line in the log stays well within the
+/// longest line a log scan reads back (`session::scan`).
+pub(crate) const MAX_MAX_FRAME_BYTES: usize = 128 * 1024 * 1024;
 /// The buffer between kin's async side and the blocking reads of stdin and writes of stdout.
 const PIPE_BYTES: usize = 256 * 1024;
 

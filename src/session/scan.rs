@@ -57,6 +57,15 @@ impl std::error::Error for ScanError {}
 /// A header line longer than this is not a header.
 const HEADER_LIMIT: u64 = 1 << 20;
 
+/// A line longer than this is not an event kin reads (it is damage: a torn tail, or corruption
+/// before a later `turn/end`). Far above what kin writes: a prompt is at most one frame
+/// (`max_frame_bytes`, at most 128 MiB), a model's answer at most 64 MiB of stream.
+const MAX_LINE_BYTES: u64 = 512 << 20;
+/// A line is held while it is at most this long; a longer one is first read past, to its
+/// newline, and read again only when it has one and is at most `MAX_LINE_BYTES` long: a torn
+/// tail of any size (the last line, without its newline) is never held.
+const HELD_WHILE_READING: usize = 1 << 20;
+
 /// `read_header` of a log in the store (`<session dir>/session.jsonl`), refusing a header whose
 /// id is not the one its session directory names: every reader finds a session by that
 /// directory, so such a log would be listed under an id nothing could open.
@@ -326,7 +335,79 @@ fn io_error(path: &Path, e: &std::io::Error) -> ScanError {
 
 /// Scans raw log bytes (see `scan_file`).
 pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
-    scan_reader(path, &mut &bytes[..], |_, _| true)
+    scan_reader(path, &mut std::io::Cursor::new(bytes), |_, _| true)
+}
+
+/// The next line of a log, as `next_line` read it.
+#[derive(Debug, PartialEq)]
+enum Line {
+    /// The end of the file.
+    End,
+    /// A line with its newline, this many bytes long, in the buffer.
+    Whole(u64),
+    /// The file's last bytes, this many, without a newline (not held).
+    Unterminated(u64),
+    /// A long line with its newline that cannot be an event, this many bytes (not held): longer
+    /// than `MAX_LINE_BYTES`, or not a JSON object (an event line starts with `{`).
+    Damaged(u64, String),
+}
+
+/// Reads the next line, which starts at byte `start` of the reader, into `line` (cleared first,
+/// newline included), holding no more than `HELD_WHILE_READING` bytes of a line until it is
+/// known to end in a newline and to be at most `MAX_LINE_BYTES` long (then it is read again,
+/// whole).
+fn next_line<R: std::io::BufRead + std::io::Seek>(
+    reader: &mut R,
+    start: u64,
+    line: &mut Vec<u8>,
+    max_line: u64,
+) -> std::io::Result<Line> {
+    line.clear();
+    let mut taken = 0u64;
+    // The line's first byte that is not blank.
+    let mut first = None;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            line.clear();
+            return Ok(if taken == 0 { Line::End } else { Line::Unterminated(taken) });
+        }
+        let (n, ended) = match memchr::memchr(b'\n', buf) {
+            Some(at) => (at + 1, true),
+            None => (buf.len(), false),
+        };
+        if first.is_none() {
+            first = buf[..n].iter().copied().find(|b| !b.is_ascii_whitespace());
+        }
+        if line.len() + n <= HELD_WHILE_READING {
+            line.extend_from_slice(&buf[..n]);
+        } else if !line.is_empty() {
+            line.clear();
+            line.shrink_to(HELD_WHILE_READING);
+        }
+        reader.consume(n);
+        taken += n as u64;
+        if !ended {
+            continue;
+        }
+        if line.len() as u64 == taken {
+            return Ok(Line::Whole(taken));
+        }
+        if taken > max_line {
+            return Ok(Line::Damaged(
+                taken,
+                format!("a line of {taken} bytes, longer than any event kin reads ({max_line} bytes)"),
+            ));
+        }
+        if first != Some(b'{') {
+            return Ok(Line::Damaged(taken, format!("a line of {taken} bytes that is not a JSON object")));
+        }
+        // A long line that ends in a newline: read it again, whole.
+        reader.seek(std::io::SeekFrom::Start(start))?;
+        line.resize(usize::try_from(taken).unwrap_or(usize::MAX), 0);
+        std::io::Read::read_exact(reader, line)?;
+        return Ok(Line::Whole(taken));
+    }
 }
 
 /// The scan of `scan_file` over any reader. The header is checked first, from at most
@@ -335,9 +416,9 @@ pub fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scanned, ScanError> {
 /// everything after it are the torn tail.
 /// Only the events `keep` says yes to are kept; it is given each event with its line's byte
 /// offset and bytes (without the newline).
-fn scan_reader(
+fn scan_reader<R: std::io::BufRead + std::io::Seek>(
     path: &Path,
-    reader: &mut impl std::io::BufRead,
+    reader: &mut R,
     mut keep: impl FnMut(&mut Event, (u64, &[u8])) -> bool,
 ) -> Result<Scanned, ScanError> {
     use std::io::{BufRead, Read};
@@ -355,16 +436,17 @@ fn scan_reader(
     let mut committed = line.len() as u64;
     let mut torn = None;
     for number in 2.. {
-        line.clear();
-        let read = reader.read_until(b'\n', &mut line).map_err(read_error)? as u64;
-        if read == 0 {
-            break;
-        }
-        let Some(raw) = line.strip_suffix(b"\n") else {
-            torn = Some(TornTail { line: number, bytes: read, reason: "last line has no newline".into() });
-            break;
+        let (read, parsed) = match next_line(reader, committed, &mut line, MAX_LINE_BYTES).map_err(read_error)? {
+            Line::End => break,
+            Line::Unterminated(read) => {
+                torn = Some(TornTail { line: number, bytes: read, reason: "last line has no newline".into() });
+                break;
+            }
+            Line::Damaged(read, reason) => (read, Err(reason)),
+            Line::Whole(read) => (read, Ok(())),
         };
-        match parse_line(raw, length) {
+        let raw = line.strip_suffix(b"\n").unwrap_or(&line);
+        match parsed.and_then(|()| parse_line(raw, length)) {
             Ok(more) => {
                 length += more.len() as u64;
                 let at = (committed, raw);
@@ -374,14 +456,14 @@ fn scan_reader(
             Err(reason) => {
                 let mut rest = read;
                 loop {
-                    line.clear();
-                    let more = reader.read_until(b'\n', &mut line).map_err(read_error)? as u64;
-                    if more == 0 {
-                        break;
-                    }
-                    if line.strip_suffix(b"\n").is_some_and(is_turn_end) {
-                        return Err(corrupt(number, reason));
-                    }
+                    let more =
+                        match next_line(reader, committed + rest, &mut line, MAX_LINE_BYTES).map_err(read_error)? {
+                            Line::End => break,
+                            Line::Whole(_) if line.strip_suffix(b"\n").is_some_and(is_turn_end) => {
+                                return Err(corrupt(number, reason));
+                            }
+                            Line::Whole(more) | Line::Unterminated(more) | Line::Damaged(more, _) => more,
+                        };
                     rest += more;
                 }
                 torn = Some(TornTail { line: number, bytes: rest, reason });
@@ -532,6 +614,40 @@ mod tests {
         assert_eq!(read_header(&path).unwrap_err(), "header line is incomplete");
         std::fs::write(&path, " ".repeat(HEADER_LIMIT as usize + 1) + "\n").unwrap();
         assert_eq!(read_header(&path).unwrap_err(), "header line is incomplete", "a line past the cap");
+    }
+
+    #[test]
+    fn long_lines_are_held_only_when_they_can_be_events() {
+        let object = format!("{{{}}}\n", "x".repeat(3 << 20));
+        let plain = format!("{}\n", "y".repeat(2 << 20));
+        let overlong = format!("{{{}}}\n", "z".repeat(5 << 20));
+        let tail = "w".repeat(4 << 20);
+        let bytes = format!("a\n{object}{plain}{overlong}b\n{tail}");
+        let mut reader = std::io::Cursor::new(bytes.as_bytes());
+        let (mut line, mut at) = (Vec::new(), 0u64);
+        let mut next = |line: &mut Vec<u8>| {
+            let read = next_line(&mut reader, at, line, 4 << 20).unwrap();
+            at += match &read {
+                Line::Whole(n) | Line::Unterminated(n) | Line::Damaged(n, _) => *n,
+                Line::End => 0,
+            };
+            read
+        };
+        assert_eq!(next(&mut line), Line::Whole(2));
+        assert_eq!(line, b"a\n");
+        assert_eq!(next(&mut line), Line::Whole(object.len() as u64), "read again, whole");
+        assert_eq!(line, object.as_bytes());
+        let Line::Damaged(n, why) = next(&mut line) else { panic!() };
+        assert_eq!((n, why.contains("not a JSON object")), (plain.len() as u64, true), "{why}");
+        assert!(line.is_empty(), "not held");
+        let Line::Damaged(n, why) = next(&mut line) else { panic!() };
+        assert_eq!((n, why.contains("longer than any event kin reads")), (overlong.len() as u64, true), "{why}");
+        assert_eq!(next(&mut line), Line::Whole(2), "the line after a damaged one");
+        assert_eq!(line, b"b\n");
+        let mut fresh = Vec::new();
+        assert_eq!(next(&mut fresh), Line::Unterminated(tail.len() as u64));
+        assert!(fresh.capacity() <= 2 * HELD_WHILE_READING, "a torn tail is not held: {}", fresh.capacity());
+        assert_eq!(next(&mut line), Line::End);
     }
 
     #[test]
