@@ -480,6 +480,30 @@ async fn a_failed_calls_streamed_text_is_kept() {
     assert!(next.messages.iter().any(|m| m["role"] == "assistant"), "the next turn's model sees it");
 }
 
+/// A failed call's kept text is bounded: a model that streamed 3 MB before the call failed (a
+/// looping server stopped at the response limit streams up to 64 MiB) leaves its first and last
+/// 50 000 bytes in the history, the cut noted, not every byte for every later request.
+#[tokio::test]
+async fn a_failed_calls_kept_text_is_bounded() {
+    let (head, tail) = ("h".repeat(1_500_000), "t".repeat(1_500_000));
+    let streamed = text_response(&[head.as_str(), tail.as_str()]);
+    let f = start(
+        vec![ReplayEntry::Throw {
+            chunks: streamed[..3].to_vec(),
+            message: "too large".into(),
+            code: "PROVIDER_ERROR".into(),
+        }],
+        5,
+    );
+    assert_eq!(f.handle.followup(text("a"), user()).unwrap().await.unwrap(), TurnEnd::Error("too large".into()));
+    let events = f.events().await;
+    let message = events.iter().find(|e| e.kind == "assistant/message").expect("the partial text is kept");
+    let kept = message.data["message"]["content"][0]["text"].as_str().unwrap();
+    assert!(kept.len() < 100_100, "{} bytes kept", kept.len());
+    assert!(kept.starts_with(&"h".repeat(50_000)) && kept.ends_with(&"t".repeat(50_000)));
+    assert!(kept.contains("[... 2900000 bytes omitted ...]"), "the cut says so");
+}
+
 #[tokio::test]
 async fn shutdown_disposes_queued_turns_and_flushes() {
     let f = start(vec![ReplayEntry::Hang { chunks: vec![], ready_file: None }], 5);

@@ -388,17 +388,29 @@ pub(super) fn write_retry(session: &mut Session, retry: RetryInfo, turn: u64, st
     session.push(retry.event(turn, step));
 }
 
-/// A cancelled call's text stays in the log (and the history) as an `assistant/message`: its
-/// text blocks as far as they streamed (a finished one whole), without reasoning or half-streamed
-/// tool calls, and no usage. A call cut off before any text writes nothing.
+/// What a kept partial answer holds of each text block: its first and last 50 000 bytes, the
+/// cut noted (a call stopped for streaming past the response limit sent up to 64 MiB, which the
+/// history would otherwise send with every later request).
+const KEPT_PARTIAL: crate::tools::capture::Limits = crate::tools::capture::Limits { head: 50_000, tail: 50_000 };
+
+/// A cancelled or failed call's text stays in the log (and the history) as an `assistant/message`:
+/// its text blocks as far as they streamed (a finished one whole), each bounded by `KEPT_PARTIAL`,
+/// without reasoning or half-streamed tool calls, and no usage. A call cut off before any text
+/// writes nothing.
 fn keep_partial(session: &mut Session, deps: &AgentDeps, turn: u64, step: u64, call: Call) {
     let Call { mut blocks, texts, chunk_seqs, .. } = call;
     let partial: Vec<Value> = texts
         .into_iter()
         .filter(|(_, text)| !text.is_empty())
-        .map(|(index, text)| match blocks.remove(&index) {
-            Some(block) if block["type"] == "text" => block,
-            _ => json!({"type": "text", "text": text}),
+        .map(|(index, text)| {
+            let mut block = match blocks.remove(&index) {
+                Some(block) if block["type"] == "text" => block,
+                _ => json!({"type": "text", "text": text}),
+            };
+            if let Some(long) = block["text"].as_str().filter(|t| t.len() > KEPT_PARTIAL.total()) {
+                block["text"] = json!(crate::tools::capture::ends_of(long, KEPT_PARTIAL));
+            }
+            block
         })
         .collect();
     if partial.is_empty() {
