@@ -97,8 +97,9 @@ pub(super) fn notify(cx: &ConnectionTo<Client>, session: &str, update: SessionUp
     }
 }
 
-/// A session's model usage: totals over its own model calls, the size of the last call (input
-/// plus output tokens: what its context holds now), and the cost of the calls on priced routes.
+/// A session's model usage: totals over its own model calls (its compactions' summary calls
+/// too), what its context holds now (the last call's input plus output tokens, less what a
+/// compaction since shadowed, plus its checkpoint), and the cost of the calls on priced routes.
 #[derive(Default)]
 struct Usage {
     input: u64,
@@ -113,19 +114,34 @@ impl Usage {
     /// Adds the `usage` of an `assistant/message`, if it has one (priced at `price`); true if
     /// it had.
     fn add(&mut self, usage: Option<&Value>, price: Option<Price>) -> bool {
-        let Some(usage) = usage.filter(|u| u.is_object()) else {
+        let Some((input, output)) = self.total(usage, price) else {
             return false;
         };
+        self.context = input + output;
+        true
+    }
+
+    /// Adds a compaction: its summary call to the totals (its size is not what the context
+    /// holds), and the context less what it shadowed, plus the checkpoint that replaced it.
+    fn compacted(&mut self, summary: &event::CompactSummary, price: Option<Price>) {
+        self.total(summary.usage.as_ref(), price);
+        let checkpoint = crate::agent::compact::checkpoint_tokens(&summary.summary);
+        self.context = self.context.saturating_sub(summary.shadowed_token_count) + checkpoint;
+    }
+
+    /// Adds a call's `usage` (priced at `price`) to the totals: its input and output tokens, or
+    /// `None` when it has none.
+    fn total(&mut self, usage: Option<&Value>, price: Option<Price>) -> Option<(u64, u64)> {
+        let usage = usage.filter(|u| u.is_object())?;
         let input = usage["inputTokens"].as_u64().unwrap_or(0);
         let output = usage["outputTokens"].as_u64().unwrap_or(0);
         self.input += input;
         self.output += output;
         self.calls += 1;
-        self.context = input + output;
         if let Some(price) = price {
             self.cost = Some(self.cost.unwrap_or(0.0) + price.cost(input, output));
         }
-        true
+        Some((input, output))
     }
 
     /// `usage_update`: `used` is the last call's input plus output tokens, `size` the route's
@@ -148,8 +164,32 @@ impl Usage {
 #[derive(Default)]
 struct State {
     usage: Usage,
+    /// The context window of the route of the last model answer counted (the meter's size).
+    window: Option<u64>,
     /// A child's last announced state was `running`.
     running: bool,
+}
+
+impl State {
+    /// Counts a model answer or a compaction (`models` tells their routes' prices and windows);
+    /// the `usage_update` the meter then shows, when the session's window is known.
+    fn count(&mut self, body: &EventBody, models: &ModelTable) -> Option<SessionUpdate> {
+        match body {
+            EventBody::AssistantMessage(message) => {
+                let info = models.info(&route_of(message));
+                if !self.usage.add(message.usage.as_ref(), info.price) {
+                    return None;
+                }
+                self.window = info.context_window;
+            }
+            EventBody::CompactSummary(summary) => {
+                let route = ModelRoute { provider: summary.provider.clone(), model: summary.model.clone() };
+                self.usage.compacted(summary, models.info(&route).price);
+            }
+            _ => return None,
+        }
+        self.window.map(|size| self.usage.update(size))
+    }
 }
 
 /// Forwards a session's events to the client as `session/update` notifications: a top-level
@@ -180,14 +220,11 @@ impl Forwarder {
     pub(super) fn count(&self, events: &[Event]) -> Option<SessionUpdate> {
         let own = events.iter().position(|e| e.kind == Kind::SessionEndSeed).map_or(0, |i| i + 1);
         let mut state = self.state();
-        let mut window = None;
-        for message in events[own..].iter().filter_map(Event::get::<event::AssistantMessage>) {
-            let info = self.tree.models.info(&route_of(&message));
-            if state.usage.add(message.usage.as_ref(), info.price) {
-                window = info.context_window;
-            }
+        let counted = [Kind::AssistantMessage, Kind::CompactSummary];
+        for event in events[own..].iter().filter(|e| counted.contains(&e.kind)) {
+            state.count(&event.body(), &self.tree.models);
         }
-        window.map(|size| state.usage.update(size))
+        state.window.map(|size| state.usage.update(size))
     }
 
     fn send(&self, session: &str, update: SessionUpdate) {
@@ -276,17 +313,11 @@ impl SessionObserver for Forwarder {
             }
             self.send(&header.id, update);
         }
-        // Every client hears the usage after each model call, when the route's window is known.
-        if let EventBody::AssistantMessage(message) = &body {
-            let info = self.tree.models.info(&route_of(message));
-            let update = {
-                let mut state = self.state();
-                let counted = state.usage.add(message.usage.as_ref(), info.price);
-                info.context_window.filter(|_| counted).map(|size| state.usage.update(size))
-            };
-            if let Some(update) = update {
-                self.send(&header.id, update);
-            }
+        // Every client hears the usage after each model call and each compaction, when the
+        // session's window is known.
+        let update = self.state().count(&body, &self.tree.models);
+        if let Some(update) = update {
+            self.send(&header.id, update);
         }
         if !tree {
             return;
@@ -613,5 +644,33 @@ mod tests {
         usage.add(Some(&json!({"inputTokens": 1_000_000, "outputTokens": 100_000})), Some(price));
         let wire = serde_json::to_value(usage.update(128_000)).unwrap();
         assert_eq!(wire["cost"], json!({"amount": 3.0, "currency": "USD"}));
+    }
+
+    #[test]
+    fn a_compaction_counts_its_summary_call_and_moves_the_meter() {
+        let mut usage = Usage::default();
+        usage.add(Some(&json!({"inputTokens": 11_000, "outputTokens": 74})), None);
+        let summary = event::CompactSummary {
+            summary: vec![json!({"type": "text", "text": "What happened so far."})],
+            raw_output: None,
+            shadowed_range: event::SeqRange { start: 1, end: 9 },
+            shadowed_seqs: (1..=9).collect(),
+            shadowed_token_count: 7_000,
+            provider: "p".into(),
+            model: "m".into(),
+            max_tokens: None,
+            usage: Some(json!({"inputTokens": 11_500, "outputTokens": 100})),
+        };
+        let price = Price { input_per_mtok: 1.0, output_per_mtok: 1.0 };
+        usage.compacted(&summary, Some(price));
+        let checkpoint = crate::agent::compact::checkpoint_tokens(&summary.summary);
+        let wire = serde_json::to_value(usage.update(20_000)).unwrap();
+        assert_eq!(
+            wire["used"].as_u64(),
+            Some(11_074 - 7_000 + checkpoint),
+            "less what it shadowed, plus the checkpoint"
+        );
+        assert_eq!(wire["_meta"]["kin"], json!({"inputTokens": 22_500, "outputTokens": 174, "modelCalls": 2}));
+        assert_eq!(wire["cost"], json!({"amount": 0.0116, "currency": "USD"}), "the summary call is paid for");
     }
 }
