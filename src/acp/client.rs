@@ -88,7 +88,7 @@ fn permission_request(request: PermissionRequest) -> RequestPermissionRequest {
     if let Some(content) = convert::request_content(&request.access, &request.cwd) {
         fields = fields.content(vec![content]);
     }
-    let call = ToolCallUpdate::new(request.call_id, fields.raw_input(request.raw_input));
+    let call = ToolCallUpdate::new(request.call_id, fields.raw_input(convert::shown_input(request.raw_input)));
     RequestPermissionRequest::new(request.session_id, call, options(request.keeps_always))
 }
 
@@ -128,7 +128,7 @@ impl PermissionPrompt for EditorPrompt {
                 let call = ToolCall::new(call_id.clone(), request.title.clone())
                     .kind(convert::tool_kind(&request.access))
                     .status(ToolCallStatus::Pending)
-                    .raw_input(request.raw_input.clone());
+                    .raw_input(convert::shown_input(request.raw_input.clone()));
                 super::tree::notify(&cx, &child, SessionUpdate::ToolCall(call));
             } else {
                 super::tree::notify(&cx, &child, status(ToolCallStatus::Pending));
@@ -279,6 +279,35 @@ mod tests {
         let unknown = Access::Execute { command: String::new(), workdir: None };
         assert!(convert::request_content(&unknown, Path::new("/w")).is_none());
         assert!(convert::request_content(&Access::Edit { paths: Vec::new() }, Path::new("/w")).is_none());
+    }
+
+    #[test]
+    fn a_huge_command_request_shows_its_ends_and_says_what_is_cut() {
+        let command = format!("echo start\n{}\necho end", "x".repeat(1_000_000));
+        let raw_input = serde_json::json!({"command": command, "description": "Print"});
+        let request = PermissionRequest {
+            session_id: "s1".into(),
+            call_id: "c1".into(),
+            tool: "bash".into(),
+            title: crate::tools::bash::BashTool::default().title(&raw_input),
+            raw_input: raw_input.clone(),
+            access: crate::tools::bash::BashTool::default().access(&raw_input),
+            cwd: "/w".into(),
+            in_workspace: true,
+            keeps_always: true,
+            on_behalf_of: None,
+            unannounced: false,
+        };
+        let wire = serde_json::to_value(permission_request(request)).unwrap();
+        let frame = wire.to_string().len();
+        assert!(frame < 200 * 1024, "the request is bounded: {frame} bytes");
+        let text = wire["toolCall"]["content"][0]["content"]["text"].as_str().unwrap();
+        assert!(text.starts_with("Working directory: `/w`\n\n```sh\necho start\n"), "{}", &text[..100]);
+        assert!(text.ends_with("\necho end\n```"), "the end of the command is shown");
+        assert!(text.contains("bytes omitted ...]"), "the cut says so");
+        let shown = wire["toolCall"]["rawInput"]["command"].as_str().unwrap();
+        assert!(shown.starts_with("echo start") && shown.ends_with("echo end") && shown.contains("bytes omitted"));
+        assert_eq!(wire["toolCall"]["rawInput"]["description"], "Print");
     }
 
     #[test]

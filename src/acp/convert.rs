@@ -363,7 +363,58 @@ fn tool_call_update(call: &event::ToolCall, tools: &ToolRegistry, cwd: &Path) ->
     if !locations.is_empty() {
         update = update.locations(locations);
     }
-    SessionUpdate::ToolCall(update.raw_input(args))
+    SessionUpdate::ToolCall(update.raw_input(shown_input(args)))
+}
+
+/// The most bytes of a call's raw input (as JSON) an editor is sent: a model's arguments can be
+/// as long as its response (64 MiB), which the editor would hold and render in one frame.
+pub(crate) const MAX_SHOWN_INPUT_BYTES: usize = 64 * 1024;
+
+/// Each string of a longer raw input keeps its first and last bytes, the cut noted.
+const SHOWN_INPUT_STRING: Limits = Limits { head: 2048, tail: 2048 };
+
+/// A call's raw input as an editor is shown it: whole up to `MAX_SHOWN_INPUT_BYTES` of JSON; else
+/// with each string cut to its ends (`SHOWN_INPUT_STRING`, the cut noted in it); else, when that
+/// is still too long (a huge array or object), a string saying how long it was. The log and the
+/// tool keep the input whole.
+pub(super) fn shown_input(args: Value) -> Value {
+    let size = json_len(&args);
+    if size <= MAX_SHOWN_INPUT_BYTES {
+        return args;
+    }
+    let cut = cut_strings(args);
+    if json_len(&cut) <= MAX_SHOWN_INPUT_BYTES {
+        return cut;
+    }
+    json!(format!("[raw input of {size} bytes not shown: longer than {MAX_SHOWN_INPUT_BYTES} bytes]"))
+}
+
+/// The length of `value` as compact JSON, counted without building the text.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
+}
+
+/// `value` with each string longer than `SHOWN_INPUT_STRING` cut to its ends, the cut noted.
+fn cut_strings(value: Value) -> Value {
+    match value {
+        Value::String(text) if text.len() > SHOWN_INPUT_STRING.total() => {
+            Value::String(crate::tools::capture::ends_of(&text, SHOWN_INPUT_STRING))
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(cut_strings).collect()),
+        Value::Object(fields) => Value::Object(fields.into_iter().map(|(key, v)| (key, cut_strings(v))).collect()),
+        other => other,
+    }
 }
 
 /// `tool/result` → a `tool_call_update` (completed or failed, with the result text, or the diff
@@ -461,8 +512,13 @@ fn code_span(text: &str) -> String {
     format!("{ticks}{pad}{text}{pad}{ticks}")
 }
 
-/// What a permission request shows besides its title, which is cut: for a command, the whole
-/// command and the directory it runs in (`workdir` resolved against `cwd`, the session's).
+/// How much of a command a permission request shows: its first and last bytes, the cut noted
+/// in the block (the user can refuse a command too long to read).
+const SHOWN_COMMAND: Limits = Limits { head: 32 * 1024, tail: 16 * 1024 };
+
+/// What a permission request shows besides its title, which is cut: for a command, the command
+/// (whole up to `SHOWN_COMMAND`) and the directory it runs in (`workdir` resolved against
+/// `cwd`, the session's).
 pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallContent> {
     let text = match access {
         Access::Execute { command, workdir } | Access::ExecuteSandboxed { command, workdir } if !command.is_empty() => {
@@ -479,6 +535,7 @@ pub(super) fn request_content(access: &Access, cwd: &Path) -> Option<ToolCallCon
             // A fence longer than any run of backticks in the command, so the command cannot end it.
             let fence = "`".repeat(longest_backticks(command).max(2) + 1);
             let command = crate::tools::shown_plainly(command);
+            let command = crate::tools::capture::ends_of(&command, SHOWN_COMMAND);
             format!("Working directory: {dir}\n\n{fence}sh\n{command}\n{fence}")
         }
         Access::Execute { .. }
@@ -721,6 +778,26 @@ mod tests {
         assert_eq!(unknown["title"], "mcp_tool");
         assert!(unknown.get("kind").is_none(), "`other`, the default kind, is left out: {unknown}");
         assert!(unknown.get("locations").is_none(), "{unknown}");
+    }
+
+    #[test]
+    fn a_huge_raw_input_reaches_the_editor_cut_and_saying_so() {
+        let content = format!("first line\n{}\nlast line", "y".repeat(5_000_000));
+        let write = call("write", json!({"file_path": "big.txt", "content": content}));
+        let shown = &write["rawInput"];
+        assert!(shown.to_string().len() <= MAX_SHOWN_INPUT_BYTES, "bounded");
+        assert_eq!(shown["file_path"], "big.txt", "short fields stay whole");
+        let text = shown["content"].as_str().unwrap();
+        assert!(text.starts_with("first line\n") && text.ends_with("\nlast line"), "its ends are kept");
+        assert!(text.contains(&format!("[... {} bytes omitted ...]", content.len() - 4096)), "{}", &text[2040..2100]);
+        // Too many fields to cut down: a note of how long it was instead.
+        let many: Vec<String> = (0..20_000).map(|i| format!("item {i}")).collect();
+        let wide = call("todo_write", json!({"todos": many}));
+        let note = wide["rawInput"].as_str().unwrap();
+        assert!(note.starts_with("[raw input of ") && note.ends_with(" bytes not shown: longer than 65536 bytes]"));
+        // Up to the limit, the input is shown whole.
+        let edge = json!({"content": "z".repeat(MAX_SHOWN_INPUT_BYTES - 20)});
+        assert_eq!(shown_input(edge.clone()), edge);
     }
 
     #[test]
