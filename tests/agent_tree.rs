@@ -247,6 +247,38 @@ fn cancelling_a_child_by_its_id_cancels_that_child_only() {
 }
 
 #[test]
+fn closing_the_parent_while_its_child_works_records_the_delegation_as_cancelled() {
+    let (tmp, cwd, sessions) = dirs();
+    let replay = tmp.path().join("replay");
+    std::fs::create_dir_all(&replay).unwrap();
+    for name in ["session.jsonl", "session.1.jsonl"] {
+        std::fs::copy(scenario("subagent-spawn").join(name), replay.join(name)).unwrap();
+    }
+    let entry = json!({"kind": "hang", "readyFile": ".child-ready", "chunks": []});
+    let hang = json!({"patches": [{"script": 1, "at": 0, "entry": entry}]});
+    std::fs::write(replay.join("replay.override.json"), hang.to_string()).unwrap();
+    let mut kin = replaying(&sessions, &replay, &cwd);
+    initialize(&mut kin, true);
+    let parent = kin.new_session(&cwd);
+    let id =
+        kin.request("session/prompt", json!({"sessionId": parent, "prompt": [{"type": "text", "text": SPAWN_PROMPT}]}));
+    wait_for(&cwd.join(".child-ready"));
+    let close = kin.request("session/close", json!({"sessionId": parent}));
+    let answers = kin.responses(&[id, close], WAIT);
+    assert_eq!(answers[&close]["result"], json!({}), "{answers:#?}");
+    assert_eq!(answers[&id]["result"]["stopReason"], "cancelled", "{answers:#?}");
+
+    // The parent's log says the delegation was cancelled, not that kin broke.
+    let store = kin::testkit::session::SessionStore::new(&sessions);
+    let log = store.inspect(&parent).unwrap();
+    let result = log.events.iter().find(|e| e.kind == "tool/result").expect("the delegation's result is written");
+    let text = result.data["message"]["content"][0]["content"][0]["text"].as_str().unwrap_or_default().to_string();
+    assert_eq!(result.data["error"]["code"], "ABORTED", "{:#}", result.data);
+    assert!(text.contains("subagent run was cancelled"), "{text}");
+    kin.exit();
+}
+
+#[test]
 fn without_the_capability_no_subagent_updates_leak() {
     let (_tmp, cwd, sessions) = dirs();
     let mut kin = replaying(&sessions, &scenario("subagent-spawn"), &cwd);

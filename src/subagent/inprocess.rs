@@ -257,10 +257,13 @@ async fn drive(
         }
     }
     .map_err(|_| SubagentError::new(ErrorCode::Infrastructure, "the child agent stopped before its turn ended"))?;
-    let output = child
-        .read(|s| last_assistant_text(s.events(), first_live_seq(s.events())))
-        .await
-        .map_err(|e| SubagentError::new(ErrorCode::Infrastructure, e.to_string()))?;
+    // A child shut down with its turn (its parent's session closed) has no answer to read: the
+    // run ends as what stopped it, not as a fault.
+    let output = match child.read(|s| last_assistant_text(s.events(), first_live_seq(s.events()))).await {
+        Ok(output) => output,
+        Err(_) if cancel.is_cancelled() || matches!(end, TurnEnd::Disposed) => String::new(),
+        Err(e) => return Err(SubagentError::new(ErrorCode::Infrastructure, e.to_string())),
+    };
     let structured = capture.lock().ok().and_then(|c| c.clone());
     let (mut stop_reason, mut failure) = match end {
         TurnEnd::Completed => (StopReason::Completed, None),
