@@ -35,6 +35,12 @@ fn valid_id(id: &Value) -> bool {
     id.is_string() || id.is_i64() || id.is_u64() || id.is_null()
 }
 
+/// The id a frame with a method that kin cannot serve is answered with: its own when the client
+/// can match it (a string or an integer), else null.
+fn matched_id(id: &Value) -> Value {
+    if id.is_string() || id.is_i64() { id.clone() } else { Value::Null }
+}
+
 /// The answer to a well-formed request to `method` with `id`: refused before `initialize`
 /// (unless it is `initialize`), else `after`.
 fn request(id: &Value, method: &str, initialized: bool, after: Answer) -> Answer {
@@ -52,7 +58,9 @@ fn request(id: &Value, method: &str, initialized: bool, after: Answer) -> Answer
 fn bad_params(method: &str) -> i64 {
     match method {
         "initialize" | "session/new" | "session/prompt" | "session/load" | "session/list" => -32602,
-        "session/cancel" | "nope/x" | "" => -32601,
+        // A notification sent as a request is refused as such.
+        "session/cancel" => -32600,
+        "nope/x" | "" => -32601,
         other => panic!("no expectation for method {other:?}"),
     }
 }
@@ -73,7 +81,7 @@ fn hostile(rng: &mut fastrand::Rng, session: &str, initialized: bool) -> (Vec<u8
         3 => (
             json!({"jsonrpc": "2.0", "id": id, "method": method, "params": "x".repeat(rng.usize(1..200_000))})
                 .to_string(),
-            Answer::Error(Value::Null, -32600),
+            Answer::Error(matched_id(&id), if matched_id(&id).is_null() { -32600 } else { -32602 }),
         ),
         4 => (
             json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {"sessionId": 42, "cwd": [], "prompt": "no"}})
@@ -81,7 +89,7 @@ fn hostile(rng: &mut fastrand::Rng, session: &str, initialized: bool) -> (Vec<u8
             request(&id, method, initialized, Answer::Error(id.clone(), bad_params(method))),
         ),
         5 => (json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}).to_string(), Answer::Nothing),
-        6 => (json!({"jsonrpc": "1.0", "id": id, "method": method}).to_string(), Answer::Error(Value::Null, -32600)),
+        6 => (json!({"jsonrpc": "1.0", "id": id, "method": method}).to_string(), Answer::Error(matched_id(&id), -32600)),
         7 => (json!({"jsonrpc": "2.0", "id": id, "result": {"unexpected": true}}).to_string(), Answer::Nothing),
         8 => (
             json!({"jsonrpc": "2.0", "id": id, "method": "session/load", "params": {"sessionId": "../../../etc/passwd\u{0}", "cwd": "/", "mcpServers": []}}).to_string(),

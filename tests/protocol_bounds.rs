@@ -1,6 +1,8 @@
 //! kin's own protocol channel under load, in the real binary over pipes: a frame longer than the
 //! maximum frame size is answered with a JSON-RPC error (with its id when the start of the frame
 //! holds it) and kin keeps serving, without ever holding the frame (its peak RSS stays bounded);
+//! a request sent wrong (params not an object, no `"jsonrpc": "2.0"`, a notification sent as a
+//! request, an id too long to echo) is told what is wrong under its id (or a null one);
 //! concurrent `session/load` and `session/resume` of one session from one client all succeed.
 
 use std::io::Write;
@@ -85,6 +87,45 @@ fn an_oversize_frame_is_refused_with_its_id_and_kin_keeps_serving() {
     // Still serving.
     let listed = kin.call("session/list", json!({}), TIMEOUT);
     assert!(listed["result"]["sessions"].is_array(), "{listed}");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
+
+/// A request kin cannot serve as sent is answered with its id and what is wrong with it (the
+/// SDK alone would answer with a null id the client cannot match, or "Method not found" for a
+/// notification sent as a request); an id too long to echo is refused without being echoed.
+#[test]
+fn a_request_sent_wrong_is_told_what_is_wrong_under_its_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut kin = initialized(&mut common::acp(&tmp.path().join("sessions"), None));
+    let mut send = |frame: Value| {
+        let stdin = kin.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{frame}").unwrap();
+        stdin.flush().unwrap();
+    };
+    send(json!({"jsonrpc": "2.0", "id": 21, "method": "session/list", "params": "all"}));
+    send(json!({"id": "a", "method": "session/list", "params": {}}));
+    send(json!({"jsonrpc": "2.0", "id": 22, "method": "session/cancel", "params": {"sessionId": "s"}}));
+    send(json!({"jsonrpc": "2.0", "id": "i".repeat(2000), "method": "session/list", "params": {}}));
+    let expect = |id: Value, code: i64, message: &str| {
+        let refused = answer(&kin, id);
+        assert_eq!(
+            (refused["error"]["code"].as_i64(), refused["error"]["message"].as_str()),
+            (Some(code), Some(message))
+        );
+    };
+    expect(json!(21), -32602, "Invalid params: params must be an object");
+    expect(json!("a"), -32600, r#"Invalid request: it lacks "jsonrpc": "2.0""#);
+    expect(json!(22), -32600, "Invalid request: session/cancel is a notification: send it without an id");
+    let long = "Invalid request: its id is longer than 1024 bytes; use a number or a short string";
+    expect(Value::Null, -32600, long);
+    // An id longer than the start kin reads of a frame: refused the same way, not echoed.
+    write_huge(&mut kin, r#"{"jsonrpc":"2.0","id":""#, 100_000, r#"","method":"session/list","params":{}}"#);
+    let refused = answer(&kin, Value::Null);
+    assert_eq!(refused["error"]["message"], long);
+    assert!(refused.to_string().len() < 1024);
+    let listed = kin.call("session/list", json!({}), TIMEOUT);
+    assert!(listed["result"]["sessions"].is_array(), "still serving: {listed}");
     kin.close_stdin();
     assert!(kin.child.wait().unwrap().success());
 }

@@ -125,8 +125,6 @@ impl Output {
     }
 }
 
-/// Whether an outgoing line is a `session/update` notification (what `outflow` counts): the
-/// SDK writes `jsonrpc` and `method` first.
 /// The most bytes an error response kin writes may take.
 const MAX_ERROR_LINE: usize = 64 * 1024;
 
@@ -151,6 +149,8 @@ fn bounded_error(line: String) -> String {
     serde_json::to_string(&frame).unwrap_or(line)
 }
 
+/// Whether an outgoing line is a `session/update` notification (what `outflow` counts): the
+/// SDK writes `jsonrpc` and `method` first.
 fn is_session_update(line: &str) -> bool {
     const METHOD: &[u8] = b"\"method\":\"session/update\"";
     let head = &line.as_bytes()[..line.len().min(64)];
@@ -197,6 +197,15 @@ fn incoming(
                     }
                     shape if let Some(defect) = shape.answer_defect(line.len() <= ID_PREFIX_BYTES) => {
                         Refused::bad_answer(shape.id(), defect)
+                    }
+                    // A frame with a method and an id the SDK cannot serve: answered here with
+                    // its id and what is wrong (the SDK answers with a null id).
+                    shape if let Some((id, code, why)) = shape.request_defect(line.len() <= ID_PREFIX_BYTES) => {
+                        Refused::bad_request(id, code, why.to_string())
+                    }
+                    shape if shape.is_request() && shape.method_name.as_deref() == Some("session/cancel") => {
+                        let why = "Invalid request: session/cancel is a notification: send it without an id";
+                        Refused::bad_request(shape.id(), -32600, why.to_string())
                     }
                     shape => {
                         ledger.saw(&shape);
@@ -289,6 +298,12 @@ impl Refused {
             ),
             data: Value::Null,
         }
+    }
+
+    /// A request kin cannot serve as sent (`Shape::request_defect`, a notification sent as a
+    /// request), answered with `id` and why.
+    fn bad_request(id: Value, code: i64, message: String) -> Self {
+        Refused { answer: false, id, code, message, data: Value::Null }
     }
 
     /// A request that is not JSON as the SDK parses it (a lone surrogate escape, a number out

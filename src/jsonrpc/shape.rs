@@ -9,6 +9,8 @@ use serde_json::Value;
 #[derive(Debug, PartialEq)]
 pub(crate) struct Shape {
     id: Option<Value>,
+    /// An `id` member started (its value may be cut off with the start).
+    id_seen: bool,
     pub(crate) method: bool,
     /// The method, when it is a string.
     pub(crate) method_name: Option<String>,
@@ -28,6 +30,7 @@ impl Default for Shape {
     fn default() -> Self {
         Shape {
             id: None,
+            id_seen: false,
             method: false,
             method_name: None,
             result_or_error: false,
@@ -94,7 +97,45 @@ impl Shape {
         let id = matches!(&self.id, Some(Value::String(_))) || self.id.as_ref().is_some_and(|id| id.is_i64());
         id && self.method_name.is_some() && !self.result_or_error && self.version_2 && self.params_fit
     }
+
+    /// Why a frame with a method and an id cannot be served, answered as `(id, code, message)`:
+    /// an id longer than `MAX_ID_BYTES` (answered with a null id, as it is not echoed), and, for
+    /// a frame the SDK would answer with a null id the client cannot match, what it lacks, with
+    /// its id; `None` for a request the SDK serves and any other frame. `whole`: the shape was
+    /// read from the whole frame (a member past a cut start is not known to be missing).
+    pub(crate) fn request_defect(&self, whole: bool) -> Option<(Value, i64, &'static str)> {
+        // An id cut off with the start: what follows it (the method) is not known either.
+        let cut_id = self.id_seen && self.id.is_none() && !whole;
+        let long_id = matches!(&self.id, Some(Value::String(id)) if id.len() > MAX_ID_BYTES);
+        if cut_id || (long_id && self.method && !self.result_or_error) {
+            return Some((
+                Value::Null,
+                -32600,
+                "Invalid request: its id is longer than 1024 bytes; use a number or a short string",
+            ));
+        }
+        if !self.method || self.result_or_error {
+            return None;
+        }
+        let id = self.id();
+        if id.is_null() || (id.is_number() && !self.id.as_ref().is_some_and(Value::is_i64)) {
+            return None;
+        }
+        if self.method_name.is_none() {
+            return Some((id, -32600, "Invalid request: its method is not a string"));
+        }
+        if !self.params_fit {
+            return Some((id, -32602, "Invalid params: params must be an object"));
+        }
+        if !self.version_2 && whole {
+            return Some((id, -32600, r#"Invalid request: it lacks "jsonrpc": "2.0""#));
+        }
+        None
+    }
 }
+
+/// The longest id a request may have: it is echoed in every answer.
+pub(crate) const MAX_ID_BYTES: usize = 1024;
 
 struct Seek<'a>(&'a mut Shape);
 
@@ -108,7 +149,10 @@ impl<'de> Visitor<'de> for Seek<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
-                "id" => self.0.id = Some(map.next_value::<Value>()?),
+                "id" => {
+                    self.0.id_seen = true;
+                    self.0.id = Some(map.next_value::<Value>()?);
+                }
                 "method" => {
                     self.0.method = true;
                     self.0.method_name = map.next_value::<Value>()?.as_str().map(str::to_string);
