@@ -202,22 +202,29 @@ fn a_subscribed_client_sees_the_child_announced_linked_streamed_and_settled() {
     kin.exit();
 }
 
-#[test]
-fn cancelling_a_child_by_its_id_cancels_that_child_only() {
-    let (tmp, cwd, sessions) = dirs();
-    let replay = tmp.path().join("replay");
+/// The `subagent-spawn` scenario under `tmp`, its child streaming `chunks` and then hanging
+/// (writing `.child-ready` in the cwd) until it is cancelled.
+fn hanging_child(tmp: &Path, chunks: Value) -> PathBuf {
+    let replay = tmp.join("replay");
     std::fs::create_dir_all(&replay).unwrap();
     for name in ["session.jsonl", "session.1.jsonl"] {
         std::fs::copy(scenario("subagent-spawn").join(name), replay.join(name)).unwrap();
     }
+    let entry = json!({"kind": "hang", "readyFile": ".child-ready", "chunks": chunks});
+    let hang = json!({"patches": [{"script": 1, "at": 0, "entry": entry}]});
+    std::fs::write(replay.join("replay.override.json"), hang.to_string()).unwrap();
+    replay
+}
+
+#[test]
+fn cancelling_a_child_by_its_id_cancels_that_child_only() {
+    let (tmp, cwd, sessions) = dirs();
     // The child streams a little, then hangs until it is cancelled.
     let chunks = json!([
         {"type": "block-start", "index": 0, "blockType": "text"},
         {"type": "text-delta", "index": 0, "text": "working"}
     ]);
-    let entry = json!({"kind": "hang", "readyFile": ".child-ready", "chunks": chunks});
-    let hang = json!({"patches": [{"script": 1, "at": 0, "entry": entry}]});
-    std::fs::write(replay.join("replay.override.json"), hang.to_string()).unwrap();
+    let replay = hanging_child(tmp.path(), chunks);
     let mut kin = replaying(&sessions, &replay, &cwd);
     initialize(&mut kin, true);
     let parent = kin.new_session(&cwd);
@@ -249,14 +256,7 @@ fn cancelling_a_child_by_its_id_cancels_that_child_only() {
 #[test]
 fn closing_the_parent_while_its_child_works_records_the_delegation_as_cancelled() {
     let (tmp, cwd, sessions) = dirs();
-    let replay = tmp.path().join("replay");
-    std::fs::create_dir_all(&replay).unwrap();
-    for name in ["session.jsonl", "session.1.jsonl"] {
-        std::fs::copy(scenario("subagent-spawn").join(name), replay.join(name)).unwrap();
-    }
-    let entry = json!({"kind": "hang", "readyFile": ".child-ready", "chunks": []});
-    let hang = json!({"patches": [{"script": 1, "at": 0, "entry": entry}]});
-    std::fs::write(replay.join("replay.override.json"), hang.to_string()).unwrap();
+    let replay = hanging_child(tmp.path(), json!([]));
     let mut kin = replaying(&sessions, &replay, &cwd);
     initialize(&mut kin, true);
     let parent = kin.new_session(&cwd);
