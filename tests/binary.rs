@@ -635,3 +635,99 @@ fn sighup_and_sigint_end_kin_as_sigterm_does() {
         assert!(kin.child.wait().unwrap().success(), "{signal} is a clean exit");
     }
 }
+
+/// A model answer: a tool call, or (`name` empty) the text `text`.
+fn answer_chunks(name: &str, args: Value, text: &str) -> Value {
+    let chunks = if name.is_empty() {
+        json!([
+            {"type":"block-start","index":0,"blockType":"text"},
+            {"type":"text-delta","index":0,"text":text},
+            {"type":"block-end","index":0,"block":{"type":"text","text":text}},
+            {"type":"finish","reason":{"kind":"stop"}}
+        ])
+    } else {
+        let args = args.to_string();
+        json!([
+            {"type":"block-start","index":0,"blockType":"tool-call"},
+            {"type":"tool-call-delta","index":0,"id":text,"name":name,"argumentsDelta":args},
+            {"type":"block-end","index":0,"block":{"type":"tool-call","id":text,"name":name,"arguments":args}},
+            {"type":"finish","reason":{"kind":"tool-calls"}}
+        ])
+    };
+    json!({"kind": "chunks", "chunks": chunks})
+}
+
+/// A replay directory serving `answers` in order.
+fn replay_of(dir: &Path, answers: &[Value]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let header = json!({"type":"session","version":0,"id":"{{sessionId}}","createdAt":0,"delegationDepth":0});
+    std::fs::write(dir.join("session.jsonl"), format!("{header}\n")).unwrap();
+    std::fs::write(dir.join("replay.override.json"), json!(answers).to_string()).unwrap();
+}
+
+/// The status and first text of the last `tool_call_update` of call `id` in `frames`.
+fn call_outcome(frames: &[Value], id: &str) -> (String, String) {
+    let update = frames
+        .iter()
+        .filter(|f| f["params"]["update"]["sessionUpdate"] == "tool_call_update")
+        .map(|f| &f["params"]["update"])
+        .rfind(|u| u["toolCallId"] == id && u["status"] != "in_progress")
+        .unwrap_or_else(|| panic!("no outcome of {id}: {frames:#?}"));
+    let text = update["content"][0]["content"]["text"].as_str().unwrap_or_default().to_string();
+    (update["status"].as_str().unwrap_or_default().to_string(), text)
+}
+
+/// A file the session read before kin restarted may be edited after `session/load` without being
+/// read again (the log records the read); one it never read still may not.
+#[test]
+fn a_loaded_session_may_edit_what_it_read_before_the_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, cwd, sessions) = scratch(tmp.path());
+    std::fs::write(cwd.join("a.txt"), "one\n").unwrap();
+    std::fs::write(cwd.join("b.txt"), "one\n").unwrap();
+    let first_replay = tmp.path().join("first");
+    replay_of(
+        &first_replay,
+        &[answer_chunks("read", json!({"file_path": "a.txt"}), "r1"), answer_chunks("", json!(null), "seen")],
+    );
+    let mut first = Peer::spawn(
+        common::acp(&sessions, Some(&first_replay)).arg("--permission-mode").arg("accept-edits").current_dir(&cwd),
+    );
+    let id = open_session(&mut first, &cwd);
+    assert_eq!(prompt(&mut first, 3, &id, "read a.txt")["result"]["stopReason"], "end_turn");
+    first.close_stdin();
+    assert!(first.child.wait().unwrap().success());
+
+    let second_replay = tmp.path().join("second");
+    let edit = |file: &str| json!({"file_path": file, "old_string": "one", "new_string": "two"});
+    replay_of(
+        &second_replay,
+        &[
+            answer_chunks("edit", edit("a.txt"), "e1"),
+            answer_chunks("edit", edit("b.txt"), "e2"),
+            answer_chunks("", json!(null), "done"),
+        ],
+    );
+    let mut second = Peer::spawn(
+        common::acp(&sessions, Some(&second_replay)).arg("--permission-mode").arg("accept-edits").current_dir(&cwd),
+    );
+    second.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    response(&second, 1);
+    second.send(
+        json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
+    );
+    assert!(response(&second, 2)["result"].is_object());
+    second.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"edit both"}]}}));
+    let frames = second.frames_to(3);
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
+    assert_eq!(call_outcome(&frames, "e1").0, "completed", "read before the restart");
+    assert_eq!(std::fs::read_to_string(cwd.join("a.txt")).unwrap(), "two\n");
+    let (status, text) = call_outcome(&frames, "e2");
+    assert_eq!(status, "failed");
+    assert!(text.contains("must be read with the read tool before it is edited"), "{text}");
+    assert_eq!(std::fs::read_to_string(cwd.join("b.txt")).unwrap(), "one\n");
+    second.close_stdin();
+    assert!(second.child.wait().unwrap().success());
+}

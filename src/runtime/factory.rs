@@ -35,7 +35,7 @@ impl ChildFactory for Runtime {
     fn load_session(&self, id: &str) -> Result<(Session, Restored), String> {
         let mut session = self.store.load(id).map_err(|e| e.to_string())?;
         let restored = crate::agent::prepare(&mut session)?;
-        Runtime::session_loaded(self, id, session.events());
+        self.took_back(&session.header, session.events());
         Ok((session, restored))
     }
 

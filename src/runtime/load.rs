@@ -194,7 +194,7 @@ impl Runtime {
         let restored = crate::agent::prepare(&mut session)
             .map_err(|e| RuntimeError::Internal(format!("session {session_id} cannot be loaded: {e}")))?;
         let events = session.snapshot();
-        self.session_loaded(session_id, &events);
+        self.took_back(&session.header, &events);
         // A resumed session keeps the prompt it was created with.
         let system = match prompt::recorded(&events) {
             Some(text) => text,
@@ -208,6 +208,13 @@ impl Runtime {
         session.add_observer(observer);
         self.start(session, system, mcp, restored);
         Ok(events)
+    }
+
+    /// What a session read back from its log gives the runtime besides the session: the record
+    /// its tools keep of it (the files it has read), and the replay fixture's view of it.
+    pub(super) fn took_back(&self, header: &crate::session::SessionHeader, events: &[Event]) {
+        self.tools.restore(header, events);
+        self.session_loaded(&header.id, events);
     }
 
     /// Reattaches a session without replay (`session/resume`): a live session stays as it is

@@ -341,6 +341,37 @@ pub struct ToolResult {
     pub meta: Option<Value>,
 }
 
+/// What a `tool/result` says of its call, read without building its content: the call's id and
+/// whether the call failed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolOutcome {
+    pub(crate) call_id: String,
+    pub(crate) failed: bool,
+}
+
+impl ToolOutcome {
+    /// The outcome a `tool/result` event records; `None` for another kind or a payload that
+    /// does not fit.
+    pub(crate) fn of(event: &Event) -> Option<ToolOutcome> {
+        #[derive(Deserialize)]
+        struct Outcome {
+            message: OutcomeMessage,
+            #[serde(default)]
+            error: Option<serde::de::IgnoredAny>,
+        }
+        #[derive(Deserialize)]
+        struct OutcomeMessage {
+            #[serde(default)]
+            source: ToolSource,
+        }
+        if event.kind != Kind::ToolResult {
+            return None;
+        }
+        let outcome: Outcome = event.data.read().ok()?;
+        Some(ToolOutcome { call_id: outcome.message.source.call_id, failed: outcome.error.is_some() })
+    }
+}
+
 /// The message of a `tool/result`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolResultMessage {

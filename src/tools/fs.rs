@@ -76,6 +76,15 @@ impl FileState {
         self.lock().insert((self.session.clone(), path.to_path_buf()));
     }
 
+    /// Marks read, for `session`, the file a successful `read`, `write` or `edit` call with
+    /// `arguments` touched (its `file_path` resolved against the session's `cwd`), as the call
+    /// did: a session loaded from its log has seen what its calls read and wrote.
+    fn restore(&self, session: &str, cwd: &Path, arguments: &Value) {
+        if let Some(path) = arguments["file_path"].as_str() {
+            self.scoped(session).mark_read(&paths::resolve(cwd, path));
+        }
+    }
+
     pub fn was_read(&self, path: &Path) -> bool {
         self.lock().contains(&(self.session.clone(), path.to_path_buf()))
     }
@@ -269,6 +278,10 @@ impl Tool for ReadTool {
 
     fn parallel_safe(&self) -> bool {
         true
+    }
+
+    fn restore(&self, session: &str, cwd: &Path, arguments: &Value) {
+        self.files.restore(session, cwd, arguments);
     }
 
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
@@ -539,6 +552,10 @@ impl Tool for WriteTool {
         false
     }
 
+    fn restore(&self, session: &str, cwd: &Path, arguments: &Value) {
+        self.files.restore(session, cwd, arguments);
+    }
+
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let files = self.files.scoped(&ctx.session_id);
         async move {
@@ -753,6 +770,10 @@ impl Tool for EditTool {
 
     fn parallel_safe(&self) -> bool {
         false
+    }
+
+    fn restore(&self, session: &str, cwd: &Path, arguments: &Value) {
+        self.files.restore(session, cwd, arguments);
     }
 
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {

@@ -270,6 +270,10 @@ pub trait Tool: Send + Sync {
     fn needs_history(&self) -> bool {
         false
     }
+    /// Takes back what the tool keeps of a session in memory, when the session is loaded: it is
+    /// given each call of it the log records as successful, in order (`cwd`: the session's).
+    /// By default the tool keeps nothing.
+    fn restore(&self, _session: &str, _cwd: &std::path::Path, _arguments: &Value) {}
     fn execute(&self, arguments: Value, ctx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
 
@@ -297,6 +301,29 @@ pub struct ToolRegistry {
 impl ToolRegistry {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Gives each tool back what it keeps of a session loaded from its log (`Tool::restore`):
+    /// every call of it the log records as successful, in the order of their results.
+    pub fn restore(&self, header: &SessionHeader, events: &[Event]) {
+        let cwd = header.cwd.as_deref().map(PathBuf::from).unwrap_or_default();
+        let mut calls = std::collections::HashMap::new();
+        for event in events {
+            if let Some(call) = event.get::<crate::session::event::ToolCall>() {
+                if self.tools.contains_key(&call.name) {
+                    calls.insert(call.call_id, (call.name, call.arguments));
+                }
+                continue;
+            }
+            let Some(outcome) = crate::session::event::ToolOutcome::of(event) else { continue };
+            let Some((name, arguments)) = calls.remove(&outcome.call_id) else { continue };
+            if outcome.failed {
+                continue;
+            }
+            if let (Some(tool), Ok(arguments)) = (self.get(&name), serde_json::from_str::<Value>(&arguments)) {
+                tool.restore(&header.id, &cwd, &arguments);
+            }
+        }
     }
 
     /// Adds `tool`; one of the same name is replaced (and keeps its place in the order).
