@@ -678,7 +678,7 @@ fn call_outcome(frames: &[Value], id: &str) -> (String, String) {
 }
 
 /// A file the session read before kin restarted may be edited after `session/load` without being
-/// read again (the log records the read); one it never read still may not.
+/// read again (the log records the read), and in a fork of it; one it never read still may not.
 #[test]
 fn a_loaded_session_may_edit_what_it_read_before_the_restart() {
     let tmp = tempfile::tempdir().unwrap();
@@ -730,4 +730,26 @@ fn a_loaded_session_may_edit_what_it_read_before_the_restart() {
     assert_eq!(std::fs::read_to_string(cwd.join("b.txt")).unwrap(), "one\n");
     second.close_stdin();
     assert!(second.child.wait().unwrap().success());
+
+    // A fork has read what its seed read.
+    let third_replay = tmp.path().join("third");
+    let again = json!({"file_path": "a.txt", "old_string": "two", "new_string": "three"});
+    replay_of(&third_replay, &[answer_chunks("edit", again, "e3"), answer_chunks("", json!(null), "done")]);
+    let mut third = Peer::spawn(
+        common::acp(&sessions, Some(&third_replay)).arg("--permission-mode").arg("accept-edits").current_dir(&cwd),
+    );
+    third.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    response(&third, 1);
+    third.send(
+        json!({"jsonrpc":"2.0","id":2,"method":"session/fork","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
+    );
+    let fork = response(&third, 2)["result"]["sessionId"].as_str().unwrap().to_string();
+    third.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":fork,"prompt":[{"type":"text","text":"again"}]}}));
+    let frames = third.frames_to(3);
+    assert_eq!(call_outcome(&frames, "e3").0, "completed", "{frames:#?}");
+    assert_eq!(std::fs::read_to_string(cwd.join("a.txt")).unwrap(), "three\n");
+    third.close_stdin();
+    assert!(third.child.wait().unwrap().success());
 }

@@ -213,7 +213,8 @@ impl Runtime {
     /// What a session read back from its log gives the runtime besides the session: the record
     /// its tools keep of it (the files it has read), and the replay fixture's view of it.
     pub(super) fn took_back(&self, header: &crate::session::SessionHeader, events: &[Event]) {
-        self.tools.restore(header, events);
+        let cwd = header.cwd.as_deref().map(Path::new).unwrap_or(Path::new(""));
+        self.tools.restore(&header.id, cwd, events);
         self.session_loaded(&header.id, events);
     }
 

@@ -303,10 +303,10 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// Gives each tool back what it keeps of a session loaded from its log (`Tool::restore`):
-    /// every call of it the log records as successful, in the order of their results.
-    pub fn restore(&self, header: &SessionHeader, events: &[Event]) {
-        let cwd = header.cwd.as_deref().map(PathBuf::from).unwrap_or_default();
+    /// Gives each tool back what it keeps of `session` when it is loaded from its log or seeded
+    /// with another's events (`Tool::restore`): every call of it the events record as successful,
+    /// in the order of their results, with the directory they ran in (`cwd`).
+    pub fn restore(&self, session: &str, cwd: &std::path::Path, events: &[Event]) {
         let mut calls = std::collections::HashMap::new();
         for event in events {
             if let Some(call) = event.get::<crate::session::event::ToolCall>() {
@@ -321,7 +321,7 @@ impl ToolRegistry {
                 continue;
             }
             if let (Some(tool), Ok(arguments)) = (self.get(&name), serde_json::from_str::<Value>(&arguments)) {
-                tool.restore(&header.id, &cwd, &arguments);
+                tool.restore(session, cwd, &arguments);
             }
         }
     }
