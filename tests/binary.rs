@@ -753,3 +753,27 @@ fn a_loaded_session_may_edit_what_it_read_before_the_restart() {
     third.close_stdin();
     assert!(third.child.wait().unwrap().success());
 }
+
+/// A call's permission question the user has not answered when the turn is cancelled is
+/// withdrawn: kin sends the editor `$/cancel_request` for it (so the dialog can close), and the
+/// prompt ends `cancelled` without the call running.
+#[test]
+fn a_cancelled_turn_withdraws_its_open_permission_question() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (replay, cwd, sessions) = scratch(tmp.path());
+    replay_of(&replay, &[answer_chunks("write", json!({"file_path": "x.txt", "content": "hi"}), "w1")]);
+    let mut kin = start(&sessions, &replay, &cwd);
+    let id = open_session(&mut kin, &cwd);
+    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"write x"}]}}));
+    let asked = kin.frames_until(|f| f["method"] == "session/request_permission");
+    let question = asked.last().unwrap()["id"].clone();
+    kin.send(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":id}}));
+    let frames = kin.frames_to(3);
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "cancelled", "{frames:#?}");
+    let withdrawn: Vec<&Value> = frames.iter().filter(|f| f["method"] == "$/cancel_request").collect();
+    assert_eq!(withdrawn.len(), 1, "{frames:#?}");
+    assert_eq!(withdrawn[0]["params"]["requestId"], question);
+    assert!(!cwd.join("x.txt").exists(), "the call never ran");
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
+}
