@@ -1,5 +1,6 @@
 //! What the start of a JSON-RPC frame says about it ([`Shape`]): its id, whether it is a request
-//! the SDK reads as one or a response, read from at most a prefix of the frame (a frame cut
+//! the SDK reads as one or a response, and what is wrong with one that is neither
+//! (`request_defect`, `answer_defect`), read from at most a prefix of the frame (a frame cut
 //! short is told from what it starts with).
 
 use serde::de::{IgnoredAny, MapAccess, Visitor};
