@@ -262,6 +262,29 @@ mod tests {
         assert_eq!(shape("not json").id(), Value::Null);
     }
 
+    #[test]
+    fn a_request_the_sdk_cannot_serve_is_told_what_is_wrong() {
+        let defect =
+            |text: &str, whole: bool| Shape::of(text.as_bytes()).request_defect(whole).map(|(id, code, _)| (id, code));
+        assert_eq!(defect(r#"{"jsonrpc":"2.0","id":1,"method":"m","params":"x"}"#, true), Some((json!(1), -32602)));
+        assert_eq!(defect(r#"{"jsonrpc":"2.0","id":"a","method":7}"#, true), Some((json!("a"), -32600)));
+        assert_eq!(defect(r#"{"id":2,"method":"m"}"#, true), Some((json!(2), -32600)));
+        // A cut start does not show a missing "jsonrpc"; it does show a cut id.
+        assert_eq!(defect(r#"{"id":2,"method":"m","params":{"a":"#, false), None);
+        assert_eq!(defect(r#"{"jsonrpc":"2.0","id":"xxxxxx"#, false), Some((Value::Null, -32600)));
+        let long = format!(r#"{{"jsonrpc":"2.0","id":"{}","method":"m"}}"#, "i".repeat(MAX_ID_BYTES + 1));
+        assert_eq!(defect(&long, true), Some((Value::Null, -32600)));
+        // Served by the SDK, or not a request: nothing to say.
+        assert_eq!(defect(r#"{"jsonrpc":"2.0","id":3,"method":"m","params":{}}"#, true), None);
+        assert_eq!(
+            defect(r#"{"jsonrpc":"2.0","id":1.5,"method":"m","params":"x"}"#, true),
+            None,
+            "no id to answer with"
+        );
+        assert_eq!(defect(r#"{"jsonrpc":"2.0","method":"m","params":"x"}"#, true), None, "a notification");
+        assert_eq!(defect(r#"{"jsonrpc":"2.0","id":4,"result":{}}"#, true), None, "a response");
+    }
+
     /// A frame is entered as a request exactly when the SDK reads it as one (and so answers with
     /// its id); the SDK's own reading is the reference, for whole frames and cut ones.
     #[test]
