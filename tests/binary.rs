@@ -685,42 +685,21 @@ fn a_loaded_session_may_edit_what_it_read_before_the_restart() {
     let (_, cwd, sessions) = scratch(tmp.path());
     std::fs::write(cwd.join("a.txt"), "one\n").unwrap();
     std::fs::write(cwd.join("b.txt"), "one\n").unwrap();
-    let first_replay = tmp.path().join("first");
-    replay_of(
-        &first_replay,
-        &[answer_chunks("read", json!({"file_path": "a.txt"}), "r1"), answer_chunks("", json!(null), "seen")],
-    );
-    let mut first = Peer::spawn(
-        common::acp(&sessions, Some(&first_replay)).arg("--permission-mode").arg("accept-edits").current_dir(&cwd),
-    );
+    let read = [answer_chunks("read", json!({"file_path": "a.txt"}), "r1"), answer_chunks("", json!(null), "seen")];
+    let mut first = editing(&sessions, &cwd, &tmp.path().join("first"), &read);
     let id = open_session(&mut first, &cwd);
     assert_eq!(prompt(&mut first, 3, &id, "read a.txt")["result"]["stopReason"], "end_turn");
-    first.close_stdin();
-    assert!(first.child.wait().unwrap().success());
+    finish(first);
 
-    let second_replay = tmp.path().join("second");
     let edit = |file: &str| json!({"file_path": file, "old_string": "one", "new_string": "two"});
-    replay_of(
-        &second_replay,
-        &[
-            answer_chunks("edit", edit("a.txt"), "e1"),
-            answer_chunks("edit", edit("b.txt"), "e2"),
-            answer_chunks("", json!(null), "done"),
-        ],
-    );
-    let mut second = Peer::spawn(
-        common::acp(&sessions, Some(&second_replay)).arg("--permission-mode").arg("accept-edits").current_dir(&cwd),
-    );
-    second.send(
-        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
-    );
-    response(&second, 1);
-    second.send(
-        json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
-    );
-    assert!(response(&second, 2)["result"].is_object());
-    second.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":id,"prompt":[{"type":"text","text":"edit both"}]}}));
-    let frames = second.frames_to(3);
+    let edits = [
+        answer_chunks("edit", edit("a.txt"), "e1"),
+        answer_chunks("edit", edit("b.txt"), "e2"),
+        answer_chunks("", json!(null), "done"),
+    ];
+    let mut second = editing(&sessions, &cwd, &tmp.path().join("second"), &edits);
+    reopen(&mut second, "session/load", &id, &cwd);
+    let frames = prompt_frames(&mut second, &id, "edit both");
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn", "{frames:#?}");
     assert_eq!(call_outcome(&frames, "e1").0, "completed", "read before the restart");
     assert_eq!(std::fs::read_to_string(cwd.join("a.txt")).unwrap(), "two\n");
@@ -728,30 +707,48 @@ fn a_loaded_session_may_edit_what_it_read_before_the_restart() {
     assert_eq!(status, "failed");
     assert!(text.contains("must be read with the read tool before it is edited"), "{text}");
     assert_eq!(std::fs::read_to_string(cwd.join("b.txt")).unwrap(), "one\n");
-    second.close_stdin();
-    assert!(second.child.wait().unwrap().success());
+    finish(second);
 
     // A fork has read what its seed read.
-    let third_replay = tmp.path().join("third");
     let again = json!({"file_path": "a.txt", "old_string": "two", "new_string": "three"});
-    replay_of(&third_replay, &[answer_chunks("edit", again, "e3"), answer_chunks("", json!(null), "done")]);
-    let mut third = Peer::spawn(
-        common::acp(&sessions, Some(&third_replay)).arg("--permission-mode").arg("accept-edits").current_dir(&cwd),
-    );
-    third.send(
-        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
-    );
-    response(&third, 1);
-    third.send(
-        json!({"jsonrpc":"2.0","id":2,"method":"session/fork","params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}),
-    );
-    let fork = response(&third, 2)["result"]["sessionId"].as_str().unwrap().to_string();
-    third.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":fork,"prompt":[{"type":"text","text":"again"}]}}));
-    let frames = third.frames_to(3);
+    let again = [answer_chunks("edit", again, "e3"), answer_chunks("", json!(null), "done")];
+    let mut third = editing(&sessions, &cwd, &tmp.path().join("third"), &again);
+    let fork = reopen(&mut third, "session/fork", &id, &cwd);
+    let frames = prompt_frames(&mut third, &fork, "again");
     assert_eq!(call_outcome(&frames, "e3").0, "completed", "{frames:#?}");
     assert_eq!(std::fs::read_to_string(cwd.join("a.txt")).unwrap(), "three\n");
-    third.close_stdin();
-    assert!(third.child.wait().unwrap().success());
+    finish(third);
+}
+
+/// A kin in `accept-edits` whose model serves `answers` (from the replay directory `replay`).
+fn editing(sessions: &Path, cwd: &Path, replay: &Path, answers: &[Value]) -> Peer {
+    replay_of(replay, answers);
+    Peer::spawn(common::acp(sessions, Some(replay)).arg("--permission-mode").arg("accept-edits").current_dir(cwd))
+}
+
+/// `initialize` (id 1), then `method` (`session/load` or `session/fork`, id 2) of the stored
+/// session `id`; returns the id of the session it opened.
+fn reopen(kin: &mut Peer, method: &str, id: &str, cwd: &Path) -> String {
+    kin.send(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}}),
+    );
+    response(kin, 1);
+    kin.send(json!({"jsonrpc":"2.0","id":2,"method":method,"params":{"sessionId":id,"cwd":cwd,"mcpServers":[]}}));
+    let answer = response(kin, 2);
+    assert!(answer["result"].is_object(), "{answer}");
+    answer["result"]["sessionId"].as_str().unwrap_or(id).to_string()
+}
+
+/// A text prompt (id 3) and every frame up to its response.
+fn prompt_frames(kin: &mut Peer, session: &str, text: &str) -> Vec<Value> {
+    kin.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":session,"prompt":[{"type":"text","text":text}]}}));
+    kin.frames_to(3)
+}
+
+/// Closes kin's input; it must exit 0 (every replayed call made).
+fn finish(mut kin: Peer) {
+    kin.close_stdin();
+    assert!(kin.child.wait().unwrap().success());
 }
 
 /// A call's permission question the user has not answered when the turn is cancelled is
@@ -774,6 +771,5 @@ fn a_cancelled_turn_withdraws_its_open_permission_question() {
     assert_eq!(withdrawn.len(), 1, "{frames:#?}");
     assert_eq!(withdrawn[0]["params"]["requestId"], question);
     assert!(!cwd.join("x.txt").exists(), "the call never ran");
-    kin.close_stdin();
-    assert!(kin.child.wait().unwrap().success());
+    finish(kin);
 }
