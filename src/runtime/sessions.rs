@@ -253,10 +253,10 @@ impl Runtime {
         let id = self.mint_session_id();
         let mut header = SessionHeader::new(id, now_ms(), Some(cwd.display().to_string()));
         header.seed_length = (!seed.is_empty()).then_some(seed.len() as u64);
+        let session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
         // The fork has read what its seed read, where the source ran it.
         let source_cwd = source.header.cwd.as_deref().map(Path::new).unwrap_or(Path::new(""));
-        self.tools.restore(&header.id, source_cwd, &seed);
-        let session = self.store.create_seeded(header, seed).map_err(|e| RuntimeError::Internal(e.to_string()))?;
+        self.tools.restore(session.id(), source_cwd, session.events());
         self.publish(session, system, servers, observer)
     }
 
