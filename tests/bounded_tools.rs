@@ -82,6 +82,14 @@ fn peak_rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// Writes `bytes` (a whole number of MiB) of `x` to `to`, a MiB at a time.
+fn write_xs(to: &mut impl Write, bytes: u64) {
+    let block = vec![b'x'; 1 << 20];
+    for _ in 0..bytes >> 20 {
+        to.write_all(&block).unwrap();
+    }
+}
+
 fn stop(mut kin: Peer) {
     let status = kin.exit();
     assert!(status.success(), "kin exited with {status:?}");
@@ -93,12 +101,9 @@ fn read_and_grep_of_a_huge_single_line_stay_bounded() {
     let tmp = tempfile::tempdir().unwrap();
     let cwd = tmp.path().join("cwd");
     std::fs::create_dir_all(&cwd).unwrap();
-    let mut big = std::io::BufWriter::new(std::fs::File::create(cwd.join("big.txt")).unwrap());
-    let block = vec![b'x'; 1 << 20];
-    for _ in 0..SIZE >> 20 {
-        big.write_all(&block).unwrap();
-    }
-    big.into_inner().unwrap().sync_all().unwrap();
+    let mut big = std::fs::File::create(cwd.join("big.txt")).unwrap();
+    write_xs(&mut big, SIZE);
+    big.sync_all().unwrap();
     replay(
         &tmp.path().join("replay"),
         &[("read", json!({"file_path": "big.txt"})), ("grep", json!({"pattern": "x{3}", "path": "big.txt"}))],
@@ -124,7 +129,7 @@ fn read_and_grep_of_a_huge_single_line_stay_bounded() {
 /// newline) loads in bounded memory: the damage is cut as a torn tail without being held.
 #[test]
 fn a_huge_torn_tail_loads_without_being_held() {
-    const SIZE: usize = 300 * 1024 * 1024;
+    const SIZE: u64 = 300 * 1024 * 1024;
     let tmp = tempfile::tempdir().unwrap();
     let cwd = tmp.path().join("cwd");
     std::fs::create_dir_all(&cwd).unwrap();
@@ -135,10 +140,7 @@ fn a_huge_torn_tail_loads_without_being_held() {
     let clean = std::fs::metadata(&log).unwrap().len();
     for ending in ["", "\n"] {
         let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-        let block = vec![b'x'; 1 << 20];
-        for _ in 0..SIZE >> 20 {
-            file.write_all(&block).unwrap();
-        }
+        write_xs(&mut file, SIZE);
         file.write_all(ending.as_bytes()).unwrap();
         drop(file);
         // A load asks no model: no replay to consume.
