@@ -109,11 +109,8 @@ pub(crate) fn child_title(agent: Option<&str>, label: Option<&str>) -> Option<St
         (Some(agent), None) => agent.to_string(),
         (None, label) => label?.to_string(),
     };
-    let line = crate::tools::shown_on_one_line(&title);
-    Some(match line.char_indices().nth(MAX_TITLE_CHARS) {
-        Some((at, _)) => format!("{}…", &line[..at]),
-        None => line.into_owned(),
-    })
+    // The first `MAX_TITLE_CHARS` characters of a longer title, then `…`.
+    Some(crate::session::cut_chars(&crate::tools::shown_on_one_line(&title), MAX_TITLE_CHARS + 1))
 }
 
 /// A one-shot delegation as the caller asks for it.
