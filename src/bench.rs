@@ -217,7 +217,7 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
         )?;
     }
     if options.runs(Section::Catalog) {
-        catalog(tmp.path(), quick, &mut report)?;
+        catalog(tmp.path(), quick, &mut report).await?;
         session_list(&tmp.path().join("catalog"), &mut report).await?;
     }
     if options.runs(Section::Tree) {
@@ -361,7 +361,7 @@ const CATALOG_UNRELATED: usize = 10_000;
 /// files were just written, and synced first), and beside it the stat pass alone in this process
 /// (`store_scan::stat_pass`: the floor the host sets on a cold listing). Warm: the median of the
 /// next five listings in one more fresh query, and how many times it statted each log per listing.
-fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
+async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     use crate::session::query::{SessionQuery, StoreSource};
     use crate::subagent::catalog::list_children;
     let root = tmp.join("catalog");
@@ -463,6 +463,22 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
             stats_per_log,
             format!("  a warm listing stats each log {stats_per_log:.2} times"),
         )?;
+        if (d, bytes) == (1000, 10_000) {
+            sync_disks();
+            let mut calls = Vec::new();
+            for _ in 0..5 {
+                calls.push(first_list_agents_call(&root, &parent).await?);
+            }
+            let first = median(&calls);
+            report.metric(
+                &format!("list_agents_{d}_children_{size}_first_call_ms"),
+                millis(first),
+                text(
+                    "the first list_agents call of a kin acp just started, the parent loaded, as its client saw the call (median of 5)",
+                    first,
+                ),
+            )?;
+        }
         std::fs::remove_dir_all(root.join(crate::session::layout::project_key(&cwd)))?;
     }
     for (what, times) in [("unindexed", &rebuild_times), ("cold", &cold_times), ("warm", &warm_times)] {
@@ -474,6 +490,28 @@ fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The first `list_agents` call of a `kin acp` just started, as an editor user makes one over a
+/// parent with stored children: the parent loaded (`session/load`; its restore lists the stored
+/// sessions, as after every load), then a prompt whose model (a loopback server) calls
+/// `list_agents` at once. The time from the tool call shown to it completed, as the client saw
+/// them: what the user waits for.
+async fn first_list_agents_call(root: &Path, parent: &SessionHeader) -> Result<Duration> {
+    let call = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",",
+        "\"type\":\"function\",\"function\":{\"name\":\"list_agents\",\"arguments\":\"{}\"}}]}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+        "data: [DONE]\n\n"
+    );
+    let server = mock_chat_server_with(vec![call.as_bytes().to_vec(), sse_body(1, "ok")]).await?;
+    let kin = KinProcess::start(root, Some(&server)).await?;
+    kin.call("session/load", json!({"sessionId": parent.id, "cwd": parent.cwd, "mcpServers": []})).await?;
+    kin.tool_call.arm();
+    kin.prompt(&parent.id, "which agents are there?").await?;
+    let took = kin.tool_call.took().context("the client did not see the list_agents call complete")?;
+    kin.close().await?;
+    Ok(took)
 }
 
 /// `session/list` over the catalog corpus (its unrelated sessions are top-level sessions with a
@@ -953,6 +991,29 @@ struct KinProcess {
     chunks: Arc<std::sync::atomic::AtomicUsize>,
     /// `subagent_update` notifications the client has seen.
     announced: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the client saw the first tool call shown (`tool_call`), and the first tool call
+    /// completed (a `tool_call_update` with status `completed`), after `ToolCallSeen::arm`.
+    tool_call: Arc<ToolCallSeen>,
+}
+
+/// When a `KinProcess`'s client saw the first tool call start and the first tool call complete
+/// once `arm`ed (a load's replay of earlier calls is not counted).
+#[derive(Default)]
+struct ToolCallSeen {
+    armed: std::sync::atomic::AtomicBool,
+    shown: std::sync::OnceLock<Instant>,
+    completed: std::sync::OnceLock<Instant>,
+}
+
+impl ToolCallSeen {
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long the first tool call took as the client saw it, once it completed.
+    fn took(&self) -> Option<Duration> {
+        Some(self.completed.get()?.saturating_duration_since(*self.shown.get()?))
+    }
 }
 
 impl KinProcess {
@@ -980,7 +1041,8 @@ impl KinProcess {
         let stdout = child.stdout.take().context("stdout")?;
         let chunks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let announced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (seen, children) = (chunks.clone(), announced.clone());
+        let tool_call = Arc::new(ToolCallSeen::default());
+        let (seen, children, tool) = (chunks.clone(), announced.clone(), tool_call.clone());
         let tap: crate::acp::wire::Tap = Arc::new(move |line: &str| {
             if line.contains("\"agent_message_chunk\"") {
                 seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -988,12 +1050,21 @@ impl KinProcess {
             if line.contains("\"subagent_update\"") {
                 children.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
+            if tool.armed.load(std::sync::atomic::Ordering::Relaxed) {
+                if line.contains("\"sessionUpdate\":\"tool_call\"") {
+                    let _ = tool.shown.set(Instant::now());
+                }
+                if line.contains("\"sessionUpdate\":\"tool_call_update\"") && line.contains("\"status\":\"completed\"")
+                {
+                    let _ = tool.completed.set(Instant::now());
+                }
+            }
         });
         let no_questions: ChooseOption = Arc::new(|_| None);
         let driver = Driver::connect("bench", stdin, stdout, Some(tap), no_questions, numbering())
             .await
             .map_err(anyhow::Error::msg)?;
-        let kin = KinProcess { child, driver, chunks, announced };
+        let kin = KinProcess { child, driver, chunks, announced, tool_call };
         kin.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": capabilities})).await?;
         Ok(kin)
     }
