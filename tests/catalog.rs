@@ -723,52 +723,6 @@ fn a_window_failure_propagates_instead_of_becoming_a_diagnostic() {
     assert_eq!(err.code.code(), "SESSION_QUERY_INVALID_WINDOW");
 }
 
-#[test]
-fn many_candidates_list_in_trace_order_and_the_first_failure_in_that_order_fails_the_call() {
-    // The candidates of a large family are inspected several at a time: entries still come in the
-    // trace's order, a diagnostic in its place, and of two failing candidates the earlier one in
-    // that order decides the call, however the inspections interleave.
-    let (_dir, store) = store();
-    parent_log(&store, P, 0);
-    let ids: Vec<String> = (0..400).map(|i| format!("child-{i:03}")).collect();
-    for (i, id) in ids.iter().enumerate() {
-        if i == 250 {
-            let mut twice = child_session(&store, header(id, Some(P), i as u64 + 1), vec![]);
-            twice.append(DESCRIPTOR_EVENT, continuable("x").to_value());
-            twice.append(DESCRIPTOR_EVENT, continuable("y").to_value());
-            twice.flush().unwrap();
-        } else {
-            continuable_child(&store, id, P, i as u64 + 1, &format!("label {id}"));
-        }
-    }
-    let expected: Vec<ListEntry> =
-        ids.iter().enumerate().map(|(i, id)| if i == 250 { diag(id, Reason::Corrupt) } else { healthy(id) }).collect();
-    assert_eq!(list(&query(&store, &[]), P).unwrap(), expected);
-    // The later failure is made to come first in time: its candidate fails at once, the earlier
-    // one only after that.
-    let later_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (seen, wait) = (later_failed.clone(), later_failed.clone());
-    let faulty = Faulty {
-        seqs: hook(move |id, _| match id {
-            "child-390" => {
-                seen.store(true, std::sync::atomic::Ordering::SeqCst);
-                Some(QueryFault::Other("the later candidate".into()))
-            }
-            "child-100" => {
-                let started = std::time::Instant::now();
-                while !wait.load(std::sync::atomic::Ordering::SeqCst) && started.elapsed().as_secs() < 5 {
-                    std::thread::yield_now();
-                }
-                Some(QueryFault::Other("the earlier candidate".into()))
-            }
-            _ => None,
-        }),
-        ..Faulty::new(query(&store, &[]))
-    };
-    let err = list(&faulty, P).unwrap_err();
-    assert_eq!((err.code, err.message.as_str()), (ErrorCode::Infrastructure, "the earlier candidate"));
-}
-
 /// A settled continuable child's events; `compacted` adds a compaction that replaces the first
 /// exchange with a summary.
 fn conversation(label: &str, compacted: bool) -> Vec<Value> {

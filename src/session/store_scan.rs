@@ -85,9 +85,9 @@ pub(super) fn in_parallel<T: Send>(
 }
 
 /// `f` of each item, in order, on a few threads taking `CHUNK` items at a time (one thread
-/// for a few items; this one alone if a thread panicked): `SessionStore::list`'s header reads,
-/// a listing's titles, and `list_agents`' inspection of its candidates.
-pub(crate) fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+/// for a few items; this one alone if a thread panicked): `SessionStore::list`'s header reads
+/// and a listing's titles.
+pub(super) fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let chunks: Vec<&[T]> = items.chunks(CHUNK).collect();
     match in_parallel(workers_for(chunks.len()), chunks.len(), |c| chunks[c].iter().map(&f).collect::<Vec<R>>()) {
         Ok(done) => done.into_iter().flatten().collect(),

@@ -18,7 +18,6 @@ use crate::session::inbox::InboxCounts;
 use crate::session::query::{
     QueryError, QueryFault, QueryService, ReadRequest, SessionRecord, assert_headers_compatible,
 };
-use crate::session::store_scan::each_in_parallel;
 
 /// The message of `ErrorCode::SessionQueryUnavailable`.
 pub const QUERY_UNAVAILABLE: &str = "listing subagents requires session query (load a dsh-session-query backend)";
@@ -146,18 +145,12 @@ pub fn list_children(
     let candidates: Vec<&str> = trace.descendants.iter().map(|node| node.session.header.id.as_str()).collect();
     let _pinned = Pinned::new(query, candidates, cancel);
     check(cancel)?;
-    // The candidates are inspected on a few threads (each reads only through the query), and
-    // judged in the trace's order: the first failure in that order fails the call, as it would
-    // one candidate after another.
-    let inspected = each_in_parallel(&trace.descendants, |node| {
+    let mut entries = Vec::new();
+    for node in &trace.descendants {
         check(cancel)?;
         let entry = inspect_child(query, parent_id, &node.session, cancel)?;
         check(cancel)?;
-        Ok(entry)
-    });
-    let mut entries = Vec::new();
-    for entry in inspected {
-        entries.extend(entry?);
+        entries.extend(entry);
     }
     Ok(entries)
 }
