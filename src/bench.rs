@@ -361,6 +361,8 @@ const CATALOG_UNRELATED: usize = 10_000;
 /// files were just written, and synced first), and beside it the stat pass alone in this process
 /// (`store_scan::stat_pass`: the floor the host sets on a cold listing). Warm: the median of the
 /// next five listings in one more fresh query, and how many times it statted each log per listing.
+/// For 1,000 children with 10 KB logs, also the first `list_agents` call of a `kin acp` just
+/// started, the way an editor user reaches the parent (`first_list_agents_call`).
 async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()> {
     use crate::session::query::{SessionQuery, StoreSource};
     use crate::subagent::catalog::list_children;
