@@ -511,7 +511,10 @@ async fn first_list_agents_call(root: &Path, parent: &SessionHeader) -> Result<D
     kin.call("session/load", json!({"sessionId": parent.id, "cwd": parent.cwd, "mcpServers": []})).await?;
     kin.tool_call.arm();
     kin.prompt(&parent.id, "which agents are there?").await?;
-    let took = kin.tool_call.took().context("the client did not see the list_agents call complete")?;
+    let took = kin
+        .tool_call
+        .took()
+        .context("the client did not see the list_agents call complete with the children listed")?;
     kin.close().await?;
     Ok(took)
 }
@@ -994,12 +997,17 @@ struct KinProcess {
     /// `subagent_update` notifications the client has seen.
     announced: Arc<std::sync::atomic::AtomicUsize>,
     /// When the client saw the first tool call shown (`tool_call`), and the first tool call
-    /// completed (a `tool_call_update` with status `completed`), after `ToolCallSeen::arm`.
+    /// completed listing a child (a `tool_call_update` with status `completed`), after
+    /// `ToolCallSeen::arm`.
     tool_call: Arc<ToolCallSeen>,
 }
 
+/// How `list_agents` shows a stored child (`id [complete] — label`): a completed call counts
+/// only when it listed one, so an empty or refused listing is not timed as a listing.
+const LISTED_CHILD: &str = " [complete] ";
+
 /// When a `KinProcess`'s client saw the first tool call start and the first tool call complete
-/// once `arm`ed (a load's replay of earlier calls is not counted).
+/// with a listed child once `arm`ed (a load's replay of earlier calls is not counted).
 #[derive(Default)]
 struct ToolCallSeen {
     armed: std::sync::atomic::AtomicBool,
@@ -1056,7 +1064,9 @@ impl KinProcess {
                 if line.contains("\"sessionUpdate\":\"tool_call\"") {
                     let _ = tool.shown.set(Instant::now());
                 }
-                if line.contains("\"sessionUpdate\":\"tool_call_update\"") && line.contains("\"status\":\"completed\"")
+                if line.contains("\"sessionUpdate\":\"tool_call_update\"")
+                    && line.contains("\"status\":\"completed\"")
+                    && line.contains(LISTED_CHILD)
                 {
                     let _ = tool.completed.set(Instant::now());
                 }
