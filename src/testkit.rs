@@ -84,6 +84,9 @@ pub mod session {
     pub mod catalog_index {
         pub use crate::session::catalog_index::path;
     }
+    pub mod dir_memo {
+        pub use crate::session::dir_memo::path;
+    }
     pub mod layout {
         pub use crate::session::layout::{log_path, project_key};
     }

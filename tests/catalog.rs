@@ -1700,8 +1700,16 @@ fn unindexed(store: &SessionStore) -> String {
 /// A fresh indexed query (a kin process after start) lists exactly what no index lists, cold
 /// and warm; its file operations.
 fn lists_as_without_index(store: &SessionStore, what: &str) -> kin::testkit::session::query::SourceIo {
+    lists_as_unindexed(store, indexed(store), what)
+}
+
+/// `q`, fresh, lists exactly what no index lists, cold and warm; its file operations.
+fn lists_as_unindexed(
+    store: &SessionStore,
+    q: SessionQuery<StoreSource>,
+    what: &str,
+) -> kin::testkit::session::query::SourceIo {
     let expected = unindexed(store);
-    let q = indexed(store);
     assert_eq!(listing_text(&q), expected, "{what}: cold");
     assert_eq!(listing_text(&q), expected, "{what}: warm");
     q.source().io()
@@ -1723,8 +1731,12 @@ fn the_first_listing_after_start_reads_descriptor_lines_not_logs() {
     assert!(first.whole_reads >= 8, "without an index every candidate log is read whole: {first:?}");
     assert!(index_file(&store).is_file(), "the listing wrote the index");
     // Only the index was written: every log is byte for byte what it was, with its mtime.
-    let after: Vec<_> = snapshot(dir.path()).into_iter().filter(|(path, ..)| *path != index_file(&store)).collect();
-    assert_eq!(after, before, "a listing writes the index and nothing else (no temp file is left)");
+    let after: Vec<_> = snapshot(dir.path())
+        .into_iter()
+        .filter(|(path, ..)| *path != index_file(&store) && *path != memo_file(&store))
+        .collect();
+    assert!(memo_file(&store).is_file(), "the directory memo is written beside it");
+    assert!(after == before, "a listing writes the index (and the memo) and nothing else (no temp file is left)");
     let q = indexed(&store);
     assert_eq!(listing_text(&q), unindexed(&store));
     let io = q.source().io();
@@ -1767,6 +1779,9 @@ fn entry_of(entries: &[String], session: &str) -> usize {
         .unwrap_or_else(|| panic!("no entry for {session} in {entries:?}"))
 }
 
+/// A named way to damage a file, and the damage.
+type Corruption<'c> = (&'c str, Box<dyn Fn() + 'c>);
+
 #[test]
 fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
     let (_dir, store) = index_corpus();
@@ -1785,7 +1800,6 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
         edit(&mut entry);
         entries[i] = entry.to_string();
     };
-    type Corruption<'c> = (&'c str, Box<dyn Fn() + 'c>);
     let path = index_file(&store);
     let write = |bytes: Vec<u8>| {
         assert_ne!(bytes, good, "a corruption that leaves the file as it was");
@@ -1944,6 +1958,178 @@ fn an_index_that_is_a_directory_or_cannot_be_written_changes_no_listing() {
     std::fs::remove_dir_all(index_file(&store)).unwrap();
     lists_as_without_index(&store, "the directory removed");
     assert_index_used(&store, "written again");
+}
+
+fn memo_file(store: &SessionStore) -> PathBuf {
+    kin::testkit::session::dir_memo::path(store.root()).unwrap()
+}
+
+/// An indexed query that memoizes every listing of a project directory, however recent (a
+/// test's directories are a moment old; `dir_memo::SETTLE` is two seconds).
+fn memoizing(store: &SessionStore) -> SessionQuery<StoreSource> {
+    SessionQuery::new(StoreSource::persisted_only(store.clone()).with_index().with_dir_settle(Duration::ZERO))
+}
+
+/// The project directories of the store.
+fn project_dirs(store: &SessionStore) -> u64 {
+    std::fs::read_dir(store.root()).unwrap().count() as u64
+}
+
+/// A fresh memoizing query lists what no index lists without listing a project directory: the
+/// memo on disk is sound and current.
+fn assert_memo_used(store: &SessionStore, what: &str) {
+    let io = lists_as_unindexed(store, memoizing(store), what);
+    assert_eq!(io.dir_listings, 0, "{what}: {io:?}");
+}
+
+/// Issue 23: a kin just started stats every log but lists no project directory that has not
+/// changed since a scan listed it, cold or warm; a directory memoized before holds under the
+/// default margin too; and without the index no directory is memoized.
+#[test]
+fn a_cold_listing_lists_no_project_directory_whose_stamp_holds() {
+    let (_dir, store) = index_corpus();
+    let dirs = project_dirs(&store);
+    assert_eq!(dirs, 2);
+    // `lists_as_unindexed` scans four times: the list and the tree, cold and warm.
+    let first = lists_as_unindexed(&store, memoizing(&store), "no memo yet");
+    assert_eq!(first.dir_listings, dirs, "the first scan lists each directory; the others none: {first:?}");
+    assert!(memo_file(&store).is_file(), "written with the index");
+    let q = memoizing(&store);
+    let io = lists_as_unindexed(&store, q, "memoized");
+    assert_eq!(io.dir_listings, 0, "{io:?}");
+    assert_eq!((io.whole_reads, io.header_reads), (0, 0), "{io:?}");
+    assert_eq!(
+        io.stats,
+        4 * 12,
+        "every log is still statted in each scan (the list and the tree, cold and warm): {io:?}"
+    );
+    let modified = std::fs::metadata(memo_file(&store)).unwrap().modified().unwrap();
+    let io = lists_as_without_index(&store, "the default margin");
+    assert_eq!(io.dir_listings, 0, "{io:?}");
+    assert_eq!(std::fs::metadata(memo_file(&store)).unwrap().modified().unwrap(), modified, "unchanged: not written");
+    // A query without the index lists every directory in every scan.
+    let plain = query(&store, &[]);
+    listing_text(&plain);
+    listing_text(&plain);
+    assert_eq!(plain.source().io().dir_listings, 4 * dirs);
+    // Directories a moment old are not memoized under the default margin.
+    std::fs::remove_file(memo_file(&store)).unwrap();
+    let (_fresh_dir, fresh) = index_corpus();
+    let io = lists_as_without_index(&fresh, "fresh directories");
+    assert_eq!(io.dir_listings, 4 * dirs, "{io:?}");
+}
+
+/// The memo file's first line (parsed) and its directory lines (parsed).
+fn memo_parts(store: &SessionStore) -> (Value, Vec<Value>) {
+    let text = std::fs::read_to_string(memo_file(store)).unwrap();
+    let mut lines = text.lines();
+    let head = serde_json::from_str(lines.next().unwrap()).unwrap();
+    (head, lines.map(|line| serde_json::from_str(line).unwrap()).collect())
+}
+
+/// Writes a memo of these directory lines with a first line that matches them (count, digest).
+fn write_memo(store: &SessionStore, head: &Value, dirs: &[Value]) {
+    let body: String = dirs.iter().map(|line| format!("{line}\n")).collect();
+    let mut head = head.clone();
+    head["dirs"] = json!(dirs.len());
+    head["digest"] = json!(format!("{:032x}", xxhash_rust::xxh3::xxh3_128(body.as_bytes())));
+    std::fs::write(memo_file(store), format!("{head}\n{body}")).unwrap();
+}
+
+/// Issue 23: a memo that is missing, damaged in any way, or whose stamp no longer matches its
+/// directory lists exactly what no memo lists, and is written again.
+#[test]
+fn every_damaged_or_stale_memo_lists_as_without_one_and_is_rewritten() {
+    let (_dir, store) = index_corpus();
+    lists_as_unindexed(&store, memoizing(&store), "building it");
+    // The directory of P's family, and an edit of its line.
+    let family_dir =
+        |dirs: &[Value]| dirs.iter().position(|d| d["sessions"].as_str().unwrap().split('/').any(|s| s == P)).unwrap();
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let store = store.clone();
+        let f: &dyn Fn(&mut Value) = f;
+        let (head, mut dirs) = memo_parts(&store);
+        let at = family_dir(&dirs);
+        f(&mut dirs[at]);
+        write_memo(&store, &head, &dirs);
+    };
+    // The names are one string, joined by `/`.
+    let without_a = |d: &mut Value| {
+        let names: Vec<&str> = d["sessions"].as_str().unwrap().split('/').filter(|s| *s != A).collect();
+        d["sessions"] = json!(names.join("/"));
+    };
+    let older = |d: &mut Value| {
+        let seconds = d["stamp"]["ctime"][0].as_i64().unwrap();
+        d["stamp"]["ctime"][0] = json!(seconds - 10);
+    };
+    let text = || std::fs::read_to_string(memo_file(&store)).unwrap();
+    let damaged: Vec<Corruption<'_>> = vec![
+        ("missing", Box::new(|| std::fs::remove_file(memo_file(&store)).unwrap())),
+        ("empty", Box::new(|| std::fs::write(memo_file(&store), "").unwrap())),
+        ("garbage", Box::new(|| std::fs::write(memo_file(&store), [7u8, 0, 255, 10].repeat(500)).unwrap())),
+        ("truncated", Box::new(|| std::fs::write(memo_file(&store), &text()[..text().len() / 2]).unwrap())),
+        (
+            "another version",
+            Box::new(|| {
+                std::fs::write(memo_file(&store), text().replacen("\"kinCatalogDirs\":1", "\"kinCatalogDirs\":9", 1))
+                    .unwrap()
+            }),
+        ),
+        (
+            "a name changed under its digest",
+            Box::new(|| std::fs::write(memo_file(&store), text().replacen(B, "child-x", 1)).unwrap()),
+        ),
+        ("a directory's line unreadable", Box::new(|| edit(&|d| d["stamp"] = json!("now")))),
+        (
+            "another directory's stamp, a session left out",
+            Box::new(|| {
+                let (_, dirs) = memo_parts(&store);
+                let other = dirs[1 - family_dir(&dirs)]["stamp"].clone();
+                edit(&|d| {
+                    without_a(d);
+                    d["stamp"] = other.clone();
+                })
+            }),
+        ),
+        // As if written before a change: the directory's ctime since is later than the memo's.
+        (
+            "an older ctime, a session left out",
+            Box::new(|| {
+                edit(&|d| {
+                    without_a(d);
+                    older(d);
+                })
+            }),
+        ),
+        (
+            "a session that is not there",
+            Box::new(|| edit(&|d| d["sessions"] = json!(format!("{}/child-ghost", d["sessions"].as_str().unwrap())))),
+        ),
+        (
+            "a directory in its place",
+            Box::new(|| {
+                std::fs::remove_file(memo_file(&store)).unwrap();
+                std::fs::create_dir(memo_file(&store)).unwrap();
+            }),
+        ),
+    ];
+    for (what, damage) in &damaged {
+        assert_memo_used(&store, &format!("{what}: before"));
+        damage();
+        lists_as_unindexed(&store, memoizing(&store), what);
+        if memo_file(&store).is_dir() {
+            std::fs::remove_dir(memo_file(&store)).unwrap();
+            lists_as_unindexed(&store, memoizing(&store), what);
+        }
+        assert_memo_used(&store, &format!("{what}: after"));
+    }
+    // A new child in P's directory after the memo was made (its recorded ctime older than the
+    // directory's now): found by the next kin.
+    edit(&older);
+    continuable_child(&store, "child-new", P, 20, "new");
+    let io = lists_as_unindexed(&store, memoizing(&store), "a child made since");
+    assert!(unindexed(&store).contains("child-new"));
+    assert_eq!(io.dir_listings, 1, "only P's directory is listed again: {io:?}");
 }
 
 #[test]

@@ -268,12 +268,12 @@ struct DescriptorLine {
 
 /// The XXH3-128 of `bytes`: 32 lowercase hex digits. An integrity check against a torn or
 /// damaged file, not a forger's (who could as well edit the logs it stands for).
-fn digest(bytes: &[u8]) -> String {
+pub(super) fn digest(bytes: &[u8]) -> String {
     format!("{:032x}", xxh3_128(bytes))
 }
 
 /// Whether `hex` is `digest(bytes)` (without making it: a start checks one per log).
-fn digest_is(bytes: &[u8], hex: &str) -> bool {
+pub(super) fn digest_is(bytes: &[u8], hex: &str) -> bool {
     digest_is_value(xxh3_128(bytes), hex)
 }
 
@@ -592,13 +592,18 @@ pub(crate) fn write<'a>(
     if text.len() as u64 > INDEX_LIMIT {
         return Err(format!("the index would be larger than {INDEX_LIMIT} bytes; not written"));
     }
-    let path = placed(root)?;
+    write_whole(&placed(root)?, root, text.as_bytes())
+}
+
+/// Writes `bytes` to `path` (a file beside the sessions directory `root`) whole: a temp file in
+/// the same directory, fsync, rename over the old one, fsync of the directory.
+pub(super) fn write_whole(path: &Path, root: &Path, bytes: &[u8]) -> Result<(), String> {
     let dir = path.parent().unwrap_or(root);
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let mut temp = tempfile::Builder::new().prefix(".catalog-index.").tempfile_in(dir).map_err(failed)?;
-    temp.write_all(text.as_bytes()).map_err(failed)?;
+    temp.write_all(bytes).map_err(failed)?;
     temp.as_file().sync_all().map_err(failed)?;
-    temp.persist(&path).map_err(|e| failed(e.error))?;
+    temp.persist(path).map_err(|e| failed(e.error))?;
     std::fs::File::open(dir).and_then(|dir| dir.sync_all()).map_err(failed)?;
     Ok(())
 }

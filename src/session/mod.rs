@@ -6,6 +6,7 @@ pub(crate) mod catalog_index;
 pub(crate) mod chunk;
 pub(crate) mod data;
 pub mod descriptor;
+pub(crate) mod dir_memo;
 pub(crate) mod estimate;
 pub(crate) mod event;
 pub(crate) mod inbox;

@@ -32,18 +32,19 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
 use super::catalog_index::{self, Facts, Located, Titled};
+use super::dir_memo::{self, Memo};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
 use super::scan::{LocatedLine, TitleMark, read_filed_header, read_title, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError, StoredSession};
-use super::store_scan::{FoundLog, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
+use super::store_scan::{FoundLog, Memoizing, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
 use super::surface::validate;
 use super::watch::LogWatch;
@@ -672,6 +673,8 @@ pub struct SourceIo {
     pub title_reads: u64,
     /// Bytes of logs read for their titles.
     pub title_bytes: u64,
+    /// Project directories listed by scans (not those whose memoized listing held: `dir_memo`).
+    pub dir_listings: u64,
 }
 
 #[derive(Default)]
@@ -682,6 +685,7 @@ struct IoCounters {
     line_reads: AtomicU64,
     title_reads: AtomicU64,
     title_bytes: AtomicU64,
+    dir_listings: AtomicU64,
 }
 
 fn count(counter: &AtomicU64) {
@@ -704,9 +708,13 @@ struct Cache {
     index: Option<IndexState>,
 }
 
-/// The source's side of the catalog index file.
+/// The source's side of the catalog index file (and of the directory memo, written with it).
 struct IndexState {
     file: IndexFile,
+    /// The directory memo as the last scan left it (`None` until the first scan reads the file).
+    dirs: Option<Memo>,
+    /// How settled a directory must be for a scan to memoize its listing (`dir_memo::SETTLE`).
+    settle: Duration,
     /// The file is behind the cache: it is written when a listing closes.
     dirty: bool,
     /// A write failed: this process stops writing (and warned once).
@@ -900,13 +908,28 @@ impl StoreSource {
     /// summaries of unchanged logs read only their descriptor lines, and a listing that left the
     /// file behind writes it again when it closes. Results are those of a source without it.
     pub fn with_index(mut self) -> Self {
-        self.state.cache().index = Some(IndexState { file: IndexFile::Unread, dirty: false, write_failed: false });
+        self.state.cache().index = Some(IndexState {
+            file: IndexFile::Unread,
+            dirs: None,
+            settle: dir_memo::SETTLE,
+            dirty: false,
+            write_failed: false,
+        });
         let state = Arc::downgrade(&self.state);
         self.watch = Some(LogWatch::new(move |paths| {
             if let Some(state) = state.upgrade() {
                 state.refresh(paths);
             }
         }));
+        self
+    }
+
+    /// With the index, memoizes the listings of project directories that last changed at least
+    /// `settle` before a scan (`dir_memo::SETTLE` unless set: a test's directories are seconds old).
+    pub fn with_dir_settle(self, settle: Duration) -> Self {
+        if let Some(state) = self.state.cache().index.as_mut() {
+            state.settle = settle;
+        }
         self
     }
 
@@ -976,6 +999,23 @@ impl SourceState {
         };
     }
 
+    /// With the index, the directory memo for the scan about to run, and the settle margin: the
+    /// last scan's, or the file's before the first (none when it cannot be used).
+    fn dir_memo(&self) -> Option<(Memo, Duration)> {
+        let (dirs, settle) = {
+            let cache = self.cache();
+            let state = cache.index.as_ref()?;
+            (state.dirs.clone(), state.settle)
+        };
+        let dirs = dirs.unwrap_or_else(|| {
+            dir_memo::load(self.store.root()).unwrap_or_else(|e| {
+                tracing::debug!("no directory memo (project directories are listed): {e}");
+                Memo::default()
+            })
+        });
+        Some((dirs, settle))
+    }
+
     /// Starts reading the index file on a thread of its own if it is still unread (at the start
     /// of a scan, which uses it once its stats are done); a thread that cannot be made leaves it
     /// to `read_index`.
@@ -1008,7 +1048,7 @@ impl SourceState {
     /// not know are written back as they were (each is checked again where it is used).
     fn write_index(&self) {
         let _one_writer = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-        let entries: Vec<(OsString, OsString, catalog_index::Entry)> = {
+        let (entries, dirs): (Vec<(OsString, OsString, catalog_index::Entry)>, Option<Memo>) = {
             let mut guard = self.cache();
             let cache = &mut *guard;
             let Some(state) = cache.index.as_mut() else { return };
@@ -1016,6 +1056,7 @@ impl SourceState {
                 return;
             }
             state.dirty = false;
+            let dirs = state.dirs.clone();
             let known = &cache.logs;
             let unscanned: Vec<(OsString, OsString, catalog_index::Entry)> = match &state.file {
                 IndexFile::Loaded(entries) => entries
@@ -1032,7 +1073,7 @@ impl SourceState {
                 .flat_map(|corpus| &corpus.projects)
                 .map(|project| (project.name.as_os_str(), project.logs.as_slice()))
                 .collect();
-            cache
+            let entries = cache
                 .logs
                 .iter()
                 .flat_map(|(project, logs)| {
@@ -1054,12 +1095,14 @@ impl SourceState {
                     })
                 })
                 .chain(unscanned)
-                .collect()
+                .collect();
+            (entries, dirs)
         };
         let written = catalog_index::write(
             self.store.root(),
             entries.iter().map(|(project, session, entry)| (project.as_os_str(), session.as_os_str(), entry.clone())),
-        );
+        )
+        .and_then(|()| dirs.map_or(Ok(()), |dirs| dir_memo::write(self.store.root(), &dirs)));
         if let Err(e) = written {
             tracing::warn!("the catalog index cannot be written (listings read logs instead): {e}");
             if let Some(state) = self.cache().index.as_mut() {
@@ -1183,9 +1226,21 @@ impl SourceState {
     /// or changed since the last scan; the merged corpus is rebuilt only when some log was.
     fn corpus(&self, cancel: &CancellationToken) -> Result<Arc<Corpus>, QueryError> {
         self.start_index();
-        let projects = scan_store(self.store.root(), &self.io.stats, cancel)?;
+        let dirs = self.dir_memo();
+        let memoizing = dirs.as_ref().map(|(known, settle)| Memoizing { known, settle: *settle });
+        let scanned = scan_store(self.store.root(), &self.io.stats, memoizing, cancel)?;
+        self.io.dir_listings.fetch_add(scanned.listed as u64, std::sync::atomic::Ordering::Relaxed);
+        let projects = scanned.projects;
         let found: usize = projects.iter().map(|p| p.logs.len()).sum();
         let mut cache = self.cache();
+        if let Some(state) = cache.index.as_mut() {
+            // A memo other than the one the scan was given (a directory changed, or settled)
+            // puts the file behind.
+            if dirs.is_none_or(|(known, _)| known != scanned.memo) {
+                state.dirty = true;
+            }
+            state.dirs = Some(scanned.memo);
+        }
         cache.generation += 1;
         let generation = cache.generation;
         let mut changed = cache.corpus.is_none();
@@ -1630,6 +1685,7 @@ impl StoreSource {
             line_reads: get(&io.line_reads),
             title_reads: get(&io.title_reads),
             title_bytes: get(&io.title_bytes),
+            dir_listings: get(&io.dir_listings),
         }
     }
 }

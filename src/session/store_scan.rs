@@ -5,15 +5,17 @@
 //! then the logs are statted in chunks that any thread takes next, so one large project (the
 //! usual store: most sessions under one working directory) is shared instead of falling to one
 //! thread. Scan order is kept: projects as the sessions directory lists them, logs as their
-//! project directory does.
+//! project directory does. A scan given the directory memo (`dir_memo`) lists only the project
+//! directories whose stamp differs from their memoized listing's, and memoizes what it lists.
 
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
+use super::dir_memo::{DirStamp, Listing, Memo, Names};
 use super::layout::LOG_FILE;
 use super::query::QueryError;
 
@@ -95,19 +97,41 @@ pub(super) fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> 
     }
 }
 
-/// One project directory, listed: the directory open for `fstatat`, and its session directories.
+/// One project directory, listed: the directory open for `fstatat`, its session directories,
+/// and their listing as memoized (when its stamp was settled), and whether it was listed now.
 struct Listed {
     name: OsString,
     dir: std::fs::File,
     sessions: Vec<OsString>,
+    memo: Option<Listing>,
+    listed: bool,
+}
+
+/// A scan's use of the directory memo: the listings it may reuse while their stamps hold, and
+/// how long before the scan's clock a directory must have last changed for its listing to be
+/// memoized (`dir_memo::SETTLE`).
+pub(super) struct Memoizing<'m> {
+    pub(super) known: &'m Memo,
+    pub(super) settle: Duration,
+}
+
+/// What a scan found: the projects, the memo of the directories as this scan saw them (those it
+/// reused and those it listed with a settled stamp), and how many directories it listed.
+pub(super) struct Scanned {
+    pub(super) projects: Vec<ProjectScan>,
+    pub(super) memo: Memo,
+    pub(super) listed: usize,
 }
 
 /// Every session log under `root` (see the module comment); `stats` counts the `fstatat`s.
 pub(super) fn scan_store(
     root: &Path,
     stats: &AtomicU64,
+    memoizing: Option<Memoizing<'_>>,
     cancel: &CancellationToken,
-) -> Result<Vec<ProjectScan>, QueryError> {
+) -> Result<Scanned, QueryError> {
+    // Read before any directory's stamp: a lower bound on the time each was read at.
+    let now = SystemTime::now();
     let mut dirs = Vec::new();
     match std::fs::read_dir(root) {
         Ok(entries) => {
@@ -122,10 +146,12 @@ pub(super) fn scan_store(
         Err(e) => return Err(read_failed(root, e)),
     }
     let panicked = |_| QueryError::PersistenceFailed("a session scan thread panicked".into());
-    let listed = in_parallel(workers_for(dirs.len()), dirs.len(), |i| list_project(root, &dirs[i], cancel))
-        .map_err(panicked)?
-        .into_iter()
-        .collect::<Result<Vec<Listed>, QueryError>>()?;
+    let listed = in_parallel(workers_for(dirs.len()), dirs.len(), |i| {
+        list_project(root, &dirs[i], memoizing.as_ref().map(|m| (m, now)), cancel)
+    })
+    .map_err(panicked)?
+    .into_iter()
+    .collect::<Result<Vec<Listed>, QueryError>>()?;
     let chunks: Vec<(usize, usize)> = listed
         .iter()
         .enumerate()
@@ -146,7 +172,13 @@ pub(super) fn scan_store(
         .iter()
         .map(|p| ProjectScan { name: p.name.clone(), logs: Vec::with_capacity(p.sessions.len()) })
         .collect();
-    let mut names: Vec<std::vec::IntoIter<OsString>> = listed.into_iter().map(|p| p.sessions.into_iter()).collect();
+    let dirs_listed = listed.iter().filter(|p| p.listed).count();
+    let mut memo = Memo::default();
+    let mut names = Vec::with_capacity(listed.len());
+    for project in listed {
+        memo.extend(project.memo.map(|listing| (project.name, listing)));
+        names.push(project.sessions.into_iter());
+    }
     for (&(p, _), found) in chunks.iter().zip(statted) {
         for (found, session) in found?.into_iter().zip(&mut names[p]) {
             if let Some(found) = found {
@@ -154,23 +186,37 @@ pub(super) fn scan_store(
             }
         }
     }
-    Ok(projects)
+    Ok(Scanned { projects, memo, listed: dirs_listed })
 }
 
 /// How many session logs `scan_store` finds under `root`: the stat pass alone, which every
 /// listing makes before it reads an index or a log (`kin bench`'s floor of a cold listing).
 pub(crate) fn stat_pass(root: &Path) -> Result<usize, QueryError> {
-    let projects = scan_store(root, &AtomicU64::new(0), &CancellationToken::new())?;
-    Ok(projects.iter().map(|p| p.logs.len()).sum())
+    let scanned = scan_store(root, &AtomicU64::new(0), None, &CancellationToken::new())?;
+    Ok(scanned.projects.iter().map(|p| p.logs.len()).sum())
 }
 
-/// The session directories of one project directory (entries that are not files).
-fn list_project(root: &Path, name: &OsStr, cancel: &CancellationToken) -> Result<Listed, QueryError> {
+/// The session directories of one project directory (entries that are not files): its
+/// memoized listing while the directory's stamp is the one memoized, else a listing made now,
+/// memoized if its stamp (read before it) was settled at `now`.
+fn list_project(
+    root: &Path,
+    name: &OsStr,
+    memoizing: Option<(&Memoizing<'_>, SystemTime)>,
+    cancel: &CancellationToken,
+) -> Result<Listed, QueryError> {
     if cancel.is_cancelled() {
         return Err(QueryError::Aborted);
     }
     let path = root.join(name);
     let dir = std::fs::File::open(&path).map_err(|e| read_failed(&path, e))?;
+    // No stamp (its `fstat` failed, or no memo is kept): listed, and not memoized.
+    let stamp = memoizing.and_then(|_| DirStamp::of(&dir).ok());
+    let known = memoizing.and_then(|(m, _)| m.known.get(name)).filter(|known| stamp == Some(known.stamp));
+    if let Some(known) = known {
+        let sessions = known.sessions.iter().map(OsStr::to_owned).collect();
+        return Ok(Listed { name: name.to_owned(), dir, sessions, memo: Some(known.clone()), listed: false });
+    }
     let mut sessions = Vec::new();
     for session in std::fs::read_dir(&path).map_err(|e| read_failed(&path, e))? {
         let session = session.map_err(|e| read_failed(&path, e))?;
@@ -178,7 +224,11 @@ fn list_project(root: &Path, name: &OsStr, cancel: &CancellationToken) -> Result
             sessions.push(session.file_name());
         }
     }
-    Ok(Listed { name: name.to_owned(), dir, sessions })
+    let memo = stamp
+        .zip(memoizing)
+        .filter(|(stamp, (m, now))| stamp.settled(*now, m.settle))
+        .map(|(stamp, _)| Listing { stamp, sessions: Names::of(&sessions) });
+    Ok(Listed { name: name.to_owned(), dir, sessions, memo, listed: true })
 }
 
 /// A session directory's log: `None` when there is none.
@@ -276,7 +326,7 @@ mod tests {
         std::fs::create_dir_all(root.path().join("small/one")).unwrap();
         std::fs::create_dir(root.path().join("small/one").join(LOG_FILE)).unwrap();
         let stats = AtomicU64::new(0);
-        let projects = scan_store(root.path(), &stats, &CancellationToken::new()).unwrap();
+        let projects = scan_store(root.path(), &stats, None, &CancellationToken::new()).unwrap().projects;
         assert_eq!(stats.load(Ordering::Relaxed), 3 * CHUNK as u64 + 5 + 1, "one stat per session directory");
         let big = projects.iter().find(|p| p.name == "big").unwrap();
         let mut found: Vec<(String, u64)> = big
@@ -304,6 +354,65 @@ mod tests {
         assert_eq!(small.logs[0].found, Err("not a regular file".to_string()));
         let cancelled = CancellationToken::new();
         cancelled.cancel();
-        assert!(matches!(scan_store(root.path(), &stats, &cancelled), Err(QueryError::Aborted)));
+        assert!(matches!(scan_store(root.path(), &stats, None, &cancelled), Err(QueryError::Aborted)));
+    }
+
+    /// The sessions a scan found in project `p`, sorted.
+    fn sessions_in(scanned: &Scanned, p: &str) -> Vec<String> {
+        let project = scanned.projects.iter().find(|project| project.name == p).unwrap();
+        let mut names: Vec<String> =
+            project.logs.iter().map(|log| log.session.to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    /// Issue 23: a scan lists a project directory only while the memo has no listing under its
+    /// current stamp; it memoizes only listings whose stamp was settled; a memoized session
+    /// directory without a log is still looked in, so a log made in it later is found.
+    #[test]
+    fn a_settled_directory_is_listed_once_while_its_stamp_holds() {
+        let root = tempfile::tempdir().unwrap();
+        for (project, session, log) in [("p", "s1", true), ("p", "s2", true), ("p", "s3", false), ("q", "t1", true)] {
+            let dir = root.path().join(project).join(session);
+            std::fs::create_dir_all(&dir).unwrap();
+            if log {
+                std::fs::write(dir.join(LOG_FILE), "x").unwrap();
+            }
+        }
+        let stats = AtomicU64::new(0);
+        let cancel = CancellationToken::new();
+        let scan = |known: &Memo, settle: Duration| {
+            scan_store(root.path(), &stats, Some(Memoizing { known, settle }), &cancel).unwrap()
+        };
+        // Just made: not settled, so listed and not memoized.
+        let fresh = scan(&Memo::default(), super::super::dir_memo::SETTLE);
+        assert_eq!((fresh.listed, fresh.memo.len()), (2, 0));
+        // Settled (a zero margin): memoized, then not listed again.
+        let first = scan(&Memo::default(), Duration::ZERO);
+        assert_eq!(first.listed, 2);
+        let mut p_names: Vec<String> =
+            first.memo[OsStr::new("p")].sessions.iter().map(|s| s.to_string_lossy().into()).collect();
+        p_names.sort();
+        assert_eq!(p_names, ["s1", "s2", "s3"], "every session directory, with a log or not");
+        let again = scan(&first.memo, Duration::ZERO);
+        assert_eq!(again.listed, 0);
+        assert_eq!(again.memo, first.memo);
+        assert_eq!(sessions_in(&again, "p"), ["s1", "s2"]);
+        // The names come from the memo while the stamp holds...
+        let mut partial = first.memo.clone();
+        let p = partial.get_mut(OsStr::new("p")).unwrap();
+        let kept: Vec<OsString> = p.sessions.iter().filter(|s| *s != "s2").map(OsStr::to_owned).collect();
+        p.sessions = Names::of(&kept);
+        let trusted = scan(&partial, Duration::ZERO);
+        assert_eq!((trusted.listed, sessions_in(&trusted, "p")), (0, vec!["s1".to_string()]));
+        // ...and from the directory once it differs (here another directory's stamp).
+        partial.get_mut(OsStr::new("p")).unwrap().stamp = first.memo[OsStr::new("q")].stamp;
+        let relisted = scan(&partial, Duration::ZERO);
+        assert_eq!((relisted.listed, sessions_in(&relisted, "p")), (1, vec!["s1".to_string(), "s2".to_string()]));
+        assert_eq!(relisted.memo, first.memo, "the listing made now is memoized again");
+        // A log made in a memoized session directory (its project directory unchanged).
+        std::fs::write(root.path().join("p/s3").join(LOG_FILE), "y").unwrap();
+        let later = scan(&first.memo, Duration::ZERO);
+        assert_eq!((later.listed, sessions_in(&later, "p")), (0, vec!["s1".into(), "s2".into(), "s3".into()]));
     }
 }
