@@ -351,6 +351,8 @@ async fn mock_chat_server_with(bodies: Vec<Vec<u8>>) -> Result<String> {
 
 /// Unrelated sessions around the listed parent.
 const CATALOG_UNRELATED: usize = 10_000;
+/// The project directories the unrelated sessions are spread over.
+const CATALOG_PROJECTS: usize = 20;
 
 /// `list_children` latency for D = 100, 1,000, 5,000 direct children with logs of 10 KB (and
 /// 1,000 children with 1 MB logs in the full run) under 10,000 unrelated sessions, each query
@@ -368,8 +370,11 @@ async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()>
     use crate::subagent::catalog::list_children;
     let root = tmp.join("catalog");
     for i in 0..CATALOG_UNRELATED {
-        let header =
-            SessionHeader::new(uuid::Uuid::new_v4().to_string(), i as u64, Some(format!("/bench/p{}", i % 20)));
+        let header = SessionHeader::new(
+            uuid::Uuid::new_v4().to_string(),
+            i as u64,
+            Some(format!("/bench/p{}", i % CATALOG_PROJECTS)),
+        );
         write_log(&root, &header, 3, 0)?;
     }
     let mut runs: Vec<(usize, usize)> = vec![(100, 10_000), (1000, 10_000)];
@@ -403,10 +408,10 @@ async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()>
         sync_disks();
         // The first listing of a kin process just started, in five processes (the median, with
         // its CPU time): the runtime keeps one query, so a new process is the only cold listing.
-        let mut colds: Vec<(Duration, Duration)> =
+        let mut colds: Vec<(Duration, Duration, u64)> =
             (0..5).map(|_| first_listing_in_new_process(&root, &parent.id, d)).collect::<Result<_>>()?;
         colds.sort();
-        let (cold, cold_cpu) = colds[colds.len() / 2];
+        let (cold, cold_cpu, cold_dirs) = colds[colds.len() / 2];
         // The stat pass alone, as the cold listings left the kernel's caches: the part of a cold
         // listing no index saves (seed 000's rule: every log is checked), a floor set by the host.
         let mut passes: Vec<(Duration, Duration)> =
@@ -417,9 +422,11 @@ async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()>
         list(&query)?;
         let warm: Vec<Duration> = (0..5).map(|_| list(&query)).collect::<Result<_>>()?;
         let warm = median(&warm);
-        let stats_before = query.source().io().stats;
+        let before = query.source().io();
         list(&query)?;
-        let stats_per_log = (query.source().io().stats - stats_before) as f64 / (CATALOG_UNRELATED + d + 1) as f64;
+        let after = query.source().io();
+        let stats_per_log = (after.stats - before.stats) as f64 / (CATALOG_UNRELATED + d + 1) as f64;
+        let dirs_listed = after.dir_listings - before.dir_listings;
         if bytes == 10_000 {
             rebuild_times.push((d as f64, rebuild.as_secs_f64()));
             cold_times.push((d as f64, cold.as_secs_f64()));
@@ -447,6 +454,11 @@ async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()>
             format!("  the cold listing's CPU time, all threads of its process: {}", ms(cold_cpu)),
         )?;
         report.metric(
+            &format!("list_{d}_children_{size}_cold_dirs_listed"),
+            cold_dirs as f64,
+            format!("  it listed {cold_dirs} of the {} project directories", CATALOG_PROJECTS + 1),
+        )?;
+        report.metric(
             &format!("list_{d}_children_{size}_stat_pass_ms"),
             millis(pass),
             format!(
@@ -464,6 +476,14 @@ async fn catalog(tmp: &Path, quick: bool, report: &mut Report<'_>) -> Result<()>
             &format!("list_{d}_children_{size}_warm_stats_per_log"),
             stats_per_log,
             format!("  a warm listing stats each log {stats_per_log:.2} times"),
+        )?;
+        report.metric(
+            &format!("list_{d}_children_{size}_warm_dirs_listed"),
+            dirs_listed as f64,
+            format!(
+                "  and lists {dirs_listed} of the {} project directories (the others' listings are memoized)",
+                CATALOG_PROJECTS + 1
+            ),
         )?;
         if (d, bytes) == (1000, 10_000) {
             sync_disks();
@@ -594,8 +614,9 @@ pub async fn first_listing(sessions: &Path, parent: &str, out: &mut dyn Write) -
     })
     .await??;
     let (wall, cpu) = (started.elapsed(), process_cpu().saturating_sub(cpu));
+    let dirs = query.source().io().dir_listings;
     drop(query);
-    writeln!(out, "{}", json!({"wallMs": millis(wall), "cpuMs": millis(cpu), "listed": listed}))?;
+    writeln!(out, "{}", json!({"wallMs": millis(wall), "cpuMs": millis(cpu), "listed": listed, "dirsListed": dirs}))?;
     Ok(())
 }
 
@@ -609,8 +630,9 @@ fn timed_stat_pass(sessions: &Path, logs: usize) -> Result<(Duration, Duration)>
     Ok(timed)
 }
 
-/// `first_listing` in a new kin process: its wall and CPU time, checked to list `children`.
-fn first_listing_in_new_process(sessions: &Path, parent: &str, children: usize) -> Result<(Duration, Duration)> {
+/// `first_listing` in a new kin process: its wall and CPU time and the project directories it
+/// listed, checked to list `children`.
+fn first_listing_in_new_process(sessions: &Path, parent: &str, children: usize) -> Result<(Duration, Duration, u64)> {
     let output = std::process::Command::new(std::env::current_exe()?)
         .args(["bench", "--first-listing"])
         .arg(sessions)
@@ -626,7 +648,11 @@ fn first_listing_in_new_process(sessions: &Path, parent: &str, children: usize) 
         "a new process listed {} of {children} children",
         field("listed")?
     );
-    Ok((Duration::from_secs_f64(field("wallMs")? / 1e3), Duration::from_secs_f64(field("cpuMs")? / 1e3)))
+    Ok((
+        Duration::from_secs_f64(field("wallMs")? / 1e3),
+        Duration::from_secs_f64(field("cpuMs")? / 1e3),
+        field("dirsListed")? as u64,
+    ))
 }
 
 /// `session/load` of a parent with D = 100, 1,000, 5,000 stored continuable children (2 KB logs)

@@ -1619,7 +1619,8 @@ fn restarted_kin_lists_its_children_complete_and_hand_corruption_yields_the_matc
 
 /// `kin bench --first-listing` (what the catalog bench runs for its cold figure): a kin process
 /// just started lists a parent's children once, as its runtime's first listing does, and prints
-/// one line of JSON with how many it listed and that listing's wall and CPU time.
+/// one line of JSON with how many it listed, that listing's wall and CPU time and how many project
+/// directories it listed.
 #[test]
 fn the_bench_s_first_listing_runs_in_a_new_kin_process_and_lists_the_children() {
     let (_dir, store) = family();
@@ -1638,6 +1639,8 @@ fn the_bench_s_first_listing_runs_in_a_new_kin_process_and_lists_the_children() 
     assert_eq!(figures["listed"], 3, "{text}");
     assert!(figures["wallMs"].as_f64().is_some_and(|ms| ms > 0.0), "{text}");
     assert!(figures["cpuMs"].as_f64().is_some_and(|ms| ms >= 0.0), "{text}");
+    // The family's directories are a moment old: none is memoized, so its one directory is listed.
+    assert_eq!(figures["dirsListed"], 1, "{text}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -593,9 +593,11 @@ async fn a_server_that_outstays_its_input_gets_sigterm_before_the_kill() {
     let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({})).await;
     let (log, termed) = (kin.path("fixture.log"), kin.path("termed"));
     let mut server = fixture_entry("fx", &log, &[]);
-    // The fixture serves; when its input ends the shell stays, until a SIGTERM it notes.
+    // The fixture serves; when its input ends the shell stays, until a SIGTERM it notes (at once:
+    // a shell runs a trap when the `wait` it is in returns, not before a foreground `sleep` ends,
+    // which could outlast the grace).
     let script = format!(
-        "trap 'echo term > {}; exit 0' TERM; exec 3<&0; {} <&3 3<&- & wait $!; while :; do sleep 1; done",
+        "trap 'echo term > {}; exit 0' TERM; exec 3<&0; {} <&3 3<&- & wait $!; while :; do sleep 1 & wait $!; done",
         termed.display(),
         fixture().display()
     );

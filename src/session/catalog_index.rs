@@ -540,18 +540,13 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     })
 }
 
-/// Writes the index of `root` whole (temp file beside it, fsync, rename, directory fsync); nothing
-/// while `root` does not exist. Logs whose directory names are not UTF-8 are left out (their
-/// listings read them).
+/// Writes the index of `root` whole (`write_whole`: temp file beside it, fsync, rename,
+/// directory fsync; nothing while `root` does not exist). Logs whose directory names are not
+/// UTF-8 are left out (their listings read them).
 pub(crate) fn write<'a>(
     root: &Path,
     entries: impl Iterator<Item = (&'a OsStr, &'a OsStr, Entry)>,
 ) -> Result<(), String> {
-    if std::fs::symlink_metadata(root).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
-        // No sessions directory yet (a first `kin sessions list`): nothing to index, and no
-        // directory beside which to put it.
-        return Ok(());
-    }
     let mut lines = Vec::new();
     for (project, session, entry) in entries {
         let (Some(project), Some(session)) = (project.to_str(), session.to_str()) else { continue };
@@ -597,7 +592,12 @@ pub(crate) fn write<'a>(
 
 /// Writes `bytes` to `path` (a file beside the sessions directory `root`) whole: a temp file in
 /// the same directory, fsync, rename over the old one, fsync of the directory.
+/// Nothing while `root` does not exist (a first `kin sessions list`: nothing to keep, and no
+/// directory beside which to put it).
 pub(super) fn write_whole(path: &Path, root: &Path, bytes: &[u8]) -> Result<(), String> {
+    if std::fs::symlink_metadata(root).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(());
+    }
     let dir = path.parent().unwrap_or(root);
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let mut temp = tempfile::Builder::new().prefix(".catalog-index.").tempfile_in(dir).map_err(failed)?;
