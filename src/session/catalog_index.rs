@@ -290,13 +290,24 @@ fn is_lower_hex(hex: &str, digits: usize) -> bool {
 /// The index file of a sessions directory, beside it; `None` for a directory without a parent
 /// or a name (`/`), which has no index.
 pub fn path(root: &Path) -> Option<PathBuf> {
+    beside(root, INDEX_SUFFIX)
+}
+
+/// The file beside the sessions directory `root` named as it is with `suffix` added; `None` for
+/// a directory without a parent or a name (`/`), which has no place beside it.
+pub(super) fn beside(root: &Path, suffix: &str) -> Option<PathBuf> {
     let mut name = root.file_name()?.to_os_string();
-    name.push(INDEX_SUFFIX);
+    name.push(suffix);
     Some(root.parent()?.join(name))
 }
 
+/// `beside(root, suffix)`, or the error saying there is no such place for `what`.
+pub(super) fn placed_beside(root: &Path, suffix: &str, what: &str) -> Result<PathBuf, String> {
+    beside(root, suffix).ok_or_else(|| format!("{} has no place for {what} beside it", root.display()))
+}
+
 fn placed(root: &Path) -> Result<PathBuf, String> {
-    path(root).ok_or_else(|| format!("{} has no place for a catalog index beside it", root.display()))
+    placed_beside(root, INDEX_SUFFIX, "a catalog index")
 }
 
 /// The entries of the index of `root`, but for those whose session directory is not the one

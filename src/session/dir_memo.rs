@@ -136,14 +136,16 @@ struct DirLine<'a> {
 /// The memo file of a sessions directory, beside it; `None` for a directory without a parent
 /// or a name (`/`), which has none.
 pub fn path(root: &Path) -> Option<PathBuf> {
-    let mut name = root.file_name()?.to_os_string();
-    name.push(MEMO_SUFFIX);
-    Some(root.parent()?.join(name))
+    catalog_index::beside(root, MEMO_SUFFIX)
+}
+
+fn placed(root: &Path) -> Result<PathBuf, String> {
+    catalog_index::placed_beside(root, MEMO_SUFFIX, "a directory memo")
 }
 
 /// The memo in the file beside `root`; `Err` says why there is none to use.
 pub(crate) fn load(root: &Path) -> Result<Memo, String> {
-    let path = path(root).ok_or_else(|| format!("{} has no place for a directory memo", root.display()))?;
+    let path = placed(root)?;
     let file = super::scan::open_log(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let size = file.metadata().map_err(|e| e.to_string())?.len();
     if size > MEMO_LIMIT {
@@ -198,8 +200,7 @@ pub(crate) fn write(root: &Path, memo: &Memo) -> Result<(), String> {
     if text.len() as u64 > MEMO_LIMIT {
         return Err(format!("the directory memo would be larger than {MEMO_LIMIT} bytes; not written"));
     }
-    let path = path(root).ok_or_else(|| format!("{} has no place for a directory memo", root.display()))?;
-    catalog_index::write_whole(&path, root, text.as_bytes())
+    catalog_index::write_whole(&placed(root)?, root, text.as_bytes())
 }
 
 #[cfg(test)]
