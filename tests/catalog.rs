@@ -627,7 +627,7 @@ fn an_exact_read_naming_another_parent_is_corrupt() {
     let faulty = Faulty {
         edit: Some(Box::new(|w: &mut Window| {
             if w.session.id == B {
-                w.session.parent_session = Some("someone-else".into());
+                std::sync::Arc::make_mut(&mut w.session).parent_session = Some("someone-else".into());
             }
         })),
         ..Faulty::new(query(&store, &[]))
@@ -642,7 +642,7 @@ fn an_exact_read_whose_header_changed_is_corrupt() {
     let faulty = Faulty {
         edit: Some(Box::new(|w: &mut Window| {
             if w.session.id == A {
-                w.session.created_at += 1;
+                std::sync::Arc::make_mut(&mut w.session).created_at += 1;
             }
         })),
         ..Faulty::new(query(&store, &[]))

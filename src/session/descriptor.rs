@@ -9,6 +9,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::data::Data;
 use super::event::{DescriptorPayload, EventBody, Kind};
 use super::record::Event;
 
@@ -262,10 +263,65 @@ impl Descriptor {
         }))
     }
 
+    /// `parse` of an event's data, read straight into a descriptor when it is the plain shape
+    /// kin writes (no `toolFilter` or `agent`, each field once, no `null`), else through a parsed
+    /// tree: the same result either way, without building the tree a listing's every child
+    /// would otherwise cost.
+    pub fn of_data(data: &Data) -> Result<Option<Descriptor>, String> {
+        match Descriptor::plain(data.text()) {
+            Some(descriptor) => Ok(Some(descriptor)),
+            None => Descriptor::parse(&data.to_value()),
+        }
+    }
+
+    /// A current-version descriptor of the plain shape `parse` would accept, or `None` for
+    /// `parse` to judge.
+    fn plain(text: &str) -> Option<Descriptor> {
+        /// A string field, present: `null` is not a string (`parse` refuses it).
+        fn some<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+            <String as serde::Deserialize>::deserialize(d).map(Some)
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase", deny_unknown_fields)]
+        struct Plain<'a> {
+            version: u64,
+            #[serde(borrow)]
+            mode: std::borrow::Cow<'a, str>,
+            provider: String,
+            #[serde(default, deserialize_with = "some")]
+            label: Option<String>,
+            #[serde(default, deserialize_with = "some")]
+            agent_provider: Option<String>,
+            #[serde(default, deserialize_with = "some")]
+            agent_model: Option<String>,
+            #[serde(default, deserialize_with = "some")]
+            persona: Option<String>,
+        }
+        let p: Plain = serde_json::from_str(text).ok()?;
+        if p.version != DESCRIPTOR_VERSION {
+            return None;
+        }
+        match p.mode.as_ref() {
+            "one-shot" if p.agent_provider.is_none() && p.agent_model.is_none() && p.persona.is_none() => {
+                Some(Descriptor::OneShot { provider: p.provider, label: p.label, agent: None })
+            }
+            "continuable" => Some(Descriptor::Continuable {
+                provider: p.provider,
+                label: p.label?,
+                agent_provider: p.agent_provider,
+                agent_model: p.agent_model,
+                persona: p.persona,
+                tool_filter: None,
+                agent: None,
+            }),
+            _ => None,
+        }
+    }
+
     /// Folds the first descriptor event among `events` (none → `Ok(None)`).
     pub fn fold<'a>(mut events: impl Iterator<Item = &'a Event>) -> Result<Option<Descriptor>, String> {
         match events.find(|e| e.kind == Kind::SubagentDescriptor) {
-            Some(event) => Descriptor::parse(&event.data.to_value()),
+            Some(event) => Descriptor::of_data(&event.data),
             None => Ok(None),
         }
     }
@@ -305,6 +361,41 @@ fn parse_filter(value: &Value) -> Result<ToolFilter, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 23: the plain reading of a descriptor is `parse`'s of the tree, for every shape
+    /// (the plain one and each way out of it), and takes the plain shape without the tree.
+    #[test]
+    fn a_descriptor_read_plainly_is_what_parse_makes_of_it() {
+        let plain = [
+            r#"{"version":2,"mode":"continuable","provider":"spawn","label":"bench child","agentProvider":"b","agentModel":"m"}"#,
+            r#"{"version":2,"mode":"continuable","provider":"fork","label":"x","persona":"terse \"quoted\" \u00e9"}"#,
+            r#"{"mode":"one-shot","version":2,"provider":"spawn","label":"once"}"#,
+            r#"{"version":2,"mode":"one-shot","provider":"spawn"}"#,
+        ];
+        let other = [
+            r#"{"version":2,"mode":"one-shot","provider":"spawn","label":null}"#,
+            r#"{"version":2,"mode":"continuable","provider":"spawn"}"#,
+            r#"{"version":2,"mode":"continuable","provider":"spawn","label":"a","label":"b"}"#,
+            r#"{"version":2.0,"mode":"continuable","provider":"spawn","label":"a"}"#,
+            r#"{"version":3,"mode":"continuable","provider":"spawn","label":"a"}"#,
+            r#"{"version":"2","mode":"continuable","provider":"spawn","label":"a"}"#,
+            r#"{"version":2,"mode":"one-shot","provider":"spawn","agentModel":"m"}"#,
+            r#"{"version":2,"mode":"one-shot","provider":"spawn","persona":"p"}"#,
+            r#"{"version":2,"mode":"other","provider":"spawn","label":"a"}"#,
+            r#"{"version":2,"mode":"continuable","provider":7,"label":"a"}"#,
+            r#"{"version":2,"mode":"continuable","provider":"spawn","label":"a","odd":1}"#,
+            r#"{"version":2,"mode":"continuable","provider":"spawn","label":"a","toolFilter":{"allow":["read"]}}"#,
+            r#"{"version":2,"mode":"continuable","provider":"spawn","label":"a","agent":{"name":"rev","maxTurns":3}}"#,
+            r#"{"version":2,"mode":"one-shot","provider":"spawn","agent":{"name":"rev","maxTurns":0}}"#,
+            r#"[2]"#,
+            r#"null"#,
+        ];
+        for (text, is_plain) in plain.iter().map(|t| (t, true)).chain(other.iter().map(|t| (t, false))) {
+            let data: Data = serde_json::from_str(text).unwrap();
+            assert_eq!(Descriptor::plain(data.text()).is_some(), is_plain, "{text}");
+            assert_eq!(Descriptor::of_data(&data), Descriptor::parse(&data.to_value()), "{text}");
+        }
+    }
 
     #[test]
     fn one_shot_without_label_round_trips() {

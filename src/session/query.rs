@@ -203,7 +203,7 @@ impl ReadRequest {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Window {
     /// The header of the log the event was read from.
-    pub session: SessionHeader,
+    pub session: Arc<SessionHeader>,
     pub target: Event,
     /// `start_seq..=end_seq`, the target included.
     pub events: Vec<Event>,
@@ -221,7 +221,7 @@ pub struct SessionLog {
 /// Derived facts about one log: exactly what a full read of the same bytes would give for them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogSummary {
-    pub header: SessionHeader,
+    pub header: Arc<SessionHeader>,
     pub event_count: u64,
     /// Every `subagent/descriptor` event (the one kind the subagent catalog asks for), whole,
     /// in seq order.
@@ -235,7 +235,7 @@ pub struct LogSummary {
 impl LogSummary {
     pub fn of(log: &SessionLog) -> LogSummary {
         LogSummary {
-            header: log.header.clone(),
+            header: Arc::new(log.header.clone()),
             event_count: log.events.len() as u64,
             indexed: log.events.iter().filter(|e| e.kind == Kind::SubagentDescriptor).cloned().collect(),
             surface: validate(&log.events).map(|_| ()),
@@ -488,7 +488,7 @@ impl<S: SessionSource> SessionQuery<S> {
         if cancel.is_cancelled() {
             return Err(QueryError::Aborted);
         }
-        Ok(Window { session: log.header, target, events, start_seq: start, end_seq: end })
+        Ok(Window { session: Arc::new(log.header), target, events, start_seq: start, end_seq: end })
     }
 }
 
@@ -1747,7 +1747,7 @@ impl SourceState {
                     && let Some(descriptors) = self.read_descriptors(path, &facts)
                 {
                     return Ok(Built::FromIndex(Arc::new(LogSummary {
-                        header: (*header).clone(),
+                        header,
                         event_count: facts.event_count,
                         indexed: descriptors,
                         surface: facts.surface.clone(),
@@ -1769,7 +1769,7 @@ impl SourceState {
                 descriptors: located.iter().map(Located::of).collect(),
             })
         });
-        Ok(Built::Read { summary, header: log.header, facts })
+        Ok(Built::Read { summary, facts })
     }
 }
 
@@ -1819,8 +1819,9 @@ enum Built {
     Cached(Arc<LogSummary>),
     /// From the index's facts.
     FromIndex(Arc<LogSummary>),
-    /// From a read of the whole log: its header too, and its index facts when the index is kept.
-    Read { summary: Arc<LogSummary>, header: SessionHeader, facts: Option<Arc<Facts>> },
+    /// From a read of the whole log (its header is the summary's), and its index facts when the
+    /// index is kept.
+    Read { summary: Arc<LogSummary>, facts: Option<Arc<Facts>> },
 }
 
 /// Puts what `build_summary` made of the log at `path` (statted at `len`, `modified`) into the
@@ -1828,7 +1829,7 @@ enum Built {
 /// meanwhile, the next call's stat misses it and it is built again.
 fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: Built) -> Arc<LogSummary> {
     let (project, session) = log_key(path);
-    let (summary, header, facts) = match built {
+    let (summary, facts) = match built {
         Built::Cached(summary) => return summary,
         Built::FromIndex(summary) => {
             if let Some(c) =
@@ -1838,7 +1839,7 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
             }
             return summary;
         }
-        Built::Read { summary, header, facts } => (summary, header, facts),
+        Built::Read { summary, facts } => (summary, facts),
     };
     if let Some(state) = cache.index.as_mut() {
         state.dirty = true;
@@ -1853,7 +1854,7 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
             let entry = CachedLog {
                 len,
                 modified,
-                header: Ok(Arc::new(header)),
+                header: Ok(summary.header.clone()),
                 summary: Some(summary.clone()),
                 seen: 0,
                 statted: true,

@@ -272,7 +272,7 @@ fn inspect_child(
     if !same_session || !same_target {
         return Ok(Some(diagnostic(id, Reason::Corrupt)));
     }
-    let descriptor = match Descriptor::parse(&window.target.data.to_value()) {
+    let descriptor = match Descriptor::of_data(&window.target.data) {
         Err(_) => return Ok(Some(diagnostic(id, Reason::Corrupt))),
         Ok(None) => return Ok(Some(diagnostic(id, Reason::Unsupported))),
         Ok(Some(descriptor)) => descriptor,
@@ -300,7 +300,7 @@ pub(crate) fn own_descriptor(events: &[crate::session::Event], seed_length: u64)
     if own.next().is_some() {
         return Err(Reason::Corrupt);
     }
-    match Descriptor::parse(&first.data.to_value()) {
+    match Descriptor::of_data(&first.data) {
         Ok(Some(descriptor)) => Ok(Some(descriptor)),
         Ok(None) => Err(Reason::Unsupported),
         Err(_) => Err(Reason::Corrupt),
