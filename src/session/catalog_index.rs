@@ -242,7 +242,7 @@ impl TitleLine {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FactsLine {
     events: u64,
@@ -253,7 +253,7 @@ struct FactsLine {
     descriptors: Vec<DescriptorLine>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 struct DescriptorLine {
     seq: u64,
@@ -486,8 +486,7 @@ struct Fields<'a> {
 }
 
 /// An entry line exactly as `write` writes one (`session::canonical`), or `None` for serde to
-/// read (or refuse) instead. The summary, on child logs only, is read by serde; a title with an
-/// escape is serde's too.
+/// read (or refuse) instead: a title or a surface violation with an escape is serde's.
 fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let mut c = Cursor::new(line);
     c.expect("{\"project\":")?;
@@ -525,16 +524,11 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     } else {
         None
     };
-    let summary = if c.eat(",\"summary\":") {
-        let text = c.rest().strip_suffix('}')?;
-        Some(serde_json::from_str::<FactsLine>(text).ok()?)
-    } else {
-        c.expect("}")?;
-        if !c.is_done() {
-            return None;
-        }
-        None
-    };
+    let summary = if c.eat(",\"summary\":") { Some(canonical_facts(&mut c)?) } else { None };
+    c.expect("}")?;
+    if !c.is_done() {
+        return None;
+    }
     Some(Fields {
         project: project.into(),
         session: session.into(),
@@ -546,6 +540,40 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
         title,
         summary,
     })
+}
+
+/// A summary exactly as `write` writes one (a surface violation with an escape is serde's).
+fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine> {
+    c.expect("{\"events\":")?;
+    let events = c.uint()?;
+    c.expect(",\"surface\":")?;
+    let surface = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
+    c.expect(",\"pending\":")?;
+    let pending = usize::try_from(c.uint()?).ok()?;
+    c.expect(",\"discarded\":")?;
+    let discarded = usize::try_from(c.uint()?).ok()?;
+    c.expect(",\"descriptors\":[")?;
+    let mut descriptors = Vec::new();
+    if !c.eat("]") {
+        loop {
+            c.expect("{\"seq\":")?;
+            let seq = c.uint()?;
+            c.expect(",\"offset\":")?;
+            let offset = c.uint()?;
+            c.expect(",\"len\":")?;
+            let len = c.uint()?;
+            c.expect(",\"digest\":")?;
+            let digest = c.string()?.to_string();
+            c.expect("}")?;
+            descriptors.push(DescriptorLine { seq, offset, len, digest });
+            if c.eat("]") {
+                break;
+            }
+            c.expect(",")?;
+        }
+    }
+    c.expect("}")?;
+    Some(FactsLine { events, surface, pending, discarded, descriptors })
 }
 
 /// Writes the index of `root` whole (`write_whole`: temp file beside it, fsync, rename,
@@ -674,6 +702,14 @@ mod tests {
             inbox: InboxCounts { pending: 1, discarded: 2 },
             descriptors: vec![Located { seq: 0, offset: 120, len: 80, digest: digest(b"line") }],
         };
+        let summary = |surface, n: u64| Facts {
+            event_count: 40 + n,
+            surface,
+            inbox: InboxCounts::default(),
+            descriptors: (0..n)
+                .map(|i| Located { seq: i, offset: 100 * i, len: 90, digest: digest(&[i as u8]) })
+                .collect(),
+        };
         let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
         const LEN: u64 = 4 << 20;
         let entry = |header: SessionHeader, facts: Option<Facts>, title: Option<Titled>| Entry {
@@ -701,6 +737,10 @@ mod tests {
             ("--p--", "grown", marked(entry(top("grown"), None, None), Some("Before"), LEN)),
             ("--p--", "blank", marked(entry(top("blank"), None, Some(Titled(None))), None, MARK_KEPT_FROM)),
             ("--p--", "short", marked(entry(top("short"), None, titled("Short")), Some("Short"), 4000)),
+            // Summaries of two descriptors, of none, and with a violation that has an escape.
+            ("--p--", "twice", entry(top("twice"), Some(summary(Ok(()), 2)), None)),
+            ("--p--", "none", entry(top("none"), Some(summary(Ok(()), 0)), None)),
+            ("--p--", "odd", entry(top("odd"), Some(summary(Err("a \"quoted\" one".into()), 1)), None)),
         ];
         write(&root, entries.iter().map(|(p, s, e)| (OsStr::new(p), OsStr::new(s), e.clone()))).unwrap();
         let text = std::fs::read_to_string(path(&root).unwrap()).unwrap();
@@ -716,8 +756,8 @@ mod tests {
                 (LEN, at, &written.header, &written.facts, &written.title, &kept_mark),
                 "{line}"
             );
-            if *session == "quoted" {
-                assert!(canonical_entry(line).is_none(), "a title with escapes is serde's to read: {line}");
+            if *session == "quoted" || *session == "odd" {
+                assert!(canonical_entry(line).is_none(), "a text with escapes is serde's to read: {line}");
                 continue;
             }
             let fast = canonical_entry(line).unwrap_or_else(|| panic!("not read fast: {line}"));
@@ -726,7 +766,7 @@ mod tests {
             assert_eq!((fast.len, fast.mtime, fast.header_text), (serde.len, serde.mtime, serde.header.get()));
             assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
             assert_eq!(fast.header_digest, serde.header_digest);
-            assert_eq!(fast.summary.is_some(), serde.summary.is_some());
+            assert_eq!(fast.summary, serde.summary);
             assert_eq!(fast.title, serde.title);
         }
         assert_eq!(load(&root).unwrap().len(), 1, "one project");
@@ -736,6 +776,17 @@ mod tests {
         assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());
         let ((project, _), read, _) = parse_entry(&escaped).unwrap();
         assert_eq!((project.as_ref(), &read.header), ("--p--", &entries[0].2.header));
+        // So is a summary in another shape than kin's (a space; fields in another order), and
+        // one serde refuses is refused (a field it does not know).
+        let child = lines[1];
+        let spaced = child.replacen("{\"events\":", "{\"events\": ", 1);
+        let reordered = child.replacen("\"pending\":1,\"discarded\":2", "\"discarded\":2,\"pending\":1", 1);
+        for other in [spaced, reordered] {
+            assert!(other != child && canonical_entry(&other).is_none(), "{other}");
+            assert_eq!(parse_entry(&other).unwrap().1.facts, entries[1].2.facts, "{other}");
+        }
+        let unknown = child.replacen("\"pending\":1", "\"pending\":1,\"more\":0", 1);
+        assert!(unknown != child && parse_entry(&unknown).is_err(), "{unknown}");
     }
 
     /// A title mark that is not exactly what `write` writes makes its entry malformed (and so

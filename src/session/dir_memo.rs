@@ -76,6 +76,13 @@ pub(crate) struct Listing {
     pub sessions: Names,
 }
 
+/// Where one name is in `Names`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    start: usize,
+    end: usize,
+}
+
 /// Directory entry names joined by `/`, which no name holds: one allocation, and one string in
 /// the file, for a directory of thousands (a memo is read at every start).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +104,27 @@ impl Names {
     pub(crate) fn iter(&self) -> impl Iterator<Item = &OsStr> {
         let joined: &[u8] = &self.0;
         joined.split(|b| *b == b'/').filter(|_| !joined.is_empty()).map(OsStr::from_bytes)
+    }
+
+    /// Where each name is in the joined bytes, in order (`at` gives the name back): a scan
+    /// keeps these rather than a copy of each name.
+    pub(crate) fn spans(&self) -> Vec<Span> {
+        let joined: &[u8] = &self.0;
+        if joined.is_empty() {
+            return Vec::new();
+        }
+        let mut spans = Vec::with_capacity(joined.len() / 16);
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'/', joined).chain([joined.len()]) {
+            spans.push(Span { start, end });
+            start = end + 1;
+        }
+        spans
+    }
+
+    /// The name at `span` (one of `spans`).
+    pub(crate) fn at(&self, span: Span) -> &OsStr {
+        OsStr::from_bytes(&self.0[span.start..span.end])
     }
 
     /// The names read from a memo file: `None` unless each is a name a directory can hold.

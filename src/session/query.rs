@@ -807,7 +807,7 @@ impl Corpus {
     fn names(&self, id: &str) -> Option<(&OsStr, &OsStr)> {
         let place = self.located.get(id)?;
         let project = &self.projects[place.project];
-        Some((&project.name, &project.logs[place.log].session))
+        Some((&project.name, project.session(&project.logs[place.log])))
     }
 
     /// The log file of session `id`, where the scan found it.
@@ -1069,30 +1069,31 @@ impl SourceState {
             };
             // Each project's logs in the order the last scan found them: the next start's scan of
             // an unchanged directory finds them in that order again, and takes each in step.
-            let scanned: HashMap<&OsStr, &[FoundLog]> = (cache.corpus.iter())
+            let scanned: HashMap<&OsStr, &ProjectScan> = (cache.corpus.iter())
                 .flat_map(|corpus| &corpus.projects)
-                .map(|project| (project.name.as_os_str(), project.logs.as_slice()))
+                .map(|project| (project.name.as_os_str(), project))
                 .collect();
             let entries = cache
                 .logs
                 .iter()
                 .flat_map(|(project, logs)| {
-                    let order = scanned.get(project.as_os_str()).copied().unwrap_or_default();
-                    in_scan_order(logs, order).into_iter().filter_map(move |(session, log)| match &log.header {
-                        Ok(header) if log.statted => Some((
-                            project.clone(),
-                            session.clone(),
-                            catalog_index::Entry {
-                                len: log.len,
-                                modified: log.modified,
-                                header: header.clone(),
-                                facts: log.facts.clone(),
-                                title: log.title.clone(),
-                                title_mark: log.title_mark.clone(),
-                            },
-                        )),
-                        _ => None,
-                    })
+                    in_scan_order(logs, scanned.get(project.as_os_str()).copied()).into_iter().filter_map(
+                        move |(session, log)| match &log.header {
+                            Ok(header) if log.statted => Some((
+                                project.clone(),
+                                session.clone(),
+                                catalog_index::Entry {
+                                    len: log.len,
+                                    modified: log.modified,
+                                    header: header.clone(),
+                                    facts: log.facts.clone(),
+                                    title: log.title.clone(),
+                                    title_mark: log.title_mark.clone(),
+                                },
+                            )),
+                            _ => None,
+                        },
+                    )
                 })
                 .chain(unscanned)
                 .collect();
@@ -1320,7 +1321,7 @@ impl SourceState {
             for (made, (p, l)) in headers {
                 let header = made.or_else(|| {
                     let project = &projects[p];
-                    cache.logs.get(&project.name)?.get(&project.logs[l].session)?.header.clone().ok()
+                    cache.logs.get(&project.name)?.get(project.session(&project.logs[l]))?.header.clone().ok()
                 });
                 let Some(header) = header else { continue };
                 let record = merged.as_ref().map_or(0, Vec::len);
@@ -1360,10 +1361,11 @@ impl SourceState {
         let logs = &mut logs;
         let (mut seen, mut from_index, mut read, mut changed) = (0usize, 0usize, 0usize, false);
         let mut headers = Vec::with_capacity(project.logs.len());
-        let log_path = |log: &FoundLog| log_file(self.store.root(), &project.name, &log.session);
+        let log_path = |log: &FoundLog| log_file(self.store.root(), &project.name, project.session(log));
         for (l, f) in project.logs.iter().enumerate() {
             let path = || log_path(f);
-            let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(&f.session) {
+            let session = project.session(f);
+            let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(session) {
                 Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
                 _ => None,
             };
@@ -1373,7 +1375,7 @@ impl SourceState {
                     // A session this cache has read before keeps its place under its last
                     // header: its reads fail, so a listing shows it `unavailable` instead of
                     // losing it. One never read names no parent and is left out.
-                    match logs.get_mut(&f.session).filter(|log| log.header.is_ok()) {
+                    match logs.get_mut(session).filter(|log| log.header.is_ok()) {
                         Some(log) => {
                             log.seen = generation;
                             log.summary = None;
@@ -1388,16 +1390,16 @@ impl SourceState {
                 }
             };
             seen += 1;
-            if let Some(log) = logs.get_mut(&f.session).filter(|c| c.is_at(len, modified)) {
+            if let Some(log) = logs.get_mut(session).filter(|c| c.is_at(len, modified)) {
                 log.seen = generation;
                 log.statted = true;
                 headers.push((None, l));
                 continue;
             }
             // The entry's key becomes the cache's (no copy of the name per log).
-            let (key, indexed) = match indexed.as_mut().and_then(|entries| entries.take(&f.session)) {
+            let (key, indexed) = match indexed.as_mut().and_then(|entries| entries.take(session)) {
                 Some((key, entry)) => (key, Some(entry)),
-                None => (f.session.clone(), None),
+                None => (session.to_owned(), None),
             };
             // (`catalog_index::load` gives only entries in the directory their header's id names.)
             // An entry of the log at another length keeps only the mark of its title read, for
@@ -1773,9 +1775,13 @@ impl SourceState {
     }
 }
 
-/// `logs` in the order of a scan that found them (`order`), then those it did not find.
-fn in_scan_order<'a>(logs: &'a HashMap<OsString, CachedLog>, order: &[FoundLog]) -> Vec<(&'a OsString, &'a CachedLog)> {
-    let mut ordered: Vec<_> = order.iter().filter_map(|found| logs.get_key_value(&found.session)).collect();
+/// `logs` in the order of a scan that found them (`scan`), then those it did not find.
+fn in_scan_order<'a>(
+    logs: &'a HashMap<OsString, CachedLog>,
+    scan: Option<&ProjectScan>,
+) -> Vec<(&'a OsString, &'a CachedLog)> {
+    let found = scan.into_iter().flat_map(|scan| scan.logs.iter().map(|log| scan.session(log)));
+    let mut ordered: Vec<_> = found.filter_map(|session| logs.get_key_value(session)).collect();
     if ordered.len() < logs.len() {
         let placed: HashSet<&OsStr> = ordered.iter().map(|(session, _)| session.as_os_str()).collect();
         ordered.extend(logs.iter().filter(|(session, _)| !placed.contains(session.as_os_str())));

@@ -15,20 +15,30 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use super::dir_memo::{DirStamp, Listing, Memo, Names};
+use super::dir_memo::{DirStamp, Listing, Memo, Names, Span};
 use super::layout::LOG_FILE;
 use super::query::QueryError;
 
 /// One project directory as a scan found it: its name and its session logs.
 pub(super) struct ProjectScan {
     pub(super) name: OsString,
+    /// The directory's session directory names (shared with its memoized listing, if any).
+    names: Names,
     pub(super) logs: Vec<FoundLog>,
 }
 
-/// One session log a scan found: its session directory name, length and mtime, or why it
-/// could not be statted as a regular file.
+impl ProjectScan {
+    /// The session directory name of `log`, one of this project's logs.
+    pub(super) fn session(&self, log: &FoundLog) -> &OsStr {
+        self.names.at(log.session)
+    }
+}
+
+/// One session log a scan found: where its session directory's name is among its project's
+/// (`ProjectScan::session`: no copy of the name per log), its length and mtime, or why it could
+/// not be statted as a regular file.
 pub(super) struct FoundLog {
-    pub(super) session: OsString,
+    session: Span,
     pub(super) found: Result<(u64, SystemTime), String>,
 }
 
@@ -97,12 +107,14 @@ pub(super) fn each_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> 
     }
 }
 
-/// One project directory, listed: the directory open for `fstatat`, its session directories,
-/// and their listing as memoized (when its stamp was settled), and whether it was listed now.
+/// One project directory, listed: the directory open for `fstatat`, its session directories
+/// (their names and where each is among them), and their listing as memoized (when its stamp
+/// was settled), and whether it was listed now.
 struct Listed {
     name: OsString,
     dir: std::fs::File,
-    sessions: Vec<OsString>,
+    names: Names,
+    spans: Vec<Span>,
     memo: Option<Listing>,
     listed: bool,
 }
@@ -155,37 +167,35 @@ pub(super) fn scan_store(
     let chunks: Vec<(usize, usize)> = listed
         .iter()
         .enumerate()
-        .flat_map(|(p, project)| (0..project.sessions.len()).step_by(CHUNK).map(move |start| (p, start)))
+        .flat_map(|(p, project)| (0..project.spans.len()).step_by(CHUNK).map(move |start| (p, start)))
         .collect();
+    let chunk = |&(p, start): &(usize, usize)| {
+        let project: &Listed = &listed[p];
+        &project.spans[start..(start + CHUNK).min(project.spans.len())]
+    };
     let statted = in_parallel(workers_for(chunks.len()), chunks.len(), |c| {
-        let (p, start) = chunks[c];
-        let project = &listed[p];
-        let sessions = &project.sessions[start..(start + CHUNK).min(project.sessions.len())];
+        let project = &listed[chunks[c].0];
+        let spans = chunk(&chunks[c]);
         if cancel.is_cancelled() {
             return Err(QueryError::Aborted);
         }
-        stats.fetch_add(sessions.len() as u64, Ordering::Relaxed);
-        Ok(sessions.iter().map(|session| stat_log(&project.dir, session)).collect::<Vec<_>>())
+        stats.fetch_add(spans.len() as u64, Ordering::Relaxed);
+        Ok(spans.iter().map(|&span| stat_log(&project.dir, project.names.at(span))).collect::<Vec<_>>())
     })
     .map_err(panicked)?;
     let mut projects: Vec<ProjectScan> = listed
         .iter()
-        .map(|p| ProjectScan { name: p.name.clone(), logs: Vec::with_capacity(p.sessions.len()) })
+        .map(|p| ProjectScan { name: p.name.clone(), names: p.names.clone(), logs: Vec::with_capacity(p.spans.len()) })
         .collect();
-    let dirs_listed = listed.iter().filter(|p| p.listed).count();
-    let mut memo = Memo::default();
-    let mut names = Vec::with_capacity(listed.len());
-    for project in listed {
-        memo.extend(project.memo.map(|listing| (project.name, listing)));
-        names.push(project.sessions.into_iter());
-    }
-    for (&(p, _), found) in chunks.iter().zip(statted) {
-        for (found, session) in found?.into_iter().zip(&mut names[p]) {
+    for (place, found) in chunks.iter().zip(statted) {
+        for (found, &session) in found?.into_iter().zip(chunk(place)) {
             if let Some(found) = found {
-                projects[p].logs.push(FoundLog { session, found });
+                projects[place.0].logs.push(FoundLog { session, found });
             }
         }
     }
+    let dirs_listed = listed.iter().filter(|p| p.listed).count();
+    let memo = listed.into_iter().filter_map(|project| Some((project.name, project.memo?))).collect();
     Ok(Scanned { projects, memo, listed: dirs_listed })
 }
 
@@ -214,8 +224,8 @@ fn list_project(
     let stamp = memoizing.and_then(|_| DirStamp::of(&dir).ok());
     let known = memoizing.and_then(|(m, _)| m.known.get(name)).filter(|known| stamp == Some(known.stamp));
     if let Some(known) = known {
-        let sessions = known.sessions.iter().map(OsStr::to_owned).collect();
-        return Ok(Listed { name: name.to_owned(), dir, sessions, memo: Some(known.clone()), listed: false });
+        let (names, spans) = (known.sessions.clone(), known.sessions.spans());
+        return Ok(Listed { name: name.to_owned(), dir, names, spans, memo: Some(known.clone()), listed: false });
     }
     let mut sessions = Vec::new();
     for session in std::fs::read_dir(&path).map_err(|e| read_failed(&path, e))? {
@@ -224,11 +234,12 @@ fn list_project(
             sessions.push(session.file_name());
         }
     }
+    let names = Names::of(&sessions);
     let memo = stamp
         .zip(memoizing)
         .filter(|(stamp, (m, now))| stamp.settled(*now, m.settle))
-        .map(|(stamp, _)| Listing { stamp, sessions: Names::of(&sessions) });
-    Ok(Listed { name: name.to_owned(), dir, sessions, memo, listed: true })
+        .map(|(stamp, _)| Listing { stamp, sessions: names.clone() });
+    Ok(Listed { name: name.to_owned(), dir, spans: names.spans(), names, memo, listed: true })
 }
 
 /// A session directory's log: `None` when there is none.
@@ -332,7 +343,7 @@ mod tests {
         let mut found: Vec<(String, u64)> = big
             .logs
             .iter()
-            .map(|log| (log.session.to_string_lossy().into_owned(), log.found.as_ref().unwrap().0))
+            .map(|log| (big.session(log).to_string_lossy().into_owned(), log.found.as_ref().unwrap().0))
             .collect();
         let listed_order: Vec<OsString> = std::fs::read_dir(root.path().join("big"))
             .unwrap()
@@ -341,7 +352,11 @@ mod tests {
             .map(|e| e.file_name())
             .filter(|name| root.path().join("big").join(name).join(LOG_FILE).exists())
             .collect();
-        assert_eq!(big.logs.iter().map(|l| l.session.clone()).collect::<Vec<_>>(), listed_order, "directory order");
+        assert_eq!(
+            big.logs.iter().map(|l| big.session(l).to_owned()).collect::<Vec<_>>(),
+            listed_order,
+            "directory order"
+        );
         found.sort();
         assert_eq!(found, expected, "every log with its length; session directories without one are left out");
         let small = projects.iter().find(|p| p.name == "small").unwrap();
@@ -361,7 +376,7 @@ mod tests {
     fn sessions_in(scanned: &Scanned, p: &str) -> Vec<String> {
         let project = scanned.projects.iter().find(|project| project.name == p).unwrap();
         let mut names: Vec<String> =
-            project.logs.iter().map(|log| log.session.to_string_lossy().into_owned()).collect();
+            project.logs.iter().map(|log| project.session(log).to_string_lossy().into_owned()).collect();
         names.sort();
         names
     }
