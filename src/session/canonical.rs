@@ -57,6 +57,20 @@ impl<'a> Cursor<'a> {
         Some(value)
     }
 
+    /// The number after `key`, which must come next. Inlined, as `eat`.
+    #[inline(always)]
+    pub(crate) fn uint_after(&mut self, key: &str) -> Option<u64> {
+        self.expect(key)?;
+        self.uint()
+    }
+
+    /// The string after `key`, which must come next (as `string`). Inlined, as `eat`.
+    #[inline(always)]
+    pub(crate) fn string_after(&mut self, key: &str) -> Option<&'a str> {
+        self.expect(key)?;
+        self.string()
+    }
+
     /// The string after `key` if `key` comes next (`Some(None)` if not), owned. Inlined, as `eat`.
     #[inline(always)]
     pub(crate) fn optional_string(&mut self, key: &str) -> Option<Option<String>> {
@@ -104,20 +118,15 @@ fn special(bytes: &[u8]) -> Option<usize> {
 /// options left out), read at the cursor; `None` for any other text. Not validated: the caller
 /// checks it as `SessionHeader::parse` does.
 pub(crate) fn header(cursor: &mut Cursor<'_>) -> Option<SessionHeader> {
-    cursor.expect("{\"type\":")?;
-    let tag = SessionHeader::tag_of(cursor.string()?);
-    cursor.expect(",\"version\":")?;
-    let version = cursor.uint()?;
-    cursor.expect(",\"id\":")?;
-    let id = cursor.string()?.to_string();
-    cursor.expect(",\"createdAt\":")?;
-    let created_at = cursor.uint()?;
+    let tag = SessionHeader::tag_of(cursor.string_after("{\"type\":")?);
+    let version = cursor.uint_after(",\"version\":")?;
+    let id = cursor.string_after(",\"id\":")?.to_string();
+    let created_at = cursor.uint_after(",\"createdAt\":")?;
     let cwd = cursor.optional_string(",\"cwd\":")?;
     let parent_session = cursor.optional_string(",\"parentSession\":")?;
     let seed_length = if cursor.eat(",\"seedLength\":") { Some(cursor.uint()?) } else { None };
     let origin = cursor.optional_string(",\"origin\":")?;
-    cursor.expect(",\"delegationDepth\":")?;
-    let delegation_depth = cursor.uint()?;
+    let delegation_depth = cursor.uint_after(",\"delegationDepth\":")?;
     cursor.expect("}")?;
     Some(SessionHeader { tag, version, id, created_at, cwd, parent_session, seed_length, origin, delegation_depth })
 }

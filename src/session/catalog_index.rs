@@ -489,30 +489,22 @@ struct Fields<'a> {
 /// read (or refuse) instead: a title or a surface violation with an escape is serde's.
 fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let mut c = Cursor::new(line);
-    c.expect("{\"project\":")?;
-    let project = c.string()?;
-    c.expect(",\"session\":")?;
-    let session = c.string()?;
-    c.expect(",\"len\":")?;
-    let len = c.uint()?;
-    c.expect(",\"mtime\":[")?;
-    let seconds = c.uint()?;
-    c.expect(",")?;
-    let nanos = u32::try_from(c.uint()?).ok()?;
+    let project = c.string_after("{\"project\":")?;
+    let session = c.string_after(",\"session\":")?;
+    let len = c.uint_after(",\"len\":")?;
+    let seconds = c.uint_after(",\"mtime\":[")?;
+    let nanos = u32::try_from(c.uint_after(",")?).ok()?;
     c.expect("],\"header\":")?;
     let start = c.at();
     let header = canonical::header(&mut c)?;
     let header_text = &line[start..c.at()];
-    c.expect(",\"headerDigest\":")?;
-    let header_digest = c.string()?;
+    let header_digest = c.string_after(",\"headerDigest\":")?;
     let title = if c.eat(",\"title\":{\"text\":") {
         let text = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
         let mark = if c.eat(",\"mark\":[") {
             let line_start = c.uint()?;
-            c.expect(",")?;
-            let end = c.uint()?;
-            c.expect(",")?;
-            let digest = c.string()?.to_string();
+            let end = c.uint_after(",")?;
+            let digest = c.string_after(",")?.to_string();
             c.expect("]")?;
             Some((line_start, end, digest))
         } else {
@@ -544,26 +536,19 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
 
 /// A summary exactly as `write` writes one (a surface violation with an escape is serde's).
 fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine> {
-    c.expect("{\"events\":")?;
-    let events = c.uint()?;
+    let events = c.uint_after("{\"events\":")?;
     c.expect(",\"surface\":")?;
     let surface = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
-    c.expect(",\"pending\":")?;
-    let pending = usize::try_from(c.uint()?).ok()?;
-    c.expect(",\"discarded\":")?;
-    let discarded = usize::try_from(c.uint()?).ok()?;
+    let pending = usize::try_from(c.uint_after(",\"pending\":")?).ok()?;
+    let discarded = usize::try_from(c.uint_after(",\"discarded\":")?).ok()?;
     c.expect(",\"descriptors\":[")?;
     let mut descriptors = Vec::new();
     if !c.eat("]") {
         loop {
-            c.expect("{\"seq\":")?;
-            let seq = c.uint()?;
-            c.expect(",\"offset\":")?;
-            let offset = c.uint()?;
-            c.expect(",\"len\":")?;
-            let len = c.uint()?;
-            c.expect(",\"digest\":")?;
-            let digest = c.string()?.to_string();
+            let seq = c.uint_after("{\"seq\":")?;
+            let offset = c.uint_after(",\"offset\":")?;
+            let len = c.uint_after(",\"len\":")?;
+            let digest = c.string_after(",\"digest\":")?.to_string();
             c.expect("}")?;
             descriptors.push(DescriptorLine { seq, offset, len, digest });
             if c.eat("]") {
