@@ -102,24 +102,23 @@ impl Names {
 
     /// The names, in order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &OsStr> {
-        let joined: &[u8] = &self.0;
-        joined.split(|b| *b == b'/').filter(|_| !joined.is_empty()).map(OsStr::from_bytes)
+        self.each_span().map(|span| self.at(span))
     }
 
     /// Where each name is in the joined bytes, in order (`at` gives the name back): a scan
     /// keeps these rather than a copy of each name.
     pub(crate) fn spans(&self) -> Vec<Span> {
+        self.each_span().collect()
+    }
+
+    fn each_span(&self) -> impl Iterator<Item = Span> + '_ {
         let joined: &[u8] = &self.0;
-        if joined.is_empty() {
-            return Vec::new();
-        }
-        let mut spans = Vec::with_capacity(joined.len() / 16);
         let mut start = 0;
-        for end in memchr::memchr_iter(b'/', joined).chain([joined.len()]) {
-            spans.push(Span { start, end });
+        memchr::memchr_iter(b'/', joined).chain([joined.len()]).filter(|_| !joined.is_empty()).map(move |end| {
+            let span = Span { start, end };
             start = end + 1;
-        }
-        spans
+            span
+        })
     }
 
     /// The name at `span` (one of `spans`).
