@@ -44,7 +44,7 @@ use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
 use super::scan::{LocatedLine, TitleMark, read_filed_header, read_title, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError, StoredSession};
-use super::store_scan::{FoundLog, Memoizing, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
+use super::store_scan::{Memoizing, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
 use super::surface::validate;
 use super::watch::LogWatch;
@@ -1368,10 +1368,9 @@ impl SourceState {
         let logs = &mut logs;
         let (mut seen, mut from_index, mut read, mut changed) = (0usize, 0usize, 0usize, false);
         let mut headers = Vec::with_capacity(project.logs.len());
-        let log_path = |log: &FoundLog| log_file(self.store.root(), &project.name, project.session(log));
         for (l, f) in project.logs.iter().enumerate() {
-            let path = || log_path(f);
             let session = project.session(f);
+            let path = || log_file(self.store.root(), &project.name, session);
             let known = |logs: &HashMap<OsString, CachedLog>| match logs.get(session) {
                 Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
                 _ => None,
