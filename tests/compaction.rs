@@ -692,6 +692,49 @@ async fn a_cancelled_slash_compact_answers_cancelled() {
     kin.child.wait().unwrap();
 }
 
+/// A `/compact` between turns whose summary call the provider fails once (a 500, retried at once
+/// by its `Retry-After: 0`): the retry is logged as `llm/retry` with `turn: null`, as its
+/// `compact/start` and `compact/end` say (the bracket consumes no turn number), inside them, and
+/// the compaction goes on to its summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_slash_compact_summary_is_logged_between_turns_with_no_turn() {
+    let server = wiremock::MockServer::start().await;
+    let summaries = std::sync::atomic::AtomicUsize::new(0);
+    let respond = move |request: &wiremock::Request| {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        let sse =
+            |text: &str| wiremock::ResponseTemplate::new(200).set_body_raw(chat_answer(text), "text/event-stream");
+        if body.to_string().contains("You are now acting as a compaction engine") {
+            if summaries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                return wiremock::ResponseTemplate::new(500).insert_header("retry-after", "0");
+            }
+            return sse("Summary of the long prompt.");
+        }
+        sse("ok")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut kin = kin_answered_by(&server, respond, dir.path()).await;
+    let wait = std::time::Duration::from_secs(30);
+    let new = kin.call("session/new", json!({"cwd": dir.path(), "mcpServers": []}), wait);
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+    let prompt = |text: &str| json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+    let first = kin.call("session/prompt", prompt(&"x".repeat(2000)), wait);
+    assert_eq!(first["result"]["stopReason"], "end_turn", "{first}");
+    let compacted = kin.call("session/prompt", prompt("/compact"), wait);
+    assert_eq!(compacted["result"]["stopReason"], "end_turn", "{compacted}");
+    kin.close_stdin();
+    kin.child.wait().unwrap();
+    let log = kin::testkit::session::SessionStore::new(dir.path().join("sessions")).inspect(&session).unwrap();
+    let at = |kind: &str| log.events.iter().position(|e| e.kind == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let (start, retry, summary, end) = (at("compact/start"), at("llm/retry"), at("compact/summary"), at("compact/end"));
+    assert_eq!(log.events[start].data["turn"], Value::Null, "a manual compaction is between turns");
+    assert!(start < retry && retry < summary && summary < end, "the retry is inside the bracket, before the summary");
+    let retried = &log.events[retry].data;
+    assert_eq!(retried["turn"], Value::Null, "{retried}");
+    assert_eq!((retried["step"].clone(), retried["attempt"].clone()), (json!(0), json!(2)), "{retried}");
+    assert_eq!(log.events[end].data, json!({"turn": null}), "the compaction succeeded");
+}
+
 /// A DeepSeek answer calling `read` (a tool the test's registry does not have: its result is
 /// an error, which is all the loop needs) with the call id `id`.
 fn chat_call(id: &str) -> String {

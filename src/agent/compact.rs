@@ -344,7 +344,7 @@ async fn commit(
         purpose: Purpose::Compaction,
         max_tokens: Some(output_cap(deps)),
     };
-    let (raw, usage) = summarize(session, deps, call, request.cancel)
+    let (raw, usage) = summarize(session, deps, call, request.turn, request.cancel)
         .await
         .map_err(|(why, too_long)| Failed { why, refused_at: too_long.then_some(sent) })?;
     let summary: Vec<Value> = raw.iter().filter(|b| b["type"] == "text").cloned().collect();
@@ -381,14 +381,16 @@ async fn commit(
 
 /// Runs the summary call: every finished block and the usage, or why it failed and whether the
 /// provider refused the request as too long for the window. A retry of the call is written as
-/// it comes (`llm/retry`, with the call's turn and step).
+/// it comes (`llm/retry`, with the compaction's `turn`, `None` for `/compact` between turns, and
+/// the call's step).
 async fn summarize(
     session: &mut Session,
     deps: &AgentDeps,
     call: ModelRequest,
+    turn: Option<u64>,
     cancel: &CancellationToken,
 ) -> Result<(Vec<Value>, Option<Value>), (String, bool)> {
-    let (turn, step) = (call.turn, call.step);
+    let step = call.step;
     let mut stream = deps.model.stream(call, cancel.child_token());
     let mut blocks = std::collections::BTreeMap::new();
     let mut usage = None;

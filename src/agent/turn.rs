@@ -256,7 +256,7 @@ async fn run_step(
         write_retry(
             session,
             RetryInfo { attempt, max_attempts, delay_ms, code, reason, requested_delay_ms: None },
-            turn,
+            Some(turn),
             step,
         );
         session.write_eager();
@@ -347,7 +347,7 @@ async fn call_model(
         };
         match item {
             // Word of a retry comes in band, before the retried attempt's first chunk.
-            Some(Ok(ModelEvent::Retry(retry))) => write_retry(session, retry, turn, step),
+            Some(Ok(ModelEvent::Retry(retry))) => write_retry(session, retry, Some(turn), step),
             Some(Ok(ModelEvent::Chunk(chunk))) => {
                 // What the step keeps of a chunk is taken before the chunk goes into the log.
                 let finish = match &chunk {
@@ -380,9 +380,9 @@ async fn call_model(
     call
 }
 
-/// Writes a retry of the model call serving `turn` and `step` as `llm/retry` (which the editor
-/// shows as a thought).
-pub(super) fn write_retry(session: &mut Session, retry: RetryInfo, turn: u64, step: u64) {
+/// Writes a retry of the model call serving `turn` (`None`: a `/compact` summary between turns)
+/// and `step` as `llm/retry` (which the editor shows as a thought).
+pub(super) fn write_retry(session: &mut Session, retry: RetryInfo, turn: Option<u64>, step: u64) {
     let RetryInfo { attempt, delay_ms, code, reason, .. } = &retry;
     tracing::warn!(session = %session.id(), turn, step, attempt, delay_ms, code = %code, "model call failed, retrying: {reason}");
     session.push(retry.event(turn, step));

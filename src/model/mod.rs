@@ -126,8 +126,9 @@ pub struct RetryInfo {
 }
 
 impl RetryInfo {
-    /// The `llm/retry` event of this retry of the call serving `turn` and `step`.
-    pub(crate) fn event(self, turn: u64, step: u64) -> crate::session::event::LlmRetry {
+    /// The `llm/retry` event of this retry of the call serving `turn` (`None` between turns) and
+    /// `step`.
+    pub(crate) fn event(self, turn: Option<u64>, step: u64) -> crate::session::event::LlmRetry {
         let RetryInfo { attempt, max_attempts, delay_ms, code, reason, requested_delay_ms } = self;
         crate::session::event::LlmRetry {
             turn,

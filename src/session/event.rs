@@ -504,8 +504,10 @@ impl TurnEndReason {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LlmRetry {
+    /// The turn of the retried call; `null` for a `/compact` summary between turns (as its
+    /// `compact/start` says), which consumes no turn number.
     #[serde(default)]
-    pub turn: u64,
+    pub turn: Option<u64>,
     #[serde(default)]
     pub step: u64,
     /// The attempt about to start (2 for the first retry).
@@ -1069,7 +1071,7 @@ mod tests {
             r#"{"turn":1,"reason":{"kind":"error","step":2,"failure":{"message":"boom","code":"X"}}}"#
         );
         let retry = LlmRetry {
-            turn: 1,
+            turn: Some(1),
             step: 1,
             attempt: 2,
             max_attempts: 3,
