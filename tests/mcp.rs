@@ -795,6 +795,35 @@ async fn without_the_notice_capability_the_user_reads_an_agent_message() {
     kin.stop();
 }
 
+/// An `mcpServers` entry the SDK cannot read (alone it answers "data did not match any variant of
+/// untagged enum McpServer") is refused with the request's id, naming the entry and what is wrong
+/// with it; the same kin then opens a session once the entry is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_server_entry_kin_cannot_read_is_refused_naming_it_and_kin_keeps_serving() {
+    let mut kin = Kin::start("permission_mode = \"bypass\"\n", json!({})).await;
+    let log = kin.path("fixture.log");
+    let cwd = kin.cwd.clone();
+    for (bad, says) in [
+        (
+            json!({"type": "websocket", "name": "ws", "url": "ws://127.0.0.1:9"}),
+            "mcpServers[1] (\"ws\") has the transport type \"websocket\", which kin does not know",
+        ),
+        (
+            json!({"type": "http", "name": "web", "headers": []}),
+            "mcpServers[1] (\"web\") cannot be read (missing field `url`)",
+        ),
+    ] {
+        let servers = json!([fixture_entry("fx", &log, &[]), bad]);
+        let refused = kin.call("session/new", json!({"cwd": cwd, "mcpServers": servers}));
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(&format!("Invalid params: {says}.")), "{message}");
+        assert!(message.contains("fix the entry in the editor's MCP server settings, or remove it"), "{message}");
+    }
+    kin.new_session(json!([fixture_entry("fx", &log, &[]), {"type": "http", "name": "web", "url": "http://127.0.0.1:9/mcp", "headers": []}]));
+    kin.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_share_the_servers_under_their_tool_filter() {
     let config = "permission_mode = \"bypass\"\n[subagents]\nallow_tools = [\"mcp__fx__echo\"]\nbackground = false\n";

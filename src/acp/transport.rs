@@ -203,6 +203,15 @@ fn incoming(
                     shape if let Some((id, code, why)) = shape.request_defect(line.len() <= ID_PREFIX_BYTES) => {
                         Refused::bad_request(id, code, why.to_string())
                     }
+                    // An `mcpServers` entry the SDK cannot read: answered naming the entry and
+                    // what is wrong (the SDK names neither).
+                    shape
+                        if shape.is_request()
+                            && let Some(why) =
+                                shape.method_name.as_deref().and_then(|m| super::mcp::unreadable_server(m, &line)) =>
+                    {
+                        Refused::bad_request(shape.id(), -32602, why)
+                    }
                     shape if shape.is_request() && shape.method_name.as_deref() == Some("session/cancel") => {
                         let why = "Invalid request: session/cancel is a notification: send it without an id";
                         Refused::bad_request(shape.id(), -32600, why.to_string())
