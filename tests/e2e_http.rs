@@ -236,6 +236,16 @@ async fn the_editor_switches_the_model_for_the_next_turn() {
     let bad = call(3, "session/set_config_option", json!({"sessionId": id, "configId": "model", "value": "nope/none"}));
     assert_eq!(bad["error"]["code"], -32602);
     assert!(bad["error"]["message"].as_str().unwrap().contains("deepseek/deepseek-v4-pro"), "{bad}");
+    // A value of no shape the SDK reads (alone it says only "data did not match any variant of
+    // untagged enum SessionConfigOptionValue"): answered with the value and what the option takes.
+    let shapeless = call(31, "session/set_config_option", json!({"sessionId": id, "configId": "model", "value": 5}));
+    assert_eq!(shapeless["error"]["code"], -32602, "{shapeless}");
+    assert_eq!(
+        shapeless["error"]["message"],
+        "Invalid params: the value 5 is not one kin reads for the option \"model\": the model option takes a route id \
+         such as deepseek/deepseek-v4-pro, sent as {\"configId\": \"model\", \"value\": \"<id>\"}",
+        "{shapeless}"
+    );
     let set = call(
         4,
         "session/set_config_option",

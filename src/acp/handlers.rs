@@ -22,11 +22,10 @@ use agent_client_protocol::{Client, Error, JsonRpcResponse};
 
 use super::tree::{self, ChildForwarders, Forwarder, Tree};
 use super::{
-    MODEL_OPTION, SANDBOX_OPTION, after_response, auth_methods, auth_required, client, config_options, convert,
-    internal, invalid_params, mcp, modes, no_images, session_meta, to_acp, unsupported_params,
+    after_response, auth_methods, auth_required, client, config_options, convert, internal, invalid_params, mcp, modes,
+    no_images, session_meta, to_acp, unsupported_params,
 };
 use crate::runtime::{ChildObservers, Loaded, Runtime, RuntimeError, SessionView};
-use crate::sandbox::SandboxPolicy;
 
 /// `$response` (a session-opening answer) with the session's modes, config options and `_meta`.
 macro_rules! with_view {
@@ -351,14 +350,9 @@ impl AcpServer {
         responder: Responder<SetSessionConfigOptionResponse>,
         cx: &ConnectionTo<Client>,
     ) -> Result<(), Error> {
-        let (sandbox, hint) = match req.config_id.0.as_ref() {
-            MODEL_OPTION => (false, "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string()),
-            SANDBOX_OPTION => (true, format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids())),
-            other => {
-                return responder.respond_with_error(invalid_params(format!(
-                    "unknown config option {other}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\""
-                )));
-            }
+        let (sandbox, hint) = match super::option_values(&req.config_id.0) {
+            Ok(known) => known,
+            Err(unknown) => return responder.respond_with_error(invalid_params(unknown)),
         };
         let Some(value) = req.value.as_value_id() else {
             return responder.respond_with_error(invalid_params(hint));

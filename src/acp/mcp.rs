@@ -13,7 +13,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::tools::capture::{Limits, cut, ends_of};
+use super::unreadable::shown;
+use crate::tools::capture::{Limits, ends_of};
 
 use crate::mcp::{McpNotice, ServerSpec, Transport};
 
@@ -105,16 +106,8 @@ fn server_defect(server: &Value) -> String {
     }
 }
 
-/// The most bytes of an entry's text an error about it quotes.
-const SHOWN_BYTES: usize = 200;
 /// What an error quotes of a reader's error about an entry: its first and last bytes.
 const SHOWN_ENDS: Limits = Limits { head: 120, tail: 80 };
-
-/// `value` as JSON text, cut to `SHOWN_BYTES` with a note of what was left out (a request may
-/// hold anything up to a frame's size).
-fn shown(value: &Value) -> String {
-    cut(&value.to_string(), SHOWN_BYTES)
-}
 
 /// Tells the user about each notice of a session's servers until the session's servers are
 /// gone: as a `notice` update when the client takes them, else as an agent message.

@@ -16,6 +16,7 @@ pub(crate) mod run;
 mod terminal;
 mod transport;
 mod tree;
+mod unreadable;
 pub(crate) mod wire;
 
 use std::sync::Arc;
@@ -114,6 +115,16 @@ pub fn fuzz_params(value: &serde_json::Value) {
 const MODEL_OPTION: &str = "model";
 /// The id of the sandbox selector (what commands may touch).
 const SANDBOX_OPTION: &str = "sandbox";
+
+/// For a config option id, whether it is the sandbox option and what a value of it is (said to
+/// a client that sent one that is not); `Err` names an option kin does not offer.
+fn option_values(config_id: &str) -> Result<(bool, String), String> {
+    match config_id {
+        MODEL_OPTION => Ok((false, "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string())),
+        SANDBOX_OPTION => Ok((true, format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids()))),
+        other => Err(format!("unknown config option {other}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\"")),
+    }
+}
 
 /// The `_meta` of a session's `session/new`, `load`, `resume` and `fork` answers: the named
 /// agents its delegation tools offer, `{"kin": {"agents": [{name, description}]}}`, so a client

@@ -203,12 +203,12 @@ fn incoming(
                     shape if let Some((id, code, why)) = shape.request_defect(line.len() <= ID_PREFIX_BYTES) => {
                         Refused::bad_request(id, code, why.to_string())
                     }
-                    // An `mcpServers` entry the SDK cannot read: answered naming the entry and
-                    // what is wrong (the SDK names neither).
+                    // Params the SDK cannot read through one of its untagged enums: answered
+                    // naming what is wrong (the SDK says only that no variant matched).
                     shape
                         if shape.is_request()
                             && let Some(why) =
-                                shape.method_name.as_deref().and_then(|m| super::mcp::unreadable_server(m, &line)) =>
+                                shape.method_name.as_deref().and_then(|m| super::unreadable::answer(m, &line)) =>
                     {
                         Refused::bad_request(shape.id(), -32602, why)
                     }
