@@ -486,6 +486,23 @@ async fn kin_answered_by(
     kin
 }
 
+/// `kin_answered_by` with a new session in `dir` whose first turn, a 2,000-character prompt, has
+/// ended: the kin and the session's id.
+async fn after_a_long_turn(
+    server: &wiremock::MockServer,
+    respond: impl wiremock::Respond + 'static,
+    dir: &std::path::Path,
+) -> (common::Peer, String) {
+    let mut kin = kin_answered_by(server, respond, dir).await;
+    let wait = std::time::Duration::from_secs(30);
+    let new = kin.call("session/new", json!({"cwd": dir, "mcpServers": []}), wait);
+    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
+    let long = json!({"sessionId": session, "prompt": [{"type": "text", "text": "x".repeat(2000)}]});
+    let first = kin.call("session/prompt", long, wait);
+    assert_eq!(first["result"]["stopReason"], "end_turn", "{first}");
+    (kin, session)
+}
+
 /// `kin acp` against a loopback DeepSeek whose second step request hangs until cancelled; every
 /// summary request body goes to `summaries`, and each request's arrival to `arrived`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,13 +687,9 @@ async fn a_cancelled_slash_compact_answers_cancelled() {
         sse("ok")
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut kin = kin_answered_by(&server, respond, dir.path()).await;
+    let (mut kin, session) = after_a_long_turn(&server, respond, dir.path()).await;
     let wait = std::time::Duration::from_secs(30);
-    let new = kin.call("session/new", json!({"cwd": dir.path(), "mcpServers": []}), wait);
-    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
     let prompt = |text: &str| json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
-    let first = kin.call("session/prompt", prompt(&"x".repeat(2000)), wait);
-    assert_eq!(first["result"]["stopReason"], "end_turn", "{first}");
     let compact = kin.request("session/prompt", prompt("/compact"));
     assert_eq!(arrived.recv_timeout(wait).unwrap(), "summary", "the summary is being written");
     kin.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
@@ -713,13 +726,9 @@ async fn a_retried_slash_compact_summary_is_logged_between_turns_with_no_turn() 
         sse("ok")
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut kin = kin_answered_by(&server, respond, dir.path()).await;
+    let (mut kin, session) = after_a_long_turn(&server, respond, dir.path()).await;
     let wait = std::time::Duration::from_secs(30);
-    let new = kin.call("session/new", json!({"cwd": dir.path(), "mcpServers": []}), wait);
-    let session = new["result"]["sessionId"].as_str().unwrap().to_string();
     let prompt = |text: &str| json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
-    let first = kin.call("session/prompt", prompt(&"x".repeat(2000)), wait);
-    assert_eq!(first["result"]["stopReason"], "end_turn", "{first}");
     let compacted = kin.call("session/prompt", prompt("/compact"), wait);
     assert_eq!(compacted["result"]["stopReason"], "end_turn", "{compacted}");
     kin.close_stdin();
