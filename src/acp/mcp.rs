@@ -14,9 +14,8 @@ use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::unreadable::shown;
-use crate::tools::capture::{Limits, ends_of};
-
 use crate::mcp::{McpNotice, ServerSpec, Transport};
+use crate::tools::capture::{Limits, ends_of};
 
 /// The editor's servers as kin's specs; every entry is kept (one kin cannot use gets a notice).
 pub(super) fn specs(servers: &[McpServer]) -> Vec<ServerSpec> {

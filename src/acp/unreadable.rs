@@ -38,6 +38,7 @@ fn option_value(method: &str, line: &str) -> Option<String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Params {
+        // Required, never read: a request that names no session is the SDK's to answer.
         #[allow(dead_code)]
         session_id: String,
         config_id: String,
@@ -51,12 +52,11 @@ fn option_value(method: &str, line: &str) -> Option<String> {
     let value = Value::Object(value);
     SessionConfigOptionValue::deserialize(&value).err()?;
     let sent = value.get("value").map_or_else(|| "no value".to_string(), |v| format!("the value {}", shown(v)));
+    let option = shown(&Value::String(config_id.clone()));
     Some(match super::option_values(&config_id) {
         Ok((_, takes)) => format!(
-            "Invalid params: {sent} is not one kin reads for the option {}: {takes}, sent as \
-             {{\"configId\": {}, \"value\": \"<id>\"}}",
-            shown(&Value::String(config_id.clone())),
-            shown(&Value::String(config_id))
+            "Invalid params: {sent} is not one kin reads for the option {option}: {takes}, sent as \
+             {{\"configId\": {option}, \"value\": \"<id>\"}}"
         ),
         Err(unknown) => format!("Invalid params: {unknown}"),
     })
