@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::unreadable::shown;
+use super::unreadable::{params, shown};
 use crate::mcp::{McpNotice, ServerSpec, Transport};
 use crate::tools::capture::{Limits, ends_of};
 
@@ -53,10 +53,6 @@ const WITH_SERVERS: [&str; 4] = ["session/new", "session/load", "session/resume"
 /// the field).
 pub(super) fn unreadable_server(method: &str, line: &str) -> Option<String> {
     #[derive(Deserialize)]
-    struct Request {
-        params: Params,
-    }
-    #[derive(Deserialize)]
     struct Params {
         #[serde(rename = "mcpServers")]
         servers: Vec<Value>,
@@ -64,8 +60,8 @@ pub(super) fn unreadable_server(method: &str, line: &str) -> Option<String> {
     if !WITH_SERVERS.contains(&method) {
         return None;
     }
-    let request: Request = serde_json::from_str(line).ok()?;
-    let (at, server) = request.params.servers.iter().enumerate().find(|(_, s)| McpServer::deserialize(*s).is_err())?;
+    let Params { servers } = params(line)?;
+    let (at, server) = servers.iter().enumerate().find(|(_, s)| McpServer::deserialize(*s).is_err())?;
     let named = server
         .get("name")
         .filter(|name| name.is_string())

@@ -19,6 +19,15 @@ pub(super) fn shown(value: &Value) -> String {
     cut(&value.to_string(), SHOWN_BYTES)
 }
 
+/// The params of request `line` read as `P`; `None` when they do not read so (the SDK answers).
+pub(super) fn params<P: serde::de::DeserializeOwned>(line: &str) -> Option<P> {
+    #[derive(Deserialize)]
+    struct Request<P> {
+        params: P,
+    }
+    serde_json::from_str::<Request<P>>(line).ok().map(|request| request.params)
+}
+
 /// The error answering request `line` (of `method`) when the SDK would refuse a part of its
 /// params that it reads through an untagged enum: an `mcpServers` entry (`mcp::unreadable_server`)
 /// or `session/set_config_option`'s value. `None` for any other request, or when those parts
@@ -32,10 +41,6 @@ pub(super) fn answer(method: &str, line: &str) -> Option<String> {
 /// takes (or that kin has no such option), as the handler says for a value of the wrong kind.
 fn option_value(method: &str, line: &str) -> Option<String> {
     #[derive(Deserialize)]
-    struct Request {
-        params: Params,
-    }
-    #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Params {
         // Required, never read: a request that names no session is the SDK's to answer.
@@ -48,7 +53,7 @@ fn option_value(method: &str, line: &str) -> Option<String> {
     if method != "session/set_config_option" {
         return None;
     }
-    let Params { config_id, value, .. } = serde_json::from_str::<Request>(line).ok()?.params;
+    let Params { config_id, value, .. } = params(line)?;
     let value = Value::Object(value);
     SessionConfigOptionValue::deserialize(&value).err()?;
     let sent = value.get("value").map_or_else(|| "no value".to_string(), |v| format!("the value {}", shown(v)));
