@@ -122,7 +122,11 @@ fn option_values(config_id: &str) -> Result<(bool, String), String> {
     match config_id {
         MODEL_OPTION => Ok((false, "the model option takes a route id such as deepseek/deepseek-v4-pro".to_string())),
         SANDBOX_OPTION => Ok((true, format!("the sandbox option takes one of {}", SandboxPolicy::valid_ids()))),
-        other => Err(format!("unknown config option {other}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\"")),
+        // The id quoted as JSON and cut: a client may send anything up to a frame's size.
+        other => Err(format!(
+            "unknown config option {}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\"",
+            unreadable::shown(&serde_json::Value::String(other.to_string()))
+        )),
     }
 }
 

@@ -87,11 +87,24 @@ mod tests {
             ),
             (json!({"sessionId": "s", "configId": "sandbox", "type": "boolean", "value": null}), format!("the value null is not one kin reads for the option \"sandbox\": {sandbox}")),
             (json!({"sessionId": "s", "configId": "model"}), "no value is not one kin reads for the option \"model\"".to_string()),
-            (json!({"sessionId": "s", "configId": "theme", "value": 1}), "unknown config option theme; kin offers \"model\" and \"sandbox\"".to_string()),
+            (json!({"sessionId": "s", "configId": "theme", "value": 1}), "unknown config option \"theme\"; kin offers \"model\" and \"sandbox\"".to_string()),
         ] {
             let why = answer("session/set_config_option", &set(params.clone())).unwrap_or_else(|| panic!("{params} is read"));
             assert!(why.starts_with(&format!("Invalid params: {says}")), "{why}");
         }
+    }
+
+    /// An option id kin does not offer is quoted cut, with what was left out said (a client may
+    /// send one as long as a frame).
+    #[test]
+    fn an_unknown_option_id_is_quoted_cut() {
+        let id = format!("x{}", "y".repeat(100_000));
+        let why = super::super::option_values(&id).expect_err("no such option");
+        assert!(why.len() < SHOWN_BYTES + 200, "{} bytes", why.len());
+        assert!(why.starts_with("unknown config option \"xyyy"), "{why}");
+        assert!(why.ends_with("; kin offers \"model\" and \"sandbox\""), "{why}");
+        let shown = shown(&Value::String(id));
+        assert!(why.contains(&shown) && shown.len() < SHOWN_BYTES + 100, "{shown}");
     }
 
     #[test]
