@@ -87,6 +87,9 @@ pub mod session {
     pub mod dir_memo {
         pub use crate::session::dir_memo::path;
     }
+    pub mod fuzz_files {
+        pub use crate::session::fuzz_files::{index_file, memo_file};
+    }
     pub mod layout {
         pub use crate::session::layout::{log_path, project_key};
     }

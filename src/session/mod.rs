@@ -9,6 +9,7 @@ pub mod descriptor;
 pub(crate) mod dir_memo;
 pub(crate) mod estimate;
 pub(crate) mod event;
+pub(crate) mod fuzz_files;
 pub(crate) mod inbox;
 pub(crate) mod layout;
 pub(crate) mod live;
