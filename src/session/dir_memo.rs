@@ -30,7 +30,7 @@ use super::catalog_index;
 /// What the memo file's name adds to the sessions directory's name (it sits beside it).
 pub(crate) const MEMO_SUFFIX: &str = ".catalog-dirs.jsonl";
 /// The format version on the first line; any other is ignored.
-const MEMO_VERSION: u64 = 1;
+pub(super) const MEMO_VERSION: u64 = 1;
 /// A memo file larger than this is not read (nor written).
 const MEMO_LIMIT: u64 = 64 << 20;
 /// How long before a scan's clock a directory's ctime must be for its listing to be memoized:

@@ -13,38 +13,61 @@ use super::{catalog_index, dir_memo};
 /// many of the two reads accepted the file.
 #[doc(hidden)]
 pub fn index_file(bytes: &[u8]) -> usize {
-    let (_dir, root) = sessions_dir();
-    let index = catalog_index::path(&root).expect("a sessions directory has a place beside it");
-    let fixed = with_head(r#"{"kinCatalogIndex":4,"entries":"#, bytes);
-    let mut accepted = 0;
-    for text in [bytes, fixed.as_slice()] {
-        std::fs::write(&index, text).expect("the index is written");
-        if catalog_index::load(&root).is_ok() {
-            accepted += 1;
-            let once = index_written(&root, &index);
-            assert_eq!(index_written(&root, &index), once, "an index kin wrote is read back as written");
-        }
-    }
-    accepted
+    INDEX.read_as(bytes)
 }
 
 /// `bytes` as the directory memo of an empty sessions directory (see the module comment): how
 /// many of the two reads accepted the file.
 #[doc(hidden)]
 pub fn memo_file(bytes: &[u8]) -> usize {
-    let (_dir, root) = sessions_dir();
-    let memo = dir_memo::path(&root).expect("a sessions directory has a place beside it");
-    let fixed = with_head(r#"{"kinCatalogDirs":1,"dirs":"#, bytes);
-    let mut accepted = 0;
-    for text in [bytes, fixed.as_slice()] {
-        std::fs::write(&memo, text).expect("the memo is written");
-        if dir_memo::load(&root).is_ok() {
-            accepted += 1;
-            let once = memo_written(&root, &memo);
-            assert_eq!(memo_written(&root, &memo), once, "a memo kin wrote is read back as written");
+    MEMO.read_as(bytes)
+}
+
+/// The catalog index.
+const INDEX: File = File {
+    place: catalog_index::path,
+    head: ("kinCatalogIndex", catalog_index::INDEX_VERSION, "entries"),
+    reads: |root| catalog_index::load(root).is_ok(),
+    written: index_written,
+};
+
+/// The directory memo.
+const MEMO: File = File {
+    place: dir_memo::path,
+    head: ("kinCatalogDirs", dir_memo::MEMO_VERSION, "dirs"),
+    reads: |root| dir_memo::load(root).is_ok(),
+    written: memo_written,
+};
+
+/// One of the two files: its place beside a sessions directory, its first line's version key,
+/// the version kin writes and its count key, whether a read of it is accepted, and the bytes of
+/// what a read of it gives, written again.
+struct File {
+    place: fn(&Path) -> Option<PathBuf>,
+    head: (&'static str, u64, &'static str),
+    reads: fn(&Path) -> bool,
+    written: fn(&Path, &Path) -> Vec<u8>,
+}
+
+impl File {
+    /// `bytes` as this file beside an empty sessions directory, as they are and under a first
+    /// line that matches them: how many of the two reads accepted it. What a read accepts is
+    /// written, and what is written reads back to the same bytes.
+    fn read_as(&self, bytes: &[u8]) -> usize {
+        let (_dir, root) = sessions_dir();
+        let path = (self.place)(&root).expect("a sessions directory has a place beside it");
+        let fixed = with_head(self.head, bytes);
+        let mut accepted = 0;
+        for text in [bytes, fixed.as_slice()] {
+            std::fs::write(&path, text).expect("the file is written");
+            if (self.reads)(&root) {
+                accepted += 1;
+                let once = (self.written)(&root, &path);
+                assert_eq!((self.written)(&root, &path), once, "a file kin wrote is read back as written");
+            }
         }
+        accepted
     }
-    accepted
 }
 
 /// A temp directory holding an empty sessions directory (the directory, kept alive, and its path).
@@ -55,11 +78,12 @@ fn sessions_dir() -> (tempfile::TempDir, PathBuf) {
     (dir, root)
 }
 
-/// `body` under the first line that opens with `opening` (the version and the count's key) and
-/// goes on with the count of `body`'s lines and the digest of its bytes.
-fn with_head(opening: &str, body: &[u8]) -> Vec<u8> {
+/// `body` under a first line with the version and its key, then the count of `body`'s lines
+/// under its key and the digest of its bytes.
+fn with_head((version_key, version, count_key): (&str, u64, &str), body: &[u8]) -> Vec<u8> {
     let lines = body.iter().filter(|&&b| b == b'\n').count();
-    let head = format!("{opening}{lines},\"digest\":\"{}\"}}\n", catalog_index::digest(body));
+    let digest = catalog_index::digest(body);
+    let head = format!("{{\"{version_key}\":{version},\"{count_key}\":{lines},\"digest\":\"{digest}\"}}\n");
     [head.as_bytes(), body].concat()
 }
 
