@@ -107,7 +107,7 @@ pub async fn run(options: &Options, out: &mut dyn Write) -> Result<()> {
     report.metric(
         "host_workload_ms",
         millis(workload),
-        format!("host: a fixed workload (parsing 20,000 JSON lines on one thread, median of 5) took {}", ms(workload)),
+        format!("host: a fixed workload ({}) took {}", host::WORKLOAD, ms(workload)),
     )?;
     if options.runs(Section::Startup) {
         let starts = if quick { 10 } else { 30 };

@@ -40,6 +40,8 @@ fn parse(stat: &str) -> Option<CpuTimes> {
 
 /// Lines the fixed workload parses.
 const WORKLOAD_LINES: usize = 20_000;
+/// What the fixed workload is, as the bench says it.
+pub(super) const WORKLOAD: &str = "parsing 20,000 JSON lines on one thread, median of 5";
 
 /// The fixed workload, on this thread: parsing `WORKLOAD_LINES` short JSON lines shaped like
 /// session events. The median wall time of five runs.
@@ -82,5 +84,9 @@ mod tests {
     #[test]
     fn the_workload_parses_every_line_and_takes_time() {
         assert!(workload() > Duration::ZERO);
+        // The text says the count the workload parses, with its thousands separated.
+        let lines = WORKLOAD_LINES.to_string();
+        let (thousands, rest) = lines.split_at(lines.len() - 3);
+        assert!(WORKLOAD.starts_with(&format!("parsing {thousands},{rest} JSON lines")), "{WORKLOAD}");
     }
 }
