@@ -125,7 +125,7 @@ fn option_values(config_id: &str) -> Result<(bool, String), String> {
         // The id quoted as JSON and cut: a client may send anything up to a frame's size.
         other => Err(format!(
             "unknown config option {}; kin offers \"{MODEL_OPTION}\" and \"{SANDBOX_OPTION}\"",
-            unreadable::shown(&serde_json::Value::String(other.to_string()))
+            unreadable::quoted(other)
         )),
     }
 }

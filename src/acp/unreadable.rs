@@ -19,6 +19,11 @@ pub(super) fn shown(value: &Value) -> String {
     cut(&value.to_string(), SHOWN_BYTES)
 }
 
+/// `text` as a JSON string, cut as `shown` cuts a value (an id a client sent).
+pub(super) fn quoted(text: &str) -> String {
+    shown(&Value::String(text.to_string()))
+}
+
 /// The params of request `line` read as `P`; `None` when they do not read so (the SDK answers).
 pub(super) fn params<P: serde::de::DeserializeOwned>(line: &str) -> Option<P> {
     #[derive(Deserialize)]
@@ -57,7 +62,7 @@ fn option_value(method: &str, line: &str) -> Option<String> {
     let value = Value::Object(value);
     SessionConfigOptionValue::deserialize(&value).err()?;
     let sent = value.get("value").map_or_else(|| "no value".to_string(), |v| format!("the value {}", shown(v)));
-    let option = shown(&Value::String(config_id.clone()));
+    let option = quoted(&config_id);
     Some(match super::option_values(&config_id) {
         Ok((_, takes)) => format!(
             "Invalid params: {sent} is not one kin reads for the option {option}: {takes}, sent as \
@@ -103,7 +108,7 @@ mod tests {
         assert!(why.len() < SHOWN_BYTES + 200, "{} bytes", why.len());
         assert!(why.starts_with("unknown config option \"xyyy"), "{why}");
         assert!(why.ends_with("; kin offers \"model\" and \"sandbox\""), "{why}");
-        let shown = shown(&Value::String(id));
+        let shown = quoted(&id);
         assert!(why.contains(&shown) && shown.len() < SHOWN_BYTES + 100, "{shown}");
     }
 
