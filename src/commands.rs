@@ -73,7 +73,7 @@ pub fn sessions_list(config: &Config, cwd: Option<&Path>) -> Result<()> {
         let line = format!(
             "{}  {}  {}{title}",
             s.header.id,
-            crate::timefmt::rfc3339(s.modified),
+            crate::timefmt::rfc3339(s.modified()),
             s.header.cwd.as_deref().unwrap_or("-")
         );
         writeln!(out, "{}", for_terminal(&line, false))?;

@@ -1722,11 +1722,11 @@ fn lists_as_unindexed(
 fn assert_index_used(store: &SessionStore, what: &str) {
     let io = lists_as_without_index(store, what);
     assert_eq!((io.whole_reads, io.header_reads), (0, 0), "{what}: the index is sound again: {io:?}");
-    assert!(io.line_reads > 0, "{what}: descriptors are read back from the logs: {io:?}");
+    assert!(io.index_summaries > 0, "{what}: children are summarised from the index: {io:?}");
 }
 
 #[test]
-fn the_first_listing_after_start_reads_descriptor_lines_not_logs() {
+fn the_first_listing_after_start_reads_the_index_not_logs() {
     let (dir, store) = index_corpus();
     assert_eq!(index_file(&store).parent(), Some(dir.path()), "the index sits beside the sessions directory");
     let before = snapshot(dir.path());
@@ -1744,9 +1744,10 @@ fn the_first_listing_after_start_reads_descriptor_lines_not_logs() {
     assert_eq!(listing_text(&q), unindexed(&store));
     let io = q.source().io();
     assert_eq!((io.whole_reads, io.header_reads), (0, 0), "{io:?}");
-    // One line read per candidate with a descriptor (A, B, C, D, E, twice, future; the grandchild
-    // through the tree), none for the fork; one stat per log per listing (the list, the tree).
-    assert_eq!(io.line_reads, 8, "{io:?}");
+    // One summary from the index per candidate (A, B, C, D, E, twice, future, the fork; the
+    // grandchild through the tree), and no log opened; one stat per log per listing (the list,
+    // the tree).
+    assert_eq!(io.index_summaries, 9, "{io:?}");
     let logs = before.iter().filter(|(path, ..)| path.ends_with("session.jsonl")).count() as u64;
     assert_eq!(logs, 12);
     assert_eq!(io.stats, 2 * logs, "{io:?}");
@@ -1830,17 +1831,21 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
         ("JSON of another shape", Box::new(write(b"{\"hello\": 1}\n[]\n".to_vec()))),
         (
             "another version",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":5", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":5", "\"kinCatalogIndex\":6", 1).into_bytes())),
+        ),
+        (
+            "version 4 (descriptors read back, no ctimes)",
+            Box::new(write(text.replacen("\"kinCatalogIndex\":5", "\"kinCatalogIndex\":4", 1).into_bytes())),
         ),
         (
             "version 2 (no titles)",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":2", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":5", "\"kinCatalogIndex\":2", 1).into_bytes())),
         ),
         (
             "version 1 (SHA-256 digests)",
-            Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":1", 1).into_bytes())),
+            Box::new(write(text.replacen("\"kinCatalogIndex\":5", "\"kinCatalogIndex\":1", 1).into_bytes())),
         ),
-        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":4", "\"kinCatalogIndex\":0", 1).into_bytes()))),
+        ("version 0", Box::new(write(text.replacen("\"kinCatalogIndex\":5", "\"kinCatalogIndex\":0", 1).into_bytes()))),
         (
             "an entry changed under its digest",
             Box::new(write(text.replacen("\"events\":", "\"events\":1", 1).into_bytes())),
@@ -1885,21 +1890,29 @@ fn every_corrupt_index_lists_as_without_one_and_is_rebuilt() {
             }))),
         ),
         (
-            "an entry whose descriptor is elsewhere",
+            "an entry whose descriptor line is another event's",
             Box::new(consistent(edited(&|e| {
-                set(e, A, &|entry| entry["summary"]["descriptors"][0]["offset"] = json!(3));
+                set(e, A, &|entry| entry["summary"]["descriptors"][0]["line"]["type"] = json!("session/end-seed"));
             }))),
         ),
         (
-            "an entry whose descriptor line has another digest",
+            "an entry whose descriptor line is not an event",
             Box::new(consistent(edited(&|e| {
-                set(e, B, &|entry| entry["summary"]["descriptors"][0]["digest"] = json!("00"));
+                set(e, B, &|entry| entry["summary"]["descriptors"][0]["line"] = json!({"seq": 0}));
             }))),
         ),
         (
-            "an entry whose descriptor line is longer than the log",
+            "an entry whose descriptor line is not an object",
             Box::new(consistent(edited(&|e| {
-                set(e, C, &|entry| entry["summary"]["descriptors"][0]["len"] = json!(1u64 << 40));
+                set(e, C, &|entry| entry["summary"]["descriptors"][0]["line"] = json!("a line"));
+            }))),
+        ),
+        (
+            "an entry without its ctime",
+            Box::new(consistent(edited(&|e| {
+                set(e, C, &|entry| {
+                    entry.as_object_mut().unwrap().remove("ctime");
+                });
             }))),
         ),
         (
@@ -2167,13 +2180,20 @@ fn a_stale_entry_is_never_used_for_a_log_that_changed() {
     std::fs::File::options().write(true).open(&c).unwrap().set_modified(later).unwrap();
     lists_as_without_index(&store, "replaced with the same length");
     assert_index_used(&store, "replaced with the same length");
-    // Replaced with the same length and the same mtime: the descriptor line read back does not
-    // match its digest, so the log is read whole.
+    // Replaced with the same length and the same mtime: its ctime moved (no one sets it back), so
+    // the log is read whole.
     std::fs::write(&c, &original).unwrap();
     std::fs::File::options().write(true).open(&c).unwrap().set_modified(later).unwrap();
     assert_eq!(std::fs::metadata(&c).unwrap().len(), future.len() as u64);
     let io = lists_as_without_index(&store, "same length, same mtime, another descriptor");
     assert!(io.whole_reads >= 1, "{io:?}");
+    assert_index_used(&store, "same length, same mtime, another descriptor");
+    // Only its ctime moved (a chmod): read whole again, listed the same.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&c, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let io = lists_as_without_index(&store, "a chmod");
+    assert_eq!((io.whole_reads, io.header_reads), (1, 1), "only C is read: {io:?}");
+    assert_index_used(&store, "a chmod");
     // Gone: D's session directory removed; a log replaced by a directory.
     std::fs::remove_dir_all(log_path(&store, D).parent().unwrap()).unwrap();
     let e = log_path(&store, E);
@@ -2262,8 +2282,8 @@ fn children_kin_writes_are_listed_cold_from_the_index_without_reading_their_logs
     assert!(listed.contains(&format!("{A:?}, reason: Corrupt")), "A has two descriptors now: {listed}");
     let io = lists_as_without_index(&plain, "children kin wrote");
     assert_eq!((io.whole_reads, io.header_reads), (0, 0), "every log kin wrote is in the index: {io:?}");
-    // Every candidate with a descriptor has its lines read back (the fork has none).
-    assert!(io.line_reads >= 9, "{io:?}");
+    // Every candidate with a descriptor is summarised from the index (the fork has none).
+    assert!(io.index_summaries >= 9, "{io:?}");
     // A write kin's watch does not see: detected by the length, read whole, listed the same.
     let mut b = plain.load(B).unwrap();
     b.append(DESCRIPTOR_EVENT, continuable("unwatched").to_value());
@@ -2301,7 +2321,7 @@ async fn a_child_the_runtime_writes_is_in_the_index_after_it_stops() {
     let cold = indexed(&store);
     assert_eq!(listing_text_of(&cold, &parent_id), expected);
     let io = cold.source().io();
-    assert_eq!((io.whole_reads, io.header_reads, io.line_reads), (0, 0, 1), "{io:?}");
+    assert_eq!((io.whole_reads, io.header_reads, io.index_summaries), (0, 0, 1), "{io:?}");
 }
 
 /// `listing_text` below another parent.

@@ -407,12 +407,9 @@ impl AcpServer {
                     let sessions = listed
                         .into_iter()
                         .filter_map(|(s, title)| {
+                            let updated = crate::timefmt::rfc3339(s.modified());
                             let cwd = s.header.cwd?;
-                            Some(
-                                SessionInfo::new(s.header.id, cwd)
-                                    .updated_at(crate::timefmt::rfc3339(s.modified))
-                                    .title(title),
-                            )
+                            Some(SessionInfo::new(s.header.id, cwd).updated_at(updated).title(title))
                         })
                         .collect();
                     responder.respond(ListSessionsResponse::new(sessions))

@@ -77,6 +77,19 @@ impl<'a> Cursor<'a> {
         if self.eat(key) { self.string().map(|s| Some(s.to_string())) } else { Some(None) }
     }
 
+    /// A JSON object at the cursor, any JSON inside, as its text (serde_json finds where it ends,
+    /// reading it as a `RawValue` does).
+    pub(crate) fn raw_object(&mut self) -> Option<&'a str> {
+        let rest = &self.text[self.at..];
+        if !rest.starts_with('{') {
+            return None;
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<&serde_json::value::RawValue>();
+        let value = values.next()?.ok()?;
+        self.at += values.byte_offset();
+        Some(value.get())
+    }
+
     /// An unsigned integer as serde writes one: digits, no leading zero, within `u64`.
     pub(crate) fn uint(&mut self) -> Option<u64> {
         let bytes = &self.text.as_bytes()[self.at..];

@@ -1,19 +1,19 @@
 //! The derived catalog index (issue 23): one file per sessions directory, beside it
 //! (`<sessions>.catalog-index.jsonl`, so the directory itself stays dsh's layout and nothing
-//! that walks it meets a file it does not know), holding what a listing needs of each log — its length and
-//! mtime, its header with a digest of it, once a listing has summarised the log its event
-//! count, surface verdict, inbox counts and where each `subagent/descriptor` line sits with a
-//! digest of that line, and once `session/list` has read it its title (with, for a long log, where
-//! that read stopped, so a read after the log grew goes on from there) — so the first listing
-//! after a start reads one descriptor line per child instead of every child log whole, and the
-//! first `session/list` reads no log for its titles (protocol/catalog.md, "The catalog index").
+//! that walks it meets a file it does not know), holding what a listing needs of each log — its
+//! stat (length, mtime, ctime), its header with a digest of it, once a listing has summarised the
+//! log its event count, surface verdict, inbox counts and each `subagent/descriptor` line itself,
+//! and once `session/list` has read it its title (with, for a long log, where that read stopped,
+//! so a read after the log grew goes on from there) — so the first listing after a start reads no
+//! child log instead of every child log whole, and the first `session/list` reads no log for its
+//! titles (protocol/catalog.md, "The catalog index").
 //! Each project's entries are written in the order the last scan found its logs, so the next
 //! start's scan of an unchanged directory takes them in step (`Logs`) instead of looking each up
 //! by name.
 //!
 //! Derived state, never an authority. An entry counts only for a log found at the entry's exact
-//! length and mtime; its header only when it matches its digest; a descriptor only when the line
-//! read back from the log at the recorded place has the recorded digest and is that event. A
+//! stat (any write moves a log's ctime, which no one sets back); its header only when it matches
+//! its digest; a descriptor only when its kept line holds that event (else the log is read). A
 //! file that is missing, unreadable, too large, of another version, garbage, truncated, or holds
 //! a malformed or duplicated entry is no index at all: every log is read as without one, and the
 //! index is written again. It is written whole: a temp file in the same directory, fsync,
@@ -35,7 +35,7 @@ use super::canonical::{self, Cursor};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::record::{Event, Record, SessionHeader};
-use super::scan::{LocatedLine, TitleMark, open_log, open_log_unchecked};
+use super::scan::{LocatedLine, LogStat, TitleMark, open_log};
 
 /// What the index's file name adds to the sessions directory's name (it sits beside it).
 pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
@@ -43,10 +43,10 @@ pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
 /// Version 2: the digests are XXH3-128 (version 1's were SHA-256, a third of reading the index).
 /// Version 3: an entry may hold the log's title.
 /// Version 4: a title may hold where its read stopped (`mark`), and say the log grew since
-/// (`grown`). A version-3 file is read as one of version 4 without marks.
-pub(crate) const INDEX_VERSION: u64 = 4;
-/// The oldest version read.
-const OLDEST_READ: u64 = 3;
+/// (`grown`).
+/// Version 5: an entry holds the log's ctime, and its summary each descriptor's line itself
+/// (version 4's held where the line was, read back from the log at each start).
+pub(crate) const INDEX_VERSION: u64 = 5;
 /// A title read's mark is kept in the file only for a log at least this long: a shorter one is
 /// read again from its start in about the time a mark's check takes.
 pub(crate) const MARK_KEPT_FROM: u64 = 1 << 20;
@@ -54,8 +54,9 @@ pub(crate) const MARK_KEPT_FROM: u64 = 1 << 20;
 const INDEX_LIMIT: u64 = 256 << 20;
 /// The index is read through a buffer of this size (grown only for a longer line).
 const LINE_BUFFER: usize = 64 << 10;
-/// A descriptor line longer than this is not read back through the index.
-const LINE_LIMIT: u64 = 1 << 20;
+/// A log with a descriptor line longer than this keeps no facts in the index (the next kin reads
+/// it whole).
+const LINE_LIMIT: usize = 64 << 10;
 
 /// The entries of an index: per project directory name, that project's logs.
 pub(crate) type Entries = HashMap<OsString, Logs>;
@@ -113,11 +114,10 @@ impl Logs {
     }
 }
 
-/// What the index knows of one log at one (length, mtime).
+/// What the index knows of one log at one stat (length, mtime, ctime).
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    pub len: u64,
-    pub modified: SystemTime,
+    pub stat: LogStat,
     pub header: Arc<SessionHeader>,
     pub facts: Option<Arc<Facts>>,
     /// The log's title at this length, once read.
@@ -142,18 +142,37 @@ pub(crate) struct Facts {
     pub descriptors: Vec<Located>,
 }
 
-/// Where one descriptor event's line is, and the digest of its bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One descriptor event's seq and its line, as the log has it (without the newline).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "DescriptorLine<Box<RawValue>>")]
 pub(crate) struct Located {
     pub seq: u64,
-    pub offset: u64,
-    pub len: u64,
-    pub digest: String,
+    pub line: Box<str>,
 }
 
 impl Located {
-    pub(crate) fn of(line: &LocatedLine) -> Located {
-        Located { seq: line.seq, offset: line.offset, len: line.bytes.len() as u64, digest: digest(&line.bytes) }
+    /// The line of one event, if the index keeps lines that long (`None`: the log's facts are
+    /// not kept, and the next kin reads it whole).
+    pub(crate) fn of(line: LocatedLine) -> Option<Located> {
+        if line.bytes.len() > LINE_LIMIT {
+            return None;
+        }
+        let text = String::from_utf8(line.bytes).ok()?;
+        Some(Located { seq: line.seq, line: text.into_boxed_str() })
+    }
+}
+
+impl Facts {
+    /// The descriptor events of the lines these facts keep, or `None` when a line is not one
+    /// (a log then read whole finds them).
+    pub(crate) fn descriptor_events(&self) -> Option<Vec<Event>> {
+        self.descriptors
+            .iter()
+            .map(|at| {
+                let event = Record::parse(&at.line).ok()?.into_events().into_iter().find(|e| e.seq == at.seq)?;
+                (event.kind == Kind::SubagentDescriptor).then_some(event)
+            })
+            .collect()
     }
 }
 
@@ -178,6 +197,8 @@ struct EntryLine<'a> {
     len: u64,
     /// Seconds and nanoseconds since the Unix epoch.
     mtime: (u64, u32),
+    /// The same, of the ctime.
+    ctime: (u64, u32),
     /// The header, as the compact JSON `headerDigest` is the digest of.
     #[serde(borrow)]
     header: &'a RawValue,
@@ -250,16 +271,28 @@ struct FactsLine {
     surface: Option<String>,
     pending: usize,
     discarded: usize,
-    descriptors: Vec<DescriptorLine>,
+    descriptors: Vec<Located>,
 }
 
-#[derive(Serialize, Deserialize, Debug, PartialEq)]
+/// A descriptor in an entry: its seq and the log's line, verbatim (`line` is a `RawValue`).
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DescriptorLine {
+struct DescriptorLine<L> {
     seq: u64,
-    offset: u64,
-    len: u64,
-    digest: String,
+    line: L,
+}
+
+impl From<DescriptorLine<Box<RawValue>>> for Located {
+    fn from(d: DescriptorLine<Box<RawValue>>) -> Located {
+        Located { seq: d.seq, line: d.line.into() }
+    }
+}
+
+impl Serialize for Located {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let line: &RawValue = serde_json::from_str(&self.line).map_err(serde::ser::Error::custom)?;
+        DescriptorLine { seq: self.seq, line }.serialize(serializer)
+    }
 }
 
 /// The XXH3-128 of `bytes`: 32 lowercase hex digits. An integrity check against a torn or
@@ -334,11 +367,8 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
     each_line(std::io::Read::take(file, INDEX_LIMIT), |line| {
         let Some(head) = head.as_ref() else {
             let first: Head = serde_json::from_slice(line).map_err(|e| format!("bad first line: {e}"))?;
-            if !(OLDEST_READ..=INDEX_VERSION).contains(&first.kin_catalog_index) {
-                return Err(format!(
-                    "version {} (this kin reads {OLDEST_READ} to {INDEX_VERSION})",
-                    first.kin_catalog_index
-                ));
+            if first.kin_catalog_index != INDEX_VERSION {
+                return Err(format!("version {} (this kin reads {INDEX_VERSION})", first.kin_catalog_index));
             }
             head = Some(first);
             return Ok(());
@@ -434,6 +464,7 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
                 session: e.session,
                 len: e.len,
                 mtime: e.mtime,
+                ctime: e.ctime,
                 header_text: e.header.get(),
                 header: None,
                 header_digest: e.header_digest,
@@ -449,25 +480,22 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
         Some(header) => header.validated()?,
         None => SessionHeader::parse(e.header_text)?,
     };
-    let modified = SystemTime::UNIX_EPOCH
-        .checked_add(Duration::new(e.mtime.0, e.mtime.1))
-        .ok_or_else(|| "mtime out of range".to_string())?;
+    let time = |(seconds, nanos): (u64, u32), what: &str| {
+        SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos)).ok_or_else(|| format!("{what} out of range"))
+    };
+    let stat = LogStat { len: e.len, modified: time(e.mtime, "mtime")?, changed: time(e.ctime, "ctime")? };
     let facts = e.summary.map(|f| {
         Arc::new(Facts {
             event_count: f.events,
             surface: f.surface.map_or(Ok(()), Err),
             inbox: InboxCounts { pending: f.pending, discarded: f.discarded },
-            descriptors: f
-                .descriptors
-                .into_iter()
-                .map(|d| Located { seq: d.seq, offset: d.offset, len: d.len, digest: d.digest })
-                .collect(),
+            descriptors: f.descriptors,
         })
     });
     let (title, title_mark) = e.title.map_or(Ok((None, None)), |t| t.read(e.len))?;
     let named = super::layout::is_segment_of(OsStr::new(e.session.as_ref()), &header.id);
     let key = (e.project, e.session);
-    Ok((key, Entry { len: e.len, modified, header: Arc::new(header), facts, title, title_mark }, named))
+    Ok((key, Entry { stat, header: Arc::new(header), facts, title, title_mark }, named))
 }
 
 /// An entry line's fields, as read by serde or by `canonical_entry`.
@@ -476,6 +504,7 @@ struct Fields<'a> {
     session: Cow<'a, str>,
     len: u64,
     mtime: (u64, u32),
+    ctime: (u64, u32),
     /// The header's text, which `header_digest` is the digest of.
     header_text: &'a str,
     /// The header, when `canonical_entry` read it (not validated yet).
@@ -494,6 +523,8 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let len = c.uint_after(",\"len\":")?;
     let seconds = c.uint_after(",\"mtime\":[")?;
     let nanos = u32::try_from(c.uint_after(",")?).ok()?;
+    let ctime_seconds = c.uint_after("],\"ctime\":[")?;
+    let ctime_nanos = u32::try_from(c.uint_after(",")?).ok()?;
     c.expect("],\"header\":")?;
     let start = c.at();
     let header = canonical::header(&mut c)?;
@@ -526,6 +557,7 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
         session: session.into(),
         len,
         mtime: (seconds, nanos),
+        ctime: (ctime_seconds, ctime_nanos),
         header_text,
         header: Some(header),
         header_digest: header_digest.into(),
@@ -546,11 +578,10 @@ fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine> {
     if !c.eat("]") {
         loop {
             let seq = c.uint_after("{\"seq\":")?;
-            let offset = c.uint_after(",\"offset\":")?;
-            let len = c.uint_after(",\"len\":")?;
-            let digest = c.string_after(",\"digest\":")?.to_string();
+            c.expect(",\"line\":")?;
+            let line = c.raw_object()?;
             c.expect("}")?;
-            descriptors.push(DescriptorLine { seq, offset, len, digest });
+            descriptors.push(Located { seq, line: line.into() });
             if c.eat("]") {
                 break;
             }
@@ -572,26 +603,26 @@ pub(crate) fn write<'a>(
     for (project, session, entry) in entries {
         let (Some(project), Some(session)) = (project.to_str(), session.to_str()) else { continue };
         let header = serde_json::value::to_raw_value(&*entry.header).map_err(|e| e.to_string())?;
-        let since = entry.modified.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let since = |time: SystemTime| {
+            let since = time.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+            (since.as_secs(), since.subsec_nanos())
+        };
         let summary = entry.facts.map(|f| FactsLine {
             events: f.event_count,
             surface: f.surface.clone().err(),
             pending: f.inbox.pending,
             discarded: f.inbox.discarded,
-            descriptors: f
-                .descriptors
-                .iter()
-                .map(|d| DescriptorLine { seq: d.seq, offset: d.offset, len: d.len, digest: d.digest.clone() })
-                .collect(),
+            descriptors: f.descriptors.clone(),
         });
         let line = EntryLine {
             project: project.into(),
             session: session.into(),
-            len: entry.len,
-            mtime: (since.as_secs(), since.subsec_nanos()),
+            len: entry.stat.len,
+            mtime: since(entry.stat.modified),
+            ctime: since(entry.stat.changed),
             header_digest: digest(header.get().as_bytes()).into(),
             header: &header,
-            title: TitleLine::of(entry.title.as_ref(), entry.title_mark.as_deref(), entry.len),
+            title: TitleLine::of(entry.title.as_ref(), entry.title_mark.as_deref(), entry.stat.len),
             summary,
         };
         lines.push(serde_json::to_string(&line).map_err(|e| e.to_string())?);
@@ -629,42 +660,55 @@ pub(super) fn write_whole(path: &Path, root: &Path, bytes: &[u8]) -> Result<(), 
     Ok(())
 }
 
-/// The descriptor events of the log at `path` read back from the lines `facts` locates, or
-/// `None` when any line is not there as recorded (the log must then be read whole).
-pub(crate) fn read_descriptors(path: &Path, facts: &Facts) -> Option<Vec<Event>> {
-    use std::os::unix::fs::FileExt;
-    if facts.descriptors.is_empty() {
-        return Some(Vec::new());
-    }
-    // The scan just statted the log as a regular file; anything else at the path now fails the
-    // read or the digest below.
-    let file = open_log_unchecked(path).ok()?;
-    let mut events = Vec::with_capacity(facts.descriptors.len());
-    for at in &facts.descriptors {
-        if at.len > LINE_LIMIT {
-            return None;
-        }
-        // The line and its newline.
-        let mut bytes = vec![0u8; usize::try_from(at.len).ok()? + 1];
-        file.read_exact_at(&mut bytes, at.offset).ok()?;
-        if bytes.pop() != Some(b'\n') || !digest_is(&bytes, &at.digest) {
-            return None;
-        }
-        let text = std::str::from_utf8(&bytes).ok()?;
-        let event = Record::parse(text).ok()?.into_events().into_iter().find(|e| e.seq == at.seq)?;
-        if event.kind != Kind::SubagentDescriptor {
-            return None;
-        }
-        events.push(event);
-    }
-    Some(events)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A sessions directory in `dir`, made (an index is written only beside one that exists).
+    /// A descriptor event's line at `seq`, with `fields` in its data.
+    fn descriptor(seq: u64, fields: &str) -> Located {
+        let line = format!(
+            r#"{{"type":"subagent/descriptor","seq":{seq},"time":0,"data":{{"version":2,"mode":"continuable","provider":"spawn",{fields}}}}}"#
+        );
+        Located { seq, line: line.into() }
+    }
+
+    /// Issue 23: the descriptor lines an entry keeps give their events, exactly as the log's
+    /// read gives them; a line that is not the named descriptor event gives none (the log is then
+    /// read whole).
+    #[test]
+    fn kept_descriptor_lines_give_their_events_or_none() {
+        let facts = |descriptors: Vec<Located>| Facts {
+            event_count: 3,
+            surface: Ok(()),
+            inbox: InboxCounts::default(),
+            descriptors,
+        };
+        let kept = descriptor(4, r#""label":"worker""#);
+        let events = facts(vec![kept.clone(), descriptor(7, r#""label":"again""#)]).descriptor_events().unwrap();
+        assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 7]);
+        assert_eq!(events[0], Record::parse(&kept.line).unwrap().into_events().remove(0));
+        assert_eq!(facts(Vec::new()).descriptor_events(), Some(Vec::new()));
+        let other_kind = Located { seq: 4, line: kept.line.replace("subagent/descriptor", "session/end-seed").into() };
+        for bad in [
+            Located { seq: 5, ..kept.clone() },
+            other_kind,
+            Located { seq: 4, line: "not json".into() },
+            Located { seq: 4, line: "{}".into() },
+        ] {
+            assert_eq!(facts(vec![kept.clone(), bad.clone()]).descriptor_events(), None, "{bad:?}");
+        }
+    }
+
+    /// A descriptor line too long for the index keeps no facts.
+    #[test]
+    fn a_descriptor_line_too_long_is_not_kept() {
+        let at = |len: usize| LocatedLine { seq: 0, bytes: vec![b'x'; len] };
+        assert!(Located::of(at(LINE_LIMIT)).is_some());
+        assert!(Located::of(at(LINE_LIMIT + 1)).is_none());
+        assert!(Located::of(LocatedLine { seq: 0, bytes: vec![0xff] }).is_none(), "not UTF-8");
+    }
+
     fn sessions_in(dir: &tempfile::TempDir) -> PathBuf {
         let root = dir.path().join("sessions");
         std::fs::create_dir(&root).unwrap();
@@ -685,21 +729,20 @@ mod tests {
             event_count: 9,
             surface: Err("a violation".into()),
             inbox: InboxCounts { pending: 1, discarded: 2 },
-            descriptors: vec![Located { seq: 0, offset: 120, len: 80, digest: digest(b"line") }],
+            descriptors: vec![descriptor(0, r#""label":"a {\"braced}\" label","x":[{"y":"]}"}]"#)],
         };
         let summary = |surface, n: u64| Facts {
             event_count: 40 + n,
             surface,
             inbox: InboxCounts::default(),
-            descriptors: (0..n)
-                .map(|i| Located { seq: i, offset: 100 * i, len: 90, digest: digest(&[i as u8]) })
-                .collect(),
+            descriptors: (0..n).map(|i| descriptor(i, r#""label":"plain""#)).collect(),
         };
         let at = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+        let changed = at + Duration::new(5, 1);
         const LEN: u64 = 4 << 20;
+        let stat = LogStat { len: LEN, modified: at, changed };
         let entry = |header: SessionHeader, facts: Option<Facts>, title: Option<Titled>| Entry {
-            len: LEN,
-            modified: at,
+            stat,
             header: Arc::new(header),
             facts: facts.map(Arc::new),
             title,
@@ -737,8 +780,8 @@ mod tests {
             assert_eq!((p.as_ref(), s.as_ref()), (*project, *session));
             let kept_mark = written.title_mark.clone().filter(|m| m.end() >= MARK_KEPT_FROM);
             assert_eq!(
-                (read.len, read.modified, &read.header, &read.facts, &read.title, &read.title_mark),
-                (LEN, at, &written.header, &written.facts, &written.title, &kept_mark),
+                (read.stat, &read.header, &read.facts, &read.title, &read.title_mark),
+                (stat, &written.header, &written.facts, &written.title, &kept_mark),
                 "{line}"
             );
             if *session == "quoted" || *session == "odd" {
@@ -748,7 +791,10 @@ mod tests {
             let fast = canonical_entry(line).unwrap_or_else(|| panic!("not read fast: {line}"));
             let serde: EntryLine = serde_json::from_str(line).unwrap();
             assert_eq!((fast.project.as_ref(), fast.session.as_ref()), (&*serde.project, &*serde.session));
-            assert_eq!((fast.len, fast.mtime, fast.header_text), (serde.len, serde.mtime, serde.header.get()));
+            assert_eq!(
+                (fast.len, fast.mtime, fast.ctime, fast.header_text),
+                (serde.len, serde.mtime, serde.ctime, serde.header.get())
+            );
             assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
             assert_eq!(fast.header_digest, serde.header_digest);
             assert_eq!(fast.summary, serde.summary);
@@ -777,14 +823,13 @@ mod tests {
     /// A title mark that is not exactly what `write` writes makes its entry malformed (and so
     /// the file no index): a digest that is not 16 lowercase hex digits, a line that ends where
     /// or before it starts or past the log's length, a mark that is not a triple, `grown`
-    /// without a mark, or a field it does not know. A version-3 file (no marks) is read.
+    /// without a mark, or a field it does not know.
     #[test]
     fn a_title_mark_is_read_exactly_or_not_at_all() {
         let dir = tempfile::tempdir().unwrap();
         let root = sessions_in(&dir);
         let entry = Entry {
-            len: 3 << 20,
-            modified: SystemTime::UNIX_EPOCH,
+            stat: LogStat { len: 3 << 20, modified: SystemTime::UNIX_EPOCH, changed: SystemTime::UNIX_EPOCH },
             header: Arc::new(SessionHeader::new("s", 1, Some("/w".into()))),
             facts: None,
             title: Some(Titled(Some("T".into()))),
@@ -815,9 +860,9 @@ mod tests {
         let grown = line.replacen(mark, &format!(r#"{mark},"grown":true"#), 1);
         let (_, read, _) = parse_entry(&grown).unwrap();
         assert_eq!((read.title, read.title_mark.map(|m| m.title)), (None, Some(Some("T".into()))));
-        // The same file as version 3 is read; version 5 is not.
+        // The same file as version 4 (no ctimes, descriptors read back) or 6 is not read.
         let head = text.lines().next().unwrap();
-        for (version, read) in [(3, true), (5, false)] {
+        for (version, read) in [(INDEX_VERSION, true), (4, false), (6, false)] {
             let other = head.replacen(&format!(":{INDEX_VERSION},"), &format!(":{version},"), 1);
             std::fs::write(path(&root).unwrap(), text.replacen(head, &other, 1)).unwrap();
             assert_eq!(load(&root).is_ok(), read, "version {version}");
@@ -830,8 +875,7 @@ mod tests {
     #[test]
     fn logs_are_taken_in_step_or_by_name_once_each() {
         let entry = |id: &str| Entry {
-            len: 1,
-            modified: SystemTime::UNIX_EPOCH,
+            stat: LogStat { len: 1, modified: SystemTime::UNIX_EPOCH, changed: SystemTime::UNIX_EPOCH },
             header: Arc::new(SessionHeader::new(id, 1, None)),
             facts: None,
             title: None,
@@ -900,8 +944,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = sessions_in(&dir);
         let entry = |id: &str| Entry {
-            len: 10,
-            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
+            stat: LogStat {
+                len: 10,
+                modified: SystemTime::UNIX_EPOCH + Duration::from_secs(5),
+                changed: SystemTime::UNIX_EPOCH + Duration::from_secs(6),
+            },
             header: Arc::new(SessionHeader::new(id, 1, None)),
             facts: None,
             title: None,

@@ -15,16 +15,16 @@
 //! it keeps the maps a trace walks (each session's record, each parent's children in sibling
 //! order), so a trace copies only the sessions it returns. Per log, `StoreSource` keeps a derived
 //! `LogSummary` (header, event count, the `subagent/descriptor` events, the surface verdict) keyed
-//! by (path, length, mtime) and rebuilt on any mismatch; the summary is never an authority, only a
+//! by path and stat (length, mtime, ctime: `scan::LogStat`) and rebuilt on any mismatch; the summary is never an authority, only a
 //! cache of what a full read of the same bytes returns. Exact reads reuse the scan's paths instead
 //! of rescanning the corpus. A listing pins its candidates' summaries as of its trace's scan (`pin`
 //! / `release`), so it stats each log once. With `with_index` (the runtime's), the source also
 //! keeps the derived catalog index file (`catalog_index`): the first scan takes unchanged logs'
-//! headers from it and their summaries read back only the descriptor lines; its `watch`
+//! headers and summaries from it (descriptor lines included), reading no log; its `watch`
 //! (`session::watch`), which the runtime's store reports its writes to, keeps the cache and the
 //! file current as kin writes children, in batches on the watch's thread. A file rewritten to the
-//! same length within one mtime tick would be missed until it changes again: logs are append-only,
-//! so only a hand edit can do that.
+//! same length within the timestamp tick of its last stat would be missed until it changes again:
+//! logs are append-only, so only a hand edit can do that.
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::cmp::Ordering;
@@ -32,7 +32,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +42,7 @@ use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::{LocatedLine, TitleMark, read_filed_header, read_title, scan_file, scan_file_locating};
+use super::scan::{LocatedLine, LogStat, TitleMark, read_filed_header, read_title, scan_file, scan_file_locating};
 use super::store::{SessionStore, StoreError, StoredSession};
 use super::store_scan::{Memoizing, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
@@ -667,8 +667,9 @@ pub struct SourceIo {
     pub header_reads: u64,
     /// Logs read whole.
     pub whole_reads: u64,
-    /// Logs whose descriptor lines alone were read back through the catalog index.
-    pub line_reads: u64,
+    /// Summaries made from the catalog index's facts of a log, without reading it (its
+    /// descriptor lines are in the index).
+    pub index_summaries: u64,
     /// Logs read for their title (`titles`).
     pub title_reads: u64,
     /// Bytes of logs read for their titles.
@@ -682,7 +683,7 @@ struct IoCounters {
     stats: AtomicU64,
     header_reads: AtomicU64,
     whole_reads: AtomicU64,
-    line_reads: AtomicU64,
+    index_summaries: AtomicU64,
     title_reads: AtomicU64,
     title_bytes: AtomicU64,
     dir_listings: AtomicU64,
@@ -735,20 +736,21 @@ enum IndexFile {
 
 /// Derived state of one log file at one (length, mtime).
 struct CachedLog {
-    len: u64,
-    modified: SystemTime,
+    /// The stat it was found at (its key: anything the cache knows of it is of the log at this
+    /// stat).
+    stat: LogStat,
     /// Its header, or why it could not be read (the log is left out of the corpus until it
     /// changes).
     header: Result<Arc<SessionHeader>, String>,
     summary: Option<Arc<LogSummary>>,
     /// The last scan that saw the file.
     seen: u64,
-    /// That scan (or the read that cached it) statted it as a regular file at (`len`, `modified`).
+    /// That scan (or the read that cached it) statted it as a regular file at `stat`.
     statted: bool,
-    /// The catalog-index facts of the log at (`len`, `modified`): from the index file, or from
+    /// The catalog-index facts of the log at `stat`: from the index file, or from
     /// the read that built `summary`.
     facts: Option<Arc<Facts>>,
-    /// Its title at (`len`, `modified`), once read (`titles`) or given by the index file.
+    /// Its title at `stat`, once read (`titles`) or given by the index file.
     title: Option<Titled>,
     /// Where the last read of its title stopped, kept while the log grows under the same
     /// header: the next read goes on from there (`scan::read_title`).
@@ -756,14 +758,14 @@ struct CachedLog {
 }
 
 impl CachedLog {
-    /// Whether this is what the cache knows of the file at this length and mtime (its key).
-    fn is_at(&self, len: u64, modified: SystemTime) -> bool {
-        self.len == len && self.modified == modified
+    /// Whether this is what the cache knows of the file at this stat (its key).
+    fn is_at(&self, stat: LogStat) -> bool {
+        self.stat == stat
     }
 
     /// Whether this is the log `stored` lists, as the listing found it.
     fn is_as_listed(&self, stored: &StoredSession) -> bool {
-        self.is_at(stored.len, stored.modified) && self.header.is_ok()
+        self.is_at(stored.stat) && self.header.is_ok()
     }
 }
 
@@ -1090,8 +1092,7 @@ impl SourceState {
                                 project.clone(),
                                 session.clone(),
                                 catalog_index::Entry {
-                                    len: log.len,
-                                    modified: log.modified,
+                                    stat: log.stat,
                                     header: header.clone(),
                                     facts: log.facts.clone(),
                                     title: log.title.clone(),
@@ -1155,7 +1156,7 @@ impl SourceState {
     fn refresh_log(&self, path: &Path) {
         let (project, session) = log_key(path);
         let found = match std::fs::symlink_metadata(path) {
-            Ok(meta) if meta.is_file() => Some((meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH))),
+            Ok(meta) if meta.is_file() => Some(LogStat::of(&meta)),
             _ => None,
         };
         let (known, earlier) = {
@@ -1167,7 +1168,7 @@ impl SourceState {
                 _ => None,
             };
             let in_file = earlier.is_some();
-            let Some((len, modified)) = found else {
+            let Some(stat) = found else {
                 let cached = cache.logs.get_mut(project).and_then(|logs| logs.remove(session)).is_some();
                 if cached {
                     cache.corpus = None;
@@ -1178,17 +1179,17 @@ impl SourceState {
                 return;
             };
             let at = cache.logs.get(project).and_then(|logs| logs.get(session));
-            if at.is_some_and(|c| c.is_at(len, modified) && (c.facts.is_some() || c.header.is_err())) {
+            if at.is_some_and(|c| c.is_at(stat) && (c.facts.is_some() || c.header.is_err())) {
                 return;
             }
-            (at.and_then(|c| c.header.clone().ok()).map(|header| (header, len, modified)), earlier)
+            (at.and_then(|c| c.header.clone().ok()).map(|header| (header, stat)), earlier)
         };
-        let (header, len, modified) = match known {
+        let (header, stat) = match known {
             Some(known) => known,
             None => {
-                let Some((len, modified)) = found else { return };
+                let Some(stat) = found else { return };
                 match self.read_header(path) {
-                    Ok((header, _)) => (Arc::new(header), len, modified),
+                    Ok((header, _)) => (Arc::new(header), stat),
                     // Left to the next scan, which reports it.
                     Err(_) => return,
                 }
@@ -1199,24 +1200,23 @@ impl SourceState {
         }
         if header.parent_session.is_some() {
             // Builds the summary and the index facts, and makes the file dirty.
-            let _ = self.summary_at(path, &header.id, len, modified);
+            let _ = self.summary_at(path, &header.id, stat);
             return;
         }
         // The index's entry of the log (taken from the file, which the cache now stands for)
-        // keeps its title read for the same header: the title at the same length and mtime, and
+        // keeps its title read for the same header: the title at the same stat, and
         // the mark to go on from.
         let earlier = earlier.filter(|entry| entry.header == header);
         let mut cache = self.cache();
         let logs = cache.logs.entry(project.to_owned()).or_default();
         let seen = logs.get(session).map_or(0, |c| c.seen);
-        // A title read at this very length and mtime still holds.
-        let title = match logs.get(session).filter(|c| c.is_at(len, modified)) {
+        // A title read at this very stat still holds.
+        let title = match logs.get(session).filter(|c| c.is_at(stat)) {
             Some(cached) => cached.title.clone(),
-            None => earlier.as_ref().filter(|e| e.len == len && e.modified == modified).and_then(|e| e.title.clone()),
+            None => earlier.as_ref().filter(|e| e.stat == stat).and_then(|e| e.title.clone()),
         };
         let log = CachedLog {
-            len,
-            modified,
+            stat,
             header: Ok(header),
             summary: None,
             seen,
@@ -1375,7 +1375,7 @@ impl SourceState {
                 Some(CachedLog { header: Ok(header), .. }) => Some(header.clone()),
                 _ => None,
             };
-            let (len, modified) = match &f.found {
+            let stat = match &f.found {
                 Ok(found) => *found,
                 Err(e) => {
                     // A session this cache has read before keeps its place under its last
@@ -1396,7 +1396,7 @@ impl SourceState {
                 }
             };
             seen += 1;
-            if let Some(log) = logs.get_mut(session).filter(|c| c.is_at(len, modified)) {
+            if let Some(log) = logs.get_mut(session).filter(|c| c.is_at(stat)) {
                 log.seen = generation;
                 log.statted = true;
                 headers.push((None, l));
@@ -1411,7 +1411,7 @@ impl SourceState {
             // An entry of the log at another length keeps only the mark of its title read, for
             // the log under the same header (a title read checks the mark's line before using it).
             let (indexed, earlier) = match indexed {
-                Some(entry) if entry.len == len && entry.modified == modified => (Some(entry), None),
+                Some(entry) if entry.stat == stat => (Some(entry), None),
                 earlier => (None, earlier),
             };
             let facts = indexed.as_ref().and_then(|entry| entry.facts.clone());
@@ -1446,17 +1446,8 @@ impl SourceState {
                     title_mark = earlier.title_mark;
                 }
             }
-            let log = CachedLog {
-                len,
-                modified,
-                header,
-                summary: None,
-                seen: generation,
-                statted: true,
-                facts,
-                title,
-                title_mark,
-            };
+            let log =
+                CachedLog { stat, header, summary: None, seen: generation, statted: true, facts, title, title_mark };
             changed |= replace(logs, key, log);
         }
         Matched { logs: std::mem::take(logs), indexed, seen, from_index, read, changed, headers }
@@ -1519,8 +1510,8 @@ impl SessionSource for StoreSource {
             return Ok(summary.clone());
         }
         let path = self.state.path_of(id)?;
-        let (len, modified) = self.state.stat(&path, id)?;
-        self.state.summary_at(&path, id, len, modified)
+        let stat = self.state.stat(&path, id)?;
+        self.state.summary_at(&path, id, stat)
     }
 
     /// Pins each id's summary as of the last scan, building the missing ones on up to
@@ -1541,8 +1532,7 @@ impl SessionSource for StoreSource {
         .unwrap_or_else(|_| std::iter::repeat_with(|| None).take(ids.len()).collect());
         let mut cache = self.state.cache();
         for ((id, built), planned) in ids.iter().zip(built).zip(&planned) {
-            let summary =
-                built.zip(planned.as_ref()).map(|(built, p)| keep(&mut cache, &p.path, p.len, p.modified, built));
+            let summary = built.zip(planned.as_ref()).map(|(built, p)| keep(&mut cache, &p.path, p.stat, built));
             let pin = cache.pinned.entry((*id).to_string()).or_insert((0, None));
             pin.0 += 1;
             if summary.is_some() {
@@ -1619,8 +1609,7 @@ impl StoreSource {
                         Some(StoredSession {
                             header: SessionHeader::clone(log.header.as_ref().ok()?),
                             path: log_file(root, project, session),
-                            modified: log.modified,
-                            len: log.len,
+                            stat: log.stat,
                         })
                     })
                 })
@@ -1656,7 +1645,7 @@ impl StoreSource {
         };
         let read = each_in_parallel(&unknown, |(stored, mark)| {
             count(&state.io.title_reads);
-            let read = read_title(&stored.path, stored.len, mark.as_deref());
+            let read = read_title(&stored.path, stored.stat.len, mark.as_deref());
             state.io.title_bytes.fetch_add(read.bytes, std::sync::atomic::Ordering::Relaxed);
             read.mark
         });
@@ -1690,7 +1679,7 @@ impl StoreSource {
             stats: get(&io.stats),
             header_reads: get(&io.header_reads),
             whole_reads: get(&io.whole_reads),
-            line_reads: get(&io.line_reads),
+            index_summaries: get(&io.index_summaries),
             title_reads: get(&io.title_reads),
             title_bytes: get(&io.title_bytes),
             dir_listings: get(&io.dir_listings),
@@ -1699,7 +1688,7 @@ impl StoreSource {
 }
 
 impl SourceState {
-    fn stat(&self, path: &Path, id: &str) -> Result<(u64, SystemTime), QueryError> {
+    fn stat(&self, path: &Path, id: &str) -> Result<LogStat, QueryError> {
         count(&self.io.stats);
         stat(path, id)
     }
@@ -1707,13 +1696,6 @@ impl SourceState {
     fn read_header(&self, path: &Path) -> Result<(SessionHeader, super::scan::LogStat), String> {
         count(&self.io.header_reads);
         read_filed_header(path)
-    }
-
-    fn read_descriptors(&self, path: &Path, facts: &Facts) -> Option<Vec<Event>> {
-        if !facts.descriptors.is_empty() {
-            count(&self.io.line_reads);
-        }
-        catalog_index::read_descriptors(path, facts)
     }
 
     /// What a listing's pin needs of `id` as of the last scan, which statted its log (`None`
@@ -1727,33 +1709,34 @@ impl SourceState {
         }
         let toward = toward(log, cache.index.is_some());
         let path = log_file(&corpus.root, project, session);
-        Some(Planned { len: log.len, modified: log.modified, toward, path })
+        Some(Planned { stat: log.stat, toward, path })
     }
 
-    /// The summary of the log at `path` as statted at (`len`, `modified`): the cached one, else
-    /// built from a read of the log.
-    fn summary_at(&self, path: &Path, id: &str, len: u64, modified: SystemTime) -> Result<Arc<LogSummary>, QueryError> {
+    /// The summary of the log at `path` as statted at `stat`: the cached one, else built from a
+    /// read of the log.
+    fn summary_at(&self, path: &Path, id: &str, stat: LogStat) -> Result<Arc<LogSummary>, QueryError> {
         let (project, session) = log_key(path);
         let toward = {
             let cache = self.cache();
-            let at = cache.logs.get(project).and_then(|logs| logs.get(session)).filter(|c| c.is_at(len, modified));
+            let at = cache.logs.get(project).and_then(|logs| logs.get(session)).filter(|c| c.is_at(stat));
             let indexing = cache.index.is_some();
             at.map_or(Toward::Nothing { indexing }, |c| toward(c, indexing))
         };
         let built = self.build_summary(path, id, toward)?;
-        Ok(keep(&mut self.cache(), path, len, modified, built))
+        Ok(keep(&mut self.cache(), path, stat, built))
     }
 
     /// A log's summary made from what the cache held toward it (`toward`), without the cache's
-    /// lock: the index's facts of an unchanged log need only its descriptor lines read back (and
-    /// there as recorded); anything else reads the log whole.
+    /// lock: the index's facts of an unchanged log make it without a read (its descriptor lines
+    /// are in them); anything else reads the log whole.
     fn build_summary(&self, path: &Path, id: &str, toward: Toward) -> Result<Built, QueryError> {
         let indexing = match toward {
             Toward::Built(summary) => return Ok(Built::Cached(summary)),
             Toward::Indexed(header, facts) => {
                 if header.id == id
-                    && let Some(descriptors) = self.read_descriptors(path, &facts)
+                    && let Some(descriptors) = facts.descriptor_events()
                 {
+                    count(&self.io.index_summaries);
                     return Ok(Built::FromIndex(Arc::new(LogSummary {
                         header,
                         event_count: facts.event_count,
@@ -1769,12 +1752,14 @@ impl SourceState {
         count(&self.io.whole_reads);
         let (log, located) = if indexing { read_log_located(path, id)? } else { (read_log(path, id)?, Vec::new()) };
         let summary = Arc::new(LogSummary::of(&log));
-        let facts = indexing.then(|| {
+        // A descriptor line too long for the index leaves the log without facts.
+        let descriptors = indexing.then(|| located.into_iter().map(Located::of).collect::<Option<Vec<_>>>()).flatten();
+        let facts = descriptors.map(|descriptors| {
             Arc::new(Facts {
                 event_count: summary.event_count,
                 surface: summary.surface.clone(),
                 inbox: summary.inbox,
-                descriptors: located.iter().map(Located::of).collect(),
+                descriptors,
             })
         });
         Ok(Built::Read { summary, facts })
@@ -1798,8 +1783,7 @@ fn in_scan_order<'a>(
 /// What a pin found of one candidate under the cache's lock, to build its summary after.
 struct Planned {
     path: PathBuf,
-    len: u64,
-    modified: SystemTime,
+    stat: LogStat,
     toward: Toward,
 }
 
@@ -1836,16 +1820,16 @@ enum Built {
     Read { summary: Arc<LogSummary>, facts: Option<Arc<Facts>> },
 }
 
-/// Puts what `build_summary` made of the log at `path` (statted at `len`, `modified`) into the
+/// Puts what `build_summary` made of the log at `path` (statted at `stat`) into the
 /// cache, and returns the summary. It is keyed by the stat made before the read: if the file grew
 /// meanwhile, the next call's stat misses it and it is built again.
-fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: Built) -> Arc<LogSummary> {
+fn keep(cache: &mut Cache, path: &Path, stat: LogStat, built: Built) -> Arc<LogSummary> {
     let (project, session) = log_key(path);
     let (summary, facts) = match built {
         Built::Cached(summary) => return summary,
         Built::FromIndex(summary) => {
             if let Some(c) =
-                cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session)).filter(|c| c.is_at(len, modified))
+                cache.logs.get_mut(project).and_then(|logs| logs.get_mut(session)).filter(|c| c.is_at(stat))
             {
                 c.summary = Some(summary.clone());
             }
@@ -1858,14 +1842,13 @@ fn keep(cache: &mut Cache, path: &Path, len: u64, modified: SystemTime, built: B
     }
     let logs = cache.logs.entry(project.to_owned()).or_default();
     match logs.get_mut(session) {
-        Some(c) if c.is_at(len, modified) && c.header.is_ok() => {
+        Some(c) if c.is_at(stat) && c.header.is_ok() => {
             c.summary = Some(summary.clone());
             c.facts = facts;
         }
         _ => {
             let entry = CachedLog {
-                len,
-                modified,
+                stat,
                 header: Ok(summary.header.clone()),
                 summary: Some(summary.clone()),
                 seen: 0,
@@ -1919,10 +1902,10 @@ fn log_key(path: &Path) -> (&OsStr, &OsStr) {
     (name(session_dir.and_then(Path::parent)), name(session_dir))
 }
 
-/// Length and mtime of a log; a missing file is a missing session.
-fn stat(path: &Path, id: &str) -> Result<(u64, SystemTime), QueryError> {
+/// The stat of a log; a missing file is a missing session.
+fn stat(path: &Path, id: &str) -> Result<LogStat, QueryError> {
     match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() => Ok((meta.len(), meta.modified().unwrap_or(SystemTime::UNIX_EPOCH))),
+        Ok(meta) if meta.is_file() => Ok(LogStat::of(&meta)),
         Ok(_) => Err(QueryError::PersistenceFailed(format!("{} is not a regular file", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(QueryError::SessionNotFound(id.to_string())),
         Err(e) => Err(QueryError::PersistenceFailed(format!("cannot read {}: {e}", path.display()))),
@@ -2017,7 +2000,10 @@ mod tests {
         let store = SessionStore::new(dir.path().to_path_buf());
         let source = StoreSource::persisted_only(store.clone());
         let listing = |listed: Vec<StoredSession>| {
-            let mut keys: Vec<_> = listed.into_iter().map(|s| (s.path, s.header.id, s.len, s.modified)).collect();
+            let mut keys: Vec<_> = listed
+                .into_iter()
+                .map(|s| (s.path, s.header.id, s.stat.len, s.stat.modified, s.stat.changed))
+                .collect();
             keys.sort();
             keys
         };

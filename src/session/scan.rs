@@ -2,6 +2,7 @@
 //! (dsh `scanLog`). O(n) in the file size; nothing here writes.
 
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use super::event::Kind;
 use super::record::{Event, Record, SessionHeader};
@@ -91,7 +92,7 @@ pub(crate) fn filed(path: &Path, id: &str) -> Result<(), String> {
 pub(crate) fn read_header(path: &Path) -> Result<(SessionHeader, LogStat), String> {
     use std::io::BufRead;
     let (file, meta) = open_log_statted(path).map_err(|e| e.to_string())?;
-    let stat = LogStat { len: meta.len(), modified: meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH) };
+    let stat = LogStat::of(&meta);
     let mut line = String::new();
     std::io::BufReader::new(std::io::Read::take(file, HEADER_LIMIT)).read_line(&mut line).map_err(|e| e.to_string())?;
     let Some(line) = line.strip_suffix('\n') else {
@@ -100,11 +101,43 @@ pub(crate) fn read_header(path: &Path) -> Result<(SessionHeader, LogStat), Strin
     Ok((SessionHeader::parse(line)?, stat))
 }
 
-/// A log's length and modification time, as the read of its header found them.
+/// A log as one `stat` found it: its length, modification time and status-change time. Equal
+/// stats mean an unchanged log (what kin caches of a log is keyed by them): an append moves the
+/// length, and any write, `chmod` or rename the ctime, which no one can set back (unlike the
+/// mtime, which `touch` sets). Only a rewrite within the same timestamp tick as the stat that
+/// recorded it goes unseen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LogStat {
     pub(crate) len: u64,
-    pub(crate) modified: std::time::SystemTime,
+    pub(crate) modified: SystemTime,
+    /// The ctime.
+    pub(crate) changed: SystemTime,
+}
+
+impl LogStat {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> LogStat {
+        use std::os::unix::fs::MetadataExt;
+        LogStat {
+            len: meta.len(),
+            modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            changed: since_epoch(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The stat of a `libc::stat` buffer.
+    pub(crate) fn of_raw(st: &libc::stat) -> LogStat {
+        LogStat {
+            len: u64::try_from(st.st_size).unwrap_or(0),
+            modified: since_epoch(st.st_mtime, st.st_mtime_nsec),
+            changed: since_epoch(st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+}
+
+/// A time from `stat`'s seconds and nanoseconds (a time before the epoch reads as the epoch).
+fn since_epoch(seconds: i64, nanos: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(u64::try_from(seconds).unwrap_or(0), u32::try_from(nanos).unwrap_or(0))
 }
 
 /// The longest line `read_title` looks into: a title event is far shorter, and a longer line is
@@ -249,23 +282,21 @@ pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
     scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |_, _| true)
 }
 
-/// One event's line in a log: the event's seq, the byte offset of its line and the line's
-/// bytes without the newline.
+/// One event's line in a log: the event's seq and the line's bytes without the newline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LocatedLine {
     pub seq: u64,
-    pub offset: u64,
     pub bytes: Vec<u8>,
 }
 
-/// `scan_file`, also locating the line of every event of `kind` (the catalog index keeps where
-/// a child's descriptor is, to read that line alone later).
+/// `scan_file`, also keeping the line of every event of `kind` (the catalog index keeps a
+/// child's descriptor line, so the next kin lists the child without reading its log).
 pub(crate) fn scan_file_locating(path: &Path, kind: &Kind) -> Result<(Scanned, Vec<LocatedLine>), ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
     let mut found = Vec::new();
-    let scanned = scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, (offset, raw)| {
+    let scanned = scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, (_, raw)| {
         if event.kind == *kind {
-            found.push(LocatedLine { seq: event.seq, offset, bytes: raw.to_vec() });
+            found.push(LocatedLine { seq: event.seq, bytes: raw.to_vec() });
         }
         true
     })?;

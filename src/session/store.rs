@@ -9,7 +9,7 @@ use super::layout::{LOG_FILE, encode_segment, log_path, validate_session_id};
 use super::live::Session;
 use super::record::SessionHeader;
 use super::repair::closers;
-use super::scan::{ScanError, Scanned, read_filed_header, scan_file, scan_file_resident};
+use super::scan::{LogStat, ScanError, Scanned, read_filed_header, scan_file, scan_file_resident};
 use super::store_scan::each_in_parallel;
 use super::watch::LogWatch;
 use super::writer::{LockedLog, LogWriter};
@@ -44,9 +44,15 @@ impl std::error::Error for StoreError {}
 pub struct StoredSession {
     pub header: SessionHeader,
     pub path: PathBuf,
-    pub modified: SystemTime,
-    /// The log's length when its header was read (with `modified`, the key of its title).
-    pub len: u64,
+    /// The log's stat when its header was read (the key of its title).
+    pub(crate) stat: LogStat,
+}
+
+impl StoredSession {
+    /// When the log was last written.
+    pub fn modified(&self) -> SystemTime {
+        self.stat.modified
+    }
 }
 
 /// All logs under one root.
@@ -316,7 +322,7 @@ pub(crate) fn top_level(listed: Vec<StoredSession>, cwd: Option<&Path>) -> Vec<S
     };
     let mut sessions: Vec<StoredSession> =
         listed.into_iter().filter(|s| s.header.parent_session.is_none()).filter(in_cwd).collect();
-    sessions.sort_by_key(|s| std::cmp::Reverse((s.modified, s.header.created_at)));
+    sessions.sort_by_key(|s| std::cmp::Reverse((s.stat.modified, s.header.created_at)));
     sessions
 }
 
@@ -358,9 +364,7 @@ fn named(id: &str, scanned: Scanned) -> Result<Scanned, ScanError> {
 /// The stored session at `path`, from its header line; `Ok(None)` when there is no file.
 fn stored_at(path: &Path) -> Result<Option<StoredSession>, String> {
     match read_filed_header(path) {
-        Ok((header, stat)) => {
-            Ok(Some(StoredSession { header, path: path.to_path_buf(), modified: stat.modified, len: stat.len }))
-        }
+        Ok((header, stat)) => Ok(Some(StoredSession { header, path: path.to_path_buf(), stat })),
         Err(_) if std::fs::symlink_metadata(path).is_err() => Ok(None),
         Err(e) => Err(e),
     }
@@ -379,8 +383,7 @@ mod tests {
         let stored = |id: &str, cwd: &str| StoredSession {
             header: SessionHeader::new(id, 0, Some(cwd.to_string())),
             path: PathBuf::new(),
-            modified: SystemTime::UNIX_EPOCH,
-            len: 0,
+            stat: LogStat { len: 0, modified: SystemTime::UNIX_EPOCH, changed: SystemTime::UNIX_EPOCH },
         };
         let listed = vec![
             stored("a", "/w"),

@@ -1,5 +1,5 @@
 //! The stat pass of a session query's corpus scan: every session log under the sessions
-//! directory, its length and modification time, from one `fstatat` per log relative to its
+//! directory, its length, mtime and ctime (`scan::LogStat`), from one `fstatat` per log relative to its
 //! project directory (a short lookup instead of a walk of the whole path). The work is spread
 //! over a few threads in two steps: each project directory is listed (a directory per task),
 //! then the logs are statted in chunks that any thread takes next, so one large project (the
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::dir_memo::{DirStamp, Listing, Memo, Names, Span};
 use super::layout::LOG_FILE;
 use super::query::QueryError;
+use super::scan::LogStat;
 
 /// One project directory as a scan found it: its name and its session logs.
 pub(super) struct ProjectScan {
@@ -35,11 +36,11 @@ impl ProjectScan {
 }
 
 /// One session log a scan found: where its session directory's name is among its project's
-/// (`ProjectScan::session`: no copy of the name per log), its length and mtime, or why it could
-/// not be statted as a regular file.
+/// (`ProjectScan::session`: no copy of the name per log), its stat, or why it could not be
+/// statted as a regular file.
 pub(super) struct FoundLog {
     session: Span,
-    pub(super) found: Result<(u64, SystemTime), String>,
+    pub(super) found: Result<LogStat, String>,
 }
 
 /// At most this many threads scan the store (or build a listing's summaries).
@@ -243,7 +244,7 @@ fn list_project(
 }
 
 /// A session directory's log: `None` when there is none.
-fn stat_log(dir: &std::fs::File, session: &OsStr) -> Option<Result<(u64, SystemTime), String>> {
+fn stat_log(dir: &std::fs::File, session: &OsStr) -> Option<Result<LogStat, String>> {
     match stat_at(dir, session, LOG_FILE) {
         Ok(Some(found)) => Some(Ok(found)),
         Ok(None) => Some(Err("not a regular file".into())),
@@ -256,9 +257,9 @@ pub(super) fn read_failed(at: &Path, e: std::io::Error) -> QueryError {
     QueryError::PersistenceFailed(format!("cannot read {}: {e}", at.display()))
 }
 
-/// `fstatat(dir, "<session>/<file>", AT_SYMLINK_NOFOLLOW)`: the length and modification time of
-/// a regular file, `None` for anything else (a symlink, a directory, a FIFO).
-fn stat_at(dir: &std::fs::File, session: &OsStr, file: &str) -> std::io::Result<Option<(u64, SystemTime)>> {
+/// `fstatat(dir, "<session>/<file>", AT_SYMLINK_NOFOLLOW)`: the stat of a regular file, `None`
+/// for anything else (a symlink, a directory, a FIFO).
+fn stat_at(dir: &std::fs::File, session: &OsStr, file: &str) -> std::io::Result<Option<LogStat>> {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     // `<session>/<file>\0`, on the stack when it fits (it is made once per log per scan).
@@ -287,12 +288,7 @@ fn stat_at(dir: &std::fs::File, session: &OsStr, file: &str) -> std::io::Result<
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(None);
     }
-    let modified = SystemTime::UNIX_EPOCH
-        + std::time::Duration::new(
-            u64::try_from(st.st_mtime).unwrap_or(0),
-            u32::try_from(st.st_mtime_nsec).unwrap_or(0),
-        );
-    Ok(Some((u64::try_from(st.st_size).unwrap_or(0), modified)))
+    Ok(Some(LogStat::of_raw(&st)))
 }
 
 #[cfg(test)]
@@ -343,7 +339,7 @@ mod tests {
         let mut found: Vec<(String, u64)> = big
             .logs
             .iter()
-            .map(|log| (big.session(log).to_string_lossy().into_owned(), log.found.as_ref().unwrap().0))
+            .map(|log| (big.session(log).to_string_lossy().into_owned(), log.found.as_ref().unwrap().len))
             .collect();
         let listed_order: Vec<OsString> = std::fs::read_dir(root.path().join("big"))
             .unwrap()
