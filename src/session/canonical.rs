@@ -93,14 +93,19 @@ impl<'a> Cursor<'a> {
     /// An unsigned integer as serde writes one: digits, no leading zero, within `u64`.
     pub(crate) fn uint(&mut self) -> Option<u64> {
         let bytes = &self.text.as_bytes()[self.at..];
-        let (mut value, mut digits) = (0u64, 0usize);
-        while let Some(&b) = bytes.get(digits).filter(|b| b.is_ascii_digit()) {
-            value = value.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-            digits += 1;
-        }
+        let digits = bytes.iter().take_while(|b| b.is_ascii_digit()).count();
         if digits == 0 || (digits > 1 && bytes[0] == b'0') || bytes.get(digits) == Some(&b'.') {
             return None;
         }
+        // Up to 19 digits fit a u64 whatever they are, so only a longer number is checked as it
+        // is read (the index has a dozen numbers a line).
+        let value = if digits < 20 {
+            bytes[..digits].iter().fold(0u64, |value, &b| value * 10 + u64::from(b - b'0'))
+        } else {
+            bytes[..digits]
+                .iter()
+                .try_fold(0u64, |value, &b| value.checked_mul(10)?.checked_add(u64::from(b - b'0')))?
+        };
         self.at += digits;
         Some(value)
     }
@@ -170,6 +175,27 @@ mod tests {
         for h in [SessionHeader::new("a", 1, Some("/x".into())), child, bare] {
             let text = serde_json::to_string(&h).unwrap();
             assert_eq!(fast(&text), Some(h), "{text}");
+        }
+    }
+
+    /// A number is read as serde reads a `u64`: any length up to `u64::MAX`, no leading zero,
+    /// not a fraction; the cursor stops after its digits.
+    #[test]
+    fn a_number_is_read_within_u64_or_not_at_all() {
+        let read = |text: &str| {
+            let mut cursor = Cursor::new(text);
+            cursor.uint().map(|value| (value, cursor.at()))
+        };
+        assert_eq!(read("0,"), Some((0, 1)));
+        assert_eq!(read("7]"), Some((7, 1)));
+        assert_eq!(read("1234567890123456789"), Some((1_234_567_890_123_456_789, 19)));
+        assert_eq!(read("9999999999999999999}"), Some((9_999_999_999_999_999_999, 19)));
+        assert_eq!(read("18446744073709551615"), Some((u64::MAX, 20)));
+        for refused in
+            ["18446744073709551616", "99999999999999999999", "123456789012345678901", "01", "1.5", "", "-1", "x"]
+        {
+            assert_eq!(read(refused), None, "{refused}");
+            assert!(serde_json::from_str::<u64>(refused).is_err(), "serde refuses {refused} too");
         }
     }
 

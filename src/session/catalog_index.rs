@@ -1,7 +1,7 @@
 //! The derived catalog index (issue 23): one file per sessions directory, beside it
 //! (`<sessions>.catalog-index.jsonl`, so the directory itself stays dsh's layout and nothing
 //! that walks it meets a file it does not know), holding what a listing needs of each log — its
-//! stat (length, mtime, ctime), its header with a digest of it, once a listing has summarised the
+//! stat (length, mtime, ctime), its header, once a listing has summarised the
 //! log its event count, surface verdict, inbox counts and each `subagent/descriptor` line itself,
 //! and once `session/list` has read it its title (with, for a long log, where that read stopped,
 //! so a read after the log grew goes on from there) — so the first listing after a start reads no
@@ -12,10 +12,10 @@
 //! by name.
 //!
 //! Derived state, never an authority. An entry counts only for a log found at the entry's exact
-//! stat (any write moves a log's ctime, which no one sets back); its header only when it matches
-//! its digest; a descriptor only when its kept line holds that event (else the log is read). A
-//! file that is missing, unreadable, too large, of another version, garbage, truncated, or holds
-//! a malformed or duplicated entry is no index at all: every log is read as without one, and the
+//! stat (any write moves a log's ctime, which no one sets back); a descriptor only when its kept
+//! line holds that event (else the log is read). A file that is missing, unreadable, too large,
+//! of another version, garbage, truncated (its digest guards it against damage), or holds a
+//! malformed or duplicated entry is no index at all: every log is read as without one, and the
 //! index is written again. It is written whole: a temp file in the same directory, fsync,
 //! rename over the old one, fsync of the directory.
 
@@ -52,6 +52,8 @@ pub(crate) const INDEX_VERSION: u64 = 5;
 pub(crate) const MARK_KEPT_FROM: u64 = 1 << 20;
 /// An index larger than this is not read (nor written): listings fall back to reading logs.
 const INDEX_LIMIT: u64 = 256 << 20;
+/// No entry line is shorter than this (the names of the fields it must have take 85 bytes).
+const SHORTEST_LINE: u64 = 100;
 /// The index is read through a buffer of this size (grown only for a longer line).
 const LINE_BUFFER: usize = 64 << 10;
 /// A log with a descriptor line longer than this keeps no facts in the index (the next kin reads
@@ -80,6 +82,12 @@ pub(crate) struct Logs {
 }
 
 impl Logs {
+    /// These entries, their list's spare room handed back.
+    fn fitted(mut self) -> Logs {
+        self.list.shrink_to_fit();
+        self
+    }
+
     fn push(&mut self, session: OsString, entry: Option<Entry>) {
         self.left += usize::from(entry.is_some());
         self.list.push((session, entry));
@@ -199,11 +207,9 @@ struct EntryLine<'a> {
     mtime: (u64, u32),
     /// The same, of the ctime.
     ctime: (u64, u32),
-    /// The header, as the compact JSON `headerDigest` is the digest of.
+    /// The header, as compact JSON.
     #[serde(borrow)]
     header: &'a RawValue,
-    #[serde(borrow)]
-    header_digest: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     title: Option<TitleLine>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,13 +307,12 @@ pub(super) fn digest(bytes: &[u8]) -> String {
     format!("{:032x}", xxh3_128(bytes))
 }
 
-/// Whether `hex` is `digest(bytes)` (without making it: a start checks one per log).
+/// Whether `hex` is `digest(bytes)` (without making it).
 pub(super) fn digest_is(bytes: &[u8], hex: &str) -> bool {
     digest_is_value(xxh3_128(bytes), hex)
 }
 
-/// Whether `hex` is the digest whose value is `value`: its 32 lowercase hex digits (a start
-/// checks one per log, so without a parse of the text).
+/// Whether `hex` is the digest whose value is `value`: its 32 lowercase hex digits.
 fn digest_is_value(value: u128, hex: &str) -> bool {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let hex = hex.as_bytes();
@@ -383,9 +388,14 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
         let ((project, session), entry, named) = parse_entry(line).map_err(|e| format!("entry {count}: {e}"))?;
         if run.as_ref().is_none_or(|(name, _)| *name != project) {
             if let Some((name, logs)) = run.take() {
-                entries.insert(OsString::from(name), logs);
+                entries.insert(OsString::from(name), logs.fitted());
             }
-            let resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
+            let mut resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
+            // Room for every entry left (as many as the first line says, and as the file's size
+            // can hold), so the run's list is not copied as it grows; the memory not filled is
+            // never touched, and is handed back when the run ends.
+            let left = (head.entries - count + 1).min(size / SHORTEST_LINE);
+            resumed.list.reserve(usize::try_from(left).unwrap_or(0));
             run = Some((project.into_owned(), resumed));
         }
         if let Some((_, logs)) = run.as_mut() {
@@ -401,7 +411,7 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
         return Err("the entries do not match the digest on the first line (truncated or changed)".into());
     }
     if let Some((name, logs)) = run {
-        entries.insert(OsString::from(name), logs);
+        entries.insert(OsString::from(name), logs.fitted());
     }
     if count != head.entries {
         return Err(format!("{count} entries where the first line says {}", head.entries));
@@ -467,15 +477,11 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
                 ctime: e.ctime,
                 header_text: e.header.get(),
                 header: None,
-                header_digest: e.header_digest,
                 title: e.title,
                 summary: e.summary,
             }
         }
     };
-    if !digest_is(e.header_text.as_bytes(), &e.header_digest) {
-        return Err("the header does not match its digest".into());
-    }
     let header = match e.header {
         Some(header) => header.validated()?,
         None => SessionHeader::parse(e.header_text)?,
@@ -505,11 +511,10 @@ struct Fields<'a> {
     len: u64,
     mtime: (u64, u32),
     ctime: (u64, u32),
-    /// The header's text, which `header_digest` is the digest of.
+    /// The header's text.
     header_text: &'a str,
     /// The header, when `canonical_entry` read it (not validated yet).
     header: Option<SessionHeader>,
-    header_digest: Cow<'a, str>,
     title: Option<TitleLine>,
     summary: Option<FactsLine>,
 }
@@ -529,7 +534,6 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
     let start = c.at();
     let header = canonical::header(&mut c)?;
     let header_text = &line[start..c.at()];
-    let header_digest = c.string_after(",\"headerDigest\":")?;
     let title = if c.eat(",\"title\":{\"text\":") {
         let text = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
         let mark = if c.eat(",\"mark\":[") {
@@ -560,7 +564,6 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
         ctime: (ctime_seconds, ctime_nanos),
         header_text,
         header: Some(header),
-        header_digest: header_digest.into(),
         title,
         summary,
     })
@@ -620,7 +623,6 @@ pub(crate) fn write<'a>(
             len: entry.stat.len,
             mtime: since(entry.stat.modified),
             ctime: since(entry.stat.changed),
-            header_digest: digest(header.get().as_bytes()).into(),
             header: &header,
             title: TitleLine::of(entry.title.as_ref(), entry.title_mark.as_deref(), entry.stat.len),
             summary,
@@ -796,12 +798,11 @@ mod tests {
                 (serde.len, serde.mtime, serde.ctime, serde.header.get())
             );
             assert_eq!(fast.header.as_ref(), Some(&SessionHeader::parse(serde.header.get()).unwrap()));
-            assert_eq!(fast.header_digest, serde.header_digest);
             assert_eq!(fast.summary, serde.summary);
             assert_eq!(fast.title, serde.title);
         }
         assert_eq!(load(&root).unwrap().len(), 1, "one project");
-        // A line with an escape (outside the header, which its digest covers) is serde's to
+        // A line with an escape (outside the header) is serde's to
         // read, and reads the same.
         let escaped = lines[0].replacen("\"project\":\"--p--\"", "\"project\":\"--\\u0070--\"", 1);
         assert!(escaped != lines[0] && canonical_entry(&escaped).is_none());

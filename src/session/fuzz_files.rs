@@ -108,10 +108,9 @@ mod tests {
     #[test]
     fn index_files_of_every_kind_read_or_fail_cleanly_and_round_trip() {
         let header = r#"{"type":"session","version":0,"id":"c1","createdAt":5,"cwd":"/w","parentSession":"p","origin":"subagent","delegationDepth":1}"#;
-        let digest = catalog_index::digest(header.as_bytes());
         let line = r#"{"type":"subagent/descriptor","seq":2,"time":0,"data":{"version":2,"mode":"continuable","provider":"spawn","label":"a \"}\" label"}}"#;
         let entry = format!(
-            r#"{{"project":"-w","session":"c1","len":4000,"mtime":[1700000000,5],"ctime":[1700000001,6],"header":{header},"headerDigest":"{digest}","title":{{"text":"T"}},"summary":{{"events":9,"surface":null,"pending":1,"discarded":0,"descriptors":[{{"seq":2,"line":{line}}}]}}}}"#
+            r#"{{"project":"-w","session":"c1","len":4000,"mtime":[1700000000,5],"ctime":[1700000001,6],"header":{header},"title":{{"text":"T"}},"summary":{{"events":9,"surface":null,"pending":1,"discarded":0,"descriptors":[{{"seq":2,"line":{line}}}]}}}}"#
         );
         // Each body, and how many of its two reads (as it is, under a matching first line) take it.
         for (body, accepted) in [
