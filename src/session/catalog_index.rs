@@ -393,9 +393,10 @@ pub(crate) fn load(root: &Path) -> Result<Entries, String> {
             let mut resumed = entries.remove(OsStr::new(project.as_ref())).unwrap_or_default();
             // Room for every entry left (as many as the first line says, and as the file's size
             // can hold), so the run's list is not copied as it grows; the memory not filled is
-            // never touched, and is handed back when the run ends.
+            // never touched, and is handed back when the run ends. Without that room (an
+            // allocator that will not reserve it), the list grows as it is filled.
             let left = (head.entries - count + 1).min(size / SHORTEST_LINE);
-            resumed.list.reserve(usize::try_from(left).unwrap_or(0));
+            let _ = resumed.list.try_reserve(usize::try_from(left).unwrap_or(0));
             run = Some((project.into_owned(), resumed));
         }
         if let Some((_, logs)) = run.as_mut() {
