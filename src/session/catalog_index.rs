@@ -487,8 +487,12 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
         Some(header) => header.validated()?,
         None => SessionHeader::parse(e.header_text)?,
     };
+    // (Nanoseconds of a whole second or more are refused, not carried: a carry could overflow.)
     let time = |(seconds, nanos): (u64, u32), what: &str| {
-        SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos)).ok_or_else(|| format!("{what} out of range"))
+        (nanos < 1_000_000_000)
+            .then(|| SystemTime::UNIX_EPOCH.checked_add(Duration::new(seconds, nanos)))
+            .flatten()
+            .ok_or_else(|| format!("{what} out of range"))
     };
     let stat = LogStat { len: e.len, modified: time(e.mtime, "mtime")?, changed: time(e.ctime, "ctime")? };
     let facts = e.summary.map(|f| {

@@ -128,6 +128,10 @@ mod tests {
             (format!("{}\n", entry.replace(r#""line":{"type""#, r#""line":"{\"type""#)), 0),
             (format!("{}\n", entry.replace(r#"label"}}"#, r#"label"}"#)), 0),
             (format!("{}\n", entry.replace(r#""ctime":[1700000001,6],"#, "")), 0),
+            // Times out of range, one whose nanoseconds would carry past the largest second.
+            (format!("{}\n", entry.replace("[1700000000,5]", "[18446744073709551615,1000000000]")), 0),
+            (format!("{}\n", entry.replace("[1700000001,6]", "[1700000001,1000000000]")), 0),
+            (format!("{}\n", entry.replace("[1700000001,6]", "[18446744073709551615,0]")), 0),
             (entry.clone(), 0),
             ("\n\n".into(), 0),
             ("{}\n".into(), 0),
