@@ -140,7 +140,7 @@ impl Runtime {
             }
             // The catalog's session query: this runtime's store, live preferred (a session is live
             // while this runtime holds its agent), with the derived catalog index of the sessions
-            // directory (the first listing after a start reads descriptor lines, not whole logs).
+            // directory (the first listing after a start opens no unchanged child log).
             let live_set = weak.clone();
             let source = StoreSource::new(SessionStore::new(config.sessions_dir.clone()), move |id: &str| {
                 live_set.upgrade().is_some_and(|rt| rt.live_agent(id).is_some())

@@ -698,7 +698,7 @@ struct Cache {
     /// Per project directory name, its logs by session directory name.
     logs: HashMap<OsString, HashMap<OsString, CachedLog>>,
     /// The corpus built from `logs`; reused while every scan finds the same logs at the same
-    /// (length, mtime).
+    /// stat (length, mtime, ctime).
     corpus: Option<Arc<Corpus>>,
     /// Counts scans, to find the logs the current one did not see.
     generation: u64,
@@ -734,7 +734,7 @@ enum IndexFile {
     Used,
 }
 
-/// Derived state of one log file at one (length, mtime).
+/// Derived state of one log file at one stat (length, mtime, ctime).
 struct CachedLog {
     /// The stat it was found at (its key: anything the cache knows of it is of the log at this
     /// stat).
@@ -914,7 +914,7 @@ impl StoreSource {
 
     /// This source with the derived catalog index of its sessions directory
     /// (`session::catalog_index`): the first scan takes the headers of unchanged logs from it,
-    /// summaries of unchanged logs read only their descriptor lines, and a listing that left the
+    /// summaries of unchanged logs are made from it without a read, and a listing that left the
     /// file behind writes it again when it closes. Results are those of a source without it.
     pub fn with_index(mut self) -> Self {
         self.state.cache().index = Some(IndexState {
@@ -1127,8 +1127,8 @@ impl SourceState {
     /// Brings the logs at `paths`, which kin just published, flushed, closed or removed (the
     /// watch's batch), into the cache as the next scan finds them, and writes the index if that
     /// put the file behind. A child log (one naming a parent: a listing candidate) is summarised
-    /// here, read whole once, so the next process's first listing reads only its descriptor
-    /// lines; another log gets its length and mtime (its header is immutable), which alone does
+    /// here, read whole once, so the next process's first listing does not open it; another
+    /// log gets its stat (its header is immutable), which alone does
     /// not rewrite the file. A log gone loses its entry. Paths outside the store's layout are
     /// ignored.
     fn refresh(&self, paths: &[PathBuf]) {
@@ -1361,7 +1361,7 @@ impl SourceState {
     }
 
     /// One project's scan matched against what the cache knew of it and the index's entries for
-    /// it: each log's cached state is kept while it is at the same (length, mtime), else its
+    /// it: each log's cached state is kept while it is at the same stat, else its
     /// header comes from the index entry at exactly that state, else from the log.
     fn match_project(&self, project: &ProjectScan, known_here: ProjectCache, generation: u64) -> Matched {
         let ProjectCache { mut logs, mut indexed } = known_here;
@@ -1619,7 +1619,7 @@ impl StoreSource {
     }
 
     /// The title of each listed log (as `stored` lists them), in order: the one the cache holds
-    /// at the length and mtime the listing found (read before, or given by the catalog index),
+    /// at the stat the listing found (read before, or given by the catalog index),
     /// else read from the log's first `len` bytes on a few threads and kept (the index is then
     /// behind: the next write of it holds them).
     pub(crate) fn titles(&self, listed: &[StoredSession]) -> Vec<Option<String>> {
@@ -1787,18 +1787,18 @@ struct Planned {
     toward: Toward,
 }
 
-/// What the cache holds toward the summary of a log at one (length, mtime).
+/// What the cache holds toward the summary of a log at one stat.
 #[derive(Clone)]
 enum Toward {
     /// The summary itself.
     Built(Arc<LogSummary>),
     /// The log's header and its catalog-index facts (with the index kept).
     Indexed(Arc<SessionHeader>, Arc<Facts>),
-    /// Nothing: the log is read whole (locating its descriptor lines when `indexing`).
+    /// Nothing: the log is read whole (keeping its descriptor lines when `indexing`).
     Nothing { indexing: bool },
 }
 
-/// What the cache holds toward `log`'s summary at its (length, mtime).
+/// What the cache holds toward `log`'s summary at its stat.
 fn toward(log: &CachedLog, indexing: bool) -> Toward {
     if let Some(summary) = &log.summary {
         return Toward::Built(summary.clone());
@@ -1887,7 +1887,7 @@ fn replace(logs: &mut HashMap<OsString, CachedLog>, key: OsString, mut log: Cach
     }
 }
 
-/// What the cache holds of the log `stored` lists, at the length and mtime the listing found.
+/// What the cache holds of the log `stored` lists, at the stat the listing found.
 fn cached_at<'c>(cache: &'c Cache, stored: &StoredSession) -> Option<&'c CachedLog> {
     let (project, session) = log_key(&stored.path);
     cache.logs.get(project)?.get(session).filter(|log| log.is_as_listed(stored))
@@ -1920,7 +1920,7 @@ fn read_log(path: &Path, id: &str) -> Result<SessionLog, QueryError> {
     Ok(SessionLog { header: scanned.header, events: scanned.events })
 }
 
-/// `read_log`, also locating the log's descriptor lines (for the catalog index).
+/// `read_log`, also keeping the log's descriptor lines (for the catalog index).
 fn read_log_located(path: &Path, id: &str) -> Result<(SessionLog, Vec<LocatedLine>), QueryError> {
     let (scanned, located) = scan_file_locating(path, &Kind::SubagentDescriptor)
         .map_err(|e| QueryError::PersistenceFailed(e.to_string()))?;
@@ -2147,7 +2147,7 @@ mod tests {
         );
     }
 
-    /// `session/list`'s titles (issue 23): each read once at its log's length and mtime and kept
+    /// `session/list`'s titles (issue 23): each read once at its log's stat and kept
     /// in the catalog index, so the next process (a fresh query) reads none; a log that grew is
     /// read again, alone; and an index whose title was changed, or is not a title, is no index:
     /// the titles are read again and come out the same.
