@@ -35,7 +35,7 @@ use super::canonical::{self, Cursor};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::record::{Event, Record, SessionHeader};
-use super::scan::{LocatedLine, LogStat, TitleMark, open_log};
+use super::scan::{EventLine, LogStat, TitleMark, open_log};
 
 /// What the index's file name adds to the sessions directory's name (it sits beside it).
 pub(crate) const INDEX_SUFFIX: &str = ".catalog-index.jsonl";
@@ -147,26 +147,26 @@ pub(crate) struct Facts {
     pub surface: Result<(), String>,
     pub inbox: InboxCounts,
     /// Each `subagent/descriptor` event's line, in seq order.
-    pub descriptors: Vec<Located>,
+    pub descriptors: Vec<KeptLine>,
 }
 
 /// One descriptor event's seq and its line, as the log has it (without the newline).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(from = "DescriptorLine<Box<RawValue>>")]
-pub(crate) struct Located {
+pub(crate) struct KeptLine {
     pub seq: u64,
     pub line: Box<str>,
 }
 
-impl Located {
+impl KeptLine {
     /// The line of one event, if the index keeps lines that long (`None`: the log's facts are
     /// not kept, and the next kin reads it whole).
-    pub(crate) fn of(line: LocatedLine) -> Option<Located> {
+    pub(crate) fn of(line: EventLine) -> Option<KeptLine> {
         if line.bytes.len() > LINE_LIMIT {
             return None;
         }
         let text = String::from_utf8(line.bytes).ok()?;
-        Some(Located { seq: line.seq, line: text.into_boxed_str() })
+        Some(KeptLine { seq: line.seq, line: text.into_boxed_str() })
     }
 }
 
@@ -277,7 +277,7 @@ struct FactsLine {
     surface: Option<String>,
     pending: usize,
     discarded: usize,
-    descriptors: Vec<Located>,
+    descriptors: Vec<KeptLine>,
 }
 
 /// A descriptor in an entry: its seq and the log's line, verbatim (`line` is a `RawValue`).
@@ -288,13 +288,13 @@ struct DescriptorLine<L> {
     line: L,
 }
 
-impl From<DescriptorLine<Box<RawValue>>> for Located {
-    fn from(d: DescriptorLine<Box<RawValue>>) -> Located {
-        Located { seq: d.seq, line: d.line.into() }
+impl From<DescriptorLine<Box<RawValue>>> for KeptLine {
+    fn from(d: DescriptorLine<Box<RawValue>>) -> KeptLine {
+        KeptLine { seq: d.seq, line: d.line.into() }
     }
 }
 
-impl Serialize for Located {
+impl Serialize for KeptLine {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let line: &RawValue = serde_json::from_str(&self.line).map_err(serde::ser::Error::custom)?;
         DescriptorLine { seq: self.seq, line }.serialize(serializer)
@@ -589,7 +589,7 @@ fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine> {
             c.expect(",\"line\":")?;
             let line = c.raw_object()?;
             c.expect("}")?;
-            descriptors.push(Located { seq, line: line.into() });
+            descriptors.push(KeptLine { seq, line: line.into() });
             if c.eat("]") {
                 break;
             }
@@ -673,11 +673,11 @@ mod tests {
 
     /// A sessions directory in `dir`, made (an index is written only beside one that exists).
     /// A descriptor event's line at `seq`, with `fields` in its data.
-    fn descriptor(seq: u64, fields: &str) -> Located {
+    fn descriptor(seq: u64, fields: &str) -> KeptLine {
         let line = format!(
             r#"{{"type":"subagent/descriptor","seq":{seq},"time":0,"data":{{"version":2,"mode":"continuable","provider":"spawn",{fields}}}}}"#
         );
-        Located { seq, line: line.into() }
+        KeptLine { seq, line: line.into() }
     }
 
     /// Issue 23: the descriptor lines an entry keeps give their events, exactly as the log's
@@ -685,7 +685,7 @@ mod tests {
     /// read whole).
     #[test]
     fn kept_descriptor_lines_give_their_events_or_none() {
-        let facts = |descriptors: Vec<Located>| Facts {
+        let facts = |descriptors: Vec<KeptLine>| Facts {
             event_count: 3,
             surface: Ok(()),
             inbox: InboxCounts::default(),
@@ -696,12 +696,12 @@ mod tests {
         assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [4, 7]);
         assert_eq!(events[0], Record::parse(&kept.line).unwrap().into_events().remove(0));
         assert_eq!(facts(Vec::new()).descriptor_events(), Some(Vec::new()));
-        let other_kind = Located { seq: 4, line: kept.line.replace("subagent/descriptor", "session/end-seed").into() };
+        let other_kind = KeptLine { seq: 4, line: kept.line.replace("subagent/descriptor", "session/end-seed").into() };
         for bad in [
-            Located { seq: 5, ..kept.clone() },
+            KeptLine { seq: 5, ..kept.clone() },
             other_kind,
-            Located { seq: 4, line: "not json".into() },
-            Located { seq: 4, line: "{}".into() },
+            KeptLine { seq: 4, line: "not json".into() },
+            KeptLine { seq: 4, line: "{}".into() },
         ] {
             assert_eq!(facts(vec![kept.clone(), bad.clone()]).descriptor_events(), None, "{bad:?}");
         }
@@ -710,10 +710,10 @@ mod tests {
     /// A descriptor line too long for the index keeps no facts.
     #[test]
     fn a_descriptor_line_too_long_is_not_kept() {
-        let at = |len: usize| LocatedLine { seq: 0, bytes: vec![b'x'; len] };
-        assert!(Located::of(at(LINE_LIMIT)).is_some());
-        assert!(Located::of(at(LINE_LIMIT + 1)).is_none());
-        assert!(Located::of(LocatedLine { seq: 0, bytes: vec![0xff] }).is_none(), "not UTF-8");
+        let at = |len: usize| EventLine { seq: 0, bytes: vec![b'x'; len] };
+        assert!(KeptLine::of(at(LINE_LIMIT)).is_some());
+        assert!(KeptLine::of(at(LINE_LIMIT + 1)).is_none());
+        assert!(KeptLine::of(EventLine { seq: 0, bytes: vec![0xff] }).is_none(), "not UTF-8");
     }
 
     fn sessions_in(dir: &tempfile::TempDir) -> PathBuf {

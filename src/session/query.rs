@@ -36,13 +36,13 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::catalog_index::{self, Facts, Located, Titled};
+use super::catalog_index::{self, Facts, KeptLine, Titled};
 use super::dir_memo::{self, Memo};
 use super::event::Kind;
 use super::inbox::InboxCounts;
 use super::layout::LOG_FILE;
 use super::record::{Event, SessionHeader};
-use super::scan::{LocatedLine, LogStat, TitleMark, read_filed_header, read_title, scan_file, scan_file_locating};
+use super::scan::{EventLine, LogStat, TitleMark, read_filed_header, read_title, scan_file, scan_file_keeping};
 use super::store::{SessionStore, StoreError, StoredSession};
 use super::store_scan::{Memoizing, ProjectScan, each_in_parallel, in_parallel, scan_store, workers_for};
 pub use super::surface::Surface;
@@ -1750,10 +1750,10 @@ impl SourceState {
             Toward::Nothing { indexing } => indexing,
         };
         count(&self.io.whole_reads);
-        let (log, located) = if indexing { read_log_located(path, id)? } else { (read_log(path, id)?, Vec::new()) };
+        let (log, lines) = if indexing { read_log_keeping(path, id)? } else { (read_log(path, id)?, Vec::new()) };
         let summary = Arc::new(LogSummary::of(&log));
         // A descriptor line too long for the index leaves the log without facts.
-        let descriptors = indexing.then(|| located.into_iter().map(Located::of).collect::<Option<Vec<_>>>()).flatten();
+        let descriptors = indexing.then(|| lines.into_iter().map(KeptLine::of).collect::<Option<Vec<_>>>()).flatten();
         let facts = descriptors.map(|descriptors| {
             Arc::new(Facts {
                 event_count: summary.event_count,
@@ -1921,11 +1921,11 @@ fn read_log(path: &Path, id: &str) -> Result<SessionLog, QueryError> {
 }
 
 /// `read_log`, also keeping the log's descriptor lines (for the catalog index).
-fn read_log_located(path: &Path, id: &str) -> Result<(SessionLog, Vec<LocatedLine>), QueryError> {
-    let (scanned, located) = scan_file_locating(path, &Kind::SubagentDescriptor)
-        .map_err(|e| QueryError::PersistenceFailed(e.to_string()))?;
+fn read_log_keeping(path: &Path, id: &str) -> Result<(SessionLog, Vec<EventLine>), QueryError> {
+    let (scanned, lines) =
+        scan_file_keeping(path, &Kind::SubagentDescriptor).map_err(|e| QueryError::PersistenceFailed(e.to_string()))?;
     check_names(path, &scanned.header, id)?;
-    Ok((SessionLog { header: scanned.header, events: scanned.events }, located))
+    Ok((SessionLog { header: scanned.header, events: scanned.events }, lines))
 }
 
 fn check_names(path: &Path, header: &SessionHeader, id: &str) -> Result<(), QueryError> {

@@ -284,19 +284,19 @@ pub fn scan_file(path: &Path) -> Result<Scanned, ScanError> {
 
 /// One event's line in a log: the event's seq and the line's bytes without the newline.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LocatedLine {
+pub(crate) struct EventLine {
     pub seq: u64,
     pub bytes: Vec<u8>,
 }
 
 /// `scan_file`, also keeping the line of every event of `kind` (the catalog index keeps a
 /// child's descriptor line, so the next kin lists the child without reading its log).
-pub(crate) fn scan_file_locating(path: &Path, kind: &Kind) -> Result<(Scanned, Vec<LocatedLine>), ScanError> {
+pub(crate) fn scan_file_keeping(path: &Path, kind: &Kind) -> Result<(Scanned, Vec<EventLine>), ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
     let mut found = Vec::new();
     let scanned = scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, (_, raw)| {
         if event.kind == *kind {
-            found.push(LocatedLine { seq: event.seq, bytes: raw.to_vec() });
+            found.push(EventLine { seq: event.seq, bytes: raw.to_vec() });
         }
         true
     })?;
