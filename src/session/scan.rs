@@ -294,7 +294,7 @@ pub(crate) struct EventLine {
 pub(crate) fn scan_file_keeping(path: &Path, kind: &Kind) -> Result<(Scanned, Vec<EventLine>), ScanError> {
     let file = open_log(path).map_err(|e| io_error(path, &e))?;
     let mut found = Vec::new();
-    let scanned = scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, (_, raw)| {
+    let scanned = scan_reader(path, &mut std::io::BufReader::with_capacity(1 << 16, file), |event, raw| {
         if event.kind == *kind {
             found.push(EventLine { seq: event.seq, bytes: raw.to_vec() });
         }
@@ -445,12 +445,12 @@ fn next_line<R: std::io::BufRead + std::io::Seek>(
 /// `HEADER_LIMIT` bytes (a huge file of garbage is refused at once); then each line is parsed as
 /// it is read. A bad line is corruption when a complete `turn/end` line follows it, else it and
 /// everything after it are the torn tail.
-/// Only the events `keep` says yes to are kept; it is given each event with its line's byte
-/// offset and bytes (without the newline).
+/// Only the events `keep` says yes to are kept; it is given each event with its line's bytes
+/// (without the newline).
 fn scan_reader<R: std::io::BufRead + std::io::Seek>(
     path: &Path,
     reader: &mut R,
-    mut keep: impl FnMut(&mut Event, (u64, &[u8])) -> bool,
+    mut keep: impl FnMut(&mut Event, &[u8]) -> bool,
 ) -> Result<Scanned, ScanError> {
     use std::io::{BufRead, Read};
     let corrupt = |line: usize, reason: String| ScanError::Corrupt { path: path.to_path_buf(), line, reason };
@@ -480,8 +480,7 @@ fn scan_reader<R: std::io::BufRead + std::io::Seek>(
         match parsed.and_then(|()| parse_line(raw, length)) {
             Ok(more) => {
                 length += more.len() as u64;
-                let at = (committed, raw);
-                events.extend(more.into_iter().filter_map(|mut e| keep(&mut e, at).then_some(e)));
+                events.extend(more.into_iter().filter_map(|mut e| keep(&mut e, raw).then_some(e)));
                 committed += read;
             }
             Err(reason) => {
