@@ -285,7 +285,14 @@ impl LogWriter {
             };
         }
         self.committed += self.pending.len() as u64;
-        self.unsynced.extend_from_slice(&self.pending);
+        if self.pending.len() > self.unsynced.len() {
+            // The larger buffer takes the other's bytes: a huge line (a message built from a
+            // million chunks lists their seqs: megabytes) is not held twice while it is copied.
+            self.pending.splice(0..0, self.unsynced.drain(..));
+            std::mem::swap(&mut self.unsynced, &mut self.pending);
+        } else {
+            self.unsynced.extend_from_slice(&self.pending);
+        }
         self.pending.clear();
         // A huge line (a message built from a million chunks) or a full batch must not keep
         // its buffer for the life of the session.
@@ -645,6 +652,38 @@ mod tests {
         w.append(&event(4));
         w.flush().unwrap();
         assert_eq!(seqs_in(&path), [0, 1, 4], "event 1 kept and written again, the refused ones gone");
+    }
+
+    /// The bytes written since the last `fsync` are kept once: the larger of the batch just
+    /// written and the earlier unsynced bytes takes the other's (a message listing a million
+    /// chunk seqs is megabytes, and was held twice while it was copied), and a failed `fsync`
+    /// still writes them all again in order, whichever buffer took them.
+    #[test]
+    fn a_large_batch_becomes_the_unsynced_copy_instead_of_being_copied_into_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut w, synced) = synced_log(&dir);
+        let big = |seq| Event { data: json!({"text": "x".repeat(200_000)}).into(), ..event(seq) };
+        // Nothing unsynced: the written buffer itself is kept.
+        w.append(&big(1));
+        let written = w.pending.as_ptr();
+        w.write_eager();
+        assert_eq!(w.unsynced.as_ptr(), written, "the batch's own buffer, not a copy of it");
+        assert!(w.pending.capacity() <= KEPT_BUFFER_BYTES);
+        // A small batch joins the unsynced bytes; a larger one takes them in front of its own.
+        w.append(&event(2));
+        w.write_eager();
+        w.append(&big(3));
+        w.append(&big(4));
+        w.write_eager();
+        w.append(&event(5));
+        w.write_eager();
+        assert_eq!(w.synced(), synced, "nothing synced since event 0");
+        assert_eq!(std::fs::metadata(&path).unwrap().len() - synced, w.unsynced.len() as u64);
+        w.failing_syncs = 1;
+        assert!(w.flush().is_err());
+        assert_eq!(seqs_in(&path), [0]);
+        w.flush().unwrap();
+        assert_eq!(seqs_in(&path), [0, 1, 2, 3, 4, 5], "written again in order, once each");
     }
 
     #[test]
