@@ -213,7 +213,7 @@ struct EntryLine<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     title: Option<TitleLine>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    summary: Option<FactsLine>,
+    summary: Option<FactsLine<'a>>,
 }
 
 /// The last read of a log's title: `{"text":null}` when it found none (an entry without `title`
@@ -271,13 +271,14 @@ impl TitleLine {
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct FactsLine {
+struct FactsLine<'a> {
     events: u64,
     /// The surface violation; `null` when the fold holds.
     surface: Option<String>,
     pending: usize,
     discarded: usize,
-    descriptors: Vec<KeptLine>,
+    /// Borrowed from the facts when written (the lines are not copied for it), owned when read.
+    descriptors: Cow<'a, [KeptLine]>,
 }
 
 /// A descriptor in an entry: its seq and the log's line, verbatim (`line` is a `RawValue`).
@@ -500,7 +501,7 @@ fn parse_entry(line: &str) -> Result<Parsed<'_>, String> {
             event_count: f.events,
             surface: f.surface.map_or(Ok(()), Err),
             inbox: InboxCounts { pending: f.pending, discarded: f.discarded },
-            descriptors: f.descriptors,
+            descriptors: f.descriptors.into_owned(),
         })
     });
     let (title, title_mark) = e.title.map_or(Ok((None, None)), |t| t.read(e.len))?;
@@ -521,7 +522,7 @@ struct Fields<'a> {
     /// The header, when `canonical_entry` read it (not validated yet).
     header: Option<SessionHeader>,
     title: Option<TitleLine>,
-    summary: Option<FactsLine>,
+    summary: Option<FactsLine<'a>>,
 }
 
 /// An entry line exactly as `write` writes one (`session::canonical`), or `None` for serde to
@@ -575,7 +576,7 @@ fn canonical_entry(line: &str) -> Option<Fields<'_>> {
 }
 
 /// A summary exactly as `write` writes one (a surface violation with an escape is serde's).
-fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine> {
+fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine<'static>> {
     let events = c.uint_after("{\"events\":")?;
     c.expect(",\"surface\":")?;
     let surface = if c.eat("null") { None } else { Some(c.string()?.to_string()) };
@@ -597,7 +598,7 @@ fn canonical_facts(c: &mut Cursor<'_>) -> Option<FactsLine> {
         }
     }
     c.expect("}")?;
-    Some(FactsLine { events, surface, pending, discarded, descriptors })
+    Some(FactsLine { events, surface, pending, discarded, descriptors: Cow::Owned(descriptors) })
 }
 
 /// Writes the index of `root` whole (`write_whole`: temp file beside it, fsync, rename,
@@ -615,12 +616,12 @@ pub(crate) fn write<'a>(
             let since = time.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
             (since.as_secs(), since.subsec_nanos())
         };
-        let summary = entry.facts.map(|f| FactsLine {
+        let summary = entry.facts.as_deref().map(|f| FactsLine {
             events: f.event_count,
             surface: f.surface.clone().err(),
             pending: f.inbox.pending,
             discarded: f.inbox.discarded,
-            descriptors: f.descriptors.clone(),
+            descriptors: Cow::Borrowed(&f.descriptors),
         });
         let line = EntryLine {
             project: project.into(),
@@ -671,7 +672,6 @@ pub(super) fn write_whole(path: &Path, root: &Path, bytes: &[u8]) -> Result<(), 
 mod tests {
     use super::*;
 
-    /// A sessions directory in `dir`, made (an index is written only beside one that exists).
     /// A descriptor event's line at `seq`, with `fields` in its data.
     fn descriptor(seq: u64, fields: &str) -> KeptLine {
         let line = format!(
@@ -716,6 +716,7 @@ mod tests {
         assert!(KeptLine::of(EventLine { seq: 0, bytes: vec![0xff] }).is_none(), "not UTF-8");
     }
 
+    /// A sessions directory in `dir`, made (an index is written only beside one that exists).
     fn sessions_in(dir: &tempfile::TempDir) -> PathBuf {
         let root = dir.path().join("sessions");
         std::fs::create_dir(&root).unwrap();
