@@ -119,7 +119,7 @@ impl LogStat {
         use std::os::unix::fs::MetadataExt;
         LogStat {
             len: meta.len(),
-            modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            modified: since_epoch(meta.mtime(), meta.mtime_nsec()),
             changed: since_epoch(meta.ctime(), meta.ctime_nsec()),
         }
     }
@@ -527,6 +527,27 @@ fn is_turn_end(raw: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log's stat is the same read through `std::fs::metadata` or a raw `fstatat` (the scan's),
+    /// whatever its times, one before the epoch included (the query compares the two).
+    #[test]
+    fn a_stat_is_the_same_from_metadata_or_a_raw_stat() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, "x").unwrap();
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        for (seconds, nanos) in [(1_700_000_000, 5), (-5, 7)] {
+            let times = [libc::timespec { tv_sec: seconds, tv_nsec: nanos }; 2];
+            // SAFETY: a NUL-terminated path and two timespecs.
+            assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), 0) }, 0);
+            // SAFETY: an all-zero `stat` is a valid value for stat to fill.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: a NUL-terminated path and a writable stat buffer.
+            assert_eq!(unsafe { libc::stat(c_path.as_ptr(), &mut st) }, 0);
+            assert_eq!(LogStat::of(&std::fs::metadata(&path).unwrap()), LogStat::of_raw(&st), "mtime {seconds}");
+        }
+    }
 
     const LOG: &str = concat!(
         r#"{"type":"session","version":0,"id":"s","createdAt":0,"delegationDepth":0}"#,
