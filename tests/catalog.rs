@@ -2273,7 +2273,7 @@ fn children_kin_writes_are_listed_cold_from_the_index_without_reading_their_logs
     assert!(listed.contains(&format!("{A:?}, reason: Corrupt")), "A has two descriptors now: {listed}");
     let io = lists_as_without_index(&plain, "children kin wrote");
     assert_eq!((io.whole_reads, io.header_reads), (0, 0), "every log kin wrote is in the index: {io:?}");
-    // Every candidate with a descriptor is summarised from the index (the fork has none).
+    // Every candidate is summarised from the index, the fork (which has no descriptor) included.
     assert!(io.index_summaries >= 9, "{io:?}");
     // A write kin's watch does not see: detected by the length, read whole, listed the same.
     let mut b = plain.load(B).unwrap();
